@@ -1,0 +1,53 @@
+# gemma4-bench: every target creates .venv (Python >= 3.12, pinned by constraints.txt) when it is missing.
+# Main job:  make sweep     Tests:  make test
+VENV      := .venv
+PY        := $(VENV)/bin/python
+BENCH     := $(VENV)/bin/bench
+STAMP     := $(VENV)/.installed
+INPUTS    ?= 41,521,2057,3593
+ARGS      ?=
+
+.PHONY: help venv test test-fast sweep profile report generate lock clean
+
+help:
+	@echo "make sweep    run the default sweep (inputs $(INPUTS)) on the built-in checkpoint; writes runs/<name>/"
+	@echo "make test     run the test suite"
+	@echo "make profile  xprof trace of 20 decode steps + device-time breakdown"
+	@echo "make report   tables and plots comparing the archived runs in runs/ -> reports/latest/"
+	@echo "make lock     re-pin constraints.txt from the current .venv"
+
+$(STAMP): pyproject.toml constraints.txt
+	@if [ ! -x $(PY) ]; then \
+	  py=$$(scripts/find-python.sh) || exit 1; \
+	  echo "creating $(VENV) with $$py"; \
+	  "$$py" -m venv $(VENV) || exit 1; \
+	fi
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+sweep: $(STAMP)
+	$(BENCH) sweep --inputs $(INPUTS) $(ARGS)
+
+profile: $(STAMP)
+	$(BENCH) profile --steps 20 $(ARGS)
+
+report: $(STAMP)
+	$(BENCH) report --out reports/latest $(ARGS)
+
+generate: $(STAMP)
+	$(BENCH) generate --prompt "Explain what a KV cache is." $(ARGS)
+
+lock: $(STAMP)
+	$(PY) -m pip freeze --exclude-editable | grep -v '^gemma4-bench' > constraints.txt
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""gemma4-bench: the measurement harness (sweeps, profiles, reports) around the `model` engine."""

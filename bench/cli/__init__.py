@@ -1,0 +1,59 @@
+"""The `bench` command line: the only place that parses flags and prints for humans.
+
+Each command group lives in its own module of this package and registers itself on `app`.
+User-caused errors (`model.errors.ModelError`, `bench.errors.BenchError`) become one line on stderr
+and exit code 2; nothing a user can cause ends in a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="bench",
+    help="Benchmark Gemma 4 on a pure-JAX engine: sweeps, profiles, reports, serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print `error: <message>` on stderr and return the `typer.Exit` to raise (exit code 2 by default)."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _register() -> None:
+    # Imported for their side effect: each module adds its commands to `app`.
+    from bench.cli import model_cmds  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `bench` console script; exit code 2 on a user error, never a traceback for one."""
+    from bench.errors import BenchError
+    from model.errors import ModelError
+
+    _register()
+    try:
+        app(args=argv, standalone_mode=False)
+    except (BenchError, ModelError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # click's own usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.Abort):
+            typer.echo("aborted", err=True)
+            sys.exit(130)
+        raise

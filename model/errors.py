@@ -1,0 +1,25 @@
+"""Errors a user can cause in the engine (bad checkpoint, bad config, prompt too long).
+
+Library code raises these; only `bench.cli` turns them into one printed line and exit code 2.
+Each message names the value received, the value expected and, where there is one, the fix.
+"""
+
+
+class ModelError(Exception):
+    """Base class of every user-caused engine error; its message is one line meant for a person."""
+
+
+class ConfigError(ModelError):
+    """A `config.json` that is missing, malformed, of another model type, or asks for an unsupported feature."""
+
+
+class CheckpointError(ModelError):
+    """A checkpoint path, repo id or safetensors file that cannot be loaded as asked (names the tensor and shapes)."""
+
+
+class TokenizerError(ModelError):
+    """A missing or malformed `tokenizer.json`, or special tokens at ids other than Gemma's."""
+
+
+class EngineError(ModelError):
+    """A request the engine cannot serve as configured (e.g. a prompt longer than the maximum length)."""
