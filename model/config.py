@@ -362,7 +362,7 @@ E4B = ModelConfig(
 """Gemma 4 E4B text decoder (../shared/gemma4-architecture.md §6: 42 layers, 5:1, 18 KV-shared layers)."""
 
 DEFAULT = dataclasses.replace(
-    E2B, vocab_size=8192, hidden_size=256, intermediate_size=1024, max_position_embeddings=8192
+    E2B, vocab_size=8192, ple_vocab_size=8192, hidden_size=256, intermediate_size=1024, max_position_embeddings=8192
 )
 """The built-in benchmark default: every E2B irregularity (35 layers at 4:1, head dims 256/512, 8 query heads on
 1 KV head, 20 KV-shared layers with double-wide MLP, window 512, PLE width 256) at hidden size 256 and a

@@ -1,0 +1,287 @@
+"""Hugging Face Gemma 4 checkpoints: resolve (local dir or hub repo id), load safetensors into `Params`, write.
+
+The name map is one table (`tensor_table`) from checkpoint names to parameter fields, each with its expected
+checkpoint shape and the transform into the engine's layout (HF stores linear weights [out, in]; the engine keeps
+them input-major, e.g. q_proj [N*H, D] -> wq_DNH [D, N, H]). Loading fails on a missing, unexpected, duplicate or
+mis-shaped tensor and names the key and both shapes. Known-ignorable tensors are skipped knowingly and counted:
+the multimodal wrapper's vision/audio towers and projections, a stored (tied) lm_head, and the K/V tensors that
+KV-shared layers do not use (the original E2B release still has them; architecture notes §3).
+
+Layouts: `model.language_model.` (published multimodal, Gemma4ForConditionalGeneration) and `model.`
+(text-only, Gemma4ForCausalLM). Tensors are streamed one at a time from memory-mapped safetensors files and
+converted to the requested dtype on the host, so host memory peaks near the size of the loaded parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from model.config import ModelConfig, load_config
+from model.errors import CheckpointError
+from model.params import LayerParams, Params, global_shapes, layer_shapes
+
+PREFIXES = ("model.language_model.", "model.")
+_IGNORED_PREFIXES = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
+_SHARED_KV_SUFFIXES = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight",
+                       "self_attn.v_norm.weight")  # fmt: skip
+WEIGHT_FILES = ("config.json", "generation_config.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One checkpoint tensor: where it goes (`layer` None for a global field), its HF shape, and the transform
+    from the HF array to the engine's array (`to_engine`) and back (`to_hf`)."""
+
+    field: str
+    layer: int | None
+    hf_shape: tuple[int, ...]
+    to_engine: Callable[[np.ndarray], np.ndarray]
+    to_hf: Callable[[np.ndarray], np.ndarray]
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def _t(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x.T)
+
+
+def tensor_table(cfg: ModelConfig) -> dict[str, TensorSpec]:
+    """Checkpoint name (without prefix) -> TensorSpec, for every tensor the engine needs."""
+    g = global_shapes(cfg)
+    d = cfg.hidden_size
+    table: dict[str, TensorSpec] = {"embed_tokens.weight": TensorSpec("embed_VD", None, g["embed_VD"], _identity, _identity),
+                                    "norm.weight": TensorSpec("final_norm_D", None, (d,), _identity, _identity)}  # fmt: skip
+    if cfg.ple_dim:
+        x = cfg.num_layers * cfg.ple_dim
+        table["embed_tokens_per_layer.weight"] = TensorSpec("ple_embed_VX", None, (cfg.ple_vocab, x), _identity, _identity)
+        table["per_layer_model_projection.weight"] = TensorSpec("ple_proj_DX", None, (x, d), _t, _t)
+        table["per_layer_projection_norm.weight"] = TensorSpec("ple_norm_P", None, (cfg.ple_dim,), _identity, _identity)
+    for i in range(cfg.num_layers):
+        s = layer_shapes(cfg, i)
+        n, h, k, f = cfg.num_heads, cfg.layer_head_dim(i), cfg.kv_heads(i), cfg.ffw_dim(i)
+
+        def heads_in(shape, *, i=i):  # [heads*H, D] -> [D, heads, H]
+            return lambda a: np.ascontiguousarray(a.T.reshape(shape))
+
+        def heads_out(shape):  # [D, heads, H] -> [heads*H, D]
+            return lambda a: np.ascontiguousarray(a.reshape(shape[0], -1).T)
+
+        entries = {
+            "input_layernorm.weight": ("attn_norm_D", (d,), _identity, _identity),
+            "post_attention_layernorm.weight": ("post_attn_norm_D", (d,), _identity, _identity),
+            "pre_feedforward_layernorm.weight": ("pre_ffw_norm_D", (d,), _identity, _identity),
+            "post_feedforward_layernorm.weight": ("post_ffw_norm_D", (d,), _identity, _identity),
+            "layer_scalar": ("layer_scalar_1", (1,), _identity, _identity),
+            "self_attn.q_proj.weight": ("wq_DNH", (n * h, d), heads_in(s["wq_DNH"]), heads_out(s["wq_DNH"])),
+            "self_attn.q_norm.weight": ("q_norm_H", (h,), _identity, _identity),
+            "self_attn.o_proj.weight": (
+                "wo_NHD", (d, n * h),
+                lambda a, shp=s["wo_NHD"]: np.ascontiguousarray(a.T.reshape(shp)),
+                lambda a: np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T),
+            ),
+            "mlp.gate_proj.weight": ("gate_DF", (f, d), _t, _t),
+            "mlp.up_proj.weight": ("up_DF", (f, d), _t, _t),
+            "mlp.down_proj.weight": ("down_FD", (d, f), _t, _t),
+        }  # fmt: skip
+        if not cfg.is_kv_shared(i):
+            entries["self_attn.k_proj.weight"] = ("wk_DKH", (k * h, d), heads_in(s["wk_DKH"]), heads_out(s["wk_DKH"]))
+            entries["self_attn.v_proj.weight"] = ("wv_DKH", (k * h, d), heads_in(s["wv_DKH"]), heads_out(s["wv_DKH"]))
+            entries["self_attn.k_norm.weight"] = ("k_norm_H", (h,), _identity, _identity)
+        if cfg.ple_dim:
+            p = cfg.ple_dim
+            entries["per_layer_input_gate.weight"] = ("ple_gate_DP", (p, d), _t, _t)
+            entries["per_layer_projection.weight"] = ("ple_proj_PD", (d, p), _t, _t)
+            entries["post_per_layer_input_norm.weight"] = ("post_ple_norm_D", (d,), _identity, _identity)
+        for name, (field, shape, fwd, back) in entries.items():
+            table[f"layers.{i}.{name}"] = TensorSpec(field, i, shape, fwd, back)
+    return table
+
+
+def _is_ignorable(full_key: str, rel_key: str | None, cfg: ModelConfig) -> bool:
+    if full_key.startswith(_IGNORED_PREFIXES) or full_key == "lm_head.weight":
+        return True
+    if rel_key and rel_key.startswith("layers.") and rel_key.endswith(_SHARED_KV_SUFFIXES):
+        layer = rel_key.split(".")[1]
+        return layer.isdigit() and cfg.is_kv_shared(int(layer))
+    return False
+
+
+# ---- resolving a checkpoint -------------------------------------------------------------------------------------
+def resolve_checkpoint(spec: str | os.PathLike) -> Path:
+    """A local checkpoint directory, or a Hugging Face repo id downloaded (or found in the local cache).
+
+    Hub access uses huggingface_hub (token from HF_TOKEN); when the hub is unreachable or HF_HUB_OFFLINE=1, the
+    local cache is used. Raises CheckpointError naming the path or repo when nothing can be found.
+    """
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: is a file; expected a checkpoint directory with config.json and *.safetensors")
+        return path
+    looks_like_repo = text.count("/") == 1 and not text.startswith((".", "/", "~")) and " " not in text
+    if not looks_like_repo:
+        raise CheckpointError(f"{text}: no such checkpoint directory (nor an 'owner/name' Hugging Face repo id)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    patterns = ["*.json", "*.safetensors", "tokenizer*"]
+    try:
+        try:
+            return Path(snapshot_download(text, allow_patterns=patterns, local_files_only=True))
+        except Exception:  # not cached (or partially): ask the hub unless offline
+            if os.environ.get("HF_HUB_OFFLINE", "") in ("1", "true", "True", "ON"):
+                raise
+            return Path(snapshot_download(text, allow_patterns=patterns))
+    except HFValidationError as exc:
+        raise CheckpointError(f"{text}: not a valid Hugging Face repo id ({exc})") from None
+    except Exception as exc:
+        raise CheckpointError(
+            f"{text}: not in the local Hugging Face cache and the hub could not provide it "
+            f"({type(exc).__name__}); download it where there is network (huggingface-cli download {text}) "
+            "or pass a local directory"
+        ) from None
+
+
+def safetensors_files(ckpt: Path) -> list[Path]:
+    """The weight files of a checkpoint dir: the shards named by model.safetensors.index.json, else *.safetensors."""
+    index = ckpt / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({exc})") from None
+        files = [ckpt / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index}: names shard(s) {missing} that are not in {ckpt}")
+        return files
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{ckpt}: no *.safetensors files; a Hugging Face checkpoint directory has model.safetensors")
+    return files
+
+
+def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], np.ndarray], tuple[int, ...], Path]]:
+    """(key, loader, shape, file) for every tensor; the loader reads that one tensor (memory-mapped file)."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in files:
+        try:
+            handle = safe_open(str(path), framework="numpy")
+            with handle as f:
+                for key in f.keys():
+                    shape = tuple(f.get_slice(key).get_shape())
+                    yield key, (lambda f=f, key=key: f.get_tensor(key)), shape, path
+        except SafetensorError as exc:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({exc}); re-download or re-create it") from None
+
+
+def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtype=np.float32, device_put=None):
+    """Load a checkpoint's text-decoder weights as `Params`, converted to `dtype`.
+
+    Returns (params, report) where report is a dict: prefix used, tensors loaded, ignored keys by reason.
+    `device_put` (e.g. `jax.device_put`) is applied to each array as it is converted, so only one host copy of
+    one tensor exists at a time; None keeps numpy arrays.
+    Raises CheckpointError for a missing/unexpected/duplicate/mis-shaped tensor (naming it and both shapes) or an
+    unreadable file; ConfigError for a bad config.json.
+    """
+    path = resolve_checkpoint(ckpt)
+    cfg = cfg or load_config(path)
+    table = tensor_table(cfg)
+    put = device_put or (lambda a: a)
+    glob: dict[str, object] = {name: None for name in global_shapes(cfg)}
+    layers: list[dict[str, object]] = [{name: None for name in layer_shapes(cfg, i)} for i in range(cfg.num_layers)]
+    seen: set[str] = set()
+    ignored: list[str] = []
+    prefix_used: set[str] = set()
+    for key, load, shape, file in _iter_tensors(safetensors_files(path)):
+        rel = next((key[len(p):] for p in PREFIXES if key.startswith(p)), None)
+        if rel is not None:
+            prefix_used.add(key[: len(key) - len(rel)])
+        spec = table.get(rel) if rel is not None else None
+        if spec is None:
+            if _is_ignorable(key, rel, cfg):
+                ignored.append(key)
+                continue
+            raise CheckpointError(f"{file.name}: unexpected tensor {key!r} with shape {list(shape)} for this config")
+        if rel in seen:
+            raise CheckpointError(f"{file.name}: tensor {rel!r} appears twice (under prefixes {sorted(prefix_used)})")
+        if shape != spec.hf_shape:
+            raise CheckpointError(f"{file.name}: tensor {key!r} has shape {list(shape)}, expected {list(spec.hf_shape)}")
+        seen.add(rel)
+        array = put(spec.to_engine(load()).astype(dtype))
+        (glob if spec.layer is None else layers[spec.layer])[spec.field] = array
+    missing = sorted(set(table) - seen, key=lambda k: (k.count("."), k))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{path}: tensor {missing[0]!r} is missing{more}; expected shape {list(table[missing[0]].hf_shape)}")
+    params = Params(**glob, layers=tuple(LayerParams(**fields) for fields in layers))
+    report = {"path": str(path), "prefixes": sorted(prefix_used), "tensors": len(seen), "ignored": ignored}
+    return params, report
+
+
+# ---- writing ----------------------------------------------------------------------------------------------------
+def save_params(params: Params, cfg: ModelConfig, out_dir: Path, *, dtype=np.float32, layout: str = "text",
+                extra_tensors: dict[str, np.ndarray] | None = None) -> Path:  # fmt: skip
+    """Write `params` as a Hugging Face model.safetensors (format "pt" metadata, tensors in `dtype`).
+
+    layout "text" uses the `model.` prefix (Gemma4ForCausalLM); "published" the `model.language_model.` prefix
+    of the released multimodal checkpoints. Keys are written in sorted order, so the file's bytes depend only on
+    the parameters and dtype.
+    """
+    from safetensors.numpy import save_file
+
+    prefix = {"text": "model.", "published": "model.language_model."}[layout]
+    tensors: dict[str, np.ndarray] = {}
+    for rel, spec in tensor_table(cfg).items():
+        holder = params if spec.layer is None else params.layers[spec.layer]
+        value = np.asarray(getattr(holder, spec.field)).astype(np.float32)
+        tensors[prefix + rel] = np.ascontiguousarray(spec.to_hf(value).astype(dtype))
+    tensors.update(extra_tensors or {})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / "model.safetensors"
+    save_file(dict(sorted(tensors.items())), str(target), metadata={"format": "pt"})
+    return target
+
+
+def write_config_files(cfg: ModelConfig, out_dir: Path, *, form: str = "global_head_dim", wrapper: bool = False) -> None:
+    """Write config.json (text config, or wrapped as a `gemma4` multimodal config) and generation_config.json."""
+    text = cfg.to_hf_dict(form=form)
+    body = text
+    if wrapper:
+        text = {k: v for k, v in text.items() if k != "architectures"}
+        body = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text,
+                "vision_config": None, "audio_config": None, "tie_word_embeddings": True}  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids), "pad_token_id": cfg.pad_token_id,
+           "do_sample": False}  # fmt: skip
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+
+
+def content_hash(ckpt: Path) -> str:
+    """sha256 (hex) over the names and bytes of config.json, the safetensors files and tokenizer.json, in order.
+
+    Two checkpoints with one hash load the same weights, config and tokenizer.
+    """
+    h = hashlib.sha256()
+    names = ["config.json", "tokenizer.json"] + [p.name for p in safetensors_files(ckpt)]
+    for name in names:
+        path = ckpt / name
+        if not path.is_file():
+            continue
+        h.update(name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()

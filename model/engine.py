@@ -1,0 +1,297 @@
+"""The generation engine: jitted prefill and decode programs per compiled shape, buckets, the token loop.
+
+Compiled shape = (bucket, max_new_tokens): a prompt of n tokens is right-padded to the smallest bucket of the
+ladder that holds it, and its KV cache holds bucket + max_new_tokens positions.
+
+Recompilation triggers (everything else is an array argument and never recompiles):
+1. a new bucket (the prefill program's input shape);
+2. a new bucket + max_new_tokens (the cache length: prefill's output and decode's input shapes);
+3. greedy vs sampling (sampling sorts the vocabulary; greedy programs do not);
+4. another ModelConfig, or parameters / KV cache of other dtypes (a new dtype policy);
+5. another batch size (the engine uses 1).
+Prompt length, position, temperature, top-k, top-p and seed are traced values: changing them compiles nothing.
+`CompileCounter` counts every trace/compile (jax.monitoring), so a timed region can prove it compiled nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model.cache import init_cache
+from model.config import ModelConfig
+from model.errors import EngineError
+from model.forward import decode_step, prefill
+from model.params import Params, param_bytes
+from model.policy import DTYPES, DevicePolicy
+
+DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192)
+"""Default prompt-length ladder: powers of two up to the sliding window, then steps of 512 (a window) to 4096,
+then steps of 1024: fine where padding would dominate, coarser where prefill is long anyway."""
+
+
+def bucket_ladder(max_length: int, base: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:
+    """The ladder rungs below `max_length`, plus `max_length` itself as the top rung."""
+    rungs = [b for b in base if b < max_length]
+    return tuple(rungs + [max_length])
+
+
+# ---- compile accounting --------------------------------------------------------------------------------------
+class CompileCounter:
+    """Counts jit traces, backend compiles and persistent-cache hits/misses process-wide (jax.monitoring).
+
+    `traces` grows by one for every program jax had to (re)trace, i.e. every jit cache miss; a timed region
+    whose `traces` did not change compiled nothing.
+    """
+
+    _lock = threading.Lock()
+    _installed = False
+    traces = 0
+    backend_compiles = 0
+    cache_hits = 0
+    cache_misses = 0
+
+    @classmethod
+    def install(cls) -> None:
+        """Register the listeners once per process."""
+        with cls._lock:
+            if cls._installed:
+                return
+            from jax import monitoring
+
+            def on_duration(name: str, _secs: float, **_kw) -> None:
+                if name == "/jax/core/compile/jaxpr_trace_duration":
+                    cls.traces += 1
+                elif name == "/jax/core/compile/backend_compile_duration":
+                    cls.backend_compiles += 1
+
+            def on_event(name: str, **_kw) -> None:
+                if name == "/jax/compilation_cache/cache_hits":
+                    cls.cache_hits += 1
+                elif name == "/jax/compilation_cache/cache_misses":
+                    cls.cache_misses += 1
+
+            monitoring.register_event_duration_secs_listener(on_duration)
+            monitoring.register_event_listener(on_event)
+            cls._installed = True
+
+    @classmethod
+    def snapshot(cls) -> dict[str, int]:
+        """Current counts: traces, backend_compiles, cache_hits, cache_misses."""
+        return {"traces": cls.traces, "backend_compiles": cls.backend_compiles,
+                "cache_hits": cls.cache_hits, "cache_misses": cls.cache_misses}  # fmt: skip
+
+
+def enable_compile_cache(path: Path | None) -> Path | None:
+    """Turn on XLA's persistent compilation cache in `path` (None: leave it off), caching even the smallest and
+    fastest programs (minimum compile time 0, minimum entry size 0), as measurement.md requires."""
+    CompileCounter.install()
+    if path is None:
+        return None
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+# ---- sampling ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """Decoding settings. temperature 0 is greedy (argmax); otherwise temperature / top-k (0 = off) / top-p
+    sampling, deterministic for a seed (the key of each position is fold_in(PRNGKey(seed), position))."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def args(self) -> tuple[jax.Array, ...]:
+        return (jnp.float32(max(self.temperature, 1e-6)), jnp.int32(self.top_k), jnp.float32(self.top_p),
+                jnp.uint32(self.seed))  # fmt: skip
+
+
+GREEDY = Sampling()
+
+
+def _choose(logits_BV: jax.Array, position: jax.Array, args, greedy: bool) -> jax.Array:
+    """Next token ids [B] (int32) from float32 logits [B,V]."""
+    if greedy:
+        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    temperature, top_k, top_p, seed = args
+    z_BV = logits_BV / temperature
+    sorted_BV = jnp.sort(z_BV, axis=-1)[:, ::-1]
+    v = z_BV.shape[-1]
+    kth_B1 = jnp.take_along_axis(sorted_BV, jnp.clip(top_k - 1, 0, v - 1)[None, None], axis=-1)
+    z_BV = jnp.where((top_k > 0) & (z_BV < kth_B1), -jnp.inf, z_BV)
+    probs_BV = jax.nn.softmax(jnp.sort(z_BV, axis=-1)[:, ::-1], axis=-1)
+    keep_BV = (jnp.cumsum(probs_BV, axis=-1) - probs_BV) < top_p  # smallest prefix reaching top_p
+    cut_B1 = jnp.min(jnp.where(keep_BV, jnp.sort(z_BV, axis=-1)[:, ::-1], jnp.inf), axis=-1, keepdims=True)
+    z_BV = jnp.where(z_BV < cut_B1, -jnp.inf, z_BV)
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), position)
+    return jax.random.categorical(key, z_BV, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "kv_dtype", "greedy"))
+def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, greedy):
+    cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
+    logits_BV, cache = prefill(params, cfg, ids_BT, length, cache)
+    return _choose(logits_BV, length - 1, args, greedy), cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "greedy"), donate_argnames=("cache",))
+def _decode_program(params, cache, token_B, args, *, cfg, greedy):
+    with jax.named_scope("decode_step"):
+        position = cache.length
+        logits_BV, cache = decode_step(params, cfg, token_B, cache)
+        return _choose(logits_BV, position, args, greedy), cache
+
+
+# ---- the engine ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Generation:
+    """One generated sequence with its host-side timings (time.perf_counter_ns, read after each token id arrived
+    on the host): `t_prefill_start_ns`, `t_token_ns[i]` for token i; `compile_traces` during generation."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    bucket: int
+    max_new_tokens: int
+    t_prefill_start_ns: int
+    t_token_ns: list[int]
+    compile_traces: int
+
+    @property
+    def prefill_ms(self) -> float:
+        """Prefill program alone, device-synced: dispatch to the first token id on the host (ms)."""
+        return (self.t_token_ns[0] - self.t_prefill_start_ns) / 1e6
+
+    @property
+    def step_ms(self) -> list[float]:
+        """Per-step decode times (ms): arrival of token i minus arrival of token i-1, i >= 1."""
+        return [(b - a) / 1e6 for a, b in zip(self.t_token_ns, self.t_token_ns[1:])]
+
+
+class Engine:
+    """A loaded model on the live device, with its policy, bucket ladder and compiled programs.
+
+    `params` must already be in the policy's weight dtype on the device. Raises EngineError for a prompt that
+    no bucket holds or a max_new_tokens below 1.
+    """
+
+    def __init__(self, params: Params, cfg: ModelConfig, policy: DevicePolicy, *, max_length: int | None = None,
+                 buckets: Sequence[int] | None = None, tokenizer=None):  # fmt: skip
+        self.params = params
+        self.cfg = cfg
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.max_length = int(max_length or min(cfg.max_position_embeddings, 8192))
+        self.buckets = tuple(sorted(buckets)) if buckets else bucket_ladder(self.max_length)
+        if self.buckets[-1] > cfg.max_position_embeddings:
+            raise EngineError(
+                f"largest bucket {self.buckets[-1]} exceeds the model's max_position_embeddings "
+                f"{cfg.max_position_embeddings}; lower --max-length"
+            )
+        CompileCounter.install()
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the loaded parameters at their stored dtypes."""
+        return param_bytes(self.params)
+
+    def bucket_for(self, n_tokens: int) -> int:
+        """The smallest bucket >= n_tokens. Raises EngineError naming the limit and the flag that raises it."""
+        if n_tokens < 1:
+            raise EngineError(f"a prompt needs at least 1 token, got {n_tokens}")
+        for b in self.buckets:
+            if b >= n_tokens:
+                return b
+        raise EngineError(
+            f"prompt of {n_tokens} tokens exceeds the engine's maximum prompt length {self.buckets[-1]}; "
+            "raise it with --max-length"
+        )
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling = GREEDY, *,
+                 stop_at_eos: bool = False, on_token: Callable[[int], bool | None] | None = None) -> Generation:  # fmt: skip
+        """Generate up to `max_new_tokens` ids after `prompt_ids` (exactly that many unless `stop_at_eos`, or
+        `on_token` returns True to stop early, e.g. a client disconnected or a stop string matched)."""
+        if max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        n = len(prompt_ids)
+        bucket = self.bucket_for(n)
+        ids = np.full((1, bucket), self.cfg.pad_token_id, np.int32)
+        ids[0, :n] = np.asarray(prompt_ids, np.int32)
+        args = sampling.args()
+        eos = set(self.cfg.eos_token_ids)
+        traces0 = CompileCounter.traces
+        t0 = time.perf_counter_ns()
+        token_B, cache = _prefill_program(
+            self.params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=bucket + max_new_tokens,
+            kv_dtype=self.policy.kv_dtype, greedy=sampling.greedy,
+        )  # fmt: skip
+        tokens = [int(token_B[0])]
+        times = [time.perf_counter_ns()]
+        stop = on_token(tokens[0]) if on_token else False
+        while len(tokens) < max_new_tokens and not stop and not (stop_at_eos and tokens[-1] in eos):
+            token_B, cache = _decode_program(self.params, cache, token_B, args, cfg=self.cfg, greedy=sampling.greedy)
+            tokens.append(int(token_B[0]))
+            times.append(time.perf_counter_ns())
+            stop = on_token(tokens[-1]) if on_token else False
+        return Generation(list(prompt_ids), tokens, bucket, max_new_tokens, t0, times, CompileCounter.traces - traces0)
+
+    def warmup(self, n_tokens: int, max_new_tokens: int, sampling: Sampling = GREEDY) -> Generation:
+        """Compile (or load from the persistent cache) and run the programs of one compiled shape once."""
+        return self.generate([self.cfg.bos_token_id] * n_tokens, max_new_tokens, sampling)
+
+    def step_fn(self, n_tokens: int, max_new_tokens: int):
+        """(state, step) for profiling decode alone: state is (token_B, cache) after a prefill at the compiled
+        shape of `n_tokens`; step(state) runs one greedy decode step and returns the next state."""
+        bucket = self.bucket_for(n_tokens)
+        ids = np.full((1, bucket), self.cfg.bos_token_id, np.int32)
+        state = _prefill_program(
+            self.params, jnp.asarray(ids), jnp.int32(n_tokens), GREEDY.args(), cfg=self.cfg,
+            cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype, greedy=True,
+        )  # fmt: skip
+        args = GREEDY.args()
+
+        def step(state):
+            token_B, cache = state
+            return _decode_program(self.params, cache, token_B, args, cfg=self.cfg, greedy=True)
+
+        return state, step
+
+
+def load_engine(checkpoint, *, dtype: str | None = None, weight_dtype: str | None = None,
+                max_length: int | None = None, buckets: Sequence[int] | None = None) -> tuple[Engine, dict]:  # fmt: skip
+    """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under its dtype policy.
+
+    `dtype` overrides the compute dtype; `weight_dtype` the stored dtype (default: the compute dtype, converted
+    once at load so no decode step converts weights). Returns (engine, load report: path, prefixes, tensors,
+    ignored keys, load seconds). Raises CheckpointError / ConfigError / TokenizerError for a bad checkpoint.
+    """
+    from model.checkpoint import load_params, resolve_checkpoint
+    from model.config import load_config
+    from model.policy import decide_policy
+    from model.tokenizer import GemmaTokenizer
+
+    path = resolve_checkpoint(checkpoint)
+    cfg = load_config(path)
+    policy = decide_policy(dtype, weight_dtype=weight_dtype)
+    t0 = time.perf_counter()
+    params, report = load_params(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put)
+    jax.block_until_ready(params)
+    report["load_s"] = time.perf_counter() - t0
+    tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
+    return Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer), report

@@ -1,0 +1,165 @@
+"""Pure building blocks of the Gemma 4 decoder: norms, RoPE, masked attention, the MLP, per-layer inputs.
+
+Key: B batch, T query positions, S key positions, D model width, N query heads, K kv heads, G = N // K query heads
+per kv head, H head dim, F feed-forward width, P per-layer-input width, C window blocks, W window.
+Formulas: ../shared/gemma4-architecture.md §2 (transformers 5.23 `modeling_gemma4.py`).
+Every block sits under a `jax.named_scope`, so profiles map device time back to this code.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model.config import ModelConfig
+from model.params import LayerParams
+
+_MASKED = -1e30  # finite, so a fully masked row (a padding query) softmaxes to a uniform row instead of NaN
+
+
+def dense(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
+    """`einsum(spec, x, w)` with the weight converted to the activation dtype first.
+
+    The one place where stored weights meet activations: when the stored dtype differs from the compute dtype
+    this convert is what a profile shows as dtype-conversion time (the published report's "leak one").
+    """
+    return jnp.einsum(spec, x, w.astype(x.dtype))
+
+
+def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, computed in float32 and cast back: x * (mean(x^2) + eps)^-1/2 * w.
+
+    Gemma 4 multiplies by w directly (Gemma 2/3 used 1 + w); w=None is the weightless v-norm.
+    """
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if w is not None:
+        y = y * w.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def gelu(x: jax.Array) -> jax.Array:
+    """GELU with the tanh approximation (`gelu_pytorch_tanh`)."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+def rope_inv_freq(cfg: ModelConfig, sliding: bool) -> np.ndarray:
+    """Inverse frequencies [H/2] (float32) of a layer type.
+
+    Sliding layers: theta_k = 1e4^(-2k/H), all pairs rotate. Full layers (proportional RoPE): the first
+    int(factor * H / 2) pairs use theta_k = 1e6^(-2k/H) with the exponent over the FULL head dim, the rest are 0
+    (cos 1, sin 0: they pass through unchanged). Source: architecture notes §2.3.
+    """
+    h = cfg.head_dim if sliding else cfg.global_head_dim
+    theta = cfg.rope_local_theta if sliding else cfg.rope_global_theta
+    pairs = h // 2 if sliding else cfg.rotary_pairs_global
+    inv = np.zeros(h // 2, np.float32)
+    k = np.arange(pairs, dtype=np.float32)
+    inv[:pairs] = 1.0 / (theta ** (2.0 * k / h))
+    return inv
+
+
+def apply_rope(x_BTNH: jax.Array, pos_BT: jax.Array, inv_freq_h: np.ndarray) -> jax.Array:
+    """Rotate x by absolute positions in the rotate_half layout: x*cos + concat(-x2, x1)*sin (dim k pairs k+H/2).
+
+    cos/sin are computed in float32 and cast to the activation dtype, as transformers does.
+    """
+    freqs_BTh = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq_h)
+    emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)
+    cos_BT1H = jnp.cos(emb_BTH).astype(x_BTNH.dtype)[:, :, None, :]
+    sin_BT1H = jnp.sin(emb_BTH).astype(x_BTNH.dtype)[:, :, None, :]
+    x1, x2 = jnp.split(x_BTNH, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return x_BTNH * cos_BT1H + rotated * sin_BT1H
+
+
+def project_q(lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, pos_BT: jax.Array) -> jax.Array:
+    """Queries [B,T,N,H]: projection, q-norm (learned weight), RoPE of the layer's type. Scale is 1.0 (no 1/sqrt)."""
+    q_BTNH = dense(a_BTD, lp.wq_DNH, "BTD,DNH->BTNH")
+    q_BTNH = rms_norm(q_BTNH, lp.q_norm_H, cfg.rms_norm_eps)
+    return apply_rope(q_BTNH, pos_BT, rope_inv_freq(cfg, cfg.is_sliding(layer)))
+
+
+def project_kv(
+    lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, pos_BT: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Keys and values [B,T,K,H] of a layer that owns K/V: k-norm (learned) + RoPE; v-norm without weight."""
+    k_BTKH = rms_norm(dense(a_BTD, lp.wk_DKH, "BTD,DKH->BTKH"), lp.k_norm_H, cfg.rms_norm_eps)
+    k_BTKH = apply_rope(k_BTKH, pos_BT, rope_inv_freq(cfg, cfg.is_sliding(layer)))
+    v_BTKH = rms_norm(dense(a_BTD, lp.wv_DKH, "BTD,DKH->BTKH"), None, cfg.rms_norm_eps)
+    return k_BTKH, v_BTKH
+
+
+def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BTS: jax.Array) -> jax.Array:
+    """Masked softmax attention with the K kv heads broadcast over G = N/K query heads (MQA/GQA); scale 1.0.
+
+    Scores accumulate in float32 and the softmax runs in float32; the probabilities are cast to v's dtype.
+    Returns [B,T,N,H] in q's dtype.
+    """
+    with jax.named_scope("attention"):
+        b, t, n, h = q_BTNH.shape
+        k = k_BSKH.shape[2]
+        q_BTKGH = q_BTNH.reshape(b, t, k, n // k, h)
+        s_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
+        s_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], s_BKGTS, _MASKED)
+        p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(v_BSKH.dtype)
+        o_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", p_BKGTS, v_BSKH)
+        return o_BTKGH.reshape(b, t, n, h).astype(q_BTNH.dtype)
+
+
+def attend_windowed(
+    q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, window: int, length: jax.Array
+) -> jax.Array:
+    """Causal sliding-window self-attention over one sequence in blocks of W = window: O(T * 2W), not O(T^2).
+
+    Query block c (positions cW .. cW+W-1) sees key blocks c-1 and c; the mask keeps j <= i, j > i - W and
+    j < length (right padding never visible). Equals `attend` with the full sliding mask.
+    """
+    b, t, n, h = q_BTNH.shape
+    kh = k_BTKH.shape[2]
+    c = -(-t // window)
+    tp = c * window
+    pad = [(0, 0), (0, tp - t), (0, 0), (0, 0)]
+    q_BCWNH = jnp.pad(q_BTNH, pad).reshape(b, c, window, n, h)
+    lead = [(0, 0), (window, tp - t), (0, 0), (0, 0)]  # one block of zeros before position 0
+    k_BcWKH = jnp.pad(k_BTKH, lead).reshape(b, c + 1, window, kh, h)
+    v_BcWKH = jnp.pad(v_BTKH, lead).reshape(b, c + 1, window, kh, h)
+    k_BCUKH = jnp.concatenate([k_BcWKH[:, :-1], k_BcWKH[:, 1:]], axis=2)  # U = 2W keys per query block
+    v_BCUKH = jnp.concatenate([v_BcWKH[:, :-1], v_BcWKH[:, 1:]], axis=2)
+    qpos_CW = jnp.arange(tp).reshape(c, window)
+    kpos_CU = (jnp.arange(c)[:, None] - 1) * window + jnp.arange(2 * window)[None, :]
+    i, j = qpos_CW[:, :, None], kpos_CU[:, None, :]
+    mask_CWU = (j <= i) & (j > i - window) & (j >= 0) & (j < length)
+    # Fold the blocks into the batch axis and reuse the plain kernel.
+    out = attend(
+        q_BCWNH.reshape(b * c, window, n, h),
+        k_BCUKH.reshape(b * c, 2 * window, kh, h),
+        v_BCUKH.reshape(b * c, 2 * window, kh, h),
+        jnp.broadcast_to(mask_CWU[None], (b, c, window, 2 * window)).reshape(b * c, window, 2 * window),
+    )
+    return out.reshape(b, tp, n, h)[:, :t]
+
+
+def attn_output(lp: LayerParams, o_BTNH: jax.Array) -> jax.Array:
+    """Output projection [B,T,N,H] -> [B,T,D]."""
+    return dense(o_BTNH, lp.wo_NHD, "BTNH,NHD->BTD")
+
+
+def layer_tail(
+    lp: LayerParams, cfg: ModelConfig, h_BTD: jax.Array, attn_BTD: jax.Array, ple_BTP: jax.Array | None
+) -> jax.Array:
+    """Everything after attention in a decoder layer: post-attn norm + residual, GeGLU MLP with its two norms,
+    the per-layer-input gate and projection, and the layer scalar (architecture notes §2.2)."""
+    h_BTD = h_BTD + rms_norm(attn_BTD, lp.post_attn_norm_D, cfg.rms_norm_eps)
+    with jax.named_scope("mlp"):
+        x_BTD = rms_norm(h_BTD, lp.pre_ffw_norm_D, cfg.rms_norm_eps)
+        g_BTF = gelu(dense(x_BTD, lp.gate_DF, "BTD,DF->BTF")) * dense(x_BTD, lp.up_DF, "BTD,DF->BTF")
+        m_BTD = dense(g_BTF, lp.down_FD, "BTF,FD->BTD")
+        h_BTD = h_BTD + rms_norm(m_BTD, lp.post_ffw_norm_D, cfg.rms_norm_eps)
+    if ple_BTP is not None:
+        with jax.named_scope("per_layer_input"):
+            g_BTP = gelu(dense(h_BTD, lp.ple_gate_DP, "BTD,DP->BTP")) * ple_BTP
+            p_BTD = dense(g_BTP, lp.ple_proj_PD, "BTP,PD->BTD")
+            h_BTD = h_BTD + rms_norm(p_BTD, lp.post_ple_norm_D, cfg.rms_norm_eps)
+    return h_BTD * lp.layer_scalar_1.astype(h_BTD.dtype)

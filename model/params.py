@@ -1,0 +1,175 @@
+"""Parameter pytrees of the Gemma 4 text decoder, their abstract shapes, random init, and byte accounting.
+
+Key: V vocab, D model width, L layers, N query heads, K kv heads, H head dim (per layer), F feed-forward width
+(per layer), P per-layer-input (PLE) width.
+
+Layout: matrices are stored input-major, in the shape the einsums use (`wq_DNH`, `gate_DF`, ...); the Hugging Face
+checkpoint stores linear weights [out, in], and `model.checkpoint` transposes them once at load.
+Leaves are stored in one weight dtype; layers convert a weight to the activation dtype in one place
+(`model.layers.dense`), which is a no-op when the two match, and the visible dtype-conversion cost when they do not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model.config import ModelConfig
+
+
+def _pytree(cls):
+    """Register a frozen dataclass as a jax pytree whose fields are all children (None fields have no leaves)."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    return jax.tree_util.register_dataclass(cls, data_fields=fields, meta_fields=[])
+
+
+@_pytree
+@dataclasses.dataclass(frozen=True)
+class LayerParams:
+    """One decoder layer. KV-shared layers have no K/V projection and no k_norm (those fields are None)."""
+
+    attn_norm_D: jax.Array  # input_layernorm
+    post_attn_norm_D: jax.Array  # post_attention_layernorm
+    pre_ffw_norm_D: jax.Array  # pre_feedforward_layernorm
+    post_ffw_norm_D: jax.Array  # post_feedforward_layernorm
+    wq_DNH: jax.Array  # q_proj
+    q_norm_H: jax.Array  # q_norm (RMSNorm over the layer's head dim)
+    wk_DKH: jax.Array | None  # k_proj
+    wv_DKH: jax.Array | None  # v_proj (v-norm has no weight)
+    k_norm_H: jax.Array | None  # k_norm
+    wo_NHD: jax.Array  # o_proj
+    gate_DF: jax.Array  # mlp.gate_proj
+    up_DF: jax.Array  # mlp.up_proj
+    down_FD: jax.Array  # mlp.down_proj
+    ple_gate_DP: jax.Array | None  # per_layer_input_gate
+    ple_proj_PD: jax.Array | None  # per_layer_projection
+    post_ple_norm_D: jax.Array | None  # post_per_layer_input_norm
+    layer_scalar_1: jax.Array  # layer_scalar, shape [1]
+
+
+@_pytree
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """The whole text decoder. The output projection is tied to `embed_VD` (Gemma 4 stores no lm_head)."""
+
+    embed_VD: jax.Array  # embed_tokens
+    ple_embed_VX: jax.Array | None  # embed_tokens_per_layer, X = L * P, layer-major columns
+    ple_proj_DX: jax.Array | None  # per_layer_model_projection (transposed)
+    ple_norm_P: jax.Array | None  # per_layer_projection_norm
+    final_norm_D: jax.Array  # norm
+    layers: tuple[LayerParams, ...]
+
+
+def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, tuple[int, ...] | None]:
+    """Shapes of layer i's leaves by field name (None for a leaf the layer does not have)."""
+    d, n, k, h, f, p = cfg.hidden_size, cfg.num_heads, cfg.kv_heads(i), cfg.layer_head_dim(i), cfg.ffw_dim(i), cfg.ple_dim
+    own_kv = not cfg.is_kv_shared(i)
+    return {
+        "attn_norm_D": (d,), "post_attn_norm_D": (d,), "pre_ffw_norm_D": (d,), "post_ffw_norm_D": (d,),
+        "wq_DNH": (d, n, h), "q_norm_H": (h,),
+        "wk_DKH": (d, k, h) if own_kv else None, "wv_DKH": (d, k, h) if own_kv else None,
+        "k_norm_H": (h,) if own_kv else None,
+        "wo_NHD": (n, h, d), "gate_DF": (d, f), "up_DF": (d, f), "down_FD": (f, d),
+        "ple_gate_DP": (d, p) if p else None, "ple_proj_PD": (p, d) if p else None,
+        "post_ple_norm_D": (d,) if p else None, "layer_scalar_1": (1,),
+    }  # fmt: skip
+
+
+def global_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...] | None]:
+    """Shapes of the non-layer leaves by field name."""
+    x = cfg.num_layers * cfg.ple_dim
+    return {
+        "embed_VD": (cfg.vocab_size, cfg.hidden_size),
+        "ple_embed_VX": (cfg.ple_vocab, x) if cfg.ple_dim else None,
+        "ple_proj_DX": (cfg.hidden_size, x) if cfg.ple_dim else None,
+        "ple_norm_P": (cfg.ple_dim,) if cfg.ple_dim else None,
+        "final_norm_D": (cfg.hidden_size,),
+    }
+
+
+def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
+    """The parameter tree as `jax.ShapeDtypeStruct` leaves: full-size E2B/E4B shapes without allocating memory."""
+
+    def sds(shape):
+        return None if shape is None else jax.ShapeDtypeStruct(shape, dtype)
+
+    layers = tuple(
+        LayerParams(**{name: sds(s) for name, s in layer_shapes(cfg, i).items()}) for i in range(cfg.num_layers)
+    )
+    return Params(**{name: sds(s) for name, s in global_shapes(cfg).items()}, layers=layers)
+
+
+def count_params(params: Params) -> int:
+    """Number of scalars in a (real or abstract) parameter tree."""
+    return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(params))
+
+
+def param_bytes(params: Params) -> int:
+    """Bytes of a (real or abstract) parameter tree at its stored dtypes."""
+    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(params))
+
+
+def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Params:
+    """Random parameters that behave like trained ones, from a fixed seed (host numpy, deterministic everywhere).
+
+    Follows ../shared/gemma4-architecture.md §7: q/k-norm gains near head_dim^-1/4 so attention logits have unit
+    scale (with unit gains softmax is almost one-hot and rounding flips greedy tokens); embeddings with std
+    1/sqrt(D); linear weights with std 1/sqrt(fan_in); other norm weights 1 + 0.1 noise (so a norm applied with the
+    wrong weight is noticed); layer_scalar uniform in [0.7, 1.3].
+    Returns numpy arrays of `dtype` (a numpy or ml_dtypes dtype); the same seed gives the same bytes on any machine.
+    """
+    rng = np.random.default_rng(seed)
+
+    def normal(shape, std):
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(dtype)
+
+    def norm_w(shape, center=1.0, noise=0.1):
+        return (np.float32(center) * (1 + noise * rng.standard_normal(shape, dtype=np.float32))).astype(dtype)
+
+    def make(name: str, shape: tuple[int, ...], head_dim: int) -> np.ndarray:
+        if name in ("q_norm_H", "k_norm_H"):
+            return norm_w(shape, center=head_dim**-0.25, noise=0.05)
+        if name.endswith("norm_D") or name.endswith("norm_P"):
+            return norm_w(shape)
+        if name == "layer_scalar_1":
+            return rng.uniform(0.7, 1.3, size=shape).astype(dtype)
+        if name in ("embed_VD", "ple_embed_VX"):
+            return normal(shape, cfg.hidden_size**-0.5)
+        fan_in = shape[0] if name != "wo_NHD" else shape[0] * shape[1]
+        return normal(shape, fan_in**-0.5)
+
+    glob = {n: None if s is None else make(n, s, 0) for n, s in global_shapes(cfg).items()}
+    layers = []
+    for i in range(cfg.num_layers):
+        h = cfg.layer_head_dim(i)
+        layers.append(LayerParams(**{n: None if s is None else make(n, s, h) for n, s in layer_shapes(cfg, i).items()}))
+    return Params(**glob, layers=tuple(layers))
+
+
+def cast_params(params: Params, dtype) -> Params:
+    """Every leaf converted to `dtype` (on host for numpy leaves, on device for jax arrays)."""
+    return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+
+
+# ---- byte accounting (the roofline's numerator) ---------------------------------------------------------------
+def decode_weight_bytes(cfg: ModelConfig, weight_itemsize: int) -> int:
+    """Weight bytes that one decode step reads, at `weight_itemsize` bytes per stored scalar.
+
+    Every layer weight and norm once; the per-layer-model projection and its norm; ONE row of the input embedding
+    table and ONE row of the PLE table (a gather per token, not the tables); the whole tied embedding once more for
+    the output projection (logits over V). Source: measurement.md "bytes per decode step".
+    """
+    abstract = abstract_params(cfg, jnp.float32)
+    per_layer = sum(count_params(layer) for layer in abstract.layers)
+    d, x = cfg.hidden_size, cfg.num_layers * cfg.ple_dim
+    scalars = per_layer + d  # layers + final norm
+    if cfg.ple_dim:
+        scalars += d * x + cfg.ple_dim  # per_layer_model_projection + its norm
+        scalars += x  # one row of embed_tokens_per_layer
+    scalars += d  # one row of embed_tokens (input lookup)
+    scalars += cfg.vocab_size * d  # tied output projection reads the whole table
+    return scalars * weight_itemsize
