@@ -206,8 +206,6 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     prefix_used: set[str] = set()
     for key, load, shape, file in _iter_tensors(safetensors_files(path)):
         rel = next((key[len(p):] for p in PREFIXES if key.startswith(p)), None)
-        if rel is not None:
-            prefix_used.add(key[: len(key) - len(rel)])
         spec = table.get(rel) if rel is not None else None
         if spec is None:
             if _is_ignorable(key, rel, cfg):
@@ -219,6 +217,7 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
         if shape != spec.hf_shape:
             raise CheckpointError(f"{file.name}: tensor {key!r} has shape {list(shape)}, expected {list(spec.hf_shape)}")
         seen.add(rel)
+        prefix_used.add(key[: len(key) - len(rel)])
         array = put(spec.to_engine(load()).astype(dtype))
         (glob if spec.layer is None else layers[spec.layer])[spec.field] = array
     missing = sorted(set(table) - seen, key=lambda k: (k.count("."), k))

@@ -273,25 +273,43 @@ class Engine:
         return state, step
 
 
-def load_engine(checkpoint, *, dtype: str | None = None, weight_dtype: str | None = None,
-                max_length: int | None = None, buckets: Sequence[int] | None = None) -> tuple[Engine, dict]:  # fmt: skip
-    """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under its dtype policy.
+def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,
+                buckets: Sequence[int] | None = None) -> tuple[Engine, dict]:  # fmt: skip
+    """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under a dtype policy.
 
-    `dtype` overrides the compute dtype; `weight_dtype` the stored dtype (default: the compute dtype, converted
-    once at load so no decode step converts weights). Returns (engine, load report: path, prefixes, tensors,
-    ignored keys, load seconds). Raises CheckpointError / ConfigError / TokenizerError for a bad checkpoint.
+    `policy` defaults to `decide_policy()` for the live device; its weight dtype is the dtype the weights are
+    converted to once, at load (so no decode step converts weights unless the policy asks for it). The policy
+    is logged first (logger "model.engine"), then any emulation warning. Returns (engine, load report: path,
+    prefixes, tensors, ignored keys, load_s). Raises CheckpointError / ConfigError / TokenizerError.
     """
+    import logging
+
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
     from model.policy import decide_policy
     from model.tokenizer import GemmaTokenizer
 
+    policy = policy or decide_policy()
+    log = logging.getLogger("model.engine")
+    log.info(policy.line())
+    if policy.warning():
+        log.warning(policy.warning())
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
-    policy = decide_policy(dtype, weight_dtype=weight_dtype)
     t0 = time.perf_counter()
     params, report = load_params(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put)
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     return Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer), report
+
+
+def full_logits(checkpoint, token_ids: Sequence[int], *, dtype: str = "float32") -> np.ndarray:
+    """Full-sequence logits of a checkpoint for `token_ids`: float32 numpy array [T, V] (one causal forward,
+    no cache, computed in `dtype`). The entry point for comparing with other implementations."""
+    from model.forward import forward_full
+    from model.policy import decide_policy
+
+    engine, _ = load_engine(checkpoint, policy=decide_policy(dtype))
+    ids_BT = jnp.asarray(np.asarray(token_ids, np.int32)[None])
+    return np.asarray(forward_full(engine.params, engine.cfg, ids_BT, dtype=DTYPES[dtype])[0], np.float32)

@@ -1,0 +1,76 @@
+"""Options and set-up shared by the commands that load an engine (generate, sweep, profile, serve)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import typer
+
+from bench.errors import InputError
+
+CHECKPOINT_HELP = (
+    "Checkpoint: a local Hugging Face directory, a hub repo id (owner/name), or builtin:PRESET "
+    "(tiny, default, e2b, e4b). Default: the built-in 'default' checkpoint, created on first use."
+)
+DTYPE_HELP = "Override the compute dtype (float32, bfloat16, float16); default: chosen from the live device."
+CACHE_HELP = "Persistent XLA compilation cache folder, or 'off'. Default: a folder under the user's cache dir."
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Log lines (the engine's policy line first) go to stderr, plain, at INFO."""
+    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if verbose else logging.INFO, format="%(message)s")
+    logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter would precede the policy line
+
+
+def checkpoint_path(spec: str | None) -> str:
+    """Resolve `--checkpoint`: None -> the cached built-in default; builtin:NAME -> that preset (created on first
+    use, bfloat16, seed 0); anything else is passed on (a directory or a repo id)."""
+    from model.builtin import DEFAULT_PRESET, ensure_builtin
+
+    log = logging.getLogger("bench")
+    if spec is None:
+        return str(ensure_builtin(DEFAULT_PRESET, log=log.info))
+    if spec.startswith("builtin:"):
+        from model.config import PRESETS
+
+        name = spec.split(":", 1)[1]
+        if name not in PRESETS:
+            raise InputError(f"--checkpoint {spec}: unknown built-in preset; expected builtin:{{{','.join(PRESETS)}}}")
+        return str(ensure_builtin(name, log=log.info))
+    return spec
+
+
+def compile_cache_dir(spec: str | None) -> Path | None:
+    """`--compile-cache`: None -> <cache root>/xla; 'off' -> disabled; else that folder."""
+    from model.builtin import cache_root
+
+    if spec is None:
+        return cache_root() / "xla"
+    if spec.lower() in ("off", "none", "0", "false"):
+        return None
+    return Path(spec).expanduser()
+
+
+def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | None, compile_cache: str | None):
+    """Decide and log the dtype policy (the first line), enable the compile cache, resolve and load the
+    checkpoint. Returns (engine, load report, checkpoint path, compile cache folder or None)."""
+    from model.engine import enable_compile_cache, load_engine
+    from model.policy import DTYPES, decide_policy
+
+    if dtype is not None and dtype not in DTYPES:
+        raise InputError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
+    if max_length is not None and max_length < 1:
+        raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
+    policy = decide_policy(dtype)
+    cache = enable_compile_cache(compile_cache_dir(compile_cache))
+    path = checkpoint_path(checkpoint)
+    engine, report = load_engine(path, policy=policy, max_length=max_length)
+    return engine, report, Path(report["path"]), cache
+
+
+CheckpointOpt = typer.Option(None, "--checkpoint", "-c", help=CHECKPOINT_HELP)
+DtypeOpt = typer.Option(None, "--dtype", help=DTYPE_HELP)
+MaxLengthOpt = typer.Option(None, "--max-length", help="Largest prompt (tokens) the engine accepts; default 8192.")
+CompileCacheOpt = typer.Option(None, "--compile-cache", help=CACHE_HELP)

@@ -1,0 +1,70 @@
+"""`bench generate` and `bench checkpoint create`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from bench.cli import app
+from bench.cli.common import CheckpointOpt, CompileCacheOpt, DtypeOpt, MaxLengthOpt, open_engine, setup_logging
+from bench.errors import InputError
+
+checkpoint_app = typer.Typer(help="Create built-in checkpoints in the Hugging Face format.", no_args_is_help=True)
+app.add_typer(checkpoint_app, name="checkpoint")
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The user message (wrapped in Gemma's chat turn format)."),
+    checkpoint: str | None = CheckpointOpt,
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", help="Tokens to generate (stops at EOS)."),
+    raw: bool = typer.Option(False, "--raw", help="Feed BOS + the prompt as is, without the chat turn format."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (default); > 0 samples."),
+    top_k: int = typer.Option(0, help="Sample from the k most likely tokens (0 = off)."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass (1.0 = off)."),
+    seed: int = typer.Option(0, help="Sampling seed: the same seed gives the same tokens."),
+    as_json: bool = typer.Option(False, "--json", help="Print prompt and generated token ids as JSON."),
+    dtype: str | None = DtypeOpt,
+    max_length: int | None = MaxLengthOpt,
+    compile_cache: str | None = CompileCacheOpt,
+) -> None:
+    """Generate a completion for one prompt and print it."""
+    from model.engine import Sampling
+
+    if max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        raise InputError("sampling: expected --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1")
+    setup_logging()
+    engine, _, path, _ = open_engine(checkpoint, dtype, max_length, compile_cache)
+    tok = engine.tokenizer
+    if tok is None:
+        raise InputError(f"{path}: has no tokenizer.json; bench generate needs one to read --prompt")
+    ids = [tok.bos_id] + tok.encode(prompt) if raw else tok.chat_ids(prompt)
+    gen = engine.generate(ids, max_new_tokens, Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+                          stop_at_eos=True)  # fmt: skip
+    text = tok.decode(gen.token_ids)
+    if as_json:
+        typer.echo(json.dumps({"prompt": prompt, "prompt_ids": ids, "generated_ids": gen.token_ids, "text": text}))
+    else:
+        typer.echo(text)
+
+
+@checkpoint_app.command("create")
+def checkpoint_create(
+    out_dir: Path = typer.Argument(..., help="New directory to write the checkpoint into."),
+    preset: str = typer.Option("default", "--preset", help="tiny, default, e2b or e4b."),
+    seed: int = typer.Option(0, help="Random seed of the weights."),
+    dtype: str = typer.Option("bfloat16", help="Stored dtype: bfloat16 (as released), float32 or float16."),
+    layout: str = typer.Option("text", help="text (model. prefix) or published (model.language_model. prefix)."),
+) -> None:
+    """Write a random-weight Gemma 4 checkpoint in the exact Hugging Face format (deterministic)."""
+    from model.builtin import create_checkpoint
+    from model.checkpoint import content_hash
+
+    if layout not in ("text", "published"):
+        raise InputError(f"--layout {layout}: expected 'text' or 'published'")
+    path = create_checkpoint(preset, out_dir, seed=seed, dtype=dtype, layout=layout)
+    typer.echo(f"wrote {path} (preset {preset}, {dtype}, seed {seed}); content sha256 {content_hash(path)}")

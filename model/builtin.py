@@ -1,0 +1,99 @@
+"""Built-in checkpoints: random-weight Gemma 4 models in exactly the Hugging Face on-disk format.
+
+Real Gemma 4 weights need a hub account and gigabytes; these are made here, deterministically, from a preset
+(`model.config.PRESETS`), a seed and a dtype, with a tokenizer trained on the shipped text (`model/data/text`):
+config.json, generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json. The same loading
+code serves them and real checkpoints. Same preset + seed + dtype -> the same bytes (and content hash) anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from model.checkpoint import save_params, write_config_files
+from model.config import PRESETS, ModelConfig
+from model.errors import CheckpointError
+from model.params import init_params
+
+BUILTIN_VERSION = 1  # bump when the generator changes, so a cached default is rebuilt rather than reused
+DEFAULT_PRESET = "default"
+TOKENIZER_VOCAB_CAP = 8192  # the shipped text cannot teach more merges; larger model vocabs keep the extra rows
+
+
+def _dtype(name: str):
+    import ml_dtypes
+
+    table = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+    if name not in table:
+        raise CheckpointError(f"checkpoint dtype {name!r} is not one of {sorted(table)}")
+    return table[name]
+
+
+def create_checkpoint(preset: str, out_dir: str | os.PathLike, *, seed: int = 0, dtype: str = "bfloat16",
+                      layout: str = "text", config_form: str = "global_head_dim") -> Path:  # fmt: skip
+    """Write a random-weight checkpoint of `preset` into `out_dir` (which must not exist or be empty).
+
+    dtype: stored tensor dtype (the released Gemma 4 weights are bfloat16). layout: "text" (`model.` prefix)
+    or "published" (`model.language_model.` prefix, multimodal wrapper config). Raises CheckpointError for an
+    unknown preset, a non-empty target, or an unwritable location.
+    """
+    if preset not in PRESETS:
+        raise CheckpointError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+    cfg: ModelConfig = PRESETS[preset]
+    out = Path(out_dir).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"{out}: exists and is not an empty directory; choose a new path")
+    from model.tokenizer import default_training_texts, save_tokenizer_files, train_tokenizer
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        params = init_params(cfg, seed, dtype=np.float32)
+        save_params(params, cfg, out, dtype=_dtype(dtype), layout=layout)
+        del params
+        write_config_files(cfg, out, form=config_form, wrapper=layout == "published")
+        tok = train_tokenizer(default_training_texts(), min(cfg.vocab_size, TOKENIZER_VOCAB_CAP))
+        save_tokenizer_files(tok, out, model_max_length=cfg.max_position_embeddings)
+    except OSError as exc:
+        raise CheckpointError(f"{out}: cannot write the checkpoint ({exc.strerror or exc})") from None
+    return out
+
+
+def cache_root() -> Path:
+    """Folder for built-in checkpoints and the compilation cache: $GEMMA4_BENCH_CACHE, else
+    $XDG_CACHE_HOME/gemma4-bench, else ~/.cache/gemma4-bench."""
+    env = os.environ.get("GEMMA4_BENCH_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "gemma4-bench"
+
+
+def builtin_path(preset: str = DEFAULT_PRESET, dtype: str = "bfloat16", seed: int = 0) -> Path:
+    """Where the cached built-in checkpoint of (preset, dtype, seed) lives."""
+    return cache_root() / "checkpoints" / f"{preset}-{dtype}-seed{seed}-v{BUILTIN_VERSION}"
+
+
+def ensure_builtin(preset: str = DEFAULT_PRESET, *, dtype: str = "bfloat16", seed: int = 0, log=print) -> Path:
+    """The cached built-in checkpoint, created on first use (atomically: built in a temporary folder, then
+    renamed, so an interrupted creation never leaves a half checkpoint). `log` gets one line when it creates."""
+    target = builtin_path(preset, dtype, seed)
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log(f"creating built-in checkpoint '{preset}' ({dtype}, seed {seed}) in {target} (first use only)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        create_checkpoint(preset, tmp, seed=seed, dtype=dtype)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process won the race; its checkpoint is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
