@@ -87,6 +87,7 @@ def ensure_builtin(preset: str = DEFAULT_PRESET, *, dtype: str = "bfloat16", see
     target.parent.mkdir(parents=True, exist_ok=True)
     log(f"creating built-in checkpoint '{preset}' ({dtype}, seed {seed}) in {target} (first use only)")
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is an ordinary readable folder
     try:
         create_checkpoint(preset, tmp, seed=seed, dtype=dtype)
         try:

@@ -29,6 +29,8 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 def _register() -> None:
     # Imported for their side effect: each module adds its commands to `app`.
     from bench.cli import model_cmds  # noqa: F401
+    from bench.cli import report_cmds  # noqa: F401
+    from bench.cli import sweep_cmds  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

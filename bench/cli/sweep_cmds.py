@@ -1,0 +1,139 @@
+"""`bench sweep`: the main job. Prints the sweep table and leaves a named run folder in runs/."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+
+import typer
+
+from bench.cli import app
+from bench.cli.common import CheckpointOpt, CompileCacheOpt, DtypeOpt, MaxLengthOpt, open_engine, setup_logging
+from bench.errors import RunFolderError
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
+    """The printed sweep table (one row per input size), from the run's cell rows."""
+    from rich.table import Table
+
+    table = Table(title="sweep (medians of timed repeats)")
+    for col in ("input tokens", "bucket", "gauge tok/s (min-max)", "e2e tok/s", "TTFT ms", "TPOT ms",
+                "cold/warm request", "cold/warm TTFT", "valid"):  # fmt: skip
+        table.add_column(col, justify="right" if col != "valid" else "left")
+    for r in rows:
+        gauge = "—" if r.gauge_tok_s_median is None else (
+            f"{r.gauge_tok_s_median:.2f} ({r.gauge_tok_s_min:.2f}-{r.gauge_tok_s_max:.2f})")  # fmt: skip
+        table.add_row(
+            str(r.input_tokens), _fmt(r.bucket, "d"), gauge, _fmt(r.e2e_tok_s_median), _fmt(r.ttft_ms_median, ".1f"),
+            _fmt(r.tpot_ms_median, ".2f"), _fmt(r.cold_warm_request_ratio, ".1f"), _fmt(r.cold_warm_ttft_ratio, ".1f"),
+            "yes" if r.valid else f"NO: {r.invalid_reason}",
+        )  # fmt: skip
+    return table
+
+
+def _manifest(engine, report: dict, ckpt: Path, cache_dir: Path | None, config, runs_cfg: dict) -> dict:
+    from bench.environment import build_id, device_facts, git_state, host_facts, package_versions, python_command_line
+    from model.checkpoint import content_hash
+
+    repo = Path(__file__).resolve().parents[2]
+    chash = content_hash(ckpt)
+    pol = engine.policy
+    engine_config = {
+        "buckets": list(engine.buckets), "max_length": engine.max_length, "max_new_tokens": config.max_new_tokens,
+        "repeats": config.repeats, "inputs": list(config.inputs), "batch": 1, "sampling": "greedy",
+        "quantization": "none", "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype,
+        "compute_dtype": pol.compute_dtype, "eos": "ignored while benchmarking",
+        "decode_bytes": {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs},
+    }  # fmt: skip
+    return {
+        "command_line": python_command_line(),
+        "build_id": build_id([repo / "model", repo / "bench"], chash, {**engine_config, **runs_cfg}),
+        "git": git_state(repo),
+        "versions": package_versions(),
+        "device": device_facts(),
+        "host": host_facts(),
+        "dtype_policy": {"line": pol.line(), "compute_dtype": pol.compute_dtype, "weights": pol.weight_dtype,
+                         "activations": pol.activation_dtype, "kv_cache": pol.kv_dtype, "pre_ampere": pol.pre_ampere,
+                         "pallas_interpret": pol.pallas_interpret, "overridden": pol.overridden,
+                         "emulated": pol.emulated},  # fmt: skip
+        "checkpoint": {"id": ckpt.name, "path": str(ckpt), "content_hash": chash, "weight_bytes": engine.weight_bytes,
+                       "tensors": report["tensors"], "ignored_tensors": len(report["ignored"]),
+                       "load_s": report["load_s"]},  # fmt: skip
+        "engine_config": engine_config,
+        "compile_cache": {"dir": str(cache_dir) if cache_dir else None, "hits": None, "misses": None},
+    }
+
+
+@app.command()
+def sweep(
+    inputs: str = typer.Option("41,521,2057,3593", "--inputs", help="Comma-separated exact input sizes (tokens)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens generated per request (EOS ignored)."),
+    repeats: int = typer.Option(3, "--repeats", help="Timed repeats per cell (after one warm-up)."),
+    checkpoint: str | None = CheckpointOpt,
+    name: str = typer.Option("sweep", "--name", help="Run label: the folder is runs/<date>-<label>-<device>/."),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run folders are archived."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue an interrupted run folder."),
+    dtype: str | None = DtypeOpt,
+    max_length: int | None = MaxLengthOpt,
+    compile_cache: str | None = CompileCacheOpt,
+) -> None:
+    """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
+    from bench.environment import device_slug
+    from bench.runs import create_run, open_run
+    from bench.sweep import SweepConfig, parse_inputs, run_sweep
+    from model.engine import CompileCounter
+
+    config = SweepConfig(inputs=parse_inputs(inputs), max_new_tokens=max_new_tokens, repeats=repeats)
+    config.check()
+    run = None
+    if resume is not None:
+        run = open_run(resume)  # raises RunFolderError naming the folder
+        if run.status == "complete":
+            raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
+    elif runs_dir.exists() and not runs_dir.is_dir():
+        raise RunFolderError(f"--runs-dir {runs_dir} is a file; pass a folder")
+    setup_logging()
+    log = logging.getLogger("bench")
+    engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache)
+    from bench.sweep import build_prompts
+
+    build_prompts(engine, config)  # every size checked before a folder is created or anything measured
+    counts0 = CompileCounter.snapshot()
+    manifest = _manifest(engine, report, ckpt, cache_dir, config, {})
+    if run is None:
+        slug = manifest["device"].get("slug") or device_slug(engine.policy.device_kind)
+        run = create_run(runs_dir, name, slug, manifest)
+    else:
+        run.resume()
+    done = run.finished_inputs()
+    log.info(f"run folder: {run.path}")
+    run.log(engine.policy.line())
+
+    def on_term(signum, _frame):  # a kill (SIGTERM) ends like Ctrl-C: finished cells stay, status incomplete
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    t0 = time.perf_counter()
+    status = "incomplete"
+    try:
+        run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)), skip=done)
+        status = "complete"
+    finally:
+        counts = CompileCounter.snapshot()
+        run.update_manifest(compile_cache={"dir": str(cache_dir) if cache_dir else None,
+                                           "hits": counts["cache_hits"] - counts0["cache_hits"],
+                                           "misses": counts["cache_misses"] - counts0["cache_misses"]})  # fmt: skip
+        run.finish(status)
+        log.info(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
+    from rich.console import Console
+
+    Console(width=max(Console().width, 150)).print(sweep_table(run.cells()))
+    invalid = [r.input_tokens for r in run.cells() if not r.valid]
+    if invalid:
+        log.warning(f"warning: cell(s) {invalid} are invalid (reasons in the table); their numbers are not quotable")

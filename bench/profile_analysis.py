@@ -1,0 +1,569 @@
+"""Where device time goes in a trace of N decode steps: per-op table, categories, totals (measurement.md, "Profiles").
+
+Input: an xprof trace (`*.xplane.pb`) written by `bench.profile_capture.capture_steps`, read with
+`jax.profiler.ProfileData` (planes, lines, events, stats) plus the HLO protos the trace carries
+(`bench.xspace_hlo`). Output: a frozen `ProfileAnalysis` whose `to_json()` is `profile.json` (schema version 1).
+
+Where device time lives in a jax 0.12 trace (found by reading traces written on CPU, and xla's CUPTI collector):
+- Steps: `StepTraceAnnotation("decode", step_num=i)` is an event named "decode" with an int stat `step_num`, on the
+  calling thread's line of the `/host:CPU` plane. Only ops whose midpoint falls inside a step are counted.
+- CPU (XLA:CPU): each executed op (a "thunk") is an event on a thread line of `/host:CPU` (lines named
+  `tf_XLAExecute/<id>` and `tf_XLAEigen/<id>`; independent ops run concurrently on several threads). Its name is
+  the HLO instruction name and it carries stats `hlo_op`, `hlo_module`, `program_id`, `run_id`, `device_ordinal`.
+  Events without `hlo_op` (`ThunkExecutor::Execute`, `end: <op>` markers, PjRt bookkeeping) are not device work.
+  Ops inside a `while`/`call`/`conditional` (e.g. the body of `lax.scan`) get no events of their own: the whole
+  loop is one event, counted as "other" and reported in `totals["opaque_control_flow_ms"]` and a note.
+- GPU: planes `/device:GPU:<n>`; kernels, memcpys and memsets are events on lines `Stream #<id>...`; other lines
+  (derived "XLA Ops", "Steps", counters, "CUPTI overhead") are skipped so nothing is counted twice. Kernel events
+  carry `hlo_op`, `hlo_module`, `program_id` (from XLA's annotations), `kernel_details`, `correlation_id`.
+- HLO: `/host:metadata` holds one HLO proto per module; an op's `(hlo_module, program_id, hlo_op)` finds its
+  instruction: opcode, operand dtypes, fused instructions, and `op_name` metadata such as
+  `jit(step)/attention/dot_general`, where `jax.named_scope` names are the middle segments. XLA:CPU drops the
+  metadata of `dot` instructions, so an op without `op_name` takes its fusion root's, else its first user's.
+
+Categories, each device nanosecond in exactly one, decided in this order (first match wins):
+1. dtype_conversion: HLO `convert`, or a fusion doing only converts plus data movement; without HLO, a name
+   containing "convert" (`wrapped_convert`, `loop_convert_fusion`).
+2. tensor_core: a GPU kernel `is_tensor_core_kernel` accepts. Absent (None) on CPU.
+3. attention: an op under a named scope containing "attention"; without HLO, kernel names of attention
+   libraries (fmha, flash, sdpa).
+4. matmul_fp32 / matmul_16bit: `dot`, `convolution`, a fusion containing one, or a gemm/matmul custom call, split
+   by the dot's operand dtypes (any f32/f64 operand -> fp32; all of bf16/f16/8-bit/4-bit -> 16bit); without HLO,
+   from the kernel name (`gemv2T_kernel_val<..., float, ...>`, `sgemm`, `__half`, `bf16`). A product whose operand
+   dtype cannot be told goes to "other" (and a note says how much).
+5. copies_transfers: data movement without arithmetic: copy, transpose, (dynamic-)slice, dynamic-update-slice
+   (the KV-cache write), concatenate, pad, gather/scatter, collectives, and fusions of only these; GPU
+   Memcpy*/Memset events.
+6. other_fusions: any other fusion (elementwise, reductions, norms).
+7. other: everything else (unfused elementwise ops, reductions, custom calls, control flow).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from bench.errors import TraceError
+from bench.xspace_hlo import HloInstruction, HloModule, hlo_modules
+
+SCHEMA_VERSION = 1
+STEP_NAME = "decode"
+CATEGORIES = (
+    "dtype_conversion", "tensor_core", "attention", "matmul_fp32", "matmul_16bit",
+    "copies_transfers", "other_fusions", "other",
+)  # fmt: skip
+TOP_OPS_IN_JSON = 40
+
+_FP32 = {"f32", "f64", "c64", "c128"}
+_NARROW_PREFIXES = ("bf16", "f16", "f8", "f4", "s8", "u8", "s4", "u4", "s2", "u2")
+_MOVE = {
+    "parameter", "constant", "bitcast", "bitcast-convert", "reshape", "broadcast", "copy", "copy-start", "copy-done",
+    "transpose", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "reverse", "gather",
+    "scatter", "iota", "tuple", "get-tuple-element", "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+    "collective-permute", "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done",
+    "collective-permute-start", "collective-permute-done", "send", "recv", "send-done", "recv-done",
+}  # fmt: skip
+_CONTROL_FLOW = {"while", "call", "conditional"}
+_MATMUL_TARGET = re.compile(r"gemm|matmul|conv", re.IGNORECASE)
+
+
+# ---- tensor cores ----------------------------------------------------------------------------------------------
+_NOT_TENSOR_CORE = re.compile(r"gemv|simt|convert", re.IGNORECASE)
+_TENSOR_CORE = re.compile(
+    r"[hsi](884|1688|16816|16832)(gemm|cudnn)"  # cuBLAS/cuDNN/CUTLASS MMA shapes: volta_h884gemm, s16816gemm
+    r"|hmma|imma|wgmma|tcgen05|tensorop"  # MMA instruction families; CUTLASS `*_tensorop_*`
+    r"|nvjet"  # cuBLAS 12.x JIT GEMMs on Hopper/Blackwell
+    r"|cutlass3x_sm(90|100|120)",  # CUTLASS 3 kernels for Hopper/Blackwell
+    re.IGNORECASE,
+)
+_XMMA_MMA_TYPES = re.compile(r"tensor|tf32|bf16|f16|e4m3|e5m2|i8|int8", re.IGNORECASE)
+
+
+def is_tensor_core_kernel(name: str) -> bool:
+    """True when a GPU kernel's name says it runs on tensor cores (decided from the name alone).
+
+    Tensor-core families (sources: cuBLAS/cuDNN/CUTLASS kernel names as profilers print them; CUTLASS's
+    documented name scheme `cutlass3x_sm90_tensorop_gemm_<types>_<tile>...`):
+    - MMA shapes in cuBLAS/cuDNN/CUTLASS names: `volta_h884gemm_*`, `volta_fp16_s884gemm_*`,
+      `turing_fp16_s1688gemm_*`, `turing_fp16_s1688cudnn_*`, `ampere_bf16_s16816gemm_*`, `trt_ampere_h16816gemm_*`;
+    - instruction families: `hmma`, `imma`, Hopper `wgmma` (e.g. cuDNN `..._sdpa_sm90_flash_fprop_wgmma_f16_...`),
+      Blackwell `tcgen05`;
+    - CUTLASS `cutlass_75_tensorop_*`, `cutlass_80_tensorop_*`, `cutlass3x_sm90_*`, `cutlass3x_sm100_*`;
+    - cuBLAS(Lt) `sm80_xmma_*`, `sm90_xmma_*` when the name shows an MMA type (a `tensor16x8x16` tile, tf32, bf16,
+      f16, fp8, int8): an xmma name with only f32 types and no tensor tile is not counted;
+    - cuBLAS `nvjet_*` (its Hopper/Blackwell GEMMs, e.g. `nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTT`).
+    Never tensor cores, whatever else the name says: gemv kernels (`gemv2T_kernel_val<...>`, `gemvx::kernel<...>`),
+    CUTLASS/cuBLAS `simt` kernels (`cutlass3x_sm100_simt_sgemm_*` included) and convert kernels. Not matched by
+    any family, so not tensor cores either: plain `sgemm` (`volta_sgemm_*`, `ampere_sgemm_*`), cuBLAS
+    `splitKreduce_kernel`, reductions, XLA's own fusions (`input_*_fusion`, `loop_*_fusion`).
+    Limits: a Triton GEMM emitted by XLA (`gemm_fusion_dot_*`, `triton_gemm_*`) may use tensor cores but its name
+    does not say so; it is not counted here (the analysis counts it as a matrix product by operand dtype).
+    xprof's own `IsKernelUsingTensorCore` knows only Volta/Turing prefixes and so misses every kernel from Ampere on.
+    """
+    if _NOT_TENSOR_CORE.search(name):
+        return False
+    if _TENSOR_CORE.search(name):
+        return True
+    return "xmma" in name.lower() and bool(_XMMA_MMA_TYPES.search(name))
+
+
+# ---- result types ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OpRow:
+    """One row of the per-op (CPU) / per-kernel (GPU) table, over the captured steps.
+
+    name: the event name (the HLO instruction on CPU, the kernel name on GPU); hlo_op / hlo_module: the op the
+    event ran for ("" when the trace does not say); count: events; total_ms / mean_ms: exclusive device time
+    (milliseconds); pct: share of total device time in %; category: one of CATEGORIES.
+    """
+
+    name: str
+    hlo_op: str
+    hlo_module: str
+    category: str
+    count: int
+    total_ms: float
+    mean_ms: float
+    pct: float
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Bandwidth roofline of the profiled decode (measurement.md, "Rooflines").
+
+    bytes_per_step: bytes one decode step reads (engine accounting); tok_s: decode tok/s used, with tok_s_source
+    "gauge" (the measured steady-state rate) or "profile" (1000 / profiled ms per step); bandwidth_bytes_s: measured
+    copy bandwidth (read + written bytes per second), bandwidth_n_bytes the copy size; share_pct: the share in %.
+    """
+
+    bytes_per_step: int
+    tok_s: float
+    tok_s_source: str
+    bandwidth_bytes_s: float
+    bandwidth_n_bytes: int | None
+    share_pct: float
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "bandwidth_gib_s": self.bandwidth_bytes_s / 2**30}
+
+
+@dataclass(frozen=True)
+class ProfileAnalysis:
+    """The analysis of one trace. Times in milliseconds, shares in % of total device time over the steps.
+
+    device: platform ("cpu"/"gpu"), planes read, device stats from the trace (GPU name, compute capability, ...)
+        and versions from `/host:metadata`.
+    steps: step annotations found (must equal the captured N).
+    categories: {name: (pct, ms)} for every name of CATEGORIES; (None, None) where the device cannot have one.
+    totals: device_ms, ms_per_step, tok_s (1000 / ms_per_step, batch 1), distinct_ops, events, step_wall_ms_mean,
+        busy_ms (union of op intervals: device time with concurrency removed), opaque_control_flow_ms,
+        hlo_matched_pct (share of device time whose HLO instruction was found).
+    ops: every table row, largest first. roofline: None until `attach_roofline`. notes: caveats, one line each.
+    trace_path: the trace read (not compared: a copy of a trace analyses equal).
+    """
+
+    device: dict[str, Any]
+    steps: int
+    categories: dict[str, tuple[float | None, float | None]]
+    totals: dict[str, Any]
+    ops: tuple[OpRow, ...]
+    roofline: Roofline | None = None
+    notes: tuple[str, ...] = ()
+    trace_path: str = field(default="", compare=False)
+
+    def to_json(self) -> dict:
+        """profile.json: `{"schema_version": 1, "device", "steps", "categories": {name: {"pct", "ms"}}, "totals",
+        "ops": [top rows], "roofline": {...} (values None until attached), "notes", "trace"}`."""
+        empty_roofline = {k: None for k in ("bytes_per_step", "tok_s", "tok_s_source", "bandwidth_bytes_s",
+                                            "bandwidth_n_bytes", "share_pct", "bandwidth_gib_s")}  # fmt: skip
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "device": self.device,
+            "steps": self.steps,
+            "categories": {name: {"pct": pct, "ms": ms} for name, (pct, ms) in self.categories.items()},
+            "totals": self.totals,
+            "ops": [row.to_json() for row in self.ops[:TOP_OPS_IN_JSON]],
+            "ops_total_rows": len(self.ops),
+            "roofline": self.roofline.to_json() if self.roofline else empty_roofline,
+            "notes": list(self.notes),
+            "trace": self.trace_path,
+        }
+
+
+def attach_roofline(
+    analysis: ProfileAnalysis, *, bytes_per_step: int, bandwidth_bytes_s: float,
+    bandwidth_n_bytes: int | None = None, gauge_tok_s: float | None = None,
+) -> ProfileAnalysis:  # fmt: skip
+    """A copy of `analysis` with its roofline: bytes_per_step x tok/s / bandwidth, tok/s being the gauge when
+    given, else the profile's own 1000 / ms per step (labelled as such)."""
+    from bench.bandwidth import roofline_share
+
+    tok_s, source = (gauge_tok_s, "gauge") if gauge_tok_s is not None else (analysis.totals["tok_s"], "profile")
+    share = 100.0 * roofline_share(bytes_per_step, tok_s, bandwidth_bytes_s)
+    return replace(analysis, roofline=Roofline(bytes_per_step, tok_s, source, bandwidth_bytes_s, bandwidth_n_bytes,
+                                               share))  # fmt: skip
+
+
+# ---- reading a trace -------------------------------------------------------------------------------------------
+def find_trace(path: str | Path) -> tuple[Path, tuple[str, ...]]:
+    """The `.xplane.pb` that `path` names: the file itself, the newest under a folder (searched recursively), or
+    the newest under a run folder's `profile/`. Returns it and notes. TraceError (one line) when there is none."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"trace path {p} does not exist: expected a .xplane.pb file, a folder holding one, "
+                         f"or a run folder with a profile/ folder")  # fmt: skip
+    if p.is_file():
+        if not p.name.endswith(".xplane.pb"):
+            raise TraceError(f"{p} is not an xprof trace: expected a *.xplane.pb file written by jax.profiler")
+        return p, ()
+    root = p / "profile" if (p / "profile").is_dir() else p
+    found = sorted(root.rglob("*.xplane.pb"), key=lambda f: (f.stat().st_mtime, str(f)))
+    if not found:
+        if (p / "manifest.json").is_file() or root is not p:
+            raise TraceError(f"run folder {p} has no profile (no *.xplane.pb under {root}): "
+                             f"run `bench profile --run {p}` first")  # fmt: skip
+        raise TraceError(f"folder {p} holds no *.xplane.pb trace: point at a trace file, its folder or a run folder")
+    notes = (f"{len(found)} traces under {root}; analysed the newest, {found[-1]}",) if len(found) > 1 else ()
+    return found[-1], notes
+
+
+def analyze_trace(path: str | Path, *, step_name: str = STEP_NAME) -> ProfileAnalysis:
+    """Analyse the trace at `path` (a trace file, a folder holding one, or a run folder with `profile/`).
+
+    Raises TraceError for a path without a trace, a file that is not a trace, or a trace without step annotations
+    named `step_name` or without device ops inside them.
+    """
+    trace, notes = find_trace(path)
+    return analyze_xspace(trace.read_bytes(), source=str(trace), step_name=step_name, notes=notes)
+
+
+def analyze_xspace(
+    data: bytes, *, source: str = "<bytes>", step_name: str = STEP_NAME, notes: tuple[str, ...] = ()
+) -> ProfileAnalysis:
+    """Analyse a serialized XSpace (the bytes of a `.xplane.pb`); see `analyze_trace`."""
+    from jax.profiler import ProfileData
+
+    try:
+        profile = ProfileData.from_serialized_xspace(data)
+        planes = list(profile.planes)
+        modules = hlo_modules(data)
+    except Exception as exc:  # jax raises RuntimeError, the HLO reader ValueError/IndexError on garbage
+        raise TraceError(f"{source} could not be read as an xprof trace ({type(exc).__name__}: {exc})") from exc
+    if not planes:
+        raise TraceError(f"{source} is not an xprof trace: it holds no planes")
+    with warnings.catch_warnings():  # jaxlib's stat iterators warn "builtin type event_stats has no __module__"
+        warnings.filterwarnings("ignore", message="builtin type", category=DeprecationWarning)
+        return _analyze_planes(planes, modules, source, step_name, notes)
+
+
+def _analyze_planes(planes, modules, source, step_name, notes) -> ProfileAnalysis:
+    steps = _step_windows(planes, step_name)
+    if not steps:
+        raise TraceError(f"{source} has no '{step_name}' step annotations: capture it with `bench profile` "
+                         f"(each step inside jax.profiler.StepTraceAnnotation('{step_name}', step_num=i))")  # fmt: skip
+    gpu_planes = [pl for pl in planes if pl.name.startswith("/device:GPU:")]
+    platform = "gpu" if gpu_planes else "cpu"
+    events = _device_events(gpu_planes if gpu_planes else [pl for pl in planes if pl.name == "/host:CPU"], platform)
+    events = _inside_steps(events, steps)
+    if not events:
+        raise TraceError(f"{source} has {len(steps)} '{step_name}' steps but no device ops inside them")
+    return _summarise(events, steps, modules, platform, _device_info(planes, gpu_planes), source, notes)
+
+
+def _stats(obj) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in obj.stats:
+        out.setdefault(key, value if isinstance(value, (int, float, str, bool)) else str(value))
+    return out
+
+
+def _step_windows(planes, step_name: str) -> list[tuple[float, float]]:
+    windows = []
+    for plane in planes:
+        if not plane.name.startswith("/host:"):
+            continue
+        for line in plane.lines:
+            for ev in line.events:
+                if ev.name == step_name and any(k == "step_num" for k, _ in ev.stats):
+                    windows.append((ev.start_ns, ev.end_ns))
+    return sorted(windows)
+
+
+@dataclass
+class _Event:
+    name: str
+    hlo_op: str
+    hlo_module: str
+    program_id: str
+    start: float
+    end: float
+    self_ns: float
+
+
+def _device_events(planes, platform: str) -> list[_Event]:
+    """Device-work events with their exclusive time (nested op events on the same line are subtracted)."""
+    out: list[_Event] = []
+    for plane in planes:
+        for line in plane.lines:
+            if platform == "gpu" and not line.name.startswith("Stream #"):
+                continue
+            line_events = []
+            for ev in line.events:
+                st = _stats(ev)
+                if platform == "cpu" and "hlo_op" not in st:
+                    continue
+                ids = (str(st.get(k, "")) for k in ("hlo_op", "hlo_module", "program_id"))
+                line_events.append(_Event(ev.name, *ids, ev.start_ns, ev.end_ns, ev.duration_ns))
+            line_events.sort(key=lambda e: (e.start, -e.end))
+            open_events: list[_Event] = []
+            for ev in line_events:
+                while open_events and open_events[-1].end <= ev.start:
+                    open_events.pop()
+                if open_events:
+                    open_events[-1].self_ns -= ev.end - ev.start
+                open_events.append(ev)
+            out.extend(line_events)
+    return out
+
+
+def _inside_steps(events: list[_Event], steps: list[tuple[float, float]]) -> list[_Event]:
+    starts = [s for s, _ in steps]
+    kept = []
+    for ev in events:
+        mid = (ev.start + ev.end) / 2
+        i = bisect.bisect_right(starts, mid) - 1
+        if i >= 0 and mid <= steps[i][1]:
+            kept.append(ev)
+    return kept
+
+
+def _device_info(planes, gpu_planes) -> dict[str, Any]:
+    versions = next((_stats(pl) for pl in planes if pl.name == "/host:metadata"), {})
+    versions.pop("process_id", None)
+    if gpu_planes:
+        return {"platform": "gpu", "planes": [pl.name for pl in gpu_planes], "stats": _stats(gpu_planes[0]),
+                "versions": versions}  # fmt: skip
+    return {"platform": "cpu", "planes": ["/host:CPU"], "stats": {}, "versions": versions}
+
+
+# ---- classification --------------------------------------------------------------------------------------------
+def _dtype_group(dtypes: tuple[str, ...]) -> str | None:
+    operands = dtypes[:2]
+    if any(d in _FP32 for d in operands):
+        return "matmul_fp32"
+    if operands and all(d.startswith(_NARROW_PREFIXES) for d in operands):
+        return "matmul_16bit"
+    return None
+
+
+def _fused(instr: HloInstruction, module: HloModule) -> list[HloInstruction]:
+    """Instructions of the computations `instr` calls, recursively (a fusion's fused instructions)."""
+    out, todo, seen = [], list(instr.called), set()
+    while todo:
+        comp = module.computations.get(todo.pop())
+        if comp is None or comp.name in seen:
+            continue
+        seen.add(comp.name)
+        for inner in comp.instructions:
+            out.append(inner)
+            todo.extend(inner.called)
+    return out
+
+
+def _scope(instr: HloInstruction, module: HloModule) -> str:
+    if instr.op_name:
+        return instr.op_name
+    if instr.opcode == "fusion" and instr.called:
+        comp = module.computations.get(instr.called[0])
+        if comp is not None and comp.root in module.instructions and module.instructions[comp.root].op_name:
+            return module.instructions[comp.root].op_name
+    for user in instr.users:  # XLA:CPU leaves dots without metadata; the reshape/fusion consuming them has it
+        if user in module.instructions and module.instructions[user].op_name:
+            return module.instructions[user].op_name
+    return ""
+
+
+def _in_attention(op_name: str) -> bool:
+    return any("attention" in segment.lower() for segment in op_name.split("/")[:-1])
+
+
+def _classify_hlo(instr: HloInstruction, module: HloModule, kernel: str, platform: str) -> tuple[str, str]:
+    """(category, detail) of an op whose HLO instruction is known; detail is "control_flow", "unknown_dtype" or ""."""
+    inner = _fused(instr, module) if instr.opcode == "fusion" else []
+    work = [i.opcode for i in inner if i.opcode not in ("parameter", "constant", "tuple", "get-tuple-element")]
+    if instr.opcode == "convert" or ("convert" in work and all(op == "convert" or op in _MOVE for op in work)):
+        return "dtype_conversion", ""
+    if platform == "gpu" and is_tensor_core_kernel(kernel):
+        return "tensor_core", ""
+    if _in_attention(_scope(instr, module)):
+        return "attention", ""
+    dots = [i for i in [instr, *inner] if i.opcode in ("dot", "convolution")]
+    if instr.opcode == "custom-call" and _MATMUL_TARGET.search(instr.custom_call_target):
+        dots.append(instr)
+    if dots:
+        group = _dtype_group(dots[0].operand_dtypes) or _name_dtype_group(kernel)
+        return (group, "") if group else ("other", "unknown_dtype")
+    if instr.opcode in _MOVE or (instr.opcode == "fusion" and work and all(op in _MOVE for op in work)):
+        return "copies_transfers", ""
+    if instr.opcode == "fusion":
+        return "other_fusions", ""
+    return "other", "control_flow" if instr.opcode in _CONTROL_FLOW else ""
+
+
+_NAME_16BIT = re.compile(r"__half|\bhalf\b|bfloat16|bf16|fp16|f16|hgemm|hgemv|e4m3|e5m2|int8|\bi8\b", re.I)
+_NAME_FP32 = re.compile(r"\bfloat\b|sgemm|sgemv|f32|fp32|tf32", re.IGNORECASE)
+_NAME_MATMUL = re.compile(r"gemm|gemv|matmul|xmma|nvjet|cublas|cutlass|(^|[_.])dot([_.]|$)", re.IGNORECASE)
+_NAME_ATTENTION = re.compile(r"attention|fmha|flash|sdpa", re.IGNORECASE)
+_NAME_COPY = re.compile(r"memcpy|memset|copy|transpose|dynamic.update.slice|concatenate|gather|scatter|nccl", re.I)
+
+
+def _name_dtype_group(kernel: str) -> str | None:
+    if _NAME_16BIT.search(kernel):
+        return "matmul_16bit"
+    if _NAME_FP32.search(kernel):
+        return "matmul_fp32"
+    return None
+
+
+def _classify_name(kernel: str, platform: str) -> tuple[str, str]:
+    """(category, detail) from an event name alone, for ops whose HLO instruction the trace does not hold."""
+    if "convert" in kernel.lower():
+        return "dtype_conversion", ""
+    if platform == "gpu" and is_tensor_core_kernel(kernel):
+        return "tensor_core", ""
+    if _NAME_ATTENTION.search(kernel):
+        return "attention", ""
+    if _NAME_MATMUL.search(kernel):
+        group = _name_dtype_group(kernel)
+        return (group, "") if group else ("other", "unknown_dtype")
+    if _NAME_COPY.search(kernel):
+        return "copies_transfers", ""
+    if "fusion" in kernel.lower():
+        return "other_fusions", ""
+    return "other", ""
+
+
+def _lookup(modules: Mapping[str, HloModule], ev: _Event) -> tuple[HloInstruction, HloModule] | None:
+    module = modules.get(f"{ev.hlo_module}({ev.program_id})")
+    if module is None:
+        same_name = [m for key, m in modules.items() if key.rsplit("(", 1)[0] == ev.hlo_module]
+        module = same_name[0] if len(same_name) == 1 else None
+    if module is None or ev.hlo_op not in module.instructions:
+        return None
+    return module.instructions[ev.hlo_op], module
+
+
+# ---- summary ---------------------------------------------------------------------------------------------------
+def _busy_ns(events: list[_Event]) -> float:
+    total, cur_start, cur_end = 0.0, None, None
+    for ev in sorted(events, key=lambda e: e.start):
+        if cur_end is None or ev.start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = ev.start, ev.end
+        else:
+            cur_end = max(cur_end, ev.end)
+    return total + (cur_end - cur_start if cur_end is not None else 0.0)
+
+
+def _summarise(events, steps, modules, platform, device, source, notes) -> ProfileAnalysis:
+    cache: dict[tuple[str, str, str, str], tuple[str, str, bool]] = {}
+    rows: dict[tuple[str, str, str], list] = {}
+    cat_ns = dict.fromkeys(CATEGORIES, 0.0)
+    flagged = {"control_flow": 0.0, "unknown_dtype": 0.0}
+    matched_ns = 0.0
+    for ev in events:
+        key = (ev.name, ev.hlo_op, ev.hlo_module, ev.program_id)
+        if key not in cache:
+            found = _lookup(modules, ev)
+            category, detail = (_classify_hlo(*found, ev.name, platform) if found
+                                else _classify_name(ev.name, platform))  # fmt: skip
+            cache[key] = (category, detail, found is not None)
+        category, detail, matched = cache[key]
+        cat_ns[category] += ev.self_ns
+        if detail:
+            flagged[detail] += ev.self_ns
+        if matched:
+            matched_ns += ev.self_ns
+        row = rows.setdefault((ev.name, ev.hlo_op, ev.hlo_module), [category, 0, 0.0])
+        row[1] += 1
+        row[2] += ev.self_ns
+    total_ns = sum(cat_ns.values())
+    if total_ns <= 0:
+        raise TraceError(f"{source}: the device ops inside the steps add up to no time")
+    ms = 1e-6
+    categories: dict[str, tuple[float | None, float | None]] = {
+        name: (100.0 * ns / total_ns, ns * ms) for name, ns in cat_ns.items()
+    }
+    if platform != "gpu":
+        categories["tensor_core"] = (None, None)
+    ops = tuple(sorted(
+        (OpRow(name, op, mod, cat, count, ns * ms, ns * ms / count, 100.0 * ns / total_ns)
+         for (name, op, mod), (cat, count, ns) in rows.items()),
+        key=lambda r: (-r.total_ms, r.name, r.hlo_op),
+    ))  # fmt: skip
+    ms_per_step = total_ns * ms / len(steps)
+    totals = {
+        "device_ms": total_ns * ms,
+        "steps": len(steps),
+        "ms_per_step": ms_per_step,
+        "tok_s": 1000.0 / ms_per_step,
+        "distinct_ops": len({(r.name, r.hlo_module) for r in ops}),
+        "events": len(events),
+        "step_wall_ms_mean": sum(e - s for s, e in steps) * ms / len(steps),
+        "busy_ms": _busy_ns(events) * ms,
+        "opaque_control_flow_ms": flagged["control_flow"] * ms,
+        "hlo_matched_pct": 100.0 * matched_ns / total_ns,
+    }
+    notes = list(notes)
+    if flagged["control_flow"] > 0:
+        notes.append(f"{flagged['control_flow'] * ms:.3f} ms ({100 * flagged['control_flow'] / total_ns:.1f}%) ran "
+                     f"inside while/call/conditional ops whose inner ops XLA:CPU does not trace one by one; "
+                     f"counted as other (unroll the layer loop to see them)")  # fmt: skip
+    if flagged["unknown_dtype"] > 0:
+        notes.append(f"{flagged['unknown_dtype'] * ms:.3f} ms of matrix products with an operand dtype the trace "
+                     f"does not tell; counted as other")  # fmt: skip
+    if not modules:
+        notes.append("the trace holds no HLO protos: categories come from op and kernel names only")
+    return ProfileAnalysis(device, len(steps), categories, totals, ops, None, tuple(notes), source)
+
+
+# ---- the published table's shape -------------------------------------------------------------------------------
+def format_profile_table(analysis: ProfileAnalysis | Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Rows (label, value) in the shape of the published profile table, from an analysis or its `to_json()` dict:
+    dtype conversion %, fp32 gemv %, tensor core %, total kernel time, distinct kernels, decode gauge, bandwidth,
+    roofline share. "fp32 gemv" is the matmul_fp32 category (at batch 1 a decode step's products are matrix-vector
+    products); "decode gauge" is the gauge attached with the roofline, else the profile's own rate, labelled so.
+    A category the device cannot have reads "absent"; a roofline not attached reads "not measured".
+    """
+    data = analysis.to_json() if isinstance(analysis, ProfileAnalysis) else analysis
+    cats, totals, roof = data["categories"], data["totals"], data.get("roofline") or {}
+
+    def pct(name: str) -> str:
+        value = cats.get(name, {}).get("pct")
+        return "absent" if value is None else f"{value:.1f}%"
+
+    if roof.get("tok_s") is not None and roof.get("tok_s_source") == "gauge":
+        gauge = f"{roof['tok_s']:.1f} tok/s"
+    else:
+        gauge = f"{totals['tok_s']:.1f} tok/s (from profile)"
+    bandwidth = roof.get("bandwidth_bytes_s")
+    share = roof.get("share_pct")
+    return [
+        ("dtype conversion", pct("dtype_conversion")),
+        ("fp32 gemv", pct("matmul_fp32")),
+        ("tensor core", pct("tensor_core")),
+        ("total kernel time", f"{totals['device_ms']:,.1f} ms over {totals['steps']} steps"),
+        ("distinct kernels", f"{totals['distinct_ops']}"),
+        ("decode gauge", gauge),
+        ("bandwidth", "not measured" if bandwidth is None else f"{bandwidth / 2**30:,.3f} GiB/s"),
+        ("roofline share", "not measured" if share is None else f"{share:.0f}%"),
+    ]

@@ -1,0 +1,201 @@
+"""Record an xprof trace of exactly N decode steps (measurement.md, "Profiles").
+
+`capture_steps` is generic over a step callable, `state = step_fn(state)`: the engine passes its jitted decode step
+and its state (tokens, positions, KV cache); tests pass small jitted functions. It runs `warmup` untimed steps first
+(so nothing compiles under the profiler), then traces exactly `n_steps` steps, each inside
+`jax.profiler.StepTraceAnnotation("decode", step_num=i)` and each blocked on before the next starts, so every
+device op of step i lies inside step i's annotation. `bench.profile_analysis` uses those annotations to count the
+steps and to keep only the ops inside them.
+
+Keeping the trace small: the Python tracer is off by default (it records every Python call and makes traces large),
+and the host tracer runs at level 1 (user TraceMe annotations only). On XLA:CPU, level 1 still records every
+executed XLA op (thunk) with its `hlo_op`/`hlo_module` stats, which is what the analysis needs; level 0 would drop
+the step annotations and, on CPU, the ops themselves. HLO protos stay on (`enable_hlo_proto`, jax's default): they
+tell the analysis operand dtypes and named scopes.
+
+GPU: per-op attribution needs XLA command buffers (CUDA graphs) off, or many kernels run inside one graph launch
+and lose their op names. `gpu_profile_flags()` returns the XLA_FLAGS for that. XLA reads XLA_FLAGS once, when the
+backend initialises, so `bench profile` must put them into the environment before jax starts on a GPU
+(`apply_gpu_profile_flags`); timing runs (`bench sweep`) keep XLA's default flags. The same switch is what jax
+itself applies when it collects profiles for PGLE (`jax/_src/compiler.py`, `("xla_gpu_enable_command_buffer", "")`),
+and jax's GPU performance tips document the flag.
+
+Compatibility: `jax.profiler.start_trace(log_dir, profiler_options=...)`, `stop_trace()`, `ProfileOptions` (with
+`host_tracer_level`, `python_tracer_level`, `enable_hlo_proto`) and `StepTraceAnnotation` exist in jax 0.11.0 and
+0.12; both write `<log_dir>/plugins/profile/<session>/<host>.xplane.pb`. Options an older jax lacks are skipped and
+reported in `CaptureResult.profile_options`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.errors import InputError
+
+STEP_NAME = "decode"
+_COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer"
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """What one capture produced.
+
+    xplane_path: the trace file (`*.xplane.pb`) this capture wrote.
+    xplane_bytes: its size in bytes.
+    n_steps / warmup: traced steps and untimed steps run before tracing.
+    step_wall_ms: wall time of each traced step in milliseconds (monotonic clock, read after the step's result was
+        ready; includes profiler overhead, so it is slower than an untraced step).
+    wall_ms_per_step: the median of `step_wall_ms`.
+    xla_flags: the XLA_FLAGS environment value in force (empty string when unset).
+    profile_options: the profiler options applied, by name; an option this jax lacks maps to None.
+    platform / device_kind: the default device, e.g. "cpu"/"cpu" or "gpu"/"NVIDIA L4".
+    jax_version: `jax.__version__`.
+    final_state: the state after the last traced step (not compared, not printed).
+    """
+
+    xplane_path: Path
+    xplane_bytes: int
+    n_steps: int
+    warmup: int
+    step_wall_ms: tuple[float, ...]
+    wall_ms_per_step: float
+    xla_flags: str
+    profile_options: dict[str, Any]
+    platform: str
+    device_kind: str
+    jax_version: str
+    final_state: Any = field(default=None, compare=False, repr=False)
+
+
+def gpu_profile_flags() -> tuple[str, ...]:
+    """XLA_FLAGS to add when profiling on an NVIDIA GPU: command buffers (CUDA graphs) off, for per-op attribution.
+
+    They must be in the environment before the jax backend initialises; see `apply_gpu_profile_flags`.
+    """
+    return (f"{_COMMAND_BUFFER_FLAG}=",)
+
+
+def merge_xla_flags(existing: str, extra: tuple[str, ...]) -> str:
+    """`existing` XLA_FLAGS with each flag of `extra` added, replacing any earlier value of the same flag."""
+    names = {flag.split("=", 1)[0] for flag in extra}
+    kept = [flag for flag in existing.split() if flag.split("=", 1)[0] not in names]
+    return " ".join(kept + list(extra))
+
+
+def apply_gpu_profile_flags(environ: dict[str, str] | None = None) -> str:
+    """Put `gpu_profile_flags()` into XLA_FLAGS of `environ` (default `os.environ`) and return the new value.
+
+    Raises RuntimeError when a jax backend is already initialised in this process: XLA would ignore the flags.
+    """
+    env = os.environ if environ is None else environ
+    if environ is None and _backend_initialised():
+        raise RuntimeError("XLA_FLAGS must be set before jax initialises its backend; set them at process start")
+    env["XLA_FLAGS"] = merge_xla_flags(env.get("XLA_FLAGS", ""), gpu_profile_flags())
+    return env["XLA_FLAGS"]
+
+
+def _backend_initialised() -> bool:
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge  # private, but present with this name in jax 0.11 and 0.12
+
+    check = getattr(xla_bridge, "backends_are_initialized", None)
+    return bool(check()) if check is not None else True
+
+
+def _profile_options(python_tracer: bool, host_tracer_level: int) -> tuple[Any, dict[str, Any]]:
+    """A `jax.profiler.ProfileOptions` (or None on a jax without it) and what was set on it."""
+    import jax
+
+    wanted = {
+        "host_tracer_level": host_tracer_level,
+        "python_tracer_level": 1 if python_tracer else 0,
+        "enable_hlo_proto": True,
+    }
+    options_cls = getattr(jax.profiler, "ProfileOptions", None)
+    if options_cls is None:
+        return None, {name: None for name in wanted}
+    options = options_cls()
+    applied: dict[str, Any] = {}
+    for name, value in wanted.items():
+        try:
+            setattr(options, name, value)
+            applied[name] = value
+        except (AttributeError, TypeError):
+            applied[name] = None
+    return options, applied
+
+
+def _traces_under(trace_dir: Path) -> set[Path]:
+    return set(trace_dir.rglob("*.xplane.pb")) if trace_dir.exists() else set()
+
+
+def capture_steps(
+    step_fn: Callable[[Any], Any],
+    state: Any,
+    n_steps: int,
+    trace_dir: str | os.PathLike,
+    *,
+    warmup: int = 2,
+    python_tracer: bool = False,
+    host_tracer_level: int = 1,
+) -> CaptureResult:
+    """Run `warmup` untimed steps, then trace exactly `n_steps` calls of `state = step_fn(state)`.
+
+    Each traced call sits inside `StepTraceAnnotation("decode", step_num=i)` (i = 0..n_steps-1) and is blocked on
+    (`jax.block_until_ready`) before the annotation closes. The trace goes under `trace_dir` (jax's layout:
+    `plugins/profile/<session>/<host>.xplane.pb`). Raises InputError for `n_steps < 1` or `warmup < 0`.
+    """
+    if not isinstance(n_steps, int) or n_steps < 1:
+        raise InputError(f"--steps {n_steps}: expected a whole number of decode steps >= 1")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise InputError(f"warmup {warmup}: expected a whole number >= 0")
+    import jax
+
+    for _ in range(warmup):
+        state = jax.block_until_ready(step_fn(state))
+
+    trace_dir = Path(trace_dir)
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    before = _traces_under(trace_dir)
+    options, applied = _profile_options(python_tracer, host_tracer_level)
+    if options is None:
+        jax.profiler.start_trace(str(trace_dir))
+    else:
+        jax.profiler.start_trace(str(trace_dir), profiler_options=options)
+    step_ms: list[float] = []
+    try:
+        for i in range(n_steps):
+            with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
+                t0 = time.perf_counter()
+                state = jax.block_until_ready(step_fn(state))
+                step_ms.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        jax.profiler.stop_trace()
+
+    new = sorted(_traces_under(trace_dir) - before, key=lambda p: p.stat().st_mtime)
+    if not new:
+        raise RuntimeError(f"jax.profiler wrote no *.xplane.pb under {trace_dir}")
+    xplane = new[-1]
+    device = jax.devices()[0]
+    return CaptureResult(
+        xplane_path=xplane,
+        xplane_bytes=xplane.stat().st_size,
+        n_steps=n_steps,
+        warmup=warmup,
+        step_wall_ms=tuple(step_ms),
+        wall_ms_per_step=statistics.median(step_ms),
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+        profile_options=applied,
+        platform=device.platform,
+        device_kind=getattr(device, "device_kind", device.platform),
+        jax_version=jax.__version__,
+        final_state=state,
+    )

@@ -1,0 +1,123 @@
+"""`bench sweep`: cells of exact input sizes, each warmed up at its compiled shape, then timed repeats.
+
+Order of work (../shared/measurement.md "Per cell"):
+1. every prompt is built and its exact token count checked before anything is measured;
+2. the first request of the fresh engine is recorded separately as `cold` (it compiles, or restores from the
+   persistent compilation cache, the programs of the first shape);
+3. per cell: one warm-up request at the exact compiled shape (bucket, max_new_tokens), then `repeats` timed ones;
+4. the cell's samples and summary row are written to the run folder as soon as the cell ends (atomically), so an
+   interrupted sweep keeps every finished cell; a cell that fails (e.g. out of memory) is recorded as failed and
+   the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from bench.errors import InputError
+from bench.measure import measure_request
+from bench.prompts import Prompt, exact_prompt
+from bench.records import CellRow, failed_cell, summarize_cell
+from bench.runs import RunFolder
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """What a sweep measures: input sizes (tokens, BOS and chat template included), new tokens per request
+    (exactly this many; EOS ignored), timed repeats per cell."""
+
+    inputs: tuple[int, ...]
+    max_new_tokens: int = 64
+    repeats: int = 3
+
+    def check(self) -> None:
+        """Raises InputError (one line) for a value out of range."""
+        if not self.inputs:
+            raise InputError("--inputs: expected a comma-separated list of token counts, e.g. 41,521,2057,3593")
+        bad = [n for n in self.inputs if n < 1]
+        if bad:
+            raise InputError(f"--inputs {bad[0]}: input sizes must be positive token counts, e.g. --inputs 41,521")
+        if self.max_new_tokens < 2:
+            raise InputError(f"--max-new-tokens {self.max_new_tokens}: must be at least 2 (the gauge needs 2 tokens)")
+        if self.repeats < 1:
+            raise InputError(f"--repeats {self.repeats}: must be at least 1 timed repeat per cell")
+
+
+def parse_inputs(text: str) -> tuple[int, ...]:
+    """'41,521,2057' -> (41, 521, 2057). Raises InputError for a non-numeric, zero or negative size."""
+    sizes = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            n = int(part)
+        except ValueError:
+            raise InputError(f"--inputs {text}: {part!r} is not a whole number of tokens (e.g. --inputs 41,521)") from None
+        if n < 1:
+            raise InputError(f"--inputs {text}: {n} is not a positive token count (e.g. --inputs 41,521)")
+        sizes.append(n)
+    if not sizes:
+        raise InputError(f"--inputs {text!r}: expected a comma-separated list of token counts, e.g. 41,521,2057,3593")
+    return tuple(dict.fromkeys(sizes))  # unique, in the given order
+
+
+def build_prompts(engine, config: SweepConfig) -> dict[int, Prompt]:
+    """The exact-size prompt of every cell, checked: each fits a bucket and tokenizes to exactly its size.
+    Raises InputError (too small) or the engine's EngineError (above the maximum length, naming the flag)."""
+    if engine.tokenizer is None:
+        raise InputError("the checkpoint has no tokenizer.json; a sweep builds its prompts from natural text")
+    prompts = {}
+    for n in config.inputs:
+        engine.bucket_for(n)
+        p = exact_prompt(engine.tokenizer, n)
+        if len(p.ids) != n:
+            raise InputError(f"prompt for {n} input tokens came out at {len(p.ids)} tokens")
+        prompts[n] = p
+    return prompts
+
+
+Progress = Callable[[str], None]
+
+
+def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress = lambda _: None,
+              skip: Sequence[int] = ()) -> list[CellRow]:  # fmt: skip
+    """Measure every cell not in `skip` into `run`; returns the rows measured now (in order).
+
+    Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed cell, and the sweep goes on.
+    The caller marks the run complete / incomplete.
+    """
+    config.check()
+    prompts = build_prompts(engine, config)
+    rows: list[CellRow] = []
+    cold_done = False
+    t0 = time.perf_counter()
+    todo = [n for n in config.inputs if n not in set(skip)]
+    for index, n in enumerate(todo, 1):
+        bucket = engine.bucket_for(n)
+        where = f"cell {index}/{len(todo)}: {n} input tokens (bucket {bucket})"
+        samples = []
+        try:
+            if not cold_done:
+                progress(f"{where}: cold first request of the fresh engine (compiles) [{time.perf_counter() - t0:.1f} s]")
+                samples.append(measure_request(engine, prompts[n], config.max_new_tokens, kind="cold", repeat=0))
+                cold_done = True
+            progress(f"{where}: warm-up at ({bucket}, {config.max_new_tokens}) [{time.perf_counter() - t0:.1f} s]")
+            samples.append(measure_request(engine, prompts[n], config.max_new_tokens, kind="warmup", repeat=0))
+            for r in range(config.repeats):
+                progress(f"{where}: repeat {r + 1}/{config.repeats} [{time.perf_counter() - t0:.1f} s]")
+                samples.append(measure_request(engine, prompts[n], config.max_new_tokens, kind="timed", repeat=r))
+            row = summarize_cell(samples, max_new_tokens=config.max_new_tokens, bucket=bucket, input_tokens=n)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # one failing cell (e.g. out of memory) must not lose the others
+            message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+            progress(f"{where}: FAILED ({message})")
+            row = failed_cell(n, message, bucket=bucket, max_new_tokens=config.max_new_tokens, repeats=config.repeats)
+        run.append_samples(samples)
+        run.append_cell(row)
+        run.log(f"{where}: {'valid' if row.valid else 'INVALID: ' + str(row.invalid_reason)}; "
+                f"gauge {row.gauge_tok_s_median} tok/s, e2e {row.e2e_tok_s_median} tok/s")  # fmt: skip
+        rows.append(row)
+    return rows

@@ -1,0 +1,68 @@
+"""Bandwidth: the copy moves what it says, lands near a numpy copy of the same size, and the roofline arithmetic.
+
+No test asserts a speed: the numpy comparison is a consistency check with a wide margin (same machine, same size,
+same moment), which catches a copy that XLA elided (far too fast) or one that measures page faults (far too slow).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import pytest
+
+from bench.bandwidth import MiB, default_bytes, measure_bandwidth, roofline_share
+from bench.errors import InputError
+
+N_BYTES = 64 * MiB
+
+
+def _numpy_copy_bytes_per_s(n_bytes: int, repeats: int) -> float:
+    src = np.arange(n_bytes // 4, dtype=np.uint32)  # written, so no page is the shared zero page
+    dst = np.ones_like(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return 2 * n_bytes / statistics.median(times)
+
+
+def test_bandwidth_counts_read_and_written_bytes_over_the_median():
+    result = measure_bandwidth(N_BYTES, repeats=5)
+    assert result.n_bytes == N_BYTES and result.bytes_moved == 2 * N_BYTES
+    assert len(result.times_s) == 5 == result.repeats
+    assert min(result.times_s) <= result.median_s <= max(result.times_s)
+    assert result.bytes_per_s == pytest.approx(2 * N_BYTES / result.median_s)
+    assert result.gib_s == pytest.approx(result.bytes_per_s / 2**30)
+    assert result.gb_s == pytest.approx(result.bytes_per_s / 1e9)
+    assert result.platform == "cpu" and result.to_json()["n_bytes"] == N_BYTES
+
+
+def test_bandwidth_is_sane_against_a_numpy_copy():
+    ours = measure_bandwidth(N_BYTES, repeats=7).bytes_per_s
+    numpy = _numpy_copy_bytes_per_s(N_BYTES, repeats=7)
+    assert numpy / 5 < ours < numpy * 5, f"jax copy {ours / 1e9:.1f} GB/s vs numpy {numpy / 1e9:.1f} GB/s"
+
+
+def test_default_size_per_platform():
+    assert default_bytes("cpu") == 256 * MiB
+    assert default_bytes("gpu") == 2 * 2**30
+    assert default_bytes("something-new") == 256 * MiB
+
+
+@pytest.mark.parametrize(("n_bytes", "repeats"), [(1024, 3), (N_BYTES, 0)])
+def test_bad_sizes_are_input_errors(n_bytes, repeats):
+    with pytest.raises(InputError):
+        measure_bandwidth(n_bytes, repeats=repeats)
+
+
+def test_roofline_share_is_bytes_times_rate_over_bandwidth():
+    # The published L4 row: 6,155,450,950 weight bytes x 48.4 tok/s against 279.441 GiB/s is ~1.0 ("~100%").
+    share = roofline_share(6_155_450_950, 48.4, 279.441 * 2**30)
+    assert share == pytest.approx(6_155_450_950 * 48.4 / (279.441 * 2**30))
+    assert 0.95 < share < 1.05
+    assert roofline_share(0, 10.0, 1e9) == 0.0
+    with pytest.raises(InputError):
+        roofline_share(1, 1.0, 0.0)
