@@ -7,23 +7,24 @@ Format facts (sources):
   (models/gemma/tokenization_gemma.py), summarised in `../shared/gemma4-architecture.md` §5.
   The pre-tokeniser runs after the normaliser, so it never sees a " " and leaves the text whole; BPE then runs over
   each span between added tokens.
-- Special ids: pad 0, eos 1, bos 2, unk 3, mask 4, `<|turn>` 105, `<turn|>` 106 (gemma `_Gemma4SpecialTokens`, same §5).
+- Special ids: pad 0, eos 1, bos 2, unk 3, mask 4, `<|turn>` 105, `<turn|>` 106 (gemma `_Gemma4SpecialTokens`,
+  same §5).
   Real Gemma 4 gives some of ids 5..104 other control tokens (e.g. a tool-response token at 50); this project
   neither uses nor needs them, so a trained tokenizer reserves them as `<unused0>`..`<unused99>`.
 - Chat format: `<bos><|turn>user\\n{text}<turn|>\\n<|turn>model\\n` (same §5). `tokenizer_config.json` names
   `"tokenizer_class": "GemmaTokenizer"`, padding side left (same §5).
 
 Layout of a tokenizer trained here (ids): 0..106 the special tokens above; 107..362 the byte-fallback tokens
-`<0x00>`..`<0xFF>`; then the learned pieces (the characters of the training text, "▁" always and the others by frequency as room
-allows, then merges in merge order);
-then, if the text cannot supply enough merges, reserved `<unused100>`, `<unused101>`, ... up to `vocab_size - 1`.
+`<0x00>`..`<0xFF>`; then the learned pieces (the characters of the training text, "▁" always and the others by
+frequency as room allows, then merges in merge order); then, if the text cannot supply enough merges, reserved
+`<unused100>`, `<unused101>`, ... up to `vocab_size - 1`.
 
 How merges are learned: BPE over words, where a word is a "▁"-led run of text (SentencePiece-style pieces never
 span a space), runs of newlines are their own words, and digits are never merged (each digit is one token, as in
 Gemma). Because no learned merge can join two such words, applying the merges to the whole unsplit text (what the
 Gemma pre-tokeniser does) gives the same tokens as applying them word by word, so training and use agree.
-The shipped text (~9,600 words) supports about 5,300 learned pieces: `vocab_size=8192` therefore ends with about
-2,500 reserved ids, as Gemma's own vocabulary ends with reserved ids.
+The shipped text (~9,600 words) supports 5,332 learned pieces: `vocab_size=8192` therefore ends with 2,497
+reserved ids, as Gemma's own vocabulary ends with reserved ids.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ SPECIAL_IDS: dict[str, int] = {PAD: 0, EOS: 1, BOS: 2, UNK: 3, MASK: 4, TURN_STA
 _FIRST_UNUSED_ID = 5
 _NUM_SPECIAL = 107  # ids 0..106
 _NUM_BYTES = 256
-_FIRST_BYTE_ID = _NUM_SPECIAL
 _FIRST_LEARNED_ID = _NUM_SPECIAL + _NUM_BYTES  # 363
 # "▁" is always among the learned pieces: the decoder replaces "▁" before byte fallback (transformers' order), so a
 # space spelled as the bytes of "▁" would decode as "▁", not " ".
@@ -115,11 +115,13 @@ def _learn_pieces(texts: Sequence[str], budget: int) -> tuple[list[str], list[tu
 def train_tokenizer(texts: Sequence[str], vocab_size: int) -> tokenizers.Tokenizer:
     """Trains a Gemma-format BPE tokenizer of exactly `vocab_size` ids on `texts` (layout: module docstring).
 
-    Deterministic: the same texts and vocab_size give a byte-identical `to_str()` (tokenizers' BPE trainer breaks
-    ties by pair ids, not by hash order). Training 8192 ids on the shipped text takes about 0.1 s on 2 CPU cores.
+    Deterministic: the same texts and vocab_size give a byte-identical `to_str()`, in this process or a fresh one
+    (tests/test_tokenizer.py checks both). Training 8192 ids on the shipped text takes about 0.1 s on 2 CPU cores.
     Raises ValueError if `vocab_size` < 364 (107 special + 256 byte tokens + "▁") or `texts` is empty.
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise ValueError(f"vocab_size must be an int, got {vocab_size!r}")
+    if vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(
             f"vocab_size={vocab_size!r} cannot hold the {_NUM_SPECIAL} special and {_NUM_BYTES} byte tokens and"
             f' "▁"; use at least {MIN_VOCAB_SIZE}'
@@ -130,10 +132,10 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int) -> tokenizers.Tokeniz
     reserved = _special_tokens() + _byte_tokens()
     pieces, merges = _learn_pieces(texts, vocab_size - len(reserved))
     assert "▁" in pieces, pieces[:3]
-    clashes = sorted(set(pieces) & set(reserved))
+    fillers = [f"<unused{i}>" for i in range(100, 100 + vocab_size - len(reserved) - len(pieces))]
+    clashes = sorted(set(pieces) & set(reserved + fillers))
     if clashes:
         raise ValueError(f"the training text contains reserved token strings as words: {clashes[:5]}")
-    fillers = [f"<unused{i}>" for i in range(100, 100 + vocab_size - len(reserved) - len(pieces))]
     names = reserved + pieces + fillers
     assert len(names) == vocab_size and len(set(names)) == vocab_size
 
@@ -162,6 +164,8 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int) -> tokenizers.Tokeniz
 def default_training_texts() -> list[str]:
     """The shipped natural text, `model/data/text/*.txt` in sorted name order (works from an installed package)."""
     folder = importlib.resources.files("model").joinpath("data", "text")
+    if not folder.is_dir():
+        raise TokenizerError(f"the training text folder {folder} is missing; the package data is incomplete")
     files = sorted((f for f in folder.iterdir() if f.name.endswith(".txt")), key=lambda f: f.name)
     if not files:
         raise TokenizerError(f"no *.txt training text found in {folder}; the package data is incomplete")

@@ -53,17 +53,21 @@ def compile_cache_dir(spec: str | None) -> Path | None:
     return Path(spec).expanduser()
 
 
-def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | None, compile_cache: str | None):
+def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | None, compile_cache: str | None,
+                weight_dtype: str | None = None):  # fmt: skip
     """Decide and log the dtype policy (the first line), enable the compile cache, resolve and load the
-    checkpoint. Returns (engine, load report, checkpoint path, compile cache folder or None)."""
+    checkpoint. `weight_dtype` stores the weights in another dtype than the compute dtype (default: the same, so no
+    step converts weights). Returns (engine, load report, checkpoint path, compile cache folder or None)."""
     from model.engine import enable_compile_cache, load_engine
     from model.policy import DTYPES, decide_policy
 
     if dtype is not None and dtype not in DTYPES:
         raise InputError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
+    if weight_dtype is not None and weight_dtype not in DTYPES:
+        raise InputError(f"--weight-dtype {weight_dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
     if max_length is not None and max_length < 1:
         raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
-    policy = decide_policy(dtype)
+    policy = decide_policy(dtype, weight_dtype=weight_dtype)
     cache = enable_compile_cache(compile_cache_dir(compile_cache))
     path = checkpoint_path(checkpoint)
     engine, report = load_engine(path, policy=policy, max_length=max_length)
@@ -72,5 +76,10 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
 
 CheckpointOpt = typer.Option(None, "--checkpoint", "-c", help=CHECKPOINT_HELP)
 DtypeOpt = typer.Option(None, "--dtype", help=DTYPE_HELP)
+WeightDtypeOpt = typer.Option(
+    None, "--weight-dtype",
+    help="Store the weights in this dtype (float32, bfloat16, float16) while computing in --dtype; default: the "
+    "compute dtype. A mismatch makes every decode step convert the weights (the report's 'leak one').",
+)  # fmt: skip
 MaxLengthOpt = typer.Option(None, "--max-length", help="Largest prompt (tokens) the engine accepts; default 8192.")
 CompileCacheOpt = typer.Option(None, "--compile-cache", help=CACHE_HELP)

@@ -1,0 +1,322 @@
+"""`bench profile` (capture + analyse N decode steps), `bench profile analyze` (any saved trace), `bench bandwidth`.
+
+Definitions: measurement.md, "Profiles" and "Rooflines". The library does the work (`bench.profile_capture`,
+`bench.profile_analysis`, `bench.bandwidth`); this module parses flags, writes the run folder and prints.
+
+GPU flags: XLA reads XLA_FLAGS once, when jax initialises its backend, so `bench profile` decides whether it is
+about to run on an NVIDIA GPU *without* initialising jax: `JAX_PLATFORMS` when set (its first entry "cuda"/"gpu"
+means yes, anything else no), otherwise the presence of an NVIDIA driver (`nvidia-smi` on PATH or
+`/proc/driver/nvidia/version`). Then it adds `gpu_profile_flags()` (command buffers off, for per-op attribution)
+before the engine loads. What was decided, why, and the XLA_FLAGS in force are recorded in profile.json
+("capture"). If the guess was wrong in either direction the analysis still works; a note says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import typer
+
+from bench.cli import app
+from bench.cli.common import (
+    CheckpointOpt,
+    CompileCacheOpt,
+    DtypeOpt,
+    MaxLengthOpt,
+    WeightDtypeOpt,
+    open_engine,
+    setup_logging,
+)
+from bench.errors import InputError
+
+profile_app = typer.Typer(
+    help="Profile N decode steps (xprof trace, where device time goes, roofline share); `analyze` re-reads a trace.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+app.add_typer(profile_app, name="profile")
+
+WARMUP_STEPS = 2
+TOP_ROWS = 15
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------------
+def nvidia_gpu_expected(environ: dict[str, str] | None = None) -> tuple[bool, str]:
+    """Whether jax is about to run on an NVIDIA GPU, decided without initialising jax, and why (see module doc)."""
+    env = os.environ if environ is None else environ
+    platforms = env.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms:
+        first = platforms.split(",")[0].strip()
+        return first in ("cuda", "gpu"), f"JAX_PLATFORMS={platforms}"
+    if shutil.which("nvidia-smi") or Path("/proc/driver/nvidia/version").exists():
+        return True, "an NVIDIA driver is present (nvidia-smi or /proc/driver/nvidia)"
+    return False, "no NVIDIA driver found (no nvidia-smi, no /proc/driver/nvidia) and JAX_PLATFORMS unset"
+
+
+def _set_gpu_flags() -> dict[str, Any]:
+    """Put the GPU profile flags into XLA_FLAGS when an NVIDIA GPU is expected and jax is not initialised yet."""
+    from bench.profile_capture import apply_gpu_profile_flags, gpu_profile_flags
+
+    expected, reason = nvidia_gpu_expected()
+    info: dict[str, Any] = {"nvidia_gpu_expected": expected, "reason": reason, "gpu_flags": list(gpu_profile_flags()),
+                            "gpu_flags_applied": False}  # fmt: skip
+    if expected:
+        try:
+            apply_gpu_profile_flags()
+            info["gpu_flags_applied"] = True
+        except RuntimeError as exc:  # jax already initialised in this process (e.g. called from Python, not a shell)
+            info["reason"] += f"; not applied: {exc}"
+    return info
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=max(Console().width, 140))
+
+
+def _sweep_gauge(run, n_tokens: int):
+    """The run's valid sweep cell for `n_tokens` with a gauge, or None."""
+    for cell in run.cells():
+        if cell.input_tokens == n_tokens and cell.valid and cell.gauge_tok_s_median is not None:
+            return cell
+    return None
+
+
+def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
+    """The published-shape table, the categories, and the top per-op rows of a profile.json dict."""
+    from rich.table import Table
+
+    from bench.profile_analysis import format_profile_table
+
+    console = console or _console()
+    device = data.get("device") or {}
+    title = f"profile: {data['steps']} decode steps on {device.get('device_kind') or device.get('platform', '?')}"
+    summary = Table(title=title)
+    summary.add_column("")
+    summary.add_column("value", justify="right")
+    for label, value in format_profile_table(data):
+        summary.add_row(label, value)
+    roof = data.get("roofline") or {}
+    if roof.get("bytes_per_step") is not None:
+        summary.add_row("bytes per step", f"{roof['bytes_per_step'] / 2**20:,.1f} MiB")
+        summary.add_row("tok/s used", f"{roof['tok_s']:.1f} ({roof['tok_s_source']})")
+    totals = data["totals"]
+    summary.add_row("ms per step (device)", f"{totals['ms_per_step']:.3f}")
+    console.print(summary)
+
+    cats = Table(title="device time by category")
+    for col in ("category", "share", "ms"):
+        cats.add_column(col, justify="left" if col == "category" else "right")
+    for name, cat in data["categories"].items():
+        if cat.get("pct") is None:
+            cats.add_row(name, "absent", "—")
+        else:
+            cats.add_row(name, f"{cat['pct']:.1f}%", f"{cat['ms']:.3f}")
+    console.print(cats)
+
+    ops = Table(title=f"top {min(top, len(data['ops']))} of {data.get('ops_total_rows', len(data['ops']))} ops/kernels")
+    for col in ("name", "hlo op", "module", "category", "count", "total ms", "mean ms", "share"):
+        ops.add_column(col, justify="right" if col in ("count", "total ms", "mean ms", "share") else "left",
+                       overflow="fold", max_width=48 if col == "name" else None)  # fmt: skip
+    for row in data["ops"][:top]:
+        ops.add_row(row["name"], row["hlo_op"], row["hlo_module"], row["category"], str(row["count"]),
+                    f"{row['total_ms']:.3f}", f"{row['mean_ms']:.4f}", f"{row['pct']:.1f}%")  # fmt: skip
+    console.print(ops)
+    for note in data.get("notes") or []:
+        console.print(f"note: {note}")
+
+
+def _open_hint(trace_root: Path) -> str:
+    return (f"open it with `xprof --logdir {trace_root}` (pip install xprof), or TensorBoard's profile plugin: "
+            f"`tensorboard --logdir {trace_root}` (pip install tensorboard-plugin-profile)")  # fmt: skip
+
+
+# ---- bench profile ---------------------------------------------------------------------------------------------
+@profile_app.callback(invoke_without_command=True)
+def profile(
+    ctx: typer.Context,
+    steps: int = typer.Option(20, "--steps", help="Decode steps to trace (exactly this many, after a warm-up)."),
+    input_tokens: int = typer.Option(41, "--input-tokens", help="Prompt size: the decode shape (bucket) profiled."),
+    checkpoint: str | None = CheckpointOpt,
+    dtype: str | None = DtypeOpt,
+    weight_dtype: str | None = WeightDtypeOpt,
+    run_ref: str | None = typer.Option(None, "--run", help="Add the profile to this existing run folder."),
+    name: str = typer.Option("profile", "--name", help="Label of the new run folder (when --run is not given)."),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run folders are archived."),
+    python_tracer: bool = typer.Option(False, "--python-tracer", help="Also trace Python calls (large traces)."),
+    max_length: int | None = MaxLengthOpt,
+    compile_cache: str | None = CompileCacheOpt,
+) -> None:
+    """Trace exactly N decode steps into <run>/profile/, analyse them, measure bandwidth, write profile.json."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if steps < 1:
+        raise InputError(f"--steps {steps}: expected a whole number of decode steps >= 1")
+    if input_tokens < 1:
+        raise InputError(f"--input-tokens {input_tokens}: a prompt needs at least 1 token")
+    from bench.runs import create_run, open_run, resolve_run
+
+    run = None
+    if run_ref is not None:
+        run = open_run(resolve_run(run_ref, runs_dir))  # RunFolderError names the folder
+    elif runs_dir.exists() and not runs_dir.is_dir():
+        raise InputError(f"--runs-dir {runs_dir} is a file; pass a folder")
+
+    flags_info = _set_gpu_flags()  # before anything initialises jax
+    setup_logging()
+    log = logging.getLogger("bench")
+    engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, weight_dtype)
+
+    from bench.bandwidth import measure_bandwidth
+    from bench.cli.sweep_cmds import _manifest
+    from bench.environment import device_slug
+    from bench.profile_analysis import analyze_trace, attach_roofline
+    from bench.profile_capture import capture_steps
+
+    max_new_tokens = WARMUP_STEPS + steps + 1  # every traced position stays inside the cache
+    bucket = engine.bucket_for(input_tokens)  # EngineError (exit 2) for a prompt over the maximum
+    pol = engine.policy
+    if run is None:
+        config = SimpleNamespace(inputs=(input_tokens,), max_new_tokens=max_new_tokens, repeats=None)
+        manifest = _manifest(engine, report, ckpt, cache_dir, config, {"profile_steps": steps,
+                                                                       "profile_warmup": WARMUP_STEPS})  # fmt: skip
+        slug = manifest["device"].get("slug") or device_slug(pol.device_kind)
+        run = create_run(runs_dir, name, slug, manifest)
+    log.info(f"run folder: {run.path}")
+    run.log(pol.line())
+    mismatch = []
+    if (run.manifest.get("checkpoint") or {}).get("path") not in (None, str(ckpt)):
+        mismatch.append(f"checkpoint {run.manifest['checkpoint']['path']} (run) vs {ckpt} (profile)")
+    run_pol = run.manifest.get("dtype_policy") or {}
+    for key, mine in (("compute_dtype", pol.compute_dtype), ("weights", pol.weight_dtype)):
+        if run_pol.get(key) not in (None, mine):
+            mismatch.append(f"{key} {run_pol[key]} (run) vs {mine} (profile)")
+
+    trace_root = run.path / "profile"
+    state, step = engine.step_fn(input_tokens, max_new_tokens)
+    log.info(f"profiling {steps} decode steps at {input_tokens} input tokens (bucket {bucket}) "
+             f"after {WARMUP_STEPS} warm-up steps")  # fmt: skip
+    capture = capture_steps(step, state, steps, trace_root, warmup=WARMUP_STEPS, python_tracer=python_tracer)
+    del state
+    run.log(f"captured {capture.n_steps} decode steps: {capture.xplane_path} ({capture.xplane_bytes} bytes)")
+    analysis = analyze_trace(capture.xplane_path)
+
+    log.info("measuring device bandwidth (device-to-device copy)")
+    bw = measure_bandwidth()
+    cell = _sweep_gauge(run, input_tokens)
+    if cell is not None:
+        decode_bytes = engine.decode_bytes(input_tokens, cell.max_new_tokens or max_new_tokens)
+        gauge, gauge_note = cell.gauge_tok_s_median, (
+            f"roofline uses the run's sweep gauge at {input_tokens} input tokens ({cell.gauge_tok_s_median:.2f} tok/s, "
+            f"bytes per step at its shape, max_new_tokens {cell.max_new_tokens})")  # fmt: skip
+    else:
+        decode_bytes = engine.decode_bytes(input_tokens, max_new_tokens)
+        gauge, gauge_note = None, (
+            f"roofline uses the profile's own rate (1000 / device ms per step, which leaves out host time between "
+            f"ops), not a gauge: this run has no sweep cell at {input_tokens} input tokens")  # fmt: skip
+    analysis = attach_roofline(analysis, bytes_per_step=decode_bytes["total"], bandwidth_bytes_s=bw.bytes_per_s,
+                               bandwidth_n_bytes=bw.n_bytes, gauge_tok_s=gauge)  # fmt: skip
+
+    notes = [gauge_note]
+    if capture.platform == "gpu" and not flags_info["gpu_flags_applied"]:
+        notes.append("profiled on a GPU without the profile XLA flags (command buffers on): per-kernel attribution "
+                     "may be missing; run `bench profile` from a fresh shell")  # fmt: skip
+    if capture.platform != "gpu" and flags_info["gpu_flags_applied"]:
+        notes.append(f"GPU profile flags were set ({flags_info['reason']}) but jax ran on {capture.platform}")
+    notes += [f"run folder differs from this profile: {m}" for m in mismatch]
+    data = analysis.to_json()
+    data["notes"] = list(data["notes"]) + notes
+    data["config"] = {
+        "input_tokens": input_tokens, "bucket": bucket, "max_new_tokens": max_new_tokens, "steps": steps,
+        "warmup": WARMUP_STEPS, "checkpoint": str(ckpt), "policy": pol.line(), "compute_dtype": pol.compute_dtype,
+        "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "decode_bytes": decode_bytes,
+    }  # fmt: skip
+    data["capture"] = {
+        "xplane": str(capture.xplane_path), "xplane_bytes": capture.xplane_bytes, "steps": capture.n_steps,
+        "warmup": capture.warmup, "step_wall_ms": list(capture.step_wall_ms),
+        "wall_ms_per_step": capture.wall_ms_per_step, "xla_flags": capture.xla_flags,
+        "profile_options": capture.profile_options, "platform": capture.platform,
+        "device_kind": capture.device_kind, "jax_version": capture.jax_version, **flags_info,
+    }  # fmt: skip
+    data["bandwidth"] = bw.to_json()
+    path = run.write_json("profile.json", data)
+    if run.status == "running":
+        run.finish("complete")
+    for note in notes:
+        run.log(f"profile note: {note}")
+
+    console = _console()
+    print_profile(data, console=console)
+    console.print(f"trace: {capture.xplane_path} ({capture.xplane_bytes / 2**20:.2f} MiB, {capture.n_steps} steps)")
+    console.print(_open_hint(trace_root))
+    console.print(f"profile.json: {path}")
+
+
+# ---- bench profile analyze ---------------------------------------------------------------------------------------
+@profile_app.command("analyze")
+def analyze(
+    trace: Path = typer.Argument(..., help="A *.xplane.pb, a folder holding one, or a run folder with profile/."),
+    as_json: bool = typer.Option(False, "--json", help="Print the profile.json content instead of tables."),
+    top: int = typer.Option(TOP_ROWS, "--top", help="Per-op rows to print."),
+) -> None:
+    """Analyse any saved trace. In a run folder whose profile.json has a roofline, that roofline is kept."""
+    import json
+
+    from bench.profile_analysis import analyze_trace, attach_roofline
+
+    analysis = analyze_trace(trace)  # TraceError (exit 2) for a missing path, a non-trace, a run without a profile
+    stored = _stored_profile(trace)
+    roof = (stored or {}).get("roofline") or {}
+    same_trace = stored is not None and Path(stored.get("trace") or "").resolve() == Path(analysis.trace_path).resolve()
+    reattached = same_trace and roof.get("bytes_per_step") is not None and bool(roof.get("bandwidth_bytes_s"))
+    if reattached:
+        gauge = roof["tok_s"] if roof.get("tok_s_source") == "gauge" else None
+        analysis = attach_roofline(analysis, bytes_per_step=roof["bytes_per_step"],
+                                   bandwidth_bytes_s=roof["bandwidth_bytes_s"],
+                                   bandwidth_n_bytes=roof.get("bandwidth_n_bytes"), gauge_tok_s=gauge)  # fmt: skip
+    data = analysis.to_json()
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    console = _console()
+    print_profile(data, top=top, console=console)
+    if reattached:
+        console.print(f"roofline from {Path(trace) / 'profile.json'} (bytes per step and bandwidth of the capture)")
+    console.print(f"trace: {analysis.trace_path} ({Path(analysis.trace_path).stat().st_size / 2**20:.2f} MiB)")
+
+
+def _stored_profile(path: Path) -> dict | None:
+    """profile.json of a run folder `path`, or None (not a run folder, or no profile.json)."""
+    if not (Path(path) / "profile.json").is_file() or not (Path(path) / "manifest.json").is_file():
+        return None
+    from bench.runs import open_run
+
+    return open_run(path).profile()
+
+
+# ---- bench bandwidth -------------------------------------------------------------------------------------------
+@app.command()
+def bandwidth(
+    n_bytes: int | None = typer.Option(None, "--bytes", help="Bytes to copy (default: 256 MiB on CPU, 2 GiB on GPU)."),
+    repeats: int = typer.Option(10, "--repeats", help="Timed copies (the median is reported)."),
+) -> None:
+    """Measure the device's memory bandwidth with a large device-to-device copy (read + written bytes / time)."""
+    from bench.bandwidth import MiB, measure_bandwidth
+
+    if n_bytes is not None and n_bytes < MiB:
+        raise InputError(f"--bytes {n_bytes}: expected at least {MiB} (1 MiB)")
+    if repeats < 1:
+        raise InputError(f"--repeats {repeats}: expected a whole number >= 1")
+    setup_logging()
+    r = measure_bandwidth(n_bytes, repeats)
+    typer.echo(f"device: {r.device_kind} ({r.platform})")
+    typer.echo(f"bandwidth: {r.gib_s:,.2f} GiB/s = {r.gb_s:,.2f} GB/s")
+    typer.echo(f"copy of {r.n_bytes / MiB:,.0f} MiB: {r.bytes_moved:,} bytes moved (read + written), "
+               f"median {r.median_s * 1e3:.3f} ms over {r.repeats} repeats")  # fmt: skip
+    typer.echo(f"method: {r.method}")

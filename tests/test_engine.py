@@ -1,0 +1,145 @@
+"""Engine invariants on tiny configs: cached decode equals one full forward, padding never changes tokens,
+the sliding ring wraps correctly, positions are absolute, prefill's shortcuts are exact, compiles are counted."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model.cache import init_cache, ring_positions
+from model.config import TINY
+from model.engine import CompileCounter, Engine, Sampling
+from model.forward import decode_step as _decode_step
+from model.forward import forward_full, prefill as _prefill
+from model.layers import attend, attend_windowed
+from model.params import init_params
+from model.policy import decide_policy
+
+CFG = TINY  # sliding window 8, layers [S,S,F,S,S,F], 3 KV-shared layers
+prefill = jax.jit(_prefill, static_argnums=1)
+decode_step = jax.jit(_decode_step, static_argnums=1)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return jax.tree_util.tree_map(jnp.asarray, init_params(CFG, seed=0))
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return jnp.asarray(np.random.default_rng(7).integers(5, CFG.vocab_size, size=(1, 40)), jnp.int32)
+
+
+def _cached_logits(params, ids, n_prompt, bucket):
+    """Prefill n_prompt real tokens padded to `bucket`, then decode the rest one by one; logits per position."""
+    t = ids.shape[1]
+    cache = init_cache(CFG, bucket + (t - n_prompt), jnp.float32)
+    padded = jnp.zeros((1, bucket), jnp.int32).at[:, :n_prompt].set(ids[:, :n_prompt])
+    out, cache = prefill(params, CFG, padded, jnp.int32(n_prompt), cache)
+    rows = [out]
+    for p in range(n_prompt, t):
+        out, cache = decode_step(params, CFG, ids[:, p], cache)
+        rows.append(out)
+    return jnp.stack(rows, axis=1)[0], cache  # logits at positions n_prompt-1 .. t-1
+
+
+@pytest.mark.parametrize(
+    "n_prompt,bucket",
+    [
+        (5, 8),  # prompt shorter than the window, decode wraps the ring many times
+        (5, 32),  # bucket padding (27) exceeds the window (8)
+        (20, 32),  # prompt longer than the window; windowed prefill attention (32 > 8)
+        (13, 16),  # prompt longer than the window, padding 3
+    ],
+)
+def test_cached_decode_equals_one_full_forward(params, ids, n_prompt, bucket):
+    full = forward_full(params, CFG, ids)[0]
+    cached, cache = _cached_logits(params, ids, n_prompt, bucket)
+    np.testing.assert_allclose(cached, full[n_prompt - 1 :], rtol=0, atol=2e-5 * float(jnp.max(jnp.abs(full))))
+    assert int(cache.length) == ids.shape[1]
+
+
+def test_padding_beyond_the_window_decodes_the_same_tokens(params):
+    engine_small = Engine(params, CFG, decide_policy("float32"), buckets=(8, 64))
+    engine_big = Engine(params, CFG, decide_policy("float32"), buckets=(64,))
+    prompt = [2, 17, 33, 90, 4]  # 5 tokens: bucket 8 (padding 3) vs bucket 64 (padding 59 > window 8)
+    a = engine_small.generate(prompt, 24)
+    b = engine_big.generate(prompt, 24)
+    assert (a.bucket, b.bucket) == (8, 64)
+    assert a.token_ids == b.token_ids
+
+
+def test_ring_holds_exactly_the_last_real_positions(params, ids):
+    n_prompt, bucket = 13, 16
+    _, cache = _cached_logits(params, ids[:, :20], n_prompt, bucket)
+    ring = cache.k[0].shape[1]
+    pos = np.asarray(ring_positions(cache.length, ring))
+    assert sorted(pos.tolist()) == list(range(20 - ring, 20))  # the last R absolute positions, one per slot
+    assert all(p % ring == s for s, p in enumerate(pos))
+    # The ring slot of position 19 holds exactly that position's key: recompute it from a full prefill of 20.
+    cache20 = init_cache(CFG, 20, jnp.float32)
+    _, cache20 = prefill(params, CFG, ids[:, :20], jnp.int32(20), cache20)
+    np.testing.assert_allclose(cache.k[0][0, 19 % ring], cache20.k[0][0, 19 % ring], atol=1e-5)
+
+
+def test_padding_never_occupies_a_slot(params, ids):
+    cache = init_cache(CFG, 64, jnp.float32)
+    padded = jnp.zeros((1, 32), jnp.int32).at[:, :5].set(ids[:, :5])
+    _, cache = prefill(params, CFG, padded, jnp.int32(5), cache)
+    full_layer = CFG.layer_types.index("full_attention")
+    assert np.all(np.asarray(cache.k[full_layer][0, 5:]) == 0)  # full cache: nothing past the real length
+    sliding = np.asarray(cache.k[0][0])
+    assert np.all(sliding[5:] == 0) and np.all(np.abs(sliding[:5]).sum(-1) > 0)
+
+
+def test_positions_are_absolute_not_bucket_relative(params, ids):
+    # Same prompt at two buckets: identical caches where real positions live (RoPE of absolute positions).
+    caches = []
+    for bucket in (16, 32):
+        cache = init_cache(CFG, 40, jnp.float32)
+        padded = jnp.zeros((1, bucket), jnp.int32).at[:, :12].set(ids[:, :12])
+        caches.append(prefill(params, CFG, padded, jnp.int32(12), cache)[1])
+    for a, b in zip(caches[0].k, caches[1].k):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_windowed_attention_equals_dense_masked_attention():
+    rng = np.random.default_rng(0)
+    b, t, n, k, h, w, length = 1, 37, 4, 2, 8, 8, 30
+    q, kk, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((b, t, n, h), (b, t, k, h), (b, t, k, h)))
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    mask = jnp.asarray((j <= i) & (j > i - w) & (j < length))[None]
+    dense = attend(q, kk, v, mask)
+    blocked = attend_windowed(q, kk, v, w, jnp.int32(length))
+    np.testing.assert_allclose(blocked[:, :length], dense[:, :length], atol=1e-5)
+
+
+def test_no_compile_after_warmup_and_sampling_is_deterministic(params):
+    engine = Engine(params, CFG, decide_policy("float32"), buckets=(16, 32))
+    engine.warmup(10, 12)
+    before = CompileCounter.traces
+    engine.generate([2, 5, 6, 7, 8, 9, 10, 11, 12], 12)  # another length, same bucket: no compile
+    assert CompileCounter.traces == before
+    s = Sampling(temperature=0.8, top_k=40, top_p=0.9, seed=11)
+    assert engine.generate([2, 5, 6], 12, s).token_ids == engine.generate([2, 5, 6], 12, s).token_ids
+    other = engine.generate([2, 5, 6], 12, dataclasses.replace(s, seed=12)).token_ids
+    assert other != engine.generate([2, 5, 6], 12, s).token_ids
+
+
+def test_generation_is_exactly_max_new_tokens_and_timed(params):
+    engine = Engine(params, CFG, decide_policy("float32"), buckets=(16,))
+    gen = engine.generate([2, 3, 4], 9)
+    assert len(gen.token_ids) == 9 and len(gen.step_ms) == 8
+    assert gen.prefill_ms > 0 and all(s > 0 for s in gen.step_ms)
+
+
+def test_prompt_longer_than_the_largest_bucket_is_a_clear_error(params):
+    from model.errors import EngineError
+
+    engine = Engine(params, CFG, decide_policy("float32"), buckets=(16, 32))
+    with pytest.raises(EngineError, match="maximum prompt length 32.*--max-length"):
+        engine.generate(list(range(2, 40)), 4)

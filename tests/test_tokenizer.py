@@ -1,0 +1,233 @@
+"""The Gemma-format tokenizer: layout at Gemma's ids, byte fallback, deterministic training, chat format, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tokenizers
+
+from model.errors import TokenizerError
+from model.tokenizer import (
+    CHAT_TEMPLATE,
+    MIN_VOCAB_SIZE,
+    SPECIAL_IDS,
+    GemmaTokenizer,
+    _training_pre_tokenizer,
+    default_training_texts,
+    save_tokenizer_files,
+    train_tokenizer,
+)
+
+VOCABS = (512, 8192)
+REPO = Path(__file__).resolve().parents[1]
+
+UNUSUAL = [
+    "Café, naïve façade, Ångström, Øre, smørrebrød.",
+    "Bread 🍞 and tides 🌊 at 06:10 — “quoted” ‘text’…",
+    "日本語のテキスト and Ελληνικά and русский.",
+    "tabs\tand  double  spaces,\n\n\nthree newlines, a trailing space ",
+    "zero-width\u200bjoiner and a literal ▁ block",
+]
+
+
+@pytest.fixture(scope="session")
+def texts() -> list[str]:
+    return default_training_texts()
+
+
+@pytest.fixture(scope="session")
+def trained(texts) -> dict[int, tokenizers.Tokenizer]:
+    """One training per vocab size for the whole session."""
+    return {v: train_tokenizer(texts, v) for v in VOCABS}
+
+
+@pytest.fixture(params=VOCABS)
+def tok(request, trained) -> GemmaTokenizer:
+    return GemmaTokenizer(trained[request.param])
+
+
+def test_shipped_text_is_several_files_of_prose(texts):
+    assert len(texts) >= 6
+    words = sum(len(t.split()) for t in texts)
+    assert 8_000 <= words <= 12_000, words
+    assert texts[0].startswith("How the Tides Work")  # sorted by file name
+    assert all(t.strip() for t in texts)
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_layout_puts_specials_and_bytes_at_fixed_ids(trained, vocab):
+    backend = trained[vocab]
+    assert backend.get_vocab_size(with_added_tokens=True) == vocab
+    for name, i in SPECIAL_IDS.items():
+        assert backend.token_to_id(name) == i
+        assert backend.id_to_token(i) == name
+    assert [backend.id_to_token(i) for i in (5, 6, 104)] == ["<unused0>", "<unused1>", "<unused99>"]
+    assert [backend.id_to_token(107 + b) for b in range(256)] == [f"<0x{b:02X}>" for b in range(256)]
+    assert backend.token_to_id("▁") is not None and backend.token_to_id("▁") >= 363
+    assert max(backend.get_vocab(with_added_tokens=True).values()) == vocab - 1
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_tokenizer_json_has_gemma_format(trained, vocab):
+    spec = json.loads(trained[vocab].to_str())
+    model = spec["model"]
+    assert model["type"] == "BPE" and model["byte_fallback"] is True and model["unk_token"] == "<unk>"
+    assert spec["normalizer"] == {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
+    assert spec["pre_tokenizer"]["type"] == "Split" and spec["pre_tokenizer"]["pattern"] == {"String": " "}
+    assert [d["type"] for d in spec["decoder"]["decoders"]] == ["Replace", "ByteFallback", "Fuse"]
+    added = {t["content"]: t for t in spec["added_tokens"]}
+    assert all(added[name]["id"] == i and added[name]["special"] for name, i in SPECIAL_IDS.items())
+
+
+def test_learned_pieces_fill_the_small_vocab_and_reserved_ids_pad_the_large(trained):
+    small = trained[512].get_vocab()
+    assert not any(t.startswith("<unused") and int(t[7:-1]) >= 100 for t in small)
+    large = trained[8192]
+    fillers = [large.id_to_token(i) for i in range(8192) if large.id_to_token(i).startswith("<unused")]
+    assert len(fillers) > 100  # the shipped text cannot supply 8192 learned pieces
+    assert large.id_to_token(8191) == f"<unused{len(fillers) - 1}>"
+
+
+@pytest.mark.parametrize("text", UNUSUAL)
+def test_round_trip_through_byte_fallback(tok, text):
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text.replace("▁", " ")  # "▁" is Gemma's spelling of a space
+    assert SPECIAL_IDS["<unk>"] not in ids
+    assert all(0 <= i < tok.vocab_size for i in ids)
+
+
+def test_emoji_and_rare_letters_fall_back_to_bytes(tok):
+    ids = tok.encode("🍞")
+    assert [tok.backend.id_to_token(i) for i in ids] == ["<0xF0>", "<0x9F>", "<0x8D>", "<0x9E>"]
+    assert all(107 <= i < 363 for i in tok.encode("Ø"))  # not in the shipped text
+
+
+def test_digits_are_single_tokens(tok):
+    ids = tok.encode("2026")
+    assert [tok.decode([i]) for i in ids] == ["2", "0", "2", "6"]
+
+
+def test_encode_has_no_bos_and_decode_skips_specials(tok):
+    ids = tok.encode("The tide comes in.")
+    assert tok.bos_id not in ids
+    with_specials = [tok.bos_id, *ids, tok.eos_id]
+    assert tok.decode(with_specials) == "The tide comes in."
+    assert tok.decode(with_specials, skip_special=False) == "<bos>The tide comes in.<eos>"
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_whole_text_tokenizes_like_word_by_word(trained, texts, vocab):
+    """No learned merge crosses a word, so Gemma's unsplit encoding equals encoding each training word alone."""
+    backend = trained[vocab]
+    sample = texts[2][:3000] + " 1,250 trains  at 08:14\n\nend"
+    words = _training_pre_tokenizer().pre_tokenize_str(sample.replace(" ", "▁"))
+    by_word = [i for w, _ in words for i in backend.encode(w, add_special_tokens=False).ids]
+    assert backend.encode(sample, add_special_tokens=False).ids == by_word
+
+
+def test_training_twice_gives_identical_json(texts, trained):
+    assert train_tokenizer(texts, 8192).to_str() == trained[8192].to_str()
+    assert train_tokenizer(texts, 512).to_str() == trained[512].to_str()
+
+
+def test_training_is_identical_in_a_fresh_process(trained):
+    """tokenizers' Rust hash maps are seeded per process; the result must not depend on the seed."""
+    code = (
+        "import hashlib; from model.tokenizer import train_tokenizer, default_training_texts;"
+        "print(hashlib.sha256(train_tokenizer(default_training_texts(), 8192).to_str().encode()).hexdigest())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == hashlib.sha256(trained[8192].to_str().encode()).hexdigest()
+
+
+def test_saved_files_are_byte_identical_and_load_back(trained, tmp_path):
+    save_tokenizer_files(trained[512], tmp_path / "a")
+    save_tokenizer_files(trained[512], tmp_path / "b", model_max_length=4096)
+    assert (tmp_path / "a/tokenizer.json").read_bytes() == (tmp_path / "b/tokenizer.json").read_bytes()
+    loaded = GemmaTokenizer.from_dir(tmp_path / "a")
+    assert loaded.vocab_size == 512
+    assert loaded.encode("Harbour lights, 1987.") == GemmaTokenizer(trained[512]).encode("Harbour lights, 1987.")
+    config = json.loads((tmp_path / "b/tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "GemmaTokenizer"
+    assert (config["bos_token"], config["eos_token"], config["pad_token"], config["unk_token"]) == (
+        "<bos>", "<eos>", "<pad>", "<unk>")
+    assert config["padding_side"] == "left" and config["model_max_length"] == 4096
+    assert config["chat_template"] == CHAT_TEMPLATE
+
+
+def test_vocab_too_small_is_a_value_error(texts):
+    with pytest.raises(ValueError, match="at least 364"):
+        train_tokenizer(texts, MIN_VOCAB_SIZE - 1)
+    with pytest.raises(ValueError):
+        train_tokenizer(texts, "8192")
+    with pytest.raises(ValueError):
+        train_tokenizer([], 512)
+
+
+def test_training_text_holding_a_reserved_token_is_a_value_error():
+    with pytest.raises(ValueError, match="reserved token"):
+        train_tokenizer(["<pad>"], 512)
+
+
+def test_smallest_vocab_is_bytes_plus_space(texts):
+    tok = GemmaTokenizer(train_tokenizer(texts, MIN_VOCAB_SIZE))
+    assert tok.vocab_size == MIN_VOCAB_SIZE
+    assert tok.decode(tok.encode("a b, é")) == "a b, é"
+
+
+def test_chat_ids_follow_gemma4_turn_format(tok):
+    text = "How do tides work?"
+    ids = tok.chat_ids(text)
+    assert ids[:2] == [tok.bos_id, tok.turn_start_id]
+    assert ids.count(tok.turn_start_id) == 2 and ids.count(tok.turn_end_id) == 1
+    assert tok.decode(ids, skip_special=False) == f"<bos><|turn>user\n{text}<turn|>\n<|turn>model\n"
+    assert ids[-len(tok.encode("model\n")) - 1:] == [tok.turn_start_id, *tok.encode("model\n")]
+    assert ids[2:ids.index(tok.turn_end_id)] == tok.encode(f"user\n{text}")
+
+
+def test_chat_template_renders_the_same_ids(tok):
+    jinja2 = pytest.importorskip("jinja2")
+    template = jinja2.Environment().from_string(CHAT_TEMPLATE)
+    text = "Tell me about bread, 🍞 included."
+    rendered = template.render(
+        messages=[{"role": "user", "content": text}], add_generation_prompt=True, bos_token="<bos>"
+    )
+    assert tok.encode(rendered) == tok.chat_ids(text)
+
+
+def test_properties_are_gemma_ids_and_read_only(tok):
+    assert (tok.pad_id, tok.eos_id, tok.bos_id, tok.turn_start_id, tok.turn_end_id) == (0, 1, 2, 105, 106)
+    with pytest.raises(AttributeError):
+        tok.foo = 1
+
+
+def test_missing_folder_or_file_is_a_one_line_error(tmp_path):
+    for path in (tmp_path / "nope", tmp_path):
+        with pytest.raises(TokenizerError) as err:
+            GemmaTokenizer.from_dir(path)
+        assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"version": "1.0"}', ""])
+def test_malformed_tokenizer_json_is_a_one_line_error(tmp_path, content):
+    (tmp_path / "tokenizer.json").write_text(content)
+    with pytest.raises(TokenizerError) as err:
+        GemmaTokenizer.from_dir(tmp_path)
+    assert str(tmp_path / "tokenizer.json") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_special_tokens_at_other_ids_are_rejected(tmp_path):
+    names = ["<bos>", "<eos>", "<pad>", "<unk>", "<mask>", "<|turn>", "<turn|>", "a", "b"]
+    other = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={n: i for i, n in enumerate(names)}, merges=[]))
+    other.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(TokenizerError) as err:
+        GemmaTokenizer.from_dir(tmp_path)
+    message = str(err.value)
+    assert "<pad> at 2" in message and "<bos> at 0" in message and str(tmp_path) in message
+    with pytest.raises(TokenizerError):
+        save_tokenizer_files(other, tmp_path / "out")
