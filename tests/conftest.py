@@ -19,3 +19,24 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     from model.builtin import create_checkpoint
 
     return create_checkpoint("tiny", tmp_path_factory.mktemp("ckpt") / "tiny", dtype="float32")
+
+
+def run_cli(args: list[str], *, env: dict | None = None, cwd=None, timeout: float = 600):
+    """Run `bench ARGS` in a fresh interpreter (as a user would); returns the CompletedProcess (text output)."""
+    import subprocess
+    import sys
+
+    full_env = dict(os.environ, **(env or {}))
+    code = "import sys; from bench.cli import main; main(sys.argv[1:])"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full_env,
+                          cwd=cwd, timeout=timeout)  # fmt: skip
+
+
+def assert_one_line_error(proc, *needles: str) -> None:
+    """A user error: exit code 2, one `error:` line on stderr naming each needle, and no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])

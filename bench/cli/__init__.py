@@ -31,6 +31,7 @@ def _register() -> None:
     from bench.cli import model_cmds  # noqa: F401
     from bench.cli import profile_cmds  # noqa: F401
     from bench.cli import report_cmds  # noqa: F401
+    from bench.cli import serve_cmds  # noqa: F401
     from bench.cli import sweep_cmds  # noqa: F401
 
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
 
     _register()
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)  # non-standalone click returns an Exit's code instead of raising
     except (BenchError, ModelError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -60,3 +61,5 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo("aborted", err=True)
             sys.exit(130)
         raise
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)

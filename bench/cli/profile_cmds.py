@@ -147,7 +147,9 @@ def profile(
     dtype: str | None = DtypeOpt,
     weight_dtype: str | None = WeightDtypeOpt,
     run_ref: str | None = typer.Option(None, "--run", help="Add the profile to this existing run folder."),
-    name: str = typer.Option("profile", "--name", help="Label of the new run folder (when --run is not given)."),
+    name: str | None = typer.Option(
+        None, "--name", help="Label of the new run folder when --run is not given (default 'profile', suffixed -2, "
+        "-3, ... when taken)."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run folders are archived."),
     python_tracer: bool = typer.Option(False, "--python-tracer", help="Also trace Python calls (large traces)."),
     max_length: int | None = MaxLengthOpt,
@@ -160,7 +162,7 @@ def profile(
         raise InputError(f"--steps {steps}: expected a whole number of decode steps >= 1")
     if input_tokens < 1:
         raise InputError(f"--input-tokens {input_tokens}: a prompt needs at least 1 token")
-    from bench.runs import create_run, open_run, resolve_run
+    from bench.runs import create_run, free_label, open_run, resolve_run
 
     run = None
     if run_ref is not None:
@@ -187,7 +189,7 @@ def profile(
         manifest = _manifest(engine, report, ckpt, cache_dir, config, {"profile_steps": steps,
                                                                        "profile_warmup": WARMUP_STEPS})  # fmt: skip
         slug = manifest["device"].get("slug") or device_slug(pol.device_kind)
-        run = create_run(runs_dir, name, slug, manifest)
+        run = create_run(runs_dir, name or free_label(runs_dir, "profile", slug), slug, manifest)
     log.info(f"run folder: {run.path}")
     run.log(pol.line())
     mismatch = []

@@ -76,21 +76,31 @@ def sweep(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens generated per request (EOS ignored)."),
     repeats: int = typer.Option(3, "--repeats", help="Timed repeats per cell (after one warm-up)."),
     checkpoint: str | None = CheckpointOpt,
-    name: str = typer.Option("sweep", "--name", help="Run label: the folder is runs/<date>-<label>-<device>/."),
+    name: str | None = typer.Option(
+        None, "--name", help="Run label: the folder is runs/<date>-<label>-<device>/ (default 'sweep', suffixed -2, -3, "
+        "... when taken; an explicit label that is taken is an error)."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run folders are archived."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue an interrupted run folder."),
     dtype: str | None = DtypeOpt,
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
+    target: str | None = typer.Option(
+        None, "--target", help="Measure an OpenAI-compatible server instead, e.g. http://127.0.0.1:8000/v1 "
+        "(prompts sized with --checkpoint's tokenizer; see bench/remote.py)."),
+    model: str | None = typer.Option(None, "--model", help="With --target: the model id to request (default: the "
+                                     "server's first)."),
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     from bench.environment import device_slug
-    from bench.runs import create_run, open_run
+    from bench.runs import create_run, free_label, open_run
     from bench.sweep import SweepConfig, parse_inputs, run_sweep
     from model.engine import CompileCounter
 
     config = SweepConfig(inputs=parse_inputs(inputs), max_new_tokens=max_new_tokens, repeats=repeats)
     config.check()
+    if target is not None:
+        _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, (dtype, max_length, compile_cache))
+        return
     run = None
     if resume is not None:
         run = open_run(resume)  # raises RunFolderError naming the folder
@@ -108,7 +118,7 @@ def sweep(
     manifest = _manifest(engine, report, ckpt, cache_dir, config, {})
     if run is None:
         slug = manifest["device"].get("slug") or device_slug(engine.policy.device_kind)
-        run = create_run(runs_dir, name, slug, manifest)
+        run = create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
     else:
         run.resume()
     done = run.finished_inputs()
@@ -131,6 +141,31 @@ def sweep(
                                            "misses": counts["cache_misses"] - counts0["cache_misses"]})  # fmt: skip
         run.finish(status)
         log.info(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
+    from rich.console import Console
+
+    Console(width=max(Console().width, 150)).print(sweep_table(run.cells()))
+    invalid = [r.input_tokens for r in run.cells() if not r.valid]
+    if invalid:
+        log.warning(f"warning: cell(s) {invalid} are invalid (reasons in the table); their numbers are not quotable")
+
+
+def _sweep_target(target: str, model: str | None, config, checkpoint: str | None, name: str | None, runs_dir: Path,
+                  resume: Path | None, engine_flags: tuple) -> None:  # fmt: skip
+    """`bench sweep --target`: the same sweep through an OpenAI-compatible server (bench/remote.py)."""
+    from bench.cli.common import checkpoint_path
+    from bench.errors import InputError
+    from bench.remote import sweep_target
+
+    if any(f is not None for f in engine_flags):
+        raise InputError("--dtype, --max-length and --compile-cache configure the in-process engine; with --target "
+                         "the server decides them (pass them to `bench serve`)")  # fmt: skip
+    setup_logging()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request otherwise
+    log = logging.getLogger("bench")
+    t0 = time.perf_counter()
+    run = sweep_target(target, model, config, checkpoint=checkpoint_path(checkpoint) if checkpoint else None,
+                       runs_dir=runs_dir, name=name, resume=resume, progress=log.info)  # fmt: skip
+    log.info(f"sweep {run.status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
     from rich.console import Console
 
     Console(width=max(Console().width, 150)).print(sweep_table(run.cells()))

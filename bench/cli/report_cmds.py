@@ -1,0 +1,150 @@
+"""Commands over archived run folders (no jax): `bench report`, `bench compare`, `bench runs list|validate`.
+
+Exit codes: 0 success; 1 `bench compare` crossed a threshold, or `bench runs validate` found problems;
+2 a user error (missing or unreadable run, bad flag), printed as one line by `bench.cli.main`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bench.cli import app
+from bench.errors import InputError
+
+runs_app = typer.Typer(help="Archived run folders: list them, check one against the schema.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+
+RUNS_HELP = "Run folders, or names in --runs-dir (default: every complete run there)."
+BASELINE_HELP = "Run that speedups and single-variable checks are relative to (default: the slowest run)."
+RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")]
+
+
+def _console():
+    from rich.console import Console
+
+    console = Console(soft_wrap=False)
+    return console if console.is_terminal else Console(soft_wrap=False, width=200)  # pipes and logs: no truncation
+
+
+def parse_percent(text: str, flag: str = "--max-slowdown") -> float:
+    """"5%", "5", "2.5 %" -> 5.0, 5.0, 2.5. InputError for anything else or a negative value."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%?\s*", text or "")
+    if not m:
+        raise InputError(f"{flag} {text!r}: expected a non-negative percentage such as 5% or 2.5")
+    return float(m.group(1))
+
+
+@app.command("report")
+def report_cmd(
+    runs: Annotated[list[str] | None, typer.Argument(help=RUNS_HELP)] = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for report.md, plots, tables.")] = Path("reports/latest"),
+    runs_dir: RunsDirOpt = Path("runs"),
+    baseline: Annotated[str | None, typer.Option("--baseline", help=BASELINE_HELP)] = None,
+) -> None:
+    """Write a markdown report (tables, plots, findings) comparing archived runs."""
+    from bench.report import build_report
+
+    report = build_report(runs or [], out, baseline, runs_dir=runs_dir)
+    for name, reason in report.skipped:
+        typer.echo(f"warning: skipped {name}: {reason}", err=True)
+    typer.echo(f"wrote {report.markdown} from {len(report.runs)} run(s), baseline {report.baseline}")
+    for path in report.files[1:]:
+        typer.echo(f"  {path}")
+
+
+def _rate(row, metric: str) -> str:
+    from bench.report import fmt_num
+
+    if row is None:
+        return "—"
+    median = getattr(row, f"{metric}_tok_s_median")
+    lo, hi = getattr(row, f"{metric}_tok_s_min"), getattr(row, f"{metric}_tok_s_max")
+    text = fmt_num(median)
+    return text + (f" ({fmt_num(lo)}–{fmt_num(hi)})" if lo is not None and hi is not None else "")
+
+
+@app.command("compare")
+def compare_cmd(
+    baseline: Annotated[str, typer.Argument(help="Baseline run (folder or name in --runs-dir).")],
+    candidate: Annotated[str, typer.Argument(help="Candidate run (folder or name in --runs-dir).")],
+    max_slowdown: Annotated[str, typer.Option("--max-slowdown", help="Largest allowed slowdown, e.g. 5%.")] = "5%",
+    require_same_tokens: Annotated[bool, typer.Option(help="Fail when the greedy token ids differ.")] = False,
+    runs_dir: RunsDirOpt = Path("runs"),
+) -> None:
+    """Compare a candidate run with a baseline; exit 1 when a threshold is crossed (a regression gate)."""
+    from rich.table import Table
+
+    from bench.compare import compare_runs
+    from bench.runs import resolve_run
+
+    limit = parse_percent(max_slowdown)
+    result = compare_runs(resolve_run(baseline, runs_dir), resolve_run(candidate, runs_dir), limit, require_same_tokens)
+    console = _console()
+    table = Table(title=f"{result.candidate} vs {result.baseline} (baseline)")
+    for col in ("input tokens", "gauge base", "gauge cand", "Δ gauge", "e2e base", "e2e cand", "Δ e2e", "tokens"):
+        table.add_column(col, justify="left" if col == "tokens" else "right")
+    tokens = {t.input_tokens: t for t in result.tokens}
+    for cell in result.cells:
+        t = tokens.get(cell.input_tokens)
+        agree = "—" if t is None else t.status if t.status != "differ" else f"differ from token {t.first_divergence}"
+        table.add_row(
+            f"{cell.input_tokens:,}", _rate(cell.baseline, "gauge"), _rate(cell.candidate, "gauge"),
+            "—" if cell.gauge_delta_pct is None else f"{cell.gauge_delta_pct:+.1f}%",
+            _rate(cell.baseline, "e2e"), _rate(cell.candidate, "e2e"),
+            "—" if cell.e2e_delta_pct is None else f"{cell.e2e_delta_pct:+.1f}%", agree,
+        )  # fmt: skip
+    console.print(table)
+    verdict = {True: "single-variable", False: "NOT single-variable", None: "single-variable not established"}
+    console.print(f"comparison: {verdict[result.single_variable]}")
+    for d in result.differences:
+        console.print(f"  differs: {d.describe()}", markup=False)
+    for note in result.notes:
+        console.print(f"  note: {note}", markup=False)
+    for failure in result.failures:
+        console.print(f"  FAIL: {failure}", markup=False)
+    console.print(f"verdict: {'PASS' if result.passed else 'FAIL'} (max slowdown {limit:g}%)")
+    if result.exit_code:
+        raise SystemExit(result.exit_code)  # not typer.Exit: in non-standalone mode click returns its code unseen
+
+
+@runs_app.command("list")
+def runs_list_cmd(runs_dir: RunsDirOpt = Path("runs")) -> None:
+    """List the run folders with status, provenance, device, build id and cell count."""
+    from rich.table import Table
+
+    from bench.runs import list_runs
+
+    summaries = list_runs(runs_dir)
+    table = Table(title=f"runs in {runs_dir}/")
+    for col in ("name", "status", "provenance", "device", "build id", "cells", "started", "problem"):
+        table.add_column(col)
+    for s in summaries:
+        table.add_row(
+            s.name, s.status or "unreadable", s.provenance or "—", s.device or "—", s.build_id or "—",
+            "—" if s.cells is None else str(s.cells), s.started_at or "—", s.problem or "",
+        )  # fmt: skip
+    _console().print(table)
+    if not summaries:
+        typer.echo(f"no run folders in {runs_dir}")
+
+
+@runs_app.command("validate")
+def runs_validate_cmd(
+    run: Annotated[str, typer.Argument(help="Run folder or name in --runs-dir.")], runs_dir: RunsDirOpt = Path("runs")
+) -> None:
+    """Check a run folder against the schema; exit 1 and list the problems when it does not conform."""
+    from bench.runs import resolve_run, validate_run
+
+    path = resolve_run(run, runs_dir)
+    problems = validate_run(path)
+    if not problems:
+        typer.echo(f"{path}: valid (schema version 1)")
+        return
+    typer.echo(f"{path}: {len(problems)} problem(s)")
+    for problem in problems:
+        typer.echo(f"  {problem}")
+    raise SystemExit(1)  # see compare_cmd

@@ -1,0 +1,66 @@
+"""`bench serve`: the OpenAI-compatible server (bench/serve.py) on uvicorn, loading the model in the background."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+from bench.cli import app
+from bench.cli.common import CheckpointOpt, CompileCacheOpt, DtypeOpt, MaxLengthOpt, open_engine, setup_logging
+from bench.errors import InputError
+
+
+def load_served_model(checkpoint: str | None, dtype: str | None, max_length: int | None,
+                      compile_cache: str | None):  # fmt: skip
+    """Load the engine as `bench sweep` does and gather what /health reports: checkpoint id, path, content hash,
+    weight bytes, build id (code + checkpoint + engine configuration), compile cache folder. Returns a LoadedModel."""
+    from bench.environment import build_id
+    from bench.serve import LoadedModel
+    from model.checkpoint import content_hash
+
+    engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache)
+    chash = content_hash(ckpt)
+    pol = engine.policy
+    config = {"buckets": list(engine.buckets), "max_length": engine.max_length, "batch": 1, "quantization": "none",
+              "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "compute_dtype": pol.compute_dtype,
+              "server": "bench serve"}  # fmt: skip
+    repo = Path(__file__).resolve().parents[2]
+    return LoadedModel(
+        engine=engine,
+        checkpoint={"id": ckpt.name, "path": str(ckpt), "content_hash": chash, "weight_bytes": engine.weight_bytes,
+                    "load_s": report["load_s"]},  # fmt: skip
+        build_id=build_id([repo / "model", repo / "bench"], chash, config),
+        compile_cache={"dir": str(cache_dir) if cache_dir else None},
+    )
+
+
+@app.command()
+def serve(
+    checkpoint: str | None = CheckpointOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    warmup_shapes: str = typer.Option(
+        "", "--warmup-shapes",
+        help="PROMPT_TOKENS:MAX_TOKENS pairs compiled before /health says ready, e.g. 41:64,521:64 (greedy).",
+    ),  # fmt: skip
+    model_name: str | None = typer.Option(None, "--model-name", help="Model id clients send; default: checkpoint id."),
+    dtype: str | None = DtypeOpt,
+    max_length: int | None = MaxLengthOpt,
+    compile_cache: str | None = CompileCacheOpt,
+) -> None:
+    """Serve the engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
+    /health, /metrics). The port opens at once; /health answers 503 until the model is loaded and warmed up."""
+    import uvicorn
+
+    from bench.serve import create_app, parse_warmup_shapes
+
+    shapes = parse_warmup_shapes(warmup_shapes)
+    if not 0 < port < 65536:
+        raise InputError(f"--port {port}: expected 1..65535")
+    setup_logging()
+    logging.getLogger("bench").info(f"serving on http://{host}:{port}/v1 (loading the model in the background)")
+    application = create_app(lambda: load_served_model(checkpoint, dtype, max_length, compile_cache),
+                             model_name=model_name, warmup_shapes=shapes)  # fmt: skip
+    uvicorn.run(application, host=host, port=port, log_level="info", access_log=False)

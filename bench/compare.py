@@ -1,0 +1,272 @@
+"""Compare two archived runs: speed per cell with each run's spread, token agreement, payload differences, a verdict.
+
+Reads run folders only (no jax, no `model/`), so it works on archived runs of machines that are gone, and it can
+gate a deployment: `Comparison.exit_code` is 1 when a threshold is crossed, else 0.
+
+Thresholds (each a reason in `Comparison.failures`):
+- a candidate's median gauge or end-to-end tok/s more than `max_slowdown_pct` below the baseline's at a cell;
+- a candidate cell that is invalid or failed, or missing where the baseline has one;
+- with `require_same_tokens`, generated ids that differ at a cell, or that cannot be checked (no raw samples).
+
+Token agreement compares the first timed repeat's generated ids (greedy decoding makes every repeat equal; a run
+whose own repeats disagree gets a note). A single-variable comparison needs equal build id, checkpoint hash,
+configuration and weight bytes (measurement.md, "Comparisons"); `manifest_differences` says which differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from bench.runs import CellRow, RunFolder, Sample, open_complete_run
+
+SINGLE_VARIABLE_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("build id", ("build_id",)),
+    ("checkpoint hash", ("checkpoint", "content_hash")),
+    ("configuration", ("engine_config",)),
+    ("weight bytes", ("checkpoint", "weight_bytes")),
+)
+"""The four manifest values that must be equal (and known) for a single-variable comparison."""
+
+_CONTEXT_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("device", ("device", "device_kind")),
+    ("compute capability", ("device", "compute_capability")),
+    ("host architecture", ("host", "arch")),
+    ("host", ("host", "description")),
+    ("cpu model", ("host", "cpu_model")),
+    ("compute dtype", ("dtype_policy", "compute_dtype")),
+    ("checkpoint id", ("checkpoint", "id")),
+    ("git commit", ("git", "commit")),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """One manifest value that differs, or is unknown on one side (`unknown`: a null that cannot be compared)."""
+
+    field: str
+    baseline: Any
+    candidate: Any
+    single_variable_key: bool
+
+    @property
+    def unknown(self) -> bool:
+        return self.baseline is None or self.candidate is None
+
+    def describe(self) -> str:
+        shown = ("—" if v is None else f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else v
+                 for v in (self.baseline, self.candidate))  # fmt: skip
+        both = self.baseline is None and self.candidate is None
+        note = " (not recorded)" if both else " (not recorded on one side)" if self.unknown else ""
+        return f"{self.field}: {' vs '.join(map(str, shown))}{note}"
+
+
+def _get(manifest: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = manifest
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _flat(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flat(f"{prefix}.{k}", v))
+        return out
+    return {prefix: value}
+
+
+def manifest_differences(base: dict[str, Any], cand: dict[str, Any]) -> list[Difference]:
+    """Differences between two manifests: the single-variable keys first (the configuration key by key), then
+    device, host, dtype, checkpoint id, commit, and every package version. Equal values are left out; a value
+    known on one side only is a difference marked unknown."""
+    out: list[Difference] = []
+    for label, path in SINGLE_VARIABLE_KEYS:
+        a, b = _get(base, path), _get(cand, path)
+        if path == ("engine_config",):
+            fa, fb = _flat("configuration", a or {}), _flat("configuration", b or {})
+            keys = sorted(set(fa) | set(fb))
+            out += [Difference(k, fa.get(k), fb.get(k), True) for k in keys if fa.get(k) != fb.get(k)]
+        elif a != b or a is None:
+            out.append(Difference(label, a, b, True))
+    for label, path in _CONTEXT_KEYS:
+        a, b = _get(base, path), _get(cand, path)
+        if a != b:
+            out.append(Difference(label, a, b, False))
+    va, vb = base.get("versions") or {}, cand.get("versions") or {}
+    keys = sorted(set(va) | set(vb))
+    out += [Difference(f"version {k}", va.get(k), vb.get(k), False) for k in keys if va.get(k) != vb.get(k)]
+    return out
+
+
+def single_variable(base: dict[str, Any], cand: dict[str, Any]) -> tuple[bool | None, list[Difference]]:
+    """(True, []) when build id, checkpoint hash, configuration and weight bytes are equal and known;
+    (False, diffs) when a known value differs; (None, diffs) when nothing known differs but some are unknown."""
+    diffs = [d for d in manifest_differences(base, cand) if d.single_variable_key]
+    if not diffs:
+        return True, []
+    return (None if all(d.unknown for d in diffs) else False), diffs
+
+
+@dataclasses.dataclass(frozen=True)
+class CellDelta:
+    """One input size in both runs. Deltas in % of the baseline median ((candidate - baseline) / baseline).
+    Spreads are (min, max) in tok/s, None where a run has no raw samples (published figures)."""
+
+    input_tokens: int
+    baseline: CellRow | None
+    candidate: CellRow | None
+    gauge_delta_pct: float | None
+    e2e_delta_pct: float | None
+
+    @staticmethod
+    def spread(row: CellRow | None, metric: str) -> tuple[float, float] | None:
+        if row is None:
+            return None
+        lo, hi = getattr(row, f"{metric}_tok_s_min"), getattr(row, f"{metric}_tok_s_max")
+        return None if lo is None or hi is None else (lo, hi)
+
+    def within_noise(self, metric: str) -> bool | None:
+        """True when the two runs' min-max ranges overlap (the change is inside the noise); None if unknown."""
+        a, b = self.spread(self.baseline, metric), self.spread(self.candidate, metric)
+        return None if a is None or b is None else a[0] <= b[1] and b[0] <= a[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenAgreement:
+    """Greedy ids at one input size: status "identical", "differ" (first_divergence = index of the first
+    differing generated token) or "unknown" (no raw samples on a side); `note` says more where needed."""
+
+    input_tokens: int
+    status: str
+    first_divergence: int | None
+    compared_tokens: int
+    note: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The outcome of `compare_runs`. `failures` are thresholds crossed; `notes` are facts that do not fail."""
+
+    baseline: str
+    candidate: str
+    max_slowdown_pct: float
+    cells: list[CellDelta]
+    tokens: list[TokenAgreement]
+    differences: list[Difference]
+    single_variable: bool | None
+    failures: list[str]
+    notes: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        """0 when no threshold was crossed, 1 otherwise (what `bench compare` exits with)."""
+        return 0 if self.passed else 1
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where two id lists differ (or the shorter length); None when identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _timed_ids(samples: list[Sample]) -> dict[int, list[list[int]]]:
+    out: dict[int, list[list[int]]] = {}
+    for s in sorted(samples, key=lambda s: (s.input_tokens, s.repeat)):
+        if s.kind == "timed":
+            out.setdefault(s.input_tokens, []).append(s.token_ids)
+    return out
+
+
+def _token_agreement(base: RunFolder, cand: RunFolder, sizes: list[int]) -> tuple[list[TokenAgreement], list[str]]:
+    notes = []
+    ids = {}
+    for side, run in (("baseline", base), ("candidate", cand)):
+        ids[side] = _timed_ids(run.samples())
+        for size, repeats in ids[side].items():
+            if any(r != repeats[0] for r in repeats):
+                notes.append(f"{side} {run.name}: its own timed repeats at {size} input tokens generated different ids")
+    out = []
+    for size in sizes:
+        a, b = ids["baseline"].get(size), ids["candidate"].get(size)
+        if not a or not b:
+            missing = " and ".join(n for n, x in (("baseline", a), ("candidate", b)) if not x)
+            out.append(TokenAgreement(size, "unknown", None, 0, f"no raw samples in the {missing}"))
+            continue
+        div = first_divergence(a[0], b[0])
+        status = "identical" if div is None else "differ"
+        out.append(TokenAgreement(size, status, div, min(len(a[0]), len(b[0]))))
+    return out, notes
+
+
+def _delta(base: float | None, cand: float | None) -> float | None:
+    return None if base in (None, 0) or cand is None else 100.0 * (cand - base) / base
+
+
+def compare_runs(
+    baseline: str | Path | RunFolder,
+    candidate: str | Path | RunFolder,
+    max_slowdown_pct: float = 5.0,
+    require_same_tokens: bool = False,
+) -> Comparison:
+    """Compare `candidate` against `baseline` (run folders or their paths; both must be complete).
+
+    Raises RunFolderError for a run that is missing, incomplete, corrupt or of another schema version, and
+    ValueError for a negative `max_slowdown_pct`. See the module docstring for the thresholds.
+    """
+    if max_slowdown_pct < 0:
+        raise ValueError(f"max_slowdown_pct must be >= 0, got {max_slowdown_pct}")
+    base = baseline if isinstance(baseline, RunFolder) else open_complete_run(baseline)
+    cand = candidate if isinstance(candidate, RunFolder) else open_complete_run(candidate)
+    base_cells = {c.input_tokens: c for c in base.cells()}
+    cand_cells = {c.input_tokens: c for c in cand.cells()}
+    sizes = sorted(set(base_cells) | set(cand_cells))
+    failures: list[str] = []
+    notes: list[str] = []
+    deltas = []
+    for size in sizes:
+        b, c = base_cells.get(size), cand_cells.get(size)
+        delta = CellDelta(
+            size, b, c,
+            _delta(b and b.gauge_tok_s_median, c and c.gauge_tok_s_median),
+            _delta(b and b.e2e_tok_s_median, c and c.e2e_tok_s_median),
+        )  # fmt: skip
+        deltas.append(delta)
+        if c is None:
+            failures.append(f"{size} input tokens: the candidate has no cell (the baseline has one)")
+            continue
+        if not c.valid:
+            failures.append(f"{size} input tokens: candidate cell invalid ({c.invalid_reason or c.error})")
+        if b is None:
+            notes.append(f"{size} input tokens: only the candidate has this cell")
+            continue
+        if not b.valid:
+            notes.append(f"{size} input tokens: baseline cell invalid ({b.invalid_reason or b.error})")
+        for metric, value in (("gauge", delta.gauge_delta_pct), ("end-to-end", delta.e2e_delta_pct)):
+            if value is not None and value < -max_slowdown_pct:
+                noise = delta.within_noise("gauge" if metric == "gauge" else "e2e")
+                extra = " (inside both runs' min-max spread)" if noise else ""
+                limit = f"limit -{max_slowdown_pct:g}%"
+                failures.append(f"{size} input tokens: {metric} tok/s {value:+.1f}% vs baseline ({limit}){extra}")
+    tokens, token_notes = _token_agreement(base, cand, [s for s in sizes if s in base_cells and s in cand_cells])
+    notes += token_notes
+    if require_same_tokens:
+        for t in tokens:
+            if t.status == "differ":
+                failures.append(f"{t.input_tokens} input tokens: generated ids differ from token {t.first_divergence}")
+            elif t.status == "unknown":
+                failures.append(f"{t.input_tokens} input tokens: token agreement cannot be checked ({t.note})")
+    same, _ = single_variable(base.manifest, cand.manifest)
+    return Comparison(
+        baseline=base.name, candidate=cand.name, max_slowdown_pct=max_slowdown_pct, cells=deltas, tokens=tokens,
+        differences=manifest_differences(base.manifest, cand.manifest), single_variable=same, failures=failures,
+        notes=notes,
+    )  # fmt: skip

@@ -1,0 +1,78 @@
+"""The report's PNG plots (matplotlib, Agg canvas; no pyplot state, no display needed).
+
+Inputs are plain data, so the plots know nothing of run folders: `plot_sweep` takes (label, published, cells)
+per run, `plot_profile` takes (label, {category: % of device time}) per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.records import CellRow
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def plot_sweep(runs: Sequence[tuple[str, bool, Sequence[CellRow]]], path: Path) -> Path:
+    """Gauge and end-to-end tok/s vs input tokens (log x), one line per run: min–max bars where raw samples
+    exist, published runs dashed, invalid cells crossed out in red. Returns `path`."""
+    fig = _figure(11, 4.2)
+    axes = fig.subplots(1, 2)
+    for ax, metric, title in zip(axes, ("gauge", "e2e"), ("decode, gauge (tok/s)", "end-to-end (tok/s)")):
+        for label, published, all_cells in runs:
+            cells = sorted((c for c in all_cells if getattr(c, f"{metric}_tok_s_median") is not None),
+                           key=lambda c: c.input_tokens)  # fmt: skip
+            if not cells:
+                continue
+            xs = [c.input_tokens for c in cells]
+            ys = [getattr(c, f"{metric}_tok_s_median") for c in cells]
+            lo = [y - (getattr(c, f"{metric}_tok_s_min") or y) for c, y in zip(cells, ys)]
+            hi = [(getattr(c, f"{metric}_tok_s_max") or y) - y for c, y in zip(cells, ys)]
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=label, linestyle="--" if published else "-")
+            bad = [(x, y) for c, x, y in zip(cells, xs, ys) if not c.valid]
+            if bad:
+                ax.scatter(*zip(*bad), marker="x", s=80, color="red", zorder=5)
+        ax.set_xscale("log")
+        ax.set_xlabel("input tokens")
+        ax.set_ylabel("tok/s")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_profile(runs: Sequence[tuple[str, dict[str, float]]], path: Path) -> Path | None:
+    """Device-time categories (% of kernel time) stacked per run, the rest up to 100% as "not broken down".
+    Returns `path`, or None (and writes nothing) when `runs` is empty."""
+    if not runs:
+        return None
+    names = list(dict.fromkeys(n for _, cats in runs for n in cats))
+    fig = _figure(max(4.5, 1.8 * len(runs) + 2.5), 4.5)
+    ax = fig.subplots()
+    bottoms = [0.0] * len(runs)
+    for name in [*names, "not broken down"]:
+        if name == "not broken down":
+            heights = [max(0.0, 100.0 - b) for b in bottoms]
+        else:
+            heights = [float(cats.get(name) or 0.0) for _, cats in runs]
+        ax.bar([label for label, _ in runs], heights, bottom=bottoms, label=name.replace("_", " "),
+               color="lightgrey" if name == "not broken down" else None)  # fmt: skip
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_ylabel("% of device (kernel) time")
+    ax.set_ylim(0, max(100.0, *bottoms))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path

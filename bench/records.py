@@ -1,0 +1,258 @@
+"""The typed records a run folder stores: `CellRow` (one per input size) and `Sample` (one per request).
+
+`summarize_cell` turns one input size's raw samples into its `CellRow`, following `../shared/measurement.md`
+("Per request", "Per cell"); `failed_cell` records a cell that could not be measured. `row_problems` checks a
+parsed JSON object against a record's fields and types (the run-folder validator uses it).
+
+Units: times in ms (except `cold_request_s`, seconds), rates in tok/s, ratios unitless (cold / warm median).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from bench.errors import RunFolderError
+
+SAMPLE_KINDS = ("cold", "warmup", "timed")
+CELL_STATUSES = ("ok", "failed")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CellRow:
+    """One input size of a sweep, summarised (medians over the timed repeats). None where unknown.
+
+    Units: tok/s for rates, ms for times except `cold_request_s` (s); ratios are cold / warm median.
+    `valid` is False when any timed repeat compiled, produced a token count other than `max_new_tokens`, or was
+    degenerate (`invalid_reason` says which), or when the cell failed (`status` "failed", `error` says why).
+    """
+
+    input_tokens: int
+    bucket: int | None
+    max_new_tokens: int | None
+    repeats: int | None
+    valid: bool
+    invalid_reason: str | None
+    status: str  # "ok" | "failed"
+    error: str | None
+    gauge_tok_s_median: float | None
+    gauge_tok_s_min: float | None
+    gauge_tok_s_max: float | None
+    e2e_tok_s_median: float | None
+    e2e_tok_s_min: float | None
+    e2e_tok_s_max: float | None
+    ttft_ms_median: float | None
+    ttft_ms_min: float | None
+    ttft_ms_max: float | None
+    prefill_ms_median: float | None
+    tpot_ms_median: float | None
+    step_ms_median: float | None
+    step_ms_p99: float | None
+    cold_request_s: float | None
+    cold_ttft_ms: float | None
+    cold_warm_request_ratio: float | None  # whole request: cold e2e time / median timed e2e time
+    cold_warm_ttft_ratio: float | None  # first token only: cold TTFT / median timed TTFT (a different claim)
+    compile_events_timed: int | None
+    degenerate: bool | None
+    generated_tokens_per_repeat: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sample:
+    """One measured request. `kind`: "cold" (first request of a fresh engine), "warmup", or "timed".
+
+    Times in ms (monotonic clock, device-synced); rates in tok/s; `step_ms` holds the per-step decode times
+    (ms, one per generated token after the first); `token_ids` the generated ids (prompt excluded).
+    """
+
+    input_tokens: int
+    kind: str
+    repeat: int
+    ttft_ms: float
+    prefill_ms: float | None
+    decode_ms: float | None
+    e2e_ms: float
+    gauge_tok_s: float | None
+    e2e_tok_s: float | None
+    tpot_ms: float | None
+    generated_tokens: int
+    compile_events: int
+    degenerate: bool | None
+    degenerate_reason: str | None
+    step_ms: list[float]
+    token_ids: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    """Tuples as lists, so that a row built with tuples validates and serialises like one read back from JSON."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def conforms(value: Any, tp: Any) -> bool:
+    """True when a JSON value fits a field annotation (int excludes bool; float accepts int; finite only)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(conforms(value, arg) for arg in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if origin is list:
+        return isinstance(value, list) and all(conforms(v, typing.get_args(tp)[0]) for v in value)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, tp)
+
+
+_HINTS = {cls: typing.get_type_hints(cls) for cls in (CellRow, Sample)}
+_CHOICES = {(CellRow, "status"): CELL_STATUSES, (Sample, "kind"): SAMPLE_KINDS}
+
+
+def row_problems(cls: type, obj: Any) -> list[str]:
+    """Problems of one JSON object against a row class: missing/unknown fields, wrong types, bad choices."""
+    if not isinstance(obj, dict):
+        return [f"expected a JSON object, got {type(obj).__name__}"]
+    hints = _HINTS[cls]
+    problems = [f"missing field {k!r}" for k in hints if k not in obj]
+    problems += [f"unknown field {k!r}" for k in obj if k not in hints]
+    for key, tp in hints.items():
+        if key in obj and not conforms(obj[key], tp):
+            problems.append(f"field {key!r} should be {_type_name(tp)}, got {obj[key]!r}"[:160])
+        choices = _CHOICES.get((cls, key))
+        if choices and key in obj and obj[key] not in choices:
+            problems.append(f"field {key!r} is {obj[key]!r}, expected one of {choices}")
+    return problems
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def row_from_dict(cls: type, obj: Any, where: str) -> Any:
+    problems = row_problems(cls, obj)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise RunFolderError(f"{where}: {problems[0]}{more}")
+    return cls(**obj)
+
+
+def as_sample(obj: Sample | Mapping[str, Any]) -> Sample:
+    """A `Sample` from a Sample or a dict with exactly its fields (ValueError naming the problem)."""
+    if isinstance(obj, Sample):
+        return obj
+    problems = row_problems(Sample, dict(obj))
+    if problems:
+        raise ValueError(f"sample: {problems[0]}")
+    return Sample(**obj)
+
+
+# ---- summarising one cell --------------------------------------------------------------------------------------
+def _percentile(values: list[float], pct: float) -> float:
+    """Linear-interpolation percentile (numpy's default method) of a non-empty list."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * pct / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _stats(values: list[float | None]) -> tuple[float | None, float | None, float | None]:
+    xs = [v for v in values if v is not None]
+    return (statistics.median(xs), min(xs), max(xs)) if xs else (None, None, None)
+
+
+def summarize_cell(
+    samples: Iterable[Sample | Mapping[str, Any]],
+    *,
+    max_new_tokens: int,
+    bucket: int | None = None,
+    input_tokens: int | None = None,
+) -> CellRow:
+    """Summarise the raw requests of one input size into a `CellRow` (measurement.md, "Per cell").
+
+    Medians (and min/max) are over the timed repeats only; warm-up requests are ignored; the cold request (if
+    any) gives `cold_request_s`, `cold_ttft_ms` and the two ratios, labelled separately: whole request (cold e2e
+    time / median timed e2e time) and TTFT (cold TTFT / median timed TTFT). Step-time median and p99 pool every
+    per-step decode time of the timed repeats. Validity: every timed repeat compiled nothing, generated exactly
+    `max_new_tokens`, and passed the degeneracy check (a verdict of None counts as not checked, so invalid).
+    `input_tokens` selects that size when `samples` hold several; otherwise they must all share one.
+    Raises ValueError for samples of several sizes without `input_tokens`, or no samples at all.
+    """
+    rows = [as_sample(s) for s in samples]
+    if input_tokens is not None:
+        rows = [s for s in rows if s.input_tokens == input_tokens]
+    sizes = {s.input_tokens for s in rows}
+    if len(sizes) != 1:
+        raise ValueError(f"summarize_cell: expected samples of one input size, got sizes {sorted(sizes)}")
+    size = sizes.pop()
+    timed = sorted((s for s in rows if s.kind == "timed"), key=lambda s: s.repeat)
+    cold = next((s for s in rows if s.kind == "cold"), None)
+
+    reasons: list[str] = []
+    if not timed:
+        reasons.append("no timed repeats")
+    compiled = [s.repeat for s in timed if s.compile_events]
+    if compiled:
+        total = sum(s.compile_events for s in timed)
+        reasons.append(f"{total} compile event(s) during timed repeat(s) {', '.join(map(str, compiled))}")
+    for s in timed:
+        if s.generated_tokens != max_new_tokens:
+            reasons.append(f"repeat {s.repeat} generated {s.generated_tokens} tokens, expected {max_new_tokens}")
+        if s.degenerate is None:
+            reasons.append(f"repeat {s.repeat} has no degeneracy verdict")
+        elif s.degenerate:
+            reasons.append(f"repeat {s.repeat} degenerate: {s.degenerate_reason or 'loop'}")
+
+    gauge, e2e, ttft = (_stats([getattr(s, f) for s in timed]) for f in ("gauge_tok_s", "e2e_tok_s", "ttft_ms"))
+    steps = [x for s in timed for x in s.step_ms]
+    e2e_ms_median = _stats([s.e2e_ms for s in timed])[0]
+    verdicts = [s.degenerate for s in timed]
+    return CellRow(
+        input_tokens=size,
+        bucket=bucket,
+        max_new_tokens=max_new_tokens,
+        repeats=len(timed),
+        valid=not reasons,
+        invalid_reason="; ".join(reasons) or None,
+        status="ok",
+        error=None,
+        gauge_tok_s_median=gauge[0], gauge_tok_s_min=gauge[1], gauge_tok_s_max=gauge[2],
+        e2e_tok_s_median=e2e[0], e2e_tok_s_min=e2e[1], e2e_tok_s_max=e2e[2],
+        ttft_ms_median=ttft[0], ttft_ms_min=ttft[1], ttft_ms_max=ttft[2],
+        prefill_ms_median=_stats([s.prefill_ms for s in timed])[0],
+        tpot_ms_median=_stats([s.tpot_ms for s in timed])[0],
+        step_ms_median=statistics.median(steps) if steps else None,
+        step_ms_p99=_percentile(steps, 99) if steps else None,
+        cold_request_s=cold.e2e_ms / 1000.0 if cold else None,
+        cold_ttft_ms=cold.ttft_ms if cold else None,
+        cold_warm_request_ratio=cold.e2e_ms / e2e_ms_median if cold and e2e_ms_median else None,
+        cold_warm_ttft_ratio=cold.ttft_ms / ttft[0] if cold and ttft[0] else None,
+        compile_events_timed=sum(s.compile_events for s in timed),
+        degenerate=None if not timed or None in verdicts else any(verdicts),
+        generated_tokens_per_repeat=[s.generated_tokens for s in timed],
+    )  # fmt: skip
+
+
+def failed_cell(
+    input_tokens: int, error: str, *, bucket: int | None = None, max_new_tokens: int | None = None,
+    repeats: int | None = None,
+) -> CellRow:  # fmt: skip
+    """The row of a cell that could not be measured (e.g. out of memory): status "failed", invalid, no numbers."""
+    empty = {f.name: None for f in dataclasses.fields(CellRow)}
+    empty.update(
+        input_tokens=input_tokens, bucket=bucket, max_new_tokens=max_new_tokens, repeats=repeats, valid=False,
+        invalid_reason=f"failed: {error}", status="failed", error=error, generated_tokens_per_repeat=[],
+    )  # fmt: skip
+    return CellRow(**empty)

@@ -1,0 +1,357 @@
+"""`bench sweep --target http://HOST:PORT/v1`: the sweep measured through any OpenAI-compatible server.
+
+Same cells, warm-up and statistics as the in-process sweep (bench/sweep.py, ../shared/measurement.md): every
+prompt built and sized first; the first request recorded as `cold` (the first request of this sweep: whether the
+server was fresh is not knowable from outside); per cell one warm-up request, then the timed repeats; each cell
+summarised by `bench.records.summarize_cell` and written to the run folder as it ends.
+
+One request = one streamed `POST {target}/chat/completions` (`stream: true`, `stream_options.include_usage`,
+`temperature: 0`, `max_tokens`, and `ignore_eos: true`, the vLLM extension this project's server also honours, so
+every repeat generates exactly max_tokens). Times are client-side, `time.perf_counter_ns`:
+- end-to-end: from just before the request is sent (prompt text in hand) to the end of the stream;
+- TTFT: to the first streamed chunk that carries content (non-empty text, or, from this project's server, token
+  ids); a role-only chunk does not count;
+- decode time: first to last content chunk; gauge = (completion tokens - 1) / decode time, completion tokens from
+  the server's `usage` (a server that packs several tokens into one chunk shifts this by at most a chunk);
+- step times: the gaps between content chunks (one token per chunk on this project's server).
+
+Exact input sizes: the prompts are built with a local tokenizer (`--checkpoint`, or, when the target is this
+project's server and its checkpoint folder exists on this machine, that folder), sent as one user message, and
+every response's `usage.prompt_tokens` must equal the cell's size, or the cell fails naming both counts (the
+server's chat template or tokenizer differs). Nothing is estimated.
+
+Degeneracy: judged on the generated ids when the server streams them (this project's `token_ids`), otherwise on the
+generated text re-tokenized with the local tokenizer; a server-side verdict of degenerate (this project's) counts too.
+Compile events: from this project's `/metrics` (jax traces before and after the request); for another server they
+are not observable and are recorded as 0 (the manifest says so). The server-side decode gauge of each request
+(this project's `/metrics`, stat "last") is kept in `target.json` beside the client-side one.
+
+The run folder records the target, `/v1/models`, `/health` and whether it is this project's server (manifest key
+`target`, and `target.json`). Errors: `TargetError` (one line) for an unreachable target, an unknown model, or no
+tokenizer to size prompts with.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from bench.degeneracy import check_degenerate
+from bench.errors import BenchError, RunFolderError
+from bench.records import CellRow, Sample, failed_cell, summarize_cell
+
+TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=60.0)
+OURS = "gemma4_bench_ready"  # a metric only this project's server exposes
+GAUGE_LAST, TRACES = 'gemma4_bench_decode_tokens_per_second{stat="last"}', "gemma4_bench_compile_traces_total"
+
+
+class TargetError(BenchError):
+    """A target that cannot be measured as asked (unreachable, unknown model, bad answer, wrong prompt size)."""
+
+
+# ---- the target ---------------------------------------------------------------------------------------------------
+class Target:
+    """An OpenAI-compatible endpoint: `base` (ends in /v1), `root` (scheme://host:port, where /health and /metrics
+    live), the `model` id, whether it is this project's server (`ours`), and what it said about itself."""
+
+    def __init__(self, base: str, root: str, model: str, ours: bool, health: Any, models: Any):
+        self.base, self.root, self.model, self.ours, self.health, self.models = base, root, model, ours, health, models
+
+    @property
+    def kind(self) -> str:
+        return "gemma4-bench" if self.ours else "openai-compatible"
+
+    def describe(self) -> dict[str, Any]:
+        return {"url": self.base, "model": self.model, "kind": self.kind, "health": self.health, "models": self.models}
+
+
+def describe_target(client: httpx.Client, url: str, model: str | None) -> Target:
+    """Ask the server who it is: `GET /v1/models` (required), `/health` and `/metrics` (optional). `model` None picks
+    the only (or first) served model. Raises TargetError for a bad URL, an unreachable server or an unknown model."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise TargetError(f"--target {url}: expected http://HOST:PORT/v1")
+    base, root = url.rstrip("/"), f"{parts.scheme}://{parts.netloc}"
+    try:
+        r = client.get(f"{base}/models")
+    except httpx.HTTPError as exc:
+        raise TargetError(f"--target {url}: cannot reach the server ({type(exc).__name__}: {exc})") from None
+    if r.status_code != 200:
+        raise TargetError(f"--target {url}: GET {base}/models answered {r.status_code} ({r.text[:200]}); is it ready?")
+    models = r.json()
+    ids = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
+    if model is None:
+        if not ids:
+            raise TargetError(f"--target {url}: the server lists no models; pass --model NAME")
+        model = ids[0]
+    elif ids and model not in ids:
+        raise TargetError(f"--model {model}: the server serves {ids}; pass one of them")
+    health = _get_json(client, f"{root}/health")
+    metrics = scrape_metrics(client, root)
+    return Target(base, root, model, OURS in metrics, health, models)
+
+
+def _get_json(client: httpx.Client, url: str) -> Any:
+    try:
+        r = client.get(url)
+        return {"status_code": r.status_code, "body": r.json()}
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def scrape_metrics(client: httpx.Client, root: str) -> dict[str, float]:
+    """`GET {root}/metrics` as {'name{labels}': value}; {} when the server has none or it cannot be read."""
+    try:
+        r = client.get(f"{root}/metrics")
+    except httpx.HTTPError:
+        return {}
+    if r.status_code != 200:
+        return {}
+    out = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def load_prompt_tokenizer(checkpoint: str | None, target: Target):
+    """The tokenizer prompts are sized with: `checkpoint` (a local folder, or a hub repo id whose tokenizer.json is
+    fetched), else this project's server's own checkpoint folder when it exists here. Returns (tokenizer, source).
+    Raises TargetError when there is none."""
+    from model.tokenizer import GemmaTokenizer
+
+    if checkpoint is None and target.ours:
+        body = (target.health or {}).get("body") or {}
+        path = (body.get("checkpoint") or {}).get("path")
+        if path and (Path(path) / "tokenizer.json").is_file():
+            return GemmaTokenizer.from_dir(path), path
+    if checkpoint is None:
+        raise TargetError("--target: pass --checkpoint naming the served model's tokenizer (a folder, repo id or "
+                          "builtin:NAME); exact input sizes are built with it and checked against the server's usage")  # fmt: skip
+    if Path(checkpoint).is_dir():
+        return GemmaTokenizer.from_dir(checkpoint), str(checkpoint)
+    from huggingface_hub import hf_hub_download
+
+    try:
+        file = hf_hub_download(checkpoint, "tokenizer.json")
+    except Exception as exc:  # noqa: BLE001  (hub errors are many; one line says which)
+        raise TargetError(f"--checkpoint {checkpoint}: cannot fetch its tokenizer.json ({type(exc).__name__})") from None
+    return GemmaTokenizer.from_dir(Path(file).parent), checkpoint
+
+
+# ---- one request ----------------------------------------------------------------------------------------------------
+class Streamed:
+    """What one streamed answer delivered: request start / end and content-chunk arrival times (ns), the text, the
+    streamed ids (None when the server sends none), usage, the server's degeneracy verdict (None if none)."""
+
+    def __init__(self) -> None:
+        self.t_start = self.t_end = 0
+        self.t_content: list[int] = []
+        self.text = ""
+        self.token_ids: list[int] | None = None
+        self.usage: dict[str, Any] | None = None
+        self.verdict: dict[str, Any] | None = None
+
+
+def stream_chat(client: httpx.Client, target: Target, text: str, max_tokens: int) -> Streamed:
+    """One streamed chat completion of `text`, timed. Raises TargetError for an error status or an error event."""
+    payload = {
+        "model": target.model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+        "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+    }  # fmt: skip
+    out = Streamed()
+    out.t_start = time.perf_counter_ns()
+    with client.stream("POST", f"{target.base}/chat/completions", json=payload) as r:
+        if r.status_code != 200:
+            raise TargetError(f"{target.base}/chat/completions answered {r.status_code}: {r.read().decode()[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            t = time.perf_counter_ns()
+            obj = json.loads(data)
+            if "error" in obj:
+                raise TargetError(f"the server reported an error mid-stream: {obj['error']}"[:300])
+            out.usage = obj.get("usage") or out.usage
+            out.verdict = obj.get("degenerate") or out.verdict
+            for choice in obj.get("choices") or []:
+                content = (choice.get("delta") or {}).get("content") or ""
+                ids = choice.get("token_ids")
+                if content or ids:
+                    out.t_content.append(t)
+                    out.text += content
+                if ids:
+                    out.token_ids = (out.token_ids or []) + list(ids)
+    out.t_end = time.perf_counter_ns()
+    return out
+
+
+def measure_remote(client: httpx.Client, target: Target, tokenizer, prompt, max_new_tokens: int, *, kind: str,
+                   repeat: int) -> tuple[Sample, float | None]:  # fmt: skip
+    """Measure one request of `prompt` (a bench.prompts.Prompt). Returns (Sample, server-side gauge tok/s or None).
+    Raises TargetError when the server's prompt count differs from the prompt's exact size, or no usage/content."""
+    before = scrape_metrics(client, target.root) if target.ours else {}
+    s = stream_chat(client, target, prompt.text, max_new_tokens)
+    after = scrape_metrics(client, target.root) if target.ours else {}
+    if not s.usage or "prompt_tokens" not in s.usage or "completion_tokens" not in s.usage:
+        raise TargetError("the server sent no usage (prompt_tokens, completion_tokens): cannot check the input size")
+    if s.usage["prompt_tokens"] != prompt.n_tokens:
+        raise TargetError(f"the server counted {s.usage['prompt_tokens']} prompt tokens for a prompt of exactly "
+                          f"{prompt.n_tokens}: its tokenizer or chat template differs; pass the served model's "
+                          "tokenizer with --checkpoint")  # fmt: skip
+    if not s.t_content:
+        raise TargetError("no streamed chunk carried content")
+    n = int(s.usage["completion_tokens"])
+    ids = s.token_ids if s.token_ids is not None else tokenizer.encode(s.text)
+    verdict = check_degenerate(ids)
+    degenerate, reason = verdict.degenerate, verdict.reason
+    if s.verdict and s.verdict.get("degenerate"):
+        degenerate, reason = True, reason or f"server: {s.verdict.get('reason')}"
+    ttft_ms = (s.t_content[0] - s.t_start) / 1e6
+    e2e_ms = (s.t_end - s.t_start) / 1e6
+    decode_ms = (s.t_content[-1] - s.t_content[0]) / 1e6 if len(s.t_content) > 1 else None
+    traces = int(after.get(TRACES, 0) - before.get(TRACES, 0)) if target.ours else 0
+    sample = Sample(
+        input_tokens=int(s.usage["prompt_tokens"]), kind=kind, repeat=repeat, ttft_ms=ttft_ms, prefill_ms=None,
+        decode_ms=decode_ms, e2e_ms=e2e_ms,
+        gauge_tok_s=(n - 1) / (decode_ms / 1e3) if decode_ms and n > 1 else None,
+        e2e_tok_s=n / (e2e_ms / 1e3), tpot_ms=(e2e_ms - ttft_ms) / (n - 1) if n > 1 else None,
+        generated_tokens=n, compile_events=traces, degenerate=degenerate, degenerate_reason=reason,
+        step_ms=[(b - a) / 1e6 for a, b in zip(s.t_content, s.t_content[1:])], token_ids=list(ids),
+    )  # fmt: skip
+    return sample, after.get(GAUGE_LAST)
+
+
+# ---- the sweep --------------------------------------------------------------------------------------------------------
+def run_remote_sweep(client: httpx.Client, target: Target, tokenizer, config, run, prompts: dict, *,
+                     progress: Callable[[str], None] = lambda _: None, skip: Sequence[int] = (),
+                     server_gauges: dict[str, Any] | None = None) -> list[CellRow]:  # fmt: skip
+    """`bench.sweep.run_sweep` through the target: cold (first request of this sweep), per cell a warm-up and
+    `config.repeats` timed requests, one CellRow per cell written to `run`. A failing cell is recorded as failed
+    and the sweep goes on. `server_gauges` collects this project's server-side gauges per cell (timed repeats)."""
+    body = (target.health or {}).get("body") or {}
+    buckets = body.get("buckets") if target.ours else None
+    rows, cold_done, t0 = [], False, time.perf_counter()
+    todo = [n for n in config.inputs if n not in set(skip)]
+    for index, n in enumerate(todo, 1):
+        bucket = next((b for b in buckets if b >= n), None) if buckets else None
+        where = f"cell {index}/{len(todo)}: {n} input tokens via {target.base}"
+        samples, gauges = [], []
+        try:
+            steps = ([("cold", 0)] if not cold_done else []) + [("warmup", 0)] + [("timed", r) for r in range(config.repeats)]
+            for kind, r in steps:
+                progress(f"{where}: {kind} {r + 1 if kind == 'timed' else ''} [{time.perf_counter() - t0:.1f} s]")
+                sample, gauge = measure_remote(client, target, tokenizer, prompts[n], config.max_new_tokens,
+                                               kind=kind, repeat=r)  # fmt: skip
+                samples.append(sample)
+                cold_done = True
+                if kind == "timed":
+                    gauges.append(gauge)
+            row = summarize_cell(samples, max_new_tokens=config.max_new_tokens, bucket=bucket, input_tokens=n)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001  (one failing cell must not lose the others)
+            message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+            progress(f"{where}: FAILED ({message})")
+            row = failed_cell(n, message, bucket=bucket, max_new_tokens=config.max_new_tokens, repeats=config.repeats)
+        run.append_samples(samples)
+        run.append_cell(row)
+        if server_gauges is not None and target.ours:
+            known = [g for g in gauges if g is not None]
+            server_gauges[str(n)] = {"timed": gauges, "median": statistics.median(known) if known else None}
+        server = (server_gauges or {}).get(str(n))
+        run.log(f"{where}: {'valid' if row.valid else 'INVALID: ' + str(row.invalid_reason)}; client gauge "
+                f"{row.gauge_tok_s_median} tok/s, e2e {row.e2e_tok_s_median} tok/s"
+                + (f", server gauge {server['median']} tok/s" if server else ""))  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def remote_manifest(target: Target, config, tokenizer_source: str) -> dict[str, Any]:
+    """The run's manifest: this client's host and versions; the server's build id, device, dtype policy and
+    checkpoint where it reports them (this project's /health), else nulls; the target under key `target`."""
+    from bench.environment import device_slug, git_state, host_facts, package_versions, python_command_line
+
+    h = ((target.health or {}).get("body") or {}) if target.ours else {}
+    dev, pol, ck, cc = h.get("device") or {}, h.get("dtype_policy"), h.get("checkpoint") or {}, h.get("compile_cache") or {}
+    slug = ("cpu" if dev.get("platform") == "cpu" else device_slug(dev.get("device_kind"))) if dev else "remote"
+    engine_config = {
+        "target": target.base, "model": target.model, "server": target.kind, "buckets": h.get("buckets"),
+        "max_length": h.get("max_length"), "max_new_tokens": config.max_new_tokens, "repeats": config.repeats,
+        "inputs": list(config.inputs), "batch": 1, "sampling": "greedy (temperature 0)",
+        "quantization": h.get("quantization"), "eos": "ignored while benchmarking (ignore_eos sent)",
+        "prompt_tokenizer": tokenizer_source, "timing": "client-side, streamed; TTFT to the first content chunk",
+        "compile_events": "from the server's /metrics" if target.ours else "not observable: recorded as 0",
+    }  # fmt: skip
+    return {
+        "command_line": python_command_line(), "build_id": h.get("build_id"), "git": git_state(Path(__file__).parents[1]),
+        "versions": package_versions(), "host": host_facts(),
+        "device": dict(dev, slug=slug, where="the target server" if dev else "unknown (not reported by the target)"),
+        "dtype_policy": ({"compute_dtype": pol.get("compute"), "weights": pol.get("weights"),
+                          "activations": pol.get("activations"), "kv_cache": pol.get("kv_cache"),
+                          "pre_ampere": pol.get("pre_ampere"), "line": pol.get("line")} if pol else None),
+        "checkpoint": {"id": ck.get("id") or target.model, "path": ck.get("path"), "content_hash": ck.get("content_hash"),
+                       "weight_bytes": ck.get("weight_bytes")},
+        "engine_config": engine_config,
+        "compile_cache": {"dir": cc.get("dir"), "hits": None, "misses": None},
+        "target": target.describe(),
+    }  # fmt: skip
+
+
+def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None, runs_dir: Path, name: str | None,
+                 resume: Path | None = None, progress: Callable[[str], None] = lambda _: None):  # fmt: skip
+    """The whole `bench sweep --target` job: describe the target, size every prompt, create (or resume) the run
+    folder (label `name`; None: "sweep", suffixed -2, -3, ... when taken), measure, mark it complete or
+    incomplete. Returns the RunFolder. Raises TargetError / InputError /
+    RunFolderError before anything is measured for a bad target, model, tokenizer, size or folder."""
+    from bench.prompts import exact_prompt
+    from bench.runs import create_run, free_label, open_run
+
+    with httpx.Client(timeout=TIMEOUT) as client:
+        target = describe_target(client, url, model)
+        tokenizer, source = load_prompt_tokenizer(checkpoint, target)
+        limit = (((target.health or {}).get("body") or {}).get("buckets") or [None])[-1] if target.ours else None
+        if limit is not None and max(config.inputs) > limit:
+            raise TargetError(f"--inputs {max(config.inputs)}: above the server's maximum prompt length {limit}")
+        prompts = {n: exact_prompt(tokenizer, n) for n in config.inputs}
+        manifest = remote_manifest(target, config, source)
+        if resume is not None:
+            run = open_run(resume)
+            if run.status == "complete":
+                raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
+            run.resume()
+        else:
+            slug = manifest["device"]["slug"]
+            run = create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
+        progress(f"run folder: {run.path}; target {target.base} ({target.kind}), model {target.model}")
+        metrics0 = scrape_metrics(client, target.root) if target.ours else {}
+        gauges: dict[str, Any] = {}
+        if resume is not None and (run.path / "target.json").is_file():
+            gauges.update(run.read_json("target.json").get("server_gauge_tok_s") or {})
+        status = "incomplete"
+        try:
+            run_remote_sweep(client, target, tokenizer, config, run, prompts, progress=progress,
+                             skip=run.finished_inputs(), server_gauges=gauges)  # fmt: skip
+            status = "complete"
+        finally:
+            if target.ours:
+                m = scrape_metrics(client, target.root)
+                delta = {k: int(m.get(f"gemma4_bench_compile_cache_{k}_total", 0)
+                                - metrics0.get(f"gemma4_bench_compile_cache_{k}_total", 0)) for k in ("hits", "misses")}  # fmt: skip
+                run.update_manifest(compile_cache=dict(manifest["compile_cache"], **delta))
+            run.write_json("target.json", target.describe() | {"server_gauge_tok_s": gauges})
+            run.finish(status)
+    return run

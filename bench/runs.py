@@ -1,0 +1,566 @@
+"""The run folder (schema version 1): how a sweep or profile is archived, read back, validated, listed, resumed.
+
+A run folder `runs/<YYYY-MM-DD>-<label>-<device_slug>/` holds:
+
+| file | written | content |
+|---|---|---|
+| `manifest.json` | at creation, on updates, at the end | who/what/where: see `MANIFEST_FIELDS` |
+| `cells.jsonl`, `cells.csv` | rewritten whole as each cell ends | one `CellRow` per input size (two formats) |
+| `samples.jsonl` | rewritten whole as each cell's samples arrive | one `Sample` per request (cold, warmup, timed) |
+| `profile.json` | by `bench profile` / the importer | device-time categories, totals, roofline |
+| `run.log` | appended line by line | the human log of the run |
+
+Every JSON/CSV write goes to a temporary file in the same folder and is moved into place with `os.replace`, so a
+reader sees either the old file or the new one, never half of one. A process killed at any moment therefore
+leaves every finished cell readable and a manifest whose status is still `running` (or `incomplete` when the
+sweep could say so); only `finish("complete")` marks a run complete. `run.log` is appended (one write per line),
+so at worst its last line is cut.
+
+Order of writes for a cell: `append_samples` first, then `append_cell`: a cell row never exists without its samples.
+
+Definitions of every number: `../shared/measurement.md`. Errors: `RunFolderError` for a folder that is missing,
+exists already, is unwritable, corrupt or of another schema version; `InputError` for a bad label.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as dt
+import io
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from bench.errors import InputError, RunFolderError
+from bench.records import (  # noqa: F401  (CellRow, Sample, summarize_cell, failed_cell are part of this API)
+    CellRow,
+    Sample,
+    as_sample,
+    conforms,
+    failed_cell,
+    row_from_dict,
+    row_problems,
+    summarize_cell,
+)
+
+SCHEMA_VERSION = 1
+STATUSES = ("running", "complete", "incomplete", "failed")
+PROVENANCES = ("measured", "published")
+MANIFEST, CELLS_JSONL, CELLS_CSV, SAMPLES, PROFILE, LOG = (
+    "manifest.json", "cells.jsonl", "cells.csv", "samples.jsonl", "profile.json", "run.log",
+)  # fmt: skip
+_NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+# ---- manifest schema -------------------------------------------------------------------------------------------
+_NULL = type(None)
+MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "schema_version": (int,),
+    "name": (str,),
+    "status": (str,),  # one of STATUSES
+    "provenance": (dict,),  # {"kind": "measured"|"published", "source": str|None}
+    "started_at": (str, _NULL),  # ISO 8601, UTC
+    "ended_at": (str, _NULL),
+    "command_line": (list, str, _NULL),
+    "build_id": (str, _NULL),  # environment.build_id: 12 hex chars
+    "git": (dict,),  # {"commit": str|None, "dirty": bool|None}
+    "versions": (dict,),  # {"python": ..., "jax": ..., ...}: environment.package_versions
+    "device": (dict,),  # environment.device_facts (+ free-form notes)
+    "host": (dict,),  # environment.host_facts (+ "description" for published hosts)
+    "dtype_policy": (dict, _NULL),  # {"compute_dtype", "weights", "activations", "kv_cache", ...}
+    "checkpoint": (dict,),  # {"id", "path", "content_hash", "weight_bytes"}
+    "engine_config": (dict,),  # buckets, max length, quantization/layout, cache dtype, ...
+    "compile_cache": (dict,),  # {"dir", "hits", "misses"}
+}
+"""Required top-level manifest keys and their JSON types (None = null allowed). Extra keys are allowed."""
+
+MANIFEST_NESTED: dict[str, dict[str, tuple[type, ...]]] = {
+    "provenance": {"kind": (str,), "source": (str, _NULL)},
+    "git": {"commit": (str, _NULL), "dirty": (bool, _NULL)},
+    "checkpoint": {
+        "id": (str, _NULL), "path": (str, _NULL), "content_hash": (str, _NULL), "weight_bytes": (int, _NULL),
+    },  # fmt: skip
+    "compile_cache": {"dir": (str, _NULL), "hits": (int, _NULL), "misses": (int, _NULL)},
+}
+"""Required keys inside the nested manifest objects."""
+
+
+def _json_type_ok(value: Any, allowed: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in allowed:
+        return False
+    return isinstance(value, allowed)
+
+
+def manifest_problems(manifest: Any) -> list[str]:
+    """Problems of a parsed manifest against schema version 1 (each prefixed with `manifest.json`)."""
+    if not isinstance(manifest, dict):
+        return [f"{MANIFEST}: expected a JSON object, got {type(manifest).__name__}"]
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        return [f"{MANIFEST}: schema_version {version!r} is not supported (this harness reads {SCHEMA_VERSION})"]
+    problems = []
+    for key, allowed in MANIFEST_FIELDS.items():
+        if key not in manifest:
+            problems.append(f"{MANIFEST}: missing key {key!r}")
+        elif not _json_type_ok(manifest[key], allowed):
+            names = "/".join("null" if t is _NULL else t.__name__ for t in allowed)
+            problems.append(f"{MANIFEST}: key {key!r} should be {names}, got {type(manifest[key]).__name__}")
+    for key, fields in MANIFEST_NESTED.items():
+        sub = manifest.get(key)
+        if not isinstance(sub, dict):
+            continue
+        for field, allowed in fields.items():
+            if field not in sub:
+                problems.append(f"{MANIFEST}: missing key {key}.{field}")
+            elif not _json_type_ok(sub[field], allowed):
+                problems.append(f"{MANIFEST}: key {key}.{field} has the wrong type ({type(sub[field]).__name__})")
+    if manifest.get("status") not in STATUSES:
+        problems.append(f"{MANIFEST}: status {manifest.get('status')!r} is not one of {STATUSES}")
+    kind = (manifest.get("provenance") or {}).get("kind") if isinstance(manifest.get("provenance"), dict) else None
+    if kind not in PROVENANCES:
+        problems.append(f"{MANIFEST}: provenance.kind {kind!r} is not one of {PROVENANCES}")
+    elif kind == "published" and not manifest["provenance"].get("source"):
+        problems.append(f"{MANIFEST}: a published run must name its source (provenance.source)")
+    return problems
+
+
+def _default_manifest(name: str) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION, "name": name, "status": "running",
+        "provenance": {"kind": "measured", "source": None},
+        "started_at": now_iso(), "ended_at": None, "command_line": None, "build_id": None,
+        "git": {"commit": None, "dirty": None}, "versions": {}, "device": {}, "host": {}, "dtype_policy": None,
+        "checkpoint": {"id": None, "path": None, "content_hash": None, "weight_bytes": None},
+        "engine_config": {}, "compile_cache": {"dir": None, "hits": None, "misses": None},
+    }  # fmt: skip
+
+
+def now_iso() -> str:
+    """Current UTC time, ISO 8601 to the second (what manifest times use)."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ---- atomic files ----------------------------------------------------------------------------------------------
+def _atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` via a temporary file in the same folder and `os.replace` (RunFolderError on OSError)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunFolderError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+def _jsonl(rows: Iterable[Mapping[str, Any]]) -> str:
+    return "".join(json.dumps(r, allow_nan=False, separators=(",", ":")) + "\n" for r in rows)
+
+
+def _cells_csv(rows: list[CellRow]) -> str:
+    """CSV mirror of cells.jsonl: empty for null, lists as JSON text (pandas reads it with `read_csv`)."""
+    out = io.StringIO()
+    names = [f.name for f in dataclasses.fields(CellRow)]
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(names)
+    for row in rows:
+        d = row.to_dict()
+        writer.writerow(["" if d[k] is None else json.dumps(d[k]) if isinstance(d[k], list) else d[k] for k in names])
+    return out.getvalue()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunFolderError(f"{path}: unreadable ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise RunFolderError(f"{path}: corrupt JSON (line {exc.lineno}: {exc.msg})") from None
+
+
+def _read_jsonl(path: Path, cls: type) -> list[Any]:
+    if not path.exists():
+        return []
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RunFolderError(f"{path} line {lineno}: corrupt JSON ({exc.msg})") from None
+        rows.append(row_from_dict(cls, obj, f"{path} line {lineno}"))
+    return rows
+
+
+# ---- the folder --------------------------------------------------------------------------------------------------
+class RunFolder:
+    """An open run folder. Create one with `create_run`, open an existing one with `open_run`.
+
+    `manifest` is the parsed manifest.json (updated in place by the writers below).
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any]):
+        self.path = path
+        self.manifest = manifest
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r}, status={self.status!r})"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def status(self) -> str:
+        return self.manifest.get("status", "?")
+
+    @property
+    def provenance(self) -> str:
+        return (self.manifest.get("provenance") or {}).get("kind", "?")
+
+    # -- writing --
+    def _write_manifest(self) -> None:
+        _atomic_write(self.path / MANIFEST, _dumps(self.manifest))
+
+    def update_manifest(self, **fields: Any) -> None:
+        """Set top-level manifest keys (e.g. compile_cache=..., build_id=...) and rewrite manifest.json atomically.
+        ValueError (and nothing written) when the result breaks the schema."""
+        problems = manifest_problems({**self.manifest, **fields})
+        if problems:
+            raise ValueError(f"update_manifest: {problems[0]}")
+        self.manifest.update(fields)
+        self._write_manifest()
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        """Write `obj` as `<folder>/<name>` atomically (e.g. "profile.json"). Returns the path."""
+        if "/" in name or name.startswith(".") or name == MANIFEST:
+            raise ValueError(f"write_json: {name!r} is not a plain file name (use update_manifest for the manifest)")
+        path = self.path / name
+        _atomic_write(path, _dumps(obj))
+        return path
+
+    def append_cell(self, row: CellRow) -> None:
+        """Add (or replace, same input_tokens) one cell row; rewrites cells.jsonl and cells.csv whole, atomically."""
+        problems = row_problems(CellRow, row.to_dict())
+        if problems:
+            raise ValueError(f"append_cell: {problems[0]}")
+        rows = {r.input_tokens: r for r in self.cells()}
+        rows[row.input_tokens] = row
+        ordered = [rows[k] for k in sorted(rows)]
+        _atomic_write(self.path / CELLS_JSONL, _jsonl(r.to_dict() for r in ordered))
+        _atomic_write(self.path / CELLS_CSV, _cells_csv(ordered))
+
+    def append_samples(self, rows: Iterable[Sample | Mapping[str, Any]]) -> None:
+        """Append request samples; samples.jsonl is rewritten whole, atomically (old rows plus the new ones)."""
+        if self.provenance == "published":
+            raise RunFolderError(f"{self.path}: a published run holds no raw samples")
+        new = [as_sample(r).to_dict() for r in rows]
+        for row in new:
+            problems = row_problems(Sample, row)
+            if problems:
+                raise ValueError(f"append_samples: {problems[0]}")
+        path = self.path / SAMPLES
+        old = path.read_text(encoding="utf-8") if path.exists() else ""
+        if old and not old.endswith("\n"):
+            old += "\n"
+        _atomic_write(path, old + _jsonl(new))
+
+    def log(self, line: str) -> None:
+        """Append one timestamped line to run.log."""
+        try:
+            with open(self.path / LOG, "a", encoding="utf-8") as fh:
+                fh.write(f"{now_iso()} {line.rstrip()}\n")
+        except OSError as exc:
+            raise RunFolderError(f"{self.path / LOG}: cannot append ({exc.strerror or exc})") from None
+
+    def finish(self, status: str) -> None:
+        """Set the final status ("complete", "incomplete" or "failed") and ended_at; rewrite the manifest."""
+        if status not in STATUSES or status == "running":
+            raise ValueError(f"finish: status must be complete, incomplete or failed, got {status!r}")
+        self.manifest["status"] = status
+        if self.provenance == "measured":
+            self.manifest["ended_at"] = now_iso()
+        self._write_manifest()
+        self.log(f"run {status}")
+
+    def resume(self) -> None:
+        """Mark an interrupted run as running again (RunFolderError for a complete or published run)."""
+        if self.status == "complete" or self.provenance == "published":
+            raise RunFolderError(
+                f"{self.path}: run is {self.status} ({self.provenance}); nothing to resume, start a new run with --name"
+            )
+        self.manifest["status"] = "running"
+        self.manifest["ended_at"] = None
+        self._write_manifest()
+        cells = self.cells()
+        if cells:  # a kill between the two cell files can leave the CSV mirror one row behind
+            _atomic_write(self.path / CELLS_CSV, _cells_csv(cells))
+        self.log(f"resumed; finished inputs: {self.finished_inputs()}")
+
+    # -- reading --
+    def cells(self) -> list[CellRow]:
+        """The cell rows, sorted by input_tokens (RunFolderError naming file and line on a bad row)."""
+        return _read_jsonl(self.path / CELLS_JSONL, CellRow)
+
+    def samples(self) -> list[Sample]:
+        """Every recorded request (empty for published runs, which hold none)."""
+        return _read_jsonl(self.path / SAMPLES, Sample)
+
+    def finished_inputs(self) -> list[int]:
+        """Input sizes that already have a cell row (ok or failed): what `--resume` skips."""
+        return [r.input_tokens for r in self.cells()]
+
+    def read_json(self, name: str) -> Any:
+        """Parse `<folder>/<name>` (RunFolderError naming the file when missing or corrupt)."""
+        return _read_json(self.path / name)
+
+    def profile(self) -> dict[str, Any] | None:
+        """profile.json, or None when the run has none (RunFolderError when corrupt or of another version)."""
+        if not (self.path / PROFILE).exists():
+            return None
+        prof = self.read_json(PROFILE)
+        problems = profile_problems(prof)
+        if problems:
+            raise RunFolderError(f"{self.path}: {problems[0]}")
+        return prof
+
+
+def profile_problems(prof: Any) -> list[str]:
+    """Problems of a parsed profile.json: an object, schema_version 1, categories {name: {"pct": number|null}}."""
+    if not isinstance(prof, dict):
+        return [f"{PROFILE}: expected a JSON object"]
+    if prof.get("schema_version") != SCHEMA_VERSION:
+        version = prof.get("schema_version")
+        return [f"{PROFILE}: schema_version {version!r} is not supported (expected {SCHEMA_VERSION})"]
+    problems = []
+    cats = prof.get("categories", {})
+    if not isinstance(cats, dict):
+        problems.append(f"{PROFILE}: categories should be an object")
+    else:
+        for name, cat in cats.items():
+            if not isinstance(cat, dict) or not conforms(cat.get("pct"), float | None):
+                problems.append(f"{PROFILE}: category {name!r} should be {{'pct': number|null, ...}}")
+    for key in ("totals", "roofline"):
+        if key in prof and not isinstance(prof[key], dict):
+            problems.append(f"{PROFILE}: {key} should be an object")
+    return problems
+
+
+def run_name(label: str, device_slug: str, date: dt.date | str | None = None) -> str:
+    """`<YYYY-MM-DD>-<label>-<device_slug>` (InputError for a label or slug that is not a plain name)."""
+    for what, value in (("label", label), ("device slug", device_slug)):
+        if not _NAME_PART.fullmatch(value or ""):
+            raise InputError(f"run {what} {value!r}: use letters, digits, '.', '_' or '-' (e.g. --name my-test)")
+    day = date or dt.date.today()
+    day = day.isoformat() if isinstance(day, dt.date) else str(day)
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", day):
+        raise InputError(f"run date {day!r}: expected YYYY-MM-DD")
+    return f"{day}-{label}-{device_slug}"
+
+
+def _unwritable(root: Path, exc: OSError) -> RunFolderError:
+    return RunFolderError(f"runs folder {root} is not writable ({exc.strerror or exc}); pass --runs-dir DIR")
+
+
+def free_label(runs_dir: str | Path, label: str, device_slug: str, date: dt.date | str | None = None) -> str:
+    """`label`, or `label-2`, `label-3`, ... : the first whose run folder does not exist yet in `runs_dir`.
+
+    For default labels only (a user who names a run explicitly gets the clash error instead of a surprise)."""
+    candidate, k = label, 2
+    while (Path(runs_dir) / run_name(candidate, device_slug, date)).exists():
+        candidate, k = f"{label}-{k}", k + 1
+    return candidate
+
+
+def create_run(
+    runs_dir: str | Path, label: str, device_slug: str, manifest: Mapping[str, Any], *,
+    date: dt.date | str | None = None,
+) -> RunFolder:  # fmt: skip
+    """Create `runs_dir/<date>-<label>-<device_slug>/` with a manifest (status "running") and an empty run.log.
+
+    `manifest` gives any of `MANIFEST_FIELDS` (plus extra keys); missing ones get defaults (provenance measured,
+    started_at now, the rest null/empty). Raises RunFolderError when the folder exists (never overwrites) or the
+    runs folder cannot be written, InputError for a bad label, ValueError when `manifest` breaks the schema.
+    """
+    name = run_name(label, device_slug, date)
+    full = _default_manifest(name)
+    full.update(manifest)
+    full.update(schema_version=SCHEMA_VERSION, name=name, status="running")
+    problems = manifest_problems(full)
+    if problems:
+        raise ValueError(f"create_run: {problems[0]}")
+    root = Path(runs_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _unwritable(root, exc) from None
+    path = root / name
+    try:
+        path.mkdir()
+    except FileExistsError:
+        raise RunFolderError(
+            f"run {path} already exists; choose another --name, or continue it with --resume {path}"
+        ) from None
+    except OSError as exc:
+        raise _unwritable(root, exc) from None
+    run = RunFolder(path, full)
+    run._write_manifest()
+    (path / LOG).touch()
+    return run
+
+
+def open_run(path: str | Path) -> RunFolder:
+    """Open an existing run folder: its manifest must parse and have schema version 1 and the required keys.
+
+    Raises RunFolderError (naming the folder and file) when the folder or manifest is missing, corrupt, of an
+    unknown schema version, or breaks the schema. Cells and samples are read on demand.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise RunFolderError(f"{p}: no such run folder")
+    manifest = _read_json(p / MANIFEST)
+    problems = manifest_problems(manifest)
+    if problems:
+        raise RunFolderError(f"{p}: {problems[0]}")
+    return RunFolder(p, manifest)
+
+
+def open_complete_run(path: str | Path) -> RunFolder:
+    """`open_run`, then check that the run is complete and that its cells and profile read cleanly.
+
+    What the report and compare accept. Raises RunFolderError naming the folder and the reason (status not
+    complete, a corrupt cells.jsonl line, a bad profile.json, ...).
+    """
+    run = open_run(path)
+    if run.status != "complete":
+        raise RunFolderError(f"{run.path}: status is {run.status!r}, not complete (an interrupted or failed run)")
+    run.cells()
+    run.profile()
+    return run
+
+
+def resolve_run(ref: str | Path, runs_dir: str | Path = "runs") -> Path:
+    """A run given as a path or as a folder name inside `runs_dir` (RunFolderError naming both places)."""
+    p = Path(ref)
+    if p.is_dir():
+        return p
+    q = Path(runs_dir) / str(ref)
+    if q.is_dir():
+        return q
+    raise RunFolderError(f"run {ref!r} not found (neither a folder nor a run in {runs_dir}/); see `bench runs list`")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """One line of `bench runs list`. `problem` is set (and the rest mostly None) for a folder that cannot be read."""
+
+    name: str
+    path: Path
+    status: str | None
+    provenance: str | None
+    device: str | None
+    build_id: str | None
+    started_at: str | None
+    cells: int | None
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def list_runs(runs_dir: str | Path) -> list[RunSummary]:
+    """Every sub-folder of `runs_dir` (sorted by name), bad ones included with `problem` saying why.
+
+    Raises RunFolderError when `runs_dir` itself does not exist. Never raises for a bad run folder.
+    """
+    root = Path(runs_dir)
+    if not root.is_dir():
+        raise RunFolderError(f"runs folder {root} does not exist; pass --runs-dir DIR")
+    out = []
+    for p in sorted(q for q in root.iterdir() if q.is_dir() and not q.name.startswith(".")):
+        try:
+            run = open_run(p)
+            ncells = len(run.cells())
+        except RunFolderError as exc:
+            out.append(RunSummary(p.name, p, None, None, None, None, None, None, problem=str(exc)))
+            continue
+        m = run.manifest
+        out.append(
+            RunSummary(
+                p.name, p, run.status, run.provenance, (m.get("device") or {}).get("device_kind"),
+                m.get("build_id"), m.get("started_at"), ncells,
+            )  # fmt: skip
+        )
+    return out
+
+
+def validate_run(path: str | Path) -> list[str]:
+    """Every problem of a run folder against schema version 1; an empty list means valid.
+
+    Checks the manifest (keys, types, status, provenance), each cells.jsonl and samples.jsonl line, that
+    cells.csv exists and (in a complete run) mirrors cells.jsonl, that a complete run has cells, that a published run has no samples, and
+    profile.json when present. Each problem names its file (and line). Never raises for a bad folder.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        return [f"{p}: no such run folder"]
+    try:
+        manifest = _read_json(p / MANIFEST)
+    except RunFolderError as exc:
+        return [str(exc).replace(f"{p}/", "")]
+    problems = manifest_problems(manifest)
+    if problems and "schema_version" in problems[0]:
+        return problems
+    published = isinstance(manifest.get("provenance"), dict) and manifest["provenance"].get("kind") == "published"
+
+    for fname, cls in ((CELLS_JSONL, CellRow), (SAMPLES, Sample)):
+        fpath = p / fname
+        if not fpath.exists():
+            continue
+        seen: set[Any] = set()
+        for lineno, line in enumerate(fpath.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                problems.append(f"{fname} line {lineno}: corrupt JSON ({exc.msg})")
+                continue
+            problems += [f"{fname} line {lineno}: {msg}" for msg in row_problems(cls, obj)]
+            if cls is CellRow and isinstance(obj, dict):
+                if obj.get("input_tokens") in seen:
+                    problems.append(f"{fname} line {lineno}: duplicate cell for input_tokens={obj['input_tokens']}")
+                seen.add(obj.get("input_tokens"))
+        if cls is CellRow:
+            csv_path = p / CELLS_CSV
+            if not csv_path.exists():
+                problems.append(f"{CELLS_CSV}: missing (it mirrors {CELLS_JSONL})")
+            else:
+                with open(csv_path, encoding="utf-8", newline="") as fh:
+                    n_csv = sum(1 for _ in csv.DictReader(fh))
+                if n_csv != len(seen) and manifest.get("status") == "complete":  # a kill may leave it one behind
+                    problems.append(f"{CELLS_CSV}: {n_csv} rows but {CELLS_JSONL} has {len(seen)}")
+    if manifest.get("status") == "complete" and not (p / CELLS_JSONL).exists() and not (p / PROFILE).exists():
+        problems.append(f"{CELLS_JSONL}: missing in a complete run (and no {PROFILE} either)")
+    if published and (p / SAMPLES).exists():
+        problems.append(f"{SAMPLES}: a published run must not hold raw samples (it never had any)")
+    if (p / PROFILE).exists():
+        try:
+            problems += profile_problems(_read_json(p / PROFILE))
+        except RunFolderError as exc:
+            problems.append(str(exc).replace(f"{p}/", ""))
+    return problems

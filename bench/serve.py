@@ -1,0 +1,694 @@
+"""`bench serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) for the engine, one request at a time.
+
+Endpoints:
+- `POST /v1/completions`, `POST /v1/chat/completions` (Gemma's chat turn format), non-streaming and streaming
+  (server-sent events, `data: {json}` lines ending with `data: [DONE]`). Fields: `model`, `prompt` / `messages`,
+  `max_tokens`, `temperature` (default 1.0, 0 = greedy), `top_p`, `top_k` (0 = off), `seed`, `stop` (a string or a
+  list of up to 4), `stream`, `stream_options.include_usage`, and two vLLM-style extensions: `ignore_eos` (generate
+  exactly `max_tokens`, what a benchmark needs) and `skip_special_tokens` (default true). `n` must be 1.
+- `GET /v1/models`, `GET /health` (503 `{"status": "loading"}` until the model is loaded and every warm-up shape
+  compiled; then 200 with build id, checkpoint, device, dtype policy, quantization, compile cache state),
+  `GET /metrics` (Prometheus text format; names start with `gemma4_bench_`).
+
+Every response is judged by `bench.degeneracy.check_degenerate` on its generated ids. A degenerate one is still
+returned, but carries `"degenerate": {"degenerate": true, "reason": ..., "details": ...}` (the field is on every
+response; in a stream, on the chunk that carries `finish_reason`), the header `X-Degenerate: true` (non-streaming
+responses only: a stream's headers leave before its tokens exist), a warning log line, and a metric count.
+Streamed chunks also carry the ids of their text in `choices[0].token_ids` (an extension, one id per chunk).
+
+Concurrency: the engine is not thread-safe and serves one request at a time. Requests wait in a FIFO queue served
+by one worker thread; tokens reach the event loop through `call_soon_threadsafe`, so streaming never blocks it.
+A request whose client disconnects (mid-stream, or while waiting for a non-streamed answer) is cancelled: the
+engine stops at its next token (`on_token` returns True) and takes the next request.
+
+Timing definitions (../shared/measurement.md): server-side TTFT runs from the arrival of the request at its handler
+(queue wait included) to the first generated id on the host; the decode gauge is (generated - 1) / (last id - first
+id), in tok/s. Each distinct (bucket, max_tokens, greedy or sampling) shape compiles once; name the shapes clients
+will use in `--warmup-shapes` so that no client request pays a compile.
+
+Errors follow OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 for a malformed body or a bad
+field (code `invalid_value`, `context_length_exceeded`, ...), 404 for an unknown model, 503 while loading, 500 for
+anything unexpected (logged; the server keeps serving).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import logging
+import queue
+import random
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from bench.degeneracy import check_degenerate
+from bench.errors import InputError
+
+log = logging.getLogger("bench.serve")
+
+METRIC_PREFIX = "gemma4_bench_"
+RECENT_REQUESTS = 32  # the decode-gauge and TTFT medians in /metrics are over this many latest requests
+MAX_STOP_STRINGS = 4
+
+
+# ---- what the loader hands the server -----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoadedModel:
+    """A loaded engine and the facts /health reports about it.
+
+    checkpoint: {"id", "path", "content_hash", "weight_bytes"}; build_id: environment.build_id of the served
+    payload (None when unknown); compile_cache: {"dir": folder or None}; quantization: "none" or a scheme name.
+    """
+
+    engine: Any  # model.engine.Engine (or anything with its generate/bucket_for/tokenizer/policy/cfg)
+    checkpoint: dict[str, Any]
+    build_id: str | None = None
+    compile_cache: dict[str, Any] = dataclasses.field(default_factory=lambda: {"dir": None})
+    quantization: str = "none"
+
+
+def parse_warmup_shapes(text: str | None) -> tuple[tuple[int, int], ...]:
+    """'41:64,521:64' -> ((41, 64), (521, 64)): (prompt tokens, max_tokens) pairs. Raises InputError."""
+    shapes = []
+    for part in (p.strip() for p in (text or "").split(",")):
+        if not part:
+            continue
+        try:
+            n, m = (int(x) for x in part.split(":"))
+        except ValueError:
+            raise InputError(f"--warmup-shapes {text}: {part!r} is not TOKENS:MAX_TOKENS (e.g. 41:64)") from None
+        if n < 1 or m < 1:
+            raise InputError(f"--warmup-shapes {text}: {part!r} needs positive numbers (e.g. 41:64)")
+        shapes.append((n, m))
+    return tuple(dict.fromkeys(shapes))
+
+
+# ---- OpenAI-style errors ------------------------------------------------------------------------------------------
+class APIError(Exception):
+    """A request the server refuses: HTTP `status` with an OpenAI-style error body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# ---- request bodies -----------------------------------------------------------------------------------------------
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are accepted and ignored
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    logprobs: Any = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]]
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage]
+
+
+DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # OpenAI's legacy completions default is 16
+
+
+# ---- metrics ------------------------------------------------------------------------------------------------------
+class Metrics:
+    """Counters and recent-request gauges, rendered in the Prometheus text format (thread-safe)."""
+
+    def __init__(self, recent: int = RECENT_REQUESTS):
+        self._lock = threading.Lock()
+        self.requests: collections.Counter = collections.Counter()  # (path, status code)
+        self.errors: collections.Counter = collections.Counter()  # error type
+        self.prompt_tokens = self.completion_tokens = self.degenerate = self.cancelled = self.compiled = 0
+        self.completed = 0
+        self.gauges: collections.deque = collections.deque(maxlen=recent)  # tok/s
+        self.ttfts: collections.deque = collections.deque(maxlen=recent)  # seconds
+        self.last_gauge: float | None = None
+        self.last_ttft: float | None = None
+
+    def count_request(self, path: str, status: int) -> None:
+        with self._lock:
+            self.requests[(path, status)] += 1
+
+    def count_error(self, type_: str) -> None:
+        with self._lock:
+            self.errors[type_] += 1
+
+    def record_generation(self, *, prompt_tokens: int, completion_tokens: int, ttft_s: float | None,
+                          gauge_tok_s: float | None, degenerate: bool, cancelled: bool, compile_traces: int) -> None:  # fmt: skip
+        with self._lock:
+            self.completed += 1
+            self.prompt_tokens += prompt_tokens
+            self.completion_tokens += completion_tokens
+            self.degenerate += int(degenerate)
+            self.cancelled += int(cancelled)
+            self.compiled += int(compile_traces > 0)
+            self.last_ttft, self.last_gauge = ttft_s, gauge_tok_s
+            if ttft_s is not None:
+                self.ttfts.append(ttft_s)
+            if gauge_tok_s is not None:
+                self.gauges.append(gauge_tok_s)
+
+    def render(self, *, ready: bool, queue_depth: int, compile_counts: dict[str, int]) -> str:
+        """The Prometheus text exposition (format 0.0.4); names start with METRIC_PREFIX."""
+        c, n = compile_counts, self.gauges.maxlen
+        with self._lock:
+            med_g = statistics.median(self.gauges) if self.gauges else None
+            med_t = statistics.median(self.ttfts) if self.ttfts else None
+            table = [  # (name, type, help, [(labels, value)])
+                ("ready", "gauge", "1 when the model is loaded and warmed up.", [("", int(ready))]),
+                ("queue_depth", "gauge", "Requests waiting for the engine.", [("", queue_depth)]),
+                ("requests_total", "counter", "HTTP requests by path and status code.",
+                 [(f'{{path="{k[0]}",code="{k[1]}"}}', v) for k, v in sorted(self.requests.items())]),
+                ("errors_total", "counter", "Error responses by OpenAI error type.",
+                 [(f'{{type="{k}"}}', v) for k, v in sorted(self.errors.items())]),
+                ("generations_total", "counter", "Generations the engine finished.", [("", self.completed)]),
+                ("prompt_tokens_total", "counter", "Prompt tokens of finished generations.", [("", self.prompt_tokens)]),
+                ("completion_tokens_total", "counter", "Generated tokens.", [("", self.completion_tokens)]),
+                ("degenerate_responses_total", "counter", "Responses the degeneracy check flagged.", [("", self.degenerate)]),
+                ("cancelled_requests_total", "counter", "Generations stopped because the client left.", [("", self.cancelled)]),
+                ("generations_with_compile_total", "counter", "Generations during which something compiled.",
+                 [("", self.compiled)]),
+                ("decode_tokens_per_second", "gauge", f"Gauge decode rate, (generated - 1) / decode time: last request "
+                 f"and median of the last {n}.", [('{stat="last"}', self.last_gauge), ('{stat="median"}', med_g)]),
+                ("ttft_seconds", "gauge", f"Handler arrival to first token on the host: last request and median of the "
+                 f"last {n}.", [('{stat="last"}', self.last_ttft), ('{stat="median"}', med_t)]),
+                ("compile_traces_total", "counter", "jax traces (jit cache misses) in this process.",
+                 [("", c.get("traces", 0))]),
+                ("backend_compiles_total", "counter", "XLA backend compiles in this process.",
+                 [("", c.get("backend_compiles", 0))]),
+                ("compile_cache_hits_total", "counter", "Persistent compilation cache hits.", [("", c.get("cache_hits", 0))]),
+                ("compile_cache_misses_total", "counter", "Persistent compilation cache misses.",
+                 [("", c.get("cache_misses", 0))]),
+            ]  # fmt: skip
+        out = []
+        for name, kind, help_, samples in table:
+            out += [f"# HELP {METRIC_PREFIX}{name} {help_}", f"# TYPE {METRIC_PREFIX}{name} {kind}"]
+            out += [f"{METRIC_PREFIX}{name}{labels} {'NaN' if v is None else _num(v)}" for labels, v in samples]
+        return "\n".join(out) + "\n"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+# ---- the engine worker --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(eq=False)
+class _Job:
+    """One generation for the worker. Events arrive in `events`: ("token", id, t_ns), then ("done", Generation),
+    ("error", exception) or ("skipped",) when the job was cancelled before it started."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: Any
+    stop_at_eos: bool
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def post(self, *item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the event loop is closed (server shutting down): nobody is listening
+            self.cancel.set()
+
+
+class _Worker:
+    """The single thread that owns the engine: takes jobs in FIFO order, one at a time."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.jobs: queue.Queue[_Job | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            if job.cancel.is_set():
+                job.post("skipped")
+                continue
+
+            def on_token(token_id: int, job: _Job = job) -> bool:
+                job.post("token", token_id, time.perf_counter_ns())
+                return job.cancel.is_set()
+
+            try:
+                gen = self.engine.generate(job.prompt_ids, job.max_new_tokens, job.sampling,
+                                           stop_at_eos=job.stop_at_eos, on_token=on_token)  # fmt: skip
+                job.post("done", gen)
+            except Exception as exc:  # noqa: BLE001  (reported to the request; the worker keeps serving)
+                job.post("error", exc)
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout=10)
+
+
+# ---- text assembly: detokenization, stop strings ------------------------------------------------------------------
+class _TextAssembler:
+    """Turns generated ids into text deltas: holds back an incomplete UTF-8 character (at most 4 byte tokens) and
+    any tail that could still become a stop string; truncates at the first stop string (which is not returned).
+    The answer's text is the concatenation of these pieces, streamed or not: `tokenizer.decode(ids)` for valid
+    UTF-8; a run of byte tokens that is not valid UTF-8 may render differently from a one-shot decode."""
+
+    def __init__(self, tokenizer, stops: Sequence[str], skip_special: bool):
+        self.tok, self.stops, self.skip = tokenizer, [s for s in stops if s], skip_special
+        self.text, self.emitted, self.pending = "", 0, []
+        self.consumed = 0  # ids taken into the answer (all of them, or up to the one completing a stop string)
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        """Add one id; returns the text now safe to send (maybe ""). After a stop string, returns "" forever."""
+        if self.stopped:
+            return ""
+        self.consumed += 1
+        self.pending.append(token_id)
+        piece = self.tok.decode(self.pending, skip_special=self.skip)
+        if piece.endswith("\ufffd") and len(self.pending) < 4:
+            return ""
+        self.text += piece
+        self.pending = []
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """The rest of the text at the end of the generation."""
+        if not self.stopped and self.pending:
+            self.text += self.tok.decode(self.pending, skip_special=self.skip)
+            self.pending = []
+        return self._release(final=True)
+
+    def _release(self, *, final: bool) -> str:
+        if self.stopped:
+            return ""
+        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.text, self.stopped = self.text[: min(hits)], True
+            end = len(self.text)
+        else:
+            hold = 0 if final else max((k for s in self.stops for k in range(1, len(s))
+                                        if self.text.endswith(s[:k])), default=0)  # fmt: skip
+            end = len(self.text) - hold
+        delta, self.emitted = self.text[self.emitted : max(end, self.emitted)], max(end, self.emitted)
+        return delta
+
+
+# ---- the application ----------------------------------------------------------------------------------------------
+class _State:
+    def __init__(self, provider, model_name, warmup_shapes):
+        self.provider, self.model_name, self.warmup_shapes = provider, model_name, tuple(warmup_shapes)
+        self.status, self.error = "loading", None
+        self.loaded: LoadedModel | None = None
+        self.worker: _Worker | None = None
+        self.metrics = Metrics()
+        self.warmup_s: float | None = None
+        self.created = int(time.time())
+
+    def load(self) -> None:
+        """Load the model and compile every warm-up shape (runs in a background thread)."""
+        try:
+            loaded = self.provider()
+            t0 = time.perf_counter()
+            for n, m in self.warmup_shapes:
+                log.info(f"warm-up: compiling the shape of {n} prompt tokens, {m} max tokens")
+                loaded.engine.warmup(n, m)
+            self.warmup_s = time.perf_counter() - t0
+            self.loaded = loaded
+            self.model_name = self.model_name or str(loaded.checkpoint.get("id") or "gemma4")
+            self.worker = _Worker(loaded.engine)
+            self.status = "ok"
+            log.info(f"ready: serving model {self.model_name!r}")
+        except Exception as exc:  # noqa: BLE001  (reported by /health; the process stays up to say why)
+            self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.error(f"loading failed: {self.error}")
+
+
+def _compile_counts() -> dict[str, int]:
+    try:
+        from model.engine import CompileCounter
+
+        return CompileCounter.snapshot()
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | None = None,
+               warmup_shapes: Sequence[tuple[int, int]] = ()) -> FastAPI:  # fmt: skip
+    """The FastAPI app. `engine_provider()` is called once, in a background thread started with the server; it
+    returns a `LoadedModel` (or raises: /health then answers 503 with status "failed" and the reason).
+    `model_name`: the id clients must send (default: the checkpoint id). `warmup_shapes`: (prompt tokens,
+    max_tokens) pairs compiled (greedy) before /health reports ready."""
+    state = _State(engine_provider, model_name, warmup_shapes)
+
+    async def lifespan(_app: FastAPI):
+        threading.Thread(target=state.load, name="model-loader", daemon=True).start()
+        yield
+        if state.worker is not None:
+            await asyncio.to_thread(state.worker.stop)
+
+    app = FastAPI(title="gemma4-bench", lifespan=lifespan)
+    app.state.server = state
+    app.add_middleware(_CountRequests, metrics=state.metrics)
+
+    def error_response(exc: APIError) -> JSONResponse:
+        state.metrics.count_error(exc.type)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(APIError)
+    async def on_api_error(_req: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
+        if first.get("type") == "json_invalid":
+            return error_response(APIError(400, "malformed JSON body", code="invalid_json"))
+        message = f"{where or 'body'}: {first.get('msg', 'invalid')}"
+        return error_response(APIError(400, message, param=where, code="invalid_value"))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error while serving a request")
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}", type="server_error"))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.status != "ok":
+            body = {"status": state.status} | ({"error": state.error} if state.error else {})
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(_health_body(state))
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        _require_ready(state)
+        eng = state.loaded.engine
+        return JSONResponse({"object": "list", "data": [{
+            "id": state.model_name, "object": "model", "created": state.created, "owned_by": "gemma4-bench",
+            "max_model_len": eng.max_length, "checkpoint": state.loaded.checkpoint, "build_id": state.loaded.build_id,
+        }]})  # fmt: skip
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        depth = state.worker.jobs.qsize() if state.worker else 0
+        text = state.metrics.render(ready=state.status == "ok", queue_depth=depth, compile_counts=_compile_counts())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        t_arrival = time.perf_counter_ns()
+        _require_ready(state)
+        tok = state.loaded.engine.tokenizer
+        if isinstance(body.prompt, list) and body.prompt and all(isinstance(x, int) for x in body.prompt):
+            ids = list(body.prompt)
+            vocab = state.loaded.engine.cfg.vocab_size
+            if any(not 0 <= i < vocab for i in ids):
+                raise APIError(400, f"prompt token ids must lie in [0, {vocab})", param="prompt", code="invalid_value")
+        else:
+            prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+            if len(prompts) != 1:
+                raise APIError(400, f"exactly one prompt per request is supported, got {len(prompts)}", param="prompt")
+            ids = [tok.bos_id] + tok.encode(prompts[0])
+        return await _serve(state, request, body, ids, "completion", t_arrival)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        t_arrival = time.perf_counter_ns()
+        _require_ready(state)
+        tok = state.loaded.engine.tokenizer
+        return await _serve(state, request, body, chat_prompt_ids(tok, body.messages), "chat", t_arrival)
+
+    return app
+
+
+class _CountRequests:
+    """ASGI middleware counting every HTTP response by path and status code (streams included)."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.count_request(scope.get("path", ""), int(message["status"]))
+            await send(message)
+
+        return await self.app(scope, receive, counting_send)
+
+
+def _require_ready(state: _State) -> None:
+    if state.status != "ok":
+        raise APIError(503, f"the model is {state.status}; retry when GET /health answers 200",
+                       type="service_unavailable", code="model_" + state.status)  # fmt: skip
+
+
+def _health_body(state: _State) -> dict[str, Any]:
+    loaded, eng = state.loaded, state.loaded.engine
+    pol = eng.policy
+    counts = _compile_counts()
+    return {
+        "status": "ok", "model": state.model_name, "build_id": loaded.build_id, "checkpoint": loaded.checkpoint,
+        "device": {"platform": pol.platform, "device_kind": pol.device_kind,
+                   "compute_capability": pol.compute_capability},
+        "dtype_policy": {"compute": pol.compute_dtype, "weights": pol.weight_dtype,
+                         "activations": pol.activation_dtype, "kv_cache": pol.kv_dtype, "pre_ampere": pol.pre_ampere,
+                         "line": pol.line()},
+        "quantization": loaded.quantization,
+        "compile_cache": {"dir": loaded.compile_cache.get("dir"), "enabled": loaded.compile_cache.get("dir") is not None,
+                          **counts},
+        "max_length": eng.max_length, "buckets": list(eng.buckets),
+        "warmup_shapes": [list(s) for s in state.warmup_shapes], "warmup_s": state.warmup_s,
+    }  # fmt: skip
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
+    """Gemma's turn format: BOS + `<|turn>{role}\\n{content}<turn|>\\n` per message + `<|turn>model\\n`
+    ("assistant" is spelled "model"). One user message gives exactly `tokenizer.chat_ids(content)`.
+    Raises APIError for no messages or non-text content parts."""
+    if not messages:
+        raise APIError(400, "messages must hold at least one message", param="messages")
+    text = ""
+    for i, m in enumerate(messages):
+        content = m.content
+        if not isinstance(content, str):
+            if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
+                raise APIError(400, "only text content parts are supported", param=f"messages.{i}.content")
+            content = "".join(part["text"] for part in content)
+        role = "model" if m.role == "assistant" else m.role
+        text += f"<|turn>{role}\n{content}<turn|>\n"
+    return [tokenizer.bos_id] + tokenizer.encode(text + "<|turn>model\n")
+
+
+def _sampling(body: _Common, kind: str, engine) -> tuple[Any, int]:
+    """Validate the generation fields; returns (Sampling, max_tokens). Raises APIError (400)."""
+    from model.engine import Sampling
+
+    max_tokens = DEFAULT_MAX_TOKENS[kind] if body.max_tokens is None else body.max_tokens
+    if max_tokens < 1:
+        raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens", code="invalid_value")
+    if max_tokens > engine.max_length:
+        raise APIError(400, f"max_tokens {max_tokens} exceeds this server's limit {engine.max_length}",
+                       param="max_tokens", code="invalid_value")  # fmt: skip
+    checks = [("n", body.n == 1, f"only n=1 is supported, got {body.n}"),
+              ("temperature", 0.0 <= body.temperature <= 2.0, f"temperature must lie in [0, 2], got {body.temperature}"),
+              ("top_p", 0.0 < body.top_p <= 1.0, f"top_p must lie in (0, 1], got {body.top_p}"),
+              ("top_k", body.top_k >= 0, f"top_k must be >= 0 (0 = off), got {body.top_k}"),
+              ("logprobs", body.logprobs in (None, False, 0), "logprobs are not supported")]  # fmt: skip
+    for param, ok, message in checks:
+        if not ok:
+            raise APIError(400, message, param=param, code="invalid_value")
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param="stop")
+    seed = body.seed if body.seed is not None else random.getrandbits(31)
+    return Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=seed % 2**32), max_tokens
+
+
+async def _serve(state: _State, request: Request, body: _Common, ids: list[int], kind: str, t_arrival: int):
+    """Validate, queue the job, and answer (JSON, or an SSE stream)."""
+    from model.errors import EngineError
+
+    engine = state.loaded.engine
+    if body.model != state.model_name:
+        raise APIError(404, f"model {body.model!r} does not exist; this server serves {state.model_name!r}",
+                       param="model", code="model_not_found")  # fmt: skip
+    sampling, max_tokens = _sampling(body, kind, engine)
+    try:
+        engine.bucket_for(len(ids))
+    except EngineError as exc:
+        raise APIError(400, f"prompt of {len(ids)} tokens exceeds this server's maximum prompt length "
+                       f"{engine.buckets[-1]} tokens", param="messages" if kind == "chat" else "prompt",
+                       code="context_length_exceeded") from exc  # fmt: skip
+    job = _Job(ids, max_tokens, sampling, not body.ignore_eos, asyncio.get_running_loop())
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    text = _TextAssembler(engine.tokenizer, stops, body.skip_special_tokens)
+    answer = _Answer(state, job, text, kind, body.model, t_arrival)
+    state.worker.jobs.put(job)
+    if body.stream:
+        usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(answer.sse(usage), media_type="text/event-stream",
+                                 headers={"X-Request-Id": answer.id, "Cache-Control": "no-cache"})  # fmt: skip
+    return await answer.whole(request)
+
+
+class _Answer:
+    """One request's answer: consumes the job's events, builds OpenAI bodies, records metrics."""
+
+    def __init__(self, state: _State, job: _Job, text: _TextAssembler, kind: str, model: str, t_arrival: int):
+        self.state, self.job, self.text, self.kind, self.model, self.t_arrival = state, job, text, kind, model, t_arrival
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.tokens: list[int] = []
+        self.times: list[int] = []
+        self.gen = None
+
+    async def events(self, request: Request | None = None) -> AsyncIterator[tuple[str, list[int]]]:
+        """Yields (text delta, ids it came from) per generated token; the last yield is the final flush.
+        Raises the engine's exception. With `request`, polls for a client disconnect and cancels the job."""
+        job = self.job
+        while True:
+            try:
+                item = await asyncio.wait_for(job.events.get(), timeout=0.5)
+            except TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    job.cancel.set()
+                continue
+            if item[0] == "token":
+                self.tokens.append(item[1])
+                self.times.append(item[2])
+                delta = self.text.push(item[1])
+                if self.text.stopped:
+                    job.cancel.set()
+                yield delta, [item[1]]
+            elif item[0] == "done":
+                self.gen = item[1]
+                break
+            elif item[0] == "skipped":
+                break
+            else:
+                raise item[1]
+        yield self.text.finish(), []
+
+    def finalize(self) -> dict[str, Any]:
+        """Degeneracy verdict, finish reason, usage; logs and records metrics. Returns the extra fields."""
+        kept = self.tokens[: self.text.consumed] if self.text.stopped else self.tokens
+        verdict = check_degenerate(kept)
+        eos = set(getattr(self.state.loaded.engine.cfg, "eos_token_ids", ()))
+        stopped = self.text.stopped or (self.job.stop_at_eos and bool(kept) and kept[-1] in eos)
+        cancelled = self.job.cancel.is_set() and not self.text.stopped
+        n, times = len(kept), self.times
+        ttft = (times[0] - self.t_arrival) / 1e9 if times else None
+        decode_s = (times[-1] - times[0]) / 1e9 if len(times) > 1 else 0.0
+        gauge = (len(times) - 1) / decode_s if decode_s > 0 else None
+        self.state.metrics.record_generation(
+            prompt_tokens=len(self.job.prompt_ids), completion_tokens=n, ttft_s=ttft, gauge_tok_s=gauge,
+            degenerate=verdict.degenerate, cancelled=cancelled, compile_traces=self.gen.compile_traces if self.gen else 0,
+        )  # fmt: skip
+        if verdict.degenerate:
+            log.warning(f"degenerate response {self.id}: {verdict.reason}")
+        return {
+            "finish_reason": "stop" if stopped else "length",
+            "usage": {"prompt_tokens": len(self.job.prompt_ids), "completion_tokens": n,
+                      "total_tokens": len(self.job.prompt_ids) + n},
+            "degenerate": verdict.to_dict(),
+        }  # fmt: skip
+
+    def _choice(self, text: str, finish: str | None, ids: list[int] | None, *, stream: bool) -> dict[str, Any]:
+        if self.kind == "chat":
+            key, value = ("delta", {"content": text} if text or finish is None else {}) if stream else (
+                "message", {"role": "assistant", "content": text})
+            choice = {"index": 0, key: value, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        if ids is not None:
+            choice["token_ids"] = ids
+        return choice
+
+    def _envelope(self, *, stream: bool) -> dict[str, Any]:
+        if self.kind == "chat":
+            obj = "chat.completion.chunk" if stream else "chat.completion"
+        else:
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    async def whole(self, request: Request) -> JSONResponse:
+        parts = []
+        try:
+            async for delta, _ids in self.events(request):
+                parts.append(delta)
+        finally:
+            if self.gen is None:  # cancelled or failed: make sure the engine lets go
+                self.job.cancel.set()
+        extra = self.finalize()
+        body = self._envelope(stream=False) | {
+            "choices": [self._choice("".join(parts), extra["finish_reason"], None, stream=False)],
+            "usage": extra["usage"], "degenerate": extra["degenerate"],
+        }  # fmt: skip
+        headers = {"X-Request-Id": self.id, "X-Degenerate": "true" if extra["degenerate"]["degenerate"] else "false"}
+        return JSONResponse(body, headers=headers)
+
+    async def sse(self, include_usage: bool) -> AsyncIterator[str]:
+        def data(obj: dict[str, Any]) -> str:
+            return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+        done = False
+        try:
+            if self.kind == "chat":  # OpenAI's first chunk announces the role and carries no content
+                role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                yield data(self._envelope(stream=True) | {"choices": [role]})
+            async for delta, ids in self.events():
+                if delta or ids:
+                    yield data(self._envelope(stream=True) | {"choices": [self._choice(delta, None, ids, stream=True)]})
+            done = True
+            extra = self.finalize()
+            last = self._choice("", extra["finish_reason"], [], stream=True)
+            yield data(self._envelope(stream=True) | {"choices": [last], "degenerate": extra["degenerate"]})
+            if include_usage:
+                yield data(self._envelope(stream=True) | {"choices": [], "usage": extra["usage"]})
+            yield "data: [DONE]\n\n"
+        except Exception as exc:  # noqa: BLE001  (the status line is gone: report in-band, as OpenAI does)
+            log.exception("error during a streamed generation")
+            self.state.metrics.count_error("server_error")
+            yield data(APIError(500, f"internal error: {type(exc).__name__}", type="server_error").body())
+        finally:
+            if not done:  # the client went away (the stream was cancelled or closed): free the engine
+                self.job.cancel.set()
+                self.state.metrics.record_generation(
+                    prompt_tokens=len(self.job.prompt_ids), completion_tokens=len(self.tokens), ttft_s=None,
+                    gauge_tok_s=None, degenerate=False, cancelled=True, compile_traces=0)  # fmt: skip
+                log.info(f"request {self.id}: client disconnected after {len(self.tokens)} tokens; cancelled")

@@ -1,0 +1,189 @@
+"""`bench compare` and the regression gate: deltas with spreads, token agreement, differences, exit codes; and
+the CLI of the run-folder commands (user errors: one line, exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.compare import compare_runs, first_divergence, manifest_differences, single_variable
+from bench.errors import RunFolderError
+from runfolders import REFERENCE_RUNS, make_measured_run
+
+T4G, L4 = REFERENCE_RUNS
+IDS = [11, 22, 33, 44, 55, 66, 77, 88]
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`bench ARGV` through the real entry point; returns (exit code, stdout, stderr)."""
+    from bench.cli import main
+
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _pair(tmp_path: Path, *, cand_gauge: float = 20.0, cand_ids=None, **cand_kwargs):
+    base = make_measured_run(tmp_path, "base", gauge=20.0, token_ids=lambda n: IDS)
+    cand = make_measured_run(tmp_path, "cand", gauge=cand_gauge, token_ids=cand_ids or (lambda n: IDS), **cand_kwargs)
+    return base, cand
+
+
+# ---- the library ---------------------------------------------------------------------------------------------------
+def test_identical_runs_pass(tmp_path: Path) -> None:
+    base, cand = _pair(tmp_path)
+    result = compare_runs(base.path, cand.path, require_same_tokens=True)
+    assert result.passed and result.exit_code == 0 and result.failures == []
+    assert [c.gauge_delta_pct for c in result.cells] == [pytest.approx(0.0)] * 2
+    assert all(c.within_noise("gauge") for c in result.cells)
+    assert [t.status for t in result.tokens] == ["identical", "identical"]
+    assert result.single_variable is True and result.differences == []
+
+
+def test_a_slowdown_beyond_the_limit_fails_and_names_the_cell(tmp_path: Path) -> None:
+    base, cand = _pair(tmp_path, cand_gauge=18.0)  # 10% slower decode
+    result = compare_runs(base.path, cand.path, max_slowdown_pct=5.0)
+    assert result.exit_code == 1
+    assert result.cells[0].gauge_delta_pct == pytest.approx(-10.0)
+    assert result.cells[0].spread(result.cells[0].candidate, "gauge") == (pytest.approx(17.82), pytest.approx(18.18))
+    assert result.cells[0].within_noise("gauge") is False
+    assert any(f.startswith("41 input tokens: gauge tok/s -10.0% vs baseline (limit -5%)") for f in result.failures)
+    assert compare_runs(base.path, cand.path, max_slowdown_pct=15.0).exit_code == 0
+
+
+def test_token_divergence_reports_the_first_differing_index(tmp_path: Path) -> None:
+    diverged = IDS[:5] + [999, 998, 997]
+    base, cand = _pair(tmp_path, cand_ids=lambda n: diverged if n == 521 else IDS)
+    result = compare_runs(base.path, cand.path)
+    by_size = {t.input_tokens: t for t in result.tokens}
+    assert by_size[41].status == "identical" and by_size[41].first_divergence is None
+    assert by_size[521].status == "differ" and by_size[521].first_divergence == 5
+    assert result.exit_code == 0  # tokens are not required by default
+    strict = compare_runs(base.path, cand.path, require_same_tokens=True)
+    assert strict.exit_code == 1
+    assert "521 input tokens: generated ids differ from token 5" in strict.failures
+
+
+def test_first_divergence() -> None:
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    assert first_divergence([], [4]) == 0
+
+
+def test_invalid_or_missing_candidate_cells_fail(tmp_path: Path) -> None:
+    base, cand = _pair(tmp_path, cell_kwargs={521: {"compile_events": 2}})
+    result = compare_runs(base.path, cand.path)
+    assert result.exit_code == 1
+    assert any(f.startswith("521 input tokens: candidate cell invalid (6 compile event(s)") for f in result.failures)
+    short = make_measured_run(tmp_path, "short", inputs=(41,), token_ids=lambda n: IDS)
+    result = compare_runs(base.path, short.path)
+    assert "521 input tokens: the candidate has no cell (the baseline has one)" in result.failures
+
+
+def test_differences_name_build_checkpoint_config_and_versions(tmp_path: Path) -> None:
+    base, cand = _pair(tmp_path, build_id="ffffffffffff", config={"buckets": [64, 1024], "max_length": 4160},
+                       jax="0.11.1", content_hash="sha256:beef")  # fmt: skip
+    result = compare_runs(base.path, cand.path)
+    described = [d.describe() for d in result.differences]
+    assert "build id: 0123456789ab vs ffffffffffff" in described
+    assert "checkpoint hash: sha256:feed vs sha256:beef" in described
+    assert "configuration.buckets: [64, 512, 2048, 4096] vs [64, 1024]" in described
+    assert "version jax: 0.12.0 vs 0.11.1" in described
+    assert result.single_variable is False
+    assert result.exit_code == 0  # differences are facts, not thresholds
+
+
+def test_single_variable_is_not_established_when_values_are_unknown() -> None:
+    t4g = json.loads((T4G / "manifest.json").read_text())
+    l4 = json.loads((L4 / "manifest.json").read_text())
+    same, diffs = single_variable(t4g, l4)
+    assert same is None
+    assert [d.field for d in diffs] == ["checkpoint hash", "configuration.max_model_len"]
+    assert {d.field for d in manifest_differences(t4g, l4)} >= {"device", "compute dtype", "host architecture"}
+
+
+def test_published_runs_compare_without_samples(tmp_path: Path) -> None:
+    result = compare_runs(T4G, L4)
+    assert result.exit_code == 0
+    assert result.cells[0].gauge_delta_pct == pytest.approx(100 * (48.5 - 12.9) / 12.9)
+    assert result.cells[0].spread(result.cells[0].baseline, "gauge") is None
+    assert {t.status for t in result.tokens} == {"unknown"}
+    strict = compare_runs(T4G, L4, require_same_tokens=True)
+    assert strict.exit_code == 1 and "token agreement cannot be checked" in strict.failures[0]
+    backwards = compare_runs(L4, T4G)  # the slower card as a candidate fails the gate
+    assert backwards.exit_code == 1
+    assert "3593 input tokens: candidate cell invalid (no figure published for this cell)" in backwards.failures
+
+
+def test_incomplete_runs_are_refused(tmp_path: Path) -> None:
+    base = make_measured_run(tmp_path, "base")
+    half = make_measured_run(tmp_path, "half", status="running")
+    with pytest.raises(RunFolderError, match="2026-11-30-half-cpu: status is 'running'"):
+        compare_runs(base.path, half.path)
+
+
+# ---- the command line ------------------------------------------------------------------------------------------------
+def test_cli_compare_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, cand = _pair(tmp_path, cand_gauge=18.0)
+    code, out, _ = run_cli(["compare", str(base.path), str(cand.path)], capsys)
+    assert code == 1 and "FAIL: 41 input tokens: gauge tok/s -10.0%" in out and "verdict: FAIL" in out
+    code, out, _ = run_cli(["compare", "2026-11-30-base-cpu", "2026-11-30-cand-cpu", "--runs-dir", str(tmp_path),
+                            "--max-slowdown", "12%"], capsys)  # fmt: skip
+    assert code == 0 and "verdict: PASS (max slowdown 12%)" in out
+    assert "identical" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["compare", "nope-a", "nope-b"], "error: run 'nope-a' not found"),
+        (["compare", str(T4G), str(L4), "--max-slowdown", "fast"], "error: --max-slowdown 'fast': expected"),
+        (["compare", str(T4G), str(L4), "--max-slowdown", "-3%"], "error: --max-slowdown '-3%': expected"),
+        (["report", "nope", "--out", "{tmp}/out"], "error: run 'nope' not found"),
+        (["runs", "validate", "nope"], "error: run 'nope' not found"),
+        (["runs", "list", "--runs-dir", "{tmp}/missing"], "error: runs folder"),
+    ],
+)
+def test_cli_user_errors_are_one_line_and_exit_2(
+    argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    assert code == 2
+    assert err.startswith(expected), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_report_refuses_a_named_incomplete_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    half = make_measured_run(tmp_path, "half", status="incomplete")
+    code, _, err = run_cli(["report", str(half.path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "2026-11-30-half-cpu: status is 'incomplete', not complete" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_report_skips_bad_folders_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_measured_run(tmp_path, "good")
+    make_measured_run(tmp_path, "half", status="running")
+    code, out, err = run_cli(["report", "--runs-dir", str(tmp_path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0
+    assert "warning: skipped 2026-11-30-half-cpu: " in err
+    assert f"wrote {tmp_path / 'out' / 'report.md'} from 1 run(s)" in out
+    assert (tmp_path / "out" / "sweep.csv").exists()
+
+
+def test_cli_runs_list_and_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = make_measured_run(tmp_path, "good")
+    bad = make_measured_run(tmp_path, "bad")
+    (bad.path / "cells.jsonl").write_text("{broken\n")
+    code, out, _ = run_cli(["runs", "list", "--runs-dir", str(tmp_path)], capsys)
+    assert code == 0 and "2026-11-30-good-cpu" in out and "2026-11-30-bad-cpu" in out and "corrupt JSON" in out
+    code, out, _ = run_cli(["runs", "validate", str(good.path)], capsys)
+    assert code == 0 and "valid (schema version 1)" in out
+    code, out, _ = run_cli(["runs", "validate", "2026-11-30-bad-cpu", "--runs-dir", str(tmp_path)], capsys)
+    assert code == 1 and "cells.jsonl line 1: corrupt JSON" in out and "cells.csv: 2 rows but cells.jsonl has 0" in out

@@ -1,0 +1,83 @@
+"""Config parsing (both published forms, the multimodal wrapper, unsupported features) and full-size shapes."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from model.config import DEFAULT, E2B, E4B, PRESETS, TINY, config_from_dict, load_config
+from model.errors import ConfigError
+from model.params import abstract_params, count_params, decode_weight_bytes, init_params
+
+
+@pytest.mark.parametrize("cfg", [TINY, DEFAULT, E2B, E4B], ids=["tiny", "default", "e2b", "e4b"])
+@pytest.mark.parametrize("form", ["global_head_dim", "per_layer_config"])
+def test_both_config_forms_round_trip(cfg, form):
+    assert config_from_dict(json.loads(json.dumps(cfg.to_hf_dict(form=form)))) == cfg
+
+
+def test_multimodal_wrapper_reads_text_config():
+    wrapped = {"model_type": "gemma4", "text_config": E2B.to_hf_dict(), "vision_config": {}}
+    assert config_from_dict(wrapped) == E2B
+
+
+def test_e2b_facts():
+    assert E2B.cache_layers == tuple(range(15))
+    assert [E2B.kv_source(i) for i in (15, 18, 19, 33, 34)] == [13, 13, 14, 13, 14]
+    assert [i for i, t in enumerate(E2B.layer_types) if t == "full_attention"] == [4, 9, 14, 19, 24, 29, 34]
+    assert E2B.ffw_dim(14) == 6144 and E2B.ffw_dim(15) == 12288
+    assert E2B.layer_head_dim(3) == 256 and E2B.layer_head_dim(4) == 512
+    assert E2B.rotary_pairs_global == 64
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("attention_k_eq_v", True, "attention_k_eq_v"),
+        ("enable_moe_block", True, "enable_moe_block"),
+        ("model_type", "llama", "model_type is 'llama'"),
+        ("use_bidirectional_attention", "vision", "use_bidirectional_attention"),
+        ("hidden_activation", "silu", "hidden_activation"),
+    ],
+)
+def test_unsupported_or_foreign_configs_name_the_field(field, value, match):
+    raw = dict(TINY.to_hf_dict(), **{field: value})
+    with pytest.raises(ConfigError, match=match):
+        config_from_dict(raw)
+
+
+def test_missing_field_and_bad_json(tmp_path):
+    raw = TINY.to_hf_dict()
+    del raw["hidden_size"]
+    with pytest.raises(ConfigError, match="'hidden_size' is missing"):
+        config_from_dict(raw)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(tmp_path)
+
+
+def test_full_size_parameter_counts_without_memory():
+    # E2B text decoder: 4,628,569,379 parameters (model card / architecture notes §3).
+    assert count_params(abstract_params(E2B)) == 4_628_569_379
+    shapes = jax.eval_shape(lambda: abstract_params(E4B, jnp.bfloat16))
+    assert shapes.layers[0].wq_DNH.shape == (2560, 8, 256) and shapes.layers[5].wq_DNH.shape == (2560, 8, 512)
+    assert shapes.layers[0].wk_DKH.shape == (2560, 2, 256) and shapes.layers[-1].wk_DKH is None
+    assert shapes.ple_embed_VX.shape == (262_144, 42 * 256)
+
+
+def test_default_preset_size_and_decode_bytes():
+    n = count_params(abstract_params(DEFAULT))
+    assert 165e6 < n < 180e6  # about 172M parameters
+    per_step = decode_weight_bytes(DEFAULT, 4)
+    assert 0.35e9 < per_step < 0.45e9  # about 0.40 GB read per float32 decode step
+    # A step reads one row of each embedding table, not the tables: far less than all weight bytes at E2B size.
+    assert decode_weight_bytes(E2B, 2) < 0.6 * count_params(abstract_params(E2B)) * 2
+
+
+def test_init_is_deterministic_and_presets_are_hashable():
+    a, b = init_params(TINY, 3), init_params(TINY, 3)
+    assert all((x == y).all() for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+    assert len({hash(c) for c in PRESETS.values()}) == len(PRESETS)

@@ -1,0 +1,276 @@
+"""The report: the published tables reproduced exactly, the derived roofline, robustness to bad folders, measured
+runs beside the references, findings computed from the data, and the walls (no jax, no model/)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.errors import RunFolderError
+from bench.report import build_report, fmt_num, fmt_pct
+from bench.roofline import (
+    E2B_SHAPE,
+    PLE4_INT8_LM_HEAD,
+    decode_step_bytes,
+    roofline_share_pct,
+    stored_weight_bytes,
+    total_params,
+)
+from runfolders import REFERENCE_RUNS, REPO, make_measured_run, published_figures
+
+T4G, L4 = REFERENCE_RUNS
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _num(text: str) -> float | None:
+    return None if text == "" else float(text)
+
+
+@pytest.fixture(scope="module")
+def reference_report(tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("report")
+    return build_report([T4G, L4], out), out
+
+
+# ---- the published tables, reproduced -------------------------------------------------------------------------------
+def test_sweep_table_reproduces_the_published_figures_exactly(reference_report) -> None:
+    report, out = reference_report
+    rows = _csv(out / "sweep.csv")
+    for folder in (T4G, L4):
+        published = published_figures(folder)
+        assert [int(r["input_tokens"]) for r in rows] == [c["input_tokens"] for c in published["sweep"]]
+        for row, cell in zip(rows, published["sweep"]):
+            assert _num(row[f"{folder.name}:gauge_tok_s_median"]) == cell["gauge_tok_s"]
+            assert _num(row[f"{folder.name}:e2e_tok_s_median"]) == cell["e2e_tok_s"]
+            assert row[f"{folder.name}:gauge_tok_s_min"] == "" and row[f"{folder.name}:ttft_ms_median"] == ""
+    md = report.markdown.read_text()
+    # the published table: input tokens | T4G gauge | T4G end-to-end | L4 gauge | L4 end-to-end
+    assert "| input tokens | T4G (published) gauge tok/s | T4G (published) end-to-end tok/s | L4 (published) gauge tok/s | L4 (published) end-to-end tok/s |" in md
+    for line in ("| 41 | 12.9 | 12.43 | 48.5 | 46.23 |", "| 521 | 13.0 | 11.28 | 48.4 | 42.87 |",
+                 "| 2,057 | 12.9 | 8.22 | 48.3 | 34.57 |", "| 3,593 | — | — | 48.3 | 27.55 |"):  # fmt: skip
+        assert line in md
+
+
+def test_profile_table_reproduces_the_published_figures_exactly(reference_report) -> None:
+    report, out = reference_report
+    rows = {r["metric"]: r for r in _csv(out / "profile.csv")}
+    for folder in (T4G, L4):
+        p = published_figures(folder)["profile"]
+        col = folder.name
+        assert _num(rows["dtype_conversion_pct"][col]) == p["dtype_conversion_pct"]
+        expected_fp32 = "absent" if p.get("fp32_gemv_note") == "absent" else p["fp32_gemv_pct"]
+        assert (rows["fp32_matmul_pct"][col] if expected_fp32 == "absent" else _num(rows["fp32_matmul_pct"][col])) == expected_fp32
+        assert _num(rows["tensor_core_pct"][col]) == p["tensor_core_pct"]
+        assert _num(rows["total_kernel_time_ms"][col]) == p["total_kernel_time_ms"]
+        assert _num(rows["distinct_kernels"][col]) == p["distinct_kernels"]
+        assert _num(rows["decode_gauge_tok_s"][col]) == p["decode_gauge_tok_s"]
+        assert _num(rows["bandwidth_gib_s"][col]) == p["peak_hbm_bandwidth_gib_s"]
+        share = p.get("bandwidth_roofline_share_pct", p.get("bandwidth_roofline_share_pct_approx"))
+        assert _num(rows["roofline_share_pct"][col]) == share
+    md = report.markdown.read_text()
+    for line in (
+        "| dtype conversion | 54.1% | 0.0% |", "| fp32 matrix-vector (gemv) | 32.8% | absent |",
+        "| tensor core | 0.0% | 0.0% |", "| total kernel time | 1,466.0 ms | 362.8 ms |",
+        "| decode, gauge | 12.9 tok/s | 48.4 tok/s |", "| bandwidth | 298.083 GiB/s | 279.441 GiB/s |",
+        "| bandwidth roofline share, as reported | 26% | ~100% |", "| distinct kernels | 108 | 100 |",
+    ):  # fmt: skip
+        assert line in md
+
+
+def test_published_figures_are_labelled_everywhere(reference_report) -> None:
+    report, out = reference_report
+    md = report.markdown.read_text()
+    assert "| provenance | published: Gemma 4 in Pure JAX" in md
+    for header_line in [l for l in md.splitlines() if l.startswith("|  |") or l.startswith("| input tokens")]:
+        assert header_line.count("(published)") >= 2
+    assert "(published)" in md.split("## Findings")[1]
+
+
+# ---- the derived roofline ------------------------------------------------------------------------------------------
+def test_e2b_byte_accounting_reproduces_the_published_weight_bytes() -> None:
+    common = json.loads((T4G / "published-source.json").read_text())["common"]
+    assert total_params(E2B_SHAPE) == 4_628_569_379  # E2B text parameters (gemma4-architecture.md §3)
+    assert stored_weight_bytes(E2B_SHAPE, PLE4_INT8_LM_HEAD) == common["weight_bytes"] == 6_155_450_950
+
+
+def test_decode_step_bytes_count_one_embedding_row_and_the_whole_lm_head() -> None:
+    account = decode_step_bytes(E2B_SHAPE, PLE4_INT8_LM_HEAD)
+    terms = {t.name: t.bytes for t in account.terms}
+    assert terms["input_embedding_row"] == 1536 * 2
+    assert terms["ple_row"] == 35 * 256 // 2 + 35 * 2
+    assert terms["lm_head"] == 262_144 * 1536 + 262_144 * 2
+    assert terms["body"] == 2 * 1_877_105_955
+    assert account.total == 4_157_397_004 and account.kv_bytes == 0
+    with_kv = decode_step_bytes(E2B_SHAPE, PLE4_INT8_LM_HEAD, context_tokens=600)
+    # 28 sliding layers read 512 window slots of 256-wide K and V; 7 full layers read all 600 of 512-wide ones
+    assert with_kv.kv_bytes == 28 * 2 * 256 * 512 * 2 + 7 * 2 * 512 * 600 * 2
+
+
+def test_report_shows_the_derived_share_beside_the_published_one(reference_report) -> None:
+    report, out = reference_report
+    rows = {r["metric"]: r for r in _csv(out / "profile.csv")}
+    total = decode_step_bytes(E2B_SHAPE, PLE4_INT8_LM_HEAD).total
+    for folder in (T4G, L4):
+        p = published_figures(folder)["profile"]
+        expected = roofline_share_pct(total, p["decode_gauge_tok_s"], p["peak_hbm_bandwidth_gib_s"])
+        assert _num(rows["roofline_share_derived_pct"][folder.name]) == pytest.approx(expected)
+    assert 16 < expected < 70
+    md = report.markdown.read_text()
+    assert "| bandwidth roofline share, derived (bytes a step reads) | 16.8% | 67.1% |" in md
+    assert "| lm_head | 403,177,472 |" in md and "nominal datasheet peaks, not measurements" in md
+    assert "give 24.8% when recomputed" in md and "give 99.3% when recomputed" in md
+
+
+# ---- findings ----------------------------------------------------------------------------------------------------
+def test_findings_from_the_reference_runs(reference_report) -> None:
+    report, _ = reference_report
+    text = "\n".join(report.findings)
+    assert "T4G (published): decode gauge 12.9–13.0 tok/s across 41–2,057 input tokens (50x the context): (max − min) / median = 0.8% (the source publishes 0.8%)" in text
+    assert "L4 (published): decode gauge 48.3–48.5 tok/s across 41–3,593 input tokens (88x the context): (max − min) / median = 0.4% (the source publishes 0.4%)" in text
+    assert "End-to-end falls from 12.43 to 8.22 tok/s between 41 and 2,057 input tokens (-33.9%)" in text
+    assert "decode gauge 3.76x at 41, 3.72x at 521, 3.74x at 2,057 (median 3.74x)" in text
+    assert "the source quotes 3.7x for decode" in text
+    assert "4.0x whole-request ratio (published)" in text and "56x" in text
+    assert "not established as single-variable: checkpoint hash: — vs — (not recorded)" in text
+    assert "configuration.max_model_len: 4,096 vs —" in text
+    assert "host architecture: aarch64 vs x86_64" in text and "compute dtype: float16 vs bfloat16" in text
+    assert report.baseline == T4G.name  # default baseline: the slowest run
+
+
+def test_a_measured_run_appears_beside_the_references(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for ref in REFERENCE_RUNS:
+        shutil.copytree(ref, runs / ref.name)
+    make_measured_run(runs, "mine", inputs=(41, 521, 2057), gauge=lambda n: 9.0 - n / 1000,
+                      cell_kwargs={2057: {"compile_events": 1}})  # fmt: skip
+    report = build_report([], tmp_path / "out", runs_dir=runs)
+    assert report.runs[0] == "2026-11-30-mine-cpu"  # slowest median gauge: the default baseline
+    md = report.markdown.read_text()
+    header = next(l for l in md.splitlines() if l.startswith("| input tokens"))
+    assert "CPU gauge tok/s" in header and "CPU bucket" in header and "CPU TTFT ms" in header
+    row41 = next(l for l in md.splitlines() if l.startswith("| 41 |"))
+    assert "8.96 (8.87–9.05)" in row41  # median (min–max) where raw samples exist
+    assert "| 12.9 | 12.43 |" in row41  # the published columns are unchanged
+    row2057 = next(l for l in md.splitlines() if l.startswith("| 2,057 |"))
+    assert "✗" in row2057
+    assert "✗ CPU, 2,057 input tokens: 3 compile event(s) during timed repeat(s) 0, 1, 2" in md
+    assert "whole request" in md and "(whole-request ratio)" in md and "(TTFT ratio: a different measurement)" in md
+    assert "Speedup of T4G (published) over CPU" in md
+    assert (tmp_path / "out" / "sweep_tok_s.png").stat().st_size > 10_000
+    assert (tmp_path / "out" / "profile_categories.png").exists()
+
+
+def test_single_variable_comparisons_are_recognised_and_differences_named(tmp_path: Path) -> None:
+    make_measured_run(tmp_path, "a", gauge=20.0)
+    make_measured_run(tmp_path, "b", gauge=22.0)
+    make_measured_run(tmp_path, "c", gauge=24.0, build_id="ffffffffffff", jax="0.12.1")
+    report = build_report([], tmp_path / "out", baseline="2026-11-30-a-cpu", runs_dir=tmp_path)
+    text = "\n".join(report.findings)
+    assert "CPU 2026-11-30-b-cpu vs CPU 2026-11-30-a-cpu is a single-variable comparison" in text
+    assert "is not a single-variable comparison: build id: 0123456789ab vs ffffffffffff" in text
+    assert "Other differences: version jax: 0.12.0 vs 0.12.1" in text
+    assert "decode gauge 1.10x at 41, 1.10x at 521 (median 1.10x)" in text
+
+
+# ---- robustness ----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def messy_runs(tmp_path: Path) -> Path:
+    runs = tmp_path / "runs"
+    shutil.copytree(T4G, runs / T4G.name)
+    make_measured_run(runs, "interrupted", status="running")
+    future = make_measured_run(runs, "future")
+    m = json.loads((future.path / "manifest.json").read_text())
+    (future.path / "manifest.json").write_text(json.dumps({**m, "schema_version": 7}))
+    corrupt = make_measured_run(runs, "corrupt")
+    (corrupt.path / "cells.jsonl").write_text('{"input_tokens": 41, "trunc')
+    badprof = make_measured_run(runs, "badprofile")
+    (badprof.path / "profile.json").write_text("{not json")
+    return runs
+
+
+def test_bad_folders_are_skipped_with_a_warning_naming_them(messy_runs: Path, tmp_path: Path) -> None:
+    report = build_report([], tmp_path / "out", runs_dir=messy_runs)
+    assert report.runs == [T4G.name]
+    skipped = dict(report.skipped)
+    assert "status is 'running', not complete" in skipped["2026-11-30-interrupted-cpu"]
+    assert "schema_version 7 is not supported" in skipped["2026-11-30-future-cpu"]
+    assert "cells.jsonl line 1: corrupt JSON" in skipped["2026-11-30-corrupt-cpu"]
+    assert "profile.json: corrupt JSON" in skipped["2026-11-30-badprofile-cpu"]
+    md = report.markdown.read_text()
+    assert "## Skipped folders" in md and "- 2026-11-30-future-cpu: " in md
+
+
+@pytest.mark.parametrize("name", ["interrupted", "future", "corrupt", "badprofile"])
+def test_bad_folders_named_explicitly_are_refused(messy_runs: Path, tmp_path: Path, name: str) -> None:
+    with pytest.raises(RunFolderError, match=f"2026-11-30-{name}-cpu"):
+        build_report([T4G.name, f"2026-11-30-{name}-cpu"], tmp_path / "out", runs_dir=messy_runs)
+
+
+def test_nothing_to_report_is_an_error(tmp_path: Path) -> None:
+    make_measured_run(tmp_path, "half", status="incomplete")
+    with pytest.raises(RunFolderError, match="no complete run folders .*1 skipped"):
+        build_report([], tmp_path / "out", runs_dir=tmp_path)
+
+
+# ---- the importer and the walls -------------------------------------------------------------------------------------
+def test_the_importer_recreates_the_committed_reference_folders(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("import_published_runs", REPO / "scripts" / "import_published_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    folders = module.import_published(T4G / "published-source.json", tmp_path)
+    assert [f.name for f in folders] == [T4G.name, L4.name]
+    for ref in REFERENCE_RUNS:
+        made = tmp_path / ref.name
+        assert sorted(p.name for p in made.iterdir()) == sorted(p.name for p in ref.iterdir())
+        for file in ref.iterdir():
+            assert (made / file.name).read_bytes() == file.read_bytes(), file.name
+    with pytest.raises(RunFolderError, match="already exists"):
+        module.import_published(T4G / "published-source.json", tmp_path)
+    assert module.import_published(T4G / "published-source.json", tmp_path, force=True)
+
+
+def test_report_and_compare_import_neither_jax_nor_model() -> None:
+    code = (
+        "import sys, bench.report, bench.compare, bench.cli.report_cmds; "
+        "print(sorted(m for m in sys.modules if m == 'jax' or m == 'model' or m.startswith(('jax.', 'model.'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_number_formats() -> None:
+    assert [fmt_num(x) for x in (12.9, 13.0, 12.43, 1466.0, None)] == ["12.9", "13.0", "12.43", "1,466.0", "—"]
+    assert [fmt_pct(26), fmt_pct(100, approx=True), fmt_pct(54.1), fmt_pct(None), fmt_pct(None, absent=True)] == [
+        "26%", "~100%", "54.1%", "—", "absent"]  # fmt: skip
+
+
+def test_a_profile_written_by_bench_profile_is_read(tmp_path: Path) -> None:
+    run = make_measured_run(tmp_path, "prof")
+    run.write_json("profile.json", {  # the shape `bench profile` writes (bench/profile_analysis.py, to_json)
+        "schema_version": 1, "steps": 20,
+        "categories": {"dtype_conversion": {"pct": 1.5, "ms": 3.0}, "tensor_core": {"pct": None, "ms": None},
+                       "matmul_fp32": {"pct": 70.25, "ms": 140.5}, "other": {"pct": 28.25, "ms": 56.5}},
+        "totals": {"device_ms": 200.0, "steps": 20, "ms_per_step": 10.0, "tok_s": 100.0, "distinct_ops": 42},
+        "roofline": {"bytes_per_step": 395_000_000, "tok_s": 17.8, "tok_s_source": "gauge",
+                     "bandwidth_bytes_s": 27e9, "share_pct": 26.04, "bandwidth_gib_s": 27e9 / 2**30},
+    })  # fmt: skip
+    report = build_report([run.path], tmp_path / "out")
+    md = report.markdown.read_text()
+    for line in ("| dtype conversion | 1.5% |", "| fp32 matrix-vector (gemv) | 70.2% |", "| tensor core | absent |",
+                 "| total kernel time | 200.0 ms |", "| distinct kernels | 42 |", "| decode, gauge | 17.8 tok/s |",
+                 "| bandwidth | 25.146 GiB/s |", "| bandwidth source | measured (device copy) |",
+                 "| bandwidth roofline share, as reported | 26.0% |"):  # fmt: skip
+        assert line in md
+    rows = {r["metric"]: r for r in _csv(tmp_path / "out" / "profile.csv")}
+    assert rows["tensor_core_pct"][run.name] == "absent" and rows["fp32_matmul_pct"][run.name] == "70.25"

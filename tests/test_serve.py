@@ -1,0 +1,381 @@
+"""`bench serve` over real HTTP on loopback, with the tiny checkpoint: completions and chat (plain and streamed),
+/health before and after ready, /metrics, the degeneracy flag, concurrent clients, client disconnects, bad requests,
+and `bench sweep --target` against the server.
+
+Every request uses the warmed-up shape (prompt <= 32 tokens, max_tokens 16) unless it says otherwise, so the
+module pays for two compiles (greedy at warm-up, sampling once) on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+MODEL = "tiny"
+MAX_TOKENS = 16
+LOOPING_PROMPT = [2] + [444] * 20  # ids: BOS, then " b" x 20; greedy tiny output repeats 444 (checked below)
+
+
+class _Served:
+    """A uvicorn server for an app, in a thread, on a free loopback port."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+        deadline = time.monotonic() + 20
+        while not self.server.started:  # bounded: the port is open once started
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+
+    def wait_ready(self, seconds: float = 60) -> httpx.Response:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            r = self.client.get("/health")
+            if r.status_code == 200:
+                return r
+            assert r.json()["status"] == "loading", r.text
+            time.sleep(0.1)
+        raise AssertionError("server never became ready")
+
+    def stop(self) -> None:
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+        assert not self.thread.is_alive()
+
+
+def _loaded(path: Path, wrap=None):
+    from bench.serve import LoadedModel
+    from model.engine import load_engine
+
+    engine, _ = load_engine(path)
+    ck = {"id": MODEL, "path": str(path), "content_hash": None, "weight_bytes": engine.weight_bytes}
+    return LoadedModel(engine=wrap(engine) if wrap else engine, checkpoint=ck, build_id="test-build")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint, tmp_path_factory):
+    """The server, with what it answered while loading (the loader waits on a gate the fixture opens)."""
+    from bench.serve import create_app
+
+    gate = threading.Event()
+
+    def provider():
+        assert gate.wait(30)
+        return _loaded(tiny_checkpoint)
+
+    s = _Served(create_app(provider, model_name=MODEL, warmup_shapes=[(20, MAX_TOKENS)]))
+    s.loading_health = s.client.get("/health")
+    s.loading_completion = s.client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
+    gate.set()
+    s.ready_health = s.wait_ready()
+    yield s
+    s.stop()
+
+
+def _complete(s, prompt, **kw):
+    r = s.client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS,
+                                               "temperature": 0, **kw})  # fmt: skip
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _chat(s, text, **kw):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": MAX_TOKENS,
+            "temperature": 0, **kw}  # fmt: skip
+    r = s.client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _stream(s, path, body, *, client=None):
+    """POST a streamed request; returns the parsed `data:` events (the last one is "[DONE]")."""
+    events = []
+    with (client or s.client).stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def _metrics(s) -> dict[str, float]:
+    from bench.remote import scrape_metrics
+
+    return scrape_metrics(s.client, s.url)
+
+
+# ---- health, models -------------------------------------------------------------------------------------------------
+def test_health_is_503_loading_until_ready_then_200_with_facts(server):
+    assert server.loading_health.status_code == 503
+    assert server.loading_health.json() == {"status": "loading"}
+    assert server.loading_completion.status_code == 503
+    assert server.loading_completion.json()["error"]["type"] == "service_unavailable"
+    h = server.ready_health.json()
+    assert h["status"] == "ok" and h["build_id"] == "test-build" and h["checkpoint"]["id"] == MODEL
+    assert h["device"]["platform"] == "cpu"
+    assert {"weights", "activations", "kv_cache", "pre_ampere"} <= set(h["dtype_policy"])
+    assert h["dtype_policy"]["weights"] == "float32" and h["dtype_policy"]["pre_ampere"] is False
+    assert h["quantization"] == "none" and "enabled" in h["compile_cache"] and "traces" in h["compile_cache"]
+    assert h["warmup_shapes"] == [[20, MAX_TOKENS]]
+    models = server.client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+# ---- completions and chat -------------------------------------------------------------------------------------------
+def test_completion_matches_the_engine_and_reports_usage(server, tiny_checkpoint):
+    from model.engine import load_engine
+
+    body = _complete(server, "The tide came in").json()
+    engine, _ = load_engine(tiny_checkpoint)
+    ids = [engine.tokenizer.bos_id] + engine.tokenizer.encode("The tide came in")
+    expected = engine.generate(ids, MAX_TOKENS).token_ids
+    assert body["object"] == "text_completion" and body["model"] == MODEL
+    assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": MAX_TOKENS,
+                             "total_tokens": len(ids) + MAX_TOKENS}  # fmt: skip
+    assert body["choices"][0]["finish_reason"] == "length" and body["choices"][0]["text"]
+    assert body["degenerate"]["degenerate"] in (True, False)
+    events = _stream(server, "/v1/completions", {"model": MODEL, "prompt": ids, "max_tokens": MAX_TOKENS,
+                                                 "temperature": 0})  # fmt: skip
+    assert [i for e in events[:-1] for i in e["choices"][0]["token_ids"]] == expected
+
+
+def test_streamed_completion_equals_the_plain_one(server):
+    plain = _complete(server, "Bread rises").json()
+    events = _stream(server, "/v1/completions", {"model": MODEL, "prompt": "Bread rises", "max_tokens": MAX_TOKENS,
+                                                 "temperature": 0, "stream_options": {"include_usage": True}})  # fmt: skip
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == plain["choices"][0]["text"]
+    assert sum(len(c["choices"][0]["token_ids"]) for c in chunks) == MAX_TOKENS  # one id per chunk
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and "degenerate" in chunks[-1]
+    assert events[-2]["usage"] == plain["usage"] and events[-2]["choices"] == []
+
+
+def test_chat_plain_and_streamed_use_gemma_turns(server, tiny_checkpoint):
+    from model.tokenizer import GemmaTokenizer
+
+    tok = GemmaTokenizer.from_dir(tiny_checkpoint)
+    plain = _chat(server, "Where is the harbour?").json()
+    assert plain["object"] == "chat.completion"
+    assert plain["choices"][0]["message"]["role"] == "assistant"
+    assert plain["usage"]["prompt_tokens"] == len(tok.chat_ids("Where is the harbour?"))
+    events = _stream(server, "/v1/chat/completions", {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0,
+                                                      "messages": [{"role": "user", "content": "Where is the harbour?"}]})  # fmt: skip
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # role-only first chunk
+    assert all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[1:-1])
+    assert text == plain["choices"][0]["message"]["content"]
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_string_truncates_plain_and_streamed(server):
+    full = _complete(server, "Bicycles and weather").json()["choices"][0]["text"]
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    expected = full[: full.find(stop)]
+    body = _complete(server, "Bicycles and weather", stop=[stop]).json()
+    assert body["choices"][0]["text"] == expected and body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] <= MAX_TOKENS
+    events = _stream(server, "/v1/completions", {"model": MODEL, "prompt": "Bicycles and weather", "stop": stop,
+                                                 "max_tokens": MAX_TOKENS, "temperature": 0})  # fmt: skip
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == expected
+
+
+def test_sampling_is_deterministic_for_a_seed(server):
+    a = _complete(server, "Memory chips", temperature=0.9, top_p=0.95, seed=7).json()
+    b = _complete(server, "Memory chips", temperature=0.9, top_p=0.95, seed=7).json()
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+
+
+# ---- degeneracy, metrics ----------------------------------------------------------------------------------------------
+def test_degenerate_response_is_returned_flagged_and_counted(server):
+    before = _metrics(server)
+    r = _complete(server, LOOPING_PROMPT)
+    body = r.json()
+    assert r.headers["X-Degenerate"] == "true"
+    assert body["degenerate"]["degenerate"] is True and "444" in body["degenerate"]["reason"]
+    assert body["usage"]["completion_tokens"] == MAX_TOKENS  # still returned in full
+    events = _stream(server, "/v1/completions", {"model": MODEL, "prompt": LOOPING_PROMPT, "max_tokens": MAX_TOKENS,
+                                                 "temperature": 0})  # fmt: skip
+    assert events[-2]["degenerate"]["degenerate"] is True
+    after = _metrics(server)
+    assert after["gemma4_bench_degenerate_responses_total"] == before["gemma4_bench_degenerate_responses_total"] + 2
+    assert _complete(server, "Tides").headers["X-Degenerate"] in ("true", "false")
+
+
+def test_metrics_count_requests_tokens_and_timings(server):
+    before = _metrics(server)
+    _complete(server, "Harbour town")
+    server.client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    after = _metrics(server)
+    key = 'gemma4_bench_requests_total{path="/v1/completions",code="200"}'
+    assert after[key] == before.get(key, 0) + 1
+    assert after['gemma4_bench_requests_total{path="/v1/completions",code="404"}'] >= 1
+    assert after["gemma4_bench_completion_tokens_total"] == before["gemma4_bench_completion_tokens_total"] + MAX_TOKENS
+    assert after["gemma4_bench_generations_total"] == before["gemma4_bench_generations_total"] + 1
+    assert after['gemma4_bench_errors_total{type="invalid_request_error"}'] >= 1
+    assert after['gemma4_bench_decode_tokens_per_second{stat="last"}'] > 0
+    assert after['gemma4_bench_ttft_seconds{stat="last"}'] > 0
+    assert after["gemma4_bench_ready"] == 1 and "gemma4_bench_compile_traces_total" in after
+    assert after["gemma4_bench_compile_traces_total"] == before["gemma4_bench_compile_traces_total"]  # warmed up
+
+
+# ---- concurrency, disconnects ---------------------------------------------------------------------------------------
+def test_concurrent_clients_get_the_answers_of_sequential_runs(server):
+    prompts = ["The garden", "A weather station", "Timetables and trains", "The old harbour"]
+    sequential = {p: _complete(server, p).json()["choices"][0]["text"] for p in prompts}
+    results, errors = {}, []
+
+    def client(p):
+        try:
+            with httpx.Client(base_url=server.url, timeout=60) as c:
+                plain = c.post("/v1/completions", json={"model": MODEL, "prompt": p, "max_tokens": MAX_TOKENS,
+                                                        "temperature": 0}).json()  # fmt: skip
+                events = _stream(server, "/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": MAX_TOKENS,
+                                                             "temperature": 0}, client=c)  # fmt: skip
+                results[p] = (plain["choices"][0]["text"], "".join(e["choices"][0]["text"] for e in events[:-1]))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=client, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert results == {p: (sequential[p], sequential[p]) for p in prompts}
+
+
+class _SlowEngine:
+    """The real engine with a pause after each token, so a client can leave mid-generation; records lengths."""
+
+    def __init__(self, engine, delay_s: float):
+        self._engine, self.delay_s, self.lengths = engine, delay_s, []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def generate(self, ids, max_new_tokens, sampling=None, *, stop_at_eos=False, on_token=None):
+        from model.engine import GREEDY
+
+        def slow(token_id):
+            time.sleep(self.delay_s)
+            return on_token(token_id) if on_token else False
+
+        gen = self._engine.generate(ids, max_new_tokens, sampling or GREEDY, stop_at_eos=stop_at_eos, on_token=slow)
+        self.lengths.append(len(gen.token_ids))
+        return gen
+
+
+def test_a_client_leaving_mid_stream_frees_the_engine(tiny_checkpoint):
+    from bench.serve import create_app
+
+    engines = []
+
+    def provider():
+        loaded = _loaded(tiny_checkpoint, wrap=lambda e: _SlowEngine(e, 0.05))
+        engines.append(loaded.engine)
+        return loaded
+
+    s = _Served(create_app(provider, model_name=MODEL))
+    try:
+        s.wait_ready()
+        body = {"model": MODEL, "prompt": "Tides", "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+        with httpx.Client(base_url=s.url, timeout=60) as c, c.stream("POST", "/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["token_ids"]:
+                    break  # one token arrived; leave with 15 still to come
+        after = s.client.post("/v1/completions", json={"model": MODEL, "prompt": "Tides", "max_tokens": MAX_TOKENS,
+                                                        "temperature": 0})  # fmt: skip
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == MAX_TOKENS
+        assert engines[0].lengths[0] < MAX_TOKENS // 2  # the engine stopped the abandoned generation early
+        assert engines[0].lengths[1] == MAX_TOKENS
+        assert _metrics(s)["gemma4_bench_cancelled_requests_total"] == 1
+    finally:
+        s.stop()
+
+
+# ---- bad requests -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("payload", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b"[1, 2]", 400, None),
+        (json.dumps({"model": "gpt-4", "prompt": "x"}).encode(), 404, "model"),
+        (json.dumps({"model": MODEL, "prompt": "word " * 400}).encode(), 400, "prompt"),
+        (json.dumps({"model": MODEL, "prompt": "x", "max_tokens": -3}).encode(), 400, "max_tokens"),
+        (json.dumps({"model": MODEL, "prompt": "x", "n": 2}).encode(), 400, "n"),
+        (json.dumps({"model": MODEL, "prompt": [99999]}).encode(), 400, "prompt"),
+        (json.dumps({"model": MODEL}).encode(), 400, "prompt"),
+    ],
+)
+def test_bad_requests_get_openai_errors_and_the_server_survives(server, payload, status, param):
+    r = server.client.post("/v1/completions", content=payload, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"] and err["param"] == param
+    assert server.client.get("/health").status_code == 200
+
+
+def test_too_long_chat_names_the_limit(server):
+    r = server.client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 4,
+                                                         "messages": [{"role": "user", "content": "word " * 400}]})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "256" in r.json()["error"]["message"]
+
+
+# ---- sweeping the server ----------------------------------------------------------------------------------------------
+def test_sweep_against_the_server_writes_a_valid_run(server, tiny_checkpoint, tmp_path):
+    from bench.cli import main
+    from bench.runs import open_run, validate_run
+
+    main(["sweep", "--target", f"{server.url}/v1", "--model", MODEL, "--checkpoint", str(tiny_checkpoint),
+          "--inputs", "20,28", "--max-new-tokens", str(MAX_TOKENS), "--repeats", "2",
+          "--runs-dir", str(tmp_path), "--name", "remote"])  # fmt: skip
+    (folder,) = list(tmp_path.iterdir())
+    assert validate_run(folder) == []
+    run = open_run(folder)
+    assert run.status == "complete"
+    assert run.manifest["target"]["kind"] == "gemma4-bench" and run.manifest["target"]["model"] == MODEL
+    assert run.manifest["build_id"] == "test-build"
+    assert run.manifest["target"]["health"]["body"]["status"] == "ok"
+    cells = run.cells()
+    assert [c.input_tokens for c in cells] == [20, 28] and all(c.status == "ok" for c in cells)
+    assert all(c.bucket == 32 and c.compile_events_timed == 0 for c in cells)
+    samples = run.samples()
+    assert [s.kind for s in samples] == ["cold", "warmup", "timed", "timed", "warmup", "timed", "timed"]
+    assert all(s.generated_tokens == MAX_TOKENS and len(s.token_ids) == MAX_TOKENS for s in samples)
+    assert all(s.input_tokens in (20, 28) and s.gauge_tok_s >= s.e2e_tok_s for s in samples)
+    assert all(len(s.step_ms) == MAX_TOKENS - 1 and s.ttft_ms <= s.e2e_ms for s in samples)
+    gauges = run.read_json("target.json")["server_gauge_tok_s"]
+    assert set(gauges) == {"20", "28"} and all(g["median"] > 0 for g in gauges.values())
+
+
+def test_sweep_refuses_a_mismatched_tokenizer_and_an_unreachable_target(server, tmp_path):
+    from bench.remote import TargetError, sweep_target
+    from bench.sweep import SweepConfig
+
+    config = SweepConfig(inputs=(20,), max_new_tokens=4, repeats=1)
+    with socket.socket() as probe:  # a port with nobody listening
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    with pytest.raises(TargetError, match="cannot reach"):
+        sweep_target(dead, None, config, checkpoint=None, runs_dir=tmp_path, name="x")
+    with pytest.raises(TargetError, match="serves"):
+        sweep_target(f"{server.url}/v1", "other", config, checkpoint=None, runs_dir=tmp_path, name="x")
+    assert not any(tmp_path.iterdir())  # nothing created before the target checked out

@@ -1,0 +1,122 @@
+"""`bench sweep` end to end on the tiny checkpoint: a complete, consistent run folder; interruption and resume;
+every bad input as one clear line with exit code 2 and nothing previously written lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.runs import open_run, validate_run
+from conftest import assert_one_line_error, run_cli
+
+INPUTS = "20,41,70"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    return {"GEMMA4_BENCH_CACHE": str(cache), "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def finished_run(env, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    proc = run_cli(["sweep", "--inputs", INPUTS, "--max-new-tokens", "12", "--repeats", "2", "--checkpoint",
+                    "builtin:tiny", "--name", "t", "--runs-dir", str(runs)], env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (folder,) = [p for p in runs.iterdir() if p.is_dir()]
+    return folder, proc
+
+
+def test_sweep_writes_a_complete_consistent_run_folder(finished_run):
+    folder, proc = finished_run
+    assert validate_run(folder) == []
+    run = open_run(folder)
+    assert run.status == "complete" and folder.name.endswith("-t-cpu")
+    cells = run.cells()
+    assert [c.input_tokens for c in cells] == [20, 41, 70]
+    for c in cells:
+        assert c.repeats == 2 and c.generated_tokens_per_repeat == [12, 12]
+        assert c.compile_events_timed == 0
+        assert c.gauge_tok_s_min <= c.gauge_tok_s_median <= c.gauge_tok_s_max
+        assert c.e2e_tok_s_min <= c.e2e_tok_s_median <= c.e2e_tok_s_max
+        assert c.gauge_tok_s_median >= c.e2e_tok_s_median  # prefill and tokenization are outside the gauge
+        assert c.ttft_ms_median >= c.prefill_ms_median > 0
+    samples = run.samples()
+    assert [s.kind for s in samples if s.input_tokens == 20] == ["cold", "warmup", "timed", "timed"]
+    assert sum(s.kind == "cold" for s in samples) == 1  # the fresh engine's first request only
+    assert all(s.input_tokens in (20, 41, 70) for s in samples)  # exact input sizes, checked after tokenization
+    for s in samples:
+        assert len(s.token_ids) == 12 and len(s.step_ms) == 11
+        assert s.gauge_tok_s == pytest.approx(11 / (s.decode_ms / 1000))
+        assert s.tpot_ms == pytest.approx((s.e2e_ms - s.ttft_ms) / 11)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["dtype_policy"]["compute_dtype"] == "float32"
+    assert len(manifest["build_id"]) == 12 and manifest["checkpoint"]["content_hash"]
+    assert manifest["engine_config"]["buckets"][0] == 32
+    assert manifest["compile_cache"]["dir"] and manifest["compile_cache"]["misses"] is not None
+    assert "input tokens" in proc.stdout and "41" in proc.stdout  # the printed table
+    assert proc.stderr.splitlines()[0].startswith("creating built-in") or "device policy:" in proc.stderr.splitlines()[0]
+
+
+def test_name_clash_is_refused_and_the_old_run_is_kept(finished_run, env):
+    folder, _ = finished_run
+    before = (folder / "cells.jsonl").read_bytes()
+    date = folder.name[:10]
+    proc = run_cli(["sweep", "--inputs", "20", "--max-new-tokens", "4", "--repeats", "1", "--checkpoint",
+                    "builtin:tiny", "--name", "t", "--runs-dir", str(folder.parent)], env=env)  # fmt: skip
+    assert_one_line_error(proc, "already exists", "--resume")
+    assert (folder / "cells.jsonl").read_bytes() == before and folder.name.startswith(date)
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--inputs", "0"], ["--inputs", "positive"]),
+        (["--inputs", "-5"], ["--inputs", "positive"]),
+        (["--inputs", "41,abc"], ["'abc'", "whole number"]),
+        (["--inputs", "99999"], ["99999", "maximum prompt length", "--max-length"]),
+        (["--repeats", "0"], ["--repeats 0"]),
+        (["--inputs", "20", "--runs-dir", "/proc/gemma4-bench-runs"], ["not writable", "--runs-dir"]),
+        (["--inputs", "5"], ["below the smallest possible prompt"]),
+    ],
+)
+def test_bad_sweep_input_is_one_clear_line(args, needles, env, tmp_path):
+    base = ["sweep", "--checkpoint", "builtin:tiny", "--max-new-tokens", "4", "--runs-dir", str(tmp_path / "r")]
+    proc = run_cli(base + args, env=env)
+    assert_one_line_error(proc, *needles)
+
+
+def test_interrupted_sweep_keeps_finished_cells_and_resumes(env, tmp_path):
+    runs = tmp_path / "runs"
+    code = "import sys; from bench.cli import main; main(sys.argv[1:])"
+    args = ["sweep", "--inputs", "20,41,70,100", "--max-new-tokens", "24", "--repeats", "3", "--checkpoint",
+            "builtin:tiny", "--name", "cut", "--runs-dir", str(runs)]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=dict(os.environ, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 300
+    cells = None
+    while time.time() < deadline:
+        folders = [p for p in runs.glob("*-cut-cpu")] if runs.exists() else []
+        cells = folders[0] / "cells.jsonl" if folders else None
+        if cells and cells.exists() and len(cells.read_text().splitlines()) >= 1:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # a kill in the middle of the sweep
+    proc.communicate(timeout=120)
+    run = open_run(cells.parent)
+    done = run.finished_inputs()
+    assert 1 <= len(done) < 4 and run.status == "incomplete"
+    assert validate_run(cells.parent) == []
+    resumed = run_cli(["sweep", "--inputs", "20,41,70,100", "--max-new-tokens", "24", "--repeats", "3",
+                       "--checkpoint", "builtin:tiny", "--resume", str(cells.parent)], env=env)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    run = open_run(cells.parent)
+    assert run.status == "complete" and sorted(run.finished_inputs()) == [20, 41, 70, 100]
+    assert [c.input_tokens for c in run.cells()][: len(done)] == done  # the earlier cells kept as they were
