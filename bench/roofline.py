@@ -254,7 +254,8 @@ def decode_step_bytes(shape: DecoderShape, layout: WeightLayout, context_tokens:
 
 
 def roofline_share_pct(bytes_per_step: int | float, tok_s: float, bandwidth_gib_s: float) -> float:
-    """Bandwidth roofline share in %: bytes per step x decode tok/s / (bandwidth in GiB/s x 2^30)."""
-    if bandwidth_gib_s <= 0:
-        raise ValueError(f"bandwidth must be positive, got {bandwidth_gib_s} GiB/s")
-    return 100.0 * bytes_per_step * tok_s / (bandwidth_gib_s * GIB)
+    """Bandwidth roofline share in %: `bench.bandwidth.roofline_share` with the bandwidth given in GiB/s (2^30 B/s).
+    Raises InputError for a bandwidth <= 0 or negative inputs."""
+    from bench.bandwidth import roofline_share
+
+    return 100.0 * roofline_share(bytes_per_step, tok_s, bandwidth_gib_s * GIB)
