@@ -107,22 +107,14 @@ def _get_json(client: httpx.Client, url: str) -> Any:
 
 
 def scrape_metrics(client: httpx.Client, root: str) -> dict[str, float]:
-    """`GET {root}/metrics` as {'name{labels}': value}; {} when the server has none or it cannot be read."""
+    """`GET {root}/metrics` as {'name{labels}': value}; {} when the server has none or it cannot be parsed."""
+    from bench.serve_metrics import parse_metrics
+
     try:
         r = client.get(f"{root}/metrics")
-    except httpx.HTTPError:
+        return parse_metrics(r.text) if r.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
         return {}
-    if r.status_code != 200:
-        return {}
-    out = {}
-    for line in r.text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            try:
-                out[key] = float(value)
-            except ValueError:
-                continue
-    return out
 
 
 def load_prompt_tokenizer(checkpoint: str | None, target: Target):

@@ -34,13 +34,11 @@ anything unexpected (logged; the server keeps serving).
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import json
 import logging
 import queue
 import random
-import statistics
 import threading
 import time
 import uuid
@@ -54,11 +52,10 @@ from pydantic import BaseModel, ConfigDict
 
 from bench.degeneracy import check_degenerate
 from bench.errors import InputError
+from bench.serve_metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("bench.serve")
 
-METRIC_PREFIX = "gemma4_bench_"
-RECENT_REQUESTS = 32  # the decode-gauge and TTFT medians in /metrics are over this many latest requests
 MAX_STOP_STRINGS = 4
 
 
@@ -142,87 +139,6 @@ class ChatRequest(_Common):
 
 
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # OpenAI's legacy completions default is 16
-
-
-# ---- metrics ------------------------------------------------------------------------------------------------------
-class Metrics:
-    """Counters and recent-request gauges, rendered in the Prometheus text format (thread-safe)."""
-
-    def __init__(self, recent: int = RECENT_REQUESTS):
-        self._lock = threading.Lock()
-        self.requests: collections.Counter = collections.Counter()  # (path, status code)
-        self.errors: collections.Counter = collections.Counter()  # error type
-        self.prompt_tokens = self.completion_tokens = self.degenerate = self.cancelled = self.compiled = 0
-        self.completed = 0
-        self.gauges: collections.deque = collections.deque(maxlen=recent)  # tok/s
-        self.ttfts: collections.deque = collections.deque(maxlen=recent)  # seconds
-        self.last_gauge: float | None = None
-        self.last_ttft: float | None = None
-
-    def count_request(self, path: str, status: int) -> None:
-        with self._lock:
-            self.requests[(path, status)] += 1
-
-    def count_error(self, type_: str) -> None:
-        with self._lock:
-            self.errors[type_] += 1
-
-    def record_generation(self, *, prompt_tokens: int, completion_tokens: int, ttft_s: float | None,
-                          gauge_tok_s: float | None, degenerate: bool, cancelled: bool, compile_traces: int) -> None:  # fmt: skip
-        with self._lock:
-            self.completed += 1
-            self.prompt_tokens += prompt_tokens
-            self.completion_tokens += completion_tokens
-            self.degenerate += int(degenerate)
-            self.cancelled += int(cancelled)
-            self.compiled += int(compile_traces > 0)
-            self.last_ttft, self.last_gauge = ttft_s, gauge_tok_s
-            if ttft_s is not None:
-                self.ttfts.append(ttft_s)
-            if gauge_tok_s is not None:
-                self.gauges.append(gauge_tok_s)
-
-    def render(self, *, ready: bool, queue_depth: int, compile_counts: dict[str, int]) -> str:
-        """The Prometheus text exposition (format 0.0.4); names start with METRIC_PREFIX."""
-        c, n = compile_counts, self.gauges.maxlen
-        with self._lock:
-            med_g = statistics.median(self.gauges) if self.gauges else None
-            med_t = statistics.median(self.ttfts) if self.ttfts else None
-            table = [  # (name, type, help, [(labels, value)])
-                ("ready", "gauge", "1 when the model is loaded and warmed up.", [("", int(ready))]),
-                ("queue_depth", "gauge", "Requests waiting for the engine.", [("", queue_depth)]),
-                ("requests_total", "counter", "HTTP requests by path and status code.",
-                 [(f'{{path="{k[0]}",code="{k[1]}"}}', v) for k, v in sorted(self.requests.items())]),
-                ("errors_total", "counter", "Error responses by OpenAI error type.",
-                 [(f'{{type="{k}"}}', v) for k, v in sorted(self.errors.items())]),
-                ("generations_total", "counter", "Generations the engine finished.", [("", self.completed)]),
-                ("prompt_tokens_total", "counter", "Prompt tokens of finished generations.", [("", self.prompt_tokens)]),
-                ("completion_tokens_total", "counter", "Generated tokens.", [("", self.completion_tokens)]),
-                ("degenerate_responses_total", "counter", "Responses the degeneracy check flagged.", [("", self.degenerate)]),
-                ("cancelled_requests_total", "counter", "Generations stopped because the client left.", [("", self.cancelled)]),
-                ("generations_with_compile_total", "counter", "Generations during which something compiled.",
-                 [("", self.compiled)]),
-                ("decode_tokens_per_second", "gauge", f"Gauge decode rate, (generated - 1) / decode time: last request "
-                 f"and median of the last {n}.", [('{stat="last"}', self.last_gauge), ('{stat="median"}', med_g)]),
-                ("ttft_seconds", "gauge", f"Handler arrival to first token on the host: last request and median of the "
-                 f"last {n}.", [('{stat="last"}', self.last_ttft), ('{stat="median"}', med_t)]),
-                ("compile_traces_total", "counter", "jax traces (jit cache misses) in this process.",
-                 [("", c.get("traces", 0))]),
-                ("backend_compiles_total", "counter", "XLA backend compiles in this process.",
-                 [("", c.get("backend_compiles", 0))]),
-                ("compile_cache_hits_total", "counter", "Persistent compilation cache hits.", [("", c.get("cache_hits", 0))]),
-                ("compile_cache_misses_total", "counter", "Persistent compilation cache misses.",
-                 [("", c.get("cache_misses", 0))]),
-            ]  # fmt: skip
-        out = []
-        for name, kind, help_, samples in table:
-            out += [f"# HELP {METRIC_PREFIX}{name} {help_}", f"# TYPE {METRIC_PREFIX}{name} {kind}"]
-            out += [f"{METRIC_PREFIX}{name}{labels} {'NaN' if v is None else _num(v)}" for labels, v in samples]
-        return "\n".join(out) + "\n"
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 # ---- the engine worker --------------------------------------------------------------------------------------------
@@ -332,7 +248,7 @@ class _State:
         self.status, self.error = "loading", None
         self.loaded: LoadedModel | None = None
         self.worker: _Worker | None = None
-        self.metrics = Metrics()
+        self.metrics = Metrics(_compile_counts)
         self.warmup_s: float | None = None
         self.created = int(time.time())
 
@@ -423,8 +339,8 @@ def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         depth = state.worker.jobs.qsize() if state.worker else 0
-        text = state.metrics.render(ready=state.status == "ok", queue_depth=depth, compile_counts=_compile_counts())
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+        text = state.metrics.render(ready=state.status == "ok", queue_depth=depth)
+        return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

@@ -223,9 +223,9 @@ def test_metrics_count_requests_tokens_and_timings(server):
     _complete(server, "Harbour town")
     server.client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
     after = _metrics(server)
-    key = 'gemma4_bench_requests_total{path="/v1/completions",code="200"}'
+    key = 'gemma4_bench_requests_total{code="200",path="/v1/completions"}'
     assert after[key] == before.get(key, 0) + 1
-    assert after['gemma4_bench_requests_total{path="/v1/completions",code="404"}'] >= 1
+    assert after['gemma4_bench_requests_total{code="404",path="/v1/completions"}'] >= 1
     assert after["gemma4_bench_completion_tokens_total"] == before["gemma4_bench_completion_tokens_total"] + MAX_TOKENS
     assert after["gemma4_bench_generations_total"] == before["gemma4_bench_generations_total"] + 1
     assert after['gemma4_bench_errors_total{type="invalid_request_error"}'] >= 1
