@@ -63,6 +63,17 @@ def cache_bytes(cfg: ModelConfig, max_len: int, itemsize: int) -> int:
     return total
 
 
+def kv_read_bytes(cfg: ModelConfig, max_len: int, itemsize: int) -> int:
+    """Bytes of K and V that one decode step's attention reads: every layer reads the whole cache buffer of its KV
+    source (its own, or its producer's for a KV-shared layer), masked slots included; a producer's cache is
+    therefore read once per layer that uses it (E2B: layer 14's by layers 14, 19, 24, 29 and 34)."""
+    total = 0
+    for i in range(cfg.num_layers):
+        src = cfg.kv_source(i)
+        total += 2 * slots(cfg, src, max_len) * cfg.kv_heads(src) * cfg.layer_head_dim(src) * itemsize
+    return total
+
+
 def ring_positions(length: jax.Array, ring: int) -> jax.Array:
     """Absolute position held by each of the `ring` slots [R] (int32) once `length` positions are written;
     -1 for an empty slot. Slot s holds the latest p < length with p = s (mod R)."""

@@ -214,14 +214,15 @@ class Engine:
     def decode_bytes(self, n_tokens: int, max_new_tokens: int) -> dict[str, int]:
         """Bytes one decode step reads at the compiled shape of `n_tokens` (roofline numerator, measurement.md):
         `weights` (every weight the step touches at its stored size: one row of each embedding table, the whole
-        tied table for the logits) and `kv_cache` (the whole cache buffer of bucket + max_new_tokens positions,
-        which decode attention reads masked slots included), and their `total`."""
-        from model.cache import cache_bytes
+        tied table for the logits) and `kv_cache` (K and V read by the attention of every layer: the whole buffer
+        of bucket + max_new_tokens positions of its KV source, masked slots included, `model.cache.kv_read_bytes`),
+        and their `total`."""
+        from model.cache import kv_read_bytes
         from model.params import decode_weight_bytes
 
         weights = decode_weight_bytes(self.cfg, np.dtype(DTYPES[self.policy.weight_dtype]).itemsize)
         cache_len = self.bucket_for(n_tokens) + max_new_tokens
-        kv = cache_bytes(self.cfg, cache_len, np.dtype(DTYPES[self.policy.kv_dtype]).itemsize)
+        kv = kv_read_bytes(self.cfg, cache_len, np.dtype(DTYPES[self.policy.kv_dtype]).itemsize)
         return {"weights": weights, "kv_cache": kv, "total": weights + kv}
 
     def bucket_for(self, n_tokens: int) -> int:
