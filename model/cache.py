@@ -1,6 +1,7 @@
 """The KV cache pytree and its invariant.
 
-Key: B batch, S full-cache slots, R ring slots, K kv heads, H head dim.
+Key: B batch, K kv heads, S full-cache slots, R ring slots, H head dim. Layout [B,K,S,H], head-major: the batch
+axes (B, K) outermost let the decode attention read the cache in place (see `model.layers.attend`).
 
 Only the layers that own K/V have a cache (`ModelConfig.cache_layers`: 15 for E2B); KV-shared layers read their
 producer's. Full-attention layers keep one slot per absolute position (slot p holds position p). Sliding layers
@@ -25,7 +26,7 @@ from model.config import ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """Per cache layer (in `cfg.cache_layers` order): k and v of shape [B, S or R, K, H] in the KV dtype.
+    """Per cache layer (in `cfg.cache_layers` order): k and v of shape [B, K, S or R, H] in the KV dtype.
 
     `length` (int32 scalar) is the number of real positions written so far.
     """
@@ -47,7 +48,7 @@ def slots(cfg: ModelConfig, layer: int, max_len: int) -> int:
 
 def init_cache(cfg: ModelConfig, max_len: int, dtype, batch: int = 1) -> KVCache:
     """An empty cache (zeros, length 0) able to hold `max_len` positions (prompt bucket + max_new_tokens)."""
-    shapes = [(batch, slots(cfg, i, max_len), cfg.kv_heads(i), cfg.layer_head_dim(i)) for i in cfg.cache_layers]
+    shapes = [(batch, cfg.kv_heads(i), slots(cfg, i, max_len), cfg.layer_head_dim(i)) for i in cfg.cache_layers]
     return KVCache(
         k=tuple(jnp.zeros(s, dtype) for s in shapes),
         v=tuple(jnp.zeros(s, dtype) for s in shapes),

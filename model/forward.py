@@ -1,7 +1,7 @@
 """The Gemma 4 forward pass in three forms: full sequence (no cache), prefill into a cache, one decode step.
 
 Key: B batch, T positions, D model width, V vocab, L layers, P per-layer-input width, K kv heads, H head dim,
-S cache slots, R ring slots.
+S cache slots, R ring slots. K/V arrays are head-major, [B,K,T,H] / [B,K,S,H], as the cache stores them.
 All three compute the same function (tests prove it): `forward_full` is the reference form and the public
 full-sequence logits; `prefill` + `decode_step` are what the engine jits. Formulas: architecture notes §2.
 """
@@ -98,27 +98,28 @@ def forward_full(
             q_BTNH = project_q(lp, cfg, i, a_BTD, pos_BT)
             if not cfg.is_kv_shared(i):
                 kv[i] = project_kv(lp, cfg, i, a_BTD, pos_BT)
-            k_BTKH, v_BTKH = kv[cfg.kv_source(i)]
+            k_BKTH, v_BKTH = kv[cfg.kv_source(i)]
             mask_BTT = jnp.broadcast_to(_visible(cfg, i, pos_BT[0][:, None], pos_BT[0][None, :]), (b, t, t))
-            o_BTNH = attend(q_BTNH, k_BTKH, v_BTKH, mask_BTT)
+            o_BTNH = attend(q_BTNH, k_BKTH, v_BKTH, mask_BTT)
             h_BTD = layer_tail(lp, cfg, h_BTD, attn_output(lp, o_BTNH), _ple(ple_BTLP, i))
             hidden.append(h_BTD)
     out = logits(params, cfg, h_BTD)
     return (out, jnp.stack(hidden)) if return_hidden else out
 
 
-def _write_prefill(cfg: ModelConfig, layer: int, buf_BSKH: jax.Array, x_BTKH: jax.Array, length: jax.Array):
-    """Prefill K or V [B,T,K,H] written into a layer's cache buffer, keeping the invariant: only real positions
-    (< length) are written; a sliding ring receives the last R real positions, position p in slot p mod R."""
-    t = x_BTKH.shape[1]
-    x_BTKH = x_BTKH.astype(buf_BSKH.dtype)
+def _write_prefill(cfg: ModelConfig, layer: int, buf_BKSH: jax.Array, x_BKTH: jax.Array, length: jax.Array):
+    """Prefill K or V [B,K,T,H] written into a layer's cache buffer [B,K,S,H], keeping the invariant: only real
+    positions (< length) are written; a sliding ring receives the last R real positions, position p in slot
+    p mod R."""
+    t = x_BKTH.shape[2]
+    x_BKTH = x_BKTH.astype(buf_BKSH.dtype)
     if cfg.is_sliding(layer):
-        r = buf_BSKH.shape[1]
+        r = buf_BKSH.shape[2]
         pos_R = ring_positions(length, r)  # absolute position each slot must hold
-        gathered = jnp.take(x_BTKH, jnp.clip(pos_R, 0, t - 1), axis=1)
-        return jnp.where((pos_R >= 0)[None, :, None, None], gathered, jnp.zeros_like(gathered))
-    real_BTKH = jnp.where((jnp.arange(t) < length)[None, :, None, None], x_BTKH, jnp.zeros_like(x_BTKH))
-    return jax.lax.dynamic_update_slice(buf_BSKH, real_BTKH, (0, 0, 0, 0))
+        gathered = jnp.take(x_BKTH, jnp.clip(pos_R, 0, t - 1), axis=2)
+        return jnp.where((pos_R >= 0)[None, None, :, None], gathered, jnp.zeros_like(gathered))
+    real_BKTH = jnp.where((jnp.arange(t) < length)[None, None, :, None], x_BKTH, jnp.zeros_like(x_BKTH))
+    return jax.lax.dynamic_update_slice(buf_BKSH, real_BKTH, (0, 0, 0, 0))
 
 
 def prefill(
@@ -144,15 +145,15 @@ def prefill(
         with jax.named_scope(f"layer_{i}"):
             a_BTD = rms_norm(h_BTD, lp.attn_norm_D, cfg.rms_norm_eps)
             q_BTNH = project_q(lp, cfg, i, a_BTD, pos_BT)
-            k_BTKH, v_BTKH = kv[i] = project_kv(lp, cfg, i, a_BTD, pos_BT)
+            k_BKTH, v_BKTH = kv[i] = project_kv(lp, cfg, i, a_BTD, pos_BT)
             if cfg.is_sliding(i) and t > cfg.sliding_window:
-                o_BTNH = attend_windowed(q_BTNH, k_BTKH, v_BTKH, cfg.sliding_window, length)
+                o_BTNH = attend_windowed(q_BTNH, k_BKTH, v_BKTH, cfg.sliding_window, length)
             else:
                 mask_TT = _visible(cfg, i, kpos_T[:, None], kpos_T[None, :]) & (kpos_T[None, :] < length)
-                o_BTNH = attend(q_BTNH, k_BTKH, v_BTKH, jnp.broadcast_to(mask_TT, (b, t, t)))
+                o_BTNH = attend(q_BTNH, k_BKTH, v_BKTH, jnp.broadcast_to(mask_TT, (b, t, t)))
             h_BTD = layer_tail(lp, cfg, h_BTD, attn_output(lp, o_BTNH), _ple(ple_BTLP, i))
-            new_k[i] = _write_prefill(cfg, i, cache.k[i], k_BTKH, length)
-            new_v[i] = _write_prefill(cfg, i, cache.v[i], v_BTKH, length)
+            new_k[i] = _write_prefill(cfg, i, cache.k[i], k_BKTH, length)
+            new_v[i] = _write_prefill(cfg, i, cache.v[i], v_BKTH, length)
     # From here on only the last real position matters.
     last = length - 1
     h_B1D = jax.lax.dynamic_slice_in_dim(h_BTD, last, 1, axis=1)
@@ -163,9 +164,9 @@ def prefill(
         with jax.named_scope(f"layer_{i}"):
             a_B1D = rms_norm(h_B1D, lp.attn_norm_D, cfg.rms_norm_eps)
             q_B1NH = project_q(lp, cfg, i, a_B1D, qpos_B1)
-            k_BTKH, v_BTKH = kv[cfg.kv_source(i)]
+            k_BKTH, v_BKTH = kv[cfg.kv_source(i)]
             mask_1T = _visible(cfg, i, last, kpos_T)[None, :]
-            o_B1NH = attend(q_B1NH, k_BTKH, v_BTKH, jnp.broadcast_to(mask_1T, (b, 1, t)))
+            o_B1NH = attend(q_B1NH, k_BKTH, v_BKTH, jnp.broadcast_to(mask_1T, (b, 1, t)))
             h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
     out_BV = logits(params, cfg, h_B1D)[:, 0]
     return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=jnp.asarray(length, jnp.int32))
@@ -188,18 +189,21 @@ def decode_step(params: Params, cfg: ModelConfig, token_B: jax.Array, cache: KVC
             q_B1NH = project_q(lp, cfg, i, a_B1D, pos_B1)
             src = cfg.kv_source(i)
             if not cfg.is_kv_shared(i):
-                k_B1KH, v_B1KH = project_kv(lp, cfg, i, a_B1D, pos_B1)
-                slot = jnp.mod(p, new_k[i].shape[1]) if cfg.is_sliding(i) else p
-                new_k[i] = jax.lax.dynamic_update_slice(new_k[i], k_B1KH.astype(dtype), (0, slot, 0, 0))
-                new_v[i] = jax.lax.dynamic_update_slice(new_v[i], v_B1KH.astype(dtype), (0, slot, 0, 0))
-            k_BSKH, v_BSKH = new_k[src], new_v[src]
-            s = k_BSKH.shape[1]
+                k_BK1H, v_BK1H = project_kv(lp, cfg, i, a_B1D, pos_B1)
+                slot = jnp.mod(p, new_k[i].shape[2]) if cfg.is_sliding(i) else p
+                k_new = jax.lax.dynamic_update_slice(new_k[i], k_BK1H.astype(dtype), (0, 0, slot, 0))
+                v_new = jax.lax.dynamic_update_slice(new_v[i], v_BK1H.astype(dtype), (0, 0, slot, 0))
+                # The barrier keeps XLA from duplicating each update into its readers (the step's output and the
+                # attention below), which made XLA:CPU copy every cache buffer several times per decode step.
+                new_k[i], new_v[i] = jax.lax.optimization_barrier((k_new, v_new))
+            k_BKSH, v_BKSH = new_k[src], new_v[src]
+            s = k_BKSH.shape[2]
             if cfg.is_sliding(i):
                 kpos_S = ring_positions(p + 1, s)
                 vis_S = (kpos_S >= 0) & _visible(cfg, i, p, kpos_S)
             else:
                 vis_S = jnp.arange(s) <= p
-            o_B1NH = attend(q_B1NH, k_BSKH, v_BSKH, jnp.broadcast_to(vis_S[None, None, :], (b, 1, s)))
+            o_B1NH = attend(q_B1NH, k_BKSH, v_BKSH, jnp.broadcast_to(vis_S[None, None, :], (b, 1, s)))
             h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
     out_BV = logits(params, cfg, h_B1D)[:, 0]
     return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=p + 1)

@@ -1,6 +1,6 @@
 """Pure building blocks of the Gemma 4 decoder: norms, RoPE, masked attention, the MLP, per-layer inputs.
 
-Key: B batch, T query positions, S key positions, D model width, N query heads, K kv heads, G = N // K query heads
+Key: B batch, T query positions, S key positions, Q = G*T query rows per kv head, U keys per window block, D model width, N query heads, K kv heads, G = N // K query heads
 per kv head, H head dim, F feed-forward width, P per-layer-input width, C window blocks, W window.
 Formulas: ../shared/gemma4-architecture.md §2 (transformers 5.23 `modeling_gemma4.py`).
 Every block sits under a `jax.named_scope`, so profiles map device time back to this code.
@@ -84,32 +84,39 @@ def project_q(lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, p
 def project_kv(
     lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, pos_BT: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Keys and values [B,T,K,H] of a layer that owns K/V: k-norm (learned) + RoPE; v-norm without weight."""
+    """Keys and values [B,K,T,H] (head-major, the cache's layout) of a layer that owns K/V: k-norm (learned
+    weight) and RoPE on keys; v-norm without weight on values."""
     k_BTKH = rms_norm(dense(a_BTD, lp.wk_DKH, "BTD,DKH->BTKH"), lp.k_norm_H, cfg.rms_norm_eps)
     k_BTKH = apply_rope(k_BTKH, pos_BT, rope_inv_freq(cfg, cfg.is_sliding(layer)))
     v_BTKH = rms_norm(dense(a_BTD, lp.wv_DKH, "BTD,DKH->BTKH"), None, cfg.rms_norm_eps)
-    return k_BTKH, v_BTKH
+    return jnp.swapaxes(k_BTKH, 1, 2), jnp.swapaxes(v_BTKH, 1, 2)
 
 
-def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BTS: jax.Array) -> jax.Array:
+def attend(q_BTNH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BTS: jax.Array) -> jax.Array:
     """Masked softmax attention with the K kv heads broadcast over G = N/K query heads (MQA/GQA); scale 1.0.
 
+    Keys and values come head-major, [B,K,S,H] (the KV cache's layout): with the batch axes (B, K) outermost,
+    XLA reads a cache in place; with [B,S,K,H] XLA:CPU transposed the whole K cache on every decode step.
     Scores accumulate in float32 and the softmax runs in float32; the probabilities are cast to v's dtype.
     Returns [B,T,N,H] in q's dtype.
     """
     with jax.named_scope("attention"):
         b, t, n, h = q_BTNH.shape
-        k = k_BSKH.shape[2]
-        q_BTKGH = q_BTNH.reshape(b, t, k, n // k, h)
-        s_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
-        s_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], s_BKGTS, _MASKED)
-        p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(v_BSKH.dtype)
-        o_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", p_BKGTS, v_BSKH)
+        k, s = k_BKSH.shape[1], k_BKSH.shape[2]
+        g = n // k
+        # Queries of one kv head side by side (Q = G*T), so both products are plain batched matmuls over (B, K).
+        q_BKQH = jnp.transpose(q_BTNH.reshape(b, t, k, g, h), (0, 2, 3, 1, 4)).reshape(b, k, g * t, h)
+        s_BKQS = jnp.einsum("BKQH,BKSH->BKQS", q_BKQH, k_BKSH, preferred_element_type=jnp.float32)
+        mask_B1QS = jnp.broadcast_to(mask_BTS[:, None, None], (b, 1, g, t, s)).reshape(b, 1, g * t, s)
+        s_BKQS = jnp.where(mask_B1QS, s_BKQS, _MASKED)
+        p_BKQS = jax.nn.softmax(s_BKQS, axis=-1).astype(v_BKSH.dtype)
+        o_BKQH = jnp.einsum("BKQS,BKSH->BKQH", p_BKQS, v_BKSH)
+        o_BTKGH = jnp.transpose(o_BKQH.reshape(b, k, g, t, h), (0, 3, 1, 2, 4))
         return o_BTKGH.reshape(b, t, n, h).astype(q_BTNH.dtype)
 
 
 def attend_windowed(
-    q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, window: int, length: jax.Array
+    q_BTNH: jax.Array, k_BKTH: jax.Array, v_BKTH: jax.Array, window: int, length: jax.Array
 ) -> jax.Array:
     """Causal sliding-window self-attention over one sequence in blocks of W = window: O(T * 2W), not O(T^2).
 
@@ -117,16 +124,17 @@ def attend_windowed(
     j < length (right padding never visible). Equals `attend` with the full sliding mask.
     """
     b, t, n, h = q_BTNH.shape
-    kh = k_BTKH.shape[2]
+    kh = k_BKTH.shape[1]
     c = -(-t // window)
     tp = c * window
-    pad = [(0, 0), (0, tp - t), (0, 0), (0, 0)]
-    q_BCWNH = jnp.pad(q_BTNH, pad).reshape(b, c, window, n, h)
-    lead = [(0, 0), (window, tp - t), (0, 0), (0, 0)]  # one block of zeros before position 0
-    k_BcWKH = jnp.pad(k_BTKH, lead).reshape(b, c + 1, window, kh, h)
-    v_BcWKH = jnp.pad(v_BTKH, lead).reshape(b, c + 1, window, kh, h)
-    k_BCUKH = jnp.concatenate([k_BcWKH[:, :-1], k_BcWKH[:, 1:]], axis=2)  # U = 2W keys per query block
-    v_BCUKH = jnp.concatenate([v_BcWKH[:, :-1], v_BcWKH[:, 1:]], axis=2)
+    q_BCWNH = jnp.pad(q_BTNH, [(0, 0), (0, tp - t), (0, 0), (0, 0)]).reshape(b, c, window, n, h)
+    lead = [(0, 0), (0, 0), (window, tp - t), (0, 0)]  # one block of zeros before position 0
+
+    def blocks(x_BKTH):  # [B,K,T,H] -> [B*C, K, U=2W, H]: key blocks c-1 and c for each query block c
+        x_BKcWH = jnp.pad(x_BKTH, lead).reshape(b, kh, c + 1, window, h)
+        x_BKCUH = jnp.concatenate([x_BKcWH[:, :, :-1], x_BKcWH[:, :, 1:]], axis=3)
+        return jnp.swapaxes(x_BKCUH, 1, 2).reshape(b * c, kh, 2 * window, h)
+
     qpos_CW = jnp.arange(tp).reshape(c, window)
     kpos_CU = (jnp.arange(c)[:, None] - 1) * window + jnp.arange(2 * window)[None, :]
     i, j = qpos_CW[:, :, None], kpos_CU[:, None, :]
@@ -134,16 +142,22 @@ def attend_windowed(
     # Fold the blocks into the batch axis and reuse the plain kernel.
     out = attend(
         q_BCWNH.reshape(b * c, window, n, h),
-        k_BCUKH.reshape(b * c, 2 * window, kh, h),
-        v_BCUKH.reshape(b * c, 2 * window, kh, h),
+        blocks(k_BKTH),
+        blocks(v_BKTH),
         jnp.broadcast_to(mask_CWU[None], (b, c, window, 2 * window)).reshape(b * c, window, 2 * window),
     )
     return out.reshape(b, tp, n, h)[:, :t]
 
 
 def attn_output(lp: LayerParams, o_BTNH: jax.Array) -> jax.Array:
-    """Output projection [B,T,N,H] -> [B,T,D]."""
-    return dense(o_BTNH, lp.wo_NHD, "BTNH,NHD->BTD")
+    """Output projection [B,T,N,H] -> [B,T,D], contracted over the flattened (N*H) axis.
+
+    Both reshapes are free (row-major), and a 2-D contraction lets XLA lay out the small activation rather than
+    the weight: with the 4-D einsum "BTNH,NHD->BTD", XLA:CPU transposed every layer's o_proj weight on every
+    decode step (72% of decode time in `bench profile` on the default checkpoint, before this change).
+    """
+    b, t, n, h = o_BTNH.shape
+    return dense(o_BTNH.reshape(b, t, n * h), lp.wo_NHD.reshape(n * h, -1), "BTX,XD->BTD")
 
 
 def layer_tail(

@@ -76,14 +76,14 @@ def test_padding_beyond_the_window_decodes_the_same_tokens(params):
 def test_ring_holds_exactly_the_last_real_positions(params, ids):
     n_prompt, bucket = 13, 16
     _, cache = _cached_logits(params, ids[:, :20], n_prompt, bucket)
-    ring = cache.k[0].shape[1]
+    ring = cache.k[0].shape[2]  # [B, K, R, H]
     pos = np.asarray(ring_positions(cache.length, ring))
     assert sorted(pos.tolist()) == list(range(20 - ring, 20))  # the last R absolute positions, one per slot
     assert all(p % ring == s for s, p in enumerate(pos))
     # The ring slot of position 19 holds exactly that position's key: recompute it from a full prefill of 20.
     cache20 = init_cache(CFG, 20, jnp.float32)
     _, cache20 = prefill(params, CFG, ids[:, :20], jnp.int32(20), cache20)
-    np.testing.assert_allclose(cache.k[0][0, 19 % ring], cache20.k[0][0, 19 % ring], atol=1e-5)
+    np.testing.assert_allclose(cache.k[0][0, :, 19 % ring], cache20.k[0][0, :, 19 % ring], atol=1e-5)
 
 
 def test_padding_never_occupies_a_slot(params, ids):
@@ -91,8 +91,8 @@ def test_padding_never_occupies_a_slot(params, ids):
     padded = jnp.zeros((1, 32), jnp.int32).at[:, :5].set(ids[:, :5])
     _, cache = prefill(params, CFG, padded, jnp.int32(5), cache)
     full_layer = CFG.layer_types.index("full_attention")
-    assert np.all(np.asarray(cache.k[full_layer][0, 5:]) == 0)  # full cache: nothing past the real length
-    sliding = np.asarray(cache.k[0][0])
+    assert np.all(np.asarray(cache.k[full_layer][0, :, 5:]) == 0)  # full cache: nothing past the real length
+    sliding = np.asarray(cache.k[0][0, 0])
     assert np.all(sliding[5:] == 0) and np.all(np.abs(sliding[:5]).sum(-1) > 0)
 
 
@@ -110,7 +110,7 @@ def test_positions_are_absolute_not_bucket_relative(params, ids):
 def test_windowed_attention_equals_dense_masked_attention():
     rng = np.random.default_rng(0)
     b, t, n, k, h, w, length = 1, 37, 4, 2, 8, 8, 30
-    q, kk, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((b, t, n, h), (b, t, k, h), (b, t, k, h)))
+    q, kk, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((b, t, n, h), (b, k, t, h), (b, k, t, h)))
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
     mask = jnp.asarray((j <= i) & (j > i - w) & (j < length))[None]
     dense = attend(q, kk, v, mask)
