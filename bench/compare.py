@@ -101,6 +101,25 @@ def manifest_differences(base: dict[str, Any], cand: dict[str, Any]) -> list[Dif
     return out
 
 
+def describe_differences(diffs: list[Difference]) -> str:
+    """One line: every difference known on both sides in full; fields recorded by neither run by name; fields
+    recorded on one side only in full when there are at most 4, else by name (nested configuration keys folded
+    to their first two levels), so a long one-sided list stays readable."""
+    def names(which: list[Difference]) -> str:
+        return ", ".join(dict.fromkeys(".".join(d.field.split(".")[:2]) for d in which))
+
+    parts = [d.describe() for d in diffs if not d.unknown]
+    neither = [d for d in diffs if d.baseline is None and d.candidate is None]
+    one_sided = [d for d in diffs if d.unknown and d not in neither]
+    if neither:
+        parts.append(f"not recorded by either run: {names(neither)}")
+    if len(one_sided) <= 4:  # a few: with their values
+        parts += [d.describe() for d in one_sided]
+    else:
+        parts.append(f"recorded on one side only: {names(one_sided)}")
+    return "; ".join(parts)
+
+
 def single_variable(base: dict[str, Any], cand: dict[str, Any]) -> tuple[bool | None, list[Difference]]:
     """(True, []) when build id, checkpoint hash, configuration and weight bytes are equal and known;
     (False, diffs) when a known value differs; (None, diffs) when nothing known differs but some are unknown."""

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.compare import manifest_differences, single_variable
+from bench.compare import describe_differences, manifest_differences, single_variable
 from bench.errors import InputError, RunFolderError
 from bench.plots import plot_profile, plot_sweep
 from bench.runs import CellRow, RunFolder, list_runs, open_complete_run, resolve_run
@@ -471,9 +471,9 @@ def comparison_findings(views: list[RunView], base: RunView) -> list[str]:
                     "configuration and weight bytes)")  # fmt: skip
         else:
             verdict = "not a single-variable comparison" if same is False else "not established as single-variable"
-            text = f"{v.label} vs {base.label} is {verdict}: " + "; ".join(d.describe() for d in diffs)
+            text = f"{v.label} vs {base.label} is {verdict}: " + describe_differences(diffs)
         if others:
-            text += ". Other differences: " + "; ".join(d.describe() for d in others)
+            text += ". Other differences: " + describe_differences(others)
         out.append(text + ".")
     return out
 

@@ -142,7 +142,7 @@ def test_findings_from_the_reference_runs(reference_report) -> None:
     assert "decode gauge 3.76x at 41, 3.72x at 521, 3.74x at 2,057 (median 3.74x)" in text
     assert "the source quotes 3.7x for decode" in text
     assert "4.0x whole-request ratio (published)" in text and "56x" in text
-    assert "not established as single-variable: checkpoint hash: — vs — (not recorded)" in text
+    assert "not established as single-variable: not recorded by either run: checkpoint hash" in text
     assert "configuration.max_model_len: 4,096 vs —" in text
     assert "host architecture: aarch64 vs x86_64" in text and "compute dtype: float16 vs bfloat16" in text
     assert report.baseline == T4G.name  # default baseline: the slowest run
