@@ -85,6 +85,8 @@ def test_name_clash_is_refused_and_the_old_run_is_kept(finished_run, env):
         (["--repeats", "0"], ["--repeats 0"]),
         (["--inputs", "20", "--runs-dir", "/proc/gemma4-bench-runs"], ["not writable", "--runs-dir"]),
         (["--inputs", "5"], ["below the smallest possible prompt"]),
+        (["--inputs", "20", "--buckets", "64,x"], ["--buckets 64,x", "whole numbers"]),
+        (["--inputs", "100", "--buckets", "32,64"], ["100 tokens", "maximum prompt length 64"]),
     ],
 )
 def test_bad_sweep_input_is_one_clear_line(args, needles, env, tmp_path):
@@ -114,8 +116,10 @@ def test_interrupted_sweep_keeps_finished_cells_and_resumes(env, tmp_path):
     done = run.finished_inputs()
     assert 1 <= len(done) < 4 and run.status == "incomplete"
     assert validate_run(cells.parent) == []
-    resumed = run_cli(["sweep", "--inputs", "20,41,70,100", "--max-new-tokens", "24", "--repeats", "3",
-                       "--checkpoint", "builtin:tiny", "--resume", str(cells.parent)], env=env)  # fmt: skip
+    changed = run_cli(["sweep", "--max-new-tokens", "16", "--resume", str(cells.parent)], env=env)
+    assert_one_line_error(changed, "--max-new-tokens 16 differs", "24")
+    # Flags not given are the run's own (inputs, max_new_tokens, repeats and the checkpoint).
+    resumed = run_cli(["sweep", "--resume", str(cells.parent)], env=env)
     assert resumed.returncode == 0, resumed.stderr
     run = open_run(cells.parent)
     assert run.status == "complete" and sorted(run.finished_inputs()) == [20, 41, 70, 100]

@@ -53,11 +53,26 @@ def compile_cache_dir(spec: str | None) -> Path | None:
     return Path(spec).expanduser()
 
 
+def parse_buckets(text: str | None) -> tuple[int, ...] | None:
+    """`--buckets 64,128,1024` -> (64, 128, 1024) (sorted, unique); None -> the engine's default ladder.
+    Raises InputError for a non-numeric or non-positive rung."""
+    if text is None:
+        return None
+    try:
+        rungs = sorted({int(p) for p in text.split(",") if p.strip()})
+    except ValueError:
+        raise InputError(f"--buckets {text}: expected comma-separated whole numbers of tokens, e.g. 64,512,4096") from None
+    if not rungs or rungs[0] < 1:
+        raise InputError(f"--buckets {text}: expected positive token counts, e.g. 64,512,4096")
+    return tuple(rungs)
+
+
 def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | None, compile_cache: str | None,
-                weight_dtype: str | None = None):  # fmt: skip
+                weight_dtype: str | None = None, buckets: str | None = None):  # fmt: skip
     """Decide and log the dtype policy (the first line), enable the compile cache, resolve and load the
     checkpoint. `weight_dtype` stores the weights in another dtype than the compute dtype (default: the same, so no
-    step converts weights). Returns (engine, load report, checkpoint path, compile cache folder or None)."""
+    step converts weights); `buckets` is the `--buckets` text (default: the engine's ladder up to max_length).
+    Returns (engine, load report, checkpoint path, compile cache folder or None)."""
     from model.engine import enable_compile_cache, load_engine
     from model.policy import DTYPES, decide_policy
 
@@ -67,10 +82,11 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
         raise InputError(f"--weight-dtype {weight_dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
     if max_length is not None and max_length < 1:
         raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
+    ladder = parse_buckets(buckets)
     policy = decide_policy(dtype, weight_dtype=weight_dtype)
     cache = enable_compile_cache(compile_cache_dir(compile_cache))
     path = checkpoint_path(checkpoint)
-    engine, report = load_engine(path, policy=policy, max_length=max_length)
+    engine, report = load_engine(path, policy=policy, max_length=max_length, buckets=ladder)
     return engine, report, Path(report["path"]), cache
 
 
@@ -83,3 +99,6 @@ WeightDtypeOpt = typer.Option(
 )  # fmt: skip
 MaxLengthOpt = typer.Option(None, "--max-length", help="Largest prompt (tokens) the engine accepts; default 8192.")
 CompileCacheOpt = typer.Option(None, "--compile-cache", help=CACHE_HELP)
+BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens), e.g. 64,512,1024,4096: a prompt is "
+                          "padded to the smallest rung that holds it. Default: powers of two to 512, then steps of 512 "
+                          "to 4096, then of 1024 up to --max-length.")

@@ -10,8 +10,17 @@ from pathlib import Path
 import typer
 
 from bench.cli import app
-from bench.cli.common import CheckpointOpt, CompileCacheOpt, DtypeOpt, MaxLengthOpt, open_engine, setup_logging
-from bench.errors import RunFolderError
+from bench.cli.common import (
+    BucketsOpt,
+    CheckpointOpt,
+    CompileCacheOpt,
+    DtypeOpt,
+    MaxLengthOpt,
+    open_engine,
+    setup_logging,
+)
+from bench.errors import InputError, RunFolderError
+from bench.sweep import parse_inputs
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -70,11 +79,32 @@ def _manifest(engine, report: dict, ckpt: Path, cache_dir: Path | None, config, 
     }
 
 
+def _resumed_flags(run, inputs: str | None, max_new_tokens: int | None, repeats: int | None, checkpoint: str | None):
+    """With --resume, flags not given take the run's values; a given flag that differs is an InputError."""
+    cfg = run.manifest.get("engine_config") or {}
+    stored = {"--inputs": ",".join(map(str, cfg.get("inputs") or [])) or None,
+              "--max-new-tokens": cfg.get("max_new_tokens"), "--repeats": cfg.get("repeats")}  # fmt: skip
+    given = {"--inputs": inputs, "--max-new-tokens": max_new_tokens, "--repeats": repeats}
+    for flag, value in given.items():
+        if value is None or stored[flag] is None:
+            continue
+        same = parse_inputs(value) == parse_inputs(stored[flag]) if flag == "--inputs" else value == stored[flag]
+        if not same:
+            raise InputError(f"{flag} {value} differs from the resumed run's {stored[flag]}; "
+                             f"drop the flag to continue {run.path} as it started")  # fmt: skip
+    ckpt = checkpoint or (run.manifest.get("checkpoint") or {}).get("path")
+    return (inputs or stored["--inputs"], max_new_tokens if max_new_tokens is not None else stored["--max-new-tokens"],
+            repeats if repeats is not None else stored["--repeats"], ckpt)  # fmt: skip
+
+
 @app.command()
 def sweep(
-    inputs: str = typer.Option("41,521,2057,3593", "--inputs", help="Comma-separated exact input sizes (tokens)."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens generated per request (EOS ignored)."),
-    repeats: int = typer.Option(3, "--repeats", help="Timed repeats per cell (after one warm-up)."),
+    inputs: str | None = typer.Option(None, "--inputs", help="Comma-separated exact input sizes (tokens). "
+                                      "Default 41,521,2057,3593 (with --resume: the run's)."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Tokens generated per request (EOS "
+                                              "ignored). Default 64 (with --resume: the run's)."),
+    repeats: int | None = typer.Option(None, "--repeats", help="Timed repeats per cell after one warm-up. Default 3 "
+                                       "(with --resume: the run's)."),
     checkpoint: str | None = CheckpointOpt,
     name: str | None = typer.Option(
         None, "--name", help="Run label: the folder is runs/<date>-<label>-<device>/ (default 'sweep', suffixed -2, -3, "
@@ -84,6 +114,7 @@ def sweep(
     dtype: str | None = DtypeOpt,
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
+    buckets: str | None = BucketsOpt,
     target: str | None = typer.Option(
         None, "--target", help="Measure an OpenAI-compatible server instead, e.g. http://127.0.0.1:8000/v1 "
         "(prompts sized with --checkpoint's tokenizer; see bench/remote.py)."),
@@ -93,24 +124,27 @@ def sweep(
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     from bench.environment import device_slug
     from bench.runs import create_run, free_label, open_run
-    from bench.sweep import SweepConfig, parse_inputs, run_sweep
+    from bench.sweep import SweepConfig, run_sweep
     from model.engine import CompileCounter
 
-    config = SweepConfig(inputs=parse_inputs(inputs), max_new_tokens=max_new_tokens, repeats=repeats)
+    run = None
+    if resume is not None and target is None:
+        run = open_run(resume)  # raises RunFolderError naming the folder
+        if run.status == "complete":
+            raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
+        inputs, max_new_tokens, repeats, checkpoint = _resumed_flags(run, inputs, max_new_tokens, repeats, checkpoint)
+    config = SweepConfig(inputs=parse_inputs(inputs or "41,521,2057,3593"),
+                         max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
+                         repeats=3 if repeats is None else repeats)  # fmt: skip
     config.check()
     if target is not None:
         _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, (dtype, max_length, compile_cache))
         return
-    run = None
-    if resume is not None:
-        run = open_run(resume)  # raises RunFolderError naming the folder
-        if run.status == "complete":
-            raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
-    elif runs_dir.exists() and not runs_dir.is_dir():
+    if run is None and runs_dir.exists() and not runs_dir.is_dir():
         raise RunFolderError(f"--runs-dir {runs_dir} is a file; pass a folder")
     setup_logging()
     log = logging.getLogger("bench")
-    engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache)
+    engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets)
     from bench.sweep import build_prompts
 
     build_prompts(engine, config)  # every size checked before a folder is created or anything measured
@@ -120,6 +154,12 @@ def sweep(
         slug = manifest["device"].get("slug") or device_slug(engine.policy.device_kind)
         run = create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
     else:
+        if manifest["build_id"] != run.manifest.get("build_id"):
+            raise RunFolderError(
+                f"run {run.path} was measured with build id {run.manifest.get('build_id')}, this command's build is "
+                f"{manifest['build_id']} (the code, checkpoint, dtype or engine configuration differ); finish it with "
+                "the same code and flags, or start a new run"
+            )
         run.resume()
     done = run.finished_inputs()
     log.info(f"run folder: {run.path}")
