@@ -53,6 +53,7 @@ PROVENANCES = ("measured", "published")
 MANIFEST, CELLS_JSONL, CELLS_CSV, SAMPLES, PROFILE, LOG = (
     "manifest.json", "cells.jsonl", "cells.csv", "samples.jsonl", "profile.json", "run.log",
 )  # fmt: skip
+LOCK = ".lock"  # flock held by the process that writes the run (RunFolder.lock)
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -215,6 +216,32 @@ class RunFolder:
     def __init__(self, path: Path, manifest: dict[str, Any]):
         self.path = path
         self.manifest = manifest
+        self._lock_file = None
+
+    def lock(self) -> None:
+        """Take the folder's writer lock (an flock on `.lock`, released when this process ends, even by SIGKILL).
+
+        One process writes a run at a time: RunFolderError when another process holds it (a sweep still running,
+        or a second `--resume` of the same run)."""
+        import fcntl
+
+        if self._lock_file is not None:
+            return
+        fh = open(self.path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115  (held for the process's life)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise RunFolderError(
+                f"run {self.path} is being written by {holder}; wait for it to finish (or stop it), then --resume"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}\n")
+        fh.flush()
+        self._lock_file = fh
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r}, status={self.status!r})"
@@ -295,9 +322,23 @@ class RunFolder:
             self.manifest["ended_at"] = now_iso()
         self._write_manifest()
         self.log(f"run {status}")
+        self.unlock()
+
+    def unlock(self) -> None:
+        """Release the writer lock and remove `.lock` (a process that dies leaves a stale, unheld `.lock`)."""
+        if self._lock_file is None:
+            return
+        import fcntl
+
+        (self.path / LOCK).unlink(missing_ok=True)
+        fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+        self._lock_file.close()
+        self._lock_file = None
 
     def resume(self) -> None:
-        """Mark an interrupted run as running again (RunFolderError for a complete or published run)."""
+        """Mark an interrupted run as running again, holding its lock (RunFolderError for a complete or published
+        run, or one that another process is still writing)."""
+        self.lock()
         if self.status == "complete" or self.provenance == "published":
             raise RunFolderError(
                 f"{self.path}: run is {self.status} ({self.provenance}); nothing to resume, start a new run with --name"
@@ -417,6 +458,7 @@ def create_run(
     except OSError as exc:
         raise _unwritable(root, exc) from None
     run = RunFolder(path, full)
+    run.lock()
     run._write_manifest()
     (path / LOG).touch()
     return run
@@ -523,7 +565,7 @@ def validate_run(path: str | Path) -> list[str]:
     except RunFolderError as exc:
         return [str(exc).replace(f"{p}/", "")]
     problems = manifest_problems(manifest)
-    if problems and "schema_version" in problems[0]:
+    if problems and ("schema_version" in problems[0] or not isinstance(manifest, dict)):
         return problems
     published = isinstance(manifest.get("provenance"), dict) and manifest["provenance"].get("kind") == "published"
 
@@ -554,6 +596,8 @@ def validate_run(path: str | Path) -> list[str]:
                     n_csv = sum(1 for _ in csv.DictReader(fh))
                 if n_csv != len(seen) and manifest.get("status") == "complete":  # a kill may leave it one behind
                     problems.append(f"{CELLS_CSV}: {n_csv} rows but {CELLS_JSONL} has {len(seen)}")
+    if not problems and not published:
+        problems += _consistency_problems(p)
     if manifest.get("status") == "complete" and not (p / CELLS_JSONL).exists() and not (p / PROFILE).exists():
         problems.append(f"{CELLS_JSONL}: missing in a complete run (and no {PROFILE} either)")
     if published and (p / SAMPLES).exists():
@@ -563,4 +607,28 @@ def validate_run(path: str | Path) -> list[str]:
             problems += profile_problems(_read_json(p / PROFILE))
         except RunFolderError as exc:
             problems.append(str(exc).replace(f"{p}/", ""))
+    return problems
+
+
+def _consistency_problems(p: Path) -> list[str]:
+    """Numbers that contradict each other in a schema-valid measured run: a cell whose median lies outside its
+    min..max, whose timed samples are not `repeats` distinct repeats, or whose validity ignores its samples."""
+    try:
+        cells = _read_jsonl(p / CELLS_JSONL, CellRow) if (p / CELLS_JSONL).exists() else []
+        samples = _read_jsonl(p / SAMPLES, Sample) if (p / SAMPLES).exists() else []
+    except RunFolderError as exc:
+        return [str(exc)]
+    problems = []
+    for c in cells:
+        where = f"{CELLS_JSONL}: cell {c.input_tokens}"
+        for metric in ("gauge_tok_s", "e2e_tok_s", "ttft_ms"):
+            lo, mid, hi = (getattr(c, f"{metric}_{k}") for k in ("min", "median", "max"))
+            if None not in (lo, mid, hi) and not lo <= mid <= hi:
+                problems.append(f"{where}: {metric} median {mid} is outside min..max {lo}..{hi}")
+        if c.status != "ok":
+            continue
+        timed = [s.repeat for s in samples if s.input_tokens == c.input_tokens and s.kind == "timed"]
+        if sorted(timed) != list(range(c.repeats or 0)):
+            problems.append(f"{where}: {SAMPLES} holds timed repeats {sorted(timed)}, expected 0..{(c.repeats or 0) - 1}"
+                            " (missing samples, or two processes wrote this run)")  # fmt: skip
     return problems

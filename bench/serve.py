@@ -52,6 +52,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bench.degeneracy import check_degenerate
 from bench.errors import InputError
+from model.errors import ModelError
 from bench.serve_metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("bench.serve")
@@ -250,6 +251,7 @@ class _State:
         self.worker: _Worker | None = None
         self.metrics = Metrics(_compile_counts)
         self.warmup_s: float | None = None
+        self.on_load_failure: Callable[[Exception], None] | None = None
         self.created = int(time.time())
 
     def load(self) -> None:
@@ -266,9 +268,11 @@ class _State:
             self.worker = _Worker(loaded.engine)
             self.status = "ok"
             log.info(f"ready: serving model {self.model_name!r}")
-        except Exception as exc:  # noqa: BLE001  (reported by /health; the process stays up to say why)
+        except Exception as exc:  # noqa: BLE001  (reported by /health, and to on_load_failure)
             self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
             log.error(f"loading failed: {self.error}")
+            if self.on_load_failure is not None:
+                self.on_load_failure(exc)
 
 
 def _compile_counts() -> dict[str, int]:
@@ -281,12 +285,15 @@ def _compile_counts() -> dict[str, int]:
 
 
 def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | None = None,
-               warmup_shapes: Sequence[tuple[int, int]] = ()) -> FastAPI:  # fmt: skip
+               warmup_shapes: Sequence[tuple[int, int]] = (),
+               on_load_failure: Callable[[Exception], None] | None = None) -> FastAPI:  # fmt: skip
     """The FastAPI app. `engine_provider()` is called once, in a background thread started with the server; it
-    returns a `LoadedModel` (or raises: /health then answers 503 with status "failed" and the reason).
-    `model_name`: the id clients must send (default: the checkpoint id). `warmup_shapes`: (prompt tokens,
-    max_tokens) pairs compiled (greedy) before /health reports ready."""
+    returns a `LoadedModel` (or raises: /health then answers 503 with status "failed" and the reason, and
+    `on_load_failure(exc)` is called, e.g. to stop the server). `model_name`: the id clients must send (default:
+    the checkpoint id). `warmup_shapes`: (prompt tokens, max_tokens) pairs compiled (greedy) before /health
+    reports ready."""
     state = _State(engine_provider, model_name, warmup_shapes)
+    state.on_load_failure = on_load_failure
 
     async def lifespan(_app: FastAPI):
         threading.Thread(target=state.load, name="model-loader", daemon=True).start()
@@ -314,6 +321,10 @@ def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | 
             return error_response(APIError(400, "malformed JSON body", code="invalid_json"))
         message = f"{where or 'body'}: {first.get('msg', 'invalid')}"
         return error_response(APIError(400, message, param=where, code="invalid_value"))
+
+    @app.exception_handler(ModelError)
+    async def on_model_error(_req: Request, exc: ModelError) -> JSONResponse:  # e.g. text that cannot be tokenized
+        return error_response(APIError(400, str(exc), code="invalid_value"))
 
     @app.exception_handler(Exception)
     async def on_unexpected(_req: Request, exc: Exception) -> JSONResponse:
@@ -465,11 +476,10 @@ async def _serve(state: _State, request: Request, body: _Common, ids: list[int],
                        param="model", code="model_not_found")  # fmt: skip
     sampling, max_tokens = _sampling(body, kind, engine)
     try:
-        engine.bucket_for(len(ids))
+        engine.check_request(len(ids), max_tokens)
     except EngineError as exc:
-        raise APIError(400, f"prompt of {len(ids)} tokens exceeds this server's maximum prompt length "
-                       f"{engine.buckets[-1]} tokens", param="messages" if kind == "chat" else "prompt",
-                       code="context_length_exceeded") from exc  # fmt: skip
+        raise APIError(400, f"{exc} (this server's maximum prompt length is {engine.buckets[-1]} tokens)",
+                       param="messages" if kind == "chat" else "prompt", code="context_length_exceeded") from exc
     job = _Job(ids, max_tokens, sampling, not body.ignore_eos, asyncio.get_running_loop())
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     text = _TextAssembler(engine.tokenizer, stops, body.skip_special_tokens)

@@ -50,7 +50,7 @@ def parse_inputs(text: str) -> tuple[int, ...]:
     sizes = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
-            continue
+            raise InputError(f"--inputs {text!r}: empty entry; expected comma-separated token counts, e.g. 41,521")
         try:
             n = int(part)
         except ValueError:
@@ -70,7 +70,7 @@ def build_prompts(engine, config: SweepConfig) -> dict[int, Prompt]:
         raise InputError("the checkpoint has no tokenizer.json; a sweep builds its prompts from natural text")
     prompts = {}
     for n in config.inputs:
-        engine.bucket_for(n)
+        engine.check_request(n, config.max_new_tokens)
         p = exact_prompt(engine.tokenizer, n)
         if len(p.ids) != n:
             raise InputError(f"prompt for {n} input tokens came out at {len(p.ids)} tokens")
@@ -82,9 +82,11 @@ Progress = Callable[[str], None]
 
 
 def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress = lambda _: None,
-              skip: Sequence[int] = ()) -> list[CellRow]:  # fmt: skip
+              skip: Sequence[int] = (), should_stop: Callable[[], bool] = lambda: False) -> list[CellRow]:  # fmt: skip
     """Measure every cell not in `skip` into `run`; returns the rows measured now (in order).
 
+    `should_stop` is polled before every request (a signal handler sets it): when it turns true the sweep raises
+    KeyboardInterrupt there, so the cell in progress is dropped whole and every finished cell stays.
     Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed cell, and the sweep goes on.
     The caller marks the run complete / incomplete.
     """
@@ -98,16 +100,20 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
         bucket = engine.bucket_for(n)
         where = f"cell {index}/{len(todo)}: {n} input tokens (bucket {bucket})"
         samples = []
+
+        def measure(kind: str, repeat: int, what: str) -> None:
+            if should_stop():
+                raise KeyboardInterrupt
+            progress(f"{where}: {what} [{time.perf_counter() - t0:.1f} s]")
+            samples.append(measure_request(engine, prompts[n], config.max_new_tokens, kind=kind, repeat=repeat))
+
         try:
             if not cold_done:
-                progress(f"{where}: cold first request of the fresh engine (compiles) [{time.perf_counter() - t0:.1f} s]")
-                samples.append(measure_request(engine, prompts[n], config.max_new_tokens, kind="cold", repeat=0))
+                measure("cold", 0, "cold first request of the fresh engine (compiles)")
                 cold_done = True
-            progress(f"{where}: warm-up at ({bucket}, {config.max_new_tokens}) [{time.perf_counter() - t0:.1f} s]")
-            samples.append(measure_request(engine, prompts[n], config.max_new_tokens, kind="warmup", repeat=0))
+            measure("warmup", 0, f"warm-up at ({bucket}, {config.max_new_tokens})")
             for r in range(config.repeats):
-                progress(f"{where}: repeat {r + 1}/{config.repeats} [{time.perf_counter() - t0:.1f} s]")
-                samples.append(measure_request(engine, prompts[n], config.max_new_tokens, kind="timed", repeat=r))
+                measure("timed", r, f"repeat {r + 1}/{config.repeats}")
             row = summarize_cell(samples, max_new_tokens=config.max_new_tokens, bucket=bucket, input_tokens=n)
         except KeyboardInterrupt:
             raise

@@ -44,6 +44,8 @@ def create_checkpoint(preset: str, out_dir: str | os.PathLike, *, seed: int = 0,
     """
     if preset not in PRESETS:
         raise CheckpointError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+    if not 0 <= seed < 2**63:
+        raise CheckpointError(f"seed {seed} is out of range; expected a whole number in [0, 2^63)")
     cfg: ModelConfig = PRESETS[preset]
     out = Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

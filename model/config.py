@@ -67,6 +67,14 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.ple_vocab_size is None:  # normalise, so that equal architectures compare (and hash) equal
             object.__setattr__(self, "ple_vocab_size", self.vocab_size)
+        sizes = {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+                 "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+                 "head_dim": self.head_dim, "global_head_dim": self.global_head_dim,
+                 "intermediate_size": self.intermediate_size, "sliding_window": self.sliding_window,
+                 "max_position_embeddings": self.max_position_embeddings}  # fmt: skip
+        bad_sizes = {k: v for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
+        if bad_sizes or self.ple_dim < 0 or (self.num_global_kv_heads is not None and self.num_global_kv_heads < 1):
+            raise ConfigError(f"config: sizes must be positive whole numbers, got {bad_sizes or 'a negative PLE/KV size'}")
         if len(self.layer_types) != self.num_layers:
             raise ConfigError(
                 f"config: layer_types has {len(self.layer_types)} entries, expected num_hidden_layers={self.num_layers}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -113,6 +114,14 @@ class Sampling:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise EngineError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise EngineError(f"top_p must be in (0, 1] and top_k >= 0, got top_p={self.top_p}, top_k={self.top_k}")
+        if not 0 <= self.seed < 2**32:
+            raise EngineError(f"seed must be in [0, 2^32), got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -237,14 +246,26 @@ class Engine:
             "raise it with --max-length"
         )
 
+    def check_request(self, n_tokens: int, max_new_tokens: int) -> int:
+        """The bucket of a request of `n_tokens` prompt tokens and `max_new_tokens` new ones. Raises EngineError
+        (naming the limit and the flag that changes it) when no bucket holds the prompt, max_new_tokens < 1, or
+        prompt + new tokens exceed the model's max_position_embeddings."""
+        if max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        bucket = self.bucket_for(n_tokens)
+        if n_tokens + max_new_tokens > self.cfg.max_position_embeddings:
+            raise EngineError(
+                f"{n_tokens} prompt tokens + {max_new_tokens} new tokens exceed the model's "
+                f"{self.cfg.max_position_embeddings} positions (max_position_embeddings); lower --max-new-tokens"
+            )
+        return bucket
+
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling = GREEDY, *,
                  stop_at_eos: bool = False, on_token: Callable[[int], bool | None] | None = None) -> Generation:  # fmt: skip
         """Generate up to `max_new_tokens` ids after `prompt_ids` (exactly that many unless `stop_at_eos`, or
         `on_token` returns True to stop early, e.g. a client disconnected or a stop string matched)."""
-        if max_new_tokens < 1:
-            raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         n = len(prompt_ids)
-        bucket = self.bucket_for(n)
+        bucket = self.check_request(n, max_new_tokens)
         ids = np.full((1, bucket), self.cfg.pad_token_id, np.int32)
         ids[0, :n] = np.asarray(prompt_ids, np.int32)
         args = sampling.args()

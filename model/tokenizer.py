@@ -286,9 +286,14 @@ class GemmaTokenizer:
         return SPECIAL_IDS[TURN_END]
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without BOS. Control-token strings in `text` (e.g. "<turn|>") become their ids."""
+        """Token ids of `text`, without BOS. Control-token strings in `text` (e.g. "<turn|>") become their ids.
+        Raises TypeError for a non-str, TokenizerError for text that is not valid Unicode (a lone surrogate)."""
         if not isinstance(text, str):
             raise TypeError(f"encode expects str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise TokenizerError(f"text is not valid Unicode ({exc.reason} at character {exc.start})") from None
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:

@@ -355,3 +355,29 @@ def test_free_label_suffixes_a_taken_default_label(tmp_path):
     (tmp_path / run_name("sweep", "cpu", "2026-11-30")).mkdir()
     (tmp_path / run_name("sweep-2", "cpu", "2026-11-30")).mkdir()
     assert free_label(tmp_path, "sweep", "cpu", "2026-11-30") == "sweep-3"
+
+
+def test_one_writer_per_run_folder(tmp_path: Path) -> None:
+    run = make_measured_run(tmp_path, "locked", inputs=(41,), status="incomplete")
+    again = open_run(run.path)
+    again.resume()  # holds the lock now
+    code = f"from bench.runs import open_run; open_run({str(run.path)!r}).resume()"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert other.returncode != 0 and "is being written by pid" in other.stderr
+    again.finish("complete")
+    assert not (run.path / ".lock").exists()
+
+
+def test_validate_catches_numbers_that_contradict_each_other(tmp_path: Path) -> None:
+    run = make_measured_run(tmp_path, "contradict", inputs=(41, 521))
+    rows = [json.loads(line) for line in (run.path / "cells.jsonl").read_text().splitlines()]
+    rows[0]["gauge_tok_s_median"] = rows[0]["gauge_tok_s_max"] + 1
+    (run.path / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples = (run.path / "samples.jsonl").read_text().splitlines()
+    kept = [line for line in samples if not (json.loads(line)["input_tokens"] == 521 and json.loads(line)["kind"] == "timed")]
+    (run.path / "samples.jsonl").write_text("\n".join(kept) + "\n")
+    problems = validate_run(run.path)
+    assert any("cell 41: gauge_tok_s median" in p for p in problems)
+    assert any("cell 521" in p and "timed repeats []" in p for p in problems)
+    (run.path / "manifest.json").write_text("[]")
+    assert validate_run(run.path) == ["manifest.json: expected a JSON object, got list"]

@@ -322,6 +322,8 @@ def test_a_client_leaving_mid_stream_frees_the_engine(tiny_checkpoint):
         (json.dumps({"model": MODEL, "prompt": "x", "n": 2}).encode(), 400, "n"),
         (json.dumps({"model": MODEL, "prompt": [99999]}).encode(), 400, "prompt"),
         (json.dumps({"model": MODEL}).encode(), 400, "prompt"),
+        (json.dumps({"model": MODEL, "prompt": "a\ud800b"}).encode(), 400, None),  # a lone surrogate
+        (json.dumps({"model": MODEL, "prompt": "word " * 40, "max_tokens": 250}).encode(), 400, "prompt"),
     ],
 )
 def test_bad_requests_get_openai_errors_and_the_server_survives(server, payload, status, param):

@@ -47,10 +47,18 @@ def compile_cache_dir(spec: str | None) -> Path | None:
     from model.builtin import cache_root
 
     if spec is None:
-        return cache_root() / "xla"
-    if spec.lower() in ("off", "none", "0", "false"):
+        path = cache_root() / "xla"
+    elif spec.lower() in ("off", "none", "0", "false"):
         return None
-    return Path(spec).expanduser()
+    else:
+        path = Path(spec).expanduser()
+    if path.exists() and not path.is_dir():
+        raise InputError(f"--compile-cache {path}: is a file; pass a folder (or 'off')")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--compile-cache {path}: cannot create the folder ({exc.strerror or exc}); pass another") from None
+    return path
 
 
 def parse_buckets(text: str | None) -> tuple[int, ...] | None:

@@ -165,8 +165,11 @@ def profile(
     from bench.runs import create_run, free_label, open_run, resolve_run
 
     run = None
+    if run_ref is not None and name is not None:
+        raise InputError("--run and --name: a profile joins an existing run (--run) or starts one (--name), not both")
     if run_ref is not None:
         run = open_run(resolve_run(run_ref, runs_dir))  # RunFolderError names the folder
+        run.lock()  # no other process may be writing it (e.g. a sweep still running)
     elif runs_dir.exists() and not runs_dir.is_dir():
         raise InputError(f"--runs-dir {runs_dir} is a file; pass a folder")
 
@@ -182,7 +185,7 @@ def profile(
     from bench.profile_capture import capture_steps
 
     max_new_tokens = WARMUP_STEPS + steps + 1  # every traced position stays inside the cache
-    bucket = engine.bucket_for(input_tokens)  # EngineError (exit 2) for a prompt over the maximum
+    bucket = engine.check_request(input_tokens, max_new_tokens)  # EngineError (exit 2) for a prompt too long
     pol = engine.policy
     if run is None:
         config = SimpleNamespace(inputs=(input_tokens,), max_new_tokens=max_new_tokens, repeats=None)
@@ -316,7 +319,12 @@ def bandwidth(
     if repeats < 1:
         raise InputError(f"--repeats {repeats}: expected a whole number >= 1")
     setup_logging()
-    r = measure_bandwidth(n_bytes, repeats)
+    try:
+        r = measure_bandwidth(n_bytes, repeats)
+    except Exception as exc:  # the device could not hold the buffers: a user-sized request, not a crash
+        if "RESOURCE_EXHAUSTED" in str(exc) or "Out of memory" in str(exc):
+            raise InputError(f"--bytes {n_bytes}: the device cannot hold two buffers of that size; choose fewer bytes") from None
+        raise
     typer.echo(f"device: {r.device_kind} ({r.platform})")
     typer.echo(f"bandwidth: {r.gib_s:,.2f} GiB/s = {r.gb_s:,.2f} GB/s")
     typer.echo(f"copy of {r.n_bytes / MiB:,.0f} MiB: {r.bytes_moved:,} bytes moved (read + written), "

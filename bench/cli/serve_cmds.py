@@ -52,15 +52,44 @@ def serve(
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics). The port opens at once; /health answers 503 until the model is loaded and warmed up."""
+    import socket
+
     import uvicorn
 
+    from bench.errors import BenchError
     from bench.serve import create_app, parse_warmup_shapes
+    from model.errors import ModelError
+    from model.policy import DTYPES
 
     shapes = parse_warmup_shapes(warmup_shapes)
     if not 0 < port < 65536:
         raise InputError(f"--port {port}: expected 1..65535")
+    if dtype is not None and dtype not in DTYPES:
+        raise InputError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
+    if max_length is not None and max_length < 1:
+        raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
+    if checkpoint is not None and not checkpoint.startswith("builtin:"):
+        from model.checkpoint import resolve_checkpoint
+
+        resolve_checkpoint(checkpoint)  # a bad path or repo id fails here, before the port opens
+    try:  # the address must be bindable now: uvicorn would only say so after "startup complete"
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise InputError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
     setup_logging()
     logging.getLogger("bench").info(f"serving on http://{host}:{port}/v1 (loading the model in the background)")
+    failure: list[Exception] = []
+
+    def stop_on_failure(exc: Exception) -> None:  # a server that can never be ready ends, saying why
+        failure.append(exc)
+        server.should_exit = True
+
     application = create_app(lambda: load_served_model(checkpoint, dtype, max_length, compile_cache),
-                             model_name=model_name, warmup_shapes=shapes)  # fmt: skip
-    uvicorn.run(application, host=host, port=port, log_level="info", access_log=False)
+                             model_name=model_name, warmup_shapes=shapes, on_load_failure=stop_on_failure)  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(application, host=host, port=port, log_level="info", access_log=False))
+    server.run()
+    if failure:
+        if isinstance(failure[0], (BenchError, ModelError)):
+            raise failure[0]
+        raise typer.Exit(1)

@@ -12,6 +12,7 @@ import typer
 from bench.cli import app
 from bench.cli.common import (
     BucketsOpt,
+    compile_cache_dir,
     CheckpointOpt,
     CompileCacheOpt,
     DtypeOpt,
@@ -79,6 +80,15 @@ def _manifest(engine, report: dict, ckpt: Path, cache_dir: Path | None, config, 
     }
 
 
+def _resumed_cache(run, compile_cache: str | None) -> str:
+    """With --resume, the run's compile cache folder ('off' if it had none); a different one is an InputError, so
+    that the run's cache hits and misses stay one story."""
+    stored = (run.manifest.get("compile_cache") or {}).get("dir") or "off"
+    if compile_cache is not None and str(compile_cache_dir(compile_cache) or "off") != stored:
+        raise InputError(f"--compile-cache {compile_cache} differs from the resumed run's {stored}; drop the flag")
+    return stored
+
+
 def _resumed_flags(run, inputs: str | None, max_new_tokens: int | None, repeats: int | None, checkpoint: str | None):
     """With --resume, flags not given take the run's values; a given flag that differs is an InputError."""
     cfg = run.manifest.get("engine_config") or {}
@@ -127,12 +137,15 @@ def sweep(
     from bench.sweep import SweepConfig, run_sweep
     from model.engine import CompileCounter
 
+    if model is not None and target is None:
+        raise InputError("--model names a model on a server: it needs --target http://HOST:PORT/v1")
     run = None
     if resume is not None and target is None:
         run = open_run(resume)  # raises RunFolderError naming the folder
         if run.status == "complete":
             raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
         inputs, max_new_tokens, repeats, checkpoint = _resumed_flags(run, inputs, max_new_tokens, repeats, checkpoint)
+        compile_cache = _resumed_cache(run, compile_cache)
     config = SweepConfig(inputs=parse_inputs(inputs or "41,521,2057,3593"),
                          max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                          repeats=3 if repeats is None else repeats)  # fmt: skip
@@ -165,20 +178,31 @@ def sweep(
     log.info(f"run folder: {run.path}")
     run.log(engine.policy.line())
 
-    def on_term(signum, _frame):  # a kill (SIGTERM) ends like Ctrl-C: finished cells stay, status incomplete
-        raise KeyboardInterrupt
+    stop = []
 
-    signal.signal(signal.SIGTERM, on_term)
+    def on_signal(signum, _frame):
+        # SIGTERM or Ctrl-C: stop before the next request (raising here could be swallowed if the signal lands
+        # inside a garbage-collection callback); a second signal stops at once.
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(signum)
+        log.info("stopping after the current request (signal again to stop now)")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     t0 = time.perf_counter()
     status = "incomplete"
     try:
-        run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)), skip=done)
+        run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)), skip=done,
+                  should_stop=lambda: bool(stop))  # fmt: skip
         status = "complete"
     finally:
         counts = CompileCounter.snapshot()
+        before = run.manifest.get("compile_cache") or {}  # a resumed run adds this process's counts to its own
         run.update_manifest(compile_cache={"dir": str(cache_dir) if cache_dir else None,
-                                           "hits": counts["cache_hits"] - counts0["cache_hits"],
-                                           "misses": counts["cache_misses"] - counts0["cache_misses"]})  # fmt: skip
+                                           "hits": (before.get("hits") or 0) + counts["cache_hits"] - counts0["cache_hits"],
+                                           "misses": (before.get("misses") or 0) + counts["cache_misses"]
+                                           - counts0["cache_misses"]})  # fmt: skip
         run.finish(status)
         log.info(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
     from rich.console import Console
