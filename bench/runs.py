@@ -481,7 +481,7 @@ def open_run(path: str | Path) -> RunFolder:
 
 
 def open_complete_run(path: str | Path) -> RunFolder:
-    """`open_run`, then check that the run is complete and that its cells and profile read cleanly.
+    """`open_run`, then check that the run is complete and valid (`validate_run`: schema, and numbers that agree).
 
     What the report and compare accept. Raises RunFolderError naming the folder and the reason (status not
     complete, a corrupt cells.jsonl line, a bad profile.json, ...).
@@ -491,6 +491,10 @@ def open_complete_run(path: str | Path) -> RunFolder:
         raise RunFolderError(f"{run.path}: status is {run.status!r}, not complete (an interrupted or failed run)")
     run.cells()
     run.profile()
+    problems = validate_run(run.path)
+    if problems:
+        more = f" (and {len(problems) - 1} more; see bench runs validate)" if len(problems) > 1 else ""
+        raise RunFolderError(f"{run.path}: {problems[0]}{more}")
     return run
 
 

@@ -379,5 +379,10 @@ def test_validate_catches_numbers_that_contradict_each_other(tmp_path: Path) -> 
     problems = validate_run(run.path)
     assert any("cell 41: gauge_tok_s median" in p for p in problems)
     assert any("cell 521" in p and "timed repeats []" in p for p in problems)
+    from bench.report import build_report
+
+    make_measured_run(tmp_path, "good", inputs=(41,))
+    report = build_report([], tmp_path / "report", runs_dir=tmp_path)  # the report skips it, naming why
+    assert [name for name, _ in report.skipped] == [run.path.name] and "median" in report.skipped[0][1]
     (run.path / "manifest.json").write_text("[]")
     assert validate_run(run.path) == ["manifest.json: expected a JSON object, got list"]
