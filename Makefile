@@ -12,7 +12,7 @@ ARGS      ?=
 help:
 	@echo "make sweep    run the default sweep (inputs $(INPUTS)) on the built-in checkpoint; writes runs/<name>/"
 	@echo "make test     run the test suite"
-	@echo "make profile  xprof trace of 20 decode steps + device-time breakdown"
+	@echo "make profile  xprof trace of 20 decode steps + device-time breakdown, added to the latest sweep run"
 	@echo "make report   tables and plots comparing the archived runs in runs/ -> reports/latest/"
 	@echo "make lock     re-pin constraints.txt from the current .venv"
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 	  "$$py" -m venv $(VENV) || exit 1; \
 	fi
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -qq -c constraints.txt -e '.[dev]'  # -qq: no build-backend chatter
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -38,7 +38,7 @@ sweep: $(STAMP)
 	$(BENCH) sweep --inputs $(INPUTS) $(ARGS)
 
 profile: $(STAMP)
-	$(BENCH) profile --steps 20 $(ARGS)
+	$(BENCH) profile --steps 20 --run latest $(ARGS)
 
 report: $(STAMP)
 	$(BENCH) report --out reports/latest $(ARGS)

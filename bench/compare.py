@@ -190,11 +190,12 @@ class Comparison:
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """Index of the first position where two id lists differ (or the shorter length); None when identical."""
+    """Index of the first position, within the shorter list, where two id lists differ; None when they agree
+    there (a run that generated fewer tokens has not diverged: the caller notes the different lengths)."""
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    return None
 
 
 def _timed_ids(samples: list[Sample]) -> dict[int, list[list[int]]]:
@@ -222,7 +223,10 @@ def _token_agreement(base: RunFolder, cand: RunFolder, sizes: list[int]) -> tupl
             continue
         div = first_divergence(a[0], b[0])
         status = "identical" if div is None else "differ"
-        out.append(TokenAgreement(size, status, div, min(len(a[0]), len(b[0]))))
+        n = min(len(a[0]), len(b[0]))
+        note = None if len(a[0]) == len(b[0]) else (
+            f"compared the first {n} tokens: the runs generated {len(a[0])} and {len(b[0])}")  # fmt: skip
+        out.append(TokenAgreement(size, status, div, n, note))
     return out, notes
 
 

@@ -444,10 +444,17 @@ def cold_warm_findings(views: list[RunView]) -> list[str]:
 
 def comparison_findings(views: list[RunView], base: RunView) -> list[str]:
     """Speedup of each run over `base` (gauge and end-to-end median ratios per common valid cell) and whether
-    each comparison is single-variable, with exactly what differs."""
+    each comparison is single-variable, with exactly what differs. Runs of another model (checkpoint content hash,
+    else checkpoint id) get no speedup, only a line saying so."""
     out = []
     for v in views:
         if v is base:
+            continue
+        models = [(x.m.get("checkpoint") or {}).get("content_hash") or (x.m.get("checkpoint") or {}).get("id")
+                  for x in (base, v)]  # fmt: skip
+        if models[0] != models[1]:
+            out.append(f"{v.label} vs {base.label}: no speedup is computed, they ran different models "
+                       f"({models[1]} vs {models[0]}); their tok/s are not comparable.")  # fmt: skip
             continue
         parts = []
         for metric, name in (("gauge", "decode gauge"), ("e2e", "end-to-end")):

@@ -498,8 +498,23 @@ def open_complete_run(path: str | Path) -> RunFolder:
     return run
 
 
+def latest_measured_run(runs_dir: str | Path) -> Path:
+    """The measured run of `runs_dir` with sweep cells that started last (RunFolderError when there is none)."""
+    best = None
+    for summary in list_runs(runs_dir) if Path(runs_dir).is_dir() else []:
+        if summary.ok and summary.provenance == "measured" and summary.cells and summary.started_at:
+            if best is None or summary.started_at > best.started_at:
+                best = summary
+    if best is None:
+        raise RunFolderError(f"no measured sweep run in {runs_dir}/ for 'latest'; run `make sweep` first, or drop --run")
+    return best.path
+
+
 def resolve_run(ref: str | Path, runs_dir: str | Path = "runs") -> Path:
-    """A run given as a path or as a folder name inside `runs_dir` (RunFolderError naming both places)."""
+    """A run given as a path, as a folder name inside `runs_dir`, or as "latest" (`latest_measured_run`).
+    RunFolderError names both places when it is neither."""
+    if str(ref) == "latest":
+        return latest_measured_run(runs_dir)
     p = Path(ref)
     if p.is_dir():
         return p

@@ -171,8 +171,8 @@ def safetensors_files(ckpt: Path) -> list[Path]:
     return files
 
 
-def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], np.ndarray], tuple[int, ...], Path]]:
-    """(key, loader, shape, file) for every tensor; the loader reads that one tensor (memory-mapped file)."""
+def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], np.ndarray], tuple[int, ...], str, Path]]:
+    """(key, loader, shape, stored dtype e.g. "BF16", file) for every tensor; the loader reads that one tensor."""
     from safetensors import SafetensorError, safe_open
 
     for path in files:
@@ -180,8 +180,8 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], np.ndar
             handle = safe_open(str(path), framework="numpy")
             with handle as f:
                 for key in f.keys():
-                    shape = tuple(f.get_slice(key).get_shape())
-                    yield key, (lambda f=f, key=key: f.get_tensor(key)), shape, path
+                    meta = f.get_slice(key)
+                    yield key, (lambda f=f, key=key: f.get_tensor(key)), tuple(meta.get_shape()), meta.get_dtype(), path
         except SafetensorError as exc:
             raise CheckpointError(f"{path}: not a readable safetensors file ({exc}); re-download or re-create it") from None
 
@@ -189,7 +189,8 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], np.ndar
 def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtype=np.float32, device_put=None):
     """Load a checkpoint's text-decoder weights as `Params`, converted to `dtype`.
 
-    Returns (params, report) where report is a dict: prefix used, tensors loaded, ignored keys by reason.
+    Returns (params, report) where report is a dict: path, prefixes used, tensors loaded, ignored keys, and the
+    safetensors dtypes the tensors were stored in (e.g. ["BF16"]).
     `device_put` (e.g. `jax.device_put`) is applied to each array as it is converted, so only one host copy of
     one tensor exists at a time; None keeps numpy arrays.
     Raises CheckpointError for a missing/unexpected/duplicate/mis-shaped tensor (naming it and both shapes) or an
@@ -204,7 +205,8 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     seen: set[str] = set()
     ignored: list[str] = []
     prefix_used: set[str] = set()
-    for key, load, shape, file in _iter_tensors(safetensors_files(path)):
+    stored: set[str] = set()
+    for key, load, shape, stored_dtype, file in _iter_tensors(safetensors_files(path)):
         rel = next((key[len(p):] for p in PREFIXES if key.startswith(p)), None)
         spec = table.get(rel) if rel is not None else None
         if spec is None:
@@ -217,6 +219,7 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
         if shape != spec.hf_shape:
             raise CheckpointError(f"{file.name}: tensor {key!r} has shape {list(shape)}, expected {list(spec.hf_shape)}")
         seen.add(rel)
+        stored.add(stored_dtype)
         prefix_used.add(key[: len(key) - len(rel)])
         array = put(spec.to_engine(load()).astype(dtype))
         (glob if spec.layer is None else layers[spec.layer])[spec.field] = array
@@ -225,7 +228,8 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"{path}: tensor {missing[0]!r} is missing{more}; expected shape {list(table[missing[0]].hf_shape)}")
     params = Params(**glob, layers=tuple(LayerParams(**fields) for fields in layers))
-    report = {"path": str(path), "prefixes": sorted(prefix_used), "tensors": len(seen), "ignored": ignored}
+    report = {"path": str(path), "prefixes": sorted(prefix_used), "tensors": len(seen), "ignored": ignored,
+              "stored_dtypes": sorted(stored)}  # fmt: skip
     return params, report
 
 

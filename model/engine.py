@@ -309,7 +309,7 @@ class Engine:
 
 
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,
-                buckets: Sequence[int] | None = None) -> tuple[Engine, dict]:  # fmt: skip
+                buckets: Sequence[int] | None = None, log_policy: bool = True) -> tuple[Engine, dict]:  # fmt: skip
     """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under a dtype policy.
 
     `policy` defaults to `decide_policy()` for the live device; its weight dtype is the dtype the weights are
@@ -326,17 +326,28 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
 
     policy = policy or decide_policy()
     log = logging.getLogger("model.engine")
-    log.info(policy.line())
-    if policy.warning():
-        log.warning(policy.warning())
+    if log_policy:  # callers that log it themselves, first thing, pass False
+        log_policy_line(policy)
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
     t0 = time.perf_counter()
     params, report = load_params(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put)
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
+    log.info(f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
+             f"converted once at load to {policy.weight_dtype}) in {report['load_s']:.1f} s")  # fmt: skip
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     return Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer), report
+
+
+def log_policy_line(policy: DevicePolicy) -> None:
+    """Log the policy line (logger "model.engine") and, where the compute dtype is emulated, its warning."""
+    import logging
+
+    log = logging.getLogger("model.engine")
+    log.info(policy.line())
+    if policy.warning():
+        log.warning(policy.warning())
 
 
 def full_logits(checkpoint, token_ids: Sequence[int], *, dtype: str = "float32") -> np.ndarray:

@@ -18,6 +18,8 @@ import pytest
 
 from bench.runs import open_run, validate_run
 
+pytestmark = pytest.mark.slow  # end-to-end through the CLI: left out by `make test-fast`
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu-run.sh"
 

@@ -166,7 +166,8 @@ def test_a_measured_run_appears_beside_the_references(tmp_path: Path) -> None:
     assert "✗" in row2057
     assert "✗ CPU, 2,057 input tokens: 3 compile event(s) during timed repeat(s) 0, 1, 2" in md
     assert "whole request" in md and "(whole-request ratio)" in md and "(TTFT ratio: a different measurement)" in md
-    assert "Speedup of T4G (published) over CPU" in md
+    assert "T4G (published) vs CPU: no speedup is computed, they ran different models" in md
+    assert "Speedup of L4 (published) over T4G (published)" not in md  # baseline here is the CPU run
     assert (tmp_path / "out" / "sweep_tok_s.png").stat().st_size > 10_000
     assert (tmp_path / "out" / "profile_categories.png").exists()
 

@@ -15,6 +15,8 @@ import pytest
 from bench.runs import open_run, validate_run
 from conftest import assert_one_line_error, run_cli
 
+pytestmark = pytest.mark.slow  # end-to-end through the CLI: left out by `make test-fast`
+
 INPUTS = "20,41,70"
 
 

@@ -81,7 +81,7 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
     checkpoint. `weight_dtype` stores the weights in another dtype than the compute dtype (default: the same, so no
     step converts weights); `buckets` is the `--buckets` text (default: the engine's ladder up to max_length).
     Returns (engine, load report, checkpoint path, compile cache folder or None)."""
-    from model.engine import enable_compile_cache, load_engine
+    from model.engine import enable_compile_cache, load_engine, log_policy_line
     from model.policy import DTYPES, decide_policy
 
     if dtype is not None and dtype not in DTYPES:
@@ -92,9 +92,10 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
         raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
     ladder = parse_buckets(buckets)
     policy = decide_policy(dtype, weight_dtype=weight_dtype)
+    log_policy_line(policy)  # the first line, before a built-in checkpoint is created or anything loads
     cache = enable_compile_cache(compile_cache_dir(compile_cache))
     path = checkpoint_path(checkpoint)
-    engine, report = load_engine(path, policy=policy, max_length=max_length, buckets=ladder)
+    engine, report = load_engine(path, policy=policy, max_length=max_length, buckets=ladder, log_policy=False)
     return engine, report, Path(report["path"]), cache
 
 

@@ -133,8 +133,16 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
 
 
 def _open_hint(trace_root: Path) -> str:
-    return (f"open it with `xprof --logdir {trace_root}` (pip install xprof), or TensorBoard's profile plugin: "
-            f"`tensorboard --logdir {trace_root}` (pip install tensorboard-plugin-profile)")  # fmt: skip
+    """How to open the trace, naming the viewer this environment actually has (xprof beside this Python first)."""
+    import sys
+
+    beside = Path(sys.executable).parent / "xprof"
+    xprof = str(beside) if beside.exists() else shutil.which("xprof")
+    if xprof:
+        return f"open it with: {xprof} --logdir {trace_root}   (then the URL it prints, Profile tab)"
+    if shutil.which("tensorboard"):
+        return f"open it with: tensorboard --logdir {trace_root}   (with tensorboard-plugin-profile installed)"
+    return f"open it with xprof (pip install xprof): xprof --logdir {trace_root}"
 
 
 # ---- bench profile ---------------------------------------------------------------------------------------------
@@ -146,7 +154,8 @@ def profile(
     checkpoint: str | None = CheckpointOpt,
     dtype: str | None = DtypeOpt,
     weight_dtype: str | None = WeightDtypeOpt,
-    run_ref: str | None = typer.Option(None, "--run", help="Add the profile to this existing run folder."),
+    run_ref: str | None = typer.Option(None, "--run", help="Add the profile to this existing run folder (a path, a "
+                                       "name in --runs-dir, or 'latest': the newest measured sweep run)."),
     name: str | None = typer.Option(
         None, "--name", help="Label of the new run folder when --run is not given (default 'profile', suffixed -2, "
         "-3, ... when taken)."),
@@ -236,6 +245,7 @@ def profile(
         notes.append(f"GPU profile flags were set ({flags_info['reason']}) but jax ran on {capture.platform}")
     notes += [f"run folder differs from this profile: {m}" for m in mismatch]
     data = analysis.to_json()
+    data["trace"] = os.path.relpath(analysis.trace_path, run.path)  # relative: the run folder can move
     data["notes"] = list(data["notes"]) + notes
     data["config"] = {
         "input_tokens": input_tokens, "bucket": bucket, "max_new_tokens": max_new_tokens, "steps": steps,
@@ -243,7 +253,7 @@ def profile(
         "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "decode_bytes": decode_bytes,
     }  # fmt: skip
     data["capture"] = {
-        "xplane": str(capture.xplane_path), "xplane_bytes": capture.xplane_bytes, "steps": capture.n_steps,
+        "xplane": os.path.relpath(capture.xplane_path, run.path), "xplane_bytes": capture.xplane_bytes, "steps": capture.n_steps,
         "warmup": capture.warmup, "step_wall_ms": list(capture.step_wall_ms),
         "wall_ms_per_step": capture.wall_ms_per_step, "xla_flags": capture.xla_flags,
         "profile_options": capture.profile_options, "platform": capture.platform,
@@ -259,7 +269,7 @@ def profile(
     console = _console()
     print_profile(data, console=console)
     console.print(f"trace: {capture.xplane_path} ({capture.xplane_bytes / 2**20:.2f} MiB, {capture.n_steps} steps)")
-    console.print(_open_hint(trace_root))
+    console.print(_open_hint(trace_root), soft_wrap=True)
     console.print(f"profile.json: {path}")
 
 
@@ -278,7 +288,8 @@ def analyze(
     analysis = analyze_trace(trace)  # TraceError (exit 2) for a missing path, a non-trace, a run without a profile
     stored = _stored_profile(trace)
     roof = (stored or {}).get("roofline") or {}
-    same_trace = stored is not None and Path(stored.get("trace") or "").resolve() == Path(analysis.trace_path).resolve()
+    stored_trace = Path(trace) / (stored or {}).get("trace", "") if stored else None  # relative to the run folder
+    same_trace = stored_trace is not None and stored_trace.resolve() == Path(analysis.trace_path).resolve()
     reattached = same_trace and roof.get("bytes_per_step") is not None and bool(roof.get("bandwidth_bytes_s"))
     if reattached:
         gauge = roof["tok_s"] if roof.get("tok_s_source") == "gauge" else None
@@ -286,6 +297,8 @@ def analyze(
                                    bandwidth_bytes_s=roof["bandwidth_bytes_s"],
                                    bandwidth_n_bytes=roof.get("bandwidth_n_bytes"), gauge_tok_s=gauge)  # fmt: skip
     data = analysis.to_json()
+    if stored is not None:  # a run folder: its trace named relative to it, as profile.json does
+        data["trace"] = os.path.relpath(analysis.trace_path, trace)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return

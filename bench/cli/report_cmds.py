@@ -91,6 +91,8 @@ def compare_cmd(
     for cell in result.cells:
         t = tokens.get(cell.input_tokens)
         agree = "—" if t is None else t.status if t.status != "differ" else f"differ from token {t.first_divergence}"
+        if t is not None and t.note and t.status != "unknown":
+            agree += f" ({t.note})"
         table.add_row(
             f"{cell.input_tokens:,}", _rate(cell.baseline, "gauge"), _rate(cell.candidate, "gauge"),
             "—" if cell.gauge_delta_pct is None else f"{cell.gauge_delta_pct:+.1f}%",
@@ -100,8 +102,10 @@ def compare_cmd(
     console.print(table)
     verdict = {True: "single-variable", False: "NOT single-variable", None: "single-variable not established"}
     console.print(f"comparison: {verdict[result.single_variable]}")
-    for d in result.differences:
-        console.print(f"  differs: {d.describe()}", markup=False)
+    if result.differences:
+        from bench.compare import describe_differences
+
+        console.print(f"  differs: {describe_differences(result.differences)}", markup=False)
     for note in result.notes:
         console.print(f"  note: {note}", markup=False)
     for failure in result.failures:

@@ -59,7 +59,6 @@ def _manifest(engine, report: dict, ckpt: Path, cache_dir: Path | None, config, 
         "repeats": config.repeats, "inputs": list(config.inputs), "batch": 1, "sampling": "greedy",
         "quantization": "none", "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype,
         "compute_dtype": pol.compute_dtype, "eos": "ignored while benchmarking",
-        "decode_bytes": {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs},
     }  # fmt: skip
     return {
         "command_line": python_command_line(),
@@ -76,6 +75,8 @@ def _manifest(engine, report: dict, ckpt: Path, cache_dir: Path | None, config, 
                        "tensors": report["tensors"], "ignored_tensors": len(report["ignored"]),
                        "load_s": report["load_s"]},  # fmt: skip
         "engine_config": engine_config,
+        # derived from the configuration, so outside it (and outside the build id): bytes a decode step reads
+        "decode_bytes": {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs},
         "compile_cache": {"dir": str(cache_dir) if cache_dir else None, "hits": None, "misses": None},
     }
 
