@@ -31,7 +31,7 @@ PREFIXES = ("model.language_model.", "model.")
 _IGNORED_PREFIXES = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
 _SHARED_KV_SUFFIXES = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight",
                        "self_attn.v_norm.weight")  # fmt: skip
-WEIGHT_FILES = ("config.json", "generation_config.json")
+_FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")  # safetensors dtype names the loader converts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +218,9 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
             raise CheckpointError(f"{file.name}: tensor {rel!r} appears twice (under prefixes {sorted(prefix_used)})")
         if shape != spec.hf_shape:
             raise CheckpointError(f"{file.name}: tensor {key!r} has shape {list(shape)}, expected {list(spec.hf_shape)}")
+        if stored_dtype not in _FLOAT_DTYPES:  # e.g. a quantized checkpoint: its scales would be ignored silently
+            raise CheckpointError(f"{file.name}: tensor {key!r} is stored as {stored_dtype}, expected a float dtype "
+                                  f"({', '.join(_FLOAT_DTYPES)}); quantized checkpoints are not supported yet")  # fmt: skip
         seen.add(rel)
         stored.add(stored_dtype)
         prefix_used.add(key[: len(key) - len(rel)])

@@ -112,3 +112,9 @@ def test_bad_checkpoints_on_the_command_line(case, ckpt, tmp_path):
     proc = run_cli(["generate", "--prompt", "hi", "--checkpoint", str(path), "--compile-cache", "off"],
                    env={"JAX_PLATFORMS": "cpu"})  # fmt: skip
     assert_one_line_error(proc, *needles)
+
+
+def test_integer_weights_are_refused(ckpt):
+    _rewrite(ckpt, lambda t: t.__setitem__("model.norm.weight", np.ones(64, np.int32)))
+    with pytest.raises(CheckpointError, match="'model.norm.weight' is stored as I32, expected a float dtype"):
+        load_params(ckpt)
