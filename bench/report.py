@@ -450,8 +450,9 @@ def comparison_findings(views: list[RunView], base: RunView) -> list[str]:
     for v in views:
         if v is base:
             continue
-        models = [(x.m.get("checkpoint") or {}).get("content_hash") or (x.m.get("checkpoint") or {}).get("id")
-                  for x in (base, v)]  # fmt: skip
+        ckpts = [x.m.get("checkpoint") or {} for x in (base, v)]
+        key = "content_hash" if all(c.get("content_hash") for c in ckpts) else "id"  # like with like
+        models = [c.get(key) for c in ckpts]
         if models[0] != models[1]:
             out.append(f"{v.label} vs {base.label}: no speedup is computed, they ran different models "
                        f"({models[1]} vs {models[0]}); their tok/s are not comparable.")  # fmt: skip
