@@ -38,6 +38,7 @@ from typing import Any
 from bench.compare import describe_differences, manifest_differences, single_variable
 from bench.errors import InputError, RunFolderError
 from bench.plots import plot_profile, plot_sweep
+from bench.roofline import roofline_share_pct
 from bench.runs import CellRow, RunFolder, list_runs, open_complete_run, resolve_run
 
 DASH = "—"
@@ -286,8 +287,10 @@ def profile_figures(prof: dict[str, Any]) -> dict[str, Any]:
     for key, aliases in _TOTAL_ALIASES.items():
         out[key] = _first(totals, aliases)
     roof = prof.get("roofline") or {}
+    out["decode_tok_s_from_profile"] = False
     if out["decode_tok_s"] is None:  # bench profile: the gauge it used, else the profile's own 1000 / ms per step
         out["decode_tok_s"] = roof.get("tok_s") if roof.get("tok_s") is not None else totals.get("tok_s")
+        out["decode_tok_s_from_profile"] = roof.get("tok_s_source") != "gauge" and out["decode_tok_s"] is not None
     bw = _first(roof, ("bandwidth_gib_s", "measured_bandwidth_gib_s"))
     if bw is None and roof.get("bandwidth_gb_s") is not None:
         bw = roof["bandwidth_gb_s"] * 1e9 / 2**30
@@ -318,7 +321,8 @@ _PROFILE_ROWS = (  # (csv key, markdown label, text formatter of the figures)
     ("total_kernel_time_ms", "total kernel time", _unit("device_ms", ",.1f", " ms")),
     ("distinct_kernels", "distinct kernels", _unit("distinct_kernels", ",")),
     ("decode_gauge_tok_s", "decode, gauge",
-     lambda f: DASH if f["decode_tok_s"] is None else f"{fmt_num(f['decode_tok_s'])} tok/s"),
+     lambda f: DASH if f["decode_tok_s"] is None else f"{fmt_num(f['decode_tok_s'])} tok/s"
+     + (" (from profile: 1000 / device ms per step, not a gauge)" if f["decode_tok_s_from_profile"] else "")),
     ("bandwidth_gib_s", "bandwidth", _unit("bandwidth_gib_s", ",.3f", " GiB/s")),
     ("bandwidth_kind", "bandwidth source", lambda f: f["bandwidth_kind"] or DASH),
     ("roofline_share_pct", "bandwidth roofline share, as reported",
@@ -501,7 +505,7 @@ def roofline_notes(views: list[RunView]) -> list[str]:
             f"{fmt_pct(f['derived_share_pct'])} counts the {f['derived_bytes_per_step']:,} bytes a step reads"
         )
         if f["bytes_per_step"] and f["decode_tok_s"] and f["bandwidth_gib_s"]:
-            again = 100.0 * f["bytes_per_step"] * f["decode_tok_s"] / (f["bandwidth_gib_s"] * 2**30)
+            again = roofline_share_pct(f["bytes_per_step"], f["decode_tok_s"], f["bandwidth_gib_s"])
             inputs = f"{f['bytes_per_step']:,} B x {fmt_num(f['decode_tok_s'])} tok/s"
             inputs += f" / {f['bandwidth_gib_s']:,.3f} GiB/s"
             text += f"; the reported inputs ({inputs}) give {again:.1f}% when recomputed with consistent units"

@@ -4,9 +4,13 @@ measurement.md (Rooflines): bytes per decode step = every weight the step touche
 (quantized tables at their packed size), plus the KV cache read at that context; roofline share = bytes per
 step x decode tok/s / bandwidth.
 
-The shape is given as plain numbers (`decoder_shape`), so the engine can pass its own config and reuse this
-accounting for measured runs. `E2B_SHAPE` holds google/gemma-4-E2B-it's published numbers (source:
-../shared/gemma4-architecture.md §1 and §3; the model's config.json): vocab 262144, hidden 1536, 35 layers with
+This module derives the bytes of the PUBLISHED runs (quantized layouts, shapes as plain numbers); measured runs
+use the engine's own accounting (`model.engine.Engine.decode_bytes`: weights as loaded, plus the whole KV buffer
+that every layer's decode attention reads). The KV term here (`kv_cache_bytes`) counts positions up to the context
+instead, and only annotates the published figures (whose context length was not published).
+
+`E2B_SHAPE` holds google/gemma-4-E2B-it's published numbers (source: ../shared/gemma4-architecture.md §1 and §3;
+the model's config.json): vocab 262144, hidden 1536, 35 layers with
 full attention every 5th, 8 query heads, 1 KV head, head dims 256 (sliding) / 512 (full), feed-forward 6144
 (12288 on the 20 KV-shared layers 15-34), PLE width 256, sliding window 512. Its parameter count is 4,628,569,379.
 
@@ -114,7 +118,6 @@ class WeightLayout:
 
 
 PLE4_INT8_LM_HEAD = WeightLayout(name="ple4 + int8_lm_head", ple_bits=4, lm_head_bits=8)
-DENSE16 = WeightLayout(name="dense 16-bit")
 
 
 def layer_params(shape: DecoderShape, i: int) -> int:

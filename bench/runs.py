@@ -338,11 +338,11 @@ class RunFolder:
     def resume(self) -> None:
         """Mark an interrupted run as running again, holding its lock (RunFolderError for a complete or published
         run, or one that another process is still writing)."""
-        self.lock()
         if self.status == "complete" or self.provenance == "published":
             raise RunFolderError(
                 f"{self.path}: run is {self.status} ({self.provenance}); nothing to resume, start a new run with --name"
             )
+        self.lock()
         self.manifest["status"] = "running"
         self.manifest["ended_at"] = None
         self._write_manifest()

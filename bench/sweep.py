@@ -82,7 +82,8 @@ Progress = Callable[[str], None]
 
 
 def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress = lambda _: None,
-              skip: Sequence[int] = (), should_stop: Callable[[], bool] = lambda: False) -> list[CellRow]:  # fmt: skip
+              skip: Sequence[int] = (), should_stop: Callable[[], bool] = lambda: False,
+              prompts: dict[int, Prompt] | None = None) -> list[CellRow]:  # fmt: skip
     """Measure every cell not in `skip` into `run`; returns the rows measured now (in order).
 
     `should_stop` is polled before every request (a signal handler sets it): when it turns true the sweep raises
@@ -90,8 +91,9 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
     Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed cell, and the sweep goes on.
     The caller marks the run complete / incomplete.
     """
-    config.check()
-    prompts = build_prompts(engine, config)
+    if prompts is None:  # callers that already built (and so checked) them pass them in
+        config.check()
+        prompts = build_prompts(engine, config)
     rows: list[CellRow] = []
     cold_done = False
     t0 = time.perf_counter()

@@ -153,18 +153,18 @@ def _choose(logits_BV: jax.Array, position: jax.Array, args, greedy: bool) -> ja
     return jax.random.categorical(key, z_BV, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "kv_dtype", "greedy"))
-def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, greedy):
+@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype", "greedy"))
+def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, act_dtype, greedy):
     cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
-    logits_BV, cache = prefill(params, cfg, ids_BT, length, cache)
+    logits_BV, cache = prefill(params, cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
     return _choose(logits_BV, length - 1, args, greedy), cache
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "greedy"), donate_argnames=("cache",))
-def _decode_program(params, cache, token_B, args, *, cfg, greedy):
+@functools.partial(jax.jit, static_argnames=("cfg", "act_dtype", "greedy"), donate_argnames=("cache",))
+def _decode_program(params, cache, token_B, args, *, cfg, act_dtype, greedy):
     with jax.named_scope("decode_step"):
         position = cache.length
-        logits_BV, cache = decode_step(params, cfg, token_B, cache)
+        logits_BV, cache = decode_step(params, cfg, token_B, cache, dtype=DTYPES[act_dtype])
         return _choose(logits_BV, position, args, greedy), cache
 
 
@@ -206,7 +206,10 @@ class Engine:
         self.cfg = cfg
         self.policy = policy
         self.tokenizer = tokenizer
-        self.max_length = int(max_length or min(cfg.max_position_embeddings, 8192))
+        if buckets and max_length and max(buckets) > max_length:
+            raise EngineError(f"bucket {max(buckets)} is above --max-length {max_length}; drop it or raise the limit")
+        default_max = max(buckets) if buckets else min(cfg.max_position_embeddings, 8192)
+        self.max_length = int(max_length or default_max)  # the largest prompt a request may have
         self.buckets = tuple(sorted(buckets)) if buckets else bucket_ladder(self.max_length)
         if self.buckets[-1] > cfg.max_position_embeddings:
             raise EngineError(
@@ -274,13 +277,14 @@ class Engine:
         t0 = time.perf_counter_ns()
         token_B, cache = _prefill_program(
             self.params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=bucket + max_new_tokens,
-            kv_dtype=self.policy.kv_dtype, greedy=sampling.greedy,
+            kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
         )  # fmt: skip
         tokens = [int(token_B[0])]
         times = [time.perf_counter_ns()]
         stop = on_token(tokens[0]) if on_token else False
         while len(tokens) < max_new_tokens and not stop and not (stop_at_eos and tokens[-1] in eos):
-            token_B, cache = _decode_program(self.params, cache, token_B, args, cfg=self.cfg, greedy=sampling.greedy)
+            token_B, cache = _decode_program(self.params, cache, token_B, args, cfg=self.cfg,
+                                             act_dtype=self.policy.activation_dtype, greedy=sampling.greedy)  # fmt: skip
             tokens.append(int(token_B[0]))
             times.append(time.perf_counter_ns())
             stop = on_token(tokens[-1]) if on_token else False
@@ -297,13 +301,15 @@ class Engine:
         ids = np.full((1, bucket), self.cfg.bos_token_id, np.int32)
         state = _prefill_program(
             self.params, jnp.asarray(ids), jnp.int32(n_tokens), GREEDY.args(), cfg=self.cfg,
-            cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype, greedy=True,
+            cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype,
+            act_dtype=self.policy.activation_dtype, greedy=True,
         )  # fmt: skip
         args = GREEDY.args()
 
         def step(state):
             token_B, cache = state
-            return _decode_program(self.params, cache, token_B, args, cfg=self.cfg, greedy=True)
+            return _decode_program(self.params, cache, token_B, args, cfg=self.cfg,
+                                   act_dtype=self.policy.activation_dtype, greedy=True)  # fmt: skip
 
         return state, step
 

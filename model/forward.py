@@ -123,17 +123,17 @@ def _write_prefill(cfg: ModelConfig, layer: int, buf_BKSH: jax.Array, x_BKTH: ja
 
 
 def prefill(
-    params: Params, cfg: ModelConfig, ids_BT: jax.Array, length: jax.Array, cache: KVCache
+    params: Params, cfg: ModelConfig, ids_BT: jax.Array, length: jax.Array, cache: KVCache, *, dtype=None
 ) -> tuple[jax.Array, KVCache]:
     """Process a right-padded prompt (bucket length T, `length` real tokens) into an empty cache.
 
     Returns the float32 logits [B,V] at the last real position and the filled cache (length = `length`).
     Exact shortcuts: sliding layers attend in window blocks (O(T*W)); the KV-shared layers, which write no
     cache, run only for the last real position (the only one whose logits are needed), attending over their
-    producer's prompt K/V (architecture notes §2.4).
+    producer's prompt K/V (architecture notes §2.4). `dtype` is the activation dtype (default: the cache's).
     """
     b, t = ids_BT.shape
-    dtype = cache.k[0].dtype if cache.k else jnp.float32
+    dtype = dtype or (cache.k[0].dtype if cache.k else jnp.float32)
     pos_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     h_BTD = embed(params, cfg, ids_BT, dtype)
     ple_BTLP = per_layer_inputs(params, cfg, ids_BT, h_BTD)
@@ -172,11 +172,15 @@ def prefill(
     return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=jnp.asarray(length, jnp.int32))
 
 
-def decode_step(params: Params, cfg: ModelConfig, token_B: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+def decode_step(
+    params: Params, cfg: ModelConfig, token_B: jax.Array, cache: KVCache, *, dtype=None
+) -> tuple[jax.Array, KVCache]:
     """One token per row at absolute position `cache.length`: returns float32 logits [B,V] and the cache with
-    that position written (full layers: slot p; sliding layers: ring slot p mod R) and length + 1."""
+    that position written (full layers: slot p; sliding layers: ring slot p mod R) and length + 1.
+    `dtype` is the activation dtype (default: the cache's); K/V are stored in the cache's dtype."""
     b = token_B.shape[0]
-    dtype = cache.k[0].dtype if cache.k else jnp.float32
+    kv_dtype = cache.k[0].dtype if cache.k else jnp.float32
+    dtype = dtype or kv_dtype
     p = cache.length
     ids_B1 = token_B[:, None]
     pos_B1 = jnp.full((b, 1), p, jnp.int32)
@@ -191,8 +195,8 @@ def decode_step(params: Params, cfg: ModelConfig, token_B: jax.Array, cache: KVC
             if not cfg.is_kv_shared(i):
                 k_BK1H, v_BK1H = project_kv(lp, cfg, i, a_B1D, pos_B1)
                 slot = jnp.mod(p, new_k[i].shape[2]) if cfg.is_sliding(i) else p
-                k_new = jax.lax.dynamic_update_slice(new_k[i], k_BK1H.astype(dtype), (0, 0, slot, 0))
-                v_new = jax.lax.dynamic_update_slice(new_v[i], v_BK1H.astype(dtype), (0, 0, slot, 0))
+                k_new = jax.lax.dynamic_update_slice(new_k[i], k_BK1H.astype(kv_dtype), (0, 0, slot, 0))
+                v_new = jax.lax.dynamic_update_slice(new_v[i], v_BK1H.astype(kv_dtype), (0, 0, slot, 0))
                 # The barrier keeps XLA from duplicating each update into its readers (the step's output and the
                 # attention below), which made XLA:CPU copy every cache buffer several times per decode step.
                 new_k[i], new_v[i] = jax.lax.optimization_barrier((k_new, v_new))

@@ -155,11 +155,6 @@ def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Params:
     return Params(**glob, layers=tuple(layers))
 
 
-def cast_params(params: Params, dtype) -> Params:
-    """Every leaf converted to `dtype` (on host for numpy leaves, on device for jax arrays)."""
-    return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
-
-
 # ---- byte accounting (the roofline's numerator) ---------------------------------------------------------------
 def decode_weight_bytes(cfg: ModelConfig, weight_itemsize: int) -> int:
     """Weight bytes that one decode step reads, at `weight_itemsize` bytes per stored scalar.

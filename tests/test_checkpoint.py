@@ -41,7 +41,7 @@ def test_sharded_checkpoint_with_index_loads_the_same(ckpt, tmp_path):
     shutil.copy(ckpt / "config.json", out / "config.json")
     a, _ = load_params(ckpt)
     b, _ = load_params(out)
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
 
 

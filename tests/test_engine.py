@@ -103,7 +103,7 @@ def test_positions_are_absolute_not_bucket_relative(params, ids):
         cache = init_cache(CFG, 40, jnp.float32)
         padded = jnp.zeros((1, bucket), jnp.int32).at[:, :12].set(ids[:, :12])
         caches.append(prefill(params, CFG, padded, jnp.int32(12), cache)[1])
-    for a, b in zip(caches[0].k, caches[1].k):
+    for a, b in zip(caches[0].k, caches[1].k, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
@@ -156,3 +156,12 @@ def test_decode_bytes_count_each_layers_kv_read(params):
     ring, full = 2 * 8 * 1 * 16 * 4, 2 * 44 * 1 * 32 * 4
     assert kv_read_bytes(CFG, 44, 4) == 4 * ring + 2 * full == got["kv_cache"]
     assert cache_bytes(CFG, 44, 4) == 2 * ring + full
+
+
+def test_compile_counter_sees_a_new_shape(params):
+    # Validity rests on this counter: prove it counts (a new bucket compiles), not only that it stays still.
+    engine = Engine(params, CFG, decide_policy("float32"), buckets=(16, 24))
+    engine.warmup(10, 5)
+    before = CompileCounter.traces
+    gen = engine.generate(list(range(2, 22)), 5)  # 20 tokens: bucket 24, a new compiled shape
+    assert gen.compile_traces >= 1 and CompileCounter.traces > before

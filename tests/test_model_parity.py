@@ -72,7 +72,7 @@ def test_published_layout_loads_knowingly_and_equals_text_layout():
     assert any(k.startswith("model.vision_tower.") for k in ignored)
     assert "model.embed_vision.embedding_projection.weight" in ignored
     assert any(".layers.3.self_attn.k_proj.weight" in k for k in ignored)  # layers 3-5 are KV-shared in TINY
-    for a, b in zip(jax.tree_util.tree_leaves(text_params), jax.tree_util.tree_leaves(pub_params)):
+    for a, b in zip(jax.tree_util.tree_leaves(text_params), jax.tree_util.tree_leaves(pub_params), strict=True):
         np.testing.assert_array_equal(a, b)
 
 

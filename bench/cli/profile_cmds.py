@@ -193,7 +193,10 @@ def profile(
     from bench.profile_analysis import analyze_trace, attach_roofline
     from bench.profile_capture import capture_steps
 
-    max_new_tokens = WARMUP_STEPS + steps + 1  # every traced position stays inside the cache
+    cell = _sweep_gauge(run, input_tokens) if run is not None else None
+    # Every traced position stays inside the cache; joining a sweep cell, profile its compiled shape (the same
+    # KV buffer), so the categories, ms per step and the cell's gauge describe one program.
+    max_new_tokens = max(WARMUP_STEPS + steps + 1, (cell.max_new_tokens or 0) if cell is not None else 0)
     bucket = engine.check_request(input_tokens, max_new_tokens)  # EngineError (exit 2) for a prompt too long
     pol = engine.policy
     if run is None:
@@ -223,7 +226,6 @@ def profile(
 
     log.info("measuring device bandwidth (device-to-device copy)")
     bw = measure_bandwidth()
-    cell = _sweep_gauge(run, input_tokens)
     if cell is not None:
         decode_bytes = engine.decode_bytes(input_tokens, cell.max_new_tokens or max_new_tokens)
         gauge, gauge_note = cell.gauge_tok_s_median, (
@@ -262,7 +264,8 @@ def profile(
     data["bandwidth"] = bw.to_json()
     path = run.write_json("profile.json", data)
     if run.status == "running":
-        run.finish("complete")
+        run.finish("complete")  # a run this command created
+    run.unlock()
     for note in notes:
         run.log(f"profile note: {note}")
 

@@ -161,7 +161,7 @@ def sweep(
     engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets)
     from bench.sweep import build_prompts
 
-    build_prompts(engine, config)  # every size checked before a folder is created or anything measured
+    prompts = build_prompts(engine, config)  # every size checked before a folder is created or anything measured
     counts0 = CompileCounter.snapshot()
     manifest = _manifest(engine, report, ckpt, cache_dir, config, {})
     if run is None:
@@ -195,7 +195,7 @@ def sweep(
     status = "incomplete"
     try:
         run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)), skip=done,
-                  should_stop=lambda: bool(stop))  # fmt: skip
+                  should_stop=lambda: bool(stop), prompts=prompts)  # fmt: skip
         status = "complete"
     finally:
         counts = CompileCounter.snapshot()
