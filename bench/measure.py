@@ -21,6 +21,27 @@ from bench.prompts import Prompt
 from bench.records import Sample
 
 
+def request_times(t_start_ns: int, t_tokens_ns: list[int], t_end_ns: int | None, n_generated: int) -> dict:
+    """The per-request numbers of measurement.md from host timestamps (perf_counter_ns): `ttft_ms` (start -> first
+    token), `decode_ms` (first -> last token; None with one token), `e2e_ms` (start -> end; None without an end),
+    `gauge_tok_s` = (n - 1) / decode time, `e2e_tok_s` = n / e2e time, `tpot_ms` = (e2e - TTFT) / (n - 1), and
+    `step_ms` (gaps between token arrivals). `t_tokens_ns` holds one arrival per observed token (a server stream
+    may group tokens: n_generated is the count the gauge and TPOT divide by). Raises ValueError without tokens."""
+    if not t_tokens_ns:
+        raise ValueError("request_times needs at least one token arrival")
+    n = n_generated
+    ttft_ms = (t_tokens_ns[0] - t_start_ns) / 1e6
+    decode_ms = (t_tokens_ns[-1] - t_tokens_ns[0]) / 1e6 if len(t_tokens_ns) > 1 else None
+    e2e_ms = (t_end_ns - t_start_ns) / 1e6 if t_end_ns is not None else None
+    return {
+        "ttft_ms": ttft_ms, "decode_ms": decode_ms, "e2e_ms": e2e_ms,
+        "gauge_tok_s": (n - 1) / (decode_ms / 1e3) if decode_ms and n > 1 else None,
+        "e2e_tok_s": n / (e2e_ms / 1e3) if e2e_ms else None,
+        "tpot_ms": (e2e_ms - ttft_ms) / (n - 1) if e2e_ms is not None and n > 1 else None,
+        "step_ms": [(b - a) / 1e6 for a, b in zip(t_tokens_ns, t_tokens_ns[1:])],
+    }  # fmt: skip
+
+
 def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, repeat: int) -> Sample:
     """Run and time one request of `prompt` (its text is tokenized inside the timed region and must give
     exactly `prompt.ids`). Returns the raw `Sample` (ms, tok/s). Raises InputError if the tokenizer no longer
@@ -38,26 +59,17 @@ def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, r
     t_end = time.perf_counter_ns()
     compile_events = CompileCounter.traces - traces0
 
-    n = len(gen.token_ids)
-    ttft_ms = (gen.t_token_ns[0] - t_start) / 1e6
-    e2e_ms = (t_end - t_start) / 1e6
-    decode_ms = (gen.t_token_ns[-1] - gen.t_token_ns[0]) / 1e6 if n > 1 else None
+    times = request_times(t_start, gen.t_token_ns, t_end, len(gen.token_ids))
     verdict = check_degenerate(gen.token_ids)
     return Sample(
         input_tokens=len(ids),
         kind=kind,
         repeat=repeat,
-        ttft_ms=ttft_ms,
         prefill_ms=gen.prefill_ms,
-        decode_ms=decode_ms,
-        e2e_ms=e2e_ms,
-        gauge_tok_s=(n - 1) / (decode_ms / 1e3) if decode_ms else None,
-        e2e_tok_s=n / (e2e_ms / 1e3),
-        tpot_ms=(e2e_ms - ttft_ms) / (n - 1) if n > 1 else None,
-        generated_tokens=n,
+        generated_tokens=len(gen.token_ids),
         compile_events=compile_events,
         degenerate=verdict.degenerate,
         degenerate_reason=verdict.reason,
-        step_ms=gen.step_ms,
         token_ids=gen.token_ids,
+        **times,
     )

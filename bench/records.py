@@ -84,7 +84,7 @@ class Sample:
     e2e_tok_s: float | None
     tpot_ms: float | None
     generated_tokens: int
-    compile_events: int
+    compile_events: int | None  # None: not observable (a server other than this project's)
     degenerate: bool | None
     degenerate_reason: str | None
     step_ms: list[float]
@@ -205,8 +205,10 @@ def summarize_cell(
         reasons.append("no timed repeats")
     compiled = [s.repeat for s in timed if s.compile_events]
     if compiled:
-        total = sum(s.compile_events for s in timed)
+        total = sum(s.compile_events or 0 for s in timed)
         reasons.append(f"{total} compile event(s) during timed repeat(s) {', '.join(map(str, compiled))}")
+    if any(s.compile_events is None for s in timed):
+        reasons.append("compile events not observable on this server, so no timed repeat is proven compile-free")
     for s in timed:
         if s.generated_tokens != max_new_tokens:
             reasons.append(f"repeat {s.repeat} generated {s.generated_tokens} tokens, expected {max_new_tokens}")
@@ -239,7 +241,7 @@ def summarize_cell(
         cold_ttft_ms=cold.ttft_ms if cold else None,
         cold_warm_request_ratio=cold.e2e_ms / e2e_ms_median if cold and e2e_ms_median else None,
         cold_warm_ttft_ratio=cold.ttft_ms / ttft[0] if cold and ttft[0] else None,
-        compile_events_timed=sum(s.compile_events for s in timed),
+        compile_events_timed=None if any(s.compile_events is None for s in timed) else sum(s.compile_events for s in timed),
         degenerate=None if not timed or None in verdicts else any(verdicts),
         generated_tokens_per_repeat=[s.generated_tokens for s in timed],
     )  # fmt: skip

@@ -23,8 +23,9 @@ server's chat template or tokenizer differs). Nothing is estimated.
 Degeneracy: judged on the generated ids when the server streams them (this project's `token_ids`), otherwise on the
 generated text re-tokenized with the local tokenizer; a server-side verdict of degenerate (this project's) counts too.
 Compile events: from this project's `/metrics` (jax traces before and after the request); for another server they
-are not observable and are recorded as 0 (the manifest says so). The server-side decode gauge of each request
-(this project's `/metrics`, stat "last") is kept in `target.json` beside the client-side one.
+are not observable and are recorded as null, which leaves such cells unproven and so invalid (the manifest says
+so). The server-side decode gauge of each request (this project's `/metrics`, stat "last") is kept in
+`target.json` beside the client-side one.
 
 The run folder records the target, `/v1/models`, `/health` and whether it is this project's server (manifest key
 `target`, and `target.json`). Errors: `TargetError` (one line) for an unreachable target, an unknown model, or no
@@ -45,6 +46,7 @@ import httpx
 
 from bench.degeneracy import check_degenerate
 from bench.errors import BenchError, RunFolderError
+from bench.measure import request_times
 from bench.records import CellRow, Sample, failed_cell, summarize_cell
 
 TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=60.0)
@@ -212,17 +214,11 @@ def measure_remote(client: httpx.Client, target: Target, tokenizer, prompt, max_
     degenerate, reason = verdict.degenerate, verdict.reason
     if s.verdict and s.verdict.get("degenerate"):
         degenerate, reason = True, reason or f"server: {s.verdict.get('reason')}"
-    ttft_ms = (s.t_content[0] - s.t_start) / 1e6
-    e2e_ms = (s.t_end - s.t_start) / 1e6
-    decode_ms = (s.t_content[-1] - s.t_content[0]) / 1e6 if len(s.t_content) > 1 else None
-    traces = int(after.get(TRACES, 0) - before.get(TRACES, 0)) if target.ours else 0
+    traces = int(after.get(TRACES, 0) - before.get(TRACES, 0)) if target.ours else None  # None: not observable
     sample = Sample(
-        input_tokens=int(s.usage["prompt_tokens"]), kind=kind, repeat=repeat, ttft_ms=ttft_ms, prefill_ms=None,
-        decode_ms=decode_ms, e2e_ms=e2e_ms,
-        gauge_tok_s=(n - 1) / (decode_ms / 1e3) if decode_ms and n > 1 else None,
-        e2e_tok_s=n / (e2e_ms / 1e3), tpot_ms=(e2e_ms - ttft_ms) / (n - 1) if n > 1 else None,
-        generated_tokens=n, compile_events=traces, degenerate=degenerate, degenerate_reason=reason,
-        step_ms=[(b - a) / 1e6 for a, b in zip(s.t_content, s.t_content[1:])], token_ids=list(ids),
+        input_tokens=int(s.usage["prompt_tokens"]), kind=kind, repeat=repeat, prefill_ms=None, generated_tokens=n,
+        compile_events=traces, degenerate=degenerate, degenerate_reason=reason, token_ids=list(ids),
+        **request_times(s.t_start, s.t_content, s.t_end, n),
     )  # fmt: skip
     return sample, after.get(GAUGE_LAST)
 
@@ -286,7 +282,7 @@ def remote_manifest(target: Target, config, tokenizer_source: str) -> dict[str, 
         "inputs": list(config.inputs), "batch": 1, "sampling": "greedy (temperature 0)",
         "quantization": h.get("quantization"), "eos": "ignored while benchmarking (ignore_eos sent)",
         "prompt_tokenizer": tokenizer_source, "timing": "client-side, streamed; TTFT to the first content chunk",
-        "compile_events": "from the server's /metrics" if target.ours else "not observable: recorded as 0",
+        "compile_events": "from the server's /metrics" if target.ours else "not observable: recorded as null (cells invalid)",
     }  # fmt: skip
     return {
         "command_line": python_command_line(), "build_id": h.get("build_id"), "git": git_state(Path(__file__).parents[1]),

@@ -220,7 +220,9 @@ _SWEEP_FIELDS = (
 )  # fmt: skip
 
 
-def _rate_text(cell: CellRow | None, metric: str) -> str:
+def rate_text(cell: CellRow | None, metric: str) -> str:
+    """A cell's median tok/s of `metric` ("gauge" or "e2e") with (min–max) where raw samples exist, ✗ when
+    the cell is invalid, "failed" for a failed cell, — for none."""
     if cell is None:
         return DASH
     if cell.status == "failed":
@@ -256,7 +258,7 @@ def sweep_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[
         row = [f"{s:,}"]
         for v in views:
             cell = v.cells.get(s)
-            row += [_rate_text(cell, "gauge"), _rate_text(cell, "e2e")]
+            row += [rate_text(cell, "gauge"), rate_text(cell, "e2e")]
             for f in extras[v.name]:
                 value = getattr(cell, f, None) if cell else None
                 row.append(DASH if value is None else f"{value:,}" if f == "bucket" else fmt_num(value, 1))

@@ -52,6 +52,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bench.degeneracy import check_degenerate
 from bench.errors import InputError
+from bench.measure import request_times
 from model.errors import ModelError
 from bench.serve_metrics import CONTENT_TYPE, Metrics
 
@@ -538,9 +539,10 @@ class _Answer:
         stopped = self.text.stopped or (self.job.stop_at_eos and bool(kept) and kept[-1] in eos)
         cancelled = self.job.cancel.is_set() and not self.text.stopped
         n, times = len(kept), self.times
-        ttft = (times[0] - self.t_arrival) / 1e9 if times else None
-        decode_s = (times[-1] - times[0]) / 1e9 if len(times) > 1 else 0.0
-        gauge = (len(times) - 1) / decode_s if decode_s > 0 else None
+        # the decode rate is over every generated token (a stop string may keep fewer of them in the text)
+        t = request_times(self.t_arrival, times, None, len(times)) if times else {}
+        ttft = t["ttft_ms"] / 1e3 if times else None
+        gauge = t.get("gauge_tok_s")
         self.state.metrics.record_generation(
             prompt_tokens=len(self.job.prompt_ids), completion_tokens=n, ttft_s=ttft, gauge_tok_s=gauge,
             degenerate=verdict.degenerate, cancelled=cancelled, compile_traces=self.gen.compile_traces if self.gen else 0,

@@ -386,3 +386,9 @@ def test_validate_catches_numbers_that_contradict_each_other(tmp_path: Path) -> 
     assert [name for name, _ in report.skipped] == [run.path.name] and "median" in report.skipped[0][1]
     (run.path / "manifest.json").write_text("[]")
     assert validate_run(run.path) == ["manifest.json: expected a JSON object, got list"]
+
+
+def test_unobservable_compile_events_leave_a_cell_unproven() -> None:
+    samples = [dataclasses.replace(s, compile_events=None) if s.kind == "timed" else s for s in cell_samples(41)]
+    row = summarize_cell(samples, max_new_tokens=MAX_NEW)
+    assert not row.valid and "not observable" in row.invalid_reason and row.compile_events_timed is None

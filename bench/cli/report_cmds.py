@@ -56,17 +56,6 @@ def report_cmd(
         typer.echo(f"  {path}")
 
 
-def _rate(row, metric: str) -> str:
-    from bench.report import fmt_num
-
-    if row is None:
-        return "—"
-    median = getattr(row, f"{metric}_tok_s_median")
-    lo, hi = getattr(row, f"{metric}_tok_s_min"), getattr(row, f"{metric}_tok_s_max")
-    text = fmt_num(median)
-    return text + (f" ({fmt_num(lo)}–{fmt_num(hi)})" if lo is not None and hi is not None else "")
-
-
 @app.command("compare")
 def compare_cmd(
     baseline: Annotated[str, typer.Argument(help="Baseline run (folder or name in --runs-dir).")],
@@ -79,6 +68,7 @@ def compare_cmd(
     from rich.table import Table
 
     from bench.compare import compare_runs
+    from bench.report import rate_text
     from bench.runs import resolve_run
 
     limit = parse_percent(max_slowdown)
@@ -94,9 +84,9 @@ def compare_cmd(
         if t is not None and t.note and t.status != "unknown":
             agree += f" ({t.note})"
         table.add_row(
-            f"{cell.input_tokens:,}", _rate(cell.baseline, "gauge"), _rate(cell.candidate, "gauge"),
+            f"{cell.input_tokens:,}", rate_text(cell.baseline, "gauge"), rate_text(cell.candidate, "gauge"),
             "—" if cell.gauge_delta_pct is None else f"{cell.gauge_delta_pct:+.1f}%",
-            _rate(cell.baseline, "e2e"), _rate(cell.candidate, "e2e"),
+            rate_text(cell.baseline, "e2e"), rate_text(cell.candidate, "e2e"),
             "—" if cell.e2e_delta_pct is None else f"{cell.e2e_delta_pct:+.1f}%", agree,
         )  # fmt: skip
     console.print(table)
