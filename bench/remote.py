@@ -47,7 +47,7 @@ import httpx
 from bench.degeneracy import check_degenerate
 from bench.errors import BenchError, RunFolderError
 from bench.measure import request_times
-from bench.records import CellRow, Sample, failed_cell, summarize_cell
+from bench.records import CellRow, Sample
 
 TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=60.0)
 OURS = "gemma4_bench_ready"  # a metric only this project's server exposes
@@ -227,45 +227,33 @@ def measure_remote(client: httpx.Client, target: Target, tokenizer, prompt, max_
 def run_remote_sweep(client: httpx.Client, target: Target, tokenizer, config, run, prompts: dict, *,
                      progress: Callable[[str], None] = lambda _: None, skip: Sequence[int] = (),
                      server_gauges: dict[str, Any] | None = None) -> list[CellRow]:  # fmt: skip
-    """`bench.sweep.run_sweep` through the target: cold (first request of this sweep), per cell a warm-up and
-    `config.repeats` timed requests, one CellRow per cell written to `run`. A failing cell is recorded as failed
-    and the sweep goes on. `server_gauges` collects this project's server-side gauges per cell (timed repeats)."""
+    """`bench.sweep.sweep_cells` through the target (same cold / warm-up / timed order and failure handling).
+    `server_gauges` collects this project's server-side gauges per cell (timed repeats)."""
+    from bench.sweep import sweep_cells
+
     body = (target.health or {}).get("body") or {}
     buckets = body.get("buckets") if target.ours else None
-    rows, cold_done, t0 = [], False, time.perf_counter()
-    todo = [n for n in config.inputs if n not in set(skip)]
-    for index, n in enumerate(todo, 1):
-        bucket = next((b for b in buckets if b >= n), None) if buckets else None
-        where = f"cell {index}/{len(todo)}: {n} input tokens via {target.base}"
-        samples, gauges = [], []
-        try:
-            steps = ([("cold", 0)] if not cold_done else []) + [("warmup", 0)] + [("timed", r) for r in range(config.repeats)]
-            for kind, r in steps:
-                progress(f"{where}: {kind} {r + 1 if kind == 'timed' else ''} [{time.perf_counter() - t0:.1f} s]")
-                sample, gauge = measure_remote(client, target, tokenizer, prompts[n], config.max_new_tokens,
-                                               kind=kind, repeat=r)  # fmt: skip
-                samples.append(sample)
-                cold_done = True
-                if kind == "timed":
-                    gauges.append(gauge)
-            row = summarize_cell(samples, max_new_tokens=config.max_new_tokens, bucket=bucket, input_tokens=n)
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # noqa: BLE001  (one failing cell must not lose the others)
-            message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-            progress(f"{where}: FAILED ({message})")
-            row = failed_cell(n, message, bucket=bucket, max_new_tokens=config.max_new_tokens, repeats=config.repeats)
-        run.append_samples(samples)
-        run.append_cell(row)
-        if server_gauges is not None and target.ours:
-            known = [g for g in gauges if g is not None]
-            server_gauges[str(n)] = {"timed": gauges, "median": statistics.median(known) if known else None}
-        server = (server_gauges or {}).get(str(n))
-        run.log(f"{where}: {'valid' if row.valid else 'INVALID: ' + str(row.invalid_reason)}; client gauge "
-                f"{row.gauge_tok_s_median} tok/s, e2e {row.e2e_tok_s_median} tok/s"
-                + (f", server gauge {server['median']} tok/s" if server else ""))  # fmt: skip
-        rows.append(row)
-    return rows
+    gauges: dict[int, list] = {}
+
+    def measure(prompt, kind: str, repeat: int) -> Sample:
+        sample, gauge = measure_remote(client, target, tokenizer, prompt, config.max_new_tokens, kind=kind,
+                                       repeat=repeat)  # fmt: skip
+        if kind == "timed":
+            gauges.setdefault(prompt.n_tokens, []).append(gauge)
+        return sample
+
+    def after_cell(n: int, _row: CellRow) -> str:
+        if server_gauges is None or not target.ours:
+            return ""
+        timed = gauges.get(n, [])
+        known = [g for g in timed if g is not None]
+        server_gauges[str(n)] = {"timed": timed, "median": statistics.median(known) if known else None}
+        return f", server gauge {server_gauges[str(n)]['median']} tok/s"
+
+    return sweep_cells(config, run, prompts, measure=measure,
+                       bucket_of=lambda n: next((b for b in buckets if b >= n), None) if buckets else None,
+                       progress=lambda line: progress(f"{line} via {target.base}"), skip=skip,
+                       after_cell=after_cell)  # fmt: skip
 
 
 def remote_manifest(target: Target, config, tokenizer_source: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from bench.errors import InputError
 from bench.measure import measure_request
 from bench.prompts import Prompt, exact_prompt
-from bench.records import CellRow, failed_cell, summarize_cell
+from bench.records import CellRow, Sample, failed_cell, summarize_cell
 from bench.runs import RunFolder
 
 
@@ -84,38 +84,57 @@ Progress = Callable[[str], None]
 def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress = lambda _: None,
               skip: Sequence[int] = (), should_stop: Callable[[], bool] = lambda: False,
               prompts: dict[int, Prompt] | None = None) -> list[CellRow]:  # fmt: skip
-    """Measure every cell not in `skip` into `run`; returns the rows measured now (in order).
+    """Measure every cell not in `skip` into `run` with the in-process engine; returns the rows measured now.
 
-    `should_stop` is polled before every request (a signal handler sets it): when it turns true the sweep raises
-    KeyboardInterrupt there, so the cell in progress is dropped whole and every finished cell stays.
-    Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed cell, and the sweep goes on.
-    The caller marks the run complete / incomplete.
+    `prompts` (from `build_prompts`) are built here when not given. The rest is `sweep_cells`.
     """
     if prompts is None:  # callers that already built (and so checked) them pass them in
         config.check()
         prompts = build_prompts(engine, config)
+
+    def measure(prompt: Prompt, kind: str, repeat: int) -> Sample:
+        return measure_request(engine, prompt, config.max_new_tokens, kind=kind, repeat=repeat)
+
+    return sweep_cells(config, run, prompts, measure=measure, bucket_of=engine.bucket_for, progress=progress,
+                       skip=skip, should_stop=should_stop)  # fmt: skip
+
+
+def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], *,
+                measure: Callable[[Prompt, str, int], Sample], bucket_of: Callable[[int], int | None],
+                progress: Progress = lambda _: None, skip: Sequence[int] = (),
+                should_stop: Callable[[], bool] = lambda: False,
+                after_cell: Callable[[int, CellRow], str] | None = None) -> list[CellRow]:  # fmt: skip
+    """The order of work of every sweep (in-process or through a server): the first request of the sweep is
+    recorded as `cold`; then per cell one `warmup` and `config.repeats` `timed` requests (`measure(prompt, kind,
+    repeat)`), summarised into a CellRow; samples then row are written to `run` as the cell ends.
+
+    `should_stop` is polled before every request (a signal handler sets it): when it turns true the sweep raises
+    KeyboardInterrupt there, so the cell in progress is dropped whole and every finished cell stays.
+    Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed cell, and the sweep goes on.
+    `after_cell(n, row)` may add text to the cell's log line. The caller marks the run complete / incomplete.
+    """
     rows: list[CellRow] = []
     cold_done = False
     t0 = time.perf_counter()
     todo = [n for n in config.inputs if n not in set(skip)]
     for index, n in enumerate(todo, 1):
-        bucket = engine.bucket_for(n)
-        where = f"cell {index}/{len(todo)}: {n} input tokens (bucket {bucket})"
-        samples = []
+        bucket = bucket_of(n)
+        where = f"cell {index}/{len(todo)}: {n} input tokens" + (f" (bucket {bucket})" if bucket else "")
+        samples: list[Sample] = []
 
-        def measure(kind: str, repeat: int, what: str) -> None:
+        def one(kind: str, repeat: int, what: str) -> None:
             if should_stop():
                 raise KeyboardInterrupt
             progress(f"{where}: {what} [{time.perf_counter() - t0:.1f} s]")
-            samples.append(measure_request(engine, prompts[n], config.max_new_tokens, kind=kind, repeat=repeat))
+            samples.append(measure(prompts[n], kind, repeat))
 
         try:
             if not cold_done:
-                measure("cold", 0, "cold first request of the fresh engine (compiles)")
+                one("cold", 0, "cold first request (compiles, or restores from the compilation cache)")
                 cold_done = True
-            measure("warmup", 0, f"warm-up at ({bucket}, {config.max_new_tokens})")
+            one("warmup", 0, f"warm-up at ({bucket or n}, {config.max_new_tokens})")
             for r in range(config.repeats):
-                measure("timed", r, f"repeat {r + 1}/{config.repeats}")
+                one("timed", r, f"repeat {r + 1}/{config.repeats}")
             row = summarize_cell(samples, max_new_tokens=config.max_new_tokens, bucket=bucket, input_tokens=n)
         except KeyboardInterrupt:
             raise
@@ -125,7 +144,8 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
             row = failed_cell(n, message, bucket=bucket, max_new_tokens=config.max_new_tokens, repeats=config.repeats)
         run.append_samples(samples)
         run.append_cell(row)
+        extra = after_cell(n, row) if after_cell else ""
         run.log(f"{where}: {'valid' if row.valid else 'INVALID: ' + str(row.invalid_reason)}; "
-                f"gauge {row.gauge_tok_s_median} tok/s, e2e {row.e2e_tok_s_median} tok/s")  # fmt: skip
+                f"gauge {row.gauge_tok_s_median} tok/s, e2e {row.e2e_tok_s_median} tok/s{extra}")  # fmt: skip
         rows.append(row)
     return rows
