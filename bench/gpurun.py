@@ -226,7 +226,12 @@ def bench_argv(*args: str) -> list[str]:
 
 
 def find_run(ctx: Context, label: str) -> Path | None:
-    found = sorted((ctx.outdir / "runs").glob(f"*-{label}-*"))
+    """The run folder a step made with `--name label`: exactly `<YYYY-MM-DD>-<label>-<device>` (a label that is a
+    prefix of another one, e.g. "sweep" of "sweep-2", must not match); the newest when several dates match."""
+    import re
+
+    pattern = re.compile(rf"\d{{4}}-\d{{2}}-\d{{2}}-{re.escape(label)}-[a-z0-9]+")
+    found = sorted(p for p in (ctx.outdir / "runs").glob("*") if p.is_dir() and pattern.fullmatch(p.name))
     return found[-1] if found else None
 
 
