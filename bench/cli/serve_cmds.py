@@ -8,19 +8,28 @@ from pathlib import Path
 import typer
 
 from bench.cli import app
-from bench.cli.common import CheckpointOpt, CompileCacheOpt, DtypeOpt, MaxLengthOpt, open_engine, setup_logging
+from bench.cli.common import (
+    BucketsOpt,
+    CheckpointOpt,
+    CompileCacheOpt,
+    DtypeOpt,
+    MaxLengthOpt,
+    open_engine,
+    parse_buckets,
+    setup_logging,
+)
 from bench.errors import InputError
 
 
 def load_served_model(checkpoint: str | None, dtype: str | None, max_length: int | None,
-                      compile_cache: str | None):  # fmt: skip
+                      compile_cache: str | None, buckets: str | None = None):  # fmt: skip
     """Load the engine as `bench sweep` does and gather what /health reports: checkpoint id, path, content hash,
     weight bytes, build id (code + checkpoint + engine configuration), compile cache folder. Returns a LoadedModel."""
     from bench.environment import build_id
     from bench.serve import LoadedModel
     from model.checkpoint import content_hash
 
-    engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache)
+    engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets)
     chash = content_hash(ckpt)
     pol = engine.policy
     config = {"buckets": list(engine.buckets), "max_length": engine.max_length, "batch": 1, "quantization": "none",
@@ -49,6 +58,7 @@ def serve(
     dtype: str | None = DtypeOpt,
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
+    buckets: str | None = BucketsOpt,
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics). The port opens at once; /health answers 503 until the model is loaded and warmed up."""
@@ -66,6 +76,7 @@ def serve(
         raise InputError(f"--port {port}: expected 1..65535")
     if dtype is not None and dtype not in DTYPES:
         raise InputError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
+    parse_buckets(buckets)  # a malformed ladder fails here, before the port opens
     if max_length is not None and max_length < 1:
         raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
     if checkpoint is not None and not checkpoint.startswith("builtin:"):
@@ -85,7 +96,7 @@ def serve(
         failure.append(exc)
         server.should_exit = True
 
-    application = create_app(lambda: load_served_model(checkpoint, dtype, max_length, compile_cache),
+    application = create_app(lambda: load_served_model(checkpoint, dtype, max_length, compile_cache, buckets),
                              model_name=model_name, warmup_shapes=shapes, on_load_failure=stop_on_failure)  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(application, host=host, port=port, log_level="info", access_log=False))
     server.run()

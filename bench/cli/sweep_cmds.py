@@ -152,7 +152,7 @@ def sweep(
                          repeats=3 if repeats is None else repeats)  # fmt: skip
     config.check()
     if target is not None:
-        _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, (dtype, max_length, compile_cache))
+        _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, (dtype, max_length, compile_cache, buckets))
         return
     if run is None and runs_dir.exists() and not runs_dir.is_dir():
         raise RunFolderError(f"--runs-dir {runs_dir} is a file; pass a folder")
@@ -206,6 +206,11 @@ def sweep(
                                            - counts0["cache_misses"]})  # fmt: skip
         run.finish(status)
         log.info(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
+    _print_table(run, log)
+
+
+def _print_table(run, log) -> None:
+    """The sweep table of `run` on stdout (wide enough not to fold), and a warning line naming invalid cells."""
     from rich.console import Console
 
     Console(width=max(Console().width, 150)).print(sweep_table(run.cells()))
@@ -218,12 +223,11 @@ def _sweep_target(target: str, model: str | None, config, checkpoint: str | None
                   resume: Path | None, engine_flags: tuple) -> None:  # fmt: skip
     """`bench sweep --target`: the same sweep through an OpenAI-compatible server (bench/remote.py)."""
     from bench.cli.common import checkpoint_path
-    from bench.errors import InputError
     from bench.remote import sweep_target
 
     if any(f is not None for f in engine_flags):
-        raise InputError("--dtype, --max-length and --compile-cache configure the in-process engine; with --target "
-                         "the server decides them (pass them to `bench serve`)")  # fmt: skip
+        raise InputError("--dtype, --max-length, --compile-cache and --buckets configure the in-process engine; "
+                         "with --target the server decides them (pass them to `bench serve`)")  # fmt: skip
     setup_logging()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request otherwise
     log = logging.getLogger("bench")
@@ -231,9 +235,4 @@ def _sweep_target(target: str, model: str | None, config, checkpoint: str | None
     run = sweep_target(target, model, config, checkpoint=checkpoint_path(checkpoint) if checkpoint else None,
                        runs_dir=runs_dir, name=name, resume=resume, progress=log.info)  # fmt: skip
     log.info(f"sweep {run.status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
-    from rich.console import Console
-
-    Console(width=max(Console().width, 150)).print(sweep_table(run.cells()))
-    invalid = [r.input_tokens for r in run.cells() if not r.valid]
-    if invalid:
-        log.warning(f"warning: cell(s) {invalid} are invalid (reasons in the table); their numbers are not quotable")
+    _print_table(run, log)
