@@ -56,14 +56,6 @@ def init_cache(cfg: ModelConfig, max_len: int, dtype, batch: int = 1) -> KVCache
     )
 
 
-def cache_bytes(cfg: ModelConfig, max_len: int, itemsize: int) -> int:
-    """Bytes of the whole cache buffer; a decode step's attention reads all of it (the masked slots too)."""
-    total = 0
-    for i in cfg.cache_layers:
-        total += 2 * slots(cfg, i, max_len) * cfg.kv_heads(i) * cfg.layer_head_dim(i) * itemsize
-    return total
-
-
 def kv_read_bytes(cfg: ModelConfig, max_len: int, itemsize: int) -> int:
     """Bytes of K and V that one decode step's attention reads: every layer reads the whole cache buffer of its KV
     source (its own, or its producer's for a KV-shared layer), masked slots included; a producer's cache is
