@@ -81,7 +81,9 @@ def test_budget_too_small_stops_cleanly(env):
     assert validate_run(run) == []
     assert open_run(run).status == "incomplete"
     assert any("sweep-tiny" in ln and ("interrupted" in ln or "killed" in ln) for ln in lines)
-    assert any(ln.startswith("== profile-tiny: skipped") for ln in lines)
+    # The sweep now stops after its current request, so what is left may or may not fit the profile step: it is
+    # either skipped for lack of time or run within the budget (the total time is asserted above).
+    assert any(ln.startswith("== profile-tiny") for ln in lines)
     assert "==== gpu-run summary ====" in lines and lines[-1].startswith("gpu-run: exit 3")
 
 
