@@ -6,6 +6,7 @@ Endpoints:
   `max_tokens`, `temperature` (default 1.0, 0 = greedy), `top_p`, `top_k` (0 = off), `seed`, `stop` (a string or a
   list of up to 4), `stream`, `stream_options.include_usage`, and two vLLM-style extensions: `ignore_eos` (generate
   exactly `max_tokens`, what a benchmark needs) and `skip_special_tokens` (default true). `n` must be 1.
+  `bench.serve_schema` holds the request models (each field's meaning and unit) and the response fields.
 - `GET /v1/models`, `GET /health` (503 `{"status": "loading"}` until the model is loaded and every warm-up shape
   compiled; then 200 with build id, checkpoint, device, dtype policy, quantization, compile cache state),
   `GET /metrics` (Prometheus text format; names start with `gemma4_bench_`).
@@ -28,7 +29,9 @@ will use in `--warmup-shapes` so that no client request pays a compile.
 
 Errors follow OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 for a malformed body or a bad
 field (code `invalid_value`, `context_length_exceeded`, ...), 404 for an unknown model, 503 while loading, 500 for
-anything unexpected (logged; the server keeps serving).
+anything unexpected (logged; the server keeps serving). JSON types are checked strictly: a field of the wrong type
+(`"max_tokens": "5"`, `"stream": "true"`) is a 400 naming the field, what was received and what was expected
+(`max_tokens must be an integer, got a string: "5"`); an integer where a number is expected is accepted.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ import dataclasses
 import json
 import logging
 import queue
-import random
 import threading
 import time
 import uuid
@@ -48,17 +50,27 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
 
 from bench.degeneracy import check_degenerate
 from bench.errors import InputError
 from bench.measure import request_times
-from model.errors import ModelError
 from bench.serve_metrics import CONTENT_TYPE, Metrics
+from bench.serve_schema import (  # noqa: F401  (the schema's public names stay importable from bench.serve)
+    DEFAULT_MAX_TOKENS,
+    MAX_STOP_STRINGS,
+    APIError,
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    GenerationRequest,
+    chat_prompt_ids,
+    sampling_params,
+    stop_strings,
+    validation_error,
+)
+from model.errors import ModelError
 
 log = logging.getLogger("bench.serve")
-
-MAX_STOP_STRINGS = 4
 
 
 # ---- what the loader hands the server -----------------------------------------------------------------------------
@@ -66,8 +78,11 @@ MAX_STOP_STRINGS = 4
 class LoadedModel:
     """A loaded engine and the facts /health reports about it.
 
-    checkpoint: {"id", "path", "content_hash", "weight_bytes"}; build_id: environment.build_id of the served
-    payload (None when unknown); compile_cache: {"dir": folder or None}; quantization: "none" or a scheme name.
+    engine: what generates (model.engine.Engine, or anything with its generate/warmup/check_request/tokenizer/
+    policy/cfg/buckets/max_length). checkpoint: {"id": hub id or name, "path": folder, "content_hash": hash of the
+    weight files or None, "weight_bytes": size of the weights in bytes}. build_id: environment.build_id of the
+    served payload (None when unknown). compile_cache: {"dir": persistent compilation cache folder, or None when
+    off}. quantization: "none" or a scheme name.
     """
 
     engine: Any  # model.engine.Engine (or anything with its generate/bucket_for/tokenizer/policy/cfg)
@@ -91,56 +106,6 @@ def parse_warmup_shapes(text: str | None) -> tuple[tuple[int, int], ...]:
             raise InputError(f"--warmup-shapes {text}: {part!r} needs positive numbers (e.g. 41:64)")
         shapes.append((n, m))
     return tuple(dict.fromkeys(shapes))
-
-
-# ---- OpenAI-style errors ------------------------------------------------------------------------------------------
-class APIError(Exception):
-    """A request the server refuses: HTTP `status` with an OpenAI-style error body."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):  # fmt: skip
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-# ---- request bodies -----------------------------------------------------------------------------------------------
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are accepted and ignored
-
-    model: str
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = 1
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    logprobs: Any = None
-
-
-class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int]
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: str
-    content: str | list[dict[str, Any]]
-
-
-class ChatRequest(_Common):
-    messages: list[ChatMessage]
-
-
-DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # OpenAI's legacy completions default is 16
 
 
 # ---- the engine worker --------------------------------------------------------------------------------------------
@@ -245,6 +210,9 @@ class _TextAssembler:
 
 # ---- the application ----------------------------------------------------------------------------------------------
 class _State:
+    """The server's state: "loading" -> "ok" (loaded, warm-up shapes compiled, worker started) or "failed" (with
+    `error`, one line). `warmup_s`: seconds spent compiling the warm-up shapes; `created`: Unix time (s)."""
+
     def __init__(self, provider, model_name, warmup_shapes):
         self.provider, self.model_name, self.warmup_shapes = provider, model_name, tuple(warmup_shapes)
         self.status, self.error = "loading", None
@@ -292,7 +260,7 @@ def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | 
     returns a `LoadedModel` (or raises: /health then answers 503 with status "failed" and the reason, and
     `on_load_failure(exc)` is called, e.g. to stop the server). `model_name`: the id clients must send (default:
     the checkpoint id). `warmup_shapes`: (prompt tokens, max_tokens) pairs compiled (greedy) before /health
-    reports ready."""
+    reports ready. Raises nothing itself; requests are refused with `APIError` bodies (see the module docstring)."""
     state = _State(engine_provider, model_name, warmup_shapes)
     state.on_load_failure = on_load_failure
 
@@ -314,14 +282,11 @@ def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | 
     async def on_api_error(_req: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
 
+    schemas = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest}
+
     @app.exception_handler(RequestValidationError)
-    async def on_validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
-        if first.get("type") == "json_invalid":
-            return error_response(APIError(400, "malformed JSON body", code="invalid_json"))
-        message = f"{where or 'body'}: {first.get('msg', 'invalid')}"
-        return error_response(APIError(400, message, param=where, code="invalid_value"))
+    async def on_validation(req: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(exc.errors(), exc.body, schemas.get(req.url.path)))
 
     @app.exception_handler(ModelError)
     async def on_model_error(_req: Request, exc: ModelError) -> JSONResponse:  # e.g. text that cannot be tokenized
@@ -406,6 +371,9 @@ def _require_ready(state: _State) -> None:
 
 
 def _health_body(state: _State) -> dict[str, Any]:
+    """GET /health once ready: build id, checkpoint (weight_bytes in bytes), device, dtype policy, quantization,
+    compile cache (dir, and this process's trace/compile/cache-hit counts), max_length and buckets (tokens),
+    warm-up shapes ((prompt tokens, max_tokens) pairs) and warmup_s (seconds spent compiling them)."""
     loaded, eng = state.loaded, state.loaded.engine
     pol = eng.policy
     counts = _compile_counts()
@@ -424,50 +392,7 @@ def _health_body(state: _State) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
-    """Gemma's turn format: BOS + `<|turn>{role}\\n{content}<turn|>\\n` per message + `<|turn>model\\n`
-    ("assistant" is spelled "model"). One user message gives exactly `tokenizer.chat_ids(content)`.
-    Raises APIError for no messages or non-text content parts."""
-    if not messages:
-        raise APIError(400, "messages must hold at least one message", param="messages")
-    text = ""
-    for i, m in enumerate(messages):
-        content = m.content
-        if not isinstance(content, str):
-            if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
-                raise APIError(400, "only text content parts are supported", param=f"messages.{i}.content")
-            content = "".join(part["text"] for part in content)
-        role = "model" if m.role == "assistant" else m.role
-        text += f"<|turn>{role}\n{content}<turn|>\n"
-    return [tokenizer.bos_id] + tokenizer.encode(text + "<|turn>model\n")
-
-
-def _sampling(body: _Common, kind: str, engine) -> tuple[Any, int]:
-    """Validate the generation fields; returns (Sampling, max_tokens). Raises APIError (400)."""
-    from model.engine import Sampling
-
-    max_tokens = DEFAULT_MAX_TOKENS[kind] if body.max_tokens is None else body.max_tokens
-    if max_tokens < 1:
-        raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens", code="invalid_value")
-    if max_tokens > engine.max_length:
-        raise APIError(400, f"max_tokens {max_tokens} exceeds this server's limit {engine.max_length}",
-                       param="max_tokens", code="invalid_value")  # fmt: skip
-    checks = [("n", body.n == 1, f"only n=1 is supported, got {body.n}"),
-              ("temperature", 0.0 <= body.temperature <= 2.0, f"temperature must lie in [0, 2], got {body.temperature}"),
-              ("top_p", 0.0 < body.top_p <= 1.0, f"top_p must lie in (0, 1], got {body.top_p}"),
-              ("top_k", body.top_k >= 0, f"top_k must be >= 0 (0 = off), got {body.top_k}"),
-              ("logprobs", body.logprobs in (None, False, 0), "logprobs are not supported")]  # fmt: skip
-    for param, ok, message in checks:
-        if not ok:
-            raise APIError(400, message, param=param, code="invalid_value")
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if len(stops) > MAX_STOP_STRINGS:
-        raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param="stop")
-    seed = body.seed if body.seed is not None else random.getrandbits(31)
-    return Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=seed % 2**32), max_tokens
-
-
-async def _serve(state: _State, request: Request, body: _Common, ids: list[int], kind: str, t_arrival: int):
+async def _serve(state: _State, request: Request, body: GenerationRequest, ids: list[int], kind: str, t_arrival: int):
     """Validate, queue the job, and answer (JSON, or an SSE stream)."""
     from model.errors import EngineError
 
@@ -475,26 +400,27 @@ async def _serve(state: _State, request: Request, body: _Common, ids: list[int],
     if body.model != state.model_name:
         raise APIError(404, f"model {body.model!r} does not exist; this server serves {state.model_name!r}",
                        param="model", code="model_not_found")  # fmt: skip
-    sampling, max_tokens = _sampling(body, kind, engine)
+    sampling, max_tokens = sampling_params(body, kind, engine)
     try:
         engine.check_request(len(ids), max_tokens)
     except EngineError as exc:
         raise APIError(400, f"{exc} (this server's maximum prompt length is {engine.buckets[-1]} tokens)",
                        param="messages" if kind == "chat" else "prompt", code="context_length_exceeded") from exc
     job = _Job(ids, max_tokens, sampling, not body.ignore_eos, asyncio.get_running_loop())
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    text = _TextAssembler(engine.tokenizer, stops, body.skip_special_tokens)
+    text = _TextAssembler(engine.tokenizer, stop_strings(body), body.skip_special_tokens)
     answer = _Answer(state, job, text, kind, body.model, t_arrival)
     state.worker.jobs.put(job)
     if body.stream:
-        usage = bool((body.stream_options or {}).get("include_usage"))
+        usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(answer.sse(usage), media_type="text/event-stream",
                                  headers={"X-Request-Id": answer.id, "Cache-Control": "no-cache"})  # fmt: skip
     return await answer.whole(request)
 
 
 class _Answer:
-    """One request's answer: consumes the job's events, builds OpenAI bodies, records metrics."""
+    """One request's answer: consumes the job's events, builds OpenAI bodies, records metrics. `t_arrival`: when
+    the request reached its handler (perf_counter_ns); `tokens`/`times`: generated ids and their host arrival
+    times (perf_counter_ns)."""
 
     def __init__(self, state: _State, job: _Job, text: _TextAssembler, kind: str, model: str, t_arrival: int):
         self.state, self.job, self.text, self.kind, self.model, self.t_arrival = state, job, text, kind, model, t_arrival
@@ -532,7 +458,8 @@ class _Answer:
         yield self.text.finish(), []
 
     def finalize(self) -> dict[str, Any]:
-        """Degeneracy verdict, finish reason, usage; logs and records metrics. Returns the extra fields."""
+        """Degeneracy verdict, finish reason, usage; logs and records metrics (TTFT in s, decode gauge in tok/s).
+        Returns {"finish_reason": "stop" or "length", "usage": token counts, "degenerate": Verdict.to_dict()}."""
         kept = self.tokens[: self.text.consumed] if self.text.stopped else self.tokens
         verdict = check_degenerate(kept)
         eos = set(getattr(self.state.loaded.engine.cfg, "eos_token_ids", ()))

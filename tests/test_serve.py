@@ -202,6 +202,13 @@ def test_sampling_is_deterministic_for_a_seed(server):
     assert a["choices"][0]["text"] == b["choices"][0]["text"]
 
 
+def test_integer_temperature_and_top_p_sample_like_their_float_spelling(server):
+    ints = _complete(server, "Memory chips", temperature=1, top_p=1, seed=7, ignore_eos=True).json()
+    floats = _complete(server, "Memory chips", temperature=1.0, top_p=1.0, seed=7, ignore_eos=True).json()
+    assert ints["choices"][0]["text"] == floats["choices"][0]["text"]
+    assert ints["usage"]["completion_tokens"] == MAX_TOKENS
+
+
 # ---- degeneracy, metrics ----------------------------------------------------------------------------------------------
 def test_degenerate_response_is_returned_flagged_and_counted(server):
     before = _metrics(server)
@@ -324,6 +331,9 @@ def test_a_client_leaving_mid_stream_frees_the_engine(tiny_checkpoint):
         (json.dumps({"model": MODEL}).encode(), 400, "prompt"),
         (json.dumps({"model": MODEL, "prompt": "a\ud800b"}).encode(), 400, None),  # a lone surrogate
         (json.dumps({"model": MODEL, "prompt": "word " * 40, "max_tokens": 250}).encode(), 400, "prompt"),
+        (json.dumps({"model": MODEL, "prompt": "x", "max_tokens": "5"}).encode(), 400, "max_tokens"),  # not coerced
+        (json.dumps({"model": MODEL, "prompt": "x", "stream": "true"}).encode(), 400, "stream"),
+        (json.dumps({"model": MODEL, "prompt": 5}).encode(), 400, "prompt"),
     ],
 )
 def test_bad_requests_get_openai_errors_and_the_server_survives(server, payload, status, param):

@@ -1,0 +1,267 @@
+"""What a client of `bench serve` sends and gets back: the request bodies, their checks, and the error body.
+
+Requests are pydantic models, strict about JSON types: a field gets the JSON type it is declared with or the request
+is refused (`"max_tokens": "5"`, `"stream": "true"` and `"temperature": true` are 400s), with the one conversion JSON
+clients rely on, an integer where a number is expected (`"temperature": 1`). Unknown OpenAI fields are accepted and
+ignored. Ranges (max_tokens against the server's limit, temperature, top_p, ...) are checked after parsing, by
+`sampling_params`, which needs the engine.
+
+Responses (built in `bench.serve`; JSON, OpenAI's shapes):
+- `usage`: `prompt_tokens` (tokens in, BOS and chat turns included), `completion_tokens` (tokens generated and
+  kept: a stop string drops the ones after it), `total_tokens` (their sum).
+- `choices[0].finish_reason`: "stop" (EOS or a stop string) or "length" (max_tokens generated, or cancelled).
+- `degenerate`: `bench.degeneracy.Verdict.to_dict()` of the kept ids, `{"degenerate", "reason", "details"}`.
+- streamed chunks: `choices[0].token_ids`, the ids (tokens) whose text the chunk carries.
+- Timings are not in the bodies: /metrics has the decode gauge in tok/s ((generated - 1) / decode time) and TTFT in
+  seconds; /health has the warm-up compile time in seconds (`warmup_s`) and lengths in tokens.
+
+Errors are `APIError`s, answered with OpenAI's body `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import types
+import typing
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
+
+MAX_STOP_STRINGS = 4
+DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # tokens; OpenAI's legacy completions default is 16
+
+
+# ---- OpenAI-style errors ------------------------------------------------------------------------------------------
+class APIError(Exception):
+    """A request the server refuses: HTTP `status` (400 bad input, 404 unknown model, 503 loading, 500 unexpected)
+    with an OpenAI-style error body. `type`: OpenAI's error type ("invalid_request_error", "service_unavailable",
+    "server_error"); `param`: the offending field as a dotted path ("max_tokens", "messages.0.content") or None;
+    `code`: a machine-readable reason ("invalid_value", "invalid_json", "context_length_exceeded", ...) or None."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: `{"error": {"message", "type", "param", "code"}}`."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# ---- request bodies -----------------------------------------------------------------------------------------------
+class StreamOptions(BaseModel):
+    """`stream_options`: `include_usage` (true: a last chunk, before `[DONE]`, carries `usage` in tokens)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: StrictBool = False
+
+
+class GenerationRequest(BaseModel):
+    """The fields completions and chat share.
+
+    model: the id the server serves (GET /v1/models), else 404. max_tokens: tokens to generate at most, >= 1
+    (default `DEFAULT_MAX_TOKENS[kind]`; at most the server's max length). temperature: softmax temperature in
+    [0, 2], 0 = greedy. top_p: nucleus probability mass in (0, 1]. top_k: tokens kept, 0 = off. seed: sampling seed
+    (taken modulo 2**32; random when null): a seed gives the same tokens on the same build. stop: a string or up to
+    `MAX_STOP_STRINGS` strings; the text ends before the first one found (which is not returned). n: must be 1.
+    stream: server-sent events instead of one JSON body. ignore_eos (vLLM extension): generate exactly max_tokens,
+    what a benchmark needs. skip_special_tokens (vLLM extension): leave special tokens out of the text.
+    logprobs: not supported (null, false or 0).
+    """
+
+    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are accepted and ignored
+
+    model: StrictStr
+    max_tokens: StrictInt | None = None
+    temperature: StrictFloat = 1.0
+    top_p: StrictFloat = 1.0
+    top_k: StrictInt = 0
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    logprobs: Any = None
+
+
+class CompletionRequest(GenerationRequest):
+    """`POST /v1/completions`. prompt: one text (BOS is prepended, no chat template), a list holding exactly one
+    text, or the prompt's token ids (used as given, BOS included if wanted; each in [0, vocab size))."""
+
+    prompt: StrictStr | list[StrictStr] | list[StrictInt]
+
+
+class ChatMessage(BaseModel):
+    """One chat turn. role: "user", "system", "assistant" (spelled "model" in Gemma's turns) or any other name;
+    content: a text, or a list of `{"type": "text", "text": ...}` parts (joined; no other part types)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: StrictStr
+    content: StrictStr | list[dict[str, Any]]
+
+
+class ChatRequest(GenerationRequest):
+    """`POST /v1/chat/completions`. messages: the conversation, at least one message, rendered by
+    `chat_prompt_ids`; the answer is the model's next turn."""
+
+    messages: list[ChatMessage]
+
+
+# ---- validation errors, in words ----------------------------------------------------------------------------------
+_NOUNS = {bool: ("a boolean (true or false)", "booleans"), int: ("an integer", "integers"), float: ("a number", "numbers"),
+          str: ("a string", "strings"), dict: ("an object", "objects")}  # fmt: skip
+
+
+def validation_error(errors: Sequence[dict[str, Any]], body: Any, schema: type[BaseModel] | None) -> APIError:
+    """One 400 `APIError` for pydantic's `errors` (as `RequestValidationError.errors()` gives them) on the request
+    `body` (the parsed JSON) validated against `schema`: it names the first wrong field (param, a dotted path such as
+    "max_tokens" or "messages.0.content"), the JSON type and value received, and the type expected."""
+    first = errors[0] if errors else {}
+    loc = list(first.get("loc", ()))[1:]  # the first item says where: "body"
+    if first.get("type") == "json_invalid":
+        return APIError(400, "malformed JSON body", code="invalid_json")
+    path, annotation = _resolve(schema, loc) if schema is not None else (loc, None)
+    param = ".".join(str(x) for x in path) or None
+    found, value = _lookup(body, path)
+    if param is None:
+        got = f"got {_received(value)}" if found and value is not None else "got no body"
+        return APIError(400, f"the request body must be a JSON object, {got}", code="invalid_value")
+    if first.get("type") == "missing" and len(path) == len(loc):
+        expected = f": expected {_describe(annotation)}" if annotation is not None else ""
+        return APIError(400, f"{param} is required{expected}", param=param, code="invalid_value")
+    is_type_error = len(path) < len(loc) or str(first.get("type", "")).endswith("_type")
+    if annotation is not None and is_type_error:
+        message = f"{param} must be {_describe(annotation)}, got {_received(value)}"
+    else:
+        message = f"{param}: {first.get('msg', 'invalid')}, got {_received(value)}"
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def _resolve(schema: type[BaseModel], loc: Sequence[Any]) -> tuple[list[Any], Any]:
+    """The longest prefix of `loc` that names fields and list items of `schema` (a union member's tag, such as
+    "list[int]", ends it), and the annotation there."""
+    annotation: Any = schema
+    path: list[Any] = []
+    for key in loc:
+        nxt = None
+        for option in _options(annotation):
+            if isinstance(key, str) and isinstance(option, type) and issubclass(option, BaseModel):
+                field = option.model_fields.get(key)
+                nxt = field.annotation if field is not None else None
+            elif isinstance(key, int) and typing.get_origin(option) is list:
+                nxt = typing.get_args(option)[0]
+            if nxt is not None:
+                break
+        if nxt is None:
+            break
+        annotation, path = nxt, path + [key]
+    return path, annotation
+
+
+def _options(annotation: Any) -> list[Any]:
+    """The types a (possibly Annotated, possibly union) annotation allows, None left out."""
+    if typing.get_origin(annotation) is Annotated:
+        return _options(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in _options(arg)]
+    return [] if annotation is type(None) else [annotation]
+
+
+def _describe(annotation: Any, *, plural: bool = False) -> str:
+    """The JSON type(s) of an annotation in words: "an integer", "a string or an array of strings"."""
+    words = []
+    for option in _options(annotation):
+        origin = typing.get_origin(option) or option
+        if origin is list:
+            args = typing.get_args(option)
+            of = f" of {_describe(args[0], plural=True)}" if args else ""
+            words.append(("arrays" if plural else "an array") + of)
+        elif isinstance(origin, type) and issubclass(origin, BaseModel):
+            words.append(_NOUNS[dict][plural])
+        elif origin in _NOUNS:
+            words.append(_NOUNS[origin][plural])
+        else:
+            words.append("values" if plural else "any value")
+    words = list(dict.fromkeys(words))
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _lookup(body: Any, path: Sequence[Any]) -> tuple[bool, Any]:
+    """(found, value) at `path` in the parsed JSON body."""
+    for key in path:
+        if isinstance(body, dict) and key in body:
+            body = body[key]
+        elif isinstance(body, list) and isinstance(key, int) and 0 <= key < len(body):
+            body = body[key]
+        else:
+            return False, None
+    return True, body
+
+
+def _received(value: Any, limit: int = 40) -> str:
+    """A JSON value in words, with an excerpt: 'a string: "5"', 'an array: [1, 2]', 'null'."""
+    if value is None:
+        return "null"
+    if isinstance(value, bytes | bytearray):
+        return "content that is not JSON (send Content-Type: application/json)"
+    kinds = [(bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"), (list, "an array"),
+             (dict, "an object")]  # fmt: skip
+    kind = next((word for t, word in kinds if isinstance(value, t)), type(value).__name__)
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return f"{kind}: {text if len(text) <= limit else text[: limit - 3] + '...'}"
+
+
+# ---- from a parsed request to the engine's inputs -----------------------------------------------------------------
+def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
+    """Gemma's turn format: BOS + `<|turn>{role}\\n{content}<turn|>\\n` per message + `<|turn>model\\n`
+    ("assistant" is spelled "model"). One user message gives exactly `tokenizer.chat_ids(content)`.
+    Raises APIError for no messages or non-text content parts."""
+    if not messages:
+        raise APIError(400, "messages must hold at least one message", param="messages")
+    text = ""
+    for i, m in enumerate(messages):
+        content = m.content
+        if not isinstance(content, str):
+            if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
+                raise APIError(400, "only text content parts are supported", param=f"messages.{i}.content")
+            content = "".join(part["text"] for part in content)
+        role = "model" if m.role == "assistant" else m.role
+        text += f"<|turn>{role}\n{content}<turn|>\n"
+    return [tokenizer.bos_id] + tokenizer.encode(text + "<|turn>model\n")
+
+
+def stop_strings(body: GenerationRequest) -> list[str]:
+    """`stop` as a list (a single string, a list, or none)."""
+    return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+
+
+def sampling_params(body: GenerationRequest, kind: str, engine) -> tuple[Any, int]:
+    """Check the generation fields' ranges; returns (model.engine.Sampling, max_tokens in tokens). `kind` is
+    "completion" or "chat" (their max_tokens defaults differ). Raises APIError (400, naming the field)."""
+    from model.engine import Sampling
+
+    max_tokens = DEFAULT_MAX_TOKENS[kind] if body.max_tokens is None else body.max_tokens
+    if max_tokens < 1:
+        raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens", code="invalid_value")
+    if max_tokens > engine.max_length:
+        raise APIError(400, f"max_tokens {max_tokens} exceeds this server's limit {engine.max_length}",
+                       param="max_tokens", code="invalid_value")  # fmt: skip
+    checks = [("n", body.n == 1, f"only n=1 is supported, got {body.n}"),
+              ("temperature", 0.0 <= body.temperature <= 2.0, f"temperature must lie in [0, 2], got {body.temperature}"),
+              ("top_p", 0.0 < body.top_p <= 1.0, f"top_p must lie in (0, 1], got {body.top_p}"),
+              ("top_k", body.top_k >= 0, f"top_k must be >= 0 (0 = off), got {body.top_k}"),
+              ("logprobs", body.logprobs in (None, False, 0), "logprobs are not supported")]  # fmt: skip
+    for param, ok, message in checks:
+        if not ok:
+            raise APIError(400, message, param=param, code="invalid_value")
+    stops = stop_strings(body)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param="stop")
+    seed = body.seed if body.seed is not None else random.getrandbits(31)
+    return Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=seed % 2**32), max_tokens
