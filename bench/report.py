@@ -11,348 +11,39 @@ per run `<run>:<field>` columns), `profile.csv` (one row per metric, one column 
 `sweep_tok_s.png` (gauge and end-to-end tok/s vs input tokens, one line per run) and `profile_categories.png`
 (device-time categories stacked per run). Published figures are labelled "(published)" everywhere; a null is "—".
 
-profile.json keys read (other keys are ignored; the first alias present wins):
-- `categories.<name>.pct` (%): a category listed with a null pct is one the device cannot have ("absent", as
-  `bench profile` writes it); a category not listed at all shows as "—". <name> is one of dtype_conversion |
-  conversion | convert; matmul_fp32 | fp32_matmul | matmul_f32 | fp32_gemv; tensor_core | tensor_cores. Every
-  category with a pct goes into the stacked bars.
-- `totals.device_ms` | total_device_ms | total_kernel_ms | total_kernel_time_ms (ms); `totals.distinct_kernels` |
-  distinct_ops; decode tok/s from `totals.decode_tok_s` | implied_tok_s, else `roofline.tok_s`, else `totals.tok_s`.
-- `roofline.bandwidth_gib_s` | measured_bandwidth_gib_s (GiB/s), or `roofline.bandwidth_gb_s` (GB/s, converted);
-  `roofline.bandwidth_kind` (text; "measured (device copy)" when absent); `roofline.share_pct` |
-  bandwidth_roofline_share_pct (%),
-  `roofline.share_approx` (bool); `roofline.bytes_per_step` (bytes); `roofline.derived.share_pct`,
-  `.bytes_per_step`, `.account.terms` (the derived byte accounting, bench/roofline.py).
+profile.json keys read: see bench/report_tables.py, which holds the loading and the tables; this module holds the
+findings and writes the report. Its tables and formats are re-exported here: import them from `bench.report`.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from bench.compare import describe_differences, manifest_differences, single_variable
 from bench.errors import InputError, RunFolderError
 from bench.plots import plot_profile, plot_sweep
+from bench.report_tables import (  # noqa: F401  (the tables and formats are part of this module's API)
+    DASH,
+    RunView,
+    _assign_labels,
+    _md_table,
+    _view,
+    _write_csv,
+    environment_table,
+    fmt_num,
+    fmt_pct,
+    load_runs,
+    profile_figures,
+    profile_table,
+    rate_text,
+    sweep_table,
+)
 from bench.roofline import roofline_share_pct
-from bench.runs import CellRow, RunFolder, list_runs, open_complete_run, resolve_run
-
-DASH = "—"
-_VENDOR = ("NVIDIA ", "Tesla ", "GeForce ")
-_CATEGORY_ALIASES = {
-    "dtype_conversion": ("dtype_conversion", "conversion", "convert"),
-    "matmul_fp32": ("matmul_fp32", "fp32_matmul", "matmul_f32", "fp32_gemv"),
-    "tensor_core": ("tensor_core", "tensor_cores"),
-}
-_TOTAL_ALIASES = {
-    "device_ms": ("device_ms", "total_device_ms", "total_kernel_ms", "total_kernel_time_ms"),
-    "distinct_kernels": ("distinct_kernels", "distinct_ops"),
-    "decode_tok_s": ("decode_tok_s", "implied_tok_s"),
-}
-
-
-# ---- loading -----------------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class RunView:
-    """A loaded run as the report sees it: folder, cells by input size, profile, short label for tables."""
-
-    run: RunFolder
-    cells: dict[int, CellRow]
-    profile: dict[str, Any] | None
-    label: str = ""
-
-    @property
-    def name(self) -> str:
-        return self.run.name
-
-    @property
-    def m(self) -> dict[str, Any]:
-        return self.run.manifest
-
-    @property
-    def published(self) -> bool:
-        return self.run.provenance == "published"
-
-    def other_published(self) -> dict[str, Any]:
-        """`other_published_figures` of the folder's published-source.json copy, if any."""
-        path = self.run.path / "published-source.json"
-        try:
-            return json.loads(path.read_text()).get("other_published_figures", {}) if path.exists() else {}
-        except (OSError, json.JSONDecodeError, AttributeError):
-            return {}
-
-
-def _view(run: RunFolder) -> RunView:
-    return RunView(run, {c.input_tokens: c for c in run.cells()}, run.profile())
-
-
-def load_runs(
-    run_dirs: Sequence[str | Path] | None, runs_dir: str | Path = "runs"
-) -> tuple[list[RunView], list[tuple[str, str]]]:
-    """The runs to report and the skipped folders [(folder, reason)].
-
-    Named runs (paths, or names inside `runs_dir`) must be complete and readable: RunFolderError otherwise.
-    With none named, every folder of `runs_dir` is tried and bad ones are skipped with their reason.
-    """
-    views, skipped = [], []
-    if run_dirs:
-        for ref in run_dirs:
-            views.append(_view(open_complete_run(resolve_run(ref, runs_dir))))
-    else:
-        for summary in list_runs(runs_dir):
-            try:
-                views.append(_view(open_complete_run(summary.path)))
-            except RunFolderError as exc:
-                skipped.append((summary.name, str(exc)))
-    names = [v.name for v in views]
-    dupes = {n for n in names if names.count(n) > 1}
-    if dupes:
-        raise InputError(f"run(s) named twice: {', '.join(sorted(dupes))}")
-    _assign_labels(views)
-    return views, skipped
-
-
-def _chip(view: RunView) -> str:
-    kind = (view.m.get("device") or {}).get("device_kind") or (view.m.get("device") or {}).get("platform") or "?"
-    for word in _VENDOR:
-        kind = kind.replace(word, "")
-    return "CPU" if kind.lower().startswith("cpu") else kind.strip()
-
-
-def _assign_labels(views: list[RunView]) -> None:
-    """Short column labels: the chip, made unique with the run name when two runs share a chip."""
-    chips = [_chip(v) for v in views]
-    for view, chip in zip(views, chips):
-        label = chip if chips.count(chip) == 1 else f"{chip} {view.name}"
-        view.label = label + (" (published)" if view.published else "")
-
-
-# ---- formatting --------------------------------------------------------------------------------------------------
-def fmt_num(x: float | None, digits: int = 2) -> str:
-    """`digits` decimals with thousands separators, one trailing zero dropped: 12.90 -> 12.9, 13.00 -> 13.0."""
-    if x is None:
-        return DASH
-    text = f"{x:,.{digits}f}"
-    return text[:-1] if digits >= 2 and text.endswith("0") else text
-
-
-def fmt_pct(x: float | None, approx: bool = False, absent: bool = False) -> str:
-    """A share in %: integers as given (26%), otherwise one decimal (54.1%); "~" when approximate."""
-    if absent:
-        return "absent"
-    if x is None:
-        return DASH
-    text = f"{x}%" if isinstance(x, int) else f"{x:.1f}%"
-    return ("~" if approx else "") + text
-
-
-def _md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    def cell(x: Any) -> str:
-        return (DASH if x is None else str(x)).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(header)
-        writer.writerows([["" if x is None else x for x in row] for row in rows])
-
-
-# ---- tables ------------------------------------------------------------------------------------------------------
-def _config_text(config: dict[str, Any] | None) -> str | None:
-    return ", ".join(f"{k}={DASH if x is None else x}" for k, x in (config or {}).items()) or None
-
-
-def environment_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[list[str]]]:
-    """(header, raw rows, text rows): one row per fact, one column per run."""
-    def g(v: RunView, *path: str) -> Any:
-        x: Any = v.m
-        for p in path:
-            x = x.get(p) if isinstance(x, dict) else None
-        return x
-
-    def mem_mib(v: RunView) -> str | None:
-        b = g(v, "device", "memory_bytes")
-        return None if b is None else f"{b / 2**20:,.0f} MiB"
-
-    def arch(v: RunView) -> str | None:
-        parts = [g(v, "device", "architecture"), g(v, "device", "compute_capability")]
-        return ", SM ".join(p for p in parts if p) or None
-
-    rows_spec = [
-        ("folder", lambda v: v.name),
-        ("provenance", lambda v: "published: " + (g(v, "provenance", "source") or "?") if v.published else "measured"),
-        ("chip", lambda v: g(v, "device", "device_kind")),
-        ("architecture, compute capability", arch),
-        ("device memory", mem_mib),
-        ("host", lambda v: g(v, "host", "description") or g(v, "host", "cpu_model")),
-        ("host architecture", lambda v: g(v, "host", "arch")),
-        ("host cores (logical)", lambda v: g(v, "host", "logical_cpus")),
-        ("compute dtype", lambda v: g(v, "dtype_policy", "compute_dtype")),
-        ("python", lambda v: g(v, "versions", "python")),
-        ("jax", lambda v: g(v, "versions", "jax")),
-        ("jaxlib", lambda v: g(v, "versions", "jaxlib")),
-        ("build id", lambda v: g(v, "build_id")),
-        ("checkpoint", lambda v: g(v, "checkpoint", "id")),
-        ("checkpoint hash", lambda v: g(v, "checkpoint", "content_hash")),
-        ("weight bytes", lambda v: g(v, "checkpoint", "weight_bytes")),
-        ("configuration", lambda v: _config_text(g(v, "engine_config"))),
-        ("git commit", lambda v: g(v, "git", "commit")),
-        ("started", lambda v: g(v, "started_at")),
-    ]
-    header = ["", *(v.label for v in views)]
-    raw = [[name, *(fn(v) for v in views)] for name, fn in rows_spec]
-    text = [[r[0], *(f"{x:,}" if isinstance(x, int) and r[0] == "weight bytes" else x for x in r[1:])] for r in raw]
-    return header, raw, text
-
-
-_SWEEP_FIELDS = (
-    "gauge_tok_s_median", "gauge_tok_s_min", "gauge_tok_s_max", "e2e_tok_s_median", "e2e_tok_s_min",
-    "e2e_tok_s_max", "bucket", "ttft_ms_median", "valid", "status",
-)  # fmt: skip
-
-
-def rate_text(cell: CellRow | None, metric: str) -> str:
-    """A cell's median tok/s of `metric` ("gauge" or "e2e") with (min–max) where raw samples exist, ✗ when
-    the cell is invalid, "failed" for a failed cell, — for none."""
-    if cell is None:
-        return DASH
-    if cell.status == "failed":
-        return "failed"
-    median = getattr(cell, f"{metric}_tok_s_median")
-    lo, hi = getattr(cell, f"{metric}_tok_s_min"), getattr(cell, f"{metric}_tok_s_max")
-    text = fmt_num(median)
-    if median is not None and lo is not None and hi is not None:
-        text += f" ({fmt_num(lo)}–{fmt_num(hi)})"
-    if median is not None and not cell.valid:
-        text += " ✗"
-    return text
-
-
-def sweep_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[str], list[list[str]], list[str]]:
-    """(csv header, csv rows, markdown header, markdown rows, notes on invalid cells).
-
-    Markdown: per run gauge and end-to-end tok/s, "median (min–max)" where raw samples exist, ✗ on invalid cells;
-    bucket and TTFT columns for runs that have any. CSV: every field, numbers unrounded.
-    """
-    sizes = sorted({s for v in views for s in v.cells})
-    csv_header = ["input_tokens", *(f"{v.name}:{f}" for v in views for f in _SWEEP_FIELDS)]
-    csv_rows = [[s, *(getattr(v.cells.get(s), f, None) for v in views for f in _SWEEP_FIELDS)] for s in sizes]
-    md_header = ["input tokens"]
-    extras = {}
-    for v in views:
-        md_header += [f"{v.label} gauge tok/s", f"{v.label} end-to-end tok/s"]
-        cells = v.cells.values()
-        extras[v.name] = [f for f in ("bucket", "ttft_ms_median") if any(getattr(c, f) is not None for c in cells)]
-        md_header += [f"{v.label} {'bucket' if f == 'bucket' else 'TTFT ms'}" for f in extras[v.name]]
-    md_rows, notes = [], []
-    for s in sizes:
-        row = [f"{s:,}"]
-        for v in views:
-            cell = v.cells.get(s)
-            row += [rate_text(cell, "gauge"), rate_text(cell, "e2e")]
-            for f in extras[v.name]:
-                value = getattr(cell, f, None) if cell else None
-                row.append(DASH if value is None else f"{value:,}" if f == "bucket" else fmt_num(value, 1))
-            if cell is not None and not cell.valid:
-                numbers = (cell.gauge_tok_s_median, cell.e2e_tok_s_median)
-                mark = "✗" if cell.status == "failed" or numbers != (None, None) else DASH
-                notes.append(f"{mark} {v.label}, {s:,} input tokens: {cell.invalid_reason or cell.error}")
-        md_rows.append(row)
-    return csv_header, csv_rows, md_header, md_rows, notes
-
-
-def _first(d: dict[str, Any] | None, keys: Iterable[str]) -> Any:
-    for k in keys:
-        if isinstance(d, dict) and k in d:
-            return d[k]
-    return None
-
-
-def profile_figures(prof: dict[str, Any]) -> dict[str, Any]:
-    """The figures the report uses from one profile.json (see the module docstring for the keys read)."""
-    cats = prof.get("categories") or {}
-    out: dict[str, Any] = {}
-    for key, aliases in _CATEGORY_ALIASES.items():
-        cat = _first(cats, aliases)
-        out[key] = cat.get("pct") if isinstance(cat, dict) else None
-        out[f"{key}_absent"] = isinstance(cat, dict) and cat.get("pct") is None  # listed without a share: absent
-    totals = prof.get("totals") or {}
-    for key, aliases in _TOTAL_ALIASES.items():
-        out[key] = _first(totals, aliases)
-    roof = prof.get("roofline") or {}
-    out["decode_tok_s_from_profile"] = False
-    if out["decode_tok_s"] is None:  # bench profile: the gauge it used, else the profile's own 1000 / ms per step
-        out["decode_tok_s"] = roof.get("tok_s") if roof.get("tok_s") is not None else totals.get("tok_s")
-        out["decode_tok_s_from_profile"] = roof.get("tok_s_source") != "gauge" and out["decode_tok_s"] is not None
-    bw = _first(roof, ("bandwidth_gib_s", "measured_bandwidth_gib_s"))
-    if bw is None and roof.get("bandwidth_gb_s") is not None:
-        bw = roof["bandwidth_gb_s"] * 1e9 / 2**30
-    kind = roof.get("bandwidth_kind") or ("measured (device copy)" if bw is not None else None)
-    derived = roof.get("derived") or {}
-    out.update(
-        bandwidth_gib_s=bw, bandwidth_kind=kind, bytes_per_step=roof.get("bytes_per_step"),
-        share_pct=_first(roof, ("share_pct", "bandwidth_roofline_share_pct")),
-        share_approx=bool(roof.get("share_approx")),
-        derived_share_pct=derived.get("share_pct"), derived_bytes_per_step=derived.get("bytes_per_step"),
-        derived_terms=(derived.get("account") or {}).get("terms"),
-        categories={n: c.get("pct") for n, c in cats.items() if isinstance(c, dict) and c.get("pct") is not None},
-    )  # fmt: skip
-    return out
-
-
-def _unit(key: str, spec: str, unit: str = "") -> Any:
-    """Formatter of figure `key` with a format spec and a unit, "—" for null."""
-    return lambda f: DASH if f[key] is None else f"{format(f[key], spec)}{unit}"
-
-
-_PROFILE_ROWS = (  # (csv key, markdown label, text formatter of the figures)
-    ("dtype_conversion_pct", "dtype conversion",
-     lambda f: fmt_pct(f["dtype_conversion"], absent=f["dtype_conversion_absent"])),
-    ("fp32_matmul_pct", "fp32 matrix-vector (gemv)",
-     lambda f: fmt_pct(f["matmul_fp32"], absent=f["matmul_fp32_absent"])),
-    ("tensor_core_pct", "tensor core", lambda f: fmt_pct(f["tensor_core"], absent=f["tensor_core_absent"])),
-    ("total_kernel_time_ms", "total kernel time", _unit("device_ms", ",.1f", " ms")),
-    ("distinct_kernels", "distinct kernels", _unit("distinct_kernels", ",")),
-    ("decode_gauge_tok_s", "decode, gauge",
-     lambda f: DASH if f["decode_tok_s"] is None else f"{fmt_num(f['decode_tok_s'])} tok/s"
-     + (" (from profile: 1000 / device ms per step, not a gauge)" if f["decode_tok_s_from_profile"] else "")),
-    ("bandwidth_gib_s", "bandwidth", _unit("bandwidth_gib_s", ",.3f", " GiB/s")),
-    ("bandwidth_kind", "bandwidth source", lambda f: f["bandwidth_kind"] or DASH),
-    ("roofline_share_pct", "bandwidth roofline share, as reported",
-     lambda f: fmt_pct(f["share_pct"], f["share_approx"])),
-    ("roofline_share_derived_pct", "bandwidth roofline share, derived (bytes a step reads)",
-     lambda f: fmt_pct(f["derived_share_pct"])),
-)  # fmt: skip
-_PROFILE_RAW = {
-    "dtype_conversion_pct": "dtype_conversion", "fp32_matmul_pct": "matmul_fp32", "tensor_core_pct": "tensor_core",
-    "total_kernel_time_ms": "device_ms", "distinct_kernels": "distinct_kernels", "decode_gauge_tok_s": "decode_tok_s",
-    "bandwidth_gib_s": "bandwidth_gib_s", "bandwidth_kind": "bandwidth_kind", "roofline_share_pct": "share_pct",
-    "roofline_share_derived_pct": "derived_share_pct",
-}  # fmt: skip
-
-
-def profile_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[str], list[list[str]]]:
-    """(csv header, csv rows, markdown header, markdown rows) over the runs that have a profile.
-    CSV cells hold the numbers as stored ("absent" where a category cannot occur, empty for null)."""
-    with_prof = [v for v in views if v.profile is not None]
-    figs = [profile_figures(v.profile) for v in with_prof]  # type: ignore[arg-type]
-    csv_header = ["metric", *(v.name for v in with_prof)]
-    md_header = ["", *(v.label for v in with_prof)]
-    csv_rows, md_rows = [], []
-    for key, label, text in _PROFILE_ROWS:
-        raw_key = _PROFILE_RAW[key]
-        csv_rows.append([key, *("absent" if f.get(f"{raw_key}_absent") else f[raw_key] for f in figs)])
-        md_rows.append([label, *(text(f) for f in figs)])
-    return csv_header, csv_rows, md_header, md_rows
+from bench.runs import open_complete_run, resolve_run
 
 
 # ---- findings ----------------------------------------------------------------------------------------------------

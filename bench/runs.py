@@ -20,6 +20,10 @@ Order of writes for a cell: `append_samples` first, then `append_cell`: a cell r
 
 Definitions of every number: `../shared/measurement.md`. Errors: `RunFolderError` for a folder that is missing,
 exists already, is unwritable, corrupt or of another schema version; `InputError` for a bad label.
+
+This module is the folder: creating, writing (atomically), locking, opening, resolving and listing runs. The schema
+itself (file names, `MANIFEST_FIELDS`), the readers and `validate_run` are in `bench/runs_schema.py`, and are
+re-exported here: import them from `bench.runs`.
 """
 
 from __future__ import annotations
@@ -40,95 +44,34 @@ from bench.records import (  # noqa: F401  (CellRow, Sample, summarize_cell, fai
     CellRow,
     Sample,
     as_sample,
-    conforms,
     failed_cell,
-    row_from_dict,
     row_problems,
     summarize_cell,
 )
+from bench.runs_schema import (  # noqa: F401  (the schema's public names are part of this API)
+    CELLS_CSV,
+    CELLS_JSONL,
+    LOG,
+    MANIFEST,
+    MANIFEST_FIELDS,
+    MANIFEST_NESTED,
+    PROFILE,
+    PROVENANCES,
+    SAMPLES,
+    SCHEMA_VERSION,
+    STATUSES,
+    _read_json,
+    _read_jsonl,
+    manifest_problems,
+    profile_problems,
+    validate_run,
+)
 
-SCHEMA_VERSION = 1
-STATUSES = ("running", "complete", "incomplete", "failed")
-PROVENANCES = ("measured", "published")
-MANIFEST, CELLS_JSONL, CELLS_CSV, SAMPLES, PROFILE, LOG = (
-    "manifest.json", "cells.jsonl", "cells.csv", "samples.jsonl", "profile.json", "run.log",
-)  # fmt: skip
 LOCK = ".lock"  # flock held by the process that writes the run (RunFolder.lock)
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-# ---- manifest schema -------------------------------------------------------------------------------------------
-_NULL = type(None)
-MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
-    "schema_version": (int,),
-    "name": (str,),
-    "status": (str,),  # one of STATUSES
-    "provenance": (dict,),  # {"kind": "measured"|"published", "source": str|None}
-    "started_at": (str, _NULL),  # ISO 8601, UTC
-    "ended_at": (str, _NULL),
-    "command_line": (list, str, _NULL),
-    "build_id": (str, _NULL),  # environment.build_id: 12 hex chars
-    "git": (dict,),  # {"commit": str|None, "dirty": bool|None}
-    "versions": (dict,),  # {"python": ..., "jax": ..., ...}: environment.package_versions
-    "device": (dict,),  # environment.device_facts (+ free-form notes)
-    "host": (dict,),  # environment.host_facts (+ "description" for published hosts)
-    "dtype_policy": (dict, _NULL),  # {"compute_dtype", "weights", "activations", "kv_cache", ...}
-    "checkpoint": (dict,),  # {"id", "path", "content_hash", "weight_bytes"}
-    "engine_config": (dict,),  # buckets, max length, quantization/layout, cache dtype, ...
-    "compile_cache": (dict,),  # {"dir", "hits", "misses"}
-}
-"""Required top-level manifest keys and their JSON types (None = null allowed). Extra keys are allowed."""
-
-MANIFEST_NESTED: dict[str, dict[str, tuple[type, ...]]] = {
-    "provenance": {"kind": (str,), "source": (str, _NULL)},
-    "git": {"commit": (str, _NULL), "dirty": (bool, _NULL)},
-    "checkpoint": {
-        "id": (str, _NULL), "path": (str, _NULL), "content_hash": (str, _NULL), "weight_bytes": (int, _NULL),
-    },  # fmt: skip
-    "compile_cache": {"dir": (str, _NULL), "hits": (int, _NULL), "misses": (int, _NULL)},
-}
-"""Required keys inside the nested manifest objects."""
-
-
-def _json_type_ok(value: Any, allowed: tuple[type, ...]) -> bool:
-    if isinstance(value, bool) and bool not in allowed:
-        return False
-    return isinstance(value, allowed)
-
-
-def manifest_problems(manifest: Any) -> list[str]:
-    """Problems of a parsed manifest against schema version 1 (each prefixed with `manifest.json`)."""
-    if not isinstance(manifest, dict):
-        return [f"{MANIFEST}: expected a JSON object, got {type(manifest).__name__}"]
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        return [f"{MANIFEST}: schema_version {version!r} is not supported (this harness reads {SCHEMA_VERSION})"]
-    problems = []
-    for key, allowed in MANIFEST_FIELDS.items():
-        if key not in manifest:
-            problems.append(f"{MANIFEST}: missing key {key!r}")
-        elif not _json_type_ok(manifest[key], allowed):
-            names = "/".join("null" if t is _NULL else t.__name__ for t in allowed)
-            problems.append(f"{MANIFEST}: key {key!r} should be {names}, got {type(manifest[key]).__name__}")
-    for key, fields in MANIFEST_NESTED.items():
-        sub = manifest.get(key)
-        if not isinstance(sub, dict):
-            continue
-        for field, allowed in fields.items():
-            if field not in sub:
-                problems.append(f"{MANIFEST}: missing key {key}.{field}")
-            elif not _json_type_ok(sub[field], allowed):
-                problems.append(f"{MANIFEST}: key {key}.{field} has the wrong type ({type(sub[field]).__name__})")
-    if manifest.get("status") not in STATUSES:
-        problems.append(f"{MANIFEST}: status {manifest.get('status')!r} is not one of {STATUSES}")
-    kind = (manifest.get("provenance") or {}).get("kind") if isinstance(manifest.get("provenance"), dict) else None
-    if kind not in PROVENANCES:
-        problems.append(f"{MANIFEST}: provenance.kind {kind!r} is not one of {PROVENANCES}")
-    elif kind == "published" and not manifest["provenance"].get("source"):
-        problems.append(f"{MANIFEST}: a published run must name its source (provenance.source)")
-    return problems
-
-
+# ---- manifest defaults -----------------------------------------------------------------------------------------
 def _default_manifest(name: str) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION, "name": name, "status": "running",
@@ -180,32 +123,6 @@ def _cells_csv(rows: list[CellRow]) -> str:
     return out.getvalue()
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RunFolderError(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RunFolderError(f"{path}: unreadable ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise RunFolderError(f"{path}: corrupt JSON (line {exc.lineno}: {exc.msg})") from None
-
-
-def _read_jsonl(path: Path, cls: type) -> list[Any]:
-    if not path.exists():
-        return []
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RunFolderError(f"{path} line {lineno}: corrupt JSON ({exc.msg})") from None
-        rows.append(row_from_dict(cls, obj, f"{path} line {lineno}"))
-    return rows
-
-
 # ---- the folder --------------------------------------------------------------------------------------------------
 class RunFolder:
     """An open run folder. Create one with `create_run`, open an existing one with `open_run`.
@@ -248,14 +165,17 @@ class RunFolder:
 
     @property
     def name(self) -> str:
+        """The folder's name, `<YYYY-MM-DD>-<label>-<device_slug>`."""
         return self.path.name
 
     @property
     def status(self) -> str:
+        """The manifest's status: one of `STATUSES` ("?" when missing)."""
         return self.manifest.get("status", "?")
 
     @property
     def provenance(self) -> str:
+        """The provenance kind, "measured" or "published" (manifest provenance.kind; "?" when missing)."""
         return (self.manifest.get("provenance") or {}).get("kind", "?")
 
     # -- writing --
@@ -272,7 +192,8 @@ class RunFolder:
         self._write_manifest()
 
     def write_json(self, name: str, obj: Any) -> Path:
-        """Write `obj` as `<folder>/<name>` atomically (e.g. "profile.json"). Returns the path."""
+        """Write `obj` as `<folder>/<name>` atomically (e.g. "profile.json"). Returns the path.
+        ValueError for a name that is not a plain file name, or is the manifest; RunFolderError when unwritable."""
         if "/" in name or name.startswith(".") or name == MANIFEST:
             raise ValueError(f"write_json: {name!r} is not a plain file name (use update_manifest for the manifest)")
         path = self.path / name
@@ -280,7 +201,8 @@ class RunFolder:
         return path
 
     def append_cell(self, row: CellRow) -> None:
-        """Add (or replace, same input_tokens) one cell row; rewrites cells.jsonl and cells.csv whole, atomically."""
+        """Add (or replace, same input_tokens) one cell row; rewrites cells.jsonl and cells.csv whole, atomically.
+        ValueError (and nothing written) when the row breaks the schema."""
         problems = row_problems(CellRow, row.to_dict())
         if problems:
             raise ValueError(f"append_cell: {problems[0]}")
@@ -291,7 +213,9 @@ class RunFolder:
         _atomic_write(self.path / CELLS_CSV, _cells_csv(ordered))
 
     def append_samples(self, rows: Iterable[Sample | Mapping[str, Any]]) -> None:
-        """Append request samples; samples.jsonl is rewritten whole, atomically (old rows plus the new ones)."""
+        """Append request samples; samples.jsonl is rewritten whole, atomically (old rows plus the new ones).
+        RunFolderError for a published run (it holds none); ValueError (nothing written) for a row that breaks the
+        schema."""
         if self.provenance == "published":
             raise RunFolderError(f"{self.path}: a published run holds no raw samples")
         new = [as_sample(r).to_dict() for r in rows]
@@ -314,7 +238,8 @@ class RunFolder:
             raise RunFolderError(f"{self.path / LOG}: cannot append ({exc.strerror or exc})") from None
 
     def finish(self, status: str) -> None:
-        """Set the final status ("complete", "incomplete" or "failed") and ended_at; rewrite the manifest."""
+        """Set the final status ("complete", "incomplete" or "failed") and ended_at; rewrite the manifest, log the
+        status and release the writer lock. ValueError for any other status."""
         if status not in STATUSES or status == "running":
             raise ValueError(f"finish: status must be complete, incomplete or failed, got {status!r}")
         self.manifest["status"] = status
@@ -379,27 +304,7 @@ class RunFolder:
         return prof
 
 
-def profile_problems(prof: Any) -> list[str]:
-    """Problems of a parsed profile.json: an object, schema_version 1, categories {name: {"pct": number|null}}."""
-    if not isinstance(prof, dict):
-        return [f"{PROFILE}: expected a JSON object"]
-    if prof.get("schema_version") != SCHEMA_VERSION:
-        version = prof.get("schema_version")
-        return [f"{PROFILE}: schema_version {version!r} is not supported (expected {SCHEMA_VERSION})"]
-    problems = []
-    cats = prof.get("categories", {})
-    if not isinstance(cats, dict):
-        problems.append(f"{PROFILE}: categories should be an object")
-    else:
-        for name, cat in cats.items():
-            if not isinstance(cat, dict) or not conforms(cat.get("pct"), float | None):
-                problems.append(f"{PROFILE}: category {name!r} should be {{'pct': number|null, ...}}")
-    for key in ("totals", "roofline"):
-        if key in prof and not isinstance(prof[key], dict):
-            problems.append(f"{PROFILE}: {key} should be an object")
-    return problems
-
-
+# ---- creating, opening, listing ----------------------------------------------------------------------------------
 def run_name(label: str, device_slug: str, date: dt.date | str | None = None) -> str:
     """`<YYYY-MM-DD>-<label>-<device_slug>` (InputError for a label or slug that is not a plain name)."""
     for what, value in (("label", label), ("device slug", device_slug)):
@@ -540,6 +445,7 @@ class RunSummary:
 
     @property
     def ok(self) -> bool:
+        """True when the folder could be read (no `problem`)."""
         return self.problem is None
 
 
@@ -567,87 +473,3 @@ def list_runs(runs_dir: str | Path) -> list[RunSummary]:
             )  # fmt: skip
         )
     return out
-
-
-def validate_run(path: str | Path) -> list[str]:
-    """Every problem of a run folder against schema version 1; an empty list means valid.
-
-    Checks the manifest (keys, types, status, provenance), each cells.jsonl and samples.jsonl line, that
-    cells.csv exists and (in a complete run) mirrors cells.jsonl, that a complete run has cells, that a published run has no samples, and
-    profile.json when present. Each problem names its file (and line). Never raises for a bad folder.
-    """
-    p = Path(path)
-    if not p.is_dir():
-        return [f"{p}: no such run folder"]
-    try:
-        manifest = _read_json(p / MANIFEST)
-    except RunFolderError as exc:
-        return [str(exc).replace(f"{p}/", "")]
-    problems = manifest_problems(manifest)
-    if problems and ("schema_version" in problems[0] or not isinstance(manifest, dict)):
-        return problems
-    published = isinstance(manifest.get("provenance"), dict) and manifest["provenance"].get("kind") == "published"
-
-    for fname, cls in ((CELLS_JSONL, CellRow), (SAMPLES, Sample)):
-        fpath = p / fname
-        if not fpath.exists():
-            continue
-        seen: set[Any] = set()
-        for lineno, line in enumerate(fpath.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                problems.append(f"{fname} line {lineno}: corrupt JSON ({exc.msg})")
-                continue
-            problems += [f"{fname} line {lineno}: {msg}" for msg in row_problems(cls, obj)]
-            if cls is CellRow and isinstance(obj, dict):
-                if obj.get("input_tokens") in seen:
-                    problems.append(f"{fname} line {lineno}: duplicate cell for input_tokens={obj['input_tokens']}")
-                seen.add(obj.get("input_tokens"))
-        if cls is CellRow:
-            csv_path = p / CELLS_CSV
-            if not csv_path.exists():
-                problems.append(f"{CELLS_CSV}: missing (it mirrors {CELLS_JSONL})")
-            else:
-                with open(csv_path, encoding="utf-8", newline="") as fh:
-                    n_csv = sum(1 for _ in csv.DictReader(fh))
-                if n_csv != len(seen) and manifest.get("status") == "complete":  # a kill may leave it one behind
-                    problems.append(f"{CELLS_CSV}: {n_csv} rows but {CELLS_JSONL} has {len(seen)}")
-    if not problems and not published:
-        problems += _consistency_problems(p)
-    if manifest.get("status") == "complete" and not (p / CELLS_JSONL).exists() and not (p / PROFILE).exists():
-        problems.append(f"{CELLS_JSONL}: missing in a complete run (and no {PROFILE} either)")
-    if published and (p / SAMPLES).exists():
-        problems.append(f"{SAMPLES}: a published run must not hold raw samples (it never had any)")
-    if (p / PROFILE).exists():
-        try:
-            problems += profile_problems(_read_json(p / PROFILE))
-        except RunFolderError as exc:
-            problems.append(str(exc).replace(f"{p}/", ""))
-    return problems
-
-
-def _consistency_problems(p: Path) -> list[str]:
-    """Numbers that contradict each other in a schema-valid measured run: a cell whose median lies outside its
-    min..max, whose timed samples are not `repeats` distinct repeats, or whose validity ignores its samples."""
-    try:
-        cells = _read_jsonl(p / CELLS_JSONL, CellRow) if (p / CELLS_JSONL).exists() else []
-        samples = _read_jsonl(p / SAMPLES, Sample) if (p / SAMPLES).exists() else []
-    except RunFolderError as exc:
-        return [str(exc)]
-    problems = []
-    for c in cells:
-        where = f"{CELLS_JSONL}: cell {c.input_tokens}"
-        for metric in ("gauge_tok_s", "e2e_tok_s", "ttft_ms"):
-            lo, mid, hi = (getattr(c, f"{metric}_{k}") for k in ("min", "median", "max"))
-            if None not in (lo, mid, hi) and not lo <= mid <= hi:
-                problems.append(f"{where}: {metric} median {mid} is outside min..max {lo}..{hi}")
-        if c.status != "ok":
-            continue
-        timed = [s.repeat for s in samples if s.input_tokens == c.input_tokens and s.kind == "timed"]
-        if sorted(timed) != list(range(c.repeats or 0)):
-            problems.append(f"{where}: {SAMPLES} holds timed repeats {sorted(timed)}, expected 0..{(c.repeats or 0) - 1}"
-                            " (missing samples, or two processes wrote this run)")  # fmt: skip
-    return problems

@@ -1,0 +1,232 @@
+"""The run-folder schema (version 1) and its checks: file names, manifest keys and types, the readers of the JSON
+and JSONL files, and `validate_run`, which lists every problem of a folder.
+
+`bench/runs.py` (the folder itself: creating, writing, locking, opening, listing) builds on this module and
+re-exports its public names; what each file holds is in that module's docstring. Every problem is one line naming
+its file (and line); the readers raise RunFolderError naming the file, `validate_run` never raises for a bad folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.errors import RunFolderError
+from bench.records import CellRow, Sample, conforms, row_from_dict, row_problems
+
+SCHEMA_VERSION = 1
+STATUSES = ("running", "complete", "incomplete", "failed")
+PROVENANCES = ("measured", "published")
+MANIFEST, CELLS_JSONL, CELLS_CSV, SAMPLES, PROFILE, LOG = (
+    "manifest.json", "cells.jsonl", "cells.csv", "samples.jsonl", "profile.json", "run.log",
+)  # fmt: skip
+
+
+# ---- manifest schema -------------------------------------------------------------------------------------------
+_NULL = type(None)
+MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "schema_version": (int,),
+    "name": (str,),
+    "status": (str,),  # one of STATUSES
+    "provenance": (dict,),  # {"kind": "measured"|"published", "source": str|None}
+    "started_at": (str, _NULL),  # ISO 8601, UTC
+    "ended_at": (str, _NULL),
+    "command_line": (list, str, _NULL),
+    "build_id": (str, _NULL),  # environment.build_id: 12 hex chars
+    "git": (dict,),  # {"commit": str|None, "dirty": bool|None}
+    "versions": (dict,),  # {"python": ..., "jax": ..., ...}: environment.package_versions
+    "device": (dict,),  # environment.device_facts (+ free-form notes)
+    "host": (dict,),  # environment.host_facts (+ "description" for published hosts)
+    "dtype_policy": (dict, _NULL),  # {"compute_dtype", "weights", "activations", "kv_cache", ...}
+    "checkpoint": (dict,),  # {"id", "path", "content_hash", "weight_bytes"}
+    "engine_config": (dict,),  # buckets, max length, quantization/layout, cache dtype, ...
+    "compile_cache": (dict,),  # {"dir", "hits", "misses"}
+}
+"""Required top-level manifest keys and their JSON types (None = null allowed). Extra keys are allowed."""
+
+MANIFEST_NESTED: dict[str, dict[str, tuple[type, ...]]] = {
+    "provenance": {"kind": (str,), "source": (str, _NULL)},
+    "git": {"commit": (str, _NULL), "dirty": (bool, _NULL)},
+    "checkpoint": {
+        "id": (str, _NULL), "path": (str, _NULL), "content_hash": (str, _NULL), "weight_bytes": (int, _NULL),
+    },  # fmt: skip
+    "compile_cache": {"dir": (str, _NULL), "hits": (int, _NULL), "misses": (int, _NULL)},
+}
+"""Required keys inside the nested manifest objects."""
+
+
+def _json_type_ok(value: Any, allowed: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in allowed:
+        return False
+    return isinstance(value, allowed)
+
+
+def manifest_problems(manifest: Any) -> list[str]:
+    """Problems of a parsed manifest against schema version 1 (each prefixed with `manifest.json`)."""
+    if not isinstance(manifest, dict):
+        return [f"{MANIFEST}: expected a JSON object, got {type(manifest).__name__}"]
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        return [f"{MANIFEST}: schema_version {version!r} is not supported (this harness reads {SCHEMA_VERSION})"]
+    problems = []
+    for key, allowed in MANIFEST_FIELDS.items():
+        if key not in manifest:
+            problems.append(f"{MANIFEST}: missing key {key!r}")
+        elif not _json_type_ok(manifest[key], allowed):
+            names = "/".join("null" if t is _NULL else t.__name__ for t in allowed)
+            problems.append(f"{MANIFEST}: key {key!r} should be {names}, got {type(manifest[key]).__name__}")
+    for key, fields in MANIFEST_NESTED.items():
+        sub = manifest.get(key)
+        if not isinstance(sub, dict):
+            continue
+        for field, allowed in fields.items():
+            if field not in sub:
+                problems.append(f"{MANIFEST}: missing key {key}.{field}")
+            elif not _json_type_ok(sub[field], allowed):
+                problems.append(f"{MANIFEST}: key {key}.{field} has the wrong type ({type(sub[field]).__name__})")
+    if manifest.get("status") not in STATUSES:
+        problems.append(f"{MANIFEST}: status {manifest.get('status')!r} is not one of {STATUSES}")
+    kind = (manifest.get("provenance") or {}).get("kind") if isinstance(manifest.get("provenance"), dict) else None
+    if kind not in PROVENANCES:
+        problems.append(f"{MANIFEST}: provenance.kind {kind!r} is not one of {PROVENANCES}")
+    elif kind == "published" and not manifest["provenance"].get("source"):
+        problems.append(f"{MANIFEST}: a published run must name its source (provenance.source)")
+    return problems
+
+
+def profile_problems(prof: Any) -> list[str]:
+    """Problems of a parsed profile.json: an object, schema_version 1, categories {name: {"pct": number|null}}."""
+    if not isinstance(prof, dict):
+        return [f"{PROFILE}: expected a JSON object"]
+    if prof.get("schema_version") != SCHEMA_VERSION:
+        version = prof.get("schema_version")
+        return [f"{PROFILE}: schema_version {version!r} is not supported (expected {SCHEMA_VERSION})"]
+    problems = []
+    cats = prof.get("categories", {})
+    if not isinstance(cats, dict):
+        problems.append(f"{PROFILE}: categories should be an object")
+    else:
+        for name, cat in cats.items():
+            if not isinstance(cat, dict) or not conforms(cat.get("pct"), float | None):
+                problems.append(f"{PROFILE}: category {name!r} should be {{'pct': number|null, ...}}")
+    for key in ("totals", "roofline"):
+        if key in prof and not isinstance(prof[key], dict):
+            problems.append(f"{PROFILE}: {key} should be an object")
+    return problems
+
+
+# ---- reading ---------------------------------------------------------------------------------------------------
+def _read_json(path: Path) -> Any:
+    """The parsed JSON file `path` (RunFolderError naming it when missing, unreadable or corrupt)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunFolderError(f"{path}: unreadable ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise RunFolderError(f"{path}: corrupt JSON (line {exc.lineno}: {exc.msg})") from None
+
+
+def _read_jsonl(path: Path, cls: type) -> list[Any]:
+    """The rows of the JSONL file `path` as `cls` records (CellRow or Sample); [] when the file does not exist.
+    RunFolderError naming the file and line for corrupt JSON or a row that breaks the record's schema."""
+    if not path.exists():
+        return []
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RunFolderError(f"{path} line {lineno}: corrupt JSON ({exc.msg})") from None
+        rows.append(row_from_dict(cls, obj, f"{path} line {lineno}"))
+    return rows
+
+
+# ---- validation ------------------------------------------------------------------------------------------------
+def validate_run(path: str | Path) -> list[str]:
+    """Every problem of a run folder against schema version 1; an empty list means valid.
+
+    Checks the manifest (keys, types, status, provenance), each cells.jsonl and samples.jsonl line, that
+    cells.csv exists and (in a complete run) mirrors cells.jsonl, that a complete run has cells, that a published run has no samples, and
+    profile.json when present. Each problem names its file (and line). Never raises for a bad folder.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        return [f"{p}: no such run folder"]
+    try:
+        manifest = _read_json(p / MANIFEST)
+    except RunFolderError as exc:
+        return [str(exc).replace(f"{p}/", "")]
+    problems = manifest_problems(manifest)
+    if problems and ("schema_version" in problems[0] or not isinstance(manifest, dict)):
+        return problems
+    published = isinstance(manifest.get("provenance"), dict) and manifest["provenance"].get("kind") == "published"
+
+    for fname, cls in ((CELLS_JSONL, CellRow), (SAMPLES, Sample)):
+        fpath = p / fname
+        if not fpath.exists():
+            continue
+        seen: set[Any] = set()
+        for lineno, line in enumerate(fpath.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                problems.append(f"{fname} line {lineno}: corrupt JSON ({exc.msg})")
+                continue
+            problems += [f"{fname} line {lineno}: {msg}" for msg in row_problems(cls, obj)]
+            if cls is CellRow and isinstance(obj, dict):
+                if obj.get("input_tokens") in seen:
+                    problems.append(f"{fname} line {lineno}: duplicate cell for input_tokens={obj['input_tokens']}")
+                seen.add(obj.get("input_tokens"))
+        if cls is CellRow:
+            csv_path = p / CELLS_CSV
+            if not csv_path.exists():
+                problems.append(f"{CELLS_CSV}: missing (it mirrors {CELLS_JSONL})")
+            else:
+                with open(csv_path, encoding="utf-8", newline="") as fh:
+                    n_csv = sum(1 for _ in csv.DictReader(fh))
+                if n_csv != len(seen) and manifest.get("status") == "complete":  # a kill may leave it one behind
+                    problems.append(f"{CELLS_CSV}: {n_csv} rows but {CELLS_JSONL} has {len(seen)}")
+    if not problems and not published:
+        problems += _consistency_problems(p)
+    if manifest.get("status") == "complete" and not (p / CELLS_JSONL).exists() and not (p / PROFILE).exists():
+        problems.append(f"{CELLS_JSONL}: missing in a complete run (and no {PROFILE} either)")
+    if published and (p / SAMPLES).exists():
+        problems.append(f"{SAMPLES}: a published run must not hold raw samples (it never had any)")
+    if (p / PROFILE).exists():
+        try:
+            problems += profile_problems(_read_json(p / PROFILE))
+        except RunFolderError as exc:
+            problems.append(str(exc).replace(f"{p}/", ""))
+    return problems
+
+
+def _consistency_problems(p: Path) -> list[str]:
+    """Numbers that contradict each other in a schema-valid measured run: a cell whose median lies outside its
+    min..max, whose timed samples are not `repeats` distinct repeats, or whose validity ignores its samples."""
+    try:
+        cells = _read_jsonl(p / CELLS_JSONL, CellRow) if (p / CELLS_JSONL).exists() else []
+        samples = _read_jsonl(p / SAMPLES, Sample) if (p / SAMPLES).exists() else []
+    except RunFolderError as exc:
+        return [str(exc)]
+    problems = []
+    for c in cells:
+        where = f"{CELLS_JSONL}: cell {c.input_tokens}"
+        for metric in ("gauge_tok_s", "e2e_tok_s", "ttft_ms"):
+            lo, mid, hi = (getattr(c, f"{metric}_{k}") for k in ("min", "median", "max"))
+            if None not in (lo, mid, hi) and not lo <= mid <= hi:
+                problems.append(f"{where}: {metric} median {mid} is outside min..max {lo}..{hi}")
+        if c.status != "ok":
+            continue
+        timed = [s.repeat for s in samples if s.input_tokens == c.input_tokens and s.kind == "timed"]
+        if sorted(timed) != list(range(c.repeats or 0)):
+            problems.append(f"{where}: {SAMPLES} holds timed repeats {sorted(timed)}, expected 0..{(c.repeats or 0) - 1}"
+                            " (missing samples, or two processes wrote this run)")  # fmt: skip
+    return problems
