@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -237,27 +237,60 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
 
 
 # ---- writing ----------------------------------------------------------------------------------------------------
-def save_params(params: Params, cfg: ModelConfig, out_dir: Path, *, dtype=np.float32, layout: str = "text",
-                extra_tensors: dict[str, np.ndarray] | None = None) -> Path:  # fmt: skip
-    """Write `params` as a Hugging Face model.safetensors (format "pt" metadata, tensors in `dtype`).
+def save_tensors(
+    leaves: Iterable[tuple[int | None, str, np.ndarray]],
+    cfg: ModelConfig,
+    out_dir: Path,
+    *,
+    dtype=np.float32,
+    layout: str = "text",
+    extra_tensors: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """Write parameter leaves, given as (layer or None, field, array) in the engine's layout, as a Hugging Face
+    model.safetensors (format "pt" metadata, tensors in `dtype`, keys in sorted order).
 
-    layout "text" uses the `model.` prefix (Gemma4ForCausalLM); "published" the `model.language_model.` prefix
-    of the released multimodal checkpoints. Keys are written in sorted order, so the file's bytes depend only on
-    the parameters and dtype.
+    Each leaf is converted to its checkpoint name, layout and dtype as it arrives, so a generator of leaves
+    (`model.params.init_tensors`) is never held twice: host memory peaks near the checkpoint's size plus one
+    leaf. layout "text" uses the `model.` prefix (Gemma4ForCausalLM); "published" the `model.language_model.`
+    prefix of the released multimodal checkpoints. The file's bytes depend only on the values and `dtype`.
+    Raises CheckpointError for a leaf that is not in `tensor_table(cfg)` or has the wrong shape, or when a
+    tensor of the table is missing.
     """
     from safetensors.numpy import save_file
 
     prefix = {"text": "model.", "published": "model.language_model."}[layout]
+    table = tensor_table(cfg)
+    by_leaf = {(spec.layer, spec.field): rel for rel, spec in table.items()}
     tensors: dict[str, np.ndarray] = {}
-    for rel, spec in tensor_table(cfg).items():
-        holder = params if spec.layer is None else params.layers[spec.layer]
-        value = np.asarray(getattr(holder, spec.field)).astype(np.float32)
-        tensors[prefix + rel] = np.ascontiguousarray(spec.to_hf(value).astype(dtype))
+    for layer, field, value in leaves:
+        rel = by_leaf.get((layer, field))
+        if rel is None:
+            raise CheckpointError(f"leaf {field!r} of layer {layer} has no checkpoint name for this config")
+        spec = table[rel]
+        hf = np.ascontiguousarray(spec.to_hf(np.asarray(value)).astype(dtype, copy=False))
+        if hf.shape != spec.hf_shape:
+            raise CheckpointError(f"{rel}: shape {hf.shape}, expected {spec.hf_shape} for this config")
+        tensors[prefix + rel] = hf
+    missing = sorted(prefix + rel for rel in table if prefix + rel not in tensors)
+    if missing:
+        raise CheckpointError(f"{len(missing)} tensors were not given, e.g. {missing[0]}")
     tensors.update(extra_tensors or {})
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "model.safetensors"
     save_file(dict(sorted(tensors.items())), str(target), metadata={"format": "pt"})
     return target
+
+
+def save_params(params: Params, cfg: ModelConfig, out_dir: Path, *, dtype=np.float32, layout: str = "text",
+                extra_tensors: dict[str, np.ndarray] | None = None) -> Path:  # fmt: skip
+    """Write a whole parameter tree with `save_tensors` (same format, names, dtype and errors)."""
+
+    def leaves():
+        for spec in tensor_table(cfg).values():
+            holder = params if spec.layer is None else params.layers[spec.layer]
+            yield spec.layer, spec.field, getattr(holder, spec.field)
+
+    return save_tensors(leaves(), cfg, out_dir, dtype=dtype, layout=layout, extra_tensors=extra_tensors)
 
 
 def write_config_files(cfg: ModelConfig, out_dir: Path, *, form: str = "global_head_dim", wrapper: bool = False) -> None:

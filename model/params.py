@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -113,22 +114,38 @@ def param_bytes(params: Params) -> int:
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(params))
 
 
-def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Params:
-    """Random parameters that behave like trained ones, from a fixed seed (host numpy, deterministic everywhere).
+INIT_BLOCK = 1 << 24
+"""Scalars drawn per block when `init_tensors` fills a large tensor: numpy's Generator gives the same stream drawn
+in blocks as in one call, so blocks change no byte and keep float32 scratch at 64 MiB (the E2B PLE table alone is
+2.35e9 scalars: 9.4 GB as float32)."""
+
+
+def init_tensors(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Iterator[tuple[int | None, str, np.ndarray]]:
+    """Random parameters that behave like trained ones, one leaf at a time: yields (layer or None, field, array).
+
+    The draw order is fixed (global leaves in `global_shapes` order, then each layer in `layer_shapes` order), so
+    the same seed gives the same bytes on any machine, and a caller can write each leaf and drop it: host memory
+    then holds one leaf plus a 64 MiB block, however large the model (see `model.builtin.create_checkpoint`).
 
     Follows ../shared/gemma4-architecture.md §7: q/k-norm gains near head_dim^-1/4 so attention logits have unit
     scale (with unit gains softmax is almost one-hot and rounding flips greedy tokens). The tied embedding table
     has std 0.1/sqrt(D), not 1/sqrt(D): the output projection is the input table, so the current token's own
     embedding, carried in the residual stream, biases its own logit by about 2.7 sigma at std 1/sqrt(D) and
     greedy decoding locks into "x x x x" loops (seen on the default preset: 64 identical tokens); at 0.1/sqrt(D)
-    the bias is about 0.3 sigma and greedy output varies like text. The PLE table keeps std 1/sqrt(D). Linear weights with std 1/sqrt(fan_in); other norm weights 1 + 0.1 noise (so a norm applied with the
-    wrong weight is noticed); layer_scalar uniform in [0.7, 1.3].
-    Returns numpy arrays of `dtype` (a numpy or ml_dtypes dtype); the same seed gives the same bytes on any machine.
+    the bias is about 0.3 sigma and greedy output varies like text. The PLE table keeps std 1/sqrt(D). Linear
+    weights with std 1/sqrt(fan_in); other norm weights 1 + 0.1 noise (so a norm applied with the wrong weight is
+    noticed); layer_scalar uniform in [0.7, 1.3]. Values are computed in float32 and then cast to `dtype` (a numpy
+    or ml_dtypes dtype).
     """
     rng = np.random.default_rng(seed)
 
     def normal(shape, std):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(dtype)
+        out = np.empty(shape, dtype)
+        flat = out.reshape(-1)
+        for start in range(0, flat.size, INIT_BLOCK):
+            n = min(INIT_BLOCK, flat.size - start)
+            flat[start : start + n] = (rng.standard_normal(n, dtype=np.float32) * np.float32(std)).astype(dtype)
+        return out
 
     def norm_w(shape, center=1.0, noise=0.1):
         return (np.float32(center) * (1 + noise * rng.standard_normal(shape, dtype=np.float32))).astype(dtype)
@@ -139,7 +156,7 @@ def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Params:
         if name.endswith("norm_D") or name.endswith("norm_P"):
             return norm_w(shape)
         if name == "layer_scalar_1":
-            return rng.uniform(0.7, 1.3, size=shape).astype(dtype)
+            return rng.uniform(0.7, 1.3, size=shape).astype(np.float32).astype(dtype)
         if name == "embed_VD":
             return normal(shape, 0.1 * cfg.hidden_size**-0.5)
         if name == "ple_embed_VX":
@@ -147,12 +164,23 @@ def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Params:
         fan_in = shape[0] if name != "wo_NHD" else shape[0] * shape[1]
         return normal(shape, fan_in**-0.5)
 
-    glob = {n: None if s is None else make(n, s, 0) for n, s in global_shapes(cfg).items()}
-    layers = []
+    for name, shape in global_shapes(cfg).items():
+        if shape is not None:
+            yield None, name, make(name, shape, 0)
     for i in range(cfg.num_layers):
         h = cfg.layer_head_dim(i)
-        layers.append(LayerParams(**{n: None if s is None else make(n, s, h) for n, s in layer_shapes(cfg, i).items()}))
-    return Params(**glob, layers=tuple(layers))
+        for name, shape in layer_shapes(cfg, i).items():
+            if shape is not None:
+                yield i, name, make(name, shape, h)
+
+
+def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Params:
+    """The whole random parameter tree (numpy leaves of `dtype`) from `init_tensors`: same seed, same bytes."""
+    glob: dict[str, np.ndarray | None] = {name: None for name in global_shapes(cfg)}
+    layers: list[dict[str, np.ndarray | None]] = [dict.fromkeys(layer_shapes(cfg, i)) for i in range(cfg.num_layers)]
+    for layer, name, value in init_tensors(cfg, seed, dtype):
+        (glob if layer is None else layers[layer])[name] = value
+    return Params(**glob, layers=tuple(LayerParams(**fields) for fields in layers))
 
 
 # ---- byte accounting (the roofline's numerator) ---------------------------------------------------------------

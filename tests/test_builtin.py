@@ -8,9 +8,10 @@ import pytest
 
 from conftest import assert_one_line_error, run_cli
 from model.builtin import create_checkpoint, ensure_builtin
-from model.checkpoint import content_hash, load_params
+from model.checkpoint import content_hash, load_params, save_tensors
 from model.config import TINY, load_config
 from model.errors import CheckpointError
+from model.params import init_tensors
 from model.tokenizer import GemmaTokenizer
 
 # sha256 of the 'tiny' preset, float32, seed 0 (config.json, tokenizer.json, model.safetensors). If this changes on
@@ -72,3 +73,15 @@ def test_generate_prints_json_ids(tiny_checkpoint):
     out = json.loads(proc.stdout)
     assert out["prompt_ids"][:2] == [2, 105] and 1 <= len(out["generated_ids"]) <= 5
     assert proc.stderr.splitlines()[0].startswith("device policy: platform=cpu")
+
+
+def test_writer_refuses_a_missing_or_foreign_leaf(tmp_path):
+    leaves = list(init_tensors(TINY, 0))
+    with pytest.raises(CheckpointError, match="tensors were not given"):
+        save_tensors(leaves[:-1], TINY, tmp_path / "short")
+    with pytest.raises(CheckpointError, match="no checkpoint name"):
+        save_tensors([*leaves, (99, "wq_DNH", leaves[0][2])], TINY, tmp_path / "foreign")
+    layer, field, value = next(leaf for leaf in leaves if leaf[1] == "gate_DF")
+    with pytest.raises(CheckpointError, match="shape"):
+        save_tensors([(layer, field, value[:, :-1]) if leaf[1:2] == (field,) and leaf[0] == layer else leaf
+                      for leaf in leaves], TINY, tmp_path / "misshaped")  # fmt: skip

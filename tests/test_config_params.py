@@ -6,10 +6,13 @@ import json
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 import pytest
 
 from model.config import DEFAULT, E2B, E4B, PRESETS, TINY, config_from_dict, load_config
 from model.errors import ConfigError
+import model.params as params_mod
 from model.params import abstract_params, count_params, decode_weight_bytes, init_params
 
 
@@ -81,3 +84,20 @@ def test_init_is_deterministic_and_presets_are_hashable():
     a, b = init_params(TINY, 3), init_params(TINY, 3)
     assert all((x == y).all() for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
     assert len({hash(c) for c in PRESETS.values()}) == len(PRESETS)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_init_drawn_in_blocks_gives_the_same_bytes(monkeypatch, dtype):
+    whole = init_params(TINY, 3, dtype=dtype)
+    monkeypatch.setattr(params_mod, "INIT_BLOCK", 7)  # every linear weight now spans many blocks, with a ragged end
+    blocked = init_params(TINY, 3, dtype=dtype)
+    for x, y in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(blocked), strict=True):
+        assert x.dtype == y.dtype == np.dtype(dtype) and x.tobytes() == y.tobytes()
+
+
+def test_bfloat16_init_equals_float32_init_cast():
+    """The checkpoint writer draws leaves directly in the stored dtype; that must equal drawing in float32 and
+    casting, which is how every checkpoint created before (and its recorded hash) was made."""
+    f32, bf16 = init_params(TINY, 5), init_params(TINY, 5, dtype=ml_dtypes.bfloat16)
+    for x, y in zip(jax.tree_util.tree_leaves(f32), jax.tree_util.tree_leaves(bf16), strict=True):
+        assert x.astype(ml_dtypes.bfloat16).tobytes() == y.tobytes()
