@@ -20,6 +20,10 @@ backend initialises, so `bench profile` must put them into the environment befor
 itself applies when it collects profiles for PGLE (`jax/_src/compiler.py`, `("xla_gpu_enable_command_buffer", "")`),
 and jax's GPU performance tips document the flag.
 
+The engine's state: `prompt_decode_steps` prefills a real prompt (the sweep's exact-size chat prompt, from
+`bench.sweep.build_prompts`) the way `Engine.generate` does (same padding, same compiled prefill and decode programs
+at the same (bucket, max_new_tokens) shape), so a profile at n input tokens decodes after the sweep cell's prompt.
+
 Compatibility: `jax.profiler.start_trace(log_dir, profiler_options=...)`, `stop_trace()`, `ProfileOptions` (with
 `host_tracer_level`, `python_tracer_level`, `enable_hlo_proto`) and `StepTraceAnnotation` exist in jax 0.11.0 and
 0.12; both write `<log_dir>/plugins/profile/<session>/<host>.xplane.pb`. Options an older jax lacks are skipped and
@@ -32,7 +36,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +112,14 @@ def _backend_initialised() -> bool:
 
     check = getattr(xla_bridge, "backends_are_initialized", None)
     return bool(check()) if check is not None else True
+
+
+def prompt_decode_steps(engine, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[Any, Callable[[Any], Any]]:
+    """(state, step) for tracing decode alone after a real prompt: `Engine.step_fn` (a greedy prefill of
+    `prompt_ids` padded to its bucket exactly as `Engine.generate` does, then one greedy decode step per call), so
+    the traced steps are the sweep's compiled programs. Raises EngineError for a prompt no bucket holds or a shape
+    past the model's positions."""
+    return engine.step_fn(prompt_ids, max_new_tokens)
 
 
 def _profile_options(python_tracer: bool, host_tracer_level: int) -> tuple[Any, dict[str, Any]]:

@@ -3,7 +3,9 @@
 Same cells, warm-up and statistics as the in-process sweep (bench/sweep.py, ../shared/measurement.md): every
 prompt built and sized first; the first request recorded as `cold` (the first request of this sweep: whether the
 server was fresh is not knowable from outside); per cell one warm-up request, then the timed repeats; each cell
-summarised by `bench.records.summarize_cell` and written to the run folder as it ends.
+summarised by `bench.records.summarize_cell` and written to the run folder as it ends. SIGTERM / Ctrl-C stop it as
+they stop the in-process sweep (`bench.sweep.StopSignals`): after the request in flight, finished cells kept, the run
+marked incomplete (and resumable with --resume), exit code 130.
 
 One request = one streamed `POST {target}/chat/completions` (`stream: true`, `stream_options.include_usage`,
 `temperature: 0`, `max_tokens`, and `ignore_eos: true`, the vLLM extension this project's server also honours, so
@@ -34,12 +36,13 @@ tokenizer to size prompts with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -48,6 +51,9 @@ from bench.degeneracy import check_degenerate
 from bench.errors import BenchError, RunFolderError
 from bench.measure import request_times
 from bench.records import CellRow, Sample
+
+if TYPE_CHECKING:
+    from bench.sweep import StopSignals
 
 TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=60.0)
 OURS = "gemma4_bench_ready"  # a metric only this project's server exposes
@@ -226,8 +232,10 @@ def measure_remote(client: httpx.Client, target: Target, tokenizer, prompt, max_
 # ---- the sweep --------------------------------------------------------------------------------------------------------
 def run_remote_sweep(client: httpx.Client, target: Target, tokenizer, config, run, prompts: dict, *,
                      progress: Callable[[str], None] = lambda _: None, skip: Sequence[int] = (),
+                     should_stop: Callable[[], bool] = lambda: False,
                      server_gauges: dict[str, Any] | None = None) -> list[CellRow]:  # fmt: skip
-    """`bench.sweep.sweep_cells` through the target (same cold / warm-up / timed order and failure handling).
+    """`bench.sweep.sweep_cells` through the target (same cold / warm-up / timed order, failure handling and stop:
+    `should_stop` polled before every request, KeyboardInterrupt when it turns true, finished cells kept).
     `server_gauges` collects this project's server-side gauges per cell (timed repeats)."""
     from bench.sweep import sweep_cells
 
@@ -253,7 +261,7 @@ def run_remote_sweep(client: httpx.Client, target: Target, tokenizer, config, ru
     return sweep_cells(config, run, prompts, measure=measure,
                        bucket_of=lambda n: next((b for b in buckets if b >= n), None) if buckets else None,
                        progress=lambda line: progress(f"{line} via {target.base}"), skip=skip,
-                       after_cell=after_cell)  # fmt: skip
+                       should_stop=should_stop, after_cell=after_cell)  # fmt: skip
 
 
 def remote_manifest(target: Target, config, tokenizer_source: str) -> dict[str, Any]:
@@ -288,13 +296,20 @@ def remote_manifest(target: Target, config, tokenizer_source: str) -> dict[str, 
 
 
 def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None, runs_dir: Path, name: str | None,
-                 resume: Path | None = None, progress: Callable[[str], None] = lambda _: None):  # fmt: skip
+                 resume: Path | None = None, progress: Callable[[str], None] = lambda _: None,
+                 stop: StopSignals | None = None):  # fmt: skip
     """The whole `bench sweep --target` job: describe the target, size every prompt, create (or resume) the run
     folder (label `name`; None: "sweep", suffixed -2, -3, ... when taken), measure, mark it complete or
-    incomplete. Returns the RunFolder. Raises TargetError / InputError /
-    RunFolderError before anything is measured for a bad target, model, tokenizer, size or folder."""
-    from bench.prompts import exact_prompt
+    incomplete, and say so through `progress` ("sweep STATUS in S s; run folder PATH"). Returns the RunFolder.
+    Raises TargetError / InputError / RunFolderError before anything is measured for a bad target, model,
+    tokenizer, size or folder.
+
+    `stop` (a `bench.sweep.StopSignals`) is entered once the run folder exists, as the in-process sweep does:
+    SIGTERM / Ctrl-C then finish the request in flight and stop before the next one (a second signal abandons it,
+    closing its stream); the finished cells stay, the run is marked incomplete and KeyboardInterrupt propagates.
+    """
     from bench.runs import create_run, free_label, open_run
+    from bench.sweep import sized_prompt
 
     with httpx.Client(timeout=TIMEOUT) as client:
         target = describe_target(client, url, model)
@@ -302,7 +317,7 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
         limit = (((target.health or {}).get("body") or {}).get("buckets") or [None])[-1] if target.ours else None
         if limit is not None and max(config.inputs) > limit:
             raise TargetError(f"--inputs {max(config.inputs)}: above the server's maximum prompt length {limit}")
-        prompts = {n: exact_prompt(tokenizer, n) for n in config.inputs}
+        prompts = {n: sized_prompt(tokenizer, n) for n in config.inputs}  # as the in-process sweep's
         manifest = remote_manifest(target, config, source)
         if resume is not None:
             run = open_run(resume)
@@ -317,17 +332,23 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
         gauges: dict[str, Any] = {}
         if resume is not None and (run.path / "target.json").is_file():
             gauges.update(run.read_json("target.json").get("server_gauge_tok_s") or {})
-        status = "incomplete"
-        try:
-            run_remote_sweep(client, target, tokenizer, config, run, prompts, progress=progress,
-                             skip=run.finished_inputs(), server_gauges=gauges)  # fmt: skip
-            status = "complete"
-        finally:
-            if target.ours:
-                m = scrape_metrics(client, target.root)
-                delta = {k: int(m.get(f"gemma4_bench_compile_cache_{k}_total", 0)
-                                - metrics0.get(f"gemma4_bench_compile_cache_{k}_total", 0)) for k in ("hits", "misses")}  # fmt: skip
-                run.update_manifest(compile_cache=dict(manifest["compile_cache"], **delta))
-            run.write_json("target.json", target.describe() | {"server_gauge_tok_s": gauges})
-            run.finish(status)
+        status, t0 = "incomplete", time.perf_counter()
+        with stop if stop is not None else contextlib.nullcontext():
+            try:
+                run_remote_sweep(client, target, tokenizer, config, run, prompts, progress=progress,
+                                 skip=run.finished_inputs(), should_stop=stop if stop is not None else (lambda: False),
+                                 server_gauges=gauges)  # fmt: skip
+                status = "complete"
+            finally:
+                try:  # a second signal here (e.g. a slow /metrics) must not leave the run marked running
+                    if target.ours:
+                        m = scrape_metrics(client, target.root)
+                        delta = {k: int(m.get(f"gemma4_bench_compile_cache_{k}_total", 0)
+                                        - metrics0.get(f"gemma4_bench_compile_cache_{k}_total", 0))
+                                 for k in ("hits", "misses")}  # fmt: skip
+                        run.update_manifest(compile_cache=dict(manifest["compile_cache"], **delta))
+                finally:
+                    run.write_json("target.json", target.describe() | {"server_gauge_tok_s": gauges})
+                    run.finish(status)
+                    progress(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
     return run

@@ -13,12 +13,14 @@ Order of work (../shared/measurement.md "Per cell"):
 from __future__ import annotations
 
 import dataclasses
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 
 from bench.errors import InputError
 from bench.measure import measure_request
-from bench.prompts import Prompt, exact_prompt
+from bench.prompts import Prompt, exact_prompt, min_prompt_tokens
 from bench.records import CellRow, Sample, failed_cell, summarize_cell
 from bench.runs import RunFolder
 
@@ -63,19 +65,76 @@ def parse_inputs(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))  # unique, in the given order
 
 
-def build_prompts(engine, config: SweepConfig) -> dict[int, Prompt]:
+def build_prompts(engine, config: SweepConfig, *, flag: str = "--inputs") -> dict[int, Prompt]:
     """The exact-size prompt of every cell, checked: each fits a bucket and tokenizes to exactly its size.
-    Raises InputError (too small) or the engine's EngineError (above the maximum length, naming the flag)."""
+    Raises InputError (no tokenizer, or a size below the smallest chat prompt, naming `flag`) or the engine's
+    EngineError (above the maximum length, naming the flag that raises it). `bench profile` builds its prompt
+    here too (flag "--input-tokens"), so a profile at n tokens runs the sweep cell's prompt."""
     if engine.tokenizer is None:
-        raise InputError("the checkpoint has no tokenizer.json; a sweep builds its prompts from natural text")
+        raise InputError("the checkpoint has no tokenizer.json: benchmark prompts are natural text sized with it; "
+                         "pass a --checkpoint that has one")  # fmt: skip
     prompts = {}
     for n in config.inputs:
         engine.check_request(n, config.max_new_tokens)
-        p = exact_prompt(engine.tokenizer, n)
-        if len(p.ids) != n:
-            raise InputError(f"prompt for {n} input tokens came out at {len(p.ids)} tokens")
-        prompts[n] = p
+        prompts[n] = sized_prompt(engine.tokenizer, n, flag=flag)
     return prompts
+
+
+def sized_prompt(tokenizer, n: int, *, flag: str = "--inputs") -> Prompt:
+    """`bench.prompts.exact_prompt(tokenizer, n)`, checked: InputError naming `flag` (the value, the minimum, the
+    fix) for a size below the smallest chat prompt, or when the prompt does not come out at exactly n tokens."""
+    minimum = min_prompt_tokens(tokenizer)
+    if n < minimum:
+        raise InputError(f"{flag} {n}: below the smallest possible prompt, {minimum} tokens (BOS + chat template "
+                         f"+ 1 content token); pass {flag} {minimum} or more")  # fmt: skip
+    p = exact_prompt(tokenizer, n)
+    if len(p.ids) != n:
+        raise InputError(f"prompt for {n} input tokens came out at {len(p.ids)} tokens")
+    return p
+
+
+class StopSignals:
+    """SIGTERM and Ctrl-C (SIGINT) as a request to stop a sweep cleanly; the object is the `should_stop` predicate
+    that `sweep_cells` polls before every request (in-process and `--target` sweeps alike).
+
+    While entered (`with stop:`), the first signal only sets the flag and says so through `notify`: the request
+    in flight finishes, the sweep stops before the next one, finished cells stay and the caller marks the run
+    incomplete. A second signal raises KeyboardInterrupt at once (the request in flight is abandoned; its cell is
+    dropped whole). Raising on the first signal is avoided because it could be swallowed if it lands inside a
+    garbage-collection callback. Leaving restores the previous handlers. Outside the main thread (where Python
+    cannot install handlers) nothing is installed and only `request()` sets the flag.
+    """
+
+    MESSAGE = "stopping after the current request (signal again to stop now)"
+
+    def __init__(self, notify: Callable[[str], None] = lambda _: None):
+        self.received: list[int] = []  # signal numbers, in arrival order
+        self._notify = notify
+        self._previous: dict[int, object] = {}
+
+    def __call__(self) -> bool:
+        return bool(self.received)
+
+    def request(self, signum: int = signal.SIGTERM) -> None:
+        """Ask the sweep to stop, as the first signal does."""
+        self.received.append(signum)
+        self._notify(self.MESSAGE)
+
+    def _on_signal(self, signum, _frame) -> None:
+        if self.received:
+            raise KeyboardInterrupt
+        self.request(signum)
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
 
 
 Progress = Callable[[str], None]

@@ -294,22 +294,26 @@ class Engine:
         """Compile (or load from the persistent cache) and run the programs of one compiled shape once."""
         return self.generate([self.cfg.bos_token_id] * n_tokens, max_new_tokens, sampling)
 
-    def step_fn(self, n_tokens: int, max_new_tokens: int):
-        """(state, step) for profiling decode alone: state is (token_B, cache) after a prefill at the compiled
-        shape of `n_tokens`; step(state) runs one greedy decode step and returns the next state."""
-        bucket = self.bucket_for(n_tokens)
-        ids = np.full((1, bucket), self.cfg.bos_token_id, np.int32)
-        state = _prefill_program(
-            self.params, jnp.asarray(ids), jnp.int32(n_tokens), GREEDY.args(), cfg=self.cfg,
-            cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype,
-            act_dtype=self.policy.activation_dtype, greedy=True,
-        )  # fmt: skip
+    def step_fn(self, prompt_ids: Sequence[int], max_new_tokens: int):
+        """(state, step) for profiling decode alone: state = (token_B [1] int32, cache) after a greedy prefill of
+        `prompt_ids`, right-padded with the pad id to its bucket exactly as `generate` does, at the compiled shape
+        (bucket, max_new_tokens); step(state) runs one greedy decode step and returns the next state. The same
+        jitted programs as `generate`, so the first token and every step equal `generate(prompt_ids, ...)`.
+        Raises EngineError for an empty prompt, one no bucket holds, or a shape past the model's positions."""
+        n = len(prompt_ids)
+        bucket = self.check_request(n, max_new_tokens)
+        ids = np.full((1, bucket), self.cfg.pad_token_id, np.int32)
+        ids[0, :n] = np.asarray(prompt_ids, np.int32)
         args = GREEDY.args()
+        act_dtype = self.policy.activation_dtype
+        state = _prefill_program(
+            self.params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=bucket + max_new_tokens,
+            kv_dtype=self.policy.kv_dtype, act_dtype=act_dtype, greedy=True,
+        )  # fmt: skip
 
         def step(state):
             token_B, cache = state
-            return _decode_program(self.params, cache, token_B, args, cfg=self.cfg,
-                                   act_dtype=self.policy.activation_dtype, greedy=True)  # fmt: skip
+            return _decode_program(self.params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True)
 
         return state, step
 

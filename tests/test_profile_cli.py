@@ -66,6 +66,8 @@ def test_exactly_n_steps_captured_and_analysed(matched):
     assert prof["steps"] == STEPS
     assert prof["capture"]["steps"] == STEPS and len(prof["capture"]["step_wall_ms"]) == STEPS
     assert prof["totals"]["steps"] == STEPS
+    assert prof["config"]["input_tokens"] == prof["config"]["prompt"]["tokens"] == 41  # the default: a real prompt
+    assert prof["config"]["prompt"]["text_chars"] > 0
     assert list(run.glob("profile/**/*.xplane.pb")), "the trace lies under <run>/profile/"
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "complete"
@@ -154,6 +156,7 @@ def _bad_inputs(env: Path, matched_run: Path, tmp: Path) -> dict[str, list[str]]
     return {
         "steps 0": ["profile", "--steps", "0", *tiny],
         "input tokens 0": ["profile", "--input-tokens", "0", *tiny],
+        "input tokens below the chat minimum": ["profile", "--input-tokens", "5", *tiny],
         "input tokens too many": ["profile", "--input-tokens", "100000", *tiny],
         "weight dtype": ["profile", "--weight-dtype", "int3", *tiny],
         "missing trace": ["profile", "analyze", str(tmp / "nowhere")],
@@ -190,6 +193,47 @@ def test_gauge_from_the_runs_sweep_cell(env, tmp_path):
     assert code == 0
     prof = json.loads((run.path / "profile.json").read_text())
     assert prof["roofline"]["tok_s_source"] == "gauge" and prof["roofline"]["tok_s"] == pytest.approx(gauge)
+    assert prof["config"]["prompt"]["tokens"] == 41  # the cell's exact prompt size, built as the sweep builds it
     assert any("sweep gauge" in note for note in prof["notes"])
     assert any("checkpoint" in note and "differs" in note for note in prof["notes"])  # synthetic run, other checkpoint
     assert open_run(run.path).status == "complete"
+
+
+def _min_prompt_tokens(checkpoint: Path) -> int:
+    from bench.prompts import min_prompt_tokens
+    from model.tokenizer import GemmaTokenizer
+
+    return min_prompt_tokens(GemmaTokenizer.from_dir(checkpoint))
+
+
+def test_input_tokens_below_the_smallest_chat_prompt_is_refused_like_the_sweep(env, tiny_checkpoint, tmp_path, capsys):
+    minimum = _min_prompt_tokens(tiny_checkpoint)
+    runs = tmp_path / "runs"
+    capsys.readouterr()
+    code = _bench(["profile", "--input-tokens", str(minimum - 1), "--checkpoint", str(tiny_checkpoint),
+                   "--runs-dir", str(runs), "--compile-cache", "off"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    for needle in (f"--input-tokens {minimum - 1}", "smallest possible prompt", f"{minimum} tokens",
+                   f"--input-tokens {minimum} or more"):  # fmt: skip
+        assert needle in line, (needle, line)
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_input_tokens_below_the_minimum_leaves_a_joined_run_as_it_was(env, tiny_checkpoint, tmp_path, capsys):
+    from runfolders import make_measured_run
+
+    from bench.runs import open_run
+
+    run = make_measured_run(tmp_path / "runs", "swept", inputs=(41,), gauge=123.0)
+    before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+    capsys.readouterr()
+    code = _bench(["profile", "--steps", "2", "--input-tokens", "3", "--checkpoint", str(tiny_checkpoint),
+                   "--run", str(run.path), "--compile-cache", "off"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "--input-tokens 3" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before  # no profile, no lock
+    again = open_run(run.path)
+    again.lock()  # the refused command released the run's lock
+    again.unlock()

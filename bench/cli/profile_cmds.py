@@ -88,6 +88,16 @@ def _sweep_gauge(run, n_tokens: int):
     return None
 
 
+def _profile_prompt(engine, input_tokens: int, max_new_tokens: int):
+    """The sweep's prompt of exactly `input_tokens` tokens (natural text in the chat template), checked as the sweep
+    checks its cells: InputError naming --input-tokens below the smallest chat prompt or without a tokenizer,
+    EngineError for a prompt or shape past the engine's limits."""
+    from bench.sweep import SweepConfig, build_prompts
+
+    config = SweepConfig(inputs=(input_tokens,), max_new_tokens=max_new_tokens, repeats=1)
+    return build_prompts(engine, config, flag="--input-tokens")[input_tokens]
+
+
 def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
     """The published-shape table, the categories, and the top per-op rows of a profile.json dict."""
     from rich.table import Table
@@ -150,7 +160,9 @@ def _open_hint(trace_root: Path) -> str:
 def profile(
     ctx: typer.Context,
     steps: int = typer.Option(20, "--steps", help="Decode steps to trace (exactly this many, after a warm-up)."),
-    input_tokens: int = typer.Option(41, "--input-tokens", help="Prompt size: the decode shape (bucket) profiled."),
+    input_tokens: int = typer.Option(41, "--input-tokens", help="Prompt size in tokens, BOS and chat template "
+                                     "included: the sweep's natural-text prompt of exactly this size is prefilled "
+                                     "before the traced steps (its bucket is the decode shape profiled)."),
     checkpoint: str | None = CheckpointOpt,
     dtype: str | None = DtypeOpt,
     weight_dtype: str | None = WeightDtypeOpt,
@@ -170,7 +182,8 @@ def profile(
     if steps < 1:
         raise InputError(f"--steps {steps}: expected a whole number of decode steps >= 1")
     if input_tokens < 1:
-        raise InputError(f"--input-tokens {input_tokens}: a prompt needs at least 1 token")
+        raise InputError(f"--input-tokens {input_tokens}: expected a positive prompt size in tokens (BOS and chat "
+                         "template included), e.g. --input-tokens 41")  # fmt: skip
     from bench.runs import create_run, free_label, open_run, resolve_run
 
     run = None
@@ -182,22 +195,28 @@ def profile(
     elif runs_dir.exists() and not runs_dir.is_dir():
         raise InputError(f"--runs-dir {runs_dir} is a file; pass a folder")
 
-    flags_info = _set_gpu_flags()  # before anything initialises jax
-    setup_logging()
+    try:  # every error a user can cause, before anything is written; a joined run is left as it was
+        flags_info = _set_gpu_flags()  # before anything initialises jax
+        setup_logging()
+        engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, weight_dtype)
+        cell = _sweep_gauge(run, input_tokens) if run is not None else None
+        # Every traced position stays inside the cache; joining a sweep cell, profile its compiled shape (the same
+        # KV buffer), so the categories, ms per step and the cell's gauge describe one program.
+        max_new_tokens = max(WARMUP_STEPS + steps + 1, (cell.max_new_tokens or 0) if cell is not None else 0)
+        prompt = _profile_prompt(engine, input_tokens, max_new_tokens)
+    except BaseException:
+        if run is not None:
+            run.unlock()
+        raise
     log = logging.getLogger("bench")
-    engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, weight_dtype)
 
     from bench.bandwidth import measure_bandwidth
     from bench.cli.sweep_cmds import _manifest
     from bench.environment import device_slug
     from bench.profile_analysis import analyze_trace, attach_roofline
-    from bench.profile_capture import capture_steps
+    from bench.profile_capture import capture_steps, prompt_decode_steps
 
-    cell = _sweep_gauge(run, input_tokens) if run is not None else None
-    # Every traced position stays inside the cache; joining a sweep cell, profile its compiled shape (the same
-    # KV buffer), so the categories, ms per step and the cell's gauge describe one program.
-    max_new_tokens = max(WARMUP_STEPS + steps + 1, (cell.max_new_tokens or 0) if cell is not None else 0)
-    bucket = engine.check_request(input_tokens, max_new_tokens)  # EngineError (exit 2) for a prompt too long
+    bucket = engine.bucket_for(input_tokens)
     pol = engine.policy
     if run is None:
         config = SimpleNamespace(inputs=(input_tokens,), max_new_tokens=max_new_tokens, repeats=None)
@@ -216,9 +235,9 @@ def profile(
             mismatch.append(f"{key} {run_pol[key]} (run) vs {mine} (profile)")
 
     trace_root = run.path / "profile"
-    state, step = engine.step_fn(input_tokens, max_new_tokens)
-    log.info(f"profiling {steps} decode steps at {input_tokens} input tokens (bucket {bucket}) "
-             f"after {WARMUP_STEPS} warm-up steps")  # fmt: skip
+    state, step = prompt_decode_steps(engine, prompt.ids, max_new_tokens)
+    log.info(f"profiling {steps} decode steps after a prompt of {input_tokens} input tokens (bucket {bucket}) "
+             f"and {WARMUP_STEPS} warm-up steps")  # fmt: skip
     capture = capture_steps(step, state, steps, trace_root, warmup=WARMUP_STEPS, python_tracer=python_tracer)
     del state
     run.log(f"captured {capture.n_steps} decode steps: {capture.xplane_path} ({capture.xplane_bytes} bytes)")
@@ -250,7 +269,9 @@ def profile(
     data["trace"] = os.path.relpath(analysis.trace_path, run.path)  # relative: the run folder can move
     data["notes"] = list(data["notes"]) + notes
     data["config"] = {
-        "input_tokens": input_tokens, "bucket": bucket, "max_new_tokens": max_new_tokens, "steps": steps,
+        "input_tokens": input_tokens, "prompt": {"tokens": len(prompt.ids), "text_chars": len(prompt.text),
+                                                 "built_by": "bench.sweep.build_prompts (the sweep's prompt)"},
+        "bucket": bucket, "max_new_tokens": max_new_tokens, "steps": steps,
         "warmup": WARMUP_STEPS, "checkpoint": str(ckpt), "policy": pol.line(), "compute_dtype": pol.compute_dtype,
         "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "decode_bytes": decode_bytes,
     }  # fmt: skip

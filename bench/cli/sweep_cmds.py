@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from bench.cli.common import (
     setup_logging,
 )
 from bench.errors import InputError, RunFolderError
-from bench.sweep import parse_inputs
+from bench.sweep import StopSignals, parse_inputs
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -179,33 +178,22 @@ def sweep(
     log.info(f"run folder: {run.path}")
     run.log(engine.policy.line())
 
-    stop = []
-
-    def on_signal(signum, _frame):
-        # SIGTERM or Ctrl-C: stop before the next request (raising here could be swallowed if the signal lands
-        # inside a garbage-collection callback); a second signal stops at once.
-        if stop:
-            raise KeyboardInterrupt
-        stop.append(signum)
-        log.info("stopping after the current request (signal again to stop now)")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     t0 = time.perf_counter()
     status = "incomplete"
-    try:
-        run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)), skip=done,
-                  should_stop=lambda: bool(stop), prompts=prompts)  # fmt: skip
-        status = "complete"
-    finally:
-        counts = CompileCounter.snapshot()
-        before = run.manifest.get("compile_cache") or {}  # a resumed run adds this process's counts to its own
-        run.update_manifest(compile_cache={"dir": str(cache_dir) if cache_dir else None,
-                                           "hits": (before.get("hits") or 0) + counts["cache_hits"] - counts0["cache_hits"],
-                                           "misses": (before.get("misses") or 0) + counts["cache_misses"]
-                                           - counts0["cache_misses"]})  # fmt: skip
-        run.finish(status)
-        log.info(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
+    with StopSignals(log.info) as stop:  # SIGTERM / Ctrl-C: stop after the current request, run kept incomplete
+        try:
+            run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)), skip=done,
+                      should_stop=stop, prompts=prompts)  # fmt: skip
+            status = "complete"
+        finally:
+            counts = CompileCounter.snapshot()
+            before = run.manifest.get("compile_cache") or {}  # a resumed run adds this process's counts to its own
+            run.update_manifest(compile_cache={"dir": str(cache_dir) if cache_dir else None,
+                                               "hits": (before.get("hits") or 0) + counts["cache_hits"] - counts0["cache_hits"],
+                                               "misses": (before.get("misses") or 0) + counts["cache_misses"]
+                                               - counts0["cache_misses"]})  # fmt: skip
+            run.finish(status)
+            log.info(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
     _print_table(run, log)
 
 
@@ -231,8 +219,7 @@ def _sweep_target(target: str, model: str | None, config, checkpoint: str | None
     setup_logging()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request otherwise
     log = logging.getLogger("bench")
-    t0 = time.perf_counter()
     run = sweep_target(target, model, config, checkpoint=checkpoint_path(checkpoint) if checkpoint else None,
-                       runs_dir=runs_dir, name=name, resume=resume, progress=log.info)  # fmt: skip
-    log.info(f"sweep {run.status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
+                       runs_dir=runs_dir, name=name, resume=resume, progress=log.info,
+                       stop=StopSignals(log.info))  # fmt: skip
     _print_table(run, log)

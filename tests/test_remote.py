@@ -1,0 +1,228 @@
+"""`bench sweep --target` against a fake OpenAI-compatible endpoint (no engine, no jax on the server side): the
+remote sweep honours the stop flag and the signals of the in-process sweep (SIGTERM / Ctrl-C finish the request in
+flight and stop before the next one; a second signal abandons it), keeps finished cells, marks the run incomplete,
+ends with the same lines and exit code 130 as the in-process path, and resumes.
+
+The fake server streams one content chunk per token and counts prompt tokens with the same tokenizer the client
+sizes prompts with (BOS and chat template included), so every cell has its exact input size. It is not this
+project's server (no /metrics), so compile events are unobservable and the cells are recorded invalid; these tests
+check what was kept, not validity.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from bench.runs import open_run, validate_run
+from bench.sweep import StopSignals, SweepConfig
+from conftest import run_cli
+
+MODEL = "fake-gemma"
+
+
+class FakeEndpoint:
+    """An OpenAI-compatible server in a thread on a free loopback port: GET /v1/models, streamed POST
+    /v1/chat/completions. `on_request(k)` runs in the server thread when chat request k (1-based) arrives, before
+    its answer; `chunk_delay_s` spaces the content chunks. `requests` counts chat requests, `completed` those whose
+    whole stream was written, `broken` those whose client left mid-stream."""
+
+    def __init__(self, tokenizer, *, on_request: Callable[[int], None] = lambda _: None, chunk_delay_s: float = 0.0):
+        self.tokenizer, self.on_request, self.chunk_delay_s = tokenizer, on_request, chunk_delay_s
+        self.requests = self.completed = self.broken = 0
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:
+                if self.path != "/v1/models":
+                    self.send_error(404)
+                    return
+                body = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with fake.lock:
+                    fake.requests += 1
+                    k = fake.requests
+                fake.on_request(k)
+                fake.answer(self, request)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def answer(self, handler: BaseHTTPRequestHandler, request: dict) -> None:
+        n_prompt = len(self.tokenizer.chat_ids(request["messages"][0]["content"]))
+        n_new = request["max_tokens"]
+        handler.protocol_version = "HTTP/1.0"  # the stream ends when the connection closes
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.end_headers()
+
+        def event(obj) -> None:
+            data = obj if isinstance(obj, str) else json.dumps(obj)
+            handler.wfile.write(f"data: {data}\n\n".encode())
+            handler.wfile.flush()
+
+        def chunk(delta: dict) -> dict:
+            return {"object": "chat.completion.chunk", "model": MODEL, "choices": [{"index": 0, "delta": delta}]}
+
+        try:
+            event(chunk({"role": "assistant"}))
+            for i in range(n_new):
+                time.sleep(self.chunk_delay_s)
+                event(chunk({"content": f" word{i}"}))
+            event({"object": "chat.completion.chunk", "model": MODEL, "choices": [],
+                   "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_new}})  # fmt: skip
+            event("[DONE]")
+        except (BrokenPipeError, ConnectionResetError):
+            self.broken += 1
+            return
+        self.completed += 1
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint):
+    from model.tokenizer import GemmaTokenizer
+
+    return GemmaTokenizer.from_dir(tiny_checkpoint)
+
+
+@pytest.fixture
+def endpoint(tokenizer):
+    servers = []
+
+    def make(**kwargs) -> FakeEndpoint:
+        servers.append(FakeEndpoint(tokenizer, **kwargs))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+# Inputs 20 and 28, 2 repeats: requests 1-4 are cell 20 (cold, warm-up, 2 timed), 5-7 cell 28 (warm-up, 2 timed).
+ARGS = ["--inputs", "20,28", "--max-new-tokens", "4", "--repeats", "2", "--model", MODEL]
+
+
+def test_stop_flag_set_mid_sweep_keeps_finished_cells_and_marks_the_run_incomplete(endpoint, tiny_checkpoint, tmp_path):
+    from bench.remote import sweep_target
+
+    lines: list[str] = []
+    stop = StopSignals(lines.append)
+    fake = endpoint(on_request=lambda k: stop.request() if k == 4 else None)  # during cell 20's last request
+    config = SweepConfig(inputs=(20, 28), max_new_tokens=4, repeats=2)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_target(fake.url, MODEL, config, checkpoint=str(tiny_checkpoint), runs_dir=tmp_path, name="cut",
+                     progress=lines.append, stop=stop)  # fmt: skip
+    assert fake.requests == fake.completed == 4  # the request in flight finished; none started after the flag
+    (folder,) = list(tmp_path.iterdir())
+    run = open_run(folder)
+    assert run.status == "incomplete" and run.finished_inputs() == [20]
+    assert [s.kind for s in run.samples()] == ["cold", "warmup", "timed", "timed"]
+    assert validate_run(folder) == []
+    assert StopSignals.MESSAGE in lines and any(line.startswith("sweep incomplete in") for line in lines)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers were restored
+
+
+def _sweep_process(url: str, checkpoint, runs, *extra: str) -> subprocess.Popen:
+    code = "import sys; from bench.cli import main; main(sys.argv[1:])"
+    args = ["sweep", "--target", url, "--checkpoint", str(checkpoint), *ARGS, "--runs-dir", str(runs), *extra]
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_remote_sweep_like_the_in_process_one_and_it_resumes(endpoint, tiny_checkpoint, tmp_path):
+    runs = tmp_path / "runs"
+    procs: list[subprocess.Popen] = []
+
+    def on_request(k: int) -> None:
+        if k == 4:  # cell 20's last request: it must finish, so that cell is kept
+            procs[0].send_signal(signal.SIGTERM)
+            time.sleep(0.5)  # the handler has run while the request is in flight
+
+    fake = endpoint(on_request=on_request)
+    procs.append(_sweep_process(fake.url, tiny_checkpoint, runs, "--name", "cut"))
+    _, err = procs[0].communicate(timeout=120)
+    assert procs[0].returncode == 130, err  # as the in-process path: KeyboardInterrupt -> exit code 130
+    assert StopSignals.MESSAGE in err and err.splitlines()[-1].startswith("sweep incomplete in")
+    assert "Traceback" not in err
+    assert fake.requests == fake.completed == 4
+    (folder,) = list(runs.iterdir())
+    run = open_run(folder)
+    assert run.status == "incomplete" and run.finished_inputs() == [20]
+    assert validate_run(folder) == []
+
+    resumed = run_cli(["sweep", "--target", fake.url, "--checkpoint", str(tiny_checkpoint), *ARGS,
+                       "--resume", str(folder)], env={"JAX_PLATFORMS": "cpu"}, timeout=120)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    run = open_run(folder)
+    assert run.status == "complete" and run.finished_inputs() == [20, 28]
+    assert [s.kind for s in run.samples() if s.input_tokens == 28] == ["cold", "warmup", "timed", "timed"]
+
+
+@pytest.mark.slow
+def test_a_second_signal_abandons_the_request_in_flight(endpoint, tiny_checkpoint, tmp_path):
+    runs = tmp_path / "runs"
+    procs: list[subprocess.Popen] = []
+
+    def on_request(k: int) -> None:
+        if k == 2:  # cell 20's warm-up, streamed slowly: the client leaves mid-stream
+            procs[0].send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            procs[0].send_signal(signal.SIGINT)
+
+    fake = endpoint(on_request=on_request, chunk_delay_s=0.5)
+    procs.append(_sweep_process(fake.url, tiny_checkpoint, runs, "--name", "cut2"))
+    _, err = procs[0].communicate(timeout=120)
+    assert procs[0].returncode == 130, err
+    assert err.splitlines()[-1].startswith("sweep incomplete in") and "Traceback" not in err
+    deadline = time.monotonic() + 10
+    while fake.broken + fake.completed < 2 and time.monotonic() < deadline:  # the server notices on its next write
+        time.sleep(0.05)
+    assert fake.requests == 2 and fake.completed == 1 and fake.broken == 1
+    (folder,) = list(runs.iterdir())
+    run = open_run(folder)
+    assert run.status == "incomplete" and run.finished_inputs() == [] and run.samples() == []
+    assert validate_run(folder) == []
+
+
+def test_a_size_below_the_smallest_chat_prompt_is_refused_before_anything_is_created(endpoint, tokenizer,
+                                                                                     tiny_checkpoint, tmp_path):  # fmt: skip
+    from bench.errors import InputError
+    from bench.prompts import min_prompt_tokens
+    from bench.remote import sweep_target
+
+    minimum = min_prompt_tokens(tokenizer)
+    fake = endpoint()
+    config = SweepConfig(inputs=(20, minimum - 1), max_new_tokens=4, repeats=1)
+    with pytest.raises(InputError, match=f"--inputs {minimum - 1}: below the smallest possible prompt.*"
+                                         f"pass --inputs {minimum} or more"):  # fmt: skip
+        sweep_target(fake.url, MODEL, config, checkpoint=str(tiny_checkpoint), runs_dir=tmp_path, name="x",
+                     stop=StopSignals())  # fmt: skip
+    assert fake.requests == 0 and not any(tmp_path.iterdir())
