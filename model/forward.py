@@ -15,6 +15,7 @@ from model.cache import KVCache, ring_positions
 from model.config import ModelConfig
 from model.layers import (
     attend,
+    attend_causal,
     attend_windowed,
     attn_output,
     dense,
@@ -24,6 +25,12 @@ from model.layers import (
     rms_norm,
 )
 from model.params import Params
+
+PREFILL_Q_CHUNK = 512
+"""Queries per block in prefill's causal full attention (`attend_causal`). Measured on the default preset at the
+4096 bucket with 3593 real tokens (2-core CPU, float32, median of 3 jitted prefills): one dense block 19.1 s,
+blocks of 1024 13.5 s, 512 11.8 s, 256 11.7 s; compile time also fell (22.8 s to 18.8 s). 512 is also E2B/E4B's
+sliding window, so sliding and full layers work in blocks of one size."""
 
 
 def embed(params: Params, cfg: ModelConfig, ids_BT: jax.Array, dtype) -> jax.Array:
@@ -123,12 +130,20 @@ def _write_prefill(cfg: ModelConfig, layer: int, buf_BKSH: jax.Array, x_BKTH: ja
 
 
 def prefill(
-    params: Params, cfg: ModelConfig, ids_BT: jax.Array, length: jax.Array, cache: KVCache, *, dtype=None
+    params: Params,
+    cfg: ModelConfig,
+    ids_BT: jax.Array,
+    length: jax.Array,
+    cache: KVCache,
+    *,
+    dtype=None,
+    q_chunk: int = PREFILL_Q_CHUNK,
 ) -> tuple[jax.Array, KVCache]:
     """Process a right-padded prompt (bucket length T, `length` real tokens) into an empty cache.
 
     Returns the float32 logits [B,V] at the last real position and the filled cache (length = `length`).
-    Exact shortcuts: sliding layers attend in window blocks (O(T*W)); the KV-shared layers, which write no
+    Exact shortcuts: sliding layers attend in window blocks (O(T*W)); full layers attend in causal blocks of
+    `q_chunk` queries (`attend_causal`: about half of dense T^2); the KV-shared layers, which write no
     cache, run only for the last real position (the only one whose logits are needed), attending over their
     producer's prompt K/V (architecture notes §2.4). `dtype` is the activation dtype (default: the cache's).
     """
@@ -148,6 +163,8 @@ def prefill(
             k_BKTH, v_BKTH = kv[i] = project_kv(lp, cfg, i, a_BTD, pos_BT)
             if cfg.is_sliding(i) and t > cfg.sliding_window:
                 o_BTNH = attend_windowed(q_BTNH, k_BKTH, v_BKTH, cfg.sliding_window, length)
+            elif not cfg.is_sliding(i) and t > q_chunk:
+                o_BTNH = attend_causal(q_BTNH, k_BKTH, v_BKTH, length, q_chunk)
             else:
                 mask_TT = _visible(cfg, i, kpos_T[:, None], kpos_T[None, :]) & (kpos_T[None, :] < length)
                 o_BTNH = attend(q_BTNH, k_BKTH, v_BKTH, jnp.broadcast_to(mask_TT, (b, t, t)))
@@ -213,4 +230,4 @@ def decode_step(
     return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=p + 1)
 
 
-__all__ = ["embed", "per_layer_inputs", "logits", "forward_full", "prefill", "decode_step"]
+__all__ = ["PREFILL_Q_CHUNK", "embed", "per_layer_inputs", "logits", "forward_full", "prefill", "decode_step"]

@@ -15,7 +15,7 @@ from model.config import TINY
 from model.engine import CompileCounter, Engine, Sampling
 from model.forward import decode_step as _decode_step
 from model.forward import forward_full, prefill as _prefill
-from model.layers import attend, attend_windowed
+from model.layers import attend, attend_causal, attend_windowed
 from model.params import init_params
 from model.policy import decide_policy
 
@@ -116,6 +116,30 @@ def test_windowed_attention_equals_dense_masked_attention():
     dense = attend(q, kk, v, mask)
     blocked = attend_windowed(q, kk, v, w, jnp.int32(length))
     np.testing.assert_allclose(blocked[:, :length], dense[:, :length], atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 64])  # ragged last block, exact blocks, one block, chunk > T
+def test_causal_blocked_attention_equals_dense_masked_attention(chunk):
+    rng = np.random.default_rng(1)
+    b, t, n, k, h, length = 1, 37, 4, 2, 8, 30
+    q, kk, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((b, t, n, h), (b, k, t, h), (b, k, t, h)))
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    dense = attend(q, kk, v, jnp.asarray((j <= i) & (j < length))[None])
+    blocked = attend_causal(q, kk, v, jnp.int32(length), chunk)
+    assert blocked.shape == dense.shape
+    np.testing.assert_allclose(blocked[:, :length], dense[:, :length], atol=1e-5)
+
+
+def test_prefill_in_query_blocks_equals_dense_prefill(params, ids):
+    """Full layers of TINY (2 and 5) at bucket 32 with 20 real tokens: blocks of 4 and of 7 against one block."""
+    cache = init_cache(CFG, 40, jnp.float32)
+    padded = jnp.zeros((1, 32), jnp.int32).at[:, :20].set(ids[:, :20])
+    runs = [jax.jit(lambda p, i, c, q=q: _prefill(p, CFG, i, jnp.int32(20), c, q_chunk=q))(params, padded, cache)
+            for q in (32, 4, 7)]  # fmt: skip
+    for out, filled in runs[1:]:
+        np.testing.assert_allclose(out, runs[0][0], rtol=0, atol=2e-5 * float(jnp.max(jnp.abs(runs[0][0]))))
+        for a, b in zip(filled.k + filled.v, runs[0][1].k + runs[0][1].v, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_no_compile_after_warmup_and_sampling_is_deterministic(params):
