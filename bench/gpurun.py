@@ -11,9 +11,9 @@ XLA_FLAGS go only to the profile process, and a step that overruns is stopped wi
 
 Plans (chosen after the device probe; "remaining" is always the budget left minus `end_margin`):
 
-- GPU, no --checkpoint ("pilot + E2B"): the E2B checkpoint (`builtin:e2b`, bf16, ~9.3 GB; about 27x the
-  `default` preset's 8 s creation on a 2-core CPU, so roughly 2-4 minutes) is generated in a background CPU process
-  (JAX_PLATFORMS=cpu, so it never touches the GPU) while the GPU measures, cheapest first: bandwidth, then a full
+- GPU, no --checkpoint ("pilot + E2B"): the E2B checkpoint (`builtin:e2b`, bf16, 9.3 GB; measured 2 min 37 s
+  and 9.4 GB peak host memory on a 2-core CPU machine, mostly single-threaded RNG) is generated in a background
+  CPU process (JAX_PLATFORMS=cpu, so it never touches the GPU) while the GPU measures, cheapest first: bandwidth, then a full
   sweep of the `default` preset (the pilot: every E2B irregularity at hidden size 256, the same four input sizes,
   compiled and timed for real), then, while E2B is still being written, the pilot's profile. When the E2B
   checkpoint is ready and at least `e2b_min_s` remain, E2B is swept and profiled into its own run folder; else the
