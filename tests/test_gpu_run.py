@@ -101,3 +101,21 @@ def test_missing_packages_finds_real_and_absent_names():
     from bench.gpurun import missing_packages
 
     assert missing_packages(("json", "no_such_package_xyz")) == ["no_such_package_xyz"]
+
+
+def test_pilot_plan_sweeps_pilot_and_big_into_two_valid_runs(env):
+    """The GPU plan (pilot sweep + profile while the big checkpoint is generated in the background, then the big
+    one) with the tiny preset for both (GPURUN_TEST_PLAN=pilot): the logic the GPU task runs, on this CPU."""
+    root, e = env
+    out = root / "pilot"
+    proc, _ = _run(dict(e, GPURUN_TEST_PLAN="pilot"), out, "--budget-s", "200", "--inputs", "41",
+                   "--max-new-tokens", "8", "--repeats", "1", "--steps", "3", timeout=260)  # fmt: skip
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = _runs(out)
+    assert len(runs) == 2 and any("pilot" in r.name for r in runs), [r.name for r in runs]
+    for run in runs:
+        assert validate_run(run) == [] and open_run(run).status == "complete"
+        assert (run / "profile.json").is_file()
+    tail = lines[lines.index("==== gpu-run summary ===="):]
+    assert sum(ln.startswith("run ") for ln in tail) == 2 and tail[-1].startswith("gpu-run: exit 0")
