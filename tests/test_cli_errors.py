@@ -23,6 +23,12 @@ def env(tmp_path_factory):
         (["sweep", "-c", "builtin:tiny", "--inputs", "20", "--model", "m"], ["--target"]),
         (["checkpoint", "create", "/tmp/never-made-ckpt", "--preset", "tiny", "--seed", "-1"], ["seed -1"]),
         (["runs", "validate", "/tmp/no-such-run-folder"], ["no-such-run-folder"]),
+        # Parsing errors (raised by typer's own copy of click in typer >= 0.22, by click before): one line too.
+        (["profile", "--input-tokens", "abc"], ["--input-tokens", "bench profile --help"]),
+        (["sweep", "--max-new-tokens", "1e3"], ["--max-new-tokens"]),
+        (["profile", "--bogus"], ["--bogus"]),
+        (["runs", "validate"], ["run"]),
+        (["nosuchcmd"], ["nosuchcmd"]),
     ],
 )
 def test_bad_values_are_one_clear_line(args, needles, env, tmp_path):

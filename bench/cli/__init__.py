@@ -35,6 +35,35 @@ def _register() -> None:
     from bench.cli import sweep_cmds  # noqa: F401
 
 
+def _cli_error_kind(exc: BaseException) -> str | None:
+    """"usage" for a command-line parsing error, "abort" for an aborted prompt, None otherwise.
+
+    typer >= 0.22 carries its own copy of click (`typer._click`) whose exceptions are not click's, and older
+    typer raises click's; both are recognised, so a bad flag value is one line whichever is installed (the GPU
+    machine's preinstalled typer may be either).
+    """
+    usage: list[type] = []
+    abort: list[type] = [typer.Abort]
+    try:
+        import click
+
+        usage.append(click.exceptions.ClickException)
+        abort.append(click.exceptions.Abort)
+    except ImportError:
+        pass
+    try:
+        from typer._click.exceptions import ClickException as TyperClickException
+
+        usage.append(TyperClickException)
+    except ImportError:
+        pass
+    if isinstance(exc, tuple(abort)):
+        return "abort"
+    if isinstance(exc, tuple(usage)):
+        return "usage"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `bench` console script; exit code 2 on a user error, never a traceback for one."""
     from bench.errors import BenchError
@@ -42,7 +71,9 @@ def main(argv: list[str] | None = None) -> None:
 
     _register()
     try:
-        rc = app(args=argv, standalone_mode=False)  # non-standalone click returns an Exit's code instead of raising
+        # Non-standalone: click returns an Exit's code instead of raising; prog_name keeps messages saying `bench`
+        # under `python -m bench` too.
+        rc = app(args=argv, prog_name="bench", standalone_mode=False)
     except (BenchError, ModelError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -52,12 +83,15 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo("interrupted", err=True)
         sys.exit(130)
     except Exception as exc:  # click's own usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+        kind = _cli_error_kind(exc)
+        if kind == "usage":
+            ctx = getattr(exc, "ctx", None)
+            hint = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+            message = exc.format_message().rstrip(".")
+            if message:  # empty for `bench` alone: the help text was already printed
+                typer.echo(f"error: {message}{hint}", err=True)
             sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
+        if kind == "abort":
             typer.echo("aborted", err=True)
             sys.exit(130)
         raise
