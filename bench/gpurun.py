@@ -55,6 +55,7 @@ from bench.gpurun_steps import (  # noqa: F401  (re-exported)
     GPU_TIMING,
     GPU_WORK,
     PROBE_MARK,
+    MissingModule,
     TINY_TIMING,
     TINY_WORK,
     Context,
@@ -257,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             tag = "tiny" if spec == "builtin:tiny" else re.sub(r"[^A-Za-z0-9._-]", "-", Path(spec.split(":")[-1]).name)
             plan_single(ctx, spec, work, gpu, tag)
         code = exit_code(ctx)
+    except MissingModule as exc:
+        ctx.say(str(exc.code))
+        code = EXIT_USAGE
     except SystemExit as exc:
         ctx.say(str(exc.code))
         code = EXIT_FAILED

@@ -25,6 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PROBE_MARK = "GPURUN_PROBE "
+MISSING_MARK = "GPURUN_MISSING "  # the probe child could not import a module the bench commands need
+
+
+class MissingModule(SystemExit):
+    """The probe found a module the bench commands import missing: exit code 2 (usage/missing), nothing run."""
 """Prefix of the probe child's one machine-read line (JSON); such lines are captured, never echoed."""
 
 
@@ -251,6 +256,9 @@ def probe(ctx: Context, force_cpu: bool) -> dict:
     res = run_step(ctx, "probe", [sys.executable, "-m", "bench.gpurun", "_probe"], ctx.timing.probe_limit,
                    env_extra=extra, capture=lines, header=False)  # the device lines come first
     for line in lines:
+        if line.startswith(MISSING_MARK):
+            raise MissingModule(f"error: the bench commands need the Python module {line[len(MISSING_MARK):]!r}, missing "
+                             f"from {sys.executable} (carry it as a wheel); nothing was measured")  # fmt: skip
         if line.startswith(PROBE_MARK):
             info = json.loads(line[len(PROBE_MARK):])
             ctx.device_line, ctx.policy_line = info["device_line"], info["policy_line"]
@@ -259,7 +267,26 @@ def probe(ctx: Context, force_cpu: bool) -> dict:
 
 
 def _probe_child() -> None:
-    """Print the device and the dtype policy line (first lines of the run), then one machine-read line."""
+    """Print the device and the dtype policy line (first lines of the run), then one machine-read line.
+
+    First it runs `bench runs list` on an empty folder, which imports every `bench` command module and parses an
+    option, as each step's `python -m bench` will: `REQUIRED` lists the direct needs, but a package's own
+    dependencies (typer >= 0.22 imports pydantic when it parses option values) only show up here, and a missing one is reported as one `MISSING_MARK` line instead of every step failing."""
+    import contextlib
+    import io
+    import tempfile
+
+    try:
+        from bench.cli import main as bench_main
+
+        with tempfile.TemporaryDirectory() as empty, contextlib.redirect_stdout(io.StringIO()):
+            try:  # registers every command and parses an option: typer imports its parsing dependencies here
+                bench_main(["runs", "list", "--runs-dir", empty])
+            except SystemExit:
+                pass
+    except ImportError as exc:
+        print(MISSING_MARK + (exc.name or str(exc)), flush=True)
+        raise SystemExit(2) from None
     import jax
 
     from model.policy import decide_policy

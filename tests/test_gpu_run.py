@@ -119,3 +119,17 @@ def test_pilot_plan_sweeps_pilot_and_big_into_two_valid_runs(env):
         assert (run / "profile.json").is_file()
     tail = lines[lines.index("==== gpu-run summary ===="):]
     assert sum(ln.startswith("run ") for ln in tail) == 2 and tail[-1].startswith("gpu-run: exit 0")
+
+
+def test_a_module_the_commands_import_but_the_check_misses_is_one_line(env, tmp_path):
+    """`REQUIRED` is found, but importing the bench commands fails (as when typer's own dependency is absent):
+    the probe reports that module in one line, exit 2, and no step runs."""
+    root, e = env
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "pydantic.py").write_text("raise ModuleNotFoundError(\"No module named 'pydantic'\", name='pydantic')\n")
+    proc, _ = _run(dict(e, PYTHONPATH=f"{block}{os.pathsep}{e['PYTHONPATH']}"), tmp_path / "out", "--budget-s", "60")
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    errors = [ln for ln in proc.stdout.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "'pydantic'" in errors[0] and "Traceback" not in proc.stdout + proc.stderr
+    assert not list((tmp_path / "out" / "runs").iterdir())
