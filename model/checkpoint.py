@@ -265,12 +265,15 @@ def save_tensors(
     for layer, field, value in leaves:
         rel = by_leaf.get((layer, field))
         if rel is None:
-            raise CheckpointError(f"leaf {field!r} of layer {layer} has no checkpoint name for this config")
+            raise CheckpointError(f"leaf {field!r} of layer {layer!r} has no checkpoint name for this config")
+        if prefix + rel in tensors:
+            raise CheckpointError(f"leaf {field!r} of layer {layer!r} was given twice")
         spec = table[rel]
-        hf = np.ascontiguousarray(spec.to_hf(np.asarray(value)).astype(dtype, copy=False))
-        if hf.shape != spec.hf_shape:
-            raise CheckpointError(f"{rel}: shape {hf.shape}, expected {spec.hf_shape} for this config")
-        tensors[prefix + rel] = hf
+        want = (global_shapes(cfg) if layer is None else layer_shapes(cfg, layer))[field]
+        got = getattr(value, "shape", None)
+        if got is None or tuple(got) != want:
+            raise CheckpointError(f"leaf {field!r} of layer {layer!r}: shape {got}, expected {want} for this config")
+        tensors[prefix + rel] = np.ascontiguousarray(spec.to_hf(np.asarray(value)).astype(dtype, copy=False))
     missing = sorted(prefix + rel for rel in table if prefix + rel not in tensors)
     if missing:
         raise CheckpointError(f"{len(missing)} tensors were not given, e.g. {missing[0]}")

@@ -81,6 +81,12 @@ def test_writer_refuses_a_missing_or_foreign_leaf(tmp_path):
         save_tensors(leaves[:-1], TINY, tmp_path / "short")
     with pytest.raises(CheckpointError, match="no checkpoint name"):
         save_tensors([*leaves, (99, "wq_DNH", leaves[0][2])], TINY, tmp_path / "foreign")
+    with pytest.raises(CheckpointError, match="given twice"):
+        save_tensors([*leaves, leaves[3]], TINY, tmp_path / "twice")
+    wq = next(leaf for leaf in leaves if leaf[1] == "wq_DNH")
+    with pytest.raises(CheckpointError, match="shape"):  # caught before the reshape into the HF layout
+        save_tensors([(wq[0], wq[1], wq[2][:-1, :, :-1]) if leaf is wq else leaf for leaf in leaves], TINY,
+                     tmp_path / "bad-wq")  # fmt: skip
     layer, field, value = next(leaf for leaf in leaves if leaf[1] == "gate_DF")
     with pytest.raises(CheckpointError, match="shape"):
         save_tensors([(layer, field, value[:, :-1]) if leaf[1:2] == (field,) and leaf[0] == layer else leaf
