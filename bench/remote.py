@@ -295,6 +295,16 @@ def remote_manifest(target: Target, config, tokenizer_source: str) -> dict[str, 
     }  # fmt: skip
 
 
+def _stored_gauges(run) -> dict[str, Any]:
+    """The server-side gauges a resumed run's target.json holds (RunFolderError naming the file when corrupt)."""
+    stored = run.read_json("target.json")  # RunFolderError for a file that is not JSON
+    gauges = stored.get("server_gauge_tok_s") if isinstance(stored, dict) else None
+    if not isinstance(stored, dict) or not isinstance(gauges or {}, dict):
+        raise RunFolderError(f"{run.path / 'target.json'}: expected a JSON object with a server_gauge_tok_s object; "
+                             "restore the file, or start a new run with --name")  # fmt: skip
+    return gauges or {}
+
+
 def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None, runs_dir: Path, name: str | None,
                  resume: Path | None = None, progress: Callable[[str], None] = lambda _: None,
                  stop: StopSignals | None = None):  # fmt: skip
@@ -304,11 +314,14 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
     Raises TargetError / InputError / RunFolderError before anything is measured for a bad target, model,
     tokenizer, size or folder.
 
-    `stop` (a `bench.sweep.StopSignals`) is entered once the run folder exists, as the in-process sweep does:
-    SIGTERM / Ctrl-C then finish the request in flight and stop before the next one (a second signal abandons it,
-    closing its stream); the finished cells stay, the run is marked incomplete and KeyboardInterrupt propagates.
+    `stop` (a `bench.sweep.StopSignals`) is entered just before the run folder is created or resumed, as the
+    in-process sweep does: SIGTERM / Ctrl-C then finish the request in flight and stop before the next one (a
+    second signal abandons it, closing its stream); the finished cells stay, the run is marked incomplete and
+    KeyboardInterrupt propagates. Whatever ends the sweep once the run exists (a signal, an error), the run ends
+    (`bench.runs.writing_run`): complete, incomplete (a signal) or failed (an error), its lock released.
+    With `resume`, target.json is read before the run is touched: a corrupt one is refused, the run left as it was.
     """
-    from bench.runs import create_run, free_label, open_run
+    from bench.runs import create_run, free_label, open_run, writing_run
     from bench.sweep import sized_prompt
 
     with httpx.Client(timeout=TIMEOUT) as client:
@@ -319,36 +332,48 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
             raise TargetError(f"--inputs {max(config.inputs)}: above the server's maximum prompt length {limit}")
         prompts = {n: sized_prompt(tokenizer, n) for n in config.inputs}  # as the in-process sweep's
         manifest = remote_manifest(target, config, source)
-        if resume is not None:
-            run = open_run(resume)
-            if run.status == "complete":
-                raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
-            run.resume()
-        else:
-            slug = manifest["device"]["slug"]
-            run = create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
-        progress(f"run folder: {run.path}; target {target.base} ({target.kind}), model {target.model}")
-        metrics0 = scrape_metrics(client, target.root) if target.ours else {}
         gauges: dict[str, Any] = {}
-        if resume is not None and (run.path / "target.json").is_file():
-            gauges.update(run.read_json("target.json").get("server_gauge_tok_s") or {})
-        status, t0 = "incomplete", time.perf_counter()
-        with stop if stop is not None else contextlib.nullcontext():
-            try:
-                run_remote_sweep(client, target, tokenizer, config, run, prompts, progress=progress,
-                                 skip=run.finished_inputs(), should_stop=stop if stop is not None else (lambda: False),
-                                 server_gauges=gauges)  # fmt: skip
-                status = "complete"
+        resumed = open_run(resume) if resume is not None else None
+        if resumed is not None:
+            if resumed.status == "complete":
+                raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
+            if (resumed.path / "target.json").is_file():  # read (and so checked) before the run is touched
+                gauges.update(_stored_gauges(resumed))
+
+        def start():
+            if resumed is None:
+                slug = manifest["device"]["slug"]
+                return create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
+            resumed.resume()
+            return resumed
+
+        metrics0: dict[str, float] = {}
+        t0 = time.perf_counter()
+
+        def before_end(run, _status: str) -> None:
+            try:  # a second signal here (e.g. a slow /metrics) must not lose target.json; the run ends regardless
+                if target.ours:
+                    m = scrape_metrics(client, target.root)
+                    delta = {k: int(m.get(f"gemma4_bench_compile_cache_{k}_total", 0)
+                                    - metrics0.get(f"gemma4_bench_compile_cache_{k}_total", 0))
+                             for k in ("hits", "misses")}  # fmt: skip
+                    run.update_manifest(compile_cache=dict(manifest["compile_cache"], **delta))
             finally:
-                try:  # a second signal here (e.g. a slow /metrics) must not leave the run marked running
-                    if target.ours:
-                        m = scrape_metrics(client, target.root)
-                        delta = {k: int(m.get(f"gemma4_bench_compile_cache_{k}_total", 0)
-                                        - metrics0.get(f"gemma4_bench_compile_cache_{k}_total", 0))
-                                 for k in ("hits", "misses")}  # fmt: skip
-                        run.update_manifest(compile_cache=dict(manifest["compile_cache"], **delta))
-                finally:
-                    run.write_json("target.json", target.describe() | {"server_gauge_tok_s": gauges})
-                    run.finish(status)
-                    progress(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
+                run.write_json("target.json", target.describe() | {"server_gauge_tok_s": gauges})
+
+        def after_end(run, status: str) -> None:
+            progress(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
+
+        # The stop signals are in force from before the run exists to after it ended: a signal anywhere in between
+        # (the /metrics scrape below, a corrupt file, the requests) ends the run incomplete, never left "running".
+        with (
+            stop if stop is not None else contextlib.nullcontext(),
+            writing_run(start, before_end=before_end, after_end=after_end) as run,
+        ):
+            progress(f"run folder: {run.path}; target {target.base} ({target.kind}), model {target.model}")
+            if target.ours:
+                metrics0.update(scrape_metrics(client, target.root))
+            run_remote_sweep(client, target, tokenizer, config, run, prompts, progress=progress,
+                             skip=run.finished_inputs(), should_stop=stop if stop is not None else (lambda: False),
+                             server_gauges=gauges)  # fmt: skip
     return run

@@ -13,8 +13,10 @@ A run folder `runs/<YYYY-MM-DD>-<label>-<device_slug>/` holds:
 Every JSON/CSV write goes to a temporary file in the same folder and is moved into place with `os.replace`, so a
 reader sees either the old file or the new one, never half of one. A process killed at any moment therefore
 leaves every finished cell readable and a manifest whose status is still `running` (or `incomplete` when the
-sweep could say so); only `finish("complete")` marks a run complete. `run.log` is appended (one write per line),
-so at worst its last line is cut.
+sweep could say so); only `finish("complete")` marks a run complete. A command writes a run inside `writing_run`,
+which ends it however the command ends: complete, incomplete (a signal), failed (an error), or, for a run it only
+joined (`bench profile --run`), with the status it had; the lock released in every case. `run.log` is appended
+(one write per line), so at worst its last line is cut.
 
 Order of writes for a cell: `append_samples` first, then `append_cell`: a cell row never exists without its samples.
 
@@ -28,6 +30,7 @@ re-exported here: import them from `bench.runs`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import datetime as dt
@@ -35,7 +38,9 @@ import io
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -239,15 +244,19 @@ class RunFolder:
 
     def finish(self, status: str) -> None:
         """Set the final status ("complete", "incomplete" or "failed") and ended_at; rewrite the manifest, log the
-        status and release the writer lock. ValueError for any other status."""
+        status and release the writer lock (released even when the writes fail). SIGINT / SIGTERM arriving
+        meanwhile are handled once it is done. ValueError for any other status."""
         if status not in STATUSES or status == "running":
             raise ValueError(f"finish: status must be complete, incomplete or failed, got {status!r}")
-        self.manifest["status"] = status
-        if self.provenance == "measured":
-            self.manifest["ended_at"] = now_iso()
-        self._write_manifest()
-        self.log(f"run {status}")
-        self.unlock()
+        with _signals_deferred():  # a signal now is handled once the manifest says so and the lock is released
+            self.manifest["status"] = status
+            if self.provenance == "measured":
+                self.manifest["ended_at"] = now_iso()
+            try:
+                self._write_manifest()
+                self.log(f"run {status}")
+            finally:
+                self.unlock()
 
     def unlock(self) -> None:
         """Release the writer lock and remove `.lock` (a process that dies leaves a stale, unheld `.lock`)."""
@@ -255,26 +264,42 @@ class RunFolder:
             return
         import fcntl
 
-        (self.path / LOCK).unlink(missing_ok=True)
-        fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-        self._lock_file.close()
-        self._lock_file = None
+        with _signals_deferred():
+            try:
+                (self.path / LOCK).unlink(missing_ok=True)
+                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            finally:
+                self._lock_file.close()
+                self._lock_file = None
 
     def resume(self) -> None:
         """Mark an interrupted run as running again, holding its lock (RunFolderError for a complete or published
-        run, or one that another process is still writing)."""
+        run, one that another process is still writing, or a corrupt cells.jsonl; then the run is left as it was,
+        unlocked)."""
         if self.status == "complete" or self.provenance == "published":
             raise RunFolderError(
                 f"{self.path}: run is {self.status} ({self.provenance}); nothing to resume, start a new run with --name"
             )
         self.lock()
-        self.manifest["status"] = "running"
-        self.manifest["ended_at"] = None
-        self._write_manifest()
-        cells = self.cells()
-        if cells:  # a kill between the two cell files can leave the CSV mirror one row behind
-            _atomic_write(self.path / CELLS_CSV, _cells_csv(cells))
-        self.log(f"resumed; finished inputs: {self.finished_inputs()}")
+        previous = {key: self.manifest.get(key) for key in ("status", "ended_at")}
+        written = False
+        try:
+            cells = self.cells()  # a corrupt row is refused before anything changes
+            self.manifest["status"] = "running"
+            self.manifest["ended_at"] = None
+            self._write_manifest()
+            written = True
+            if cells:  # a kill between the two cell files can leave the CSV mirror one row behind
+                _atomic_write(self.path / CELLS_CSV, _cells_csv(cells))
+            self.log(f"resumed; finished inputs: {[r.input_tokens for r in cells]}")
+        except BaseException:
+            self.manifest.update(previous)
+            with _signals_deferred():
+                if written:
+                    with contextlib.suppress(RunFolderError):
+                        self._write_manifest()
+                self.unlock()
+            raise
 
     # -- reading --
     def cells(self) -> list[CellRow]:
@@ -302,6 +327,83 @@ class RunFolder:
         if problems:
             raise RunFolderError(f"{self.path}: {problems[0]}")
         return prof
+
+
+# ---- writing a run: however the command ends, the run ends -----------------------------------------------------
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held while the body runs, then handled as they would have been (their previous Python
+    handlers, called once each, or the default action), so that a short, must-finish write (the final manifest,
+    the lock's release) is never cut in half by a signal. Outside the main thread (where Python cannot install
+    handlers) nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+        for sig in received:
+            handler = previous[sig]
+            if callable(handler):
+                handler(sig, None)  # e.g. Ctrl-C's KeyboardInterrupt, or StopSignals' flag
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(sig)  # e.g. SIGTERM's default: end the process, now that the run is settled
+
+
+def outcome_of(exc: BaseException | None) -> str:
+    """The status a run ends with after its command ended by `exc`: complete (no exception), incomplete
+    (KeyboardInterrupt: Ctrl-C, SIGTERM, a stop request) or failed (any other error)."""
+    if exc is None:
+        return "complete"
+    return "incomplete" if isinstance(exc, KeyboardInterrupt) else "failed"
+
+
+@contextlib.contextmanager
+def writing_run(start: Callable[[], RunFolder], *, joined: bool = False,
+                before_end: Callable[[RunFolder, str], None] | None = None,
+                after_end: Callable[[RunFolder, str], None] | None = None) -> Iterator[RunFolder]:  # fmt: skip
+    """Write a run inside `with writing_run(start) as run:`; the run never stays "running" or locked after it.
+
+    `start()` returns the run, locked and being written: `create_run(...)`, a `run.resume()`, or, with
+    `joined=True`, a run this command only adds to (it takes the lock; e.g. `bench profile --run`). It runs with
+    signals held, inside the guarantee, so no signal can land between the run's start and its protection.
+    However the body ends, the run ends: its status (`outcome_of`: complete, incomplete on KeyboardInterrupt,
+    failed on another error) is passed to `before_end(run, status)` (final counters, extra files), then the run
+    is finished with it (`finish`), or, when joined, keeps the status it had and is only unlocked; then
+    `after_end(run, status)` (a closing log line). The end runs even when `before_end` fails or a second signal
+    interrupts it (an error there turns "complete" into "failed", a KeyboardInterrupt into "incomplete"), and
+    the final write holds signals off until done. Exceptions propagate. If `start()` raises, nothing is ended:
+    `create_run` and `resume` leave nothing half-done."""
+    run: RunFolder | None = None
+    status = "complete"
+    try:
+        with _signals_deferred():
+            run = start()
+        yield run
+    except BaseException as exc:
+        status = outcome_of(exc)
+        raise
+    finally:
+        if run is not None:
+            try:
+                if before_end is not None:
+                    before_end(run, status)
+            except BaseException as exc:
+                if status == "complete":
+                    status = outcome_of(exc)
+                raise
+            finally:
+                if joined:
+                    run.unlock()
+                else:
+                    run.finish(status)
+                if after_end is not None:
+                    after_end(run, status)
 
 
 # ---- creating, opening, listing ----------------------------------------------------------------------------------
@@ -364,8 +466,16 @@ def create_run(
         raise _unwritable(root, exc) from None
     run = RunFolder(path, full)
     run.lock()
-    run._write_manifest()
-    (path / LOG).touch()
+    try:
+        run._write_manifest()
+        (path / LOG).touch()
+    except BaseException:  # e.g. the disk filled up: no half-made folder is left behind
+        run.unlock()
+        for leftover in (path / MANIFEST, path / LOG):
+            leftover.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        raise
     return run
 
 

@@ -10,7 +10,12 @@ GEMMA4_BENCH_CACHE points at a temporary folder and the compile cache is off.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,14 +127,20 @@ def test_leak_one_visible_through_the_cli(leak, matched):
     assert clean["categories"]["dtype_conversion"]["pct"] < 2.0
 
 
-def test_profile_adds_to_an_existing_run(env, tmp_path):
+def test_profile_replaces_a_runs_profile_only_when_asked(env, tmp_path, capsys):
     run = _profile(env, "addto")
-    code = _bench(["profile", "--steps", "2", "--checkpoint", "builtin:tiny", "--run", str(run),
-                   "--compile-cache", "off"])  # fmt: skip
-    assert code == 0
+    before = (run / "profile.json").read_bytes()
+    again = ["profile", "--steps", "2", "--checkpoint", "builtin:tiny", "--run", str(run), "--compile-cache", "off"]
+    capsys.readouterr()
+    assert _bench(again) == 2  # nothing already measured is lost without asking
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert "already has a profile" in line and "--replace" in line and "drop --run" in line
+    assert (run / "profile.json").read_bytes() == before and not (run / ".lock").exists()
+    assert _bench([*again, "--replace"]) == 0
     prof = json.loads((run / "profile.json").read_text())
     assert prof["steps"] == 2
-    assert len(list(run.glob("profile/**/*.xplane.pb"))) == 2
+    assert len(list(run.glob("profile/**/*.xplane.pb"))) == 2  # the earlier trace is kept
+    assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
 
 
 def test_bandwidth_command(capsys):
@@ -164,6 +175,7 @@ def _bad_inputs(env: Path, matched_run: Path, tmp: Path) -> dict[str, list[str]]
         "corrupt trace": ["profile", "analyze", str(fake)],
         "run without profile": ["profile", "analyze", str(no_profile)],
         "missing run": ["profile", "--run", str(tmp / "no-run"), *tiny],
+        "replace without run": ["profile", "--replace", *tiny],
         "bandwidth bytes": ["bandwidth", "--bytes", "5"],
         "bandwidth repeats": ["bandwidth", "--repeats", "0"],
     }
@@ -237,3 +249,155 @@ def test_input_tokens_below_the_minimum_leaves_a_joined_run_as_it_was(env, tiny_
     again = open_run(run.path)
     again.lock()  # the refused command released the run's lock
     again.unlock()
+
+
+# ---- errors name profile's own flags and the values that fit -------------------------------------------------------
+def _shape_cases(minimum: int) -> list[tuple[list[str], list[str]]]:
+    """(flags, needles) on the tiny checkpoint: 256 positions, prompts up to 256 tokens; a profile of S steps after
+    n input tokens uses n + 1 + 2 + S positions."""
+    return [
+        (["--steps", "1000"], ["--steps 1000", "1044 positions", "256", "--steps 1..212 at --input-tokens 41"]),
+        (["--input-tokens", "99999999999999999999999"],
+         ["--input-tokens 99999999999999999999999", "--max-length", f"--input-tokens {minimum}..233 at --steps 20"]),
+        (["--input-tokens", "250"],
+         ["--steps 20", "--steps 1..3 at --input-tokens 250", f"--input-tokens {minimum}..233"]),
+        (["--input-tokens", "255"], ["--input-tokens 255", f"--input-tokens {minimum}..233 at --steps 20"]),
+        (["--input-tokens", "100", "--max-length", "64"],
+         ["--input-tokens 100", "64 (--max-length)", f"--input-tokens {minimum}..64", "--max-length 100..256"]),
+        (["--max-length", "1000"], ["--max-length 1000", "--max-length 1..256"]),
+        (["--input-tokens", str(minimum - 1)], [f"--input-tokens {minimum} or more", f"{minimum}..233"]),
+    ]  # fmt: skip
+
+
+def test_shape_errors_name_profiles_own_flags_and_the_range(env, tiny_checkpoint, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    for flags, needles in _shape_cases(_min_prompt_tokens(tiny_checkpoint)):
+        capsys.readouterr()
+        code = _bench(["profile", "--checkpoint", str(tiny_checkpoint), "--runs-dir", str(runs),
+                       "--compile-cache", "off", *flags])  # fmt: skip
+        err = capsys.readouterr().err
+        errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+        assert code == 2 and len(errors) == 1 and "Traceback" not in err, (flags, err)
+        for needle in needles:
+            assert needle in errors[0], (flags, needle, errors[0])
+        assert "--max-new-tokens" not in errors[0], errors[0]  # a flag of `bench sweep`, not of `bench profile`
+    assert not runs.exists()
+
+
+# ---- runs a profile may not join -----------------------------------------------------------------------------------
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_published_run_is_refused_and_nothing_is_written(env, tmp_path, capsys):
+    from runfolders import REFERENCE_RUNS
+
+    published = tmp_path / "runs" / REFERENCE_RUNS[1].name
+    shutil.copytree(REFERENCE_RUNS[1], published)
+    before = _files(published)
+    capsys.readouterr()
+    code = _bench(["profile", "--steps", "2", "--checkpoint", "builtin:tiny", "--run", str(published),
+                   "--compile-cache", "off"])  # fmt: skip
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]  # refused before the engine loads: one line only
+    assert code == 2 and line.startswith("error:") and "published" in line and "drop --run" in line
+    assert _files(published) == before
+
+
+def test_make_profile_flow_adds_to_the_latest_sweep_once(env, tmp_path, capsys):
+    """`make profile` = `bench profile --steps 20 --run latest`: on a fresh sweep it adds the profile; run again,
+    it refuses instead of overwriting it (and says how to replace it)."""
+    from runfolders import make_measured_run
+
+    runs = tmp_path / "runs"
+    run = make_measured_run(runs, "sweep", inputs=(41,), gauge=50.0)
+    args = ["profile", "--steps", "2", "--run", "latest", "--runs-dir", str(runs), "--checkpoint", "builtin:tiny",
+            "--compile-cache", "off"]  # fmt: skip
+    assert _bench(args) == 0
+    prof = (run.path / "profile.json").read_bytes()
+    capsys.readouterr()
+    assert _bench(args) == 2
+    assert "--replace" in capsys.readouterr().err
+    assert (run.path / "profile.json").read_bytes() == prof and not (run.path / ".lock").exists()
+
+
+# ---- however a profile ends, its run is not left running or locked ------------------------------------------------
+def _raise(exc):
+    def fail(*_args, **_kwargs):
+        raise exc
+
+    return fail
+
+
+@pytest.mark.parametrize("exc,code,status", [(KeyboardInterrupt, 130, "incomplete"), (RuntimeError, None, "failed")])
+def test_a_profile_that_stops_marks_its_new_run_and_unlocks_it(env, tiny_checkpoint, tmp_path, monkeypatch, exc,
+                                                               code, status):  # fmt: skip
+    import bench.profile_analysis
+
+    monkeypatch.setattr(bench.profile_analysis, "analyze_trace", _raise(exc("stopped here")))
+    runs = tmp_path / "runs"
+    args = ["profile", "--steps", "2", "--checkpoint", str(tiny_checkpoint), "--runs-dir", str(runs), "--name", "cut",
+            "--compile-cache", "off"]  # fmt: skip
+    if code is None:  # an unexpected error is not a user error: it propagates (a traceback), the run marked failed
+        with pytest.raises(exc):
+            _bench(args)
+    else:
+        assert _bench(args) == code
+    (run,) = runs.iterdir()
+    assert json.loads((run / "manifest.json").read_text())["status"] == status
+    assert not (run / ".lock").exists() and not (run / "profile.json").exists()
+
+
+def test_a_joined_run_keeps_its_status_when_the_profile_stops(env, tiny_checkpoint, tmp_path, monkeypatch):
+    import bench.profile_capture
+    from runfolders import make_measured_run
+
+    run = make_measured_run(tmp_path / "runs", "swept", inputs=(41,), gauge=123.0)
+    monkeypatch.setattr(bench.profile_capture, "capture_steps", _raise(KeyboardInterrupt()))
+    code = _bench(["profile", "--steps", "2", "--checkpoint", str(tiny_checkpoint), "--run", str(run.path),
+                   "--compile-cache", "off"])  # fmt: skip
+    assert code == 130
+    assert json.loads((run.path / "manifest.json").read_text())["status"] == "complete"
+    assert not (run.path / ".lock").exists() and not (run.path / "profile.json").exists()
+    assert "profile incomplete" in (run.path / "run.log").read_text()
+
+
+def _profile_process(args: list[str]) -> subprocess.Popen:
+    code = "import sys; from bench.cli import main; main(sys.argv[1:])"
+    return subprocess.Popen([sys.executable, "-c", code, "profile", *args], env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _signal_when(proc: subprocess.Popen, ready, sig: int, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the profile ended before the signal: " + proc.communicate()[1][-2000:]
+    proc.send_signal(sig)
+    return proc.communicate(timeout=120)[1]
+
+
+@pytest.mark.slow
+def test_sigterm_marks_a_new_profile_run_incomplete_and_unlocks_it(env, tiny_checkpoint, tmp_path):
+    runs = tmp_path / "runs"
+    proc = _profile_process(["--steps", "200", "--checkpoint", str(tiny_checkpoint), "--runs-dir", str(runs),
+                             "--name", "sig", "--compile-cache", "off"])  # fmt: skip
+    err = _signal_when(proc, lambda: any(runs.glob("*-sig-*/manifest.json")), signal.SIGTERM)
+    assert proc.returncode == 130, err
+    (run,) = runs.iterdir()
+    assert json.loads((run / "manifest.json").read_text())["status"] == "incomplete", err
+    assert not (run / ".lock").exists() and "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_leaves_a_joined_run_as_it_was_and_unlocked(env, tiny_checkpoint, tmp_path, sig):
+    from runfolders import make_measured_run
+
+    run = make_measured_run(tmp_path / "runs", "swept", inputs=(41,), gauge=123.0)
+    before = _files(run.path)
+    proc = _profile_process(["--steps", "200", "--checkpoint", str(tiny_checkpoint), "--run", str(run.path),
+                             "--compile-cache", "off"])  # fmt: skip
+    err = _signal_when(proc, lambda: (run.path / ".lock").exists(), sig)
+    assert proc.returncode == 130, err
+    assert _files(run.path) == before, err  # status kept, lock gone, nothing else written before the capture

@@ -6,7 +6,11 @@ ends with the same lines and exit code 130 as the in-process path, and resumes.
 The fake server streams one content chunk per token and counts prompt tokens with the same tokenizer the client
 sizes prompts with (BOS and chat template included), so every cell has its exact input size. It is not this
 project's server (no /metrics), so compile events are unobservable and the cells are recorded invalid; these tests
-check what was kept, not validity.
+check what was kept, not validity. With `on_metrics` it also serves a /metrics that says it is this project's
+server (and nothing else), so the client scrapes it around the sweep.
+
+However a sweep ends once its run folder exists (finished, stopped, a signal, an error), the run is not left
+"running" and its lock is released.
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ class FakeEndpoint:
     its answer; `chunk_delay_s` spaces the content chunks. `requests` counts chat requests, `completed` those whose
     whole stream was written, `broken` those whose client left mid-stream."""
 
-    def __init__(self, tokenizer, *, on_request: Callable[[int], None] = lambda _: None, chunk_delay_s: float = 0.0):
+    def __init__(self, tokenizer, *, on_request: Callable[[int], None] = lambda _: None, chunk_delay_s: float = 0.0,
+                 on_metrics: Callable[[int], None] | None = None):  # fmt: skip
         self.tokenizer, self.on_request, self.chunk_delay_s = tokenizer, on_request, chunk_delay_s
-        self.requests = self.completed = self.broken = 0
+        self.on_metrics = on_metrics  # None: no /metrics; else it runs before /metrics scrape k (1-based) is answered
+        self.requests = self.completed = self.broken = self.scrapes = 0
         self.lock = threading.Lock()
         fake = self
 
@@ -47,6 +53,18 @@ class FakeEndpoint:
                 pass
 
             def do_GET(self) -> None:
+                if self.path == "/metrics" and fake.on_metrics is not None:
+                    with fake.lock:
+                        fake.scrapes += 1
+                        k = fake.scrapes
+                    fake.on_metrics(k)
+                    body = b"# TYPE gemma4_bench_ready gauge\ngemma4_bench_ready 1\n"  # says: this project's server
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 if self.path != "/v1/models":
                     self.send_error(404)
                     return
@@ -226,3 +244,76 @@ def test_a_size_below_the_smallest_chat_prompt_is_refused_before_anything_is_cre
         sweep_target(fake.url, MODEL, config, checkpoint=str(tiny_checkpoint), runs_dir=tmp_path, name="x",
                      stop=StopSignals())  # fmt: skip
     assert fake.requests == 0 and not any(tmp_path.iterdir())
+
+
+def _stopped_run(endpoint, tiny_checkpoint, tmp_path):
+    """A remote run stopped after cell 20 (incomplete, resumable), with its target.json."""
+    from bench.remote import sweep_target
+
+    stop = StopSignals()
+    fake = endpoint(on_request=lambda k: stop.request() if k == 4 else None)
+    config = SweepConfig(inputs=(20, 28), max_new_tokens=4, repeats=2)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_target(fake.url, MODEL, config, checkpoint=str(tiny_checkpoint), runs_dir=tmp_path, name="cut", stop=stop)
+    (folder,) = list(tmp_path.iterdir())
+    assert open_run(folder).status == "incomplete" and (folder / "target.json").is_file()
+    return fake, config, folder
+
+
+def test_a_resume_with_a_corrupt_target_json_is_refused_and_leaves_the_run_as_it_was(endpoint, tiny_checkpoint,
+                                                                                       tmp_path):  # fmt: skip
+    from bench.errors import RunFolderError
+    from bench.remote import sweep_target
+
+    fake, config, folder = _stopped_run(endpoint, tiny_checkpoint, tmp_path)
+    for corrupt in ("{not json", "[1, 2]"):
+        (folder / "target.json").write_text(corrupt)
+        manifest = (folder / "manifest.json").read_bytes()
+        with pytest.raises(RunFolderError, match="target.json"):
+            sweep_target(fake.url, MODEL, config, checkpoint=str(tiny_checkpoint), runs_dir=tmp_path, name=None,
+                         resume=folder, stop=StopSignals())  # fmt: skip
+        assert (folder / "manifest.json").read_bytes() == manifest and open_run(folder).status == "incomplete"
+        assert not (folder / ".lock").exists()
+
+
+def test_an_error_after_the_resume_ends_the_run_failed_and_unlocked(endpoint, tiny_checkpoint, tmp_path, monkeypatch):
+    import bench.remote
+    from bench.remote import sweep_target
+
+    fake, config, folder = _stopped_run(endpoint, tiny_checkpoint, tmp_path)
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("the disk is gone")
+
+    monkeypatch.setattr(bench.remote, "run_remote_sweep", broken)
+    lines: list[str] = []
+    with pytest.raises(RuntimeError):
+        sweep_target(fake.url, MODEL, config, checkpoint=str(tiny_checkpoint), runs_dir=tmp_path, name=None,
+                     resume=folder, progress=lines.append, stop=StopSignals())  # fmt: skip
+    assert open_run(folder).status == "failed" and not (folder / ".lock").exists()
+    assert lines[-1].startswith("sweep failed in") and validate_run(folder) == []
+    assert json.loads((folder / "target.json").read_text())["url"] == fake.url  # written at the end, as ever
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_first_metrics_scrape_of_the_run_ends_it_incomplete(endpoint, tiny_checkpoint, tmp_path):
+    """Between the run's creation and its first request the client scrapes /metrics (read timeout up to 30 min):
+    Ctrl-C there stops the sweep like anywhere else, the run marked incomplete, unlocked, exit code 130."""
+    runs = tmp_path / "runs"
+    procs: list[subprocess.Popen] = []
+
+    def on_metrics(k: int) -> None:
+        if k == 2:  # scrape 1 describes the target, before the run; scrape 2 is the run's baseline
+            procs[0].send_signal(signal.SIGINT)
+            time.sleep(0.5)
+
+    fake = endpoint(on_metrics=on_metrics)
+    procs.append(_sweep_process(fake.url, tiny_checkpoint, runs, "--name", "scrape"))
+    _, err = procs[0].communicate(timeout=120)
+    assert procs[0].returncode == 130, err
+    assert fake.scrapes >= 2 and fake.requests == 0, err  # stopped before the first request
+    (folder,) = list(runs.iterdir())
+    run = open_run(folder)
+    assert run.status == "incomplete" and not (folder / ".lock").exists(), err
+    assert err.splitlines()[-1].startswith("sweep incomplete in") and "Traceback" not in err
+    assert validate_run(folder) == []

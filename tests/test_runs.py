@@ -3,9 +3,11 @@ and the per-cell summary of raw samples."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -392,3 +394,80 @@ def test_unobservable_compile_events_leave_a_cell_unproven() -> None:
     samples = [dataclasses.replace(s, compile_events=None) if s.kind == "timed" else s for s in cell_samples(41)]
     row = summarize_cell(samples, max_new_tokens=MAX_NEW)
     assert not row.valid and "not observable" in row.invalid_reason and row.compile_events_timed is None
+
+
+# ---- writing a run: however the command ends, the run ends -------------------------------------------------------
+def _ended(path: Path) -> tuple[str, bool]:
+    """(manifest status on disk, whether the `.lock` file is still there)."""
+    return open_run(path).status, (path / ".lock").exists()
+
+
+@pytest.mark.parametrize("raised,status", [(None, "complete"), (KeyboardInterrupt, "incomplete"),
+                                           (RuntimeError, "failed")])  # fmt: skip
+def test_writing_run_ends_a_created_run_however_the_body_ends(tmp_path: Path, raised, status) -> None:
+    seen: list[tuple[str, str]] = []
+    with pytest.raises(raised) if raised else contextlib.nullcontext():
+        with runs_mod.writing_run(lambda: create_run(tmp_path, "w", "cpu", manifest()),
+                                  before_end=lambda run, s: seen.append(("before", s)),
+                                  after_end=lambda run, s: seen.append(("after", s))) as run:  # fmt: skip
+            assert run.status == "running" and (run.path / ".lock").exists()
+            if raised:
+                raise raised
+    assert seen == [("before", status), ("after", status)]
+    assert _ended(run.path) == (status, False)
+    assert f"run {status}" in (run.path / "run.log").read_text()
+
+
+def test_writing_run_leaves_a_joined_run_its_status_and_unlocks_it(tmp_path: Path) -> None:
+    joined = open_run(make_measured_run(tmp_path, "joined", inputs=(41,)).path)
+
+    def start():
+        joined.lock()
+        return joined
+
+    with pytest.raises(KeyboardInterrupt), runs_mod.writing_run(start, joined=True):
+        assert (joined.path / ".lock").exists()
+        raise KeyboardInterrupt
+    assert _ended(joined.path) == ("complete", False)
+
+
+def test_a_second_signal_while_the_run_ends_does_not_leave_it_running(tmp_path: Path) -> None:
+    def before_end(run, status):  # e.g. the final manifest update, cut by a second Ctrl-C
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with runs_mod.writing_run(lambda: create_run(tmp_path, "twice", "cpu", manifest()),
+                                  before_end=before_end) as run:  # fmt: skip
+            raise KeyboardInterrupt
+    assert _ended(run.path) == ("incomplete", False)
+    with pytest.raises(KeyboardInterrupt):  # the body succeeded, the end was interrupted: not complete
+        with runs_mod.writing_run(lambda: create_run(tmp_path, "late", "cpu", manifest()),
+                                  before_end=before_end) as run:  # fmt: skip
+            pass
+    assert _ended(run.path) == ("incomplete", False)
+
+
+def test_a_signal_during_the_final_write_is_handled_after_it(tmp_path: Path, monkeypatch) -> None:
+    real = runs_mod._atomic_write
+
+    def interrupted_write(path, text):  # Ctrl-C lands while the final manifest is being written
+        os.kill(os.getpid(), signal.SIGINT)
+        real(path, text)
+
+    with pytest.raises(KeyboardInterrupt):
+        with runs_mod.writing_run(lambda: create_run(tmp_path, "cut", "cpu", manifest())) as run:
+            monkeypatch.setattr(runs_mod, "_atomic_write", interrupted_write)
+    monkeypatch.setattr(runs_mod, "_atomic_write", real)
+    assert _ended(run.path) == ("complete", False)  # the interrupt came after the run was settled
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers were restored
+
+
+def test_resume_refuses_a_corrupt_cells_file_and_leaves_the_run_as_it_was(tmp_path: Path) -> None:
+    run = make_measured_run(tmp_path, "corrupt", inputs=(41, 521), status="incomplete")
+    with open(run.path / "cells.jsonl", "a") as fh:
+        fh.write("{not json\n")
+    manifest_before = (run.path / "manifest.json").read_bytes()
+    with pytest.raises(RunFolderError, match="cells.jsonl line 3"):
+        open_run(run.path).resume()
+    assert (run.path / "manifest.json").read_bytes() == manifest_before
+    assert _ended(run.path) == ("incomplete", False)

@@ -126,3 +126,25 @@ def test_interrupted_sweep_keeps_finished_cells_and_resumes(env, tmp_path):
     run = open_run(cells.parent)
     assert run.status == "complete" and sorted(run.finished_inputs()) == [20, 41, 70, 100]
     assert [c.input_tokens for c in run.cells()][: len(done)] == done  # the earlier cells kept as they were
+
+
+def test_a_second_signal_while_the_sweep_ends_still_ends_the_run(tiny_checkpoint, tmp_path, monkeypatch):
+    """Ctrl-C stops the sweep; a second one lands in the final manifest update: the run still ends incomplete and
+    unlocked (the end is nested as in `bench sweep --target`: bench.runs.writing_run)."""
+    import bench.sweep
+    from bench.cli import main
+    from bench.runs import RunFolder
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench.sweep, "run_sweep", interrupted)
+    monkeypatch.setattr(RunFolder, "update_manifest", interrupted)
+    runs = tmp_path / "runs"
+    with pytest.raises(SystemExit) as stopped:
+        main(["sweep", "--inputs", "20", "--max-new-tokens", "4", "--repeats", "1", "--checkpoint",
+              str(tiny_checkpoint), "--runs-dir", str(runs), "--name", "twice", "--compile-cache", "off"])  # fmt: skip
+    assert stopped.value.code == 130
+    (folder,) = runs.iterdir()
+    assert json.loads((folder / "manifest.json").read_text())["status"] == "incomplete"
+    assert not (folder / ".lock").exists()

@@ -89,12 +89,22 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
     if weight_dtype is not None and weight_dtype not in DTYPES:
         raise InputError(f"--weight-dtype {weight_dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
     if max_length is not None and max_length < 1:
-        raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
+        raise InputError(f"--max-length {max_length}: must be a positive number of tokens, at most the model's "
+                         "positions (max_position_embeddings)")  # fmt: skip
     ladder = parse_buckets(buckets)
     policy = decide_policy(dtype, weight_dtype=weight_dtype)
     log_policy_line(policy)  # the first line, before a built-in checkpoint is created or anything loads
     cache = enable_compile_cache(compile_cache_dir(compile_cache))
     path = checkpoint_path(checkpoint)
+    if max_length is not None:  # in the flag's terms, before the weights load (the engine's error names a bucket)
+        from model.checkpoint import resolve_checkpoint
+        from model.config import load_config
+
+        path = resolve_checkpoint(path)
+        positions = load_config(path).max_position_embeddings
+        if max_length > positions:
+            raise InputError(f"--max-length {max_length}: above the model's {positions} positions "
+                             f"(max_position_embeddings); expected --max-length 1..{positions}")  # fmt: skip
     engine, report = load_engine(path, policy=policy, max_length=max_length, buckets=ladder, log_policy=False)
     return engine, report, Path(report["path"]), cache
 
@@ -106,7 +116,8 @@ WeightDtypeOpt = typer.Option(
     help="Store the weights in this dtype (float32, bfloat16, float16) while computing in --dtype; default: the "
     "compute dtype. A mismatch makes every decode step convert the weights (the report's 'leak one').",
 )  # fmt: skip
-MaxLengthOpt = typer.Option(None, "--max-length", help="Largest prompt (tokens) the engine accepts; default 8192.")
+MaxLengthOpt = typer.Option(None, "--max-length", help="Largest prompt (tokens) the engine accepts, at most the "
+                             "model's positions; default 8192 (or the model's positions, if fewer).")
 CompileCacheOpt = typer.Option(None, "--compile-cache", help=CACHE_HELP)
 BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens), e.g. 64,512,1024,4096: a prompt is "
                           "padded to the smallest rung that holds it. Default: powers of two to 512, then steps of 512 "

@@ -13,9 +13,12 @@ before the engine loads. What was decided, why, and the XLA_FLAGS in force are r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +38,10 @@ from bench.cli.common import (
 from bench.errors import InputError
 
 profile_app = typer.Typer(
-    help="Profile N decode steps (xprof trace, where device time goes, roofline share); `analyze` re-reads a trace.",
+    help="Profile N decode steps (xprof trace, where device time goes, roofline share) into a new run, or with --run "
+    "into an existing measured one (never a published one; a profile it has is replaced only with --replace). "
+    "Ctrl-C / SIGTERM stop at once (exit 130): a new run ends incomplete, a joined one as it was. `analyze` re-reads "
+    "a trace.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -88,14 +94,106 @@ def _sweep_gauge(run, n_tokens: int):
     return None
 
 
+def _profile_shape(engine, input_tokens: int, steps: int, cell) -> int:
+    """max_new_tokens of the profiled shape: the prefill's token, WARMUP_STEPS warm-up and `steps` traced decode
+    steps (joining a run with a sweep cell at this size, at least the cell's own max_new_tokens: its compiled
+    shape). Checked against the engine's limits in this command's terms: InputError naming --input-tokens, --steps
+    or --max-length, the limit, and the values that fit (the engine's own error would name the sweep's flags)."""
+    from bench.prompts import min_prompt_tokens
+
+    own = 1 + WARMUP_STEPS + steps
+    cell_new = (cell.max_new_tokens or 0) if cell is not None else 0
+    new = max(own, cell_new)
+    n, positions, longest = input_tokens, engine.cfg.max_position_embeddings, engine.buckets[-1]
+    lowest = min_prompt_tokens(engine.tokenizer) if engine.tokenizer is not None else 1
+    highest = min(longest, positions - new)  # the largest prompt that fits at these --steps
+    fits = []  # what would work instead, in this command's flags
+    if lowest <= highest:
+        fits.append(f"--input-tokens {lowest}..{highest} at --steps {steps}")
+    elif longest < lowest:
+        fits.append(f"--max-length {lowest}..{positions} (the smallest prompt is {lowest} tokens)")
+    elif positions - lowest - 1 - WARMUP_STEPS >= 1:
+        fits.append(f"--steps 1..{positions - lowest - 1 - WARMUP_STEPS} (with a prompt of {lowest} tokens)")
+    if engine.tokenizer is not None and n < lowest:
+        raise InputError(f"--input-tokens {n}: below the smallest possible prompt, {lowest} tokens (BOS + chat "
+                         f"template + 1 content token); pass --input-tokens {lowest} or more"
+                         + (f" (expected {fits[0]})" if fits else ""))  # fmt: skip
+    if n > longest:
+        if n + new <= positions:  # raising the limit would do
+            fits = [f for f in fits if not f.startswith("--max-length")]
+            fits.append(f"--max-length {n}..{positions} (the model's positions) for this prompt")
+        raise InputError(f"--input-tokens {n}: above the maximum prompt length {longest} (--max-length); expected "
+                         + " or ".join(fits or ["a smaller --steps"]))  # fmt: skip
+    if n + new <= positions:
+        return new
+    used = f"{n + new} positions, above the model's {positions} (max_position_embeddings)"
+    if new == own:
+        most = positions - n - 1 - WARMUP_STEPS
+        if most >= 1:
+            raise InputError(f"--steps {steps}: {n} input tokens (--input-tokens) + the prefill's token + "
+                             f"{WARMUP_STEPS} warm-up + {steps} traced steps = {used}; expected --steps 1..{most} at "
+                             f"--input-tokens {n}" + (f", or {fits[0]}" if lowest <= highest else ""))  # fmt: skip
+        raise InputError(f"--input-tokens {n}: with the prefill's token, {WARMUP_STEPS} warm-up and {steps} traced "
+                         f"steps (--steps) that is {used}; expected " + " or ".join(fits))  # fmt: skip
+    raise InputError(f"--input-tokens {n}: the run's sweep cell at {n} tokens decodes {cell_new} tokens, the shape "
+                     f"the profile follows: {used} of this checkpoint; pass the run's own --checkpoint, or drop --run "
+                     "to profile into a new run")  # fmt: skip
+
+
 def _profile_prompt(engine, input_tokens: int, max_new_tokens: int):
-    """The sweep's prompt of exactly `input_tokens` tokens (natural text in the chat template), checked as the sweep
-    checks its cells: InputError naming --input-tokens below the smallest chat prompt or without a tokenizer,
-    EngineError for a prompt or shape past the engine's limits."""
+    """The sweep's prompt of exactly `input_tokens` tokens (natural text in the chat template), built as the sweep
+    builds its cells (InputError without a tokenizer); `_profile_shape` has checked the size first."""
     from bench.sweep import SweepConfig, build_prompts
 
     config = SweepConfig(inputs=(input_tokens,), max_new_tokens=max_new_tokens, repeats=1)
     return build_prompts(engine, config, flag="--input-tokens")[input_tokens]
+
+
+def _refuse_to_overwrite(run, replace: bool) -> None:
+    """A run `bench profile --run` may not add to: a published one (its profile is a published figure; RunFolderError,
+    nothing written), or one that has a profile already, unless `replace` (nothing already measured is lost
+    without saying so)."""
+    from bench.errors import RunFolderError
+    from bench.runs import PROFILE
+
+    if run.provenance != "measured":
+        raise RunFolderError(f"--run {run.path}: a {run.provenance} run (figures copied from its source); a profile "
+                             "measured here cannot join it: drop --run to profile into a new run")  # fmt: skip
+    if (run.path / PROFILE).exists() and not replace:
+        raise RunFolderError(f"--run {run.path}: already has a profile ({PROFILE}); pass --replace to overwrite "
+                             "it (earlier traces under profile/ stay), or drop --run to profile into a new "
+                             "run")  # fmt: skip
+
+
+def _lock_joined(run, replace: bool):
+    """Take `run`'s lock and check again, now that no other process can write it, that it may be added to."""
+    run.lock()
+    try:
+        _refuse_to_overwrite(run, replace)
+    except BaseException:
+        run.unlock()
+        raise
+    return run
+
+
+def _raise_interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGTERM stops `bench profile` as Ctrl-C does, at once (KeyboardInterrupt): a trace cut short is worth
+    nothing, so there is nothing to finish first. The run then ends as `bench.runs.writing_run` says (a run this
+    command created: incomplete; a joined one: as it was, unlocked) and the exit code is 130."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
 
 
 def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
@@ -159,24 +257,36 @@ def _open_hint(trace_root: Path) -> str:
 @profile_app.callback(invoke_without_command=True)
 def profile(
     ctx: typer.Context,
-    steps: int = typer.Option(20, "--steps", help="Decode steps to trace (exactly this many, after a warm-up)."),
+    steps: int = typer.Option(20, "--steps", help="Decode steps to trace (exactly this many, after 2 warm-up steps); "
+                              "input tokens + steps + 3 must fit the model's positions."),
     input_tokens: int = typer.Option(41, "--input-tokens", help="Prompt size in tokens, BOS and chat template "
                                      "included: the sweep's natural-text prompt of exactly this size is prefilled "
-                                     "before the traced steps (its bucket is the decode shape profiled)."),
+                                     "before the traced steps (its bucket is the decode shape profiled). From the "
+                                     "chat template's minimum up to --max-length."),
     checkpoint: str | None = CheckpointOpt,
     dtype: str | None = DtypeOpt,
     weight_dtype: str | None = WeightDtypeOpt,
     run_ref: str | None = typer.Option(None, "--run", help="Add the profile to this existing run folder (a path, a "
-                                       "name in --runs-dir, or 'latest': the newest measured sweep run)."),
+                                       "name in --runs-dir, or 'latest': the newest measured sweep run). A published "
+                                       "run is refused, and so is a run that has a profile already, unless "
+                                       "--replace. The run keeps its status, whatever happens."),
+    replace: bool = typer.Option(False, "--replace", help="With --run: overwrite the run's profile.json (earlier "
+                                 "traces under profile/ are kept). Without it, a run's profile is never overwritten."),
     name: str | None = typer.Option(
         None, "--name", help="Label of the new run folder when --run is not given (default 'profile', suffixed -2, "
-        "-3, ... when taken)."),
+        "-3, ... when taken). It ends complete, incomplete (Ctrl-C, SIGTERM) or failed (an error)."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run folders are archived."),
     python_tracer: bool = typer.Option(False, "--python-tracer", help="Also trace Python calls (large traces)."),
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
 ) -> None:
-    """Trace exactly N decode steps into <run>/profile/, analyse them, measure bandwidth, write profile.json."""
+    """Trace exactly N decode steps into <run>/profile/, analyse them, measure bandwidth, write profile.json.
+
+    Without --run, into a new run folder. With --run, into an existing measured run, which keeps its status: a
+    published run is refused, and a run that has a profile already too unless --replace (nothing already measured
+    is lost without asking). Ctrl-C or SIGTERM stop at once (exit code 130): a new run is marked incomplete, a
+    joined one is left as it was, unlocked.
+    """
     if ctx.invoked_subcommand is not None:
         return
     if steps < 1:
@@ -184,46 +294,87 @@ def profile(
     if input_tokens < 1:
         raise InputError(f"--input-tokens {input_tokens}: expected a positive prompt size in tokens (BOS and chat "
                          "template included), e.g. --input-tokens 41")  # fmt: skip
-    from bench.runs import create_run, free_label, open_run, resolve_run
+    from bench.runs import open_run, resolve_run, writing_run
 
-    run = None
     if run_ref is not None and name is not None:
         raise InputError("--run and --name: a profile joins an existing run (--run) or starts one (--name), not both")
+    if replace and run_ref is None:
+        raise InputError("--replace overwrites the profile of a run named with --run; a new run has none to replace")
+    joined = None
     if run_ref is not None:
-        run = open_run(resolve_run(run_ref, runs_dir))  # RunFolderError names the folder
-        run.lock()  # no other process may be writing it (e.g. a sweep still running)
+        joined = open_run(resolve_run(run_ref, runs_dir))  # RunFolderError names the folder
+        _refuse_to_overwrite(joined, replace)  # before anything, even the lock, is written into it
     elif runs_dir.exists() and not runs_dir.is_dir():
         raise InputError(f"--runs-dir {runs_dir} is a file; pass a folder")
 
-    try:  # every error a user can cause, before anything is written; a joined run is left as it was
-        flags_info = _set_gpu_flags()  # before anything initialises jax
-        setup_logging()
-        engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, weight_dtype)
-        cell = _sweep_gauge(run, input_tokens) if run is not None else None
-        # Every traced position stays inside the cache; joining a sweep cell, profile its compiled shape (the same
-        # KV buffer), so the categories, ms per step and the cell's gauge describe one program.
-        max_new_tokens = max(WARMUP_STEPS + steps + 1, (cell.max_new_tokens or 0) if cell is not None else 0)
-        prompt = _profile_prompt(engine, input_tokens, max_new_tokens)
-    except BaseException:
-        if run is not None:
-            run.unlock()
-        raise
-    log = logging.getLogger("bench")
+    opts = SimpleNamespace(steps=steps, input_tokens=input_tokens, checkpoint=checkpoint, dtype=dtype,
+                           weight_dtype=weight_dtype, name=name, runs_dir=runs_dir, python_tracer=python_tracer,
+                           max_length=max_length, compile_cache=compile_cache, capturing=False)  # fmt: skip
 
-    from bench.bandwidth import measure_bandwidth
+    def log_joined_end(run, status: str) -> None:  # a refused flag (before the capture) leaves the run as it was
+        if status != "complete" and opts.capturing:
+            run.log(f"profile {status}: profile.json not written; the run keeps its status ({run.status})")
+
+    with _signals_interrupt():
+        if joined is None:
+            data, capture, path = _profile(None, opts)
+        else:  # no other process writes the run meanwhile; it keeps its status however this ends
+            with writing_run(lambda: _lock_joined(joined, replace), joined=True, before_end=log_joined_end) as run:
+                data, capture, path = _profile(run, opts)
+
+    console = _console()
+    print_profile(data, console=console)
+    console.print(f"trace: {capture.xplane_path} ({capture.xplane_bytes / 2**20:.2f} MiB, {capture.n_steps} steps)")
+    console.print(_open_hint(path.parent / "profile"), soft_wrap=True)
+    console.print(f"profile.json: {path}")
+
+
+def _profile(joined, opts):
+    """Load the engine, check the shape, then capture and analyse into `joined` (a locked run) or into a new run
+    this creates (ended by `writing_run`). Returns (profile.json dict, the capture, profile.json's path)."""
     from bench.cli.sweep_cmds import _manifest
     from bench.environment import device_slug
+    from bench.runs import create_run, free_label, writing_run
+
+    flags_info = _set_gpu_flags()  # before anything initialises jax
+    setup_logging()
+    engine, report, ckpt, cache_dir = open_engine(opts.checkpoint, opts.dtype, opts.max_length, opts.compile_cache,
+                                                  opts.weight_dtype)  # fmt: skip
+    cell = _sweep_gauge(joined, opts.input_tokens) if joined is not None else None
+    # Every traced position stays inside the model's positions; joining a sweep cell, profile its compiled shape
+    # (the same KV buffer), so the categories, ms per step and the cell's gauge describe one program.
+    max_new_tokens = _profile_shape(engine, opts.input_tokens, opts.steps, cell)
+    prompt = _profile_prompt(engine, opts.input_tokens, max_new_tokens)
+    setup = SimpleNamespace(engine=engine, ckpt=ckpt, cell=cell, max_new_tokens=max_new_tokens, prompt=prompt,
+                            flags_info=flags_info)  # fmt: skip
+    if joined is not None:
+        return _capture_into(joined, setup, opts)
+
+    config = SimpleNamespace(inputs=(opts.input_tokens,), max_new_tokens=max_new_tokens, repeats=None)
+    manifest = _manifest(engine, report, ckpt, cache_dir, config, {"profile_steps": opts.steps,
+                                                                   "profile_warmup": WARMUP_STEPS})  # fmt: skip
+    slug = manifest["device"].get("slug") or device_slug(engine.policy.device_kind)
+
+    def start():
+        return create_run(opts.runs_dir, opts.name or free_label(opts.runs_dir, "profile", slug), slug, manifest)
+
+    with writing_run(start) as run:  # complete, or incomplete (a signal), or failed (an error); never left running
+        return _capture_into(run, setup, opts)
+
+
+def _capture_into(run, setup, opts):
+    """Trace, analyse, measure bandwidth, write `run`/profile.json (the caller ends the run)."""
+    from bench.bandwidth import measure_bandwidth
     from bench.profile_analysis import analyze_trace, attach_roofline
     from bench.profile_capture import capture_steps, prompt_decode_steps
 
+    opts.capturing = True
+    log = logging.getLogger("bench")
+    engine, ckpt, cell, prompt = setup.engine, setup.ckpt, setup.cell, setup.prompt
+    max_new_tokens = setup.max_new_tokens
+    steps, input_tokens = opts.steps, opts.input_tokens
     bucket = engine.bucket_for(input_tokens)
     pol = engine.policy
-    if run is None:
-        config = SimpleNamespace(inputs=(input_tokens,), max_new_tokens=max_new_tokens, repeats=None)
-        manifest = _manifest(engine, report, ckpt, cache_dir, config, {"profile_steps": steps,
-                                                                       "profile_warmup": WARMUP_STEPS})  # fmt: skip
-        slug = manifest["device"].get("slug") or device_slug(pol.device_kind)
-        run = create_run(runs_dir, name or free_label(runs_dir, "profile", slug), slug, manifest)
     log.info(f"run folder: {run.path}")
     run.log(pol.line())
     mismatch = []
@@ -238,7 +389,7 @@ def profile(
     state, step = prompt_decode_steps(engine, prompt.ids, max_new_tokens)
     log.info(f"profiling {steps} decode steps after a prompt of {input_tokens} input tokens (bucket {bucket}) "
              f"and {WARMUP_STEPS} warm-up steps")  # fmt: skip
-    capture = capture_steps(step, state, steps, trace_root, warmup=WARMUP_STEPS, python_tracer=python_tracer)
+    capture = capture_steps(step, state, steps, trace_root, warmup=WARMUP_STEPS, python_tracer=opts.python_tracer)
     del state
     run.log(f"captured {capture.n_steps} decode steps: {capture.xplane_path} ({capture.xplane_bytes} bytes)")
     analysis = analyze_trace(capture.xplane_path)
@@ -258,6 +409,7 @@ def profile(
     analysis = attach_roofline(analysis, bytes_per_step=decode_bytes["total"], bandwidth_bytes_s=bw.bytes_per_s,
                                bandwidth_n_bytes=bw.n_bytes, gauge_tok_s=gauge)  # fmt: skip
 
+    flags_info = setup.flags_info
     notes = [gauge_note]
     if capture.platform == "gpu" and not flags_info["gpu_flags_applied"]:
         notes.append("profiled on a GPU without the profile XLA flags (command buffers on): per-kernel attribution "
@@ -284,17 +436,9 @@ def profile(
     }  # fmt: skip
     data["bandwidth"] = bw.to_json()
     path = run.write_json("profile.json", data)
-    if run.status == "running":
-        run.finish("complete")  # a run this command created
-    run.unlock()
     for note in notes:
         run.log(f"profile note: {note}")
-
-    console = _console()
-    print_profile(data, console=console)
-    console.print(f"trace: {capture.xplane_path} ({capture.xplane_bytes / 2**20:.2f} MiB, {capture.n_steps} steps)")
-    console.print(_open_hint(trace_root), soft_wrap=True)
-    console.print(f"profile.json: {path}")
+    return data, capture, path
 
 
 # ---- bench profile analyze ---------------------------------------------------------------------------------------

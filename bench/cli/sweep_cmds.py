@@ -133,7 +133,7 @@ def sweep(
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     from bench.environment import device_slug
-    from bench.runs import create_run, free_label, open_run
+    from bench.runs import create_run, free_label, open_run, writing_run
     from bench.sweep import SweepConfig, run_sweep
     from model.engine import CompileCounter
 
@@ -163,37 +163,43 @@ def sweep(
     prompts = build_prompts(engine, config)  # every size checked before a folder is created or anything measured
     counts0 = CompileCounter.snapshot()
     manifest = _manifest(engine, report, ckpt, cache_dir, config, {})
-    if run is None:
-        slug = manifest["device"].get("slug") or device_slug(engine.policy.device_kind)
-        run = create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
-    else:
-        if manifest["build_id"] != run.manifest.get("build_id"):
-            raise RunFolderError(
-                f"run {run.path} was measured with build id {run.manifest.get('build_id')}, this command's build is "
-                f"{manifest['build_id']} (the code, checkpoint, dtype or engine configuration differ); finish it with "
-                "the same code and flags, or start a new run"
-            )
-        run.resume()
-    done = run.finished_inputs()
-    log.info(f"run folder: {run.path}")
-    run.log(engine.policy.line())
+    if run is not None and manifest["build_id"] != run.manifest.get("build_id"):
+        raise RunFolderError(
+            f"run {run.path} was measured with build id {run.manifest.get('build_id')}, this command's build is "
+            f"{manifest['build_id']} (the code, checkpoint, dtype or engine configuration differ); finish it with "
+            "the same code and flags, or start a new run"
+        )
+    resumed = run
+
+    def start():
+        if resumed is None:
+            slug = manifest["device"].get("slug") or device_slug(engine.policy.device_kind)
+            return create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
+        resumed.resume()
+        return resumed
 
     t0 = time.perf_counter()
-    status = "incomplete"
-    with StopSignals(log.info) as stop:  # SIGTERM / Ctrl-C: stop after the current request, run kept incomplete
-        try:
-            run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)), skip=done,
-                      should_stop=stop, prompts=prompts)  # fmt: skip
-            status = "complete"
-        finally:
-            counts = CompileCounter.snapshot()
-            before = run.manifest.get("compile_cache") or {}  # a resumed run adds this process's counts to its own
-            run.update_manifest(compile_cache={"dir": str(cache_dir) if cache_dir else None,
-                                               "hits": (before.get("hits") or 0) + counts["cache_hits"] - counts0["cache_hits"],
-                                               "misses": (before.get("misses") or 0) + counts["cache_misses"]
-                                               - counts0["cache_misses"]})  # fmt: skip
-            run.finish(status)
-            log.info(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
+
+    def before_end(run, _status: str) -> None:
+        counts = CompileCounter.snapshot()
+        before = run.manifest.get("compile_cache") or {}  # a resumed run adds this process's counts to its own
+        hits = (before.get("hits") or 0) + counts["cache_hits"] - counts0["cache_hits"]
+        misses = (before.get("misses") or 0) + counts["cache_misses"] - counts0["cache_misses"]
+        run.update_manifest(compile_cache={"dir": str(cache_dir) if cache_dir else None, "hits": hits,
+                                           "misses": misses})  # fmt: skip
+
+    def after_end(run, status: str) -> None:
+        log.info(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
+
+    # SIGTERM / Ctrl-C: stop after the current request, run kept incomplete. The signals are in force from before
+    # the run is created (or resumed) to after it ended, and `writing_run` ends it however the sweep ends: the run
+    # is never left "running" (the same structure as `bench sweep --target`, bench/remote.py).
+    with StopSignals(log.info) as stop, writing_run(start, before_end=before_end, after_end=after_end) as run:
+        done = run.finished_inputs()
+        log.info(f"run folder: {run.path}")
+        run.log(engine.policy.line())
+        run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)), skip=done,
+                  should_stop=stop, prompts=prompts)  # fmt: skip
     _print_table(run, log)
 
 
