@@ -3,9 +3,12 @@
 Endpoints:
 - `POST /v1/completions`, `POST /v1/chat/completions` (Gemma's chat turn format), non-streaming and streaming
   (server-sent events, `data: {json}` lines ending with `data: [DONE]`). Fields: `model`, `prompt` / `messages`,
-  `max_tokens`, `temperature` (default 1.0, 0 = greedy), `top_p`, `top_k` (0 = off), `seed`, `stop` (a string or a
-  list of up to 4), `stream`, `stream_options.include_usage`, and two vLLM-style extensions: `ignore_eos` (generate
-  exactly `max_tokens`, what a benchmark needs) and `skip_special_tokens` (default true). `n` must be 1.
+  `max_tokens` (or its newer name `max_completion_tokens`), `temperature` (default 1.0, 0 = greedy), `top_p`,
+  `top_k` (0 or -1 = off; above the vocabulary size, clamped to it), `seed`, `stop` (a string or a list of up to 4,
+  each up to 1,000 characters), `stream`, `stream_options.include_usage`, and two vLLM-style extensions:
+  `ignore_eos` (generate exactly `max_tokens`, what a benchmark needs) and `skip_special_tokens` (default true).
+  `n` must be 1. Fields that would change the output but are not implemented (echo, logprobs, penalties, logit_bias,
+  tools, a response_format other than text, ...) are refused unless neutral (`bench.serve_schema.UNSUPPORTED`).
   `bench.serve_schema` holds the request models (each field's meaning and unit) and the response fields.
 - `GET /v1/models`, `GET /health` (503 `{"status": "loading"}` until the model is loaded and every warm-up shape
   compiled; then 200 with build id, checkpoint, device, dtype policy, quantization, compile cache state),
@@ -27,11 +30,14 @@ Timing definitions (../shared/measurement.md): server-side TTFT runs from the ar
 id), in tok/s. Each distinct (bucket, max_tokens, greedy or sampling) shape compiles once; name the shapes clients
 will use in `--warmup-shapes` so that no client request pays a compile.
 
-Errors follow OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 for a malformed body or a bad
-field (code `invalid_value`, `context_length_exceeded`, ...), 404 for an unknown model, 503 while loading, 500 for
-anything unexpected (logged; the server keeps serving). JSON types are checked strictly: a field of the wrong type
-(`"max_tokens": "5"`, `"stream": "true"`) is a 400 naming the field, what was received and what was expected
-(`max_tokens must be an integer, got a string: "5"`); an integer where a number is expected is accepted.
+Errors follow OpenAI's body, `{"error": {"message", "type", "param", "code"}}`, and are counted in /metrics by type:
+400 for a malformed body or a bad field (code `invalid_value`, `invalid_json`, `unsupported_parameter`,
+`context_length_exceeded` with `param` the field to change, ...), 404 for an unknown model or route, 405 for a
+method a route does not take, 503 while loading, 500 for anything unexpected (logged; the server keeps serving).
+(GET /health's 503 while loading is its status body, not an error body.) JSON types are checked strictly: a field
+of the wrong type (`"max_tokens": "5"`, `"stream": "true"`) is a 400 naming the field, what was received and what
+was expected (`max_tokens must be an integer, got a string: "5"`); an integer where a number is expected is
+accepted.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bench.degeneracy import check_degenerate
 from bench.errors import InputError
@@ -57,6 +64,7 @@ from bench.measure import request_times
 from bench.serve_metrics import CONTENT_TYPE, Metrics
 from bench.serve_schema import (  # noqa: F401  (the schema's public names stay importable from bench.serve)
     DEFAULT_MAX_TOKENS,
+    MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
     APIError,
     ChatMessage,
@@ -64,6 +72,9 @@ from bench.serve_schema import (  # noqa: F401  (the schema's public names stay 
     CompletionRequest,
     GenerationRequest,
     chat_prompt_ids,
+    check_context,
+    http_error,
+    max_tokens_field,
     sampling_params,
     stop_strings,
     validation_error,
@@ -163,12 +174,17 @@ class _Worker:
 # ---- text assembly: detokenization, stop strings ------------------------------------------------------------------
 class _TextAssembler:
     """Turns generated ids into text deltas: holds back an incomplete UTF-8 character (at most 4 byte tokens) and
-    any tail that could still become a stop string; truncates at the first stop string (which is not returned).
-    The answer's text is the concatenation of these pieces, streamed or not: `tokenizer.decode(ids)` for valid
-    UTF-8; a run of byte tokens that is not valid UTF-8 may render differently from a one-shot decode."""
+    any tail that could still become a stop string; truncates at the first stop string (which is not returned; the
+    earliest-starting one when a piece completes several). The answer's text is the concatenation of these
+    pieces, streamed or not: `tokenizer.decode(ids)` for valid UTF-8; a run of byte tokens that is not valid
+    UTF-8 may render differently from a one-shot decode.
+
+    Stop strings are matched incrementally (one `_StopMatcher` each), so a token costs time in proportion to its
+    characters, not to the stop strings' lengths (at most `MAX_STOP_LENGTH` characters each)."""
 
     def __init__(self, tokenizer, stops: Sequence[str], skip_special: bool):
-        self.tok, self.stops, self.skip = tokenizer, [s for s in stops if s], skip_special
+        self.tok, self.skip = tokenizer, skip_special
+        self.matchers = [_StopMatcher(s) for s in dict.fromkeys(stops) if s]
         self.text, self.emitted, self.pending = "", 0, []
         self.consumed = 0  # ids taken into the answer (all of them, or up to the one completing a stop string)
         self.stopped = False
@@ -182,30 +198,63 @@ class _TextAssembler:
         piece = self.tok.decode(self.pending, skip_special=self.skip)
         if piece.endswith("\ufffd") and len(self.pending) < 4:
             return ""
-        self.text += piece
         self.pending = []
-        return self._release(final=False)
+        return self._add(piece, final=False)
 
     def finish(self) -> str:
         """The rest of the text at the end of the generation."""
+        piece = ""
         if not self.stopped and self.pending:
-            self.text += self.tok.decode(self.pending, skip_special=self.skip)
+            piece = self.tok.decode(self.pending, skip_special=self.skip)
             self.pending = []
-        return self._release(final=True)
+        return self._add(piece, final=True)
 
-    def _release(self, *, final: bool) -> str:
+    def _add(self, piece: str, *, final: bool) -> str:
         if self.stopped:
             return ""
-        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
+        start = len(self.text)
+        self.text += piece
+        hits = [i for i in (m.feed(piece, start) for m in self.matchers) if i is not None]
         if hits:
             self.text, self.stopped = self.text[: min(hits)], True
             end = len(self.text)
         else:
-            hold = 0 if final else max((k for s in self.stops for k in range(1, len(s))
-                                        if self.text.endswith(s[:k])), default=0)  # fmt: skip
+            hold = 0 if final else max((m.matched for m in self.matchers), default=0)
             end = len(self.text) - hold
         delta, self.emitted = self.text[self.emitted : max(end, self.emitted)], max(end, self.emitted)
         return delta
+
+
+class _StopMatcher:
+    """Knuth-Morris-Pratt matching of one stop string against text that arrives in pieces: `matched` is the
+    length (characters) of the longest tail of the text so far that is a proper prefix of the stop string, i.e.
+    what must be held back. O(1) amortized per character; the table is O(len(stop))."""
+
+    def __init__(self, stop: str):
+        self.stop, self.matched = stop, 0
+        self.fail = [0] * len(stop)  # fail[i]: longest proper border of stop[: i + 1]
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = self.fail[k - 1]
+            if stop[i] == stop[k]:
+                k += 1
+            self.fail[i] = k
+
+    def feed(self, piece: str, offset: int) -> int | None:
+        """Take the next `piece` of text, which starts at character `offset` of the whole text. Returns where
+        the first occurrence of the stop string that ends in it starts (a character index), or None."""
+        stop, fail, k = self.stop, self.fail, self.matched
+        for j, c in enumerate(piece):
+            while k and c != stop[k]:
+                k = fail[k - 1]
+            if c == stop[k]:
+                k += 1
+            if k == len(stop):
+                self.matched = 0
+                return offset + j + 1 - k
+        self.matched = k
+        return None
 
 
 # ---- the application ----------------------------------------------------------------------------------------------
@@ -272,7 +321,8 @@ def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | 
 
     app = FastAPI(title="gemma4-bench", lifespan=lifespan)
     app.state.server = state
-    app.add_middleware(_CountRequests, metrics=state.metrics)
+    routes: set[str] = set()  # filled once the routes exist (below)
+    app.add_middleware(_CountRequests, metrics=state.metrics, routes=routes)
 
     def error_response(exc: APIError) -> JSONResponse:
         state.metrics.count_error(exc.type)
@@ -287,6 +337,15 @@ def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | 
     @app.exception_handler(RequestValidationError)
     async def on_validation(req: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(validation_error(exc.errors(), exc.body, schemas.get(req.url.path)))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:  # 404, 405, unreadable JSON
+        allowed = (exc.headers or {}).get("Allow")
+        api = http_error(exc.status_code, exc.detail, req.method, req.url.path, exc.__cause__, allowed)
+        response = error_response(api)
+        if allowed:
+            response.headers["Allow"] = allowed
+        return response
 
     @app.exception_handler(ModelError)
     async def on_model_error(_req: Request, exc: ModelError) -> JSONResponse:  # e.g. text that cannot be tokenized
@@ -343,14 +402,16 @@ def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | 
         tok = state.loaded.engine.tokenizer
         return await _serve(state, request, body, chat_prompt_ids(tok, body.messages), "chat", t_arrival)
 
+    routes.update(route.path for route in app.routes)
     return app
 
 
 class _CountRequests:
-    """ASGI middleware counting every HTTP response by path and status code (streams included)."""
+    """ASGI middleware counting every HTTP response by path and status code (streams included). A path that is not
+    one of `routes` is counted as "unmatched", so that clients probing URLs cannot grow the label set."""
 
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, metrics: Metrics, routes: set[str]):
+        self.app, self.metrics, self.routes = app, metrics, routes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -358,7 +419,8 @@ class _CountRequests:
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
-                self.metrics.count_request(scope.get("path", ""), int(message["status"]))
+                path = scope.get("path", "")
+                self.metrics.count_request(path if path in self.routes else "unmatched", int(message["status"]))
             await send(message)
 
         return await self.app(scope, receive, counting_send)
@@ -401,11 +463,16 @@ async def _serve(state: _State, request: Request, body: GenerationRequest, ids: 
         raise APIError(404, f"model {body.model!r} does not exist; this server serves {state.model_name!r}",
                        param="model", code="model_not_found")  # fmt: skip
     sampling, max_tokens = sampling_params(body, kind, engine)
+    prompt_param = "messages" if kind == "chat" else "prompt"
+    max_tokens_param = max_tokens_field(body, kind)[1]
+    default = body.max_tokens is None and body.max_completion_tokens is None
+    check_context(len(ids), max_tokens, engine, prompt_param=prompt_param, max_tokens_param=max_tokens_param,
+                  default=default)  # fmt: skip
     try:
-        engine.check_request(len(ids), max_tokens)
+        engine.check_request(len(ids), max_tokens)  # the engine's own limits, should they ever be stricter
     except EngineError as exc:
-        raise APIError(400, f"{exc} (this server's maximum prompt length is {engine.buckets[-1]} tokens)",
-                       param="messages" if kind == "chat" else "prompt", code="context_length_exceeded") from exc
+        raise APIError(400, f"the request does not fit this server: {exc}", param=prompt_param,
+                       code="context_length_exceeded") from exc  # fmt: skip
     job = _Job(ids, max_tokens, sampling, not body.ignore_eos, asyncio.get_running_loop())
     text = _TextAssembler(engine.tokenizer, stop_strings(body), body.skip_special_tokens)
     answer = _Answer(state, job, text, kind, body.model, t_arrival)

@@ -2,9 +2,11 @@
 
 Requests are pydantic models, strict about JSON types: a field gets the JSON type it is declared with or the request
 is refused (`"max_tokens": "5"`, `"stream": "true"` and `"temperature": true` are 400s), with the one conversion JSON
-clients rely on, an integer where a number is expected (`"temperature": 1`). Unknown OpenAI fields are accepted and
-ignored. Ranges (max_tokens against the server's limit, temperature, top_p, ...) are checked after parsing, by
-`sampling_params`, which needs the engine.
+clients rely on, an integer where a number is expected (`"temperature": 1`). Unknown fields are accepted and
+ignored, except the OpenAI/vLLM fields that would change the output and that this server does not implement
+(`UNSUPPORTED`): their neutral values (0, false, null, empty, 1) pass, anything else is a 400 naming the field.
+Ranges (max_tokens against the server's limit, temperature, top_p, ...) are checked after parsing, by
+`sampling_params`, which needs the engine; the prompt's length against the context, by `check_context`.
 
 Responses (built in `bench.serve`; JSON, OpenAI's shapes):
 - `usage`: `prompt_tokens` (tokens in, BOS and chat turns included), `completion_tokens` (tokens generated and
@@ -15,21 +17,26 @@ Responses (built in `bench.serve`; JSON, OpenAI's shapes):
 - Timings are not in the bodies: /metrics has the decode gauge in tok/s ((generated - 1) / decode time) and TTFT in
   seconds; /health has the warm-up compile time in seconds (`warmup_s`) and lengths in tokens.
 
-Errors are `APIError`s, answered with OpenAI's body `{"error": {"message", "type", "param", "code"}}`.
+Errors are `APIError`s, answered with OpenAI's body `{"error": {"message", "type", "param", "code"}}`; pydantic's
+validation errors become one (`validation_error`), and so do the framework's own (unknown route, wrong method, a
+body its JSON parser refuses: `http_error`).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
 MAX_STOP_STRINGS = 4
+MAX_STOP_LENGTH = 1000  # characters per stop string: bounds the per-token stop-string work and its tables
+SEED_RANGE = (-(2**63), 2**64)  # accepted seeds, [low, high): any 64-bit integer, signed or not (vLLM's range)
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # tokens; OpenAI's legacy completions default is 16
 
 
@@ -63,19 +70,24 @@ class GenerationRequest(BaseModel):
     """The fields completions and chat share.
 
     model: the id the server serves (GET /v1/models), else 404. max_tokens: tokens to generate at most, >= 1
-    (default `DEFAULT_MAX_TOKENS[kind]`; at most the server's max length). temperature: softmax temperature in
-    [0, 2], 0 = greedy. top_p: nucleus probability mass in (0, 1]. top_k: tokens kept, 0 = off. seed: sampling seed
-    (taken modulo 2**32; random when null): a seed gives the same tokens on the same build. stop: a string or up to
-    `MAX_STOP_STRINGS` strings; the text ends before the first one found (which is not returned). n: must be 1.
-    stream: server-sent events instead of one JSON body. ignore_eos (vLLM extension): generate exactly max_tokens,
-    what a benchmark needs. skip_special_tokens (vLLM extension): leave special tokens out of the text.
-    logprobs: not supported (null, false or 0).
+    (default `DEFAULT_MAX_TOKENS[kind]`; at most the server's max length, and the prompt plus max_tokens must fit
+    the model's context). max_completion_tokens: OpenAI's newer name for max_tokens, the same thing (send one, or
+    both equal). temperature: softmax temperature in [0, 2], 0 = greedy. top_p: nucleus probability mass in (0, 1].
+    top_k: tokens kept, 0 or -1 = off (vLLM's spelling); a top_k above the vocabulary size keeps every token, so it
+    is clamped to the vocabulary size (= off). seed: sampling seed, an integer in `SEED_RANGE` (any 64-bit value;
+    taken modulo 2**32; random when null): a seed gives the same tokens on the same build. stop: a string or up to
+    `MAX_STOP_STRINGS` strings of up to `MAX_STOP_LENGTH` characters each; the text ends before the first one found
+    (which is not returned). n: must be 1. stream: server-sent events instead of one JSON body. ignore_eos (vLLM
+    extension): generate exactly max_tokens, what a benchmark needs. skip_special_tokens (vLLM extension): leave
+    special tokens out of the text. The fields of `UNSUPPORTED` (echo, logprobs, penalties, tools, ...) are
+    accepted only with their neutral values.
     """
 
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are accepted and ignored
+    model_config = ConfigDict(extra="allow")  # unknown fields are accepted and ignored (see UNSUPPORTED)
 
     model: StrictStr
     max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
     temperature: StrictFloat = 1.0
     top_p: StrictFloat = 1.0
     top_k: StrictInt = 0
@@ -86,7 +98,46 @@ class GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
-    logprobs: Any = None
+    # not implemented: only their neutral values are accepted (UNSUPPORTED)
+    logprobs: StrictBool | StrictInt | None = None
+    top_logprobs: StrictInt | None = None
+    echo: StrictBool | None = None
+    best_of: StrictInt | None = None
+    suffix: StrictStr | None = None
+    logit_bias: dict[str, Any] | None = None
+    frequency_penalty: StrictFloat | None = None
+    presence_penalty: StrictFloat | None = None
+    repetition_penalty: StrictFloat | None = None
+    min_p: StrictFloat | None = None
+    min_tokens: StrictInt | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
+    functions: list[Any] | None = None
+    function_call: StrictStr | dict[str, Any] | None = None
+
+
+UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "logprobs": (lambda v: v in (None, False, 0), "null, false or 0"),
+    "top_logprobs": (lambda v: v in (None, 0), "null or 0"),
+    "echo": (lambda v: v in (None, False), "false"),
+    "best_of": (lambda v: v in (None, 1), "1"),
+    "suffix": (lambda v: not v, 'null or ""'),
+    "logit_bias": (lambda v: not v, "null or {}"),
+    "frequency_penalty": (lambda v: v in (None, 0), "0"),
+    "presence_penalty": (lambda v: v in (None, 0), "0"),
+    "repetition_penalty": (lambda v: v in (None, 1), "1"),
+    "min_p": (lambda v: v in (None, 0), "0"),
+    "min_tokens": (lambda v: v in (None, 0), "0"),
+    "response_format": (lambda v: v in (None, {"type": "text"}), '{"type": "text"}'),
+    "tools": (lambda v: not v, "null or []"),
+    "tool_choice": (lambda v: v in (None, "none", "auto"), 'null, "none" or "auto"'),
+    "functions": (lambda v: not v, "null or []"),
+    "function_call": (lambda v: v in (None, "none", "auto"), 'null, "none" or "auto"'),
+}
+"""Request fields that would change the output and that this server does not implement: field -> (is the value
+neutral, the neutral values in words). A neutral value is accepted (clients send them by default); any other is a
+400 naming the field, never silently ignored."""
 
 
 class CompletionRequest(GenerationRequest):
@@ -213,7 +264,10 @@ def _received(value: Any, limit: int = 40) -> str:
     kinds = [(bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"), (list, "an array"),
              (dict, "an object")]  # fmt: skip
     kind = next((word for t, word in kinds if isinstance(value, t)), type(value).__name__)
-    text = json.dumps(value, ensure_ascii=False, default=str)
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (RecursionError, ValueError):  # nested too deeply, or an integer too long to print
+        return kind
     return f"{kind}: {text if len(text) <= limit else text[: limit - 3] + '...'}"
 
 
@@ -242,26 +296,104 @@ def stop_strings(body: GenerationRequest) -> list[str]:
 
 
 def sampling_params(body: GenerationRequest, kind: str, engine) -> tuple[Any, int]:
-    """Check the generation fields' ranges; returns (model.engine.Sampling, max_tokens in tokens). `kind` is
-    "completion" or "chat" (their max_tokens defaults differ). Raises APIError (400, naming the field)."""
+    """Check the generation fields' ranges and refuse unsupported ones; returns (model.engine.Sampling, max_tokens
+    in tokens). `kind` is "completion" or "chat" (their max_tokens defaults differ); `engine` gives `max_length`
+    (tokens) and `cfg.vocab_size`. top_k -1 becomes 0 (off) and a top_k above the vocabulary size becomes the
+    vocabulary size (every token kept, = off); the seed is taken modulo 2**32. Every value handed on fits the
+    engine's int32/uint32 arguments. Raises APIError (400, `param` naming the field)."""
     from model.engine import Sampling
 
-    max_tokens = DEFAULT_MAX_TOKENS[kind] if body.max_tokens is None else body.max_tokens
+    for field, (neutral, words) in UNSUPPORTED.items():
+        value = getattr(body, field)
+        if not neutral(value):
+            raise APIError(400, f"this server does not support {field}: got {_received(value)}; send {words} or "
+                           "leave it out", param=field, code="unsupported_parameter")  # fmt: skip
+    max_tokens, param = max_tokens_field(body, kind)
     if max_tokens < 1:
-        raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens", code="invalid_value")
+        raise APIError(400, f"{param} must be at least 1, got {max_tokens}", param=param, code="invalid_value")
     if max_tokens > engine.max_length:
-        raise APIError(400, f"max_tokens {max_tokens} exceeds this server's limit {engine.max_length}",
-                       param="max_tokens", code="invalid_value")  # fmt: skip
+        raise APIError(400, f"{param} {max_tokens} exceeds this server's limit {engine.max_length}",
+                       param=param, code="invalid_value")  # fmt: skip
+    low, high = SEED_RANGE
+    seed_ok = body.seed is None or low <= body.seed < high
     checks = [("n", body.n == 1, f"only n=1 is supported, got {body.n}"),
               ("temperature", 0.0 <= body.temperature <= 2.0, f"temperature must lie in [0, 2], got {body.temperature}"),
               ("top_p", 0.0 < body.top_p <= 1.0, f"top_p must lie in (0, 1], got {body.top_p}"),
-              ("top_k", body.top_k >= 0, f"top_k must be >= 0 (0 = off), got {body.top_k}"),
-              ("logprobs", body.logprobs in (None, False, 0), "logprobs are not supported")]  # fmt: skip
+              ("top_k", body.top_k >= -1, f"top_k must be -1 or 0 (off) or a number of tokens, got {body.top_k}"),
+              ("seed", seed_ok, f"seed must lie in [-2^63, 2^64) (64 bits), got {_received(body.seed)}")]  # fmt: skip
     for param, ok, message in checks:
         if not ok:
             raise APIError(400, message, param=param, code="invalid_value")
     stops = stop_strings(body)
     if len(stops) > MAX_STOP_STRINGS:
-        raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param="stop")
+        raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param="stop",
+                       code="invalid_value")  # fmt: skip
+    for i, stop in enumerate(stops):
+        if len(stop) > MAX_STOP_LENGTH:
+            raise APIError(400, f"stop strings may have at most {MAX_STOP_LENGTH} characters, stop string {i} has "
+                           f"{len(stop)}", param="stop", code="invalid_value")  # fmt: skip
+    top_k = min(max(body.top_k, 0), engine.cfg.vocab_size)
     seed = body.seed if body.seed is not None else random.getrandbits(31)
-    return Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=seed % 2**32), max_tokens
+    return Sampling(temperature=body.temperature, top_k=top_k, top_p=body.top_p, seed=seed % 2**32), max_tokens
+
+
+def max_tokens_field(body: GenerationRequest, kind: str) -> tuple[int, str]:
+    """(max_tokens in tokens, the field that set it: "max_tokens" or "max_completion_tokens"; "max_tokens" for the
+    default). Raises APIError (400) when both are given and differ."""
+    a, b = body.max_tokens, body.max_completion_tokens
+    if a is not None and b is not None and a != b:
+        raise APIError(400, f"max_tokens ({a}) and max_completion_tokens ({b}) are the same setting and differ: "
+                       "send one of them", param="max_completion_tokens", code="invalid_value")  # fmt: skip
+    if a is None and b is not None:
+        return b, "max_completion_tokens"
+    return (DEFAULT_MAX_TOKENS[kind] if a is None else a), "max_tokens"
+
+
+def check_context(n_prompt: int, max_tokens: int, engine, *, prompt_param: str, max_tokens_param: str,
+                  default: bool = False) -> None:  # fmt: skip
+    """Check that a prompt of `n_prompt` tokens and `max_tokens` new ones fit: the prompt in the largest bucket
+    (`engine.buckets[-1]` tokens), both in the model's context (`engine.cfg.max_position_embeddings` tokens).
+    Raises APIError (400, code "context_length_exceeded") whose `param` is the field to change: `max_tokens_param`
+    when a smaller max_tokens would fit, else `prompt_param` ("prompt" or "messages"). `default`: max_tokens was
+    not sent (the message says it is the default)."""
+    limit, context = engine.buckets[-1], engine.cfg.max_position_embeddings
+    if n_prompt > limit:
+        raise APIError(400, f"the prompt has {n_prompt} tokens; this server's maximum prompt length is {limit} "
+                       "tokens: shorten the prompt", param=prompt_param, code="context_length_exceeded")  # fmt: skip
+    if n_prompt + max_tokens <= context:
+        return
+    if n_prompt >= context:
+        raise APIError(400, f"the prompt has {n_prompt} tokens, which leaves no room for a completion in the "
+                       f"model's context of {context} tokens: shorten the prompt", param=prompt_param,
+                       code="context_length_exceeded")  # fmt: skip
+    sent = f"{max_tokens_param} {max_tokens}" + (" (the default)" if default else "")
+    raise APIError(400, f"{n_prompt} prompt tokens + {sent} exceed the model's context of {context} tokens: set "
+                   f"{max_tokens_param} to at most {context - n_prompt}, or shorten the prompt",
+                   param=max_tokens_param, code="context_length_exceeded")  # fmt: skip
+
+
+def http_error(status: int, detail: Any, method: str, path: str, cause: BaseException | None,
+               allowed: str | None = None) -> APIError:  # fmt: skip
+    """The `APIError` for an error the framework raised before a handler ran (Starlette's HTTPException): 404 an
+    unknown route, 405 a method the route does not take (`allowed`: the Allow header), 400 a body its JSON parser
+    refused (`cause`: the parser's exception: too deeply nested, an integer with more digits than Python converts,
+    not UTF-8), any other status with the framework's `detail`."""
+    if status == 404:
+        return APIError(404, f"no route {method} {path}: this server answers POST /v1/completions, POST "
+                        "/v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
+                        code="unknown_url")  # fmt: skip
+    if status == 405:
+        use = f"; use {allowed}" if allowed else ""
+        return APIError(405, f"{path} does not take {method}{use}", code="method_not_allowed")
+    if status == 400 and cause is not None:
+        if isinstance(cause, RecursionError):
+            why = "it is nested too deeply"
+        elif isinstance(cause, UnicodeDecodeError):
+            why = "it is not UTF-8"
+        elif isinstance(cause, ValueError) and "digits" in str(cause):
+            why = f"it holds an integer with more than {sys.get_int_max_str_digits()} digits"
+        else:
+            why = f"{type(cause).__name__}"
+        return APIError(400, f"the body is not JSON this server can read: {why}", code="invalid_json")
+    error_type = "server_error" if status >= 500 else "invalid_request_error"
+    return APIError(status, str(detail), type=error_type)

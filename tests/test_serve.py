@@ -196,6 +196,47 @@ def test_stop_string_truncates_plain_and_streamed(server):
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == expected
 
 
+class _PieceTokenizer:
+    """Each id decodes to `pieces[id]` (no byte tokens), for text-assembly tests without a model."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def decode(self, ids, skip_special=True):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def _reference_deltas(pieces: list[str], stops: list[str]) -> list[str]:
+    """What the text assembler must send after each piece and at the end: everything except the earliest stop
+    string found so far (and what follows it) and the longest tail that could still become one."""
+    text, sent, out = "", 0, []
+    for piece in pieces:
+        text += piece
+        hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+        if hits:
+            out.append(text[sent : min(hits)])
+            return out + [""] * (len(pieces) - len(out)) + [""]
+        hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        out.append(text[sent : len(text) - hold])
+        sent = len(text) - hold
+    return out + [text[sent:]]
+
+
+def test_stop_string_hold_back_matches_the_definition():
+    import random
+
+    from bench.serve import _TextAssembler
+
+    rng = random.Random(0)
+    pieces = ["a", "b", "ab", "ba", "aab", "c", "", "abcab"]
+    for _ in range(400):
+        stops = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 4))]
+        ids = [rng.randrange(len(pieces)) for _ in range(rng.randint(1, 12))]
+        text = _TextAssembler(_PieceTokenizer(pieces), stops, True)
+        got = [text.push(i) for i in ids] + [text.finish()]
+        assert got == _reference_deltas([pieces[i] for i in ids], stops), (stops, ids)
+
+
 def test_sampling_is_deterministic_for_a_seed(server):
     a = _complete(server, "Memory chips", temperature=0.9, top_p=0.95, seed=7).json()
     b = _complete(server, "Memory chips", temperature=0.9, top_p=0.95, seed=7).json()
@@ -330,7 +371,13 @@ def test_a_client_leaving_mid_stream_frees_the_engine(tiny_checkpoint):
         (json.dumps({"model": MODEL, "prompt": [99999]}).encode(), 400, "prompt"),
         (json.dumps({"model": MODEL}).encode(), 400, "prompt"),
         (json.dumps({"model": MODEL, "prompt": "a\ud800b"}).encode(), 400, None),  # a lone surrogate
-        (json.dumps({"model": MODEL, "prompt": "word " * 40, "max_tokens": 250}).encode(), 400, "prompt"),
+        (json.dumps({"model": MODEL, "prompt": "word " * 40, "max_tokens": 250}).encode(), 400, "max_tokens"),
+        (json.dumps({"model": MODEL, "prompt": "x", "top_k": -2}).encode(), 400, "top_k"),
+        (json.dumps({"model": MODEL, "prompt": "x", "seed": 2**64}).encode(), 400, "seed"),
+        (json.dumps({"model": MODEL, "prompt": "x", "echo": True}).encode(), 400, "echo"),
+        (json.dumps({"model": MODEL, "prompt": "x", "stop": "s" * 60_000}).encode(), 400, "stop"),
+        (b'{"model": "tiny", "prompt": "x", "seed": ' + b"9" * 5000 + b"}", 400, None),
+        (b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
         (json.dumps({"model": MODEL, "prompt": "x", "max_tokens": "5"}).encode(), 400, "max_tokens"),  # not coerced
         (json.dumps({"model": MODEL, "prompt": "x", "stream": "true"}).encode(), 400, "stream"),
         (json.dumps({"model": MODEL, "prompt": 5}).encode(), 400, "prompt"),
@@ -348,7 +395,48 @@ def test_too_long_chat_names_the_limit(server):
     r = server.client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 4,
                                                          "messages": [{"role": "user", "content": "word " * 400}]})  # fmt: skip
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    assert "256" in r.json()["error"]["message"]
+    assert "256" in r.json()["error"]["message"] and r.json()["error"]["param"] == "messages"
+    assert "--" not in r.json()["error"]["message"]  # no CLI flags in an HTTP answer
+
+
+def test_the_context_error_says_which_field_to_lower(server):
+    body = {"model": MODEL, "prompt": "word " * 40, "max_tokens": 250}
+    err = server.client.post("/v1/completions", json=body).json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
+    assert "max_tokens" in err["message"] and "--max-new-tokens" not in err["message"]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 40}]}  # max_tokens: the default, 256
+    err = server.client.post("/v1/chat/completions", json=chat).json()["error"]
+    assert err["param"] == "max_tokens" and "default" in err["message"]
+
+
+def test_max_completion_tokens_is_honoured(server):
+    """Chat's default max_tokens (256) does not fit beside the prompt: ignoring the field would be a 400."""
+    body = _chat(server, "Where is the harbour?", max_tokens=None, max_completion_tokens=MAX_TOKENS,
+                 ignore_eos=True).json()  # fmt: skip
+    assert body["usage"]["completion_tokens"] == MAX_TOKENS
+    r = server.client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 8, "max_completion_tokens": 16,
+                                                         "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
+
+
+def test_top_k_above_the_vocabulary_or_minus_one_means_off(server):
+    sample = {"temperature": 0.9, "seed": 11, "ignore_eos": True}
+    off = _complete(server, "Memory chips", top_k=0, **sample).json()["choices"][0]["text"]
+    for top_k in (2**31, 2**63, -1):
+        assert _complete(server, "Memory chips", top_k=top_k, **sample).json()["choices"][0]["text"] == off
+    events = _stream(server, "/v1/completions", {"model": MODEL, "prompt": "Memory chips", "top_k": 2**31,
+                                                 "max_tokens": MAX_TOKENS, **sample})  # fmt: skip
+    assert events[-1] == "[DONE]" and "".join(e["choices"][0]["text"] for e in events[:-1]) == off
+
+
+def test_unsupported_fields_are_refused_and_neutral_ones_accepted(server):
+    refused = (("frequency_penalty", 0.5), ("logit_bias", {"5": 3}), ("response_format", {"type": "json_object"}))
+    for field, value in refused:
+        r = server.client.post("/v1/completions", json={"model": MODEL, "prompt": "x", field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field
+        assert "does not support" in r.json()["error"]["message"]
+    _complete(server, "Tides", frequency_penalty=0, presence_penalty=0, logit_bias={}, echo=False, best_of=1,
+              logprobs=None, suffix=None, response_format={"type": "text"})  # fmt: skip
 
 
 # ---- sweeping the server ----------------------------------------------------------------------------------------------

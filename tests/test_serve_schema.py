@@ -124,3 +124,160 @@ def test_long_values_are_cut_in_the_message(client):
 def test_well_typed_bodies_pass_validation(client, extra):
     r = client.post("/v1/completions", json=BASE | extra)
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_loading", r.text  # past validation
+
+
+# ---- ranges, unsupported fields, stop strings (sampling_params, with a stand-in engine) ------------------------------
+class _Engine:
+    """What `sampling_params` reads of an engine: the length limit (tokens) and the vocabulary size."""
+
+    max_length = 256
+    cfg = type("Cfg", (), {"vocab_size": 512})()
+
+
+def _params(kind="completion", **fields):
+    from bench.serve_schema import ChatRequest, CompletionRequest, sampling_params
+
+    if kind == "chat":
+        body = ChatRequest.model_validate({"model": "tiny", "messages": [{"role": "user", "content": "x"}]} | fields)
+    else:
+        body = CompletionRequest.model_validate(BASE | fields)
+    return sampling_params(body, kind, _Engine())
+
+
+def _refused(param, **fields):
+    from bench.serve_schema import APIError
+
+    with pytest.raises(APIError) as info:
+        _params(**fields)
+    assert info.value.status == 400 and info.value.param == param, info.value.message
+    return info.value.message
+
+
+@pytest.mark.parametrize(("top_k", "expected"), [(2**31, 512), (2**63 + 5, 512), (513, 512), (512, 512), (40, 40),
+                                                  (0, 0), (-1, 0)])  # fmt: skip
+def test_top_k_above_the_vocabulary_is_clamped_and_minus_one_is_off(top_k, expected):
+    sampling, _ = _params(top_k=top_k, temperature=0.7)
+    assert sampling.top_k == expected
+    sampling.args()  # every value fits the engine's int32 / uint32 arguments
+
+
+def test_top_k_below_minus_one_is_refused():
+    assert "top_k" in _refused("top_k", top_k=-2)
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1, 10**100])
+def test_a_seed_outside_64_bits_is_a_400_naming_the_range(seed):
+    message = _refused("seed", seed=seed)
+    assert "seed" in message and "2^63" in message and "2^64" in message
+
+
+@pytest.mark.parametrize("seed", [-(2**63), -1, 0, 2**32, 2**64 - 1])
+def test_64_bit_seeds_are_taken_modulo_2_to_the_32(seed):
+    sampling, _ = _params(seed=seed)
+    assert sampling.seed == seed % 2**32
+    sampling.args()
+
+
+def test_max_completion_tokens_is_max_tokens():
+    assert _params("chat", max_completion_tokens=16)[1] == 16
+    assert _params("completion", max_completion_tokens=7)[1] == 7
+    assert _params("chat", max_completion_tokens=9, max_tokens=9)[1] == 9
+    message = _refused("max_completion_tokens", max_tokens=5, max_completion_tokens=7)
+    assert "max_tokens" in message and "max_completion_tokens" in message
+    assert "max_completion_tokens" in _refused("max_completion_tokens", max_completion_tokens=0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("response_format", {"type": "json_object"}), ("echo", True), ("best_of", 2), ("suffix", "end"),
+     ("logit_bias", {"50": 10}), ("frequency_penalty", 0.5), ("presence_penalty", -1),
+     ("tools", [{"type": "function"}]),
+     ("tool_choice", "required"), ("tool_choice", {"type": "function"}), ("logprobs", True), ("logprobs", 2),
+     ("top_logprobs", 3), ("repetition_penalty", 1.1), ("min_p", 0.1), ("min_tokens", 4), ("functions", [{}]),
+     ("function_call", {"name": "f"})],
+)  # fmt: skip
+def test_fields_that_would_change_the_output_are_refused_not_ignored(field, value):
+    message = _refused(field, **{field: value})
+    assert message.startswith(f"this server does not support {field}")
+
+
+@pytest.mark.parametrize(
+    "neutral",
+    [{"response_format": {"type": "text"}}, {"response_format": None}, {"echo": False}, {"best_of": 1}, {"suffix": ""},
+     {"suffix": None}, {"logit_bias": {}}, {"logit_bias": None}, {"frequency_penalty": 0}, {"presence_penalty": 0.0},
+     {"tools": []}, {"tools": None}, {"tool_choice": "none"}, {"tool_choice": "auto"}, {"tool_choice": None},
+     {"logprobs": False}, {"logprobs": 0}, {"logprobs": None}, {"top_logprobs": 0}, {"repetition_penalty": 1},
+     {"min_p": 0}, {"min_tokens": 0}, {"functions": []}, {"function_call": "none"}],
+)  # fmt: skip
+def test_the_neutral_values_clients_send_are_accepted(neutral):
+    for kind in ("completion", "chat"):
+        _params(kind, **neutral)
+
+
+def test_stop_strings_are_limited_in_number_and_length():
+    from bench.serve_schema import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+
+    assert MAX_STOP_LENGTH == 1000
+    _params(stop=["a" * MAX_STOP_LENGTH] * MAX_STOP_STRINGS)
+    message = _refused("stop", stop=["ok", "b" * (MAX_STOP_LENGTH + 1)])
+    assert str(MAX_STOP_LENGTH) in message and str(MAX_STOP_LENGTH + 1) in message
+    assert "stop" in _refused("stop", stop="c" * 60_000)
+    assert "stop" in _refused("stop", stop=["d"] * (MAX_STOP_STRINGS + 1))
+
+
+def test_the_context_error_names_the_field_to_change():
+    from bench.serve_schema import APIError, check_context
+
+    class Eng(_Engine):
+        buckets = (32, 64, 128, 256)
+        cfg = type("Cfg", (), {"vocab_size": 512, "max_position_embeddings": 256})()
+
+    check_context(100, 156, Eng(), prompt_param="prompt", max_tokens_param="max_tokens")  # exactly fits
+    with pytest.raises(APIError) as info:  # lowering max_tokens fits
+        check_context(122, 250, Eng(), prompt_param="prompt", max_tokens_param="max_completion_tokens")
+    err = info.value
+    assert err.param == "max_completion_tokens" and err.code == "context_length_exceeded"
+    assert "134" in err.message and "--" not in err.message
+    for n in (256, 300):  # the prompt alone leaves no room / is above the largest bucket
+        with pytest.raises(APIError) as info:
+            check_context(n, 1, Eng(), prompt_param="messages", max_tokens_param="max_tokens")
+        assert info.value.param == "messages" and "256" in info.value.message and "--" not in info.value.message
+
+
+# ---- every error is an OpenAI error body, and counted ----------------------------------------------------------------
+def _errors_counted(client) -> float:
+    from bench.serve_metrics import parse_metrics
+
+    return sum(v for k, v in parse_metrics(client.get("/metrics").text).items() if k.startswith("gemma4_bench_errors"))
+
+
+def _openai_error(r, status):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+def test_unknown_routes_and_wrong_methods_get_openai_errors_and_are_counted(client):
+    before = _errors_counted(client)
+    err = _openai_error(client.get("/v1/nope"), 404)
+    assert "/v1/nope" in err["message"] and err["type"] == "invalid_request_error"
+    err = _openai_error(client.get("/v1/completions"), 405)
+    assert "GET" in err["message"] and "POST" in err["message"]
+    assert _errors_counted(client) == before + 2
+    requests = [k for k in client.get("/metrics").text.splitlines() if k.startswith("gemma4_bench_requests_total")]
+    assert any('path="unmatched"' in k and 'code="404"' in k for k in requests)  # not one label per probed URL
+    assert not any("/v1/nope" in k for k in requests)
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [('{"model": "tiny", "prompt": "x", "seed": ' + "9" * 5000 + "}", "digits"),
+     ('{"model": "tiny", "prompt": "x", "extra": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested"),
+     ('{"model": "tiny", "prompt": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested")],
+)  # fmt: skip
+def test_json_too_deep_or_with_huge_integers_is_a_400_invalid_json(client, raw, words):
+    before = _errors_counted(client)
+    err = _openai_error(client.post("/v1/completions", content=raw, headers={"content-type": "application/json"}), 400)
+    assert err["code"] == "invalid_json" and words in err["message"] and len(err["message"]) < 200
+    assert _errors_counted(client) == before + 1
