@@ -62,6 +62,7 @@ from bench.degeneracy import check_degenerate
 from bench.errors import InputError
 from bench.measure import request_times
 from bench.serve_metrics import CONTENT_TYPE, Metrics
+from bench.serve_text import TextAssembler
 from bench.serve_schema import (  # noqa: F401  (the schema's public names stay importable from bench.serve)
     DEFAULT_MAX_TOKENS,
     MAX_STOP_LENGTH,
@@ -169,92 +170,6 @@ class _Worker:
     def stop(self) -> None:
         self.jobs.put(None)
         self.thread.join(timeout=10)
-
-
-# ---- text assembly: detokenization, stop strings ------------------------------------------------------------------
-class _TextAssembler:
-    """Turns generated ids into text deltas: holds back an incomplete UTF-8 character (at most 4 byte tokens) and
-    any tail that could still become a stop string; truncates at the first stop string (which is not returned; the
-    earliest-starting one when a piece completes several). The answer's text is the concatenation of these
-    pieces, streamed or not: `tokenizer.decode(ids)` for valid UTF-8; a run of byte tokens that is not valid
-    UTF-8 may render differently from a one-shot decode.
-
-    Stop strings are matched incrementally (one `_StopMatcher` each), so a token costs time in proportion to its
-    characters, not to the stop strings' lengths (at most `MAX_STOP_LENGTH` characters each)."""
-
-    def __init__(self, tokenizer, stops: Sequence[str], skip_special: bool):
-        self.tok, self.skip = tokenizer, skip_special
-        self.matchers = [_StopMatcher(s) for s in dict.fromkeys(stops) if s]
-        self.text, self.emitted, self.pending = "", 0, []
-        self.consumed = 0  # ids taken into the answer (all of them, or up to the one completing a stop string)
-        self.stopped = False
-
-    def push(self, token_id: int) -> str:
-        """Add one id; returns the text now safe to send (maybe ""). After a stop string, returns "" forever."""
-        if self.stopped:
-            return ""
-        self.consumed += 1
-        self.pending.append(token_id)
-        piece = self.tok.decode(self.pending, skip_special=self.skip)
-        if piece.endswith("\ufffd") and len(self.pending) < 4:
-            return ""
-        self.pending = []
-        return self._add(piece, final=False)
-
-    def finish(self) -> str:
-        """The rest of the text at the end of the generation."""
-        piece = ""
-        if not self.stopped and self.pending:
-            piece = self.tok.decode(self.pending, skip_special=self.skip)
-            self.pending = []
-        return self._add(piece, final=True)
-
-    def _add(self, piece: str, *, final: bool) -> str:
-        if self.stopped:
-            return ""
-        start = len(self.text)
-        self.text += piece
-        hits = [i for i in (m.feed(piece, start) for m in self.matchers) if i is not None]
-        if hits:
-            self.text, self.stopped = self.text[: min(hits)], True
-            end = len(self.text)
-        else:
-            hold = 0 if final else max((m.matched for m in self.matchers), default=0)
-            end = len(self.text) - hold
-        delta, self.emitted = self.text[self.emitted : max(end, self.emitted)], max(end, self.emitted)
-        return delta
-
-
-class _StopMatcher:
-    """Knuth-Morris-Pratt matching of one stop string against text that arrives in pieces: `matched` is the
-    length (characters) of the longest tail of the text so far that is a proper prefix of the stop string, i.e.
-    what must be held back. O(1) amortized per character; the table is O(len(stop))."""
-
-    def __init__(self, stop: str):
-        self.stop, self.matched = stop, 0
-        self.fail = [0] * len(stop)  # fail[i]: longest proper border of stop[: i + 1]
-        k = 0
-        for i in range(1, len(stop)):
-            while k and stop[i] != stop[k]:
-                k = self.fail[k - 1]
-            if stop[i] == stop[k]:
-                k += 1
-            self.fail[i] = k
-
-    def feed(self, piece: str, offset: int) -> int | None:
-        """Take the next `piece` of text, which starts at character `offset` of the whole text. Returns where
-        the first occurrence of the stop string that ends in it starts (a character index), or None."""
-        stop, fail, k = self.stop, self.fail, self.matched
-        for j, c in enumerate(piece):
-            while k and c != stop[k]:
-                k = fail[k - 1]
-            if c == stop[k]:
-                k += 1
-            if k == len(stop):
-                self.matched = 0
-                return offset + j + 1 - k
-        self.matched = k
-        return None
 
 
 # ---- the application ----------------------------------------------------------------------------------------------
@@ -474,7 +389,7 @@ async def _serve(state: _State, request: Request, body: GenerationRequest, ids: 
         raise APIError(400, f"the request does not fit this server: {exc}", param=prompt_param,
                        code="context_length_exceeded") from exc  # fmt: skip
     job = _Job(ids, max_tokens, sampling, not body.ignore_eos, asyncio.get_running_loop())
-    text = _TextAssembler(engine.tokenizer, stop_strings(body), body.skip_special_tokens)
+    text = TextAssembler(engine.tokenizer, stop_strings(body), body.skip_special_tokens)
     answer = _Answer(state, job, text, kind, body.model, t_arrival)
     state.worker.jobs.put(job)
     if body.stream:
@@ -489,7 +404,7 @@ class _Answer:
     the request reached its handler (perf_counter_ns); `tokens`/`times`: generated ids and their host arrival
     times (perf_counter_ns)."""
 
-    def __init__(self, state: _State, job: _Job, text: _TextAssembler, kind: str, model: str, t_arrival: int):
+    def __init__(self, state: _State, job: _Job, text: TextAssembler, kind: str, model: str, t_arrival: int):
         self.state, self.job, self.text, self.kind, self.model, self.t_arrival = state, job, text, kind, model, t_arrival
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())

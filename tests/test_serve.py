@@ -225,14 +225,14 @@ def _reference_deltas(pieces: list[str], stops: list[str]) -> list[str]:
 def test_stop_string_hold_back_matches_the_definition():
     import random
 
-    from bench.serve import _TextAssembler
+    from bench.serve_text import TextAssembler
 
     rng = random.Random(0)
     pieces = ["a", "b", "ab", "ba", "aab", "c", "", "abcab"]
     for _ in range(400):
         stops = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 4))]
         ids = [rng.randrange(len(pieces)) for _ in range(rng.randint(1, 12))]
-        text = _TextAssembler(_PieceTokenizer(pieces), stops, True)
+        text = TextAssembler(_PieceTokenizer(pieces), stops, True)
         got = [text.push(i) for i in ids] + [text.finish()]
         assert got == _reference_deltas([pieces[i] for i in ids], stops), (stops, ids)
 
