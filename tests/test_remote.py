@@ -41,8 +41,9 @@ class FakeEndpoint:
     whole stream was written, `broken` those whose client left mid-stream."""
 
     def __init__(self, tokenizer, *, on_request: Callable[[int], None] = lambda _: None, chunk_delay_s: float = 0.0,
-                 on_metrics: Callable[[int], None] | None = None):  # fmt: skip
+                 on_metrics: Callable[[int], None] | None = None, miscount: int = 0):  # fmt: skip
         self.tokenizer, self.on_request, self.chunk_delay_s = tokenizer, on_request, chunk_delay_s
+        self.miscount = miscount  # added to the prompt tokens the server reports (a different tokenizer/template)
         self.on_metrics = on_metrics  # None: no /metrics; else it runs before /metrics scrape k (1-based) is answered
         self.requests = self.completed = self.broken = self.scrapes = 0
         self.lock = threading.Lock()
@@ -89,7 +90,7 @@ class FakeEndpoint:
         self.thread.start()
 
     def answer(self, handler: BaseHTTPRequestHandler, request: dict) -> None:
-        n_prompt = len(self.tokenizer.chat_ids(request["messages"][0]["content"]))
+        n_prompt = len(self.tokenizer.chat_ids(request["messages"][0]["content"])) + self.miscount
         n_new = request["max_tokens"]
         handler.protocol_version = "HTTP/1.0"  # the stream ends when the connection closes
         handler.send_response(200)
@@ -197,7 +198,8 @@ def test_sigterm_stops_the_remote_sweep_like_the_in_process_one_and_it_resumes(e
     assert validate_run(folder) == []
 
     resumed = run_cli(["sweep", "--target", fake.url, "--checkpoint", str(tiny_checkpoint), *ARGS,
-                       "--resume", str(folder)], env={"JAX_PLATFORMS": "cpu"}, timeout=120)  # fmt: skip
+                       "--resume", folder.name, "--runs-dir", str(runs)], env={"JAX_PLATFORMS": "cpu"},
+                      timeout=120)  # fmt: skip  (a run name, as `bench runs list` prints it)
     assert resumed.returncode == 0, resumed.stderr
     run = open_run(folder)
     assert run.status == "complete" and run.finished_inputs() == [20, 28]
@@ -317,3 +319,17 @@ def test_ctrl_c_during_the_first_metrics_scrape_of_the_run_ends_it_incomplete(en
     assert run.status == "incomplete" and not (folder / ".lock").exists(), err
     assert err.splitlines()[-1].startswith("sweep incomplete in") and "Traceback" not in err
     assert validate_run(folder) == []
+
+
+def test_failed_cells_keep_the_run_and_exit_1(endpoint, tiny_checkpoint, tmp_path):
+    """A server whose prompt token counts disagree with the sizing tokenizer fails every cell (TargetError): the
+    table and the run folder keep the failed cells, and the exit code says so (it was 0)."""
+    fake = endpoint(miscount=3)
+    runs = tmp_path / "runs"
+    proc = run_cli(["sweep", "--target", fake.url, "--checkpoint", str(tiny_checkpoint), *ARGS, "--runs-dir",
+                    str(runs)], env={"JAX_PLATFORMS": "cpu"}, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert any("cell(s) [20, 28] failed" in line for line in proc.stderr.splitlines()), proc.stderr
+    (folder,) = list(runs.iterdir())
+    assert validate_run(folder) == [] and [c.status for c in open_run(folder).cells()] == ["failed", "failed"]

@@ -120,7 +120,8 @@ def sweep(
         None, "--name", help="Run label: the folder is runs/<date>-<label>-<device>/ (default 'sweep', suffixed -2, -3, "
         "... when taken; an explicit label that is taken is an error)."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run folders are archived."),
-    resume: Path | None = typer.Option(None, "--resume", help="Continue an interrupted run folder."),
+    resume: str | None = typer.Option(None, "--resume", help="Continue an interrupted run: a folder, a run name "
+                                      "in --runs-dir (as `bench runs list` prints it), or 'latest'."),
     dtype: str | None = DtypeOpt,
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
@@ -133,13 +134,15 @@ def sweep(
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     from bench.environment import device_slug
-    from bench.runs import create_run, free_label, open_run, writing_run
+    from bench.runs import create_run, free_label, open_run, resolve_run, writing_run
     from bench.sweep import SweepConfig, run_sweep
     from model.engine import CompileCounter
 
     if model is not None and target is None:
         raise InputError("--model names a model on a server: it needs --target http://HOST:PORT/v1")
     run = None
+    if resume is not None:
+        resume = resolve_run(resume, runs_dir)  # a path, a name in --runs-dir, or "latest"; RunFolderError if none
     if resume is not None and target is None:
         run = open_run(resume)  # raises RunFolderError naming the folder
         if run.status == "complete":
@@ -204,13 +207,23 @@ def sweep(
 
 
 def _print_table(run, log) -> None:
-    """The sweep table of `run` on stdout (wide enough not to fold), and a warning line naming invalid cells."""
+    """The sweep table of `run` on stdout (wide enough not to fold), then a warning line naming invalid cells
+    (measured, but not quotable: the table says why) and one naming failed cells (an error: nothing measured).
+    Raises typer.Exit(1) when any cell failed, so a script can tell; the run folder keeps every cell. Invalid
+    cells alone keep exit code 0: against a server that does not report compile events every cell is invalid by
+    rule (bench/remote.py), and the numbers are still recorded."""
     from rich.console import Console
 
-    Console(width=max(Console().width, 150)).print(sweep_table(run.cells()))
-    invalid = [r.input_tokens for r in run.cells() if not r.valid]
+    cells = run.cells()
+    Console(width=max(Console().width, 150)).print(sweep_table(cells))
+    failed = [r.input_tokens for r in cells if r.status == "failed"]
+    invalid = [r.input_tokens for r in cells if not r.valid and r.status != "failed"]
     if invalid:
         log.warning(f"warning: cell(s) {invalid} are invalid (reasons in the table); their numbers are not quotable")
+    if failed:
+        log.warning(f"warning: cell(s) {failed} failed (errors in {run.path / 'run.log'}); nothing was measured there")
+    if failed:
+        raise typer.Exit(1)
 
 
 def _sweep_target(target: str, model: str | None, config, checkpoint: str | None, name: str | None, runs_dir: Path,
