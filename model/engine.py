@@ -211,6 +211,7 @@ class Engine:
         default_max = max(buckets) if buckets else min(cfg.max_position_embeddings, 8192)
         self.max_length = int(max_length or default_max)  # the largest prompt a request may have
         self.buckets = tuple(sorted(buckets)) if buckets else bucket_ladder(self.max_length)
+        self.explicit_buckets = bool(buckets)  # the limit's flag: --buckets when given, else --max-length
         if self.buckets[-1] > cfg.max_position_embeddings:
             raise EngineError(
                 f"largest bucket {self.buckets[-1]} exceeds the model's max_position_embeddings "
@@ -245,8 +246,8 @@ class Engine:
             if b >= n_tokens:
                 return b
         raise EngineError(
-            f"prompt of {n_tokens} tokens exceeds the engine's maximum prompt length {self.buckets[-1]}; "
-            "raise it with --max-length"
+            f"prompt of {n_tokens} tokens exceeds the engine's largest bucket {self.buckets[-1]}; "
+            + ("add a bucket of at least that size to --buckets" if self.explicit_buckets else "raise it with --max-length")
         )
 
     def check_request(self, n_tokens: int, max_new_tokens: int) -> int:

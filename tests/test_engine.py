@@ -165,7 +165,7 @@ def test_prompt_longer_than_the_largest_bucket_is_a_clear_error(params):
     from model.errors import EngineError
 
     engine = Engine(params, CFG, decide_policy("float32"), buckets=(16, 32))
-    with pytest.raises(EngineError, match="maximum prompt length 32.*--max-length"):
+    with pytest.raises(EngineError, match="largest bucket 32.*--buckets"):
         engine.generate(list(range(2, 40)), 4)
 
 

@@ -83,12 +83,12 @@ def test_name_clash_is_refused_and_the_old_run_is_kept(finished_run, env):
         (["--inputs", "0"], ["--inputs", "positive"]),
         (["--inputs", "-5"], ["--inputs", "positive"]),
         (["--inputs", "41,abc"], ["'abc'", "whole number"]),
-        (["--inputs", "99999"], ["99999", "maximum prompt length", "--max-length"]),
+        (["--inputs", "99999"], ["99999", "largest bucket", "--max-length"]),
         (["--repeats", "0"], ["--repeats 0"]),
         (["--inputs", "20", "--runs-dir", "/proc/gemma4-bench-runs"], ["not writable", "--runs-dir"]),
         (["--inputs", "5"], ["below the smallest possible prompt"]),
         (["--inputs", "20", "--buckets", "64,x"], ["--buckets 64,x", "whole numbers"]),
-        (["--inputs", "100", "--buckets", "32,64"], ["100 tokens", "maximum prompt length 64"]),
+        (["--inputs", "100", "--buckets", "32,64"], ["100 tokens", "largest bucket 64", "--buckets"]),
     ],
 )
 def test_bad_sweep_input_is_one_clear_line(args, needles, env, tmp_path):
