@@ -147,7 +147,7 @@ def resolve_checkpoint(spec: str | os.PathLike) -> Path:
     except Exception as exc:
         raise CheckpointError(
             f"{text}: not in the local Hugging Face cache and the hub could not provide it "
-            f"({type(exc).__name__}); download it where there is network (huggingface-cli download {text}) "
+            f"({type(exc).__name__}); download it where there is network (`hf download {text}`) "
             "or pass a local directory"
         ) from None
 
@@ -281,6 +281,9 @@ def save_tensors(
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "model.safetensors"
     save_file(dict(sorted(tensors.items())), str(target), metadata={"format": "pt"})
+    umask = os.umask(0)  # safetensors creates the file 0600; give it the mode any other file written here gets
+    os.umask(umask)
+    os.chmod(target, 0o666 & ~umask)
     return target
 
 

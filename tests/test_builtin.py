@@ -25,6 +25,8 @@ def test_files_and_format(tiny_checkpoint):
     assert names == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                      "tokenizer_config.json"]  # fmt: skip
     assert load_config(tiny_checkpoint) == TINY
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tiny_checkpoint.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as the config (safetensors made it 0600)
     assert json.loads((tiny_checkpoint / "config.json").read_text())["model_type"] == "gemma4_text"
     _, report = load_params(tiny_checkpoint)
     assert report["prefixes"] == ["model."] and report["tensors"] == 98
