@@ -116,35 +116,43 @@ def attend(q_BTNH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BTS: ja
 
 
 def attend_windowed(
-    q_BTNH: jax.Array, k_BKTH: jax.Array, v_BKTH: jax.Array, window: int, length: jax.Array
+    q_BTNH: jax.Array, k_BKTH: jax.Array, v_BKTH: jax.Array, window: int, length: jax.Array, block: int | None = None
 ) -> jax.Array:
-    """Causal sliding-window self-attention over one sequence in blocks of W = window: O(T * 2W), not O(T^2).
+    """Causal sliding-window self-attention over one sequence, in blocks of `block` queries (default: the window):
+    O(T * (W + block)) instead of O(T^2).
 
-    Query block c (positions cW .. cW+W-1) sees key blocks c-1 and c; the mask keeps j <= i, j > i - W and
-    j < length (right padding never visible). Equals `attend` with the full sliding mask.
+    Query block c (positions c*Q .. c*Q+Q-1, Q = block, which must divide W = window) sees the W/Q + 1 key blocks
+    that end with its own: keys c*Q - W .. c*Q+Q-1, every key any of its queries can see. The mask keeps j <= i,
+    j > i - W and j < length (right padding never visible). Equals `attend` with the full sliding mask.
+    Smaller blocks read fewer keys per query (W + Q) but copy K/V into W/Q + 1 shifted views.
+    Raises ValueError when `block` does not divide `window`.
     """
+    q_len = window if block is None else block
+    if q_len < 1 or window % q_len:
+        raise ValueError(f"block {block} must be a positive divisor of the window {window}")
+    m = window // q_len  # key blocks before the query's own
     b, t, n, h = q_BTNH.shape
     kh = k_BKTH.shape[1]
-    c = -(-t // window)
-    tp = c * window
-    q_BCWNH = jnp.pad(q_BTNH, [(0, 0), (0, tp - t), (0, 0), (0, 0)]).reshape(b, c, window, n, h)
-    lead = [(0, 0), (0, 0), (window, tp - t), (0, 0)]  # one block of zeros before position 0
+    c = -(-t // q_len)
+    tp = c * q_len
+    q_BCQNH = jnp.pad(q_BTNH, [(0, 0), (0, tp - t), (0, 0), (0, 0)]).reshape(b, c, q_len, n, h)
+    lead = [(0, 0), (0, 0), (window, tp - t), (0, 0)]  # W zeros before position 0
 
-    def blocks(x_BKTH):  # [B,K,T,H] -> [B*C, K, U=2W, H]: key blocks c-1 and c for each query block c
-        x_BKcWH = jnp.pad(x_BKTH, lead).reshape(b, kh, c + 1, window, h)
-        x_BKCUH = jnp.concatenate([x_BKcWH[:, :, :-1], x_BKcWH[:, :, 1:]], axis=3)
-        return jnp.swapaxes(x_BKCUH, 1, 2).reshape(b * c, kh, 2 * window, h)
+    def blocks(x_BKTH):  # [B,K,T,H] -> [B*C, K, U=W+Q, H]: key blocks c-m .. c for each query block c
+        x_BKcQH = jnp.pad(x_BKTH, lead).reshape(b, kh, c + m, q_len, h)
+        x_BKCUH = jnp.concatenate([x_BKcQH[:, :, o : o + c] for o in range(m + 1)], axis=3)
+        return jnp.swapaxes(x_BKCUH, 1, 2).reshape(b * c, kh, window + q_len, h)
 
-    qpos_CW = jnp.arange(tp).reshape(c, window)
-    kpos_CU = (jnp.arange(c)[:, None] - 1) * window + jnp.arange(2 * window)[None, :]
-    i, j = qpos_CW[:, :, None], kpos_CU[:, None, :]
-    mask_CWU = (j <= i) & (j > i - window) & (j >= 0) & (j < length)
+    qpos_CQ = jnp.arange(tp).reshape(c, q_len)
+    kpos_CU = jnp.arange(c)[:, None] * q_len - window + jnp.arange(window + q_len)[None, :]
+    i, j = qpos_CQ[:, :, None], kpos_CU[:, None, :]
+    mask_CQU = (j <= i) & (j > i - window) & (j >= 0) & (j < length)
     # Fold the blocks into the batch axis and reuse the plain kernel.
     out = attend(
-        q_BCWNH.reshape(b * c, window, n, h),
+        q_BCQNH.reshape(b * c, q_len, n, h),
         blocks(k_BKTH),
         blocks(v_BKTH),
-        jnp.broadcast_to(mask_CWU[None], (b, c, window, 2 * window)).reshape(b * c, window, 2 * window),
+        jnp.broadcast_to(mask_CQU[None], (b, c, q_len, window + q_len)).reshape(b * c, q_len, window + q_len),
     )
     return out.reshape(b, tp, n, h)[:, :t]
 

@@ -107,14 +107,15 @@ def test_positions_are_absolute_not_bucket_relative(params, ids):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_windowed_attention_equals_dense_masked_attention():
+@pytest.mark.parametrize("block", [None, 1, 2, 4, 8])  # None: the window; 8 == the window
+def test_windowed_attention_equals_dense_masked_attention(block):
     rng = np.random.default_rng(0)
     b, t, n, k, h, w, length = 1, 37, 4, 2, 8, 8, 30
     q, kk, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((b, t, n, h), (b, k, t, h), (b, k, t, h)))
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
     mask = jnp.asarray((j <= i) & (j > i - w) & (j < length))[None]
     dense = attend(q, kk, v, mask)
-    blocked = attend_windowed(q, kk, v, w, jnp.int32(length))
+    blocked = attend_windowed(q, kk, v, w, jnp.int32(length), block)
     np.testing.assert_allclose(blocked[:, :length], dense[:, :length], atol=1e-5)
 
 
@@ -128,6 +129,25 @@ def test_causal_blocked_attention_equals_dense_masked_attention(chunk):
     blocked = attend_causal(q, kk, v, jnp.int32(length), chunk)
     assert blocked.shape == dense.shape
     np.testing.assert_allclose(blocked[:, :length], dense[:, :length], atol=1e-5)
+
+
+def test_windowed_blocks_must_divide_the_window():
+    x = jnp.zeros((1, 10, 4, 8), jnp.float32)
+    kv = jnp.zeros((1, 2, 10, 8), jnp.float32)
+    with pytest.raises(ValueError, match="divisor of the window 8"):
+        attend_windowed(x, kv, kv, 8, jnp.int32(10), 3)
+
+
+def test_prefill_with_smaller_window_blocks_equals_window_blocks(params, ids):
+    """Sliding layers of TINY (window 8) at bucket 32 with 20 real tokens: blocks of 2 and 4 against 8."""
+    cache = init_cache(CFG, 40, jnp.float32)
+    padded = jnp.zeros((1, 32), jnp.int32).at[:, :20].set(ids[:, :20])
+    runs = [jax.jit(lambda p, i, c, w=w: _prefill(p, CFG, i, jnp.int32(20), c, window_block=w))(params, padded, cache)
+            for w in (8, 2, 4)]  # fmt: skip
+    for out, filled in runs[1:]:
+        np.testing.assert_allclose(out, runs[0][0], rtol=0, atol=2e-5 * float(jnp.max(jnp.abs(runs[0][0]))))
+        for a, b in zip(filled.k + filled.v, runs[0][1].k + runs[0][1].v, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_prefill_in_query_blocks_equals_dense_prefill(params, ids):
