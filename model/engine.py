@@ -268,18 +268,12 @@ class Engine:
                  stop_at_eos: bool = False, on_token: Callable[[int], bool | None] | None = None) -> Generation:  # fmt: skip
         """Generate up to `max_new_tokens` ids after `prompt_ids` (exactly that many unless `stop_at_eos`, or
         `on_token` returns True to stop early, e.g. a client disconnected or a stop string matched)."""
-        n = len(prompt_ids)
-        bucket = self.check_request(n, max_new_tokens)
-        ids = np.full((1, bucket), self.cfg.pad_token_id, np.int32)
-        ids[0, :n] = np.asarray(prompt_ids, np.int32)
+        ids, bucket = self._padded(prompt_ids, max_new_tokens)
         args = sampling.args()
         eos = set(self.cfg.eos_token_ids)
         traces0 = CompileCounter.traces
-        t0 = time.perf_counter_ns()
-        token_B, cache = _prefill_program(
-            self.params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=bucket + max_new_tokens,
-            kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
-        )  # fmt: skip
+        t0 = time.perf_counter_ns()  # from here: the ids' copy to the device, prefill, first token on the host
+        token_B, cache = self._prefill(ids, len(prompt_ids), bucket + max_new_tokens, args, sampling.greedy)
         tokens = [int(token_B[0])]
         times = [time.perf_counter_ns()]
         stop = on_token(tokens[0]) if on_token else False
@@ -297,26 +291,35 @@ class Engine:
 
     def step_fn(self, prompt_ids: Sequence[int], max_new_tokens: int):
         """(state, step) for profiling decode alone: state = (token_B [1] int32, cache) after a greedy prefill of
-        `prompt_ids`, right-padded with the pad id to its bucket exactly as `generate` does, at the compiled shape
-        (bucket, max_new_tokens); step(state) runs one greedy decode step and returns the next state. The same
-        jitted programs as `generate`, so the first token and every step equal `generate(prompt_ids, ...)`.
-        Raises EngineError for an empty prompt, one no bucket holds, or a shape past the model's positions."""
-        n = len(prompt_ids)
-        bucket = self.check_request(n, max_new_tokens)
-        ids = np.full((1, bucket), self.cfg.pad_token_id, np.int32)
-        ids[0, :n] = np.asarray(prompt_ids, np.int32)
+        `prompt_ids` at its compiled shape (bucket, max_new_tokens), padded as `generate` pads; step(state) runs
+        one greedy decode step and returns the next state. The same jitted programs as `generate`, so the first
+        token and every step equal `generate(prompt_ids, ...)`. Raises EngineError as `check_request`."""
+        ids, bucket = self._padded(prompt_ids, max_new_tokens)
         args = GREEDY.args()
         act_dtype = self.policy.activation_dtype
-        state = _prefill_program(
-            self.params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=bucket + max_new_tokens,
-            kv_dtype=self.policy.kv_dtype, act_dtype=act_dtype, greedy=True,
-        )  # fmt: skip
+        state = self._prefill(ids, len(prompt_ids), bucket + max_new_tokens, args, True)
 
         def step(state):
             token_B, cache = state
             return _decode_program(self.params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True)
 
         return state, step
+
+    def _padded(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[np.ndarray, int]:
+        """(ids [1, bucket] int32 right-padded with the pad id, bucket); EngineError as `check_request`."""
+        n = len(prompt_ids)
+        bucket = self.check_request(n, max_new_tokens)
+        ids = np.full((1, bucket), self.cfg.pad_token_id, np.int32)
+        ids[0, :n] = np.asarray(prompt_ids, np.int32)
+        return ids, bucket
+
+    def _prefill(self, ids: np.ndarray, n: int, cache_len: int, args, greedy: bool):
+        """The compiled prefill of padded `ids` with `n` real tokens into a cache of `cache_len` positions:
+        (first token [1] int32, cache)."""
+        return _prefill_program(
+            self.params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=cache_len,
+            kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=greedy,
+        )  # fmt: skip
 
 
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,
