@@ -29,8 +29,7 @@ from model.params import Params
 PREFILL_Q_CHUNK = 512
 """Queries per block in prefill's causal full attention (`attend_causal`). Measured on the default preset at the
 4096 bucket with 3593 real tokens (2-core CPU, float32, median of 3 jitted prefills): one dense block 19.1 s,
-blocks of 1024 13.5 s, 512 11.8 s, 256 11.7 s; compile time also fell (22.8 s to 18.8 s). 512 is also E2B/E4B's
-sliding window, so sliding and full layers work in blocks of one size. The blocks are unrolled, so the prefill
+blocks of 1024 13.5 s, 512 11.8 s, 256 11.7 s; compile time also fell (22.8 s to 18.8 s). The blocks are unrolled, so the prefill
 program grows with the bucket: T/512 attentions per full layer (8 at 4096; at E2B's 131072 positions, 256 per
 layer, and lowering alone took about 11 s in review), against a dense [G*T, T] float32 score block per layer."""
 
@@ -248,4 +247,5 @@ def decode_step(
     return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=p + 1)
 
 
-__all__ = ["PREFILL_Q_CHUNK", "PREFILL_WINDOW_Q_BLOCK", "window_q_block", "embed", "per_layer_inputs", "logits", "forward_full", "prefill", "decode_step"]
+__all__ = ["PREFILL_Q_CHUNK", "PREFILL_WINDOW_Q_BLOCK", "window_q_block", "embed", "per_layer_inputs", "logits",
+           "forward_full", "prefill", "decode_step"]

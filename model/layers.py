@@ -1,7 +1,8 @@
 """Pure building blocks of the Gemma 4 decoder: norms, RoPE, masked attention, the MLP, per-layer inputs.
 
-Key: B batch, T query positions, S key positions, Q = G*T query rows per kv head, U keys per window block, D model width, N query heads, K kv heads, G = N // K query heads
-per kv head, H head dim, F feed-forward width, P per-layer-input width, C window blocks, W window.
+Key: B batch, T query positions, S key positions, Q = G*T query rows per kv head, D model width, N query heads,
+K kv heads, G = N // K query heads per kv head, H head dim, F feed-forward width, P per-layer-input width,
+W window; blocked attention: C query blocks, A queries per block, U keys per block.
 Formulas: ../shared/gemma4-architecture.md §2 (transformers 5.23 `modeling_gemma4.py`).
 Every block sits under a `jax.named_scope`, so profiles map device time back to this code.
 """
@@ -121,10 +122,10 @@ def attend_windowed(
     """Causal sliding-window self-attention over one sequence, in blocks of `block` queries (default: the window):
     O(T * (W + block)) instead of O(T^2).
 
-    Query block c (positions c*Q .. c*Q+Q-1, Q = block, which must divide W = window) sees the W/Q + 1 key blocks
-    that end with its own: keys c*Q - W .. c*Q+Q-1, every key any of its queries can see. The mask keeps j <= i,
+    Query block c (positions c*A .. c*A+A-1, A = block, which must divide W = window) sees the W/A + 1 key blocks
+    that end with its own: keys c*A - W .. c*A+A-1, every key any of its queries can see. The mask keeps j <= i,
     j > i - W and j < length (right padding never visible). Equals `attend` with the full sliding mask.
-    Smaller blocks read fewer keys per query (W + Q) but copy K/V into W/Q + 1 shifted views.
+    Smaller blocks read fewer keys per query (W + A) but copy K/V into W/A + 1 shifted views.
     Raises ValueError when `block` does not divide `window`.
     """
     q_len = window if block is None else block
@@ -135,24 +136,24 @@ def attend_windowed(
     kh = k_BKTH.shape[1]
     c = -(-t // q_len)
     tp = c * q_len
-    q_BCQNH = jnp.pad(q_BTNH, [(0, 0), (0, tp - t), (0, 0), (0, 0)]).reshape(b, c, q_len, n, h)
+    q_BCANH = jnp.pad(q_BTNH, [(0, 0), (0, tp - t), (0, 0), (0, 0)]).reshape(b, c, q_len, n, h)
     lead = [(0, 0), (0, 0), (window, tp - t), (0, 0)]  # W zeros before position 0
 
-    def blocks(x_BKTH):  # [B,K,T,H] -> [B*C, K, U=W+Q, H]: key blocks c-m .. c for each query block c
-        x_BKcQH = jnp.pad(x_BKTH, lead).reshape(b, kh, c + m, q_len, h)
-        x_BKCUH = jnp.concatenate([x_BKcQH[:, :, o : o + c] for o in range(m + 1)], axis=3)
+    def blocks(x_BKTH):  # [B,K,T,H] -> [B*C, K, U=W+A, H]: key blocks c-m .. c for each query block c
+        x_BKcAH = jnp.pad(x_BKTH, lead).reshape(b, kh, c + m, q_len, h)
+        x_BKCUH = jnp.concatenate([x_BKcAH[:, :, o : o + c] for o in range(m + 1)], axis=3)
         return jnp.swapaxes(x_BKCUH, 1, 2).reshape(b * c, kh, window + q_len, h)
 
-    qpos_CQ = jnp.arange(tp).reshape(c, q_len)
+    qpos_CA = jnp.arange(tp).reshape(c, q_len)
     kpos_CU = jnp.arange(c)[:, None] * q_len - window + jnp.arange(window + q_len)[None, :]
-    i, j = qpos_CQ[:, :, None], kpos_CU[:, None, :]
-    mask_CQU = (j <= i) & (j > i - window) & (j >= 0) & (j < length)
+    i, j = qpos_CA[:, :, None], kpos_CU[:, None, :]
+    mask_CAU = (j <= i) & (j > i - window) & (j >= 0) & (j < length)
     # Fold the blocks into the batch axis and reuse the plain kernel.
     out = attend(
-        q_BCQNH.reshape(b * c, q_len, n, h),
+        q_BCANH.reshape(b * c, q_len, n, h),
         blocks(k_BKTH),
         blocks(v_BKTH),
-        jnp.broadcast_to(mask_CQU[None], (b, c, q_len, window + q_len)).reshape(b * c, q_len, window + q_len),
+        jnp.broadcast_to(mask_CAU[None], (b, c, q_len, window + q_len)).reshape(b * c, q_len, window + q_len),
     )
     return out.reshape(b, tp, n, h)[:, :t]
 
