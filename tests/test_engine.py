@@ -138,28 +138,27 @@ def test_windowed_blocks_must_divide_the_window():
         attend_windowed(x, kv, kv, 8, jnp.int32(10), 3)
 
 
-def test_prefill_with_smaller_window_blocks_equals_window_blocks(params, ids):
-    """Sliding layers of TINY (window 8) at bucket 32 with 20 real tokens: blocks of 2 and 4 against 8."""
+def _assert_prefills_agree(params, ids, variants: list[dict]) -> None:
+    """Prefill of 20 real tokens at bucket 32 under each keyword set of `variants`: logits and caches equal the
+    first variant's."""
     cache = init_cache(CFG, 40, jnp.float32)
     padded = jnp.zeros((1, 32), jnp.int32).at[:, :20].set(ids[:, :20])
-    runs = [jax.jit(lambda p, i, c, w=w: _prefill(p, CFG, i, jnp.int32(20), c, window_block=w))(params, padded, cache)
-            for w in (8, 2, 4)]  # fmt: skip
+    runs = [jax.jit(lambda p, i, c, kw=kw: _prefill(p, CFG, i, jnp.int32(20), c, **kw))(params, padded, cache)
+            for kw in variants]  # fmt: skip
     for out, filled in runs[1:]:
         np.testing.assert_allclose(out, runs[0][0], rtol=0, atol=2e-5 * float(jnp.max(jnp.abs(runs[0][0]))))
         for a, b in zip(filled.k + filled.v, runs[0][1].k + runs[0][1].v, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_prefill_with_smaller_window_blocks_equals_window_blocks(params, ids):
+    """Sliding layers of TINY (window 8): blocks of 2 and 4 against 8."""
+    _assert_prefills_agree(params, ids, [{"window_block": w} for w in (8, 2, 4)])
 
 
 def test_prefill_in_query_blocks_equals_dense_prefill(params, ids):
-    """Full layers of TINY (2 and 5) at bucket 32 with 20 real tokens: blocks of 4 and of 7 against one block."""
-    cache = init_cache(CFG, 40, jnp.float32)
-    padded = jnp.zeros((1, 32), jnp.int32).at[:, :20].set(ids[:, :20])
-    runs = [jax.jit(lambda p, i, c, q=q: _prefill(p, CFG, i, jnp.int32(20), c, q_chunk=q))(params, padded, cache)
-            for q in (32, 4, 7)]  # fmt: skip
-    for out, filled in runs[1:]:
-        np.testing.assert_allclose(out, runs[0][0], rtol=0, atol=2e-5 * float(jnp.max(jnp.abs(runs[0][0]))))
-        for a, b in zip(filled.k + filled.v, runs[0][1].k + runs[0][1].v, strict=True):
-            np.testing.assert_allclose(a, b, atol=1e-5)
+    """Full layers of TINY (2 and 5): blocks of 4 and of 7 against one block of 32."""
+    _assert_prefills_agree(params, ids, [{"q_chunk": q} for q in (32, 4, 7)])
 
 
 def test_no_compile_after_warmup_and_sampling_is_deterministic(params):
