@@ -39,7 +39,6 @@ import json
 import os
 import re
 import signal
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -71,6 +70,7 @@ from bench.runs_schema import (  # noqa: F401  (the schema's public names are pa
     profile_problems,
     validate_run,
 )
+from bench.signals import stop_signals_handled
 
 LOCK = ".lock"  # flock held by the process that writes the run (RunFolder.lock)
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -336,22 +336,17 @@ def _signals_deferred() -> Iterator[None]:
     handlers, called once each, or the default action), so that a short, must-finish write (the final manifest,
     the lock's release) is never cut in half by a signal. Outside the main thread (where Python cannot install
     handlers) nothing is held."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     received: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
+    previous: dict = {}
     try:
-        yield
+        with stop_signals_handled(lambda signum, _frame: received.append(signum)) as previous:
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
         for sig in received:
             handler = previous[sig]
             if callable(handler):
                 handler(sig, None)  # e.g. Ctrl-C's KeyboardInterrupt, or StopSignals' flag
-            elif handler == signal.SIG_DFL:
+            elif handler in (signal.SIG_DFL, None):
                 signal.raise_signal(sig)  # e.g. SIGTERM's default: end the process, now that the run is settled
 
 

@@ -12,9 +12,9 @@ Order of work (../shared/measurement.md "Per cell"):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -23,6 +23,7 @@ from bench.measure import measure_request
 from bench.prompts import Prompt, exact_prompt, min_prompt_tokens
 from bench.records import CellRow, Sample, failed_cell, summarize_cell
 from bench.runs import RunFolder
+from bench.signals import stop_signals_handled
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,7 +111,6 @@ class StopSignals:
     def __init__(self, notify: Callable[[str], None] = lambda _: None):
         self.received: list[int] = []  # signal numbers, in arrival order
         self._notify = notify
-        self._previous: dict[int, object] = {}
 
     def __call__(self) -> bool:
         return bool(self.received)
@@ -126,15 +126,12 @@ class StopSignals:
         self.request(signum)
 
     def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._handled = contextlib.ExitStack()
+        self._handled.enter_context(stop_signals_handled(self._on_signal))
         return self
 
     def __exit__(self, *_exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
+        self._handled.close()
 
 
 Progress = Callable[[str], None]

@@ -17,8 +17,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -185,15 +183,10 @@ def _signals_interrupt():
     """SIGTERM stops `bench profile` as Ctrl-C does, at once (KeyboardInterrupt): a trace cut short is worth
     nothing, so there is nothing to finish first. The run then ends as `bench.runs.writing_run` says (a run this
     command created: incomplete; a joined one: as it was, unlocked) and the exit code is 130."""
-    if threading.current_thread() is not threading.main_thread():
+    from bench.signals import stop_signals_handled
+
+    with stop_signals_handled(_raise_interrupt):
         yield
-        return
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
 
 
 def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
