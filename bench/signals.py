@@ -1,5 +1,5 @@
 """SIGINT (Ctrl-C) and SIGTERM handled by a command for a while, then given back: the one place that installs and
-restores them, for the sweep's stop flag (`bench.sweep.StopSignals`), the run folder's must-finish writes
+restores them, for the sweep's stop flag (`bench.sweep.local.StopSignals`), the run folder's must-finish writes
 (`bench.runs`) and `bench profile`'s immediate stop."""
 
 from __future__ import annotations

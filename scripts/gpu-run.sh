@@ -2,7 +2,7 @@
 # The prepared GPU run (issue 7): bandwidth, sweep and profile into run folders under OUTDIR, within a time budget.
 #   scripts/gpu-run.sh OUTDIR [--budget-s 420] [--checkpoint DIR|builtin:NAME] [--tiny] [--pack DIR]
 # Uses the machine's python3 as it is (no install): the repository goes on PYTHONPATH. $PYTHON picks another
-# interpreter. Never changes GPU settings. Plans, budget rules and exit codes: bench/gpurun.py's docstring
+# interpreter. Never changes GPU settings. Plans, budget rules and exit codes: bench/gpurun/main.py's docstring
 # (0 all steps ran; 3 the budget stopped or skipped a step, folders still valid; 1 a step failed; 2 usage/missing).
 set -u
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

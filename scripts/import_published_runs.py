@@ -10,7 +10,7 @@ project: ../shared/reference-runs/published-2026-08.json). Output, for each of i
 - cells.jsonl / cells.csv: one row per published input size (median gauge and end-to-end tok/s as published,
   null where the report gives none; no min/max, no TTFT, no samples: the report published none);
 - profile.json: the published profile figures, plus a `roofline.derived` block (labelled derived) recomputed
-  from the bytes a decode step actually reads (bench/roofline.py) at the report's nominal peak bandwidth;
+  from the bytes a decode step actually reads (bench/profile/roofline.py) at the report's nominal peak bandwidth;
 - published-source.json: a verbatim copy of the input file, so the folder is self-describing;
 - run.log: what made the folder.
 No samples.jsonl is written. The output is deterministic (no timestamps), so re-running gives identical files.
@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.errors import BenchError, InputError, RunFolderError  # noqa: E402
-from bench.roofline import (  # noqa: E402
+from bench.profile.roofline import (  # noqa: E402
     E2B_SHAPE,
     PLE4_INT8_LM_HEAD,
     decode_step_bytes,
@@ -37,7 +37,7 @@ from bench.roofline import (  # noqa: E402
     roofline_share_pct,
 )
 from bench.runs import LOG, RunFolder, create_run, open_run  # noqa: E402
-from bench.records import CellRow  # noqa: E402
+from bench.runs.records import CellRow  # noqa: E402
 
 SOURCE_TITLE = "Gemma 4 in Pure JAX: What Changes Between Turing and Ada, and What Doesn't"
 SOURCE_COPY = "published-source.json"
@@ -85,7 +85,7 @@ def _profile(run: dict[str, Any], common: dict[str, Any], source: str) -> dict[s
             "bandwidth_gib_s": bandwidth,
             "method": (
                 "bytes one decode step reads for google/gemma-4-E2B-it in the 'ple4 + int8_lm_head' layout "
-                "(bench/roofline.py: body at 16 bits, one input-embedding row, one 4-bit PLE row + scales, the "
+                "(bench/profile/roofline.py: body at 16 bits, one input-embedding row, one 4-bit PLE row + scales, the "
                 "int8 lm_head + scales) x published decode gauge / published nominal peak bandwidth; the KV cache "
                 "is left out because the report does not give the profiled context length"
             ),

@@ -12,8 +12,13 @@ import time
 import numpy as np
 import pytest
 
-from bench.bandwidth import MiB, default_bytes, measure_bandwidth, roofline_share
 from bench.errors import InputError
+from bench.profile.bandwidth import (
+    MiB,
+    default_bytes,
+    measure_bandwidth,
+    roofline_share,
+)
 
 N_BYTES = 64 * MiB
 

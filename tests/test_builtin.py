@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import assert_one_line_error, run_cli
+
 from model.builtin import create_checkpoint, ensure_builtin
 from model.checkpoint import content_hash, load_params, save_tensors
 from model.config import TINY, load_config

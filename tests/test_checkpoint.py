@@ -8,9 +8,9 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from conftest import REFERENCE, assert_one_line_error, run_cli
 from safetensors.numpy import load_file, save_file
 
-from conftest import REFERENCE, assert_one_line_error, run_cli
 from model.checkpoint import content_hash, load_params, resolve_checkpoint
 from model.errors import CheckpointError, ConfigError
 

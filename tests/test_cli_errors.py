@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import assert_one_line_error, run_cli
 
 

@@ -7,10 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
-
-from bench.compare import compare_runs, first_divergence, manifest_differences, single_variable
-from bench.errors import RunFolderError
 from runfolders import REFERENCE_RUNS, make_measured_run
+
+from bench.errors import RunFolderError
+from bench.report.compare import (
+    compare_runs,
+    first_divergence,
+    manifest_differences,
+    single_variable,
+)
 
 T4G, L4 = REFERENCE_RUNS
 IDS = [11, 22, 33, 44, 55, 66, 77, 88]

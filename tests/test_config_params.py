@@ -10,9 +10,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import model.params as params_mod
 from model.config import DEFAULT, E2B, E4B, PRESETS, TINY, config_from_dict, load_config
 from model.errors import ConfigError
-import model.params as params_mod
 from model.params import abstract_params, count_params, decode_weight_bytes, init_params
 
 

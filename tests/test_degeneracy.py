@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from bench.degeneracy import LOOP_COVERAGE, MIN_TOKENS, check_degenerate
+from bench.measure.degeneracy import LOOP_COVERAGE, MIN_TOKENS, check_degenerate
 
 HEALTHY_OPENING = [812, 33, 4096, 77, 1290, 5]
 

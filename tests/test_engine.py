@@ -14,7 +14,8 @@ from model.cache import init_cache, ring_positions
 from model.config import TINY
 from model.engine import CompileCounter, Engine, Sampling
 from model.forward import decode_step as _decode_step
-from model.forward import forward_full, prefill as _prefill
+from model.forward import forward_full
+from model.forward import prefill as _prefill
 from model.layers import attend, attend_causal, attend_windowed
 from model.params import init_params
 from model.policy import decide_policy

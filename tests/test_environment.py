@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.environment import (
+from bench.errors import InputError
+from bench.runs.environment import (
     build_id,
     device_facts,
     device_slug,
@@ -19,7 +20,6 @@ from bench.environment import (
     host_facts,
     package_versions,
 )
-from bench.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -132,6 +132,6 @@ def test_device_facts_from_a_given_jax_module() -> None:
 
 
 def test_importing_environment_does_not_import_jax() -> None:
-    code = "import sys, bench.environment; print('jax' in sys.modules)"
+    code = "import sys, bench.runs.environment; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""scripts/gpu-run.sh (bench/gpurun.py) in its CPU mode: the same script the GPU task runs, on the tiny checkpoint.
+"""scripts/gpu-run.sh (bench/gpurun/main.py) in its CPU mode: the same script the GPU task runs, on the tiny checkpoint.
 
 Mimics the GPU machine where it matters: the packages xprof and tensorboard_plugin_profile are made unimportable
 (the machine has neither), the interpreter comes through $PYTHON, and nothing is written under the home folder.
@@ -88,10 +88,11 @@ def test_budget_too_small_stops_cleanly(env):
 
 
 def test_missing_package_fails_in_one_line(tmp_path, monkeypatch, capsys):
-    from bench import gpurun
+    import bench.gpurun.main as gpurun_main
+    from bench.gpurun import EXIT_USAGE
 
-    monkeypatch.setattr(gpurun, "missing_packages", lambda: ["no_such_package_xyz"])
-    assert gpurun.main([str(tmp_path / "out"), "--tiny"]) == gpurun.EXIT_USAGE
+    monkeypatch.setattr(gpurun_main, "missing_packages", lambda: ["no_such_package_xyz"])
+    assert gpurun_main.main([str(tmp_path / "out"), "--tiny"]) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "no_such_package_xyz" in err[0]
     assert not (tmp_path / "out").exists()

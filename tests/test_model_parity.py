@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import REFERENCE
+
 from model.checkpoint import load_params
 from model.config import load_config
 from model.engine import Engine

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bench.errors import InputError, TraceError
-from bench.profile_analysis import (
+from bench.profile.analysis import (
     CATEGORIES,
     analyze_trace,
     analyze_xspace,
@@ -24,7 +24,12 @@ from bench.profile_analysis import (
     format_profile_table,
     is_tensor_core_kernel,
 )
-from bench.profile_capture import apply_gpu_profile_flags, capture_steps, gpu_profile_flags, merge_xla_flags
+from bench.profile.capture import (
+    apply_gpu_profile_flags,
+    capture_steps,
+    gpu_profile_flags,
+    merge_xla_flags,
+)
 
 N_STEPS = 5
 D = 256  # model width of the toy decode step

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.profile_capture import prompt_decode_steps
-from bench.sweep import SweepConfig, build_prompts
+from bench.profile.capture import prompt_decode_steps
+from bench.sweep.local import SweepConfig, build_prompts
 
 MAX_NEW = 6
 

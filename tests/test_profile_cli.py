@@ -212,7 +212,7 @@ def test_gauge_from_the_runs_sweep_cell(env, tmp_path):
 
 
 def _min_prompt_tokens(checkpoint: Path) -> int:
-    from bench.prompts import min_prompt_tokens
+    from bench.measure.prompts import min_prompt_tokens
     from model.tokenizer import GemmaTokenizer
 
     return min_prompt_tokens(GemmaTokenizer.from_dir(checkpoint))
@@ -332,9 +332,9 @@ def _raise(exc):
 @pytest.mark.parametrize("exc,code,status", [(KeyboardInterrupt, 130, "incomplete"), (RuntimeError, None, "failed")])
 def test_a_profile_that_stops_marks_its_new_run_and_unlocks_it(env, tiny_checkpoint, tmp_path, monkeypatch, exc,
                                                                code, status):  # fmt: skip
-    import bench.profile_analysis
+    import bench.profile.analysis
 
-    monkeypatch.setattr(bench.profile_analysis, "analyze_trace", _raise(exc("stopped here")))
+    monkeypatch.setattr(bench.profile.analysis, "analyze_trace", _raise(exc("stopped here")))
     runs = tmp_path / "runs"
     args = ["profile", "--steps", "2", "--checkpoint", str(tiny_checkpoint), "--runs-dir", str(runs), "--name", "cut",
             "--compile-cache", "off"]  # fmt: skip
@@ -349,11 +349,12 @@ def test_a_profile_that_stops_marks_its_new_run_and_unlocks_it(env, tiny_checkpo
 
 
 def test_a_joined_run_keeps_its_status_when_the_profile_stops(env, tiny_checkpoint, tmp_path, monkeypatch):
-    import bench.profile_capture
     from runfolders import make_measured_run
 
+    import bench.profile.capture
+
     run = make_measured_run(tmp_path / "runs", "swept", inputs=(41,), gauge=123.0)
-    monkeypatch.setattr(bench.profile_capture, "capture_steps", _raise(KeyboardInterrupt()))
+    monkeypatch.setattr(bench.profile.capture, "capture_steps", _raise(KeyboardInterrupt()))
     code = _bench(["profile", "--steps", "2", "--checkpoint", str(tiny_checkpoint), "--run", str(run.path),
                    "--compile-cache", "off"])  # fmt: skip
     assert code == 130

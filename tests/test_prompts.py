@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from bench.errors import InputError
-from bench.prompts import Prompt, default_prompt_text, exact_prompt, min_prompt_tokens
+from bench.measure.prompts import (
+    Prompt,
+    default_prompt_text,
+    exact_prompt,
+    min_prompt_tokens,
+)
 from model.tokenizer import GemmaTokenizer, default_training_texts, train_tokenizer
 
 VOCABS = (512, 8192)

@@ -26,10 +26,10 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from conftest import run_cli
 
 from bench.runs import open_run, validate_run
-from bench.sweep import StopSignals, SweepConfig
-from conftest import run_cli
+from bench.sweep.local import StopSignals, SweepConfig
 
 MODEL = "fake-gemma"
 
@@ -149,7 +149,7 @@ ARGS = ["--inputs", "20,28", "--max-new-tokens", "4", "--repeats", "2", "--model
 
 
 def test_stop_flag_set_mid_sweep_keeps_finished_cells_and_marks_the_run_incomplete(endpoint, tiny_checkpoint, tmp_path):
-    from bench.remote import sweep_target
+    from bench.sweep.remote import sweep_target
 
     lines: list[str] = []
     stop = StopSignals(lines.append)
@@ -235,8 +235,8 @@ def test_a_second_signal_abandons_the_request_in_flight(endpoint, tiny_checkpoin
 def test_a_size_below_the_smallest_chat_prompt_is_refused_before_anything_is_created(endpoint, tokenizer,
                                                                                      tiny_checkpoint, tmp_path):  # fmt: skip
     from bench.errors import InputError
-    from bench.prompts import min_prompt_tokens
-    from bench.remote import sweep_target
+    from bench.measure.prompts import min_prompt_tokens
+    from bench.sweep.remote import sweep_target
 
     minimum = min_prompt_tokens(tokenizer)
     fake = endpoint()
@@ -250,7 +250,7 @@ def test_a_size_below_the_smallest_chat_prompt_is_refused_before_anything_is_cre
 
 def _stopped_run(endpoint, tiny_checkpoint, tmp_path):
     """A remote run stopped after cell 20 (incomplete, resumable), with its target.json."""
-    from bench.remote import sweep_target
+    from bench.sweep.remote import sweep_target
 
     stop = StopSignals()
     fake = endpoint(on_request=lambda k: stop.request() if k == 4 else None)
@@ -265,7 +265,7 @@ def _stopped_run(endpoint, tiny_checkpoint, tmp_path):
 def test_a_resume_with_a_corrupt_target_json_is_refused_and_leaves_the_run_as_it_was(endpoint, tiny_checkpoint,
                                                                                        tmp_path):  # fmt: skip
     from bench.errors import RunFolderError
-    from bench.remote import sweep_target
+    from bench.sweep.remote import sweep_target
 
     fake, config, folder = _stopped_run(endpoint, tiny_checkpoint, tmp_path)
     for corrupt in ("{not json", "[1, 2]"):
@@ -279,15 +279,15 @@ def test_a_resume_with_a_corrupt_target_json_is_refused_and_leaves_the_run_as_it
 
 
 def test_an_error_after_the_resume_ends_the_run_failed_and_unlocked(endpoint, tiny_checkpoint, tmp_path, monkeypatch):
-    import bench.remote
-    from bench.remote import sweep_target
+    import bench.sweep.remote
+    from bench.sweep.remote import sweep_target
 
     fake, config, folder = _stopped_run(endpoint, tiny_checkpoint, tmp_path)
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("the disk is gone")
 
-    monkeypatch.setattr(bench.remote, "run_remote_sweep", broken)
+    monkeypatch.setattr(bench.sweep.remote, "run_remote_sweep", broken)
     lines: list[str] = []
     with pytest.raises(RuntimeError):
         sweep_target(fake.url, MODEL, config, checkpoint=str(tiny_checkpoint), runs_dir=tmp_path, name=None,

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from runfolders import REFERENCE_RUNS, REPO, make_measured_run, published_figures
 
 from bench.errors import RunFolderError
-from bench.report import build_report, fmt_num, fmt_pct
-from bench.roofline import (
+from bench.profile.roofline import (
     E2B_SHAPE,
     PLE4_INT8_LM_HEAD,
     decode_step_bytes,
@@ -23,7 +23,7 @@ from bench.roofline import (
     stored_weight_bytes,
     total_params,
 )
-from runfolders import REFERENCE_RUNS, REPO, make_measured_run, published_figures
+from bench.report import build_report, fmt_num, fmt_pct
 
 T4G, L4 = REFERENCE_RUNS
 
@@ -243,7 +243,7 @@ def test_the_importer_recreates_the_committed_reference_folders(tmp_path: Path) 
 
 def test_report_and_compare_import_neither_jax_nor_model() -> None:
     code = (
-        "import sys, bench.report, bench.compare, bench.cli.report_cmds; "
+        "import sys, bench.report, bench.report.compare, bench.cli.report_cmds; "
         "print(sorted(m for m in sys.modules if m == 'jax' or m == 'model' or m.startswith(('jax.', 'model.'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -258,7 +258,7 @@ def test_number_formats() -> None:
 
 def test_a_profile_written_by_bench_profile_is_read(tmp_path: Path) -> None:
     run = make_measured_run(tmp_path, "prof")
-    run.write_json("profile.json", {  # the shape `bench profile` writes (bench/profile_analysis.py, to_json)
+    run.write_json("profile.json", {  # the shape `bench profile` writes (bench/profile/analysis.py, to_json)
         "schema_version": 1, "steps": 20,
         "categories": {"dtype_conversion": {"pct": 1.5, "ms": 3.0}, "tensor_core": {"pct": None, "ms": None},
                        "matmul_fp32": {"pct": 70.25, "ms": 140.5}, "other": {"pct": 28.25, "ms": 56.5}},

@@ -15,8 +15,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from runfolders import (
+    MAX_NEW,
+    REPO,
+    cell_samples,
+    make_measured_run,
+    make_sample,
+    manifest,
+)
 
-from bench import runs as runs_mod
+from bench.runs import folder as runs_mod
 from bench.errors import InputError, RunFolderError
 from bench.runs import (
     CellRow,
@@ -27,7 +35,6 @@ from bench.runs import (
     summarize_cell,
     validate_run,
 )
-from runfolders import MAX_NEW, REPO, cell_samples, make_measured_run, make_sample, manifest
 
 
 # ---- creating, naming, clashing ----------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def _stream(s, path, body, *, client=None):
 
 
 def _metrics(s) -> dict[str, float]:
-    from bench.remote import scrape_metrics
+    from bench.sweep.remote import scrape_metrics
 
     return scrape_metrics(s.client, s.url)
 
@@ -225,7 +225,7 @@ def _reference_deltas(pieces: list[str], stops: list[str]) -> list[str]:
 def test_stop_string_hold_back_matches_the_definition():
     import random
 
-    from bench.serve_text import TextAssembler
+    from bench.serve.text import TextAssembler
 
     rng = random.Random(0)
     pieces = ["a", "b", "ab", "ba", "aab", "c", "", "abcab"]
@@ -467,8 +467,8 @@ def test_sweep_against_the_server_writes_a_valid_run(server, tiny_checkpoint, tm
 
 
 def test_sweep_refuses_a_mismatched_tokenizer_and_an_unreachable_target(server, tmp_path):
-    from bench.remote import TargetError, sweep_target
-    from bench.sweep import SweepConfig
+    from bench.sweep.local import SweepConfig
+    from bench.sweep.remote import TargetError, sweep_target
 
     config = SweepConfig(inputs=(20,), max_new_tokens=4, repeats=1)
     with socket.socket() as probe:  # a port with nobody listening

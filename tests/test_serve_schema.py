@@ -41,14 +41,14 @@ def _error(r) -> dict:
      ("ignore_eos", "false"), ("skip_special_tokens", 0), ("stream_options", {"include_usage": "yes"})],
 )  # fmt: skip
 def test_a_wrong_json_type_is_refused_not_coerced(field, value):
-    from bench.serve_schema import CompletionRequest
+    from bench.serve.schema import CompletionRequest
 
     with pytest.raises(ValidationError):
         CompletionRequest.model_validate(BASE | {field: value})
 
 
 def test_integers_are_numbers_and_the_defaults_hold():
-    from bench.serve_schema import CompletionRequest
+    from bench.serve.schema import CompletionRequest
 
     body = CompletionRequest.model_validate(BASE | {"temperature": 1, "top_p": 1, "max_tokens": 5, "seed": 0})
     assert body.temperature == 1.0 and isinstance(body.temperature, float) and isinstance(body.top_p, float)
@@ -58,7 +58,7 @@ def test_integers_are_numbers_and_the_defaults_hold():
 
 
 def test_token_id_prompts_are_integers_only():
-    from bench.serve_schema import CompletionRequest
+    from bench.serve.schema import CompletionRequest
 
     assert CompletionRequest.model_validate(BASE | {"prompt": [2, 444]}).prompt == [2, 444]
     for prompt in ([2, True], [2, 4.0], 5):
@@ -135,7 +135,7 @@ class _Engine:
 
 
 def _params(kind="completion", **fields):
-    from bench.serve_schema import ChatRequest, CompletionRequest, sampling_params
+    from bench.serve.schema import ChatRequest, CompletionRequest, sampling_params
 
     if kind == "chat":
         body = ChatRequest.model_validate({"model": "tiny", "messages": [{"role": "user", "content": "x"}]} | fields)
@@ -145,7 +145,7 @@ def _params(kind="completion", **fields):
 
 
 def _refused(param, **fields):
-    from bench.serve_schema import APIError
+    from bench.serve.schema import APIError
 
     with pytest.raises(APIError) as info:
         _params(**fields)
@@ -215,7 +215,7 @@ def test_the_neutral_values_clients_send_are_accepted(neutral):
 
 
 def test_stop_strings_are_limited_in_number_and_length():
-    from bench.serve_schema import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+    from bench.serve.schema import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
     assert MAX_STOP_LENGTH == 1000
     _params(stop=["a" * MAX_STOP_LENGTH] * MAX_STOP_STRINGS)
@@ -226,7 +226,7 @@ def test_stop_strings_are_limited_in_number_and_length():
 
 
 def test_the_context_error_names_the_field_to_change():
-    from bench.serve_schema import APIError, check_context
+    from bench.serve.schema import APIError, check_context
 
     class Eng(_Engine):
         buckets = (32, 64, 128, 256)
@@ -246,7 +246,7 @@ def test_the_context_error_names_the_field_to_change():
 
 # ---- every error is an OpenAI error body, and counted ----------------------------------------------------------------
 def _errors_counted(client) -> float:
-    from bench.serve_metrics import parse_metrics
+    from bench.serve.metrics import parse_metrics
 
     return sum(v for k, v in parse_metrics(client.get("/metrics").text).items() if k.startswith("gemma4_bench_errors"))
 

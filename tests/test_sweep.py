@@ -11,9 +11,9 @@ import sys
 import time
 
 import pytest
+from conftest import assert_one_line_error, run_cli
 
 from bench.runs import open_run, validate_run
-from conftest import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.slow  # end-to-end through the CLI: left out by `make test-fast`
 
@@ -131,14 +131,14 @@ def test_interrupted_sweep_keeps_finished_cells_and_resumes(env, tmp_path):
 def test_a_second_signal_while_the_sweep_ends_still_ends_the_run(tiny_checkpoint, tmp_path, monkeypatch):
     """Ctrl-C stops the sweep; a second one lands in the final manifest update: the run still ends incomplete and
     unlocked (the end is nested as in `bench sweep --target`: bench.runs.writing_run)."""
-    import bench.sweep
+    import bench.sweep.local
     from bench.cli import main
     from bench.runs import RunFolder
 
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bench.sweep, "run_sweep", interrupted)
+    monkeypatch.setattr(bench.sweep.local, "run_sweep", interrupted)
     monkeypatch.setattr(RunFolder, "update_manifest", interrupted)
     runs = tmp_path / "runs"
     with pytest.raises(SystemExit) as stopped:

@@ -28,11 +28,13 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 def _register() -> None:
     # Imported for their side effect: each module adds its commands to `app`.
-    from bench.cli import model_cmds  # noqa: F401
-    from bench.cli import profile_cmds  # noqa: F401
-    from bench.cli import report_cmds  # noqa: F401
-    from bench.cli import serve_cmds  # noqa: F401
-    from bench.cli import sweep_cmds  # noqa: F401
+    from bench.cli import (
+        model_cmds,  # noqa: F401
+        profile_cmds,  # noqa: F401
+        report_cmds,  # noqa: F401
+        serve_cmds,  # noqa: F401
+        sweep_cmds,  # noqa: F401
+    )
 
 
 def _cli_error_kind(exc: BaseException) -> str | None:

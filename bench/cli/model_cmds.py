@@ -8,7 +8,14 @@ from pathlib import Path
 import typer
 
 from bench.cli import app
-from bench.cli.common import CheckpointOpt, CompileCacheOpt, DtypeOpt, MaxLengthOpt, open_engine, setup_logging
+from bench.cli.common import (
+    CheckpointOpt,
+    CompileCacheOpt,
+    DtypeOpt,
+    MaxLengthOpt,
+    open_engine,
+    setup_logging,
+)
 from bench.errors import InputError
 
 checkpoint_app = typer.Typer(help="Create built-in checkpoints in the Hugging Face format.", no_args_is_help=True)

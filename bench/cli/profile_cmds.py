@@ -1,7 +1,7 @@
 """`bench profile` (capture + analyse N decode steps), `bench profile analyze` (any saved trace), `bench bandwidth`.
 
-Definitions: measurement.md, "Profiles" and "Rooflines". The library does the work (`bench.profile_capture`,
-`bench.profile_analysis`, `bench.bandwidth`); this module parses flags, writes the run folder and prints.
+Definitions: measurement.md, "Profiles" and "Rooflines". The library does the work (`bench.profile.capture`,
+`bench.profile.analysis`, `bench.profile.bandwidth`); this module parses flags, writes the run folder and prints.
 
 GPU flags: XLA reads XLA_FLAGS once, when jax initialises its backend, so `bench profile` decides whether it is
 about to run on an NVIDIA GPU *without* initialising jax: `JAX_PLATFORMS` when set (its first entry "cuda"/"gpu"
@@ -64,7 +64,7 @@ def nvidia_gpu_expected(environ: dict[str, str] | None = None) -> tuple[bool, st
 
 def _set_gpu_flags() -> dict[str, Any]:
     """Put the GPU profile flags into XLA_FLAGS when an NVIDIA GPU is expected and jax is not initialised yet."""
-    from bench.profile_capture import apply_gpu_profile_flags, gpu_profile_flags
+    from bench.profile.capture import apply_gpu_profile_flags, gpu_profile_flags
 
     expected, reason = nvidia_gpu_expected()
     info: dict[str, Any] = {"nvidia_gpu_expected": expected, "reason": reason, "gpu_flags": list(gpu_profile_flags()),
@@ -97,7 +97,7 @@ def _profile_shape(engine, input_tokens: int, steps: int, cell) -> int:
     steps (joining a run with a sweep cell at this size, at least the cell's own max_new_tokens: its compiled
     shape). Checked against the engine's limits in this command's terms: InputError naming --input-tokens, --steps
     or --max-length, the limit, and the values that fit (the engine's own error would name the sweep's flags)."""
-    from bench.prompts import min_prompt_tokens
+    from bench.measure.prompts import min_prompt_tokens
 
     own = 1 + WARMUP_STEPS + steps
     cell_new = (cell.max_new_tokens or 0) if cell is not None else 0
@@ -141,7 +141,7 @@ def _profile_shape(engine, input_tokens: int, steps: int, cell) -> int:
 def _profile_prompt(engine, input_tokens: int, max_new_tokens: int):
     """The sweep's prompt of exactly `input_tokens` tokens (natural text in the chat template), built as the sweep
     builds its cells (InputError without a tokenizer); `_profile_shape` has checked the size first."""
-    from bench.sweep import SweepConfig, build_prompts
+    from bench.sweep.local import SweepConfig, build_prompts
 
     config = SweepConfig(inputs=(input_tokens,), max_new_tokens=max_new_tokens, repeats=1)
     return build_prompts(engine, config, flag="--input-tokens")[input_tokens]
@@ -193,7 +193,7 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
     """The published-shape table, the categories, and the top per-op rows of a profile.json dict."""
     from rich.table import Table
 
-    from bench.profile_analysis import format_profile_table
+    from bench.profile.analysis import format_profile_table
 
     console = console or _console()
     device = data.get("device") or {}
@@ -326,8 +326,8 @@ def _profile(joined, opts):
     """Load the engine, check the shape, then capture and analyse into `joined` (a locked run) or into a new run
     this creates (ended by `writing_run`). Returns (profile.json dict, the capture, profile.json's path)."""
     from bench.cli.sweep_cmds import _manifest
-    from bench.environment import device_slug
     from bench.runs import create_run, free_label, writing_run
+    from bench.runs.environment import device_slug
 
     flags_info = _set_gpu_flags()  # before anything initialises jax
     setup_logging()
@@ -357,9 +357,9 @@ def _profile(joined, opts):
 
 def _capture_into(run, setup, opts):
     """Trace, analyse, measure bandwidth, write `run`/profile.json (the caller ends the run)."""
-    from bench.bandwidth import measure_bandwidth
-    from bench.profile_analysis import analyze_trace, attach_roofline
-    from bench.profile_capture import capture_steps, prompt_decode_steps
+    from bench.profile.analysis import analyze_trace, attach_roofline
+    from bench.profile.bandwidth import measure_bandwidth
+    from bench.profile.capture import capture_steps, prompt_decode_steps
 
     opts.capturing = True
     log = logging.getLogger("bench")
@@ -415,7 +415,7 @@ def _capture_into(run, setup, opts):
     data["notes"] = list(data["notes"]) + notes
     data["config"] = {
         "input_tokens": input_tokens, "prompt": {"tokens": len(prompt.ids), "text_chars": len(prompt.text),
-                                                 "built_by": "bench.sweep.build_prompts (the sweep's prompt)"},
+                                                 "built_by": "bench.sweep.local.build_prompts (the sweep's prompt)"},
         "bucket": bucket, "max_new_tokens": max_new_tokens, "steps": steps,
         "warmup": WARMUP_STEPS, "checkpoint": str(ckpt), "policy": pol.line(), "compute_dtype": pol.compute_dtype,
         "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "decode_bytes": decode_bytes,
@@ -444,7 +444,7 @@ def analyze(
     """Analyse any saved trace. In a run folder whose profile.json has a roofline, that roofline is kept."""
     import json
 
-    from bench.profile_analysis import analyze_trace, attach_roofline
+    from bench.profile.analysis import analyze_trace, attach_roofline
 
     analysis = analyze_trace(trace)  # TraceError (exit 2) for a missing path, a non-trace, a run without a profile
     stored = _stored_profile(trace)
@@ -486,7 +486,7 @@ def bandwidth(
     repeats: int = typer.Option(10, "--repeats", help="Timed copies (the median is reported)."),
 ) -> None:
     """Measure the device's memory bandwidth with a large device-to-device copy (read + written bytes / time)."""
-    from bench.bandwidth import MiB, measure_bandwidth
+    from bench.profile.bandwidth import MiB, measure_bandwidth
 
     if n_bytes is not None and n_bytes < MiB:
         raise InputError(f"--bytes {n_bytes}: expected at least {MiB} (1 MiB)")

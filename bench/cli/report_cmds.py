@@ -67,8 +67,8 @@ def compare_cmd(
     """Compare a candidate run with a baseline; exit 1 when a threshold is crossed (a regression gate)."""
     from rich.table import Table
 
-    from bench.compare import compare_runs
     from bench.report import rate_text
+    from bench.report.compare import compare_runs
     from bench.runs import resolve_run
 
     limit = parse_percent(max_slowdown)
@@ -93,7 +93,7 @@ def compare_cmd(
     verdict = {True: "single-variable", False: "NOT single-variable", None: "single-variable not established"}
     console.print(f"comparison: {verdict[result.single_variable]}")
     if result.differences:
-        from bench.compare import describe_differences
+        from bench.report.compare import describe_differences
 
         console.print(f"  differs: {describe_differences(result.differences)}", markup=False)
     for note in result.notes:

@@ -1,4 +1,4 @@
-"""`bench serve`: the OpenAI-compatible server (bench/serve.py) on uvicorn, loading the model in the background."""
+"""`bench serve`: the OpenAI-compatible server (bench/serve/app.py) on uvicorn, loading the model in the background."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def load_served_model(checkpoint: str | None, dtype: str | None, max_length: int
                       compile_cache: str | None, buckets: str | None = None):  # fmt: skip
     """Load the engine as `bench sweep` does and gather what /health reports: checkpoint id, path, content hash,
     weight bytes, build id (code + checkpoint + engine configuration), compile cache folder. Returns a LoadedModel."""
-    from bench.environment import build_id
+    from bench.runs.environment import build_id
     from bench.serve import LoadedModel
     from model.checkpoint import content_hash
 

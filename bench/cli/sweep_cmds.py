@@ -11,16 +11,16 @@ import typer
 from bench.cli import app
 from bench.cli.common import (
     BucketsOpt,
-    compile_cache_dir,
     CheckpointOpt,
     CompileCacheOpt,
     DtypeOpt,
     MaxLengthOpt,
+    compile_cache_dir,
     open_engine,
     setup_logging,
 )
 from bench.errors import InputError, RunFolderError
-from bench.sweep import StopSignals, parse_inputs
+from bench.sweep.local import StopSignals, parse_inputs
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -47,7 +47,14 @@ def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
 
 
 def _manifest(engine, report: dict, ckpt: Path, cache_dir: Path | None, config, runs_cfg: dict) -> dict:
-    from bench.environment import build_id, device_facts, git_state, host_facts, package_versions, python_command_line
+    from bench.runs.environment import (
+        build_id,
+        device_facts,
+        git_state,
+        host_facts,
+        package_versions,
+        python_command_line,
+    )
     from model.checkpoint import content_hash
 
     repo = Path(__file__).resolve().parents[2]
@@ -128,14 +135,14 @@ def sweep(
     buckets: str | None = BucketsOpt,
     target: str | None = typer.Option(
         None, "--target", help="Measure an OpenAI-compatible server instead, e.g. http://127.0.0.1:8000/v1 "
-        "(prompts sized with --checkpoint's tokenizer; see bench/remote.py)."),
+        "(prompts sized with --checkpoint's tokenizer; see bench/sweep/remote.py)."),
     model: str | None = typer.Option(None, "--model", help="With --target: the model id to request (default: the "
                                      "server's first)."),
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
-    from bench.environment import device_slug
     from bench.runs import create_run, free_label, open_run, resolve_run, writing_run
-    from bench.sweep import SweepConfig, run_sweep
+    from bench.runs.environment import device_slug
+    from bench.sweep.local import SweepConfig, run_sweep
     from model.engine import CompileCounter
 
     if model is not None and target is None:
@@ -161,7 +168,7 @@ def sweep(
     setup_logging()
     log = logging.getLogger("bench")
     engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets)
-    from bench.sweep import build_prompts
+    from bench.sweep.local import build_prompts
 
     prompts = build_prompts(engine, config)  # every size checked before a folder is created or anything measured
     counts0 = CompileCounter.snapshot()
@@ -196,7 +203,7 @@ def sweep(
 
     # SIGTERM / Ctrl-C: stop after the current request, run kept incomplete. The signals are in force from before
     # the run is created (or resumed) to after it ended, and `writing_run` ends it however the sweep ends: the run
-    # is never left "running" (the same structure as `bench sweep --target`, bench/remote.py).
+    # is never left "running" (the same structure as `bench sweep --target`, bench/sweep/remote.py).
     with StopSignals(log.info) as stop, writing_run(start, before_end=before_end, after_end=after_end) as run:
         done = run.finished_inputs()
         log.info(f"run folder: {run.path}")
@@ -211,7 +218,7 @@ def _print_table(run, log) -> None:
     (measured, but not quotable: the table says why) and one naming failed cells (an error: nothing measured).
     Raises typer.Exit(1) when any cell failed, so a script can tell; the run folder keeps every cell. Invalid
     cells alone keep exit code 0: against a server that does not report compile events every cell is invalid by
-    rule (bench/remote.py), and the numbers are still recorded."""
+    rule (bench/sweep/remote.py), and the numbers are still recorded."""
     from rich.console import Console
 
     cells = run.cells()
@@ -228,9 +235,9 @@ def _print_table(run, log) -> None:
 
 def _sweep_target(target: str, model: str | None, config, checkpoint: str | None, name: str | None, runs_dir: Path,
                   resume: Path | None, engine_flags: tuple) -> None:  # fmt: skip
-    """`bench sweep --target`: the same sweep through an OpenAI-compatible server (bench/remote.py)."""
+    """`bench sweep --target`: the same sweep through an OpenAI-compatible server (bench/sweep/remote.py)."""
     from bench.cli.common import checkpoint_path
-    from bench.remote import sweep_target
+    from bench.sweep.remote import sweep_target
 
     if any(f is not None for f in engine_flags):
         raise InputError("--dtype, --max-length, --compile-cache and --buckets configure the in-process engine; "

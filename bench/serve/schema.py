@@ -12,7 +12,7 @@ Responses (built in `bench.serve`; JSON, OpenAI's shapes):
 - `usage`: `prompt_tokens` (tokens in, BOS and chat turns included), `completion_tokens` (tokens generated and
   kept: a stop string drops the ones after it), `total_tokens` (their sum).
 - `choices[0].finish_reason`: "stop" (EOS or a stop string) or "length" (max_tokens generated, or cancelled).
-- `degenerate`: `bench.degeneracy.Verdict.to_dict()` of the kept ids, `{"degenerate", "reason", "details"}`.
+- `degenerate`: `bench.measure.degeneracy.Verdict.to_dict()` of the kept ids, `{"degenerate", "reason", "details"}`.
 - streamed chunks: `choices[0].token_ids`, the ids (tokens) whose text the chunk carries.
 - Timings are not in the bodies: /metrics has the decode gauge in tok/s ((generated - 1) / decode time) and TTFT in
   seconds; /health has the warm-up compile time in seconds (`warmup_s`) and lengths in tokens.
@@ -32,7 +32,14 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+)
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 1000  # characters per stop string: bounds the per-token stop-string work and its tables

@@ -1,10 +1,10 @@
 """`bench sweep --target http://HOST:PORT/v1`: the sweep measured through any OpenAI-compatible server.
 
-Same cells, warm-up and statistics as the in-process sweep (bench/sweep.py, ../shared/measurement.md): every
+Same cells, warm-up and statistics as the in-process sweep (bench/sweep/local.py, ../shared/measurement.md): every
 prompt built and sized first; the first request recorded as `cold` (the first request of this sweep: whether the
 server was fresh is not knowable from outside); per cell one warm-up request, then the timed repeats; each cell
-summarised by `bench.records.summarize_cell` and written to the run folder as it ends. SIGTERM / Ctrl-C stop it as
-they stop the in-process sweep (`bench.sweep.StopSignals`): after the request in flight, finished cells kept, the run
+summarised by `bench.runs.records.summarize_cell` and written to the run folder as it ends. SIGTERM / Ctrl-C stop it as
+they stop the in-process sweep (`bench.sweep.local.StopSignals`): after the request in flight, finished cells kept, the run
 marked incomplete (and resumable with --resume), exit code 130.
 
 One request = one streamed `POST {target}/chat/completions` (`stream: true`, `stream_options.include_usage`,
@@ -47,13 +47,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.degeneracy import check_degenerate
 from bench.errors import BenchError, RunFolderError
-from bench.measure import request_times
-from bench.records import CellRow, Sample
+from bench.measure.degeneracy import check_degenerate
+from bench.measure.request import request_times
+from bench.runs.records import CellRow, Sample
 
 if TYPE_CHECKING:
-    from bench.sweep import StopSignals
+    from bench.sweep.local import StopSignals
 
 TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=60.0)
 OURS = "gemma4_bench_ready"  # a metric only this project's server exposes
@@ -116,7 +116,7 @@ def _get_json(client: httpx.Client, url: str) -> Any:
 
 def scrape_metrics(client: httpx.Client, root: str) -> dict[str, float]:
     """`GET {root}/metrics` as {'name{labels}': value}; {} when the server has none or it cannot be parsed."""
-    from bench.serve_metrics import parse_metrics
+    from bench.serve.metrics import parse_metrics
 
     try:
         r = client.get(f"{root}/metrics")
@@ -201,7 +201,7 @@ def stream_chat(client: httpx.Client, target: Target, text: str, max_tokens: int
 
 def measure_remote(client: httpx.Client, target: Target, tokenizer, prompt, max_new_tokens: int, *, kind: str,
                    repeat: int) -> tuple[Sample, float | None]:  # fmt: skip
-    """Measure one request of `prompt` (a bench.prompts.Prompt). Returns (Sample, server-side gauge tok/s or None).
+    """Measure one request of `prompt` (a bench.measure.prompts.Prompt). Returns (Sample, server-side gauge tok/s or None).
     Raises TargetError when the server's prompt count differs from the prompt's exact size, or no usage/content."""
     before = scrape_metrics(client, target.root) if target.ours else {}
     s = stream_chat(client, target, prompt.text, max_new_tokens)
@@ -234,10 +234,10 @@ def run_remote_sweep(client: httpx.Client, target: Target, tokenizer, config, ru
                      progress: Callable[[str], None] = lambda _: None, skip: Sequence[int] = (),
                      should_stop: Callable[[], bool] = lambda: False,
                      server_gauges: dict[str, Any] | None = None) -> list[CellRow]:  # fmt: skip
-    """`bench.sweep.sweep_cells` through the target (same cold / warm-up / timed order, failure handling and stop:
+    """`bench.sweep.local.sweep_cells` through the target (same cold / warm-up / timed order, failure handling and stop:
     `should_stop` polled before every request, KeyboardInterrupt when it turns true, finished cells kept).
     `server_gauges` collects this project's server-side gauges per cell (timed repeats)."""
-    from bench.sweep import sweep_cells
+    from bench.sweep.local import sweep_cells
 
     body = (target.health or {}).get("body") or {}
     buckets = body.get("buckets") if target.ours else None
@@ -267,7 +267,13 @@ def run_remote_sweep(client: httpx.Client, target: Target, tokenizer, config, ru
 def remote_manifest(target: Target, config, tokenizer_source: str) -> dict[str, Any]:
     """The run's manifest: this client's host and versions; the server's build id, device, dtype policy and
     checkpoint where it reports them (this project's /health), else nulls; the target under key `target`."""
-    from bench.environment import device_slug, git_state, host_facts, package_versions, python_command_line
+    from bench.runs.environment import (
+        device_slug,
+        git_state,
+        host_facts,
+        package_versions,
+        python_command_line,
+    )
 
     h = ((target.health or {}).get("body") or {}) if target.ours else {}
     dev, pol, ck, cc = h.get("device") or {}, h.get("dtype_policy"), h.get("checkpoint") or {}, h.get("compile_cache") or {}
@@ -314,7 +320,7 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
     Raises TargetError / InputError / RunFolderError before anything is measured for a bad target, model,
     tokenizer, size or folder.
 
-    `stop` (a `bench.sweep.StopSignals`) is entered just before the run folder is created or resumed, as the
+    `stop` (a `bench.sweep.local.StopSignals`) is entered just before the run folder is created or resumed, as the
     in-process sweep does: SIGTERM / Ctrl-C then finish the request in flight and stop before the next one (a
     second signal abandons it, closing its stream); the finished cells stay, the run is marked incomplete and
     KeyboardInterrupt propagates. Whatever ends the sweep once the run exists (a signal, an error), the run ends
@@ -322,7 +328,7 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
     With `resume`, target.json is read before the run is touched: a corrupt one is refused, the run left as it was.
     """
     from bench.runs import create_run, free_label, open_run, writing_run
-    from bench.sweep import sized_prompt
+    from bench.sweep.local import sized_prompt
 
     with httpx.Client(timeout=TIMEOUT) as client:
         target = describe_target(client, url, model)

@@ -11,7 +11,7 @@ per run `<run>:<field>` columns), `profile.csv` (one row per metric, one column 
 `sweep_tok_s.png` (gauge and end-to-end tok/s vs input tokens, one line per run) and `profile_categories.png`
 (device-time categories stacked per run). Published figures are labelled "(published)" everywhere; a null is "—".
 
-profile.json keys read: see bench/report_tables.py, which holds the loading and the tables; this module holds the
+profile.json keys read: see bench/report/tables.py, which holds the loading and the tables; this module holds the
 findings and writes the report. Its tables and formats are re-exported here: import them from `bench.report`.
 """
 
@@ -23,26 +23,29 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.compare import describe_differences, manifest_differences, single_variable
 from bench.errors import InputError, RunFolderError
-from bench.plots import plot_profile, plot_sweep
-from bench.report_tables import (  # noqa: F401  (the tables and formats are part of this module's API)
+from bench.profile.roofline import roofline_share_pct
+from bench.report.compare import (
+    describe_differences,
+    manifest_differences,
+    single_variable,
+)
+from bench.report.plots import plot_profile, plot_sweep
+from bench.report.tables import (
     DASH,
     RunView,
-    _assign_labels,
-    _md_table,
-    _view,
-    _write_csv,
+    assign_labels,
     environment_table,
     fmt_num,
     fmt_pct,
     load_runs,
+    md_table,
     profile_figures,
     profile_table,
-    rate_text,
+    run_view,
     sweep_table,
+    write_csv,
 )
-from bench.roofline import roofline_share_pct
 from bench.runs import open_complete_run, resolve_run
 
 
@@ -62,7 +65,7 @@ def _spread_pct(values: list[float]) -> float:
 
 
 def _slug(view: RunView) -> str:
-    from bench.environment import device_slug  # light module: no jax at import
+    from bench.runs.environment import device_slug  # light module: no jax at import
 
     return device_slug((view.m.get("device") or {}).get("device_kind"))
 
@@ -228,9 +231,9 @@ def _pick_baseline(views: list[RunView], baseline: str | Path | None, runs_dir: 
     for v in views:
         if v.run.path.resolve() == path.resolve():
             return v
-    view = _view(open_complete_run(path))
+    view = run_view(open_complete_run(path))
     views.insert(0, view)
-    _assign_labels(views)
+    assign_labels(views)
     return view
 
 
@@ -259,11 +262,11 @@ def build_report(
 
     files = []
     env_header, env_raw, env_text = environment_table(views)
-    _write_csv(out / "environment.csv", env_header[:1] + [v.name for v in views], env_raw)
+    write_csv(out / "environment.csv", env_header[:1] + [v.name for v in views], env_raw)
     sw_csv_h, sw_csv, sw_md_h, sw_md, sw_notes = sweep_table(views)
-    _write_csv(out / "sweep.csv", sw_csv_h, sw_csv)
+    write_csv(out / "sweep.csv", sw_csv_h, sw_csv)
     pr_csv_h, pr_csv, pr_md_h, pr_md = profile_table(views)
-    _write_csv(out / "profile.csv", pr_csv_h, pr_csv)
+    write_csv(out / "profile.csv", pr_csv_h, pr_csv)
     sweep_png = plot_sweep([(v.label, v.published, list(v.cells.values())) for v in views], out / "sweep_tok_s.png")
     files += [out / "environment.csv", out / "sweep.csv", out / "profile.csv", sweep_png]
     prof_png = plot_profile(
@@ -278,9 +281,9 @@ def build_report(
     md.append(f"{len(views)} run(s); baseline for speedups: **{base.label}** ({base.name}). "
               "Figures from runs marked *(published)* were measured elsewhere and are quoted as published; "
               f"{DASH} means the run has no such figure.")  # fmt: skip
-    md += ["", "## Environment", "", _md_table(env_header, env_text), "", "## Sweep", ""]
+    md += ["", "## Environment", "", md_table(env_header, env_text), "", "## Sweep", ""]
     md.append("Median tok/s over the timed repeats; (min–max) where raw samples exist; ✗ marks an invalid cell.")
-    md += ["", _md_table(sw_md_h, sw_md), ""]
+    md += ["", md_table(sw_md_h, sw_md), ""]
     md += [f"- {n}" for n in sw_notes]
     if published:
         labels = ", ".join(v.label for v in published)
@@ -292,7 +295,7 @@ def build_report(
                       "time.")  # fmt: skip
     md += ["", "![tok/s vs input tokens](sweep_tok_s.png)", "", "## Profile", ""]
     if pr_md_h[1:]:
-        md += [_md_table(pr_md_h, pr_md), ""]
+        md += [md_table(pr_md_h, pr_md), ""]
         md += [f"- {n}" for n in roofline_notes(views)]
         md += _roofline_method(views)
         md += ["", "![device time by category](profile_categories.png)"] if prof_png else []
@@ -317,10 +320,10 @@ def _roofline_method(views: list[RunView]) -> list[str]:
         if not terms or key in seen:
             continue
         seen.add(key)
-        lines += ["", f"Derived bytes per decode step ({v.label}; bench/roofline.py). The reported share divides "
+        lines += ["", f"Derived bytes per decode step ({v.label}; bench/profile/roofline.py). The reported share divides "
                   "every stored weight byte by the step time, but a step reads only one row of the input embedding "
                   "and of the per-layer-embedding table (the lm_head table is read whole); the KV cache is left out "
                   "because the profiled context length was not published. Bandwidth: the report's figures "
                   "(nominal datasheet peaks, not measurements).", ""]  # fmt: skip
-        lines.append(_md_table(["term", "bytes", "what"], [[t["name"], f"{t['bytes']:,}", t["note"]] for t in terms]))
+        lines.append(md_table(["term", "bytes", "what"], [[t["name"], f"{t['bytes']:,}", t["note"]] for t in terms]))
     return lines

@@ -1,8 +1,8 @@
 """Where device time goes in a trace of N decode steps: per-op table, categories, totals (measurement.md, "Profiles").
 
-Input: an xprof trace (`*.xplane.pb`) written by `bench.profile_capture.capture_steps`, read with
+Input: an xprof trace (`*.xplane.pb`) written by `bench.profile.capture.capture_steps`, read with
 `jax.profiler.ProfileData` (planes, lines, events, stats) plus the HLO protos the trace carries
-(`bench.xspace_hlo`). Output: a frozen `ProfileAnalysis` whose `to_json()` is `profile.json` (schema version 1).
+(`bench.profile.xspace`). Output: a frozen `ProfileAnalysis` whose `to_json()` is `profile.json` (schema version 1).
 
 Where device time lives in a jax 0.12 trace (found by reading traces written on CPU, and xla's CUPTI collector):
 - Steps: `StepTraceAnnotation("decode", step_num=i)` is an event named "decode" with an int stat `step_num`, on the
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import TraceError
-from bench.xspace_hlo import HloInstruction, HloModule, hlo_modules
+from bench.profile.xspace import HloInstruction, HloModule, hlo_modules
 
 SCHEMA_VERSION = 1
 STEP_NAME = "decode"
@@ -204,7 +204,7 @@ def attach_roofline(
 ) -> ProfileAnalysis:  # fmt: skip
     """A copy of `analysis` with its roofline: bytes_per_step x tok/s / bandwidth, tok/s being the gauge when
     given, else the profile's own 1000 / ms per step (labelled as such)."""
-    from bench.bandwidth import roofline_share
+    from bench.profile.bandwidth import roofline_share
 
     tok_s, source = (gauge_tok_s, "gauge") if gauge_tok_s is not None else (analysis.totals["tok_s"], "profile")
     share = 100.0 * roofline_share(bytes_per_step, tok_s, bandwidth_bytes_s)

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from bench.errors import InputError
-from bench.measure import measure_request
-from bench.prompts import Prompt, exact_prompt, min_prompt_tokens
-from bench.records import CellRow, Sample, failed_cell, summarize_cell
+from bench.measure.prompts import Prompt, exact_prompt, min_prompt_tokens
+from bench.measure.request import measure_request
 from bench.runs import RunFolder
+from bench.runs.records import CellRow, Sample, failed_cell, summarize_cell
 from bench.signals import stop_signals_handled
 
 
@@ -82,7 +82,7 @@ def build_prompts(engine, config: SweepConfig, *, flag: str = "--inputs") -> dic
 
 
 def sized_prompt(tokenizer, n: int, *, flag: str = "--inputs") -> Prompt:
-    """`bench.prompts.exact_prompt(tokenizer, n)`, checked: InputError naming `flag` (the value, the minimum, the
+    """`bench.measure.prompts.exact_prompt(tokenizer, n)`, checked: InputError naming `flag` (the value, the minimum, the
     fix) for a size below the smallest chat prompt, or when the prompt does not come out at exactly n tokens."""
     minimum = min_prompt_tokens(tokenizer)
     if n < minimum:

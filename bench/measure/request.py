@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import time
 
-from bench.degeneracy import check_degenerate
 from bench.errors import InputError
-from bench.prompts import Prompt
-from bench.records import Sample
+from bench.measure.degeneracy import check_degenerate
+from bench.measure.prompts import Prompt
+from bench.runs.records import Sample
 
 
 def request_times(t_start_ns: int, t_tokens_ns: list[int], t_end_ns: int | None, n_generated: int) -> dict:

@@ -8,13 +8,13 @@ Endpoints:
   each up to 1,000 characters), `stream`, `stream_options.include_usage`, and two vLLM-style extensions:
   `ignore_eos` (generate exactly `max_tokens`, what a benchmark needs) and `skip_special_tokens` (default true).
   `n` must be 1. Fields that would change the output but are not implemented (echo, logprobs, penalties, logit_bias,
-  tools, a response_format other than text, ...) are refused unless neutral (`bench.serve_schema.UNSUPPORTED`).
-  `bench.serve_schema` holds the request models (each field's meaning and unit) and the response fields.
+  tools, a response_format other than text, ...) are refused unless neutral (`bench.serve.schema.UNSUPPORTED`).
+  `bench.serve.schema` holds the request models (each field's meaning and unit) and the response fields.
 - `GET /v1/models`, `GET /health` (503 `{"status": "loading"}` until the model is loaded and every warm-up shape
   compiled; then 200 with build id, checkpoint, device, dtype policy, quantization, compile cache state),
   `GET /metrics` (Prometheus text format; names start with `gemma4_bench_`).
 
-Every response is judged by `bench.degeneracy.check_degenerate` on its generated ids. A degenerate one is still
+Every response is judged by `bench.measure.degeneracy.check_degenerate` on its generated ids. A degenerate one is still
 returned, but carries `"degenerate": {"degenerate": true, "reason": ..., "details": ...}` (the field is on every
 response; in a stream, on the chunk that carries `finish_reason`), the header `X-Degenerate: true` (non-streaming
 responses only: a stream's headers leave before its tokens exist), a warning log line, and a metric count.
@@ -58,17 +58,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bench.degeneracy import check_degenerate
 from bench.errors import InputError
-from bench.measure import request_times
-from bench.serve_metrics import CONTENT_TYPE, Metrics
-from bench.serve_text import TextAssembler
-from bench.serve_schema import (  # noqa: F401  (the schema's public names stay importable from bench.serve)
-    DEFAULT_MAX_TOKENS,
-    MAX_STOP_LENGTH,
-    MAX_STOP_STRINGS,
+from bench.measure.degeneracy import check_degenerate
+from bench.measure.request import request_times
+from bench.serve.metrics import CONTENT_TYPE, Metrics
+from bench.serve.schema import (
     APIError,
-    ChatMessage,
     ChatRequest,
     CompletionRequest,
     GenerationRequest,
@@ -80,6 +75,7 @@ from bench.serve_schema import (  # noqa: F401  (the schema's public names stay 
     stop_strings,
     validation_error,
 )
+from bench.serve.text import TextAssembler
 from model.errors import ModelError
 
 log = logging.getLogger("bench.serve")

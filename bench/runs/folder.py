@@ -24,8 +24,8 @@ Definitions of every number: `../shared/measurement.md`. Errors: `RunFolderError
 exists already, is unwritable, corrupt or of another schema version; `InputError` for a bad label.
 
 This module is the folder: creating, writing (atomically), locking, opening, resolving and listing runs. The schema
-itself (file names, `MANIFEST_FIELDS`), the readers and `validate_run` are in `bench/runs_schema.py`, and are
-re-exported here: import them from `bench.runs`.
+itself (file names, `MANIFEST_FIELDS`), the readers and `validate_run` are in `bench/runs/schema.py`; the package
+`bench.runs` names the public API of both.
 """
 
 from __future__ import annotations
@@ -44,30 +44,20 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
-from bench.records import (  # noqa: F401  (CellRow, Sample, summarize_cell, failed_cell are part of this API)
-    CellRow,
-    Sample,
-    as_sample,
-    failed_cell,
-    row_problems,
-    summarize_cell,
-)
-from bench.runs_schema import (  # noqa: F401  (the schema's public names are part of this API)
+from bench.runs.records import CellRow, Sample, as_sample, row_problems
+from bench.runs.schema import (
     CELLS_CSV,
     CELLS_JSONL,
     LOG,
     MANIFEST,
-    MANIFEST_FIELDS,
-    MANIFEST_NESTED,
     PROFILE,
-    PROVENANCES,
     SAMPLES,
     SCHEMA_VERSION,
     STATUSES,
-    _read_json,
-    _read_jsonl,
     manifest_problems,
     profile_problems,
+    read_json,
+    read_jsonl,
     validate_run,
 )
 from bench.signals import stop_signals_handled
@@ -304,11 +294,11 @@ class RunFolder:
     # -- reading --
     def cells(self) -> list[CellRow]:
         """The cell rows, sorted by input_tokens (RunFolderError naming file and line on a bad row)."""
-        return _read_jsonl(self.path / CELLS_JSONL, CellRow)
+        return read_jsonl(self.path / CELLS_JSONL, CellRow)
 
     def samples(self) -> list[Sample]:
         """Every recorded request (empty for published runs, which hold none)."""
-        return _read_jsonl(self.path / SAMPLES, Sample)
+        return read_jsonl(self.path / SAMPLES, Sample)
 
     def finished_inputs(self) -> list[int]:
         """Input sizes that already have a cell row (ok or failed): what `--resume` skips."""
@@ -316,7 +306,7 @@ class RunFolder:
 
     def read_json(self, name: str) -> Any:
         """Parse `<folder>/<name>` (RunFolderError naming the file when missing or corrupt)."""
-        return _read_json(self.path / name)
+        return read_json(self.path / name)
 
     def profile(self) -> dict[str, Any] | None:
         """profile.json, or None when the run has none (RunFolderError when corrupt or of another version)."""
@@ -483,7 +473,7 @@ def open_run(path: str | Path) -> RunFolder:
     p = Path(path)
     if not p.is_dir():
         raise RunFolderError(f"{p}: no such run folder")
-    manifest = _read_json(p / MANIFEST)
+    manifest = read_json(p / MANIFEST)
     problems = manifest_problems(manifest)
     if problems:
         raise RunFolderError(f"{p}: {problems[0]}")

@@ -1,7 +1,7 @@
 """The run-folder schema (version 1) and its checks: file names, manifest keys and types, the readers of the JSON
 and JSONL files, and `validate_run`, which lists every problem of a folder.
 
-`bench/runs.py` (the folder itself: creating, writing, locking, opening, listing) builds on this module and
+`bench/runs/folder.py` (the folder itself: creating, writing, locking, opening, listing) builds on this module and
 re-exports its public names; what each file holds is in that module's docstring. Every problem is one line naming
 its file (and line); the readers raise RunFolderError naming the file, `validate_run` never raises for a bad folder.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import RunFolderError
-from bench.records import CellRow, Sample, conforms, row_from_dict, row_problems
+from bench.runs.records import CellRow, Sample, conforms, row_from_dict, row_problems
 
 SCHEMA_VERSION = 1
 STATUSES = ("running", "complete", "incomplete", "failed")
@@ -118,7 +118,7 @@ def profile_problems(prof: Any) -> list[str]:
 
 
 # ---- reading ---------------------------------------------------------------------------------------------------
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     """The parsed JSON file `path` (RunFolderError naming it when missing, unreadable or corrupt)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -130,7 +130,7 @@ def _read_json(path: Path) -> Any:
         raise RunFolderError(f"{path}: corrupt JSON (line {exc.lineno}: {exc.msg})") from None
 
 
-def _read_jsonl(path: Path, cls: type) -> list[Any]:
+def read_jsonl(path: Path, cls: type) -> list[Any]:
     """The rows of the JSONL file `path` as `cls` records (CellRow or Sample); [] when the file does not exist.
     RunFolderError naming the file and line for corrupt JSON or a row that breaks the record's schema."""
     if not path.exists():
@@ -159,7 +159,7 @@ def validate_run(path: str | Path) -> list[str]:
     if not p.is_dir():
         return [f"{p}: no such run folder"]
     try:
-        manifest = _read_json(p / MANIFEST)
+        manifest = read_json(p / MANIFEST)
     except RunFolderError as exc:
         return [str(exc).replace(f"{p}/", "")]
     problems = manifest_problems(manifest)
@@ -202,7 +202,7 @@ def validate_run(path: str | Path) -> list[str]:
         problems.append(f"{SAMPLES}: a published run must not hold raw samples (it never had any)")
     if (p / PROFILE).exists():
         try:
-            problems += profile_problems(_read_json(p / PROFILE))
+            problems += profile_problems(read_json(p / PROFILE))
         except RunFolderError as exc:
             problems.append(str(exc).replace(f"{p}/", ""))
     return problems
@@ -212,8 +212,8 @@ def _consistency_problems(p: Path) -> list[str]:
     """Numbers that contradict each other in a schema-valid measured run: a cell whose median lies outside its
     min..max, whose timed samples are not `repeats` distinct repeats, or whose validity ignores its samples."""
     try:
-        cells = _read_jsonl(p / CELLS_JSONL, CellRow) if (p / CELLS_JSONL).exists() else []
-        samples = _read_jsonl(p / SAMPLES, Sample) if (p / SAMPLES).exists() else []
+        cells = read_jsonl(p / CELLS_JSONL, CellRow) if (p / CELLS_JSONL).exists() else []
+        samples = read_jsonl(p / SAMPLES, Sample) if (p / SAMPLES).exists() else []
     except RunFolderError as exc:
         return [str(exc)]
     problems = []

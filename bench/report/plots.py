@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.records import CellRow
+from bench.runs.records import CellRow
 
 
 def _figure(width: float, height: float) -> Any:

@@ -1,4 +1,4 @@
-"""The steps of the prepared GPU run (`bench/gpurun.py`): its context, workloads, budget timings, and how one step runs.
+"""The steps of the prepared GPU run (`bench/gpurun/main.py`): its context, workloads, budget timings, and how one step runs.
 
 Each step is one child process (`python3 -m bench ...`, or `python3 -m bench.gpurun _probe|_make_builtin`) started
 by `run_step` with a limit in seconds taken from what the budget leaves (`Context.remaining`). A step that reaches
@@ -6,7 +6,7 @@ its limit gets SIGTERM, then SIGKILL after `Timing.grace`; a run folder it left 
 (`settle_run`). The step functions (`probe`, `bandwidth`, `checkpoint_step`, `sweep`, `profile`) each decide from the
 time left whether to start at all (`skip` records one that does not) and record a `StepResult` in `Context.steps`.
 
-Like `bench/gpurun.py`, this module's top level imports only the standard library (the package check runs before
+Like `bench/gpurun/main.py`, this module's top level imports only the standard library (the package check runs before
 anything else on a bare machine); `bench.runs`, jax and `model` are imported inside the functions that need them.
 """
 
@@ -266,7 +266,7 @@ def probe(ctx: Context, force_cpu: bool) -> dict:
     raise SystemExit(f"error: the device probe failed ({res.status}, {res.note}); see {ctx.outdir / 'logs/probe.log'}")
 
 
-def _probe_child() -> None:
+def probe_child() -> None:
     """Print the device and the dtype policy line (first lines of the run), then one machine-read line.
 
     First it runs `bench runs list` on an empty folder, which imports every `bench` command module and parses an
@@ -302,7 +302,7 @@ def _probe_child() -> None:
                                    "policy_line": policy_line}))  # fmt: skip
 
 
-def _make_builtin_child(preset: str) -> None:
+def make_builtin_child(preset: str) -> None:
     """Create the built-in checkpoint `preset` in the cache (nothing when it is there already), logging progress."""
     from model.builtin import ensure_builtin
 
@@ -387,7 +387,7 @@ def profile(ctx: Context, name: str, run: Path | None, spec: str, work: Workload
         return
     env = {}
     if gpu:  # only this process gets them; bench profile also adds them itself before jax starts
-        from bench.profile_capture import gpu_profile_flags, merge_xla_flags
+        from bench.profile.capture import gpu_profile_flags, merge_xla_flags
 
         env["XLA_FLAGS"] = merge_xla_flags(os.environ.get("XLA_FLAGS", ""), gpu_profile_flags())
     res = run_step(ctx, name, bench_argv(

@@ -2,7 +2,7 @@
 
 `TextAssembler` holds back an incomplete UTF-8 character and any tail that could still become a stop string;
 `StopMatcher` is the Knuth-Morris-Pratt matcher behind it, so a token costs time in proportion to its characters,
-not to the stop strings' lengths (at most `bench.serve_schema.MAX_STOP_LENGTH` characters each).
+not to the stop strings' lengths (at most `bench.serve.schema.MAX_STOP_LENGTH` characters each).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""How a prepared GPU run (`bench/gpurun.py`) ends: its exit code, the summary it prints last, and the packing of
+"""How a prepared GPU run (`bench/gpurun/main.py`) ends: its exit code, the summary it prints last, and the packing of
 its output folder into the few flat files the device tool brings back.
 
-Like `bench/gpurun.py`, this module's top level imports only the standard library; `bench.runs` and
-`bench.profile_analysis` are imported inside `summary_lines`.
+Like `bench/gpurun/main.py`, this module's top level imports only the standard library; `bench.runs` and
+`bench.profile.analysis` are imported inside `summary_lines`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bench.gpurun_steps import Context
+    from bench.gpurun.steps import Context
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
 """0 every planned step ran to the end; 1 a step failed; 2 a usage error or a missing package (nothing was run);
@@ -70,7 +70,7 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
         except Exception as exc:  # noqa: BLE001
             prof, _ = None, out.append(f"  profile: unreadable ({exc})")
         if prof is not None:
-            from bench.profile_analysis import format_profile_table
+            from bench.profile.analysis import format_profile_table
 
             rows = format_profile_table(prof)
             out.append(f"  profile ({prof.get('steps')} steps, {prof['totals']['ms_per_step']:.3f} ms/step device): "

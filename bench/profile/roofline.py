@@ -257,8 +257,8 @@ def decode_step_bytes(shape: DecoderShape, layout: WeightLayout, context_tokens:
 
 
 def roofline_share_pct(bytes_per_step: int | float, tok_s: float, bandwidth_gib_s: float) -> float:
-    """Bandwidth roofline share in %: `bench.bandwidth.roofline_share` with the bandwidth given in GiB/s (2^30 B/s).
+    """Bandwidth roofline share in %: `bench.profile.bandwidth.roofline_share` with the bandwidth given in GiB/s (2^30 B/s).
     Raises InputError for a bandwidth <= 0 or negative inputs."""
-    from bench.bandwidth import roofline_share
+    from bench.profile.bandwidth import roofline_share
 
     return 100.0 * roofline_share(bytes_per_step, tok_s, bandwidth_gib_s * GIB)

@@ -1,8 +1,8 @@
-"""The tables of `bench report` (bench/report.py) and what they are built from: the runs as the report sees them
+"""The tables of `bench report` (bench/report/build.py) and what they are built from: the runs as the report sees them
 (`RunView`, loaded by `load_runs` with their column labels), the number formats, and the environment, sweep and
 profile tables, each as markdown text and as CSV values (numbers unrounded).
 
-No jax and no `model/` here, as in bench/report.py. A null shows as "—" (`DASH`).
+No jax and no `model/` here, as in bench/report/build.py. A null shows as "—" (`DASH`).
 
 profile.json keys read (other keys are ignored; the first alias present wins):
 - `categories.<name>.pct` (%): a category listed with a null pct is one the device cannot have ("absent", as
@@ -15,7 +15,7 @@ profile.json keys read (other keys are ignored; the first alias present wins):
   `roofline.bandwidth_kind` (text; "measured (device copy)" when absent); `roofline.share_pct` |
   bandwidth_roofline_share_pct (%),
   `roofline.share_approx` (bool); `roofline.bytes_per_step` (bytes); `roofline.derived.share_pct`,
-  `.bytes_per_step`, `.account.terms` (the derived byte accounting, bench/roofline.py).
+  `.bytes_per_step`, `.account.terms` (the derived byte accounting, bench/profile/roofline.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ class RunView:
             return {}
 
 
-def _view(run: RunFolder) -> RunView:
+def run_view(run: RunFolder) -> RunView:
+    """The typed view of one opened run: its cells by input size and its profile (or None)."""
     return RunView(run, {c.input_tokens: c for c in run.cells()}, run.profile())
 
 
@@ -93,18 +94,18 @@ def load_runs(
     views, skipped = [], []
     if run_dirs:
         for ref in run_dirs:
-            views.append(_view(open_complete_run(resolve_run(ref, runs_dir))))
+            views.append(run_view(open_complete_run(resolve_run(ref, runs_dir))))
     else:
         for summary in list_runs(runs_dir):
             try:
-                views.append(_view(open_complete_run(summary.path)))
+                views.append(run_view(open_complete_run(summary.path)))
             except RunFolderError as exc:
                 skipped.append((summary.name, str(exc)))
     names = [v.name for v in views]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
         raise InputError(f"run(s) named twice: {', '.join(sorted(dupes))}")
-    _assign_labels(views)
+    assign_labels(views)
     return views, skipped
 
 
@@ -115,7 +116,7 @@ def _chip(view: RunView) -> str:
     return "CPU" if kind.lower().startswith("cpu") else kind.strip()
 
 
-def _assign_labels(views: list[RunView]) -> None:
+def assign_labels(views: list[RunView]) -> None:
     """Short column labels: the chip, made unique with the run name when two runs share a chip."""
     chips = [_chip(v) for v in views]
     for view, chip in zip(views, chips):
@@ -142,7 +143,7 @@ def fmt_pct(x: float | None, approx: bool = False, absent: bool = False) -> str:
     return ("~" if approx else "") + text
 
 
-def _md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     def cell(x: Any) -> str:
         return (DASH if x is None else str(x)).replace("|", "\\|").replace("\n", " ")
 
@@ -151,7 +152,7 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(header)

@@ -4,7 +4,7 @@
 and its state (tokens, positions, KV cache); tests pass small jitted functions. It runs `warmup` untimed steps first
 (so nothing compiles under the profiler), then traces exactly `n_steps` steps, each inside
 `jax.profiler.StepTraceAnnotation("decode", step_num=i)` and each blocked on before the next starts, so every
-device op of step i lies inside step i's annotation. `bench.profile_analysis` uses those annotations to count the
+device op of step i lies inside step i's annotation. `bench.profile.analysis` uses those annotations to count the
 steps and to keep only the ops inside them.
 
 Keeping the trace small: the Python tracer is off by default (it records every Python call and makes traces large),
@@ -21,7 +21,7 @@ itself applies when it collects profiles for PGLE (`jax/_src/compiler.py`, `("xl
 and jax's GPU performance tips document the flag.
 
 The engine's state: `prompt_decode_steps` prefills a real prompt (the sweep's exact-size chat prompt, from
-`bench.sweep.build_prompts`) the way `Engine.generate` does (same padding, same compiled prefill and decode programs
+`bench.sweep.local.build_prompts`) the way `Engine.generate` does (same padding, same compiled prefill and decode programs
 at the same (bucket, max_new_tokens) shape), so a profile at n input tokens decodes after the sweep cell's prompt.
 
 Compatibility: `jax.profiler.start_trace(log_dir, profiler_options=...)`, `stop_trace()`, `ProfileOptions` (with
@@ -108,7 +108,9 @@ def apply_gpu_profile_flags(environ: dict[str, str] | None = None) -> str:
 def _backend_initialised() -> bool:
     if "jax" not in sys.modules:
         return False
-    from jax._src import xla_bridge  # private, but present with this name in jax 0.11 and 0.12
+    from jax._src import (
+        xla_bridge,  # private, but present with this name in jax 0.11 and 0.12
+    )
 
     check = getattr(xla_bridge, "backends_are_initialized", None)
     return bool(check()) if check is not None else True

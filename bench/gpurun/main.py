@@ -33,8 +33,8 @@ The last lines on stdout are always the summary (steps, bandwidth, each run's sw
 
 GPU settings are never touched: no nvidia-smi -pm/-lgc/-rgc/-r/-mig, only jax's own device use.
 
-This module holds the plans and `main`; the context, timings and steps are in `bench/gpurun_steps.py`, the exit
-code, summary and packing in `bench/gpurun_summary.py` (their public names are re-exported here).
+This module holds the plans and `main`; the context, timings and steps are in `bench/gpurun/steps.py`, the exit
+code, summary and packing in `bench/gpurun/summary.py`; `bench/gpurun/__init__.py` names the package's API.
 """
 
 from __future__ import annotations
@@ -49,41 +49,31 @@ import sys
 import time
 from pathlib import Path
 
-# The steps and the summary (both standard library only at their top level, like this module). Their public names
-# are re-exported here: `bench.gpurun` is the one module the shell script, the tests and the docs name.
-from bench.gpurun_steps import (  # noqa: F401  (re-exported)
+# The steps and the summary (both standard library only at their top level, like this module).
+from bench.gpurun.steps import (
     GPU_TIMING,
     GPU_WORK,
-    PROBE_MARK,
-    MissingModule,
     TINY_TIMING,
     TINY_WORK,
     Context,
+    MissingModule,
     StepResult,
-    Timing,
     Workload,
-    _make_builtin_child,
-    _probe_child,
     bandwidth,
-    bench_argv,
     checkpoint_step,
     child_env,
-    find_run,
+    make_builtin_child,
     probe,
+    probe_child,
     profile,
-    run_step,
-    settle_run,
     skip,
     stamp,
     sweep,
 )
-from bench.gpurun_summary import (  # noqa: F401  (re-exported)
-    EXIT_BUDGET,
+from bench.gpurun.summary import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
-    PACK_FILE_LIMIT,
-    PACK_MAX_FILES,
     exit_code,
     pack,
     summary_lines,
@@ -201,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     the current step, keep its work and go on to the summary, which is always the last output."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_probe"]:
-        _probe_child()
+        probe_child()
         return 0
     if argv[:1] == ["_make_builtin"]:
-        _make_builtin_child(argv[1])
+        make_builtin_child(argv[1])
         return 0
     args = parse_args(argv)
     missing = missing_packages()
@@ -281,7 +271,3 @@ def main(argv: list[str] | None = None) -> int:
     ctx.say(lines[-1])
     log_fh.close()
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

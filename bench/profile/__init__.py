@@ -1,0 +1,18 @@
+"""`bench profile` and `bench bandwidth`: an xprof trace of N decode steps, where device time goes, the roofline.
+
+No jax at import time: the capture and the bandwidth measurement import it when they run.
+- `capture_steps`, `prompt_decode_steps`, GPU profile flags  (bench.profile.capture)
+- `analyze_trace`, `ProfileAnalysis`, `format_profile_table` (bench.profile.analysis: the device-time breakdown)
+- `hlo_modules`                                               (bench.profile.xspace: HLO from an XSpace proto)
+- `measure_bandwidth`, `BandwidthResult`                      (bench.profile.bandwidth: device-to-device copy)
+- `decode_step_bytes`, `roofline_share_pct`                   (bench.profile.roofline: bytes per step, share)
+"""
+
+from bench.profile.analysis import ProfileAnalysis, analyze_trace, format_profile_table
+from bench.profile.bandwidth import BandwidthResult, measure_bandwidth
+from bench.profile.capture import capture_steps, prompt_decode_steps
+from bench.profile.roofline import decode_step_bytes, roofline_share_pct
+from bench.profile.xspace import hlo_modules
+
+__all__ = ["ProfileAnalysis", "analyze_trace", "format_profile_table", "BandwidthResult", "measure_bandwidth",
+           "capture_steps", "prompt_decode_steps", "decode_step_bytes", "roofline_share_pct", "hlo_modules"]  # fmt: skip

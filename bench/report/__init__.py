@@ -1,0 +1,17 @@
+"""The report and the regression gate: tables, plots, findings and run-to-run comparisons from run folders alone.
+
+Imports neither jax nor the engine (checked by an import contract): it works from archived runs of machines you no
+longer have.
+- `build_report`, `Report`                              (bench.report.build: findings, report.md, CSV, plots)
+- `load_runs`, `RunView`, `fmt_num`, `fmt_pct`, `rate_text` (bench.report.tables: views and formats)
+- `compare_runs`, `Comparison`, `manifest_differences`  (bench.report.compare: `bench compare`)
+"""
+
+from bench.report.build import Report, build_report
+from bench.report.compare import Comparison, compare_runs, manifest_differences
+from bench.report.tables import RunView, fmt_num, fmt_pct, load_runs, rate_text
+
+__all__ = [
+    "Report", "build_report", "Comparison", "compare_runs", "manifest_differences", "RunView", "fmt_num",
+    "fmt_pct", "load_runs", "rate_text",
+]  # fmt: skip
