@@ -246,7 +246,7 @@ def test_the_context_error_names_the_field_to_change():
 
 # ---- every error is an OpenAI error body, and counted ----------------------------------------------------------------
 def _errors_counted(client) -> float:
-    from bench.serve.metrics import parse_metrics
+    from bench.sweep.remote import parse_metrics
 
     return sum(v for k, v in parse_metrics(client.get("/metrics").text).items() if k.startswith("gemma4_bench_errors"))
 

@@ -47,6 +47,8 @@ def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
 
 
 def _manifest(engine, report: dict, ckpt: Path, cache_dir: Path | None, config, runs_cfg: dict) -> dict:
+    import jax
+
     from bench.runs.environment import (
         build_id,
         device_facts,
@@ -71,7 +73,7 @@ def _manifest(engine, report: dict, ckpt: Path, cache_dir: Path | None, config, 
         "build_id": build_id([repo / "model", repo / "bench"], chash, {**engine_config, **runs_cfg}),
         "git": git_state(repo),
         "versions": package_versions(),
-        "device": device_facts(),
+        "device": device_facts(jax),
         "host": host_facts(),
         "dtype_policy": {"line": pol.line(), "compute_dtype": pol.compute_dtype, "weights": pol.weight_dtype,
                          "activations": pol.activation_dtype, "kv_cache": pol.kv_dtype, "pre_ampere": pol.pre_ampere,

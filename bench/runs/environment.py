@@ -1,6 +1,6 @@
 """Facts about the machine, the software and the payload that a run folder records.
 
-Nothing here imports jax at module import: `device_facts` takes jax lazily (or a jax module passed in), so the
+Nothing here imports jax: `device_facts` is given the imported jax module by its caller, so the
 report and `bench runs` stay fast and work where jax is absent. Every function returns plain JSON-ready data;
 unknown facts are None, never a guess.
 
@@ -8,7 +8,7 @@ unknown facts are None, never a guess.
 - `package_versions()`: installed versions (importlib.metadata) of the packages a run depends on.
 - `git_state(path)`: commit and dirty flag, (None, None) outside a git checkout or without git.
 - `build_id(source_roots, checkpoint_hash, config)`: 12 hex chars naming the payload of a run.
-- `device_facts(jax_module=None)`: platform, device kind, count, memory, compute capability, driver/CUDA.
+- `device_facts(jax_module)`: platform, device kind, count, memory, compute capability, driver/CUDA.
 - `device_slug(device_kind)`: short chip name for run-folder names (cpu, t4, t4g, l4, a100, h100, h200, ...).
 - `gpu_architecture(compute_capability)`: NVIDIA architecture name (Turing, Ampere, Ada, Hopper, ...).
 """
@@ -215,19 +215,16 @@ def _nvidia_smi_driver() -> str | None:
     return lines[0].strip() if done.returncode == 0 and lines else None
 
 
-def device_facts(jax_module: Any = None) -> dict[str, Any]:
+def device_facts(jax_module: Any) -> dict[str, Any]:
     """The accelerator jax will use: platform, device_kind, count, memory_bytes, compute_capability,
     architecture, driver_version, cuda_plugin (the jax CUDA plugin package and version, e.g. "jax-cuda13-plugin
     0.11.1"), slug.
 
-    `jax_module` is the imported jax (imported here when None; this is the only function that touches jax).
+    `jax_module` is the imported jax (or a stand-in with `devices()`); this module never imports jax itself.
     memory_bytes is the device's allocatable limit (`memory_stats()["bytes_limit"]`) where the backend reports it.
     Unknown values are None.
     """
-    jax = jax_module
-    if jax is None:
-        import jax  # noqa: PLC0415  (deliberately lazy: the report never imports jax)
-    devices = jax.devices()
+    devices = jax_module.devices()
     dev = devices[0]
     kind = getattr(dev, "device_kind", None)
     memory = None

@@ -1,4 +1,4 @@
-"""The server's `/metrics`: Prometheus counters and gauges (prometheus_client), and a scraper for any server's.
+"""The server's `/metrics`: Prometheus counters and gauges (prometheus_client); `bench.sweep.remote` scrapes them.
 
 Names start with `gemma4_bench_`. Counters: HTTP requests by path and status code, errors by OpenAI error type,
 finished generations, prompt and completion tokens, degenerate responses, cancelled requests, generations during
@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily
-from prometheus_client.parser import text_string_to_metric_families
 
 PREFIX = "gemma4_bench_"
 RECENT_REQUESTS = 32  # the decode-gauge and TTFT medians are over this many latest requests
@@ -96,13 +95,3 @@ class Metrics:
         self.ready.set(int(ready))
         self.queue_depth.set(queue_depth)
         return generate_latest(self.registry)
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {'name{label="v",...}': value}, labels sorted by name (no braces when there are none)."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[sample.name + (f"{{{labels}}}" if labels else "")] = float(sample.value)
-    return out

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.errors import BenchError, RunFolderError
 from bench.measure.degeneracy import check_degenerate
@@ -114,10 +115,18 @@ def _get_json(client: httpx.Client, url: str) -> Any:
         return None
 
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name{label="v",...}': value}, labels sorted by name (no braces when there are none)."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[sample.name + (f"{{{labels}}}" if labels else "")] = float(sample.value)
+    return out
+
+
 def scrape_metrics(client: httpx.Client, root: str) -> dict[str, float]:
     """`GET {root}/metrics` as {'name{labels}': value}; {} when the server has none or it cannot be parsed."""
-    from bench.serve.metrics import parse_metrics
-
     try:
         r = client.get(f"{root}/metrics")
         return parse_metrics(r.text) if r.status_code == 200 else {}
