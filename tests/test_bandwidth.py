@@ -13,12 +13,8 @@ import numpy as np
 import pytest
 
 from bench.errors import InputError
-from bench.profile.bandwidth import (
-    MiB,
-    default_bytes,
-    measure_bandwidth,
-    roofline_share,
-)
+from bench.profile.bandwidth import MiB, default_bytes, measure_bandwidth
+from bench.profile.roofline import roofline_share
 
 N_BYTES = 64 * MiB
 

@@ -204,7 +204,7 @@ def attach_roofline(
 ) -> ProfileAnalysis:  # fmt: skip
     """A copy of `analysis` with its roofline: bytes_per_step x tok/s / bandwidth, tok/s being the gauge when
     given, else the profile's own 1000 / ms per step (labelled as such)."""
-    from bench.profile.bandwidth import roofline_share
+    from bench.profile.roofline import roofline_share
 
     tok_s, source = (gauge_tok_s, "gauge") if gauge_tok_s is not None else (analysis.totals["tok_s"], "profile")
     share = 100.0 * roofline_share(bytes_per_step, tok_s, bandwidth_bytes_s)

@@ -11,7 +11,8 @@ not memory: 4-7 GB/s against 25 GB/s for the donated copy on this project's CPU 
 On this project's CPU machines a numpy copy gives about 27 GB/s on one core (measurement.md); the test suite checks
 that this measurement lands within a small factor of a numpy copy measured the same way.
 
-Nothing here imports jax at module import, so `bench.report` can use `roofline_share` on archived runs.
+jax is imported only by `measure_bandwidth`; the roofline share of a measured bandwidth is
+`bench.profile.roofline.roofline_share` (no jax, so the report can use it on archived runs).
 """
 
 from __future__ import annotations
@@ -126,19 +127,3 @@ def measure_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS
         gib_s=rate / GiB,
         gb_s=rate / 1e9,
     )
-
-
-def roofline_share(bytes_per_step: float, tok_s: float, bandwidth_bytes_s: float) -> float:
-    """Bandwidth roofline share, a fraction: bytes_per_step x tok_s / bandwidth_bytes_s (measurement.md).
-
-    bytes_per_step: bytes one decode step reads (weights at their stored size plus the KV cache read at that
-        context), from the engine's own accounting.
-    tok_s: the gauge decode rate in tokens/s at batch 1 (one step per token).
-    bandwidth_bytes_s: measured bandwidth in bytes/s (bytes read + written by the copy per second).
-    1.0 means decode moves bytes as fast as the copy did. Raises InputError for negative inputs or a bandwidth <= 0.
-    """
-    if bandwidth_bytes_s <= 0:
-        raise InputError(f"bandwidth {bandwidth_bytes_s!r} bytes/s: expected a measured bandwidth > 0")
-    if bytes_per_step < 0 or tok_s < 0:
-        raise InputError(f"bytes per step {bytes_per_step!r} and tok/s {tok_s!r}: expected values >= 0")
-    return bytes_per_step * tok_s / bandwidth_bytes_s

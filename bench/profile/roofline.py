@@ -29,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from bench.errors import InputError
+
 GIB = 2**30
 
 
@@ -256,9 +258,23 @@ def decode_step_bytes(shape: DecoderShape, layout: WeightLayout, context_tokens:
     return ByteAccount(layout.name, context_tokens, tuple(terms))
 
 
-def roofline_share_pct(bytes_per_step: int | float, tok_s: float, bandwidth_gib_s: float) -> float:
-    """Bandwidth roofline share in %: `bench.profile.bandwidth.roofline_share` with the bandwidth given in GiB/s (2^30 B/s).
-    Raises InputError for a bandwidth <= 0 or negative inputs."""
-    from bench.profile.bandwidth import roofline_share
+def roofline_share(bytes_per_step: float, tok_s: float, bandwidth_bytes_s: float) -> float:
+    """Bandwidth roofline share, a fraction: bytes_per_step x tok_s / bandwidth_bytes_s (measurement.md).
 
+    bytes_per_step: bytes one decode step reads (weights at their stored size plus the KV cache read at that
+        context), from the engine's own accounting.
+    tok_s: the gauge decode rate in tokens/s at batch 1 (one step per token).
+    bandwidth_bytes_s: measured bandwidth in bytes/s (bytes read + written by the copy per second).
+    1.0 means decode moves bytes as fast as the copy did. Raises InputError for negative inputs or a bandwidth <= 0.
+    """
+    if bandwidth_bytes_s <= 0:
+        raise InputError(f"bandwidth {bandwidth_bytes_s!r} bytes/s: expected a measured bandwidth > 0")
+    if bytes_per_step < 0 or tok_s < 0:
+        raise InputError(f"bytes per step {bytes_per_step!r} and tok/s {tok_s!r}: expected values >= 0")
+    return bytes_per_step * tok_s / bandwidth_bytes_s
+
+
+def roofline_share_pct(bytes_per_step: int | float, tok_s: float, bandwidth_gib_s: float) -> float:
+    """Bandwidth roofline share in %: `roofline_share` with the bandwidth given in GiB/s (2^30 B/s).
+    Raises InputError for a bandwidth <= 0 or negative inputs."""
     return 100.0 * roofline_share(bytes_per_step, tok_s, bandwidth_gib_s * GIB)
