@@ -46,7 +46,8 @@ else
   rm -rf "$venv"
   "$py" -m venv "$venv"
   "$py" scripts/gpu_image.py constraints >"$work/constraints.txt"
-  mapfile -t specs < <("$py" scripts/gpu_image.py pins "${NEEDS[@]}") || fail "could not pin ${NEEDS[*]}"
+  mapfile -t specs < <("$py" scripts/gpu_image.py pins "${NEEDS[@]}")
+  (( ${#specs[@]} == ${#NEEDS[@]} )) || fail "could not pin ${NEEDS[*]} (error above)"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
       -c "$work/constraints.txt" "${specs[@]}" >"$work/pip.log" 2>&1 || fail "pip install into the venv" "$work/pip.log"
   # What our pins pull in but the image lacks (typer 0.29 needs pydantic, dateutil 4 tzdata) goes: the image
