@@ -12,9 +12,10 @@ set -euo pipefail
 WHEELS_LIMIT_MIB=40
 TRAVEL_LIMIT_MIB=60
 
-# What `bench serve` imports and the image lacks (the prepared run itself needs nothing the image lacks), with
-# every need of theirs that the image lacks. typing-extensions: the image has one, at a version nobody has read,
-# and pydantic/pydantic-core need >= 4.16, so ours travels (it shadows the image's for our processes only).
+# What `bench serve` imports and the image lacks, with every need of theirs that the image lacks. The prepared run
+# needs pydantic too where typer >= 0.22 (ours is; the image's version was not read): typer imports it when it
+# parses options. typing-extensions: the image has one, at a version nobody has read, and pydantic/pydantic-core
+# need >= 4.16, so ours travels (it shadows the image's for our processes only).
 SERVE=(fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn opentelemetry-api
        typing-extensions)
 # --with-xprof: the trace viewer (`xprof --logdir ...`) and what it imports at start. Left out on purpose, although
