@@ -7,13 +7,14 @@ STAMP     := $(VENV)/.installed
 INPUTS    ?= 41,521,2057,3593
 ARGS      ?=
 
-.PHONY: help venv test test-fast sweep profile report generate lock clean
+.PHONY: help venv test test-fast gpu-rehearsal sweep profile report generate lock clean
 
 help:
 	@echo "make sweep    run the default sweep (inputs $(INPUTS)) on the built-in checkpoint; writes runs/<name>/"
 	@echo "make test     run the test suite"
 	@echo "make profile  xprof trace of 20 decode steps + device-time breakdown, added to the latest sweep run"
 	@echo "make report   tables and plots comparing the archived runs in runs/ -> reports/latest/"
+	@echo "make gpu-rehearsal  scripts/gpu-run.sh --tiny on this CPU with the GPU image's packages + carried wheels"
 	@echo "make lock     re-pin constraints.txt from the current .venv"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -33,6 +34,10 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+# Needs no .venv: it builds (and caches) its own venv of the GPU image's versions; see scripts/gpu-rehearsal.sh.
+gpu-rehearsal:
+	scripts/gpu-rehearsal.sh
 
 sweep: $(STAMP)
 	$(BENCH) sweep --inputs $(INPUTS) $(ARGS)
