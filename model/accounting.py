@@ -57,8 +57,12 @@ def global_shapes(cfg: ModelConfig) -> dict[str, Shape | None]:
     }
 
 
+def _size(shape: Shape | None) -> int:
+    return 0 if shape is None else math.prod(shape)
+
+
 def _count(shapes: dict[str, Shape | None]) -> int:
-    return sum(math.prod(s) for s in shapes.values() if s is not None)
+    return sum(_size(s) for s in shapes.values())
 
 
 def layer_param_count(cfg: ModelConfig, i: int) -> int:
@@ -92,8 +96,8 @@ def param_counts(cfg: ModelConfig) -> ParamCounts:
     layers = sum(layer_param_count(cfg, i) for i in range(cfg.num_layers))
     return ParamCounts(
         body=layers + _count(glob),
-        embedding=_count({"embed_VD": tables["embed_VD"]}),
-        ple_table=_count({"ple_embed_VX": tables["ple_embed_VX"]}),
+        embedding=_size(tables["embed_VD"]),
+        ple_table=_size(tables["ple_embed_VX"]),
     )
 
 
