@@ -8,19 +8,57 @@ Public API (everything else is internal):
 - `decide_policy`, `DevicePolicy`                      (model.policy)
 - `Engine`, `load_engine`, `full_logits`, `Sampling`  (model.engine)
 - `GemmaTokenizer`                                     (model.tokenizer)
+The model's facts without jax: `model.config` and `model.accounting` (parameter shapes and counts, KV cache slots,
+bytes a decode step reads) import neither jax nor numpy, so the report can use them on archived runs.
+
+Each name above is imported from its module on first use (PEP 562 `__getattr__`), not when the package is: so
+`import model.config` runs no jax, while `from model import Engine` works as before.
 This package never imports `bench`. Importing it configures nothing (no jax.config updates).
 """
 
-from model.builtin import create_checkpoint, ensure_builtin
-from model.checkpoint import content_hash, load_params, resolve_checkpoint
-from model.config import PRESETS, ModelConfig, load_config
-from model.engine import Engine, Sampling, full_logits, load_engine
-from model.forward import decode_step, forward_full, prefill
-from model.policy import DevicePolicy, decide_policy
-from model.tokenizer import GemmaTokenizer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOMES = {
+    "PRESETS": "model.config", "ModelConfig": "model.config", "load_config": "model.config",
+    "content_hash": "model.checkpoint", "load_params": "model.checkpoint", "resolve_checkpoint": "model.checkpoint",
+    "create_checkpoint": "model.builtin", "ensure_builtin": "model.builtin",
+    "forward_full": "model.forward", "prefill": "model.forward", "decode_step": "model.forward",
+    "DevicePolicy": "model.policy", "decide_policy": "model.policy",
+    "Engine": "model.engine", "Sampling": "model.engine", "full_logits": "model.engine", "load_engine": "model.engine",
+    "GemmaTokenizer": "model.tokenizer",
+}  # fmt: skip
+"""Public name -> the module that defines it."""
 
 __all__ = [
     "PRESETS", "ModelConfig", "load_config", "content_hash", "load_params", "resolve_checkpoint",
     "create_checkpoint", "ensure_builtin", "forward_full", "prefill", "decode_step", "DevicePolicy",
     "decide_policy", "Engine", "Sampling", "full_logits", "load_engine", "GemmaTokenizer",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """The public name `name`, imported from its module on first access (then cached in this module's globals).
+    Raises AttributeError for any other name, as a missing module attribute does."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
+    from model.builtin import create_checkpoint, ensure_builtin
+    from model.checkpoint import content_hash, load_params, resolve_checkpoint
+    from model.config import PRESETS, ModelConfig, load_config
+    from model.engine import Engine, Sampling, full_logits, load_engine
+    from model.forward import decode_step, forward_full, prefill
+    from model.policy import DevicePolicy, decide_policy
+    from model.tokenizer import GemmaTokenizer

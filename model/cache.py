@@ -5,7 +5,8 @@ axes (B, K) outermost let the decode attention read the cache in place (see `mod
 
 Only the layers that own K/V have a cache (`ModelConfig.cache_layers`: 15 for E2B); KV-shared layers read their
 producer's. Full-attention layers keep one slot per absolute position (slot p holds position p). Sliding layers
-keep a ring of R = min(sliding_window, S) slots: position p lives in slot p mod R.
+keep a ring of R = min(sliding_window, S) slots: position p lives in slot p mod R. The slot counts, and the bytes
+a decode step reads from this cache, are `model.accounting.slots` / `kv_read_bytes` (jax-free).
 
 THE INVARIANT (enforced by `model.forward.prefill` and `model.forward.decode_step`, the only writers):
 a slot holds exactly one absolute REAL position or nothing (zeros); padding never occupies a slot.
@@ -20,6 +21,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from model.accounting import slots
 from model.config import ModelConfig
 
 
@@ -36,16 +38,6 @@ class KVCache:
     length: jax.Array
 
 
-def ring_size(cfg: ModelConfig, max_len: int) -> int:
-    """Slots of a sliding layer's ring: the window, or fewer when the whole sequence fits (no wrap then)."""
-    return min(cfg.sliding_window, max_len)
-
-
-def slots(cfg: ModelConfig, layer: int, max_len: int) -> int:
-    """Slots of `layer`'s cache: `max_len` for full attention, the ring size for sliding attention."""
-    return ring_size(cfg, max_len) if cfg.is_sliding(layer) else max_len
-
-
 def init_cache(cfg: ModelConfig, max_len: int, dtype, batch: int = 1) -> KVCache:
     """An empty cache (zeros, length 0) able to hold `max_len` positions (prompt bucket + max_new_tokens)."""
     shapes = [(batch, cfg.kv_heads(i), slots(cfg, i, max_len), cfg.layer_head_dim(i)) for i in cfg.cache_layers]
@@ -54,17 +46,6 @@ def init_cache(cfg: ModelConfig, max_len: int, dtype, batch: int = 1) -> KVCache
         v=tuple(jnp.zeros(s, dtype) for s in shapes),
         length=jnp.zeros((), jnp.int32),
     )
-
-
-def kv_read_bytes(cfg: ModelConfig, max_len: int, itemsize: int) -> int:
-    """Bytes of K and V that one decode step's attention reads: every layer reads the whole cache buffer of its KV
-    source (its own, or its producer's for a KV-shared layer), masked slots included; a producer's cache is
-    therefore read once per layer that uses it (E2B: layer 14's by layers 14, 19, 24, 29 and 34)."""
-    total = 0
-    for i in range(cfg.num_layers):
-        src = cfg.kv_source(i)
-        total += 2 * slots(cfg, src, max_len) * cfg.kv_heads(src) * cfg.layer_head_dim(src) * itemsize
-    return total
 
 
 def ring_positions(length: jax.Array, ring: int) -> jax.Array:

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from model.accounting import global_shapes, layer_shapes
 from model.config import ModelConfig, load_config
 from model.errors import CheckpointError
-from model.params import LayerParams, Params, global_shapes, layer_shapes
+from model.params import LayerParams, Params
 
 PREFIXES = ("model.language_model.", "model.")
 _IGNORED_PREFIXES = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model.accounting import decode_weight_bytes, kv_read_bytes
 from model.cache import init_cache
 from model.config import ModelConfig
 from model.errors import EngineError
@@ -228,11 +229,8 @@ class Engine:
         """Bytes one decode step reads at the compiled shape of `n_tokens` (roofline numerator, measurement.md):
         `weights` (every weight the step touches at its stored size: one row of each embedding table, the whole
         tied table for the logits) and `kv_cache` (K and V read by the attention of every layer: the whole buffer
-        of bucket + max_new_tokens positions of its KV source, masked slots included, `model.cache.kv_read_bytes`),
-        and their `total`."""
-        from model.cache import kv_read_bytes
-        from model.params import decode_weight_bytes
-
+        of bucket + max_new_tokens positions of its KV source, masked slots included), and their `total`; both
+        from `model.accounting` (`decode_weight_bytes`, `kv_read_bytes`)."""
         weights = decode_weight_bytes(self.cfg, np.dtype(DTYPES[self.policy.weight_dtype]).itemsize)
         cache_len = self.bucket_for(n_tokens) + max_new_tokens
         kv = kv_read_bytes(self.cfg, cache_len, np.dtype(DTYPES[self.policy.kv_dtype]).itemsize)

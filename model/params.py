@@ -1,4 +1,4 @@
-"""Parameter pytrees of the Gemma 4 text decoder, their abstract shapes, random init, and byte accounting.
+"""Parameter pytrees of the Gemma 4 text decoder, their abstract shapes, and random init.
 
 Key: V vocab, D model width, L layers, N query heads, K kv heads, H head dim (per layer), F feed-forward width
 (per layer), P per-layer-input (PLE) width.
@@ -7,6 +7,8 @@ Layout: matrices are stored input-major, in the shape the einsums use (`wq_DNH`,
 checkpoint stores linear weights [out, in], and `model.checkpoint` transposes them once at load.
 Leaves are stored in one weight dtype; layers convert a weight to the activation dtype in one place
 (`model.layers.dense`), which is a no-op when the two match, and the visible dtype-conversion cost when they do not.
+The leaves' shapes are `model.accounting.layer_shapes` / `global_shapes`; the parameter counts and the bytes a
+decode step reads are there too (jax-free, so the report can use them).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model.accounting import global_shapes, layer_shapes
 from model.config import ModelConfig
 
 
@@ -63,33 +66,6 @@ class Params:
     ple_norm_P: jax.Array | None  # per_layer_projection_norm
     final_norm_D: jax.Array  # norm
     layers: tuple[LayerParams, ...]
-
-
-def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, tuple[int, ...] | None]:
-    """Shapes of layer i's leaves by field name (None for a leaf the layer does not have)."""
-    d, n, k, h, f, p = cfg.hidden_size, cfg.num_heads, cfg.kv_heads(i), cfg.layer_head_dim(i), cfg.ffw_dim(i), cfg.ple_dim
-    own_kv = not cfg.is_kv_shared(i)
-    return {
-        "attn_norm_D": (d,), "post_attn_norm_D": (d,), "pre_ffw_norm_D": (d,), "post_ffw_norm_D": (d,),
-        "wq_DNH": (d, n, h), "q_norm_H": (h,),
-        "wk_DKH": (d, k, h) if own_kv else None, "wv_DKH": (d, k, h) if own_kv else None,
-        "k_norm_H": (h,) if own_kv else None,
-        "wo_NHD": (n, h, d), "gate_DF": (d, f), "up_DF": (d, f), "down_FD": (f, d),
-        "ple_gate_DP": (d, p) if p else None, "ple_proj_PD": (p, d) if p else None,
-        "post_ple_norm_D": (d,) if p else None, "layer_scalar_1": (1,),
-    }  # fmt: skip
-
-
-def global_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...] | None]:
-    """Shapes of the non-layer leaves by field name."""
-    x = cfg.num_layers * cfg.ple_dim
-    return {
-        "embed_VD": (cfg.vocab_size, cfg.hidden_size),
-        "ple_embed_VX": (cfg.ple_vocab, x) if cfg.ple_dim else None,
-        "ple_proj_DX": (cfg.hidden_size, x) if cfg.ple_dim else None,
-        "ple_norm_P": (cfg.ple_dim,) if cfg.ple_dim else None,
-        "final_norm_D": (cfg.hidden_size,),
-    }
 
 
 def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
@@ -181,23 +157,3 @@ def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Params:
     for layer, name, value in init_tensors(cfg, seed, dtype):
         (glob if layer is None else layers[layer])[name] = value
     return Params(**glob, layers=tuple(LayerParams(**fields) for fields in layers))
-
-
-# ---- byte accounting (the roofline's numerator) ---------------------------------------------------------------
-def decode_weight_bytes(cfg: ModelConfig, weight_itemsize: int) -> int:
-    """Weight bytes that one decode step reads, at `weight_itemsize` bytes per stored scalar.
-
-    Every layer weight and norm once; the per-layer-model projection and its norm; ONE row of the input embedding
-    table and ONE row of the PLE table (a gather per token, not the tables); the whole tied embedding once more for
-    the output projection (logits over V). Source: measurement.md "bytes per decode step".
-    """
-    abstract = abstract_params(cfg, jnp.float32)
-    per_layer = sum(count_params(layer) for layer in abstract.layers)
-    d, x = cfg.hidden_size, cfg.num_layers * cfg.ple_dim
-    scalars = per_layer + d  # layers + final norm
-    if cfg.ple_dim:
-        scalars += d * x + cfg.ple_dim  # per_layer_model_projection + its norm
-        scalars += x  # one row of embed_tokens_per_layer
-    scalars += d  # one row of embed_tokens (input lookup)
-    scalars += cfg.vocab_size * d  # tied output projection reads the whole table
-    return scalars * weight_itemsize

@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.errors import BenchError, InputError, RunFolderError  # noqa: E402
 from bench.profile.roofline import (  # noqa: E402
-    E2B_SHAPE,
     PLE4_INT8_LM_HEAD,
     decode_step_bytes,
     kv_cache_bytes,
@@ -38,6 +37,7 @@ from bench.profile.roofline import (  # noqa: E402
 )
 from bench.runs import LOG, RunFolder, create_run, open_run  # noqa: E402
 from bench.runs.records import CellRow  # noqa: E402
+from model.config import E2B  # noqa: E402
 
 SOURCE_TITLE = "Gemma 4 in Pure JAX: What Changes Between Turing and Ada, and What Doesn't"
 SOURCE_COPY = "published-source.json"
@@ -72,7 +72,7 @@ def _profile(run: dict[str, Any], common: dict[str, Any], source: str) -> dict[s
     approx = "bandwidth_roofline_share_pct_approx" in prof
     share = prof.get("bandwidth_roofline_share_pct_approx" if approx else "bandwidth_roofline_share_pct")
     gauge, bandwidth = prof.get("decode_gauge_tok_s"), prof.get("peak_hbm_bandwidth_gib_s")
-    account = decode_step_bytes(E2B_SHAPE, PLE4_INT8_LM_HEAD)
+    account = decode_step_bytes(E2B, PLE4_INT8_LM_HEAD)
     if account.layout != common.get("config"):
         raise InputError(f"layout {common.get('config')!r} has no byte accounting here (expected {account.layout!r})")
     derived = None
@@ -89,7 +89,7 @@ def _profile(run: dict[str, Any], common: dict[str, Any], source: str) -> dict[s
                 "int8 lm_head + scales) x published decode gauge / published nominal peak bandwidth; the KV cache "
                 "is left out because the report does not give the profiled context length"
             ),
-            "kv_bytes_at_4096_tokens": kv_cache_bytes(E2B_SHAPE, PLE4_INT8_LM_HEAD, 4096),
+            "kv_bytes_at_4096_tokens": kv_cache_bytes(E2B, PLE4_INT8_LM_HEAD, 4096),
             "account": account.to_dict(),
         }
     return {

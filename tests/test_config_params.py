@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import model.params as params_mod
+from model.accounting import decode_reads, decode_weight_bytes, layer_param_count, param_counts
 from model.config import DEFAULT, E2B, E4B, PRESETS, TINY, config_from_dict, load_config
 from model.errors import ConfigError
-from model.params import abstract_params, count_params, decode_weight_bytes, init_params
+from model.params import abstract_params, count_params, init_params
 
 
 @pytest.mark.parametrize("cfg", [TINY, DEFAULT, E2B, E4B], ids=["tiny", "default", "e2b", "e4b"])
@@ -78,6 +79,24 @@ def test_default_preset_size_and_decode_bytes():
     assert 0.35e9 < per_step < 0.45e9  # about 0.40 GB read per float32 decode step
     # A step reads one row of each embedding table, not the tables: far less than all weight bytes at E2B size.
     assert decode_weight_bytes(E2B, 2) < 0.6 * count_params(abstract_params(E2B)) * 2
+
+
+@pytest.mark.parametrize("cfg", [TINY, DEFAULT, E2B, E4B], ids=["tiny", "default", "e2b", "e4b"])
+def test_jax_free_counts_equal_the_parameter_tree(cfg):
+    tree = abstract_params(cfg)
+    counts = param_counts(cfg)
+    assert counts.total == count_params(tree)
+    assert [layer_param_count(cfg, i) for i in range(cfg.num_layers)] == [count_params(l) for l in tree.layers]
+    assert counts.embedding == count_params(tree.embed_VD)
+    reads = decode_reads(cfg)
+    assert reads.body == counts.body and reads.lm_head == counts.embedding
+    assert reads.input_embedding_row == cfg.hidden_size and reads.ple_row == cfg.num_layers * cfg.ple_dim
+    assert decode_weight_bytes(cfg, 2) == 2 * reads.total
+
+
+def test_e2b_body_and_tables():
+    counts = param_counts(E2B)  # gemma4-architecture.md §3: 4,628,569,379 text parameters
+    assert (counts.body, counts.embedding, counts.ple_table) == (1_877_105_955, 262_144 * 1536, 262_144 * 35 * 256)
 
 
 def test_init_is_deterministic_and_presets_are_hashable():

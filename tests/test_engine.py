@@ -190,8 +190,7 @@ def test_prompt_longer_than_the_largest_bucket_is_a_clear_error(params):
 
 
 def test_decode_bytes_count_each_layers_kv_read(params):
-    from model.cache import kv_read_bytes
-    from model.params import decode_weight_bytes
+    from model.accounting import decode_weight_bytes, kv_read_bytes
 
     engine = Engine(params, CFG, decide_policy("float32"), buckets=(16, 32))
     got = engine.decode_bytes(20, 12)  # bucket 32 + 12 -> 44 cache positions
