@@ -7,6 +7,9 @@ Two published serialisations are accepted:
 - the hub's form, with `global_head_dim` (and `num_global_key_value_heads`) for the full-attention layers;
 - transformers' saved form, with `per_layer_config: {"<layer>": {"head_dim": ..., "num_key_value_heads": ...}}`.
 A multimodal wrapper (`model_type: gemma4`) is read through its `text_config`.
+Every field is type-checked as transformers annotates it (booleans are not integers, 35.0 is not an
+integer, null only where the field is `X | None`): a wrong type is one ConfigError naming the file, the field
+with its path (`text_config.num_hidden_layers`, `layer_types[3]`), the value received and the type expected.
 
 Only frozen objects are jit statics: `ModelConfig` is hashable and every derived per-layer fact is a method
 or a tuple, so a program compiled for one config can never be reused for another.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,118 +225,252 @@ class ModelConfig:
         return d
 
 
-def _require(d: dict[str, Any], key: str, where: str) -> Any:
-    if key not in d or d[key] is None:
-        raise ConfigError(f"{where}: field {key!r} is missing; a Gemma 4 text config needs it")
-    return d[key]
+# ---- reading config.json -----------------------------------------------------------------------------------------
+# Types follow transformers' `Gemma4TextConfig` field annotations: null is accepted only where it types a field
+# `X | None` (pad/bos/eos ids, rope_parameters, layer_types, final_logit_softcapping, use_bidirectional_attention,
+# and the kwargs global_head_dim / num_global_key_value_heads / per_layer_config). Booleans are not integers;
+# integers are numbers; a number with a fraction (even 35.0) is not an integer.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Kind:
+    """An expected JSON type: its name in messages, its test, and for a list the kind of every element."""
+
+    name: str
+    accepts: Callable[[Any], bool]
+    item: _Kind | None = None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_INT = _Kind(name="an integer", accepts=_is_int)
+_FLOAT = _Kind(name="a number", accepts=lambda v: _is_int(v) or isinstance(v, float))
+_BOOL = _Kind(name="true or false", accepts=lambda v: isinstance(v, bool))
+_STR = _Kind(name="a string", accepts=lambda v: isinstance(v, str))
+_OBJECT = _Kind(name="an object", accepts=lambda v: isinstance(v, dict))
+_STR_LIST = _Kind(name="a list of strings", accepts=lambda v: isinstance(v, list | tuple), item=_STR)
+_IDS = _Kind(name="an integer or a non-empty list of integers", accepts=_is_int)
+_ABSENT = object()  # "no default": the field is required
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type of `value` in words, for messages ('a string', 'null', ...)."""
+    if value is None:
+        return "null"
+    names = ((bool, "a boolean"), (int, "an integer"), (float, "a number with a decimal point"), (str, "a string"),
+             (list | tuple, "a list"), (dict, "an object"))  # fmt: skip
+    return next((name for t, name in names if isinstance(value, t)), type(value).__name__)
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """repr(value), cut to `limit` characters (a hostile config.json can hold megabytes in one field)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _checked(value: Any, kind: _Kind, name: str, where: str) -> Any:
+    """`value` when it is of `kind` (a list's elements checked one by one, as `name[i]`); else ConfigError naming
+    the file, the field, the value received and the type expected."""
+    if not kind.accepts(value):
+        raise ConfigError(f"{where}: field {name!r} is {_shown(value)} ({_json_type(value)}); expected {kind.name}")
+    if kind.item is not None:
+        return [_checked(v, kind.item, f"{name}[{i}]", where) for i, v in enumerate(value)]
+    return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Reader:
+    """Typed reads from one JSON object of a config.json.
+
+    where: the file (for messages); path: the object's place in it ("" at the top, "text_config." in a wrapper,
+    "rope_parameters.full_attention." ...), so that every message names a field as `path + key`.
+    """
+
+    obj: dict[str, Any]
+    where: str
+    path: str = ""
+
+    def name(self, key: str) -> str:
+        """The field's full name in messages, e.g. 'text_config.num_hidden_layers'."""
+        return self.path + key
+
+    def error(self, message: str) -> ConfigError:
+        """A ConfigError for this file: '<where>: <message>'."""
+        return ConfigError(f"{self.where}: {message}")
+
+    def get(self, key: str, kind: _Kind, default: Any = _ABSENT, *, null: Any = _ABSENT) -> Any:
+        """Field `key`, checked against `kind`. Absent: `default`, or ConfigError when there is none (a required
+        field). Null: `null`, or ConfigError when none is given (transformers does not type the field `X | None`)."""
+        if key not in self.obj:
+            if default is _ABSENT:
+                raise self.error(f"field {self.name(key)!r} is missing; a Gemma 4 text config needs it ({kind.name})")
+            return default
+        value = self.obj[key]
+        if value is None and null is not _ABSENT:
+            return null
+        return _checked(value, kind, self.name(key), self.where)
+
+    def child(self, key: str, default: dict[str, Any]) -> _Reader:
+        """A reader of the object field `key`; `default` when it is absent, null or empty."""
+        obj = self.get(key, _OBJECT, default, null=default) or default
+        return _Reader(obj=obj, where=self.where, path=f"{self.name(key)}.")
+
+
+def _text_config(raw: Any, where: str) -> _Reader:
+    """A reader of the text decoder's fields: the object itself, or a `gemma4` wrapper's `text_config`.
+    Raises ConfigError for a non-object or another model type."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    reader = _Reader(obj=raw, where=where)
+    if raw.get("model_type") in _WRAPPER_MODEL_TYPES:
+        text = raw.get("text_config")
+        if not isinstance(text, dict):
+            raise ConfigError(f"{where}: model_type 'gemma4' without a 'text_config' object")
+        reader = _Reader(obj={"model_type": "gemma4_text", **text}, where=where, path="text_config.")
+    model_type = reader.obj.get("model_type")
+    if model_type not in _TEXT_MODEL_TYPES:
+        raise reader.error(
+            f"{reader.name('model_type')} is {_shown(model_type)}; expected 'gemma4_text' or 'gemma4' "
+            "(a Gemma 4 checkpoint)"
+        )
+    return reader
+
+
+def _refuse_unsupported(r: _Reader) -> None:
+    """ConfigError for a Gemma 4 feature the engine does not implement yet, naming the field."""
+    for field in ("attention_k_eq_v", "enable_moe_block"):
+        if r.get(field, _BOOL, False):
+            raise r.error(f"{r.name(field)}=True (Gemma 4 31B/26B feature) is not supported yet")
+    bidirectional = r.obj.get("use_bidirectional_attention")
+    if bidirectional not in (None, False):
+        raise r.error(f"{r.name('use_bidirectional_attention')}={_shown(bidirectional)} is not supported yet")
+    act = r.get("hidden_activation", _STR, "gelu_pytorch_tanh")
+    if act not in _SUPPORTED_ACTIVATIONS:
+        raise r.error(f"{r.name('hidden_activation')}={_shown(act)}; expected one of {_SUPPORTED_ACTIVATIONS}")
+
+
+def _layer_types(r: _Reader) -> tuple[str, ...]:
+    """`layer_types`, or transformers' default (5 sliding then 1 full, repeated); the last layer forced to full
+    attention, as transformers does. Unknown names and a wrong count are refused by ModelConfig."""
+    num_layers = r.get("num_hidden_layers", _INT)
+    types = r.get("layer_types", _STR_LIST, None, null=None)
+    if types is None:
+        types = [SLIDING if (i + 1) % 6 else FULL for i in range(num_layers)]
+    types = list(types)
+    if types and types[-1] != FULL:
+        types[-1] = FULL
+    return tuple(types)
+
+
+def _layer_index(key: Any, name: str, where: str) -> int:
+    """A `per_layer_config` key as a layer index: JSON writes '2', transformers' own dict holds 2."""
+    if _is_int(key):
+        return key
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        return int(key)
+    raise ConfigError(f"{where}: field {name!r} has key {_shown(key)}; expected layer indices such as '2'")
+
+
+def _per_layer_overrides(r: _Reader, layer_types: tuple[str, ...]) -> tuple[int | None, int | None]:
+    """(head_dim, num_key_value_heads) of the full-attention layers from transformers' saved `per_layer_config`
+    (None where not overridden). Raises ConfigError unless every full layer, and only those, has the same
+    overrides, of head_dim and KV heads only."""
+    name = r.name("per_layer_config")
+    per_layer = r.obj["per_layer_config"]
+    overrides: dict[int, tuple[int | None, int | None]] = {}
+    for key, value in per_layer.items():
+        idx = _layer_index(key, name, r.where)
+        over = _Reader(obj=_checked(value, _OBJECT, f"{name}.{key}", r.where), where=r.where, path=f"{name}.{key}.")
+        if not 0 <= idx < len(layer_types) or layer_types[idx] != FULL:
+            raise r.error(f"{name} names layer {idx}, which is not a full-attention layer")
+        extra = set(over.obj) - {"head_dim", "num_key_value_heads"}
+        if extra:
+            raise r.error(f"{name} override(s) {sorted(extra)} are not supported yet")
+        overrides[idx] = (over.get("head_dim", _INT, None, null=None),
+                          over.get("num_key_value_heads", _INT, None, null=None))  # fmt: skip
+    full_layers = {i for i, t in enumerate(layer_types) if t == FULL}
+    if set(overrides) != full_layers or len(set(overrides.values())) != 1:
+        raise r.error(f"{name} must give every full-attention layer {sorted(full_layers)} the same overrides; "
+                      f"got {_shown(per_layer, 200)}")  # fmt: skip
+    return overrides[min(overrides)]
+
+
+def _full_attention_geometry(r: _Reader, layer_types: tuple[str, ...]) -> tuple[int, int | None]:
+    """(global_head_dim, num_global_kv_heads) from either published form: the hub's `global_head_dim` /
+    `num_global_key_value_heads`, or transformers' `per_layer_config` (which wins when both are given).
+    The head dim defaults to 512 as in transformers; None KV heads means "the same as sliding layers"."""
+    head_dim = r.get("global_head_dim", _INT, None, null=None)
+    kv_heads = r.get("num_global_key_value_heads", _INT, None, null=None)
+    if r.get("per_layer_config", _OBJECT, None, null=None):
+        head_dim, kv_heads = _per_layer_overrides(r, layer_types)
+    return (512 if head_dim is None else head_dim), kv_heads
+
+
+def _rope_parameters(r: _Reader) -> tuple[float, float, float]:
+    """(local rope_theta, global rope_theta, global partial_rotary_factor) from `rope_parameters`, with
+    transformers' defaults for an absent part. Raises ConfigError for a RoPE type not supported yet."""
+    rope = r.child("rope_parameters", {})
+    full = rope.child(FULL, {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6})
+    local = rope.child(SLIDING, {"rope_type": "default", "rope_theta": 1e4})
+    local_type = local.get("rope_type", _STR, "default")
+    if local_type != "default":
+        raise r.error(f"{local.name('rope_type')}={_shown(local_type)} (sliding layers) is not supported yet")
+    full_type = full.get("rope_type", _STR, None)
+    if full_type not in ("proportional", "default"):
+        raise r.error(f"{full.name('rope_type')}={_shown(full_type)} (full-attention layers) is not supported yet")
+    partial = float(full.get("partial_rotary_factor", _FLOAT, 1.0)) if full_type == "proportional" else 1.0
+    return float(local.get("rope_theta", _FLOAT, 1e4)), float(full.get("rope_theta", _FLOAT, 1e6)), partial
+
+
+def _eos_ids(r: _Reader) -> tuple[int, ...]:
+    """`eos_token_id`: one id or a non-empty list of ids (null: Gemma's 1, as for absent)."""
+    eos = r.obj.get("eos_token_id")
+    if isinstance(eos, list | tuple) and eos:
+        return tuple(_checked(e, _INT, f"{r.name('eos_token_id')}[{i}]", r.where) for i, e in enumerate(eos))
+    return (r.get("eos_token_id", _IDS, 1, null=1),)
 
 
 def config_from_dict(raw: dict[str, Any], *, where: str = "config.json") -> ModelConfig:
     """Build a `ModelConfig` from a parsed config.json (text config, or a `gemma4` wrapper's `text_config`).
 
-    Raises ConfigError for another model type, a missing field, or a Gemma 4 feature not supported yet
-    (attention_k_eq_v, enable_moe_block, bidirectional attention, per-layer overrides other than the head dim
-    and KV heads of full layers), naming the field.
+    where: the file, named in every message. Raises ConfigError for another model type, a missing field, a
+    field of the wrong JSON type (naming it with its path, e.g. 'text_config.num_hidden_layers', the value and
+    the type expected), or a Gemma 4 feature not supported yet (attention_k_eq_v, enable_moe_block,
+    bidirectional attention, per-layer overrides other than the head dim and KV heads of full layers).
     """
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-    model_type = raw.get("model_type")
-    if model_type in _WRAPPER_MODEL_TYPES:
-        text = raw.get("text_config")
-        if not isinstance(text, dict):
-            raise ConfigError(f"{where}: model_type 'gemma4' without a 'text_config' object")
-        return config_from_dict({"model_type": "gemma4_text", **text}, where=f"{where} (text_config)")
-    if model_type not in _TEXT_MODEL_TYPES:
-        raise ConfigError(
-            f"{where}: model_type is {model_type!r}; expected 'gemma4_text' or 'gemma4' (a Gemma 4 checkpoint)"
-        )
-    for field, unsupported in (("attention_k_eq_v", True), ("enable_moe_block", True)):
-        if raw.get(field) == unsupported:
-            raise ConfigError(f"{where}: {field}={unsupported} (Gemma 4 31B/26B feature) is not supported yet")
-    if raw.get("use_bidirectional_attention") not in (None, False):
-        raise ConfigError(
-            f"{where}: use_bidirectional_attention={raw['use_bidirectional_attention']!r} is not supported yet"
-        )
-    act = raw.get("hidden_activation", "gelu_pytorch_tanh")
-    if act not in _SUPPORTED_ACTIVATIONS:
-        raise ConfigError(f"{where}: hidden_activation={act!r}; expected one of {_SUPPORTED_ACTIVATIONS}")
-
-    num_layers = int(_require(raw, "num_hidden_layers", where))
-    layer_types = raw.get("layer_types")
-    if layer_types is None:  # transformers' default: 5 sliding then 1 full
-        layer_types = [SLIDING if (i + 1) % 6 else FULL for i in range(num_layers)]
-    layer_types = list(layer_types)
-    if layer_types and layer_types[-1] != FULL:  # transformers forces the last layer to full attention
-        layer_types[-1] = FULL
-
-    num_kv_heads = int(_require(raw, "num_key_value_heads", where))
-    global_head_dim = raw.get("global_head_dim")
-    num_global_kv = raw.get("num_global_key_value_heads")
-    per_layer = raw.get("per_layer_config")
-    if per_layer:
-        overrides: dict[int, dict[str, Any]] = {int(k): dict(v) for k, v in per_layer.items()}
-        for idx, over in overrides.items():
-            if not 0 <= idx < num_layers or layer_types[idx] != FULL:
-                raise ConfigError(f"{where}: per_layer_config names layer {idx}, which is not a full-attention layer")
-            extra = set(over) - {"head_dim", "num_key_value_heads"}
-            if extra:
-                raise ConfigError(f"{where}: per_layer_config override(s) {sorted(extra)} are not supported yet")
-        head_dims = {o.get("head_dim") for o in overrides.values()}
-        kv_counts = {o.get("num_key_value_heads") for o in overrides.values()}
-        full_layers = {i for i, t in enumerate(layer_types) if t == FULL}
-        if set(overrides) != full_layers or len(head_dims) != 1 or len(kv_counts) != 1:
-            raise ConfigError(
-                f"{where}: per_layer_config must give every full-attention layer {sorted(full_layers)} "
-                f"the same overrides; got {per_layer}"
-            )
-        global_head_dim = head_dims.pop()
-        num_global_kv = kv_counts.pop()
-    if global_head_dim is None:
-        global_head_dim = 512  # transformers' default when neither form is given
-
-    rope = raw.get("rope_parameters") or {}
-    full_rope = rope.get(FULL) or {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}
-    local_rope = rope.get(SLIDING) or {"rope_type": "default", "rope_theta": 1e4}
-    if local_rope.get("rope_type", "default") != "default":
-        raise ConfigError(f"{where}: sliding rope_type={local_rope.get('rope_type')!r} is not supported yet")
-    if full_rope.get("rope_type") not in ("proportional", "default"):
-        raise ConfigError(f"{where}: full-attention rope_type={full_rope.get('rope_type')!r} is not supported yet")
-    partial = float(full_rope.get("partial_rotary_factor", 1.0)) if full_rope.get("rope_type") == "proportional" else 1.0
-
-    eos = raw.get("eos_token_id", 1)
-    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
-    ple_dim = raw.get("hidden_size_per_layer_input", 256) or 0
-    softcap = raw.get("final_logit_softcapping", 30.0)
-    try:
-        return ModelConfig(
-            vocab_size=int(_require(raw, "vocab_size", where)),
-            hidden_size=int(_require(raw, "hidden_size", where)),
-            num_layers=num_layers,
-            num_heads=int(_require(raw, "num_attention_heads", where)),
-            num_kv_heads=num_kv_heads,
-            num_global_kv_heads=None if num_global_kv is None else int(num_global_kv),
-            head_dim=int(_require(raw, "head_dim", where)),
-            global_head_dim=int(global_head_dim),
-            intermediate_size=int(_require(raw, "intermediate_size", where)),
-            use_double_wide_mlp=bool(raw.get("use_double_wide_mlp", False)),
-            sliding_window=int(_require(raw, "sliding_window", where)),
-            layer_types=tuple(layer_types),
-            rope_local_theta=float(local_rope.get("rope_theta", 1e4)),
-            rope_global_theta=float(full_rope.get("rope_theta", 1e6)),
-            rope_global_partial_factor=partial,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            final_logit_softcap=None if softcap is None else float(softcap),
-            num_kv_shared_layers=int(raw.get("num_kv_shared_layers", 0) or 0),
-            ple_dim=int(ple_dim),
-            ple_vocab_size=raw.get("vocab_size_per_layer_input"),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
-            pad_token_id=int(raw.get("pad_token_id", 0) if raw.get("pad_token_id") is not None else 0),
-            bos_token_id=int(raw.get("bos_token_id", 2) if raw.get("bos_token_id") is not None else 2),
-            eos_token_ids=eos_ids,
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: malformed field value ({exc})") from None
+    r = _text_config(raw, where)
+    _refuse_unsupported(r)
+    layer_types = _layer_types(r)
+    global_head_dim, num_global_kv_heads = _full_attention_geometry(r, layer_types)
+    local_theta, global_theta, partial = _rope_parameters(r)
+    softcap = r.get("final_logit_softcapping", _FLOAT, 30.0, null=None)
+    return ModelConfig(
+        vocab_size=r.get("vocab_size", _INT),
+        hidden_size=r.get("hidden_size", _INT),
+        num_layers=r.get("num_hidden_layers", _INT),
+        num_heads=r.get("num_attention_heads", _INT),
+        num_kv_heads=r.get("num_key_value_heads", _INT),
+        num_global_kv_heads=num_global_kv_heads,
+        head_dim=r.get("head_dim", _INT),
+        global_head_dim=global_head_dim,
+        intermediate_size=r.get("intermediate_size", _INT),
+        use_double_wide_mlp=r.get("use_double_wide_mlp", _BOOL, False),
+        sliding_window=r.get("sliding_window", _INT),
+        layer_types=layer_types,
+        rope_local_theta=local_theta,
+        rope_global_theta=global_theta,
+        rope_global_partial_factor=partial,
+        rms_norm_eps=float(r.get("rms_norm_eps", _FLOAT, 1e-6)),
+        final_logit_softcap=None if softcap is None else float(softcap),
+        num_kv_shared_layers=r.get("num_kv_shared_layers", _INT, 0),
+        ple_dim=r.get("hidden_size_per_layer_input", _INT, 256),
+        ple_vocab_size=r.get("vocab_size_per_layer_input", _INT, None),
+        max_position_embeddings=r.get("max_position_embeddings", _INT, 131_072),
+        tie_word_embeddings=r.get("tie_word_embeddings", _BOOL, True),
+        pad_token_id=r.get("pad_token_id", _INT, 0, null=0),
+        bos_token_id=r.get("bos_token_id", _INT, 2, null=2),
+        eos_token_ids=_eos_ids(r),
+    )
 
 
 def load_config(path: str | Path) -> ModelConfig:

@@ -120,3 +120,95 @@ def test_bfloat16_init_equals_float32_init_cast():
     f32, bf16 = init_params(TINY, 5), init_params(TINY, 5, dtype=ml_dtypes.bfloat16)
     for x, y in zip(jax.tree_util.tree_leaves(f32), jax.tree_util.tree_leaves(bf16), strict=True):
         assert x.astype(ml_dtypes.bfloat16).tobytes() == y.tobytes()
+
+
+# ---- field types (issue 12): every wrong JSON type is one ConfigError naming the file, field, value and type ----
+def _config_error(raw, where="ckpt/config.json") -> str:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(raw, where=where)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "field,value,expected",
+    [
+        ("num_hidden_layers", "6", "expected an integer"),  # was silently coerced by int()
+        ("num_hidden_layers", [6], "expected an integer"),  # was a TypeError naming no field
+        ("num_hidden_layers", True, "expected an integer"),  # a boolean is not an integer (int(True) == 1)
+        ("num_hidden_layers", 6.0, "expected an integer"),  # refused although integral: transformers keeps 6.0
+        ("head_dim", 16.5, "expected an integer"),
+        ("hidden_size", None, "expected an integer"),  # null in a required field
+        ("rms_norm_eps", "1e-6", "expected a number"),
+        ("use_double_wide_mlp", 1, "expected true or false"),
+        ("tie_word_embeddings", None, "expected true or false"),  # not `bool | None` in transformers
+        ("num_kv_shared_layers", None, "expected an integer"),  # was read as 0
+        ("layer_types", "sliding_attention", "expected a list of strings"),
+        ("rope_parameters", [], "expected an object"),
+        ("eos_token_id", "1", "expected an integer or a non-empty list of integers"),
+        ("eos_token_id", [], "expected an integer or a non-empty list of integers"),
+        ("per_layer_config", [2, 5], "expected an object"),
+    ],
+)
+def test_wrong_field_type_names_field_value_type_and_file(field, value, expected):
+    raw = dict(TINY.to_hf_dict(form="per_layer_config"), **{field: value})
+    message = _config_error(raw)
+    assert message.startswith(f"ckpt/config.json: field '{field}' is {value!r} ") and message.endswith(expected)
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "change,field,value,expected",
+    [
+        (lambda d: d["layer_types"].__setitem__(1, 3), "layer_types[1]", 3, "a string"),
+        (lambda d: d.update(eos_token_id=[1, None]), "eos_token_id[1]", None, "an integer"),
+        (lambda d: d["rope_parameters"]["full_attention"].update(rope_theta="1e6"),
+         "rope_parameters.full_attention.rope_theta", "1e6", "a number"),
+        (lambda d: d["per_layer_config"]["2"].update(head_dim="32"), "per_layer_config.2.head_dim", "32", "an integer"),
+        (lambda d: d["per_layer_config"].update({"5": 32}), "per_layer_config.5", 32, "an object"),
+    ],
+)
+def test_wrong_nested_or_element_type_names_its_path(change, field, value, expected):
+    raw = TINY.to_hf_dict(form="per_layer_config")
+    change(raw)
+    assert _config_error(raw) == f"ckpt/config.json: field {field!r} is {value!r} ({_json_kind(value)}); expected {expected}"
+
+
+def _json_kind(value) -> str:
+    return {int: "an integer", str: "a string", type(None): "null"}[type(value)]
+
+
+def test_wrapper_fields_are_named_with_their_path_and_the_file(tmp_path):
+    text = dict(TINY.to_hf_dict(), num_hidden_layers="6")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": text}))
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)
+    assert str(info.value) == (
+        f"{tmp_path / 'config.json'}: field 'text_config.num_hidden_layers' is '6' (a string); expected an integer"
+    )
+
+
+def test_a_long_value_is_cut_in_the_message():
+    message = _config_error(dict(TINY.to_hf_dict(), vocab_size="9" * 10_000))
+    assert "field 'vocab_size' is '999" in message and message.count("9") < 100 and "... (a string)" in message
+    assert len(message) < 200 and message.endswith("(a string); expected an integer")
+
+
+def test_per_layer_config_key_must_be_a_layer_index():
+    raw = dict(TINY.to_hf_dict(form="per_layer_config"), per_layer_config={"full": {"head_dim": 32}})
+    assert "field 'per_layer_config' has key 'full'; expected layer indices" in _config_error(raw)
+
+
+def test_integers_are_numbers_and_null_is_read_where_transformers_allows_it():
+    raw = TINY.to_hf_dict()
+    raw.update(rms_norm_eps=1, final_logit_softcapping=None, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+               rope_parameters=None, use_bidirectional_attention=None)  # fmt: skip
+    raw["rope_parameters"] = {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                 "rope_theta": 1_000_000}, "sliding_attention": None}  # fmt: skip
+    cfg = config_from_dict(raw)
+    assert cfg.rms_norm_eps == 1.0 and isinstance(cfg.rms_norm_eps, float) and cfg.final_logit_softcap is None
+    assert (cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_ids) == (0, 2, (1,))
+    assert (cfg.rope_global_theta, cfg.rope_local_theta) == (1e6, 1e4)
+    nulls = dict(TINY.to_hf_dict(), layer_types=None, global_head_dim=None, num_global_key_value_heads=None,
+                 rope_parameters=None, num_hidden_layers=12, num_kv_shared_layers=0)  # fmt: skip
+    cfg = config_from_dict(nulls)  # transformers' defaults: 5 sliding then 1 full, full head dim 512, default RoPE
+    assert cfg.layer_types == (("sliding_attention",) * 5 + ("full_attention",)) * 2 and cfg.global_head_dim == 512
