@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -108,6 +109,31 @@ def test_budget_too_small_stops_cleanly(env):
     # either skipped for lack of time or run within the budget (the total time is asserted above).
     assert any(ln.startswith("== profile-tiny") for ln in lines)
     assert "==== gpu-run summary ====" in lines and lines[-1].startswith("gpu-run: exit 3")
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_step_and_ends_with_the_summary(env):
+    """The device tool's timeout (SIGTERM to the script's process, which is the run's: exec, then execv) stops the
+    sweep, which keeps its finished cells; no later step starts, and the run prints its summary last and exits 3."""
+    root, e = env
+    out = root / "sigterm"
+    argv = [str(SCRIPT), str(out), "--tiny", "--budget-s", "150", "--inputs", "20,41", "--max-new-tokens", "8",
+            "--repeats", "1000"]  # fmt: skip
+    proc = subprocess.Popen(argv, env=e, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:  # SIGTERM once the sweep has finished its first repeat
+        lines.append(line.rstrip("\n"))
+        if "repeat 1/1000" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, err = proc.communicate(timeout=60)
+    lines += rest.strip().splitlines()
+    assert proc.returncode == 3, "\n".join(lines[-40:]) + err[-3000:]
+    assert any(ln.startswith("-- sweep-tiny: stopped") for ln in lines), lines[-40:]
+    assert "== profile-tiny: skipped (the run was stopped (SIGTERM or SIGINT))" in lines  # no step after a stop
+    assert lines[-1].startswith("gpu-run: exit 3") and "==== gpu-run summary ====" in lines
+    (run,) = _runs(out)
+    assert validate_run(run) == [] and open_run(run).status == "incomplete"
 
 
 @pytest.mark.slow

@@ -174,7 +174,10 @@ def run_step(ctx: Context, name: str, argv: list[str], limit: float, *, env_extr
     `child_env`; `header` prints the "== name (limit ...)" line first. The output also goes to logs/<name>.log.
     Returns the StepResult (also appended to `ctx.steps`): status "ok" (exit code 0), "failed" (another exit code),
     "interrupted" (SIGTERM at the limit), "killed" (SIGKILL after the grace period) or "stopped" (the run was
-    stopped by a signal meanwhile). Never raises for a failing step."""
+    stopped by a signal meanwhile). After `Context.request_stop` no step starts: it is recorded as skipped.
+    Never raises for a failing step."""
+    if ctx.stopping:
+        return skip(ctx, name, "the run was stopped (SIGTERM or SIGINT)")
     if header:
         ctx.say(f"== {name} (limit {limit:.0f} s, {ctx.remaining():.0f} s left): {' '.join(argv[2:])}")
     t = time.monotonic()
