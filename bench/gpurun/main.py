@@ -4,7 +4,7 @@ Usage (from the repository root; the shell script sets PYTHONPATH and calls `pyt
 
     scripts/gpu-run.sh OUTDIR [--budget-s 420] [--checkpoint DIR|builtin:NAME] [--tiny] [--pack DIR]
 
-Nothing is installed: the machine's python3 runs the repository as is. `python3 -m bench.gpurun`
+(`bench gpu-run OUTDIR ...` is the same command where the project is installed.) Nothing is installed: the machine's python3 runs the repository as is. `python3 -m bench.gpurun`
 (bench/gpurun/__main__.py) runs the package check (`REQUIRED`, `check_packages`) with the standard library alone,
 so a missing module is one line before typer is imported; then it hands the process over to `bench gpu-run`
 (bench/cli/gpurun_cmds.py), which parses the options and calls `run`. This package's top level imports only the
@@ -29,6 +29,8 @@ follows (minus a grace period); when the reserve would leave it less than its mi
 partial sweep is worth more than a profile. A step that reaches its limit gets SIGTERM (the sweep then keeps its
 finished cells and marks the run incomplete), then SIGKILL after the grace period; a folder a killed step left
 "running" is marked incomplete here. A step with less than its minimum left is skipped, with a line saying so.
+SIGTERM or SIGINT (the device tool's timeout, Ctrl-C) stops the current step the same way; no later step starts,
+and the run goes on to its summary.
 
 Exit codes: 0 every planned step ran to the end; 3 the budget stopped or skipped a step (the run folders are
 valid, possibly incomplete); 1 a step failed; 2 a usage error or a missing package (nothing was run).
