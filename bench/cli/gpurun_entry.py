@@ -13,9 +13,7 @@ import sys
 
 import typer
 
-from bench.gpurun.main import missing_message
-from bench.gpurun.steps import MISSING_MARK, PROBE_MARK, probe_facts
-from bench.gpurun.summary import EXIT_USAGE
+from bench.gpurun import EXIT_USAGE, MISSING_MARK, PROBE_MARK, missing_message, probe_facts
 
 
 def probe() -> int:
