@@ -18,3 +18,7 @@ class RunFolderError(BenchError):
 
 class TraceError(BenchError):
     """A profile trace path that does not exist or is not an xprof trace."""
+
+
+class MissingModuleError(BenchError):
+    """A Python module a command needs that this interpreter cannot import (e.g. one the GPU image lacks)."""

@@ -1,14 +1,20 @@
-"""scripts/gpu-run.sh (bench/gpurun/main.py) in its CPU mode: the same script the GPU task runs, on the tiny checkpoint.
+"""scripts/gpu-run.sh (`bench gpu-run`, bench/gpurun) in its CPU mode: the same script the GPU task runs, on the tiny
+checkpoint.
 
 Mimics the GPU machine where it matters: the packages xprof and tensorboard_plugin_profile are made unimportable
 (the machine has neither), the interpreter comes through $PYTHON, and nothing is written under the home folder.
-One run with room to finish (valid complete run folder with a profile, summary last, packed <= 8 files), one with
-a budget too small to finish (the sweep is stopped, the folder is valid and incomplete, exit code 3, summary last).
+End to end (slow): one run with room to finish (valid complete run folder with a profile, summary last, packed <= 8
+files), one with a budget too small to finish (the sweep is stopped, the folder is valid and incomplete, exit code
+3, summary last), and the GPU's pilot + E2B plan injected into `bench.gpurun.run` with the tiny preset for both.
+Fast: a missing package, a module typer needs, a bad option are each one line and exit code 2 with nothing run, and
+the run's parent process starts without the server, the sweep or the profile code.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,8 +23,6 @@ from pathlib import Path
 import pytest
 
 from bench.runs import open_run, validate_run
-
-pytestmark = pytest.mark.slow  # end-to-end through the CLI: left out by `make test-fast`
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu-run.sh"
@@ -36,10 +40,10 @@ def env(tmp_path_factory):
     return root, e
 
 
-def _run(env, outdir: Path, *args: str, timeout: float = 120):
+def _run(env, outdir: Path, *args: str, timeout: float = 120, tiny: bool = True):
     t = time.monotonic()
-    proc = subprocess.run([str(SCRIPT), str(outdir), "--tiny", *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    argv = [str(SCRIPT), str(outdir), *(["--tiny"] if tiny else []), *args]
+    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     return proc, time.monotonic() - t
 
 
@@ -47,6 +51,25 @@ def _runs(outdir: Path) -> list[Path]:
     return sorted(p for p in (outdir / "runs").iterdir() if p.is_dir())
 
 
+def _absent(env, folder: Path, *names: str) -> dict:
+    """`env` with a sitecustomize on PYTHONPATH that makes `names` absent (sys.modules[name] = None: not found by
+    the package check, ImportError on import), in this process and in every child it starts."""
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text("import sys\n" + "".join(f"sys.modules[{n!r}] = None\n" for n in names))
+    return dict(env, PYTHONPATH=f"{folder}{os.pathsep}{env['PYTHONPATH']}")
+
+
+def _one_error_line(proc) -> str:
+    """The one `error:` line of a run that stopped before measuring anything (no traceback, nothing else)."""
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return errors[0]
+
+
+# ---- end to end ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_tiny_run_completes_with_valid_folder_and_summary(env):
     root, e = env
     out, pack = root / "full", root / "pack"
@@ -69,6 +92,7 @@ def test_tiny_run_completes_with_valid_folder_and_summary(env):
     assert all(p.stat().st_size <= 16 * 2**20 for p in pack.iterdir())
 
 
+@pytest.mark.slow
 def test_budget_too_small_stops_cleanly(env):
     root, e = env
     out, budget = root / "short", 25
@@ -87,50 +111,140 @@ def test_budget_too_small_stops_cleanly(env):
     assert "==== gpu-run summary ====" in lines and lines[-1].startswith("gpu-run: exit 3")
 
 
-def test_missing_package_fails_in_one_line(tmp_path, monkeypatch, capsys):
-    import bench.gpurun.main as gpurun_main
-    from bench.gpurun import EXIT_USAGE
+@pytest.mark.slow
+def test_sigterm_stops_the_step_and_ends_with_the_summary(env):
+    """The device tool's timeout (SIGTERM to the script's process, which is the run's: exec, then execv) stops the
+    sweep, which keeps its finished cells; no later step starts, and the run prints its summary last and exits 3."""
+    root, e = env
+    out = root / "sigterm"
+    argv = [str(SCRIPT), str(out), "--tiny", "--budget-s", "150", "--inputs", "20,41", "--max-new-tokens", "8",
+            "--repeats", "1000"]  # fmt: skip
+    proc = subprocess.Popen(argv, env=e, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:  # SIGTERM once the sweep has finished its first repeat
+        lines.append(line.rstrip("\n"))
+        if "repeat 1/1000" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, err = proc.communicate(timeout=60)
+    lines += rest.strip().splitlines()
+    assert proc.returncode == 3, "\n".join(lines[-40:]) + err[-3000:]
+    assert any(ln.startswith("-- sweep-tiny: stopped") for ln in lines), lines[-40:]
+    assert "== profile-tiny: skipped (the run was stopped (SIGTERM or SIGINT))" in lines  # no step after a stop
+    assert lines[-1].startswith("gpu-run: exit 3") and "==== gpu-run summary ====" in lines
+    (run,) = _runs(out)
+    assert validate_run(run) == [] and open_run(run).status == "incomplete"
 
-    monkeypatch.setattr(gpurun_main, "missing_packages", lambda: ["no_such_package_xyz"])
-    assert gpurun_main.main([str(tmp_path / "out"), "--tiny"]) == EXIT_USAGE
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error:") and "no_such_package_xyz" in err[0]
+
+@pytest.mark.slow
+def test_pilot_plan_sweeps_pilot_and_big_into_two_valid_runs(env, monkeypatch):
+    """The GPU plan (pilot sweep + profile while the big checkpoint is generated in the background, then the big
+    one) injected into `run` with the tiny preset for both: the logic the GPU task runs, on this CPU."""
+    from bench.gpurun import EXIT_OK, Options, PilotPlan, run
+
+    root, e = env
+    for name in ("GEMMA4_BENCH_CACHE", "PYTHONPATH", "JAX_PLATFORMS"):  # what the steps' processes inherit
+        monkeypatch.setenv(name, e[name])
+    out, lines = root / "pilot", []
+    options = Options(outdir=out, budget_s=200, tiny=True, inputs="41", max_new_tokens=8, repeats=1, steps=3)
+    outcome = run(options, emit=lines.append, plan=PilotPlan(pilot="tiny", big="tiny"))
+    assert outcome.code == EXIT_OK, "\n".join(lines[-80:])
+    assert any(ln.startswith("== checkpoint-tiny: generating builtin:tiny") for ln in lines)  # in the background
+    assert any(ln.startswith("== sweep-pilot") for ln in lines) and any(ln.startswith("== sweep-tiny") for ln in lines)
+    runs = _runs(out)
+    assert len(runs) == 2 and any("pilot" in r.name for r in runs), [r.name for r in runs]
+    for path in runs:
+        assert validate_run(path) == [] and open_run(path).status == "complete"
+        assert (path / "profile.json").is_file()
+    tail = lines[lines.index("==== gpu-run summary ===="):]
+    assert sum(ln.startswith("run ") for ln in tail) == 2 and tail[-1].startswith("gpu-run: exit 0")
+    assert outcome.summary[-1] == lines[-1] and outcome.outdir == out.resolve()
+    assert (out / "gpu-run.log").read_text().splitlines()[-1] == lines[-1]
+
+
+# ---- one line, exit code 2, nothing run ----------------------------------------------------------------------------
+def test_missing_package_is_one_line_before_anything_runs(env, tmp_path):
+    """A `REQUIRED` package absent: the standard-library check of `python -m bench.gpurun` says so before typer or
+    jax is imported, and nothing is written."""
+    _, e = env
+    proc, _ = _run(_absent(e, tmp_path / "site", "ml_dtypes"), tmp_path / "out", "--budget-s", "60")
+    line = _one_error_line(proc)
+    assert "ml_dtypes" in line and sys.executable in line and proc.stdout == ""
     assert not (tmp_path / "out").exists()
 
 
-def test_missing_packages_finds_real_and_absent_names():
-    from bench.gpurun import missing_packages
+def test_check_packages_names_what_is_missing():
+    from bench.errors import MissingModuleError
+    from bench.gpurun import check_packages, missing_packages
 
     assert missing_packages(("json", "no_such_package_xyz")) == ["no_such_package_xyz"]
+    check_packages(("json", "pathlib"))
+    with pytest.raises(MissingModuleError, match="no_such_package_xyz"):
+        check_packages(("json", "no_such_package_xyz"))
 
 
-def test_pilot_plan_sweeps_pilot_and_big_into_two_valid_runs(env):
-    """The GPU plan (pilot sweep + profile while the big checkpoint is generated in the background, then the big
-    one) with the tiny preset for both (GPURUN_TEST_PLAN=pilot): the logic the GPU task runs, on this CPU."""
-    root, e = env
-    out = root / "pilot"
-    proc, _ = _run(dict(e, GPURUN_TEST_PLAN="pilot"), out, "--budget-s", "200", "--inputs", "41",
-                   "--max-new-tokens", "8", "--repeats", "1", "--steps", "3", timeout=260)  # fmt: skip
-    lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    runs = _runs(out)
-    assert len(runs) == 2 and any("pilot" in r.name for r in runs), [r.name for r in runs]
-    for run in runs:
-        assert validate_run(run) == [] and open_run(run).status == "complete"
-        assert (run / "profile.json").is_file()
-    tail = lines[lines.index("==== gpu-run summary ===="):]
-    assert sum(ln.startswith("run ") for ln in tail) == 2 and tail[-1].startswith("gpu-run: exit 0")
+@pytest.mark.skipif("pydantic" not in " ".join(importlib.metadata.requires("typer") or []),
+                    reason="this typer parses options without pydantic")  # fmt: skip
+def test_a_module_typer_needs_to_parse_options_is_one_line(env, tmp_path):
+    """typer >= 0.22 imports pydantic when it parses an option, and the GPU image has none: the check cannot see
+    that (pydantic is not a direct need), so the CLI's start says it in one line, and nothing is written."""
+    _, e = env
+    proc, _ = _run(_absent(e, tmp_path / "site", "pydantic"), tmp_path / "out", "--budget-s", "60")
+    assert "pydantic" in _one_error_line(proc)
+    assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_module_the_commands_import_but_the_check_misses_is_one_line(env, tmp_path):
-    """`REQUIRED` is found, but importing the bench commands fails (as when typer's own dependency is absent):
-    the probe reports that module in one line, exit 2, and no step runs."""
-    root, e = env
+    """`REQUIRED` is found, but importing jax fails (as when one of its own dependencies is broken): one line naming
+    the module, exit 2, and no step runs (the probe reports it, or the CLI's start when it imports jax itself)."""
+    _, e = env
     block = tmp_path / "block"
     block.mkdir()
-    (block / "pydantic.py").write_text("raise ModuleNotFoundError(\"No module named 'pydantic'\", name='pydantic')\n")
+    (block / "ml_dtypes.py").write_text("raise ModuleNotFoundError(\"No module named 'ml_dtypes'\", name='ml_dtypes')\n")
     proc, _ = _run(dict(e, PYTHONPATH=f"{block}{os.pathsep}{e['PYTHONPATH']}"), tmp_path / "out", "--budget-s", "60")
-    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
-    errors = [ln for ln in proc.stdout.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1 and "'pydantic'" in errors[0] and "Traceback" not in proc.stdout + proc.stderr
-    assert not list((tmp_path / "out" / "runs").iterdir())
+    assert "ml_dtypes" in _one_error_line(proc)
+    runs = tmp_path / "out" / "runs"
+    assert not runs.exists() or not list(runs.iterdir())
+
+
+@pytest.mark.slow
+def test_the_probe_reports_a_module_only_the_steps_import(env, tmp_path):
+    """A module the run's parent never imports but every step's `bench` does (here the sweep code): the probe child
+    names it in one line, nothing is measured, the summary still comes last and the exit code is 2."""
+    _, e = env
+    out = tmp_path / "out"
+    proc, _ = _run(_absent(e, tmp_path / "site", "bench.sweep"), out, "--budget-s", "60")
+    assert "'bench.sweep" in _one_error_line(proc) and "nothing was measured" in proc.stdout
+    lines = proc.stdout.strip().splitlines()
+    assert "==== gpu-run summary ====" in lines and lines[-1].startswith("gpu-run: exit 2")
+    assert [ln.split()[:2] for ln in lines if ln.startswith("steps:")] == [["steps:", "probe"]]
+    assert "|" not in next(ln for ln in lines if ln.startswith("steps:"))  # the probe alone ran
+    assert not _runs(out) and (out / "summary.txt").is_file()
+
+
+@pytest.mark.parametrize(("args", "names"), [
+    (["--budget-s", "soon"], "--budget-s"),
+    (["--budget-s", "0"], "--budget-s"),
+    (["--no-such-option"], "--no-such-option"),
+])  # fmt: skip
+def test_a_bad_option_is_one_line(env, tmp_path, args, names):
+    _, e = env
+    proc, _ = _run(e, tmp_path / "out", *args)
+    assert names in _one_error_line(proc) and proc.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_run_starts_without_the_server_sweep_or_profile_code(env, tmp_path):
+    """`bench gpu-run` registers its command alone: with the server's packages, the sweep, the profile and the
+    report code all absent, the script still parses its options and checks them (one line for --budget-s 0), and
+    its help works. Fails when the gpu-run path imports any of them at startup."""
+    _, e = env
+    absent = ("fastapi", "uvicorn", "starlette", "xprof", "tensorboard_plugin_profile", "matplotlib", "pandas",
+              "bench.sweep", "bench.serve", "bench.profile", "bench.report", "bench.measure")  # fmt: skip
+    blocked = _absent(e, tmp_path / "site", *absent)
+    proc, _ = _run(blocked, tmp_path / "out", "--budget-s", "0")
+    assert "--budget-s" in _one_error_line(proc)
+    helped = subprocess.run([str(SCRIPT), "--help"], env=blocked, cwd=REPO, capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert helped.returncode == 0 and "--budget-s" in helped.stdout and "--pack" in helped.stdout, helped.stderr

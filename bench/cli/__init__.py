@@ -20,15 +20,29 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _commands() -> None:
+    # A callback keeps `bench` a group of commands however many `_register` adds: typer runs a lone registered
+    # command as the app itself, which would read `bench gpu-run OUTDIR`'s "gpu-run" as OUTDIR.
+    pass
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print `error: <message>` on stderr and return the `typer.Exit` to raise (exit code 2 by default)."""
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
 
 
-def _register() -> None:
-    # Imported for their side effect: each module adds its commands to `app`.
+def _register(argv: list[str]) -> None:
+    # Imported for their side effect: each module adds its commands to `app`. `bench gpu-run` registers its module
+    # alone: the prepared run's parent process must not import jax, the engine or the server (the GPU image lacks
+    # some of what the other command modules import); its steps import those in their own processes.
+    if argv[:1] == ["gpu-run"]:
+        from bench.cli import gpurun_cmds  # noqa: F401
+
+        return
     from bench.cli import (
+        gpurun_cmds,  # noqa: F401
         model_cmds,  # noqa: F401
         profile_cmds,  # noqa: F401
         report_cmds,  # noqa: F401
@@ -71,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     from bench.errors import BenchError
     from model.errors import ModelError
 
-    _register()
+    _register(sys.argv[1:] if argv is None else argv)
     try:
         # Non-standalone: click returns an Exit's code instead of raising; prog_name keeps messages saying `bench`
         # under `python -m bench` too.

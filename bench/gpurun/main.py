@@ -4,10 +4,13 @@ Usage (from the repository root; the shell script sets PYTHONPATH and calls `pyt
 
     scripts/gpu-run.sh OUTDIR [--budget-s 420] [--checkpoint DIR|builtin:NAME] [--tiny] [--pack DIR]
 
-Nothing is installed: the machine's python3 runs the repository as is. This module's top level imports only the
-standard library, so the package check (`REQUIRED`) runs before anything else and fails with one line. Every
-`bench` step runs in its own process (`python3 -m bench ...`): jax initialises once per step, the GPU profile
-XLA_FLAGS go only to the profile process, and a step that overruns is stopped without losing the others.
+(`bench gpu-run OUTDIR ...` is the same command where the project is installed.) Nothing is installed: the machine's python3 runs the repository as is. `python3 -m bench.gpurun`
+(bench/gpurun/__main__.py) runs the package check (`REQUIRED`, `check_packages`) with the standard library alone,
+so a missing module is one line before typer is imported; then it hands the process over to `bench gpu-run`
+(bench/cli/gpurun_cmds.py), which parses the options and calls `run`. This package's top level imports only the
+standard library (and `bench.errors`, `bench.signals`, themselves standard library only). Every `bench` step runs
+in its own process (`python3 -m bench ...`): jax initialises once per step, the GPU profile XLA_FLAGS go only to
+the profile process, and a step that overruns is stopped without losing the others.
 
 Plans (chosen after the device probe; "remaining" is always the budget left minus `end_margin`):
 
@@ -26,6 +29,8 @@ follows (minus a grace period); when the reserve would leave it less than its mi
 partial sweep is worth more than a profile. A step that reaches its limit gets SIGTERM (the sweep then keeps its
 finished cells and marks the run incomplete), then SIGKILL after the grace period; a folder a killed step left
 "running" is marked incomplete here. A step with less than its minimum left is skipped, with a line saying so.
+SIGTERM or SIGINT (the device tool's timeout, Ctrl-C) stops the current step the same way; no later step starts,
+and the run goes on to its summary.
 
 Exit codes: 0 every planned step ran to the end; 3 the budget stopped or skipped a step (the run folders are
 valid, possibly incomplete); 1 a step failed; 2 a usage error or a missing package (nothing was run).
@@ -33,62 +38,102 @@ The last lines on stdout are always the summary (steps, bandwidth, each run's sw
 
 GPU settings are never touched: no nvidia-smi -pm/-lgc/-rgc/-r/-mig, only jax's own device use.
 
-This module holds the plans and `main`; the context, timings and steps are in `bench/gpurun/steps.py`, the exit
-code, summary and packing in `bench/gpurun/summary.py`; `bench/gpurun/__init__.py` names the package's API.
+This module holds the options, the plans and `run`; the context, timings and steps are in `bench/gpurun/steps.py`,
+the exit code, summary and packing in `bench/gpurun/summary.py`; `bench/gpurun/__init__.py` names the package's
+API. Nothing here prints or exits: output lines go to the caller's `emit`, user errors are raised (bench.errors).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-# The steps and the summary (both standard library only at their top level, like this module).
+from bench.errors import InputError, MissingModuleError
+
+# The steps and the summary (both standard library only at their top level, like this module), the stop signals.
 from bench.gpurun.steps import (
     GPU_TIMING,
     GPU_WORK,
     TINY_TIMING,
     TINY_WORK,
     Context,
-    MissingModule,
+    ProbeFailed,
     StepResult,
     Workload,
     bandwidth,
     checkpoint_step,
+    child_argv,
     child_env,
-    make_builtin_child,
     probe,
-    probe_child,
     profile,
     skip,
     stamp,
     sweep,
 )
-from bench.gpurun.summary import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    exit_code,
-    pack,
-    summary_lines,
-)
+from bench.gpurun.summary import EXIT_FAILED, EXIT_USAGE, exit_code, pack, summary_lines
+from bench.signals import stop_signals_handled
 
 REQUIRED = ("jax", "jaxlib", "numpy", "ml_dtypes", "safetensors", "tokenizers", "typer", "click", "rich")
 """Imported by the steps (model/ and bench/); matplotlib, pandas, xprof are not needed here."""
 
 PILOT, BIG = "default", "e2b"
-"""The pilot+E2B plan's presets. GPURUN_TEST_PLAN=pilot (tests only) runs that plan on the CPU with the tiny preset
-for both, so its logic is exercised without a GPU."""
+"""The pilot + E2B plan's presets on a GPU (`PilotPlan`)."""
+
+REPO = Path(__file__).resolve().parents[2]
+"""The repository root: the steps' working folder and first PYTHONPATH entry."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """What one gpu-run does (its command line).
+
+    `outdir`: the output folder (runs/, xla-cache/, logs/, summary.txt, gpu-run.log), created when missing;
+    `budget_s`: wall-clock budget of the whole run (s, > 0); `checkpoint`: a checkpoint folder or builtin:NAME (None:
+    the plan the probe chooses); `tiny`: CPU mode (the built-in tiny checkpoint, small inputs); `pack`: also write the
+    results as <= 8 flat files into this folder. Overrides of the mode's workload (None: the mode's own): `inputs`
+    (sweep input sizes, comma-separated tokens), `max_new_tokens` (per request), `repeats` (timed repeats per
+    cell), `steps` (profiled decode steps)."""
+
+    outdir: Path
+    budget_s: float = 420.0
+    checkpoint: str | None = None
+    tiny: bool = False
+    pack: Path | None = None
+    inputs: str | None = None
+    max_new_tokens: int | None = None
+    repeats: int | None = None
+    steps: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PilotPlan:
+    """The built-in presets of the "pilot + E2B" plan (module docstring): `pilot` is swept and profiled while `big` is
+    generated in the background, then `big` is. A GPU without --checkpoint runs PilotPlan() (default, then e2b);
+    the tests pass PilotPlan(pilot="tiny", big="tiny") to `run` to exercise the plan on a CPU."""
+
+    pilot: str = PILOT
+    big: str = BIG
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """How a run ended: `code` (EXIT_OK, EXIT_BUDGET, EXIT_FAILED, or EXIT_USAGE when the probe found a module
+    missing), the `summary` lines as printed (also in OUTDIR/summary.txt; the last is the exit line) and `outdir`
+    (resolved)."""
+
+    code: int
+    summary: tuple[str, ...]
+    outdir: Path
 
 
 # ---- checks ------------------------------------------------------------------------------------------------------
-def missing_packages(names=REQUIRED) -> list[str]:
+def missing_packages(names: Sequence[str] = REQUIRED) -> list[str]:
     """The names of `names` that this Python cannot import (found without importing them)."""
     out = []
     for name in names:
@@ -98,6 +143,19 @@ def missing_packages(names=REQUIRED) -> list[str]:
         except (ImportError, ValueError):
             out.append(name)
     return out
+
+
+def missing_message(names: Sequence[str]) -> str:
+    """The one line (without "error: ") for modules `names` missing from this Python: what, where, the fix."""
+    return (f"gpu-run needs Python packages missing from {sys.executable}: {', '.join(names)} "
+            "(carry them as wheels; see .library/device/README.md)")  # fmt: skip
+
+
+def check_packages(names: Sequence[str] = REQUIRED) -> None:
+    """Raises MissingModuleError (`missing_message`) when this Python cannot import one of `names`; imports none."""
+    missing = missing_packages(names)
+    if missing:
+        raise MissingModuleError(missing_message(missing))
 
 
 # ---- plans -------------------------------------------------------------------------------------------------------
@@ -112,32 +170,51 @@ def plan_single(ctx: Context, spec: str, work: Workload, gpu: bool, tag: str) ->
     profile(ctx, f"profile-{tag}", run, spec, work, gpu)
 
 
-def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, pilot_preset: str = PILOT,
-                   big: str = BIG) -> None:  # fmt: skip
-    """The "pilot + E2B" plan (module docstring): checkpoint `big` is generated in a background CPU process while
-    bandwidth and the `pilot_preset` sweep (capped at `Timing.pilot_share` of the budget) run, then the pilot's
+def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, plan: PilotPlan = PilotPlan()) -> None:
+    """The "pilot + E2B" plan (module docstring): checkpoint `plan.big` is generated in a background CPU process
+    while bandwidth and the `plan.pilot` sweep (capped at `Timing.pilot_share` of the budget) run, then the pilot's
     profile while `big` is still being written (else after the E2B steps). `big` is swept and profiled when it is
     ready with at least `Timing.e2b_min` s left, else the generator is stopped and the log says how long it ran (s).
     `gpu` gives the profiles the GPU profiling flags. The generator's output goes to logs/checkpoint-BIG.log."""
-    t = ctx.timing
-    e2b_log = open(ctx.outdir / "logs" / f"checkpoint-{big}.log", "w", encoding="utf-8")
+    t, big, pilot_spec = ctx.timing, plan.big, f"builtin:{plan.pilot}"
     gen_t0 = time.monotonic()
-    ctx.say(f"== checkpoint-{big}: generating builtin:{big} (bf16) in the background on the CPU "
-            f"(log: {ctx.outdir / f'logs/checkpoint-{big}.log'})")  # fmt: skip
-    ctx.background = subprocess.Popen([sys.executable, "-m", "bench.gpurun", "_make_builtin", big], cwd=ctx.repo,
-                                      env=child_env(ctx, {"JAX_PLATFORMS": "cpu"}), stdout=e2b_log,
-                                      stderr=subprocess.STDOUT)  # fmt: skip
+    gen_log = _start_generator(ctx, big)
     bandwidth(ctx, work)
     pilot_cap = max(t.sweep_min, t.pilot_share * ctx.budget)
-    pilot = sweep(ctx, "sweep-pilot", f"gpurun-pilot-{pilot_preset}-{stamp()}", f"builtin:{pilot_preset}", work, cap=pilot_cap)
-    pilot_profiled = False
-    if ctx.background.poll() is None and not ctx.stopping:  # GPU idle otherwise: profile the pilot meanwhile
-        profile(ctx, "profile-pilot", pilot, f"builtin:{pilot_preset}", work, gpu)
-        pilot_profiled = True
-    # wait for E2B while enough time remains for its sweep and profile
-    while ctx.background.poll() is None and ctx.remaining() >= t.e2b_min and not ctx.stopping:
+    pilot = sweep(ctx, "sweep-pilot", f"gpurun-pilot-{plan.pilot}-{stamp()}", pilot_spec, work, cap=pilot_cap)
+    pilot_profiled = ctx.background.poll() is None and not ctx.stopping
+    if pilot_profiled:  # the GPU is idle otherwise: profile the pilot while the big checkpoint is written
+        profile(ctx, "profile-pilot", pilot, pilot_spec, work, gpu)
+    if _settle_generator(ctx, big, gen_t0):
+        if ctx.remaining() >= t.e2b_min:
+            run = sweep(ctx, f"sweep-{big}", f"gpurun-{big}-{stamp()}", f"builtin:{big}", work)
+            profile(ctx, f"profile-{big}", run, f"builtin:{big}", work, gpu)
+        else:
+            skip(ctx, f"sweep-{big}", f"{ctx.remaining():.0f} s left, needs {t.e2b_min:.0f} s")
+    gen_log.close()
+    ctx.background = None
+    if not pilot_profiled:
+        profile(ctx, "profile-pilot", pilot, pilot_spec, work, gpu)
+
+
+def _start_generator(ctx: Context, big: str):
+    """Start generating `builtin:BIG` (bf16) in a background CPU process (`ctx.background`); returns its open log."""
+    log_path = ctx.outdir / "logs" / f"checkpoint-{big}.log"
+    log = open(log_path, "w", encoding="utf-8")
+    ctx.say(f"== checkpoint-{big}: generating builtin:{big} (bf16) in the background on the CPU (log: {log_path})")
+    ctx.background = subprocess.Popen(child_argv("_make_builtin", big), cwd=ctx.repo,
+                                      env=child_env(ctx, {"JAX_PLATFORMS": "cpu"}), stdout=log,
+                                      stderr=subprocess.STDOUT)  # fmt: skip
+    return log
+
+
+def _settle_generator(ctx: Context, big: str, gen_t0: float) -> bool:
+    """Wait for the background generator while at least `Timing.e2b_min` s remain (and no stop was asked), then
+    record its step checkpoint-BIG: "ok", "failed" (its exit code) or "stopped" (not ready: terminated, and the big
+    sweep recorded as skipped). `gen_t0` is its start (`time.monotonic()`). True when the checkpoint is ready."""
+    t, gen, name = ctx.timing, ctx.background, f"checkpoint-{big}"
+    while gen.poll() is None and ctx.remaining() >= t.e2b_min and not ctx.stopping:
         time.sleep(1)
-    gen = ctx.background
     gen_s = time.monotonic() - gen_t0
     if gen.poll() is None:
         gen.terminate()
@@ -146,128 +223,112 @@ def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, pilot_preset:
         except subprocess.TimeoutExpired:
             gen.kill()
             gen.wait()
-        ctx.steps.append(StepResult(f"checkpoint-{big}", "stopped", gen_s,
-                                    f"not ready after {gen_s:.0f} s; E2B needs >= {t.e2b_min:.0f} s after it"))
-        ctx.say(f"== checkpoint-{big}: not ready after {gen_s:.0f} s with {ctx.remaining():.0f} s left "
+        ctx.steps.append(StepResult(name, "stopped", gen_s, f"not ready after {gen_s:.0f} s; E2B needs >= "
+                                    f"{t.e2b_min:.0f} s after it"))  # fmt: skip
+        ctx.say(f"== {name}: not ready after {gen_s:.0f} s with {ctx.remaining():.0f} s left "
                 f"(E2B steps need {t.e2b_min:.0f} s); stopped; E2B sweep and profile skipped")  # fmt: skip
         skip(ctx, f"sweep-{big}", "E2B checkpoint not ready in time")
-    elif gen.returncode != 0:
-        ctx.steps.append(StepResult(f"checkpoint-{big}", "failed", gen_s, f"exit code {gen.returncode}", gen.returncode))
-        ctx.say(f"== checkpoint-{big}: FAILED (exit code {gen.returncode}); see {ctx.outdir / f'logs/checkpoint-{big}.log'}")
-    else:
-        ctx.steps.append(StepResult(f"checkpoint-{big}", "ok", gen_s, "generated in the background"))
-        ctx.say(f"== checkpoint-{big}: ready after {gen_s:.0f} s")
-        if ctx.remaining() >= t.e2b_min:
-            run = sweep(ctx, f"sweep-{big}", f"gpurun-{big}-{stamp()}", f"builtin:{big}", work)
-            profile(ctx, f"profile-{big}", run, f"builtin:{big}", work, gpu)
-        else:
-            skip(ctx, f"sweep-{big}", f"{ctx.remaining():.0f} s left, needs {t.e2b_min:.0f} s")
-    e2b_log.close()
-    ctx.background = None
-    if not pilot_profiled:
-        profile(ctx, "profile-pilot", pilot, f"builtin:{pilot_preset}", work, gpu)
+        return False
+    if gen.returncode != 0:
+        ctx.steps.append(StepResult(name, "failed", gen_s, f"exit code {gen.returncode}", gen.returncode))
+        ctx.say(f"== {name}: FAILED (exit code {gen.returncode}); see {ctx.outdir / f'logs/{name}.log'}")
+        return False
+    ctx.steps.append(StepResult(name, "ok", gen_s, "generated in the background"))
+    ctx.say(f"== {name}: ready after {gen_s:.0f} s")
+    return True
 
 
-# ---- main --------------------------------------------------------------------------------------------------------
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line of scripts/gpu-run.sh (argparse exits with code 2 on a bad one)."""
-    p = argparse.ArgumentParser(prog="scripts/gpu-run.sh", description=__doc__.split("\n\n")[0])
-    p.add_argument("outdir", type=Path, help="Output folder: runs/, xla-cache/, logs/, summary.txt, gpu-run.log.")
-    p.add_argument("--budget-s", type=float, default=420.0, help="Wall-clock budget of the whole script (s).")
-    p.add_argument("--checkpoint", help="A checkpoint folder or builtin:NAME (default: default pilot + E2B).")
-    p.add_argument("--tiny", action="store_true", help="CPU mode: the built-in tiny checkpoint, small inputs.")
-    p.add_argument("--pack", type=Path, help="Also write the results as <= 8 flat files into this folder ($OUT).")
-    p.add_argument("--inputs", help="Override the sweep input sizes (comma-separated).")
-    p.add_argument("--max-new-tokens", type=int, help="Override the tokens generated per request.")
-    p.add_argument("--repeats", type=int, help="Override the timed repeats per cell.")
-    p.add_argument("--steps", type=int, help="Override the profiled decode steps.")
-    return p.parse_args(argv)
+# ---- the run -----------------------------------------------------------------------------------------------------
+def run(options: Options, *, emit: Callable[[str], None], plan: PilotPlan | None = None) -> Outcome:
+    """Run gpu-run as `options` say and return how it ended (the exit codes: module docstring).
 
+    `emit` gets every output line as it happens (the probe's device and policy lines first, the summary last); the
+    same lines go to OUTDIR/gpu-run.log, the summary also to OUTDIR/summary.txt. `plan` runs the pilot + E2B plan
+    with its presets whatever the probe finds, unless `options.checkpoint` is given (the tests' seam:
+    PilotPlan(pilot="tiny", big="tiny") on a CPU); None: the plan is chosen from the probe and `options`. While it
+    runs, SIGTERM and SIGINT (bench.signals) stop the current step, which keeps its finished work, and the run goes
+    on to its summary. A module the probe finds missing ends the run with EXIT_USAGE and its one line (not raised).
 
-def main(argv: list[str] | None = None) -> int:
-    """Run gpu-run with `argv` (default: sys.argv[1:]) and return its exit code (module docstring: EXIT_OK,
-    EXIT_BUDGET, EXIT_FAILED, or EXIT_USAGE with one line on stderr and nothing run). `_probe` and
-    `_make_builtin PRESET` as first words run a step's child work instead (exit code 0). SIGTERM and SIGINT stop
-    the current step, keep its work and go on to the summary, which is always the last output."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["_probe"]:
-        probe_child()
-        return 0
-    if argv[:1] == ["_make_builtin"]:
-        make_builtin_child(argv[1])
-        return 0
-    args = parse_args(argv)
-    missing = missing_packages()
-    if missing:
-        print(f"error: gpu-run needs Python packages missing from {sys.executable}: {', '.join(missing)} "
-              f"(carry them as wheels; see .library/device/README.md)", file=sys.stderr)  # fmt: skip
-        return EXIT_USAGE
-    if args.budget_s <= 0:
-        print(f"error: --budget-s {args.budget_s}: expected a positive number of seconds", file=sys.stderr)
-        return EXIT_USAGE
-    outdir = args.outdir.resolve()
-    (outdir / "logs").mkdir(parents=True, exist_ok=True)
-    (outdir / "runs").mkdir(exist_ok=True)
-    repo = Path(__file__).resolve().parents[1]
-    log_fh = open(outdir / "gpu-run.log", "a", encoding="utf-8")
-    ctx = Context(repo=repo, outdir=outdir, budget=args.budget_s, t0=time.monotonic(), log_fh=log_fh)
-    ctx.timing = GPU_TIMING if not args.tiny else TINY_TIMING
-
-    def on_signal(signum, _frame):  # the device tool's timeout, Ctrl-C: stop the step, keep its work, summarise
-        if ctx.stopping:
-            return
-        ctx.stopping = True
-        for proc in (ctx.current, ctx.background):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    code = EXIT_OK
+    Raises InputError, before anything is written, for a budget that is not positive or an OUTDIR that cannot be
+    created."""
+    if not options.budget_s > 0:
+        raise InputError(f"--budget-s {options.budget_s}: expected a positive number of seconds")
+    outdir = options.outdir.resolve()
     try:
-        info = probe(ctx, force_cpu=args.tiny)
-        gpu = info["platform"] == "gpu" and not args.tiny
-        if not gpu and not args.tiny:
+        (outdir / "logs").mkdir(parents=True, exist_ok=True)
+        (outdir / "runs").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"OUTDIR {outdir}: cannot create it ({exc.strerror or exc}); pass a writable folder") from None
+    with open(outdir / "gpu-run.log", "a", encoding="utf-8") as log_fh:
+        ctx = Context(repo=REPO, outdir=outdir, budget=options.budget_s, t0=time.monotonic(), log_fh=log_fh,
+                      emit=emit, timing=TINY_TIMING if options.tiny else GPU_TIMING)  # fmt: skip
+        with stop_signals_handled(ctx.request_stop):  # the device tool's timeout, Ctrl-C: stop, keep, summarise
+            code = _measure(ctx, options, plan)
+            lines = _finish(ctx, options, code)
+    return Outcome(code=code, summary=tuple(lines), outdir=outdir)
+
+
+def _measure(ctx: Context, options: Options, plan: PilotPlan | None) -> int:
+    """The probe, then the plan's steps; returns the exit code (`exit_code`, or EXIT_USAGE / EXIT_FAILED with one
+    "error:" line when the probe found a module missing / failed). Never leaves the background generator running."""
+    try:
+        info = probe(ctx, force_cpu=options.tiny)
+        gpu = info["platform"] == "gpu" and not options.tiny
+        if not gpu and not options.tiny:
             ctx.say(f"no GPU found (jax runs on {info['platform']}): tiny mode (built-in tiny checkpoint, small inputs)")
         ctx.timing = GPU_TIMING if gpu else TINY_TIMING
-        base = GPU_WORK if gpu else TINY_WORK
-        work = Workload(args.inputs or base.inputs, args.max_new_tokens or base.max_new_tokens,
-                        args.repeats or base.repeats, args.steps or base.steps, base.profile_input,
-                        base.bandwidth_args)  # fmt: skip
-        ctx.say(f"gpu-run: budget {args.budget_s:.0f} s ({ctx.remaining():.0f} s left after the probe); mode "
+        work = _workload(options, GPU_WORK if gpu else TINY_WORK)
+        ctx.say(f"gpu-run: budget {ctx.budget:.0f} s ({ctx.remaining():.0f} s left after the probe); mode "
                 f"{'gpu' if gpu else 'tiny'}; inputs {work.inputs}, {work.max_new_tokens} new tokens, {work.repeats} "
-                f"repeats, profile {work.steps} steps; out {outdir}")  # fmt: skip
-        if args.checkpoint and not args.checkpoint.startswith("builtin:") and Path(args.checkpoint).exists():
-            args.checkpoint = str(Path(args.checkpoint).resolve())  # the steps run in the repository root
-        if gpu and args.checkpoint is None:
-            plan_pilot_e2b(ctx, work)
-        elif os.environ.get("GPURUN_TEST_PLAN") == "pilot" and args.checkpoint is None:
-            plan_pilot_e2b(ctx, work, gpu, "tiny", "tiny")
+                f"repeats, profile {work.steps} steps; out {ctx.outdir}")  # fmt: skip
+        spec = _checkpoint_spec(options.checkpoint)
+        if plan is None and gpu:
+            plan = PilotPlan()
+        if spec is None and plan is not None:
+            plan_pilot_e2b(ctx, work, gpu, plan)
         else:
-            spec = args.checkpoint or "builtin:tiny"
+            spec = spec or "builtin:tiny"
             tag = "tiny" if spec == "builtin:tiny" else re.sub(r"[^A-Za-z0-9._-]", "-", Path(spec.split(":")[-1]).name)
             plan_single(ctx, spec, work, gpu, tag)
-        code = exit_code(ctx)
-    except MissingModule as exc:
-        ctx.say(str(exc.code))
-        code = EXIT_USAGE
-    except SystemExit as exc:
-        ctx.say(str(exc.code))
-        code = EXIT_FAILED
+        return exit_code(ctx)
+    except MissingModuleError as exc:
+        ctx.say(f"error: {exc}")
+        return EXIT_USAGE
+    except ProbeFailed as exc:
+        ctx.say(f"error: {exc}")
+        return EXIT_FAILED
     finally:
         if ctx.background is not None and ctx.background.poll() is None:
             ctx.background.kill()
             ctx.background.wait()
+
+
+def _workload(options: Options, base: Workload) -> Workload:
+    """The mode's workload `base` with the overrides `options` gives."""
+    return Workload(options.inputs or base.inputs, options.max_new_tokens or base.max_new_tokens,
+                    options.repeats or base.repeats, options.steps or base.steps, base.profile_input,
+                    base.bandwidth_args)  # fmt: skip
+
+
+def _checkpoint_spec(spec: str | None) -> str | None:
+    """--checkpoint as the steps take it: an existing folder made absolute (the steps run in the repository root)."""
+    if spec and not spec.startswith("builtin:") and Path(spec).exists():
+        return str(Path(spec).resolve())
+    return spec
+
+
+def _finish(ctx: Context, options: Options, code: int) -> list[str]:
+    """Write OUTDIR/summary.txt and say the summary, the packing notes (with --pack) before its last line, then the
+    exit line last. Returns the summary lines. A pack that fails is one "pack: failed" line, never raised."""
     lines = summary_lines(ctx, code)
-    (outdir / "summary.txt").write_text("\n".join(lines[1:]) + "\n", encoding="utf-8")
+    (ctx.outdir / "summary.txt").write_text("\n".join(lines[1:]) + "\n", encoding="utf-8")
     for line in lines[:-1]:
         ctx.say(line)
-    if args.pack is not None:
+    if options.pack is not None:
         try:
-            for note in pack(ctx, args.pack):
+            for note in pack(ctx, options.pack):
                 ctx.say(note)
         except OSError as exc:
             ctx.say(f"pack: failed ({exc})")
     ctx.say(lines[-1])
-    log_fh.close()
-    return code
+    return lines

@@ -1,13 +1,16 @@
 """The steps of the prepared GPU run (`bench/gpurun/main.py`): its context, workloads, budget timings, and how one step runs.
 
-Each step is one child process (`python3 -m bench ...`, or `python3 -m bench.gpurun _probe|_make_builtin`) started
-by `run_step` with a limit in seconds taken from what the budget leaves (`Context.remaining`). A step that reaches
-its limit gets SIGTERM, then SIGKILL after `Timing.grace`; a run folder it left "running" is marked incomplete
-(`settle_run`). The step functions (`probe`, `bandwidth`, `checkpoint_step`, `sweep`, `profile`) each decide from the
-time left whether to start at all (`skip` records one that does not) and record a `StepResult` in `Context.steps`.
+Each step is one child process (`python3 -m bench ...`, or `python3 -m bench.cli.gpurun_entry _probe|_make_builtin`)
+started by `run_step` with a limit in seconds taken from what the budget leaves (`Context.remaining`). A step that
+reaches its limit gets SIGTERM, then SIGKILL after `Timing.grace`; a run folder it left "running" is marked
+incomplete (`settle_run`). The step functions (`probe`, `bandwidth`, `checkpoint_step`, `sweep`, `profile`) each
+decide from the time left whether to start at all (`skip` records one that does not) and record a `StepResult` in
+`Context.steps`.
 
-Like `bench/gpurun/main.py`, this module's top level imports only the standard library (the package check runs before
-anything else on a bare machine); `bench.runs`, jax and `model` are imported inside the functions that need them.
+Like `bench/gpurun/main.py`, this module's top level imports only the standard library and `bench.errors` (itself
+standard library only): the package check runs before anything else on a bare machine; `bench.runs`, jax and
+`model` are imported inside the functions that need them. Output goes through `Context.say` (to the caller's
+`emit` and gpu-run.log), never straight to stdout.
 """
 
 from __future__ import annotations
@@ -21,16 +24,23 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.errors import MissingModuleError
+
 PROBE_MARK = "GPURUN_PROBE "
-MISSING_MARK = "GPURUN_MISSING "  # the probe child could not import a module the bench commands need
-
-
-class MissingModule(SystemExit):
-    """The probe found a module the bench commands import missing: exit code 2 (usage/missing), nothing run."""
 """Prefix of the probe child's one machine-read line (JSON); such lines are captured, never echoed."""
+MISSING_MARK = "GPURUN_MISSING "
+"""Prefix of the probe child's line naming a module the bench commands import that it could not import."""
+CHILD_ENTRY = "bench.cli.gpurun_entry"
+"""The module of the child processes that are not `bench` commands (`_probe`, `_make_builtin PRESET`)."""
+
+
+class ProbeFailed(RuntimeError):
+    """The device probe printed no probe line (it failed, or ran past `Timing.probe_limit`); its message is one
+    line naming the probe's log. The run then measures nothing and ends with EXIT_FAILED."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +103,11 @@ class Context:
 
     `repo`: the repository root (the steps' working folder and PYTHONPATH); `outdir`: the output folder (runs/,
     xla-cache/, logs/, summary.txt, gpu-run.log); `budget`: wall-clock budget of the whole script (s); `t0`: its
-    start (`time.monotonic()`); `log_fh`: gpu-run.log, open for appending; `timing`: the budget rules in force.
+    start (`time.monotonic()`); `log_fh`: gpu-run.log, open for appending; `emit`: where each output line goes
+    (the CLI's printer; `say` also logs it); `timing`: the budget rules in force.
     Filled in as the run goes: `steps` (every StepResult, in order), `runs` (the run folders made), `device_line`
     and `policy_line` (from the probe), `bandwidth_lines`; `current` and `background` are the step process and the
-    background checkpoint generator now running (what the signal handler stops); `stopping` is set on SIGTERM/SIGINT.
+    background checkpoint generator now running (what `request_stop` stops); `stopping` is set by `request_stop`.
     """
 
     repo: Path
@@ -104,6 +115,7 @@ class Context:
     budget: float
     t0: float
     log_fh: object
+    emit: Callable[[str], None]
     timing: Timing = TINY_TIMING
     steps: list[StepResult] = field(default_factory=list)
     runs: list[Path] = field(default_factory=list)
@@ -123,10 +135,21 @@ class Context:
         return self.budget - self.elapsed() - self.timing.end_margin
 
     def say(self, line: str = "") -> None:
-        """Print `line` (flushed at once) and append it to gpu-run.log."""
-        print(line, flush=True)
+        """Hand `line` to `emit` and append it to gpu-run.log (flushed at once)."""
+        self.emit(line)
         self.log_fh.write(line + "\n")
         self.log_fh.flush()
+
+    def request_stop(self, _signum: int | None = None, _frame: object = None) -> None:
+        """Stop the run (the SIGTERM/SIGINT handler: the device tool's timeout, Ctrl-C): SIGTERM to the step and
+        the background generator now running, so each keeps its finished work; no later step starts and the run
+        goes on to its summary. A second call does nothing."""
+        if self.stopping:
+            return
+        self.stopping = True
+        for proc in (self.current, self.background):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
 
 
 def child_env(ctx: Context, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -151,7 +174,10 @@ def run_step(ctx: Context, name: str, argv: list[str], limit: float, *, env_extr
     `child_env`; `header` prints the "== name (limit ...)" line first. The output also goes to logs/<name>.log.
     Returns the StepResult (also appended to `ctx.steps`): status "ok" (exit code 0), "failed" (another exit code),
     "interrupted" (SIGTERM at the limit), "killed" (SIGKILL after the grace period) or "stopped" (the run was
-    stopped by a signal meanwhile). Never raises for a failing step."""
+    stopped by a signal meanwhile). After `Context.request_stop` no step starts: it is recorded as skipped.
+    Never raises for a failing step."""
+    if ctx.stopping:
+        return skip(ctx, name, "the run was stopped (SIGTERM or SIGINT)")
     if header:
         ctx.say(f"== {name} (limit {limit:.0f} s, {ctx.remaining():.0f} s left): {' '.join(argv[2:])}")
     t = time.monotonic()
@@ -213,6 +239,11 @@ def bench_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "bench", *args]
 
 
+def child_argv(*args: str) -> list[str]:
+    """The command line of the child process `python -m bench.cli.gpurun_entry ARGS...` (`CHILD_ENTRY`)."""
+    return [sys.executable, "-m", CHILD_ENTRY, *args]
+
+
 def find_run(ctx: Context, label: str) -> Path | None:
     """The run folder a step made with `--name label`: exactly `<YYYY-MM-DD>-<label>-<device>` (a label that is a
     prefix of another one, e.g. "sweep" of "sweep-2", must not match); the newest when several dates match."""
@@ -246,47 +277,31 @@ def stamp() -> str:
 
 # ---- steps -------------------------------------------------------------------------------------------------------
 def probe(ctx: Context, force_cpu: bool) -> dict:
-    """Device and dtype policy, in a child process (jax initialises there, not here).
+    """Device and dtype policy, in a child process (`child_argv("_probe")`: jax initialises there, not here).
 
     `force_cpu` sets JAX_PLATFORMS=cpu for it. Sets `ctx.device_line` and `ctx.policy_line` and returns the
-    probe's facts: {"platform", "device_kind", "device_line", "policy_line"}. Raises SystemExit (naming the probe
-    log) when the child printed no probe line (it failed or ran past `Timing.probe_limit`)."""
+    probe's facts (`probe_facts`). Raises MissingModuleError when the child could not import a module the bench
+    commands need, ProbeFailed (naming the probe log) when it printed no probe line (it failed or ran past
+    `Timing.probe_limit`)."""
     lines: list[str] = []
     extra = {"JAX_PLATFORMS": "cpu"} if force_cpu else None
-    res = run_step(ctx, "probe", [sys.executable, "-m", "bench.gpurun", "_probe"], ctx.timing.probe_limit,
+    res = run_step(ctx, "probe", child_argv("_probe"), ctx.timing.probe_limit,
                    env_extra=extra, capture=lines, header=False)  # the device lines come first
     for line in lines:
         if line.startswith(MISSING_MARK):
-            raise MissingModule(f"error: the bench commands need the Python module {line[len(MISSING_MARK):]!r}, missing "
-                             f"from {sys.executable} (carry it as a wheel); nothing was measured")  # fmt: skip
+            raise MissingModuleError(f"the bench commands need the Python module {line[len(MISSING_MARK):]!r}, "
+                                     f"missing from {sys.executable} (carry it as a wheel); nothing was measured")
         if line.startswith(PROBE_MARK):
             info = json.loads(line[len(PROBE_MARK):])
             ctx.device_line, ctx.policy_line = info["device_line"], info["policy_line"]
             return info
-    raise SystemExit(f"error: the device probe failed ({res.status}, {res.note}); see {ctx.outdir / 'logs/probe.log'}")
+    raise ProbeFailed(f"the device probe failed ({res.status}, {res.note}); see {ctx.outdir / 'logs/probe.log'}")
 
 
-def probe_child() -> None:
-    """Print the device and the dtype policy line (first lines of the run), then one machine-read line.
-
-    First it runs `bench runs list` on an empty folder, which imports every `bench` command module and parses an
-    option, as each step's `python -m bench` will: `REQUIRED` lists the direct needs, but a package's own
-    dependencies (typer >= 0.22 imports pydantic when it parses option values) only show up here, and a missing one is reported as one `MISSING_MARK` line instead of every step failing."""
-    import contextlib
-    import io
-    import tempfile
-
-    try:
-        from bench.cli import main as bench_main
-
-        with tempfile.TemporaryDirectory() as empty, contextlib.redirect_stdout(io.StringIO()):
-            try:  # registers every command and parses an option: typer imports its parsing dependencies here
-                bench_main(["runs", "list", "--runs-dir", empty])
-            except SystemExit:
-                pass
-    except ImportError as exc:
-        print(MISSING_MARK + (exc.name or str(exc)), flush=True)
-        raise SystemExit(2) from None
+def probe_facts() -> dict:
+    """What the probe child reports, read from jax in this process (imports jax and `model.policy` here):
+    {"platform": "gpu"|"cpu"|..., "device_kind": str, "device_line": "device: ...", "policy_line": "device
+    policy: ..."}; the two lines are the first lines of the run."""
     import jax
 
     from model.policy import decide_policy
@@ -295,20 +310,8 @@ def probe_child() -> None:
     dev = devices[0]
     kind = getattr(dev, "device_kind", dev.platform)
     device_line = f"device: {kind} (platform {dev.platform}, {len(devices)} device(s), jax {jax.__version__})"
-    policy_line = decide_policy().line()
-    print(device_line)
-    print(policy_line)
-    print(PROBE_MARK + json.dumps({"platform": dev.platform, "device_kind": kind, "device_line": device_line,
-                                   "policy_line": policy_line}))  # fmt: skip
-
-
-def make_builtin_child(preset: str) -> None:
-    """Create the built-in checkpoint `preset` in the cache (nothing when it is there already), logging progress."""
-    from model.builtin import ensure_builtin
-
-    t = time.monotonic()
-    path = ensure_builtin(preset, log=lambda line: print(line, flush=True))
-    print(f"checkpoint {preset} ready: {path} ({time.monotonic() - t:.1f} s)", flush=True)
+    return {"platform": dev.platform, "device_kind": kind, "device_line": device_line,
+            "policy_line": decide_policy().line()}  # fmt: skip
 
 
 def bandwidth(ctx: Context, work: Workload) -> None:
@@ -334,7 +337,7 @@ def checkpoint_step(ctx: Context, spec: str) -> bool:
         skip(ctx, "checkpoint", f"{ctx.remaining():.0f} s left, needs {ctx.timing.checkpoint_min:.0f} s")
         return False
     preset = spec.split(":", 1)[1]
-    res = run_step(ctx, f"checkpoint-{preset}", [sys.executable, "-m", "bench.gpurun", "_make_builtin", preset],
+    res = run_step(ctx, f"checkpoint-{preset}", child_argv("_make_builtin", preset),
                    ctx.remaining(), env_extra={"JAX_PLATFORMS": "cpu"})  # fmt: skip
     return res.status == "ok"
 
