@@ -29,10 +29,13 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
+# lint-imports: the import contracts in pyproject.toml (the house plan's walls) before the tests.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q $(ARGS)
 
 test-fast: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 # Needs no .venv: it builds (and caches) its own venv of the GPU image's versions; see scripts/gpu-rehearsal.sh.
