@@ -221,10 +221,10 @@ def _print_table(run, log) -> None:
     Raises typer.Exit(1) when any cell failed, so a script can tell; the run folder keeps every cell. Invalid
     cells alone keep exit code 0: against a server that does not report compile events every cell is invalid by
     rule (bench/sweep/remote.py), and the numbers are still recorded."""
-    from rich.console import Console
+    from bench.cli.common import make_console
 
     cells = run.cells()
-    Console(width=max(Console().width, 150)).print(sweep_table(cells))
+    make_console().print(sweep_table(cells))
     failed = [r.input_tokens for r in cells if r.status == "failed"]
     invalid = [r.input_tokens for r in cells if not r.valid and r.status != "failed"]
     if invalid:
