@@ -43,7 +43,7 @@ from bench.report.tables import (
     profile_figures,
     profile_table,
     run_view,
-    sweep_table,
+    sweep_report_table,
     write_csv,
 )
 from bench.runs import open_complete_run, resolve_run
@@ -263,7 +263,7 @@ def build_report(
     files = []
     env_header, env_raw, env_text = environment_table(views)
     write_csv(out / "environment.csv", env_header[:1] + [v.name for v in views], env_raw)
-    sw_csv_h, sw_csv, sw_md_h, sw_md, sw_notes = sweep_table(views)
+    sw_csv_h, sw_csv, sw_md_h, sw_md, sw_notes = sweep_report_table(views)
     write_csv(out / "sweep.csv", sw_csv_h, sw_csv)
     pr_csv_h, pr_csv, pr_md_h, pr_md = profile_table(views)
     write_csv(out / "profile.csv", pr_csv_h, pr_csv)

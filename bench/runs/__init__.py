@@ -7,6 +7,7 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
 - `RunFolder`, `create_run`, `open_run`, `open_complete_run`, `writing_run`, `resolve_run`,
   `latest_measured_run`, `list_runs`, `RunSummary`, `run_name`, `free_label`  (bench.runs.folder)
 - environment facts and the build id                                  (bench.runs.environment)
+- the sweep cell's columns and the one number format, for every printer (bench.runs.columns)
 """
 
 from bench.runs.folder import (
