@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
-from bench.runs import CellRow, RunFolder, list_runs, open_complete_run, resolve_run
+from bench.runs import CellRow, RunFolder, Sample, load_complete_run, resolve_run, run_folders
 from bench.runs.columns import BUCKET, CSV_COLUMNS, DASH, E2E, GAUGE, INPUT_TOKENS, TTFT, fmt_num
 
 _VENDOR = ("NVIDIA ", "Tesla ", "GeForce ")
@@ -46,13 +46,20 @@ _TOTAL_ALIASES = {
 
 
 # ---- loading -----------------------------------------------------------------------------------------------------
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunView:
-    """A loaded run as the report sees it: folder, cells by input size, profile, short label for tables."""
+    """One run as the report sees it, every file of its folder read and parsed once (`run_view`) and then passed
+    around: the folder and its manifest, its cells by input size, its raw samples (empty for published runs), its
+    profile.json and the report's figures of it (`profile_figures`; None without a profile), the other published
+    figures of a published run (`other_published_figures` of published-source.json; {} when none), and the short
+    label of its table columns (`assign_labels`)."""
 
     run: RunFolder
     cells: dict[int, CellRow]
+    samples: tuple[Sample, ...]
     profile: dict[str, Any] | None
+    figures: dict[str, Any] | None
+    other_published: dict[str, Any]
     label: str = ""
 
     @property
@@ -70,44 +77,51 @@ class RunView:
         """True for figures measured elsewhere and archived as published (no raw samples)."""
         return self.run.provenance == "published"
 
-    def other_published(self) -> dict[str, Any]:
-        """`other_published_figures` of the folder's published-source.json copy, if any."""
-        path = self.run.path / "published-source.json"
-        try:
-            return json.loads(path.read_text()).get("other_published_figures", {}) if path.exists() else {}
-        except (OSError, json.JSONDecodeError, AttributeError):
-            return {}
+
+def _other_published(path: Path) -> dict[str, Any]:
+    """`other_published_figures` of the folder's published-source.json copy ({} when absent or unreadable)."""
+    try:
+        figures = json.loads(path.read_text()).get("other_published_figures", {}) if path.exists() else {}
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return {}
+    return figures if isinstance(figures, dict) else {}
 
 
-def run_view(run: RunFolder) -> RunView:
-    """The typed view of one opened run: its cells by input size and its profile (or None)."""
-    return RunView(run, {c.input_tokens: c for c in run.cells()}, run.profile())
+def run_view(path: str | Path) -> RunView:
+    """The view of the complete run folder `path`, each of its files parsed once (`load_complete_run`).
+    Raises RunFolderError as `open_complete_run` does (missing, incomplete, corrupt, unknown schema version)."""
+    run, files = load_complete_run(path)
+    return RunView(
+        run=run, cells={c.input_tokens: c for c in files.cells}, samples=tuple(files.samples), profile=files.profile,
+        figures=None if files.profile is None else profile_figures(files.profile),
+        other_published=_other_published(run.path / "published-source.json"),
+    )  # fmt: skip
 
 
 def load_runs(
     run_dirs: Sequence[str | Path] | None, runs_dir: str | Path = "runs"
 ) -> tuple[list[RunView], list[tuple[str, str]]]:
-    """The runs to report and the skipped folders [(folder, reason)].
+    """The runs to report, labelled (`assign_labels`), and the skipped folders [(folder, reason)].
 
     Named runs (paths, or names inside `runs_dir`) must be complete and readable: RunFolderError otherwise.
     With none named, every folder of `runs_dir` is tried and bad ones are skipped with their reason.
+    Each file of each run is read once.
     """
     views, skipped = [], []
     if run_dirs:
         for ref in run_dirs:
-            views.append(run_view(open_complete_run(resolve_run(ref, runs_dir))))
+            views.append(run_view(resolve_run(ref, runs_dir)))
     else:
-        for summary in list_runs(runs_dir):
+        for path in run_folders(runs_dir):
             try:
-                views.append(run_view(open_complete_run(summary.path)))
+                views.append(run_view(path))
             except RunFolderError as exc:
-                skipped.append((summary.name, str(exc)))
+                skipped.append((path.name, str(exc)))
     names = [v.name for v in views]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
         raise InputError(f"run(s) named twice: {', '.join(sorted(dupes))}")
-    assign_labels(views)
-    return views, skipped
+    return assign_labels(views), skipped
 
 
 def _chip(view: RunView) -> str:
@@ -117,12 +131,15 @@ def _chip(view: RunView) -> str:
     return "CPU" if kind.lower().startswith("cpu") else kind.strip()
 
 
-def assign_labels(views: list[RunView]) -> None:
-    """Short column labels: the chip, made unique with the run name when two runs share a chip."""
+def assign_labels(views: list[RunView]) -> list[RunView]:
+    """The views with short column labels: the chip, made unique with the run name when two runs share a chip,
+    and "(published)" after a published run's."""
     chips = [_chip(v) for v in views]
+    out = []
     for view, chip in zip(views, chips):
         label = chip if chips.count(chip) == 1 else f"{chip} {view.name}"
-        view.label = label + (" (published)" if view.published else "")
+        out.append(dataclasses.replace(view, label=label + (" (published)" if view.published else "")))
+    return out
 
 
 # ---- formatting (numbers: `fmt_num`, bench/runs/columns.py, the one null-aware number format) ------------------
@@ -330,8 +347,8 @@ _PROFILE_RAW = {
 def profile_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[str], list[list[str]]]:
     """(csv header, csv rows, markdown header, markdown rows) over the runs that have a profile.
     CSV cells hold the numbers as stored ("absent" where a category cannot occur, empty for null)."""
-    with_prof = [v for v in views if v.profile is not None]
-    figs = [profile_figures(v.profile) for v in with_prof]  # type: ignore[arg-type]
+    with_prof = [v for v in views if v.figures is not None]
+    figs: list[dict[str, Any]] = [v.figures for v in with_prof]  # type: ignore[misc]
     csv_header = ["metric", *(v.name for v in with_prof)]
     md_header = ["", *(v.label for v in with_prof)]
     csv_rows, md_rows = [], []
