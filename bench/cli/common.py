@@ -1,4 +1,5 @@
-"""Options and set-up shared by the commands that load an engine (generate, sweep, profile, serve)."""
+"""Options and set-up shared by the commands that load an engine (generate, sweep, profile, serve), and the one
+console every command prints its tables with (`make_console`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,18 @@ CHECKPOINT_HELP = (
 )
 DTYPE_HELP = "Override the compute dtype (float32, bfloat16, float16); default: chosen from the live device."
 CACHE_HELP = "Persistent XLA compilation cache folder, or 'off'. Default: a folder under the user's cache dir."
+
+
+CONSOLE_MIN_WIDTH, CONSOLE_PIPE_WIDTH = 150, 200
+
+
+def make_console():
+    """The rich console of every command's tables: in a terminal its width, but at least 150 columns (the sweep
+    table does not fold); 200 columns when stdout is not a terminal (pipes, logs, tests: nothing truncated)."""
+    from rich.console import Console
+
+    probe = Console()
+    return Console(width=max(probe.width, CONSOLE_MIN_WIDTH) if probe.is_terminal else CONSOLE_PIPE_WIDTH)
 
 
 def setup_logging(verbose: bool = False) -> None:

@@ -30,6 +30,7 @@ from bench.cli.common import (
     DtypeOpt,
     MaxLengthOpt,
     WeightDtypeOpt,
+    make_console,
     open_engine,
     setup_logging,
 )
@@ -76,12 +77,6 @@ def _set_gpu_flags() -> dict[str, Any]:
         except RuntimeError as exc:  # jax already initialised in this process (e.g. called from Python, not a shell)
             info["reason"] += f"; not applied: {exc}"
     return info
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(width=max(Console().width, 140))
 
 
 def _sweep_gauge(run, n_tokens: int):
@@ -195,7 +190,7 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
 
     from bench.profile.analysis import format_profile_table
 
-    console = console or _console()
+    console = console or make_console()
     device = data.get("device") or {}
     title = f"profile: {data['steps']} decode steps on {device.get('device_kind') or device.get('platform', '?')}"
     summary = Table(title=title)
@@ -315,7 +310,7 @@ def profile(
             with writing_run(lambda: _lock_joined(joined, replace), joined=True, before_end=log_joined_end) as run:
                 data, capture, path = _profile(run, opts)
 
-    console = _console()
+    console = make_console()
     print_profile(data, console=console)
     console.print(f"trace: {capture.xplane_path} ({capture.xplane_bytes / 2**20:.2f} MiB, {capture.n_steps} steps)")
     console.print(_open_hint(path.parent / "profile"), soft_wrap=True)
@@ -463,7 +458,7 @@ def analyze(
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    console = _console()
+    console = make_console()
     print_profile(data, top=top, console=console)
     if reattached:
         console.print(f"roofline from {Path(trace) / 'profile.json'} (bytes per step and bandwidth of the capture)")

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from bench.cli import app
+from bench.cli.common import make_console
 from bench.errors import InputError
 
 runs_app = typer.Typer(help="Archived run folders: list them, check one against the schema.", no_args_is_help=True)
@@ -21,13 +22,6 @@ app.add_typer(runs_app, name="runs")
 RUNS_HELP = "Run folders, or names in --runs-dir (default: every complete run there)."
 BASELINE_HELP = "Run that speedups and single-variable checks are relative to (default: the slowest run)."
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")]
-
-
-def _console():
-    from rich.console import Console
-
-    console = Console(soft_wrap=False)
-    return console if console.is_terminal else Console(soft_wrap=False, width=200)  # pipes and logs: no truncation
 
 
 def parse_percent(text: str, flag: str = "--max-slowdown") -> float:
@@ -73,7 +67,7 @@ def compare_cmd(
 
     limit = parse_percent(max_slowdown)
     result = compare_runs(resolve_run(baseline, runs_dir), resolve_run(candidate, runs_dir), limit, require_same_tokens)
-    console = _console()
+    console = make_console()
     table = Table(title=f"{result.candidate} vs {result.baseline} (baseline)")
     for col in ("input tokens", "gauge base", "gauge cand", "Δ gauge", "e2e base", "e2e cand", "Δ e2e", "tokens"):
         table.add_column(col, justify="left" if col == "tokens" else "right")
@@ -121,7 +115,7 @@ def runs_list_cmd(runs_dir: RunsDirOpt = Path("runs")) -> None:
             s.name, s.status or "unreadable", s.provenance or "—", s.device or "—", s.build_id or "—",
             "—" if s.cells is None else str(s.cells), s.started_at or "—", s.problem or "",
         )  # fmt: skip
-    _console().print(table)
+    make_console().print(table)
     if not summaries:
         typer.echo(f"no run folders in {runs_dir}")
 

@@ -23,26 +23,18 @@ from bench.errors import InputError, RunFolderError
 from bench.sweep.local import StopSignals, parse_inputs
 
 
-def _fmt(x: float | None, spec: str = ".2f") -> str:
-    return "—" if x is None else format(x, spec)
-
-
 def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
-    """The printed sweep table (one row per input size), from the run's cell rows."""
+    """The printed sweep table (one row per input size), from the run's cell rows and the one column list
+    (`bench.runs.columns.TABLE_COLUMNS`: headers, digits and dashes are the gpu-run summary's and the report's)."""
     from rich.table import Table
 
+    from bench.runs.columns import TABLE_COLUMNS, text_rows
+
     table = Table(title="sweep (medians of timed repeats)")
-    for col in ("input tokens", "bucket", "gauge tok/s (min-max)", "e2e tok/s", "TTFT ms", "TPOT ms",
-                "cold/warm request", "cold/warm TTFT", "valid"):  # fmt: skip
-        table.add_column(col, justify="right" if col != "valid" else "left")
-    for r in rows:
-        gauge = "—" if r.gauge_tok_s_median is None else (
-            f"{r.gauge_tok_s_median:.2f} ({r.gauge_tok_s_min:.2f}-{r.gauge_tok_s_max:.2f})")  # fmt: skip
-        table.add_row(
-            str(r.input_tokens), _fmt(r.bucket, "d"), gauge, _fmt(r.e2e_tok_s_median), _fmt(r.ttft_ms_median, ".1f"),
-            _fmt(r.tpot_ms_median, ".2f"), _fmt(r.cold_warm_request_ratio, ".1f"), _fmt(r.cold_warm_ttft_ratio, ".1f"),
-            "yes" if r.valid else f"NO: {r.invalid_reason}",
-        )  # fmt: skip
+    for col in TABLE_COLUMNS:
+        table.add_column(col.table_header, justify=col.align)
+    for line in text_rows(TABLE_COLUMNS, rows):
+        table.add_row(*line)
     return table
 
 
@@ -221,10 +213,10 @@ def _print_table(run, log) -> None:
     Raises typer.Exit(1) when any cell failed, so a script can tell; the run folder keeps every cell. Invalid
     cells alone keep exit code 0: against a server that does not report compile events every cell is invalid by
     rule (bench/sweep/remote.py), and the numbers are still recorded."""
-    from rich.console import Console
+    from bench.cli.common import make_console
 
     cells = run.cells()
-    Console(width=max(Console().width, 150)).print(sweep_table(cells))
+    make_console().print(sweep_table(cells))
     failed = [r.input_tokens for r in cells if r.status == "failed"]
     invalid = [r.input_tokens for r in cells if not r.valid and r.status != "failed"]
     if invalid:

@@ -22,16 +22,14 @@ PACK_FILE_LIMIT = 15 * 2**20  # the device tool brings back files of at most 16 
 PACK_MAX_FILES = 8
 
 
-def _f(x, spec=".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def summary_lines(ctx: Context, code: int) -> list[str]:
     """The summary of the run ending with exit code `code`, as lines: a blank line, a title, the device and policy
     lines, the steps with their status and seconds (and notes), the bandwidth lines, then per run folder its
-    status, checkpoint, compile-cache hits, validity, sweep table (tok/s, ms) and profile. The last line is the exit
-    line ("gpu-run: exit N (...)"). A run folder that cannot be read is one line saying why; never raises for one."""
+    status, checkpoint, compile-cache hits, validity, sweep table (the terminal's columns,
+    `bench.runs.columns.TABLE_COLUMNS`, as plain text) and profile. The last line is the exit line
+    ("gpu-run: exit N (...)"). A run folder that cannot be read is one line saying why; never raises for one."""
     from bench.runs import open_run, validate_run
+    from bench.runs.columns import TABLE_COLUMNS, plain_table
 
     out = ["", "==== gpu-run summary ====", ctx.device_line or "device: (probe did not finish)",
            ctx.policy_line or "device policy: (unknown)"]  # fmt: skip
@@ -54,15 +52,7 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
                    f"{'valid' if not problems else 'INVALID: ' + problems[0]}")  # fmt: skip
         cells = run.cells()
         if cells:
-            out.append(f"  {'input':>6} {'bucket':>6} {'gauge tok/s (min-max)':>26} {'e2e tok/s':>10} {'TTFT ms':>9} "
-                       f"{'TPOT ms':>8} {'cold/warm':>9}  valid")  # fmt: skip
-            for c in cells:
-                gauge = "-" if c.gauge_tok_s_median is None else (
-                    f"{c.gauge_tok_s_median:.1f} ({c.gauge_tok_s_min:.1f}-{c.gauge_tok_s_max:.1f})")  # fmt: skip
-                out.append(f"  {c.input_tokens:>6} {_f(c.bucket, 'd'):>6} {gauge:>26} {_f(c.e2e_tok_s_median, '.1f'):>10} "
-                           f"{_f(c.ttft_ms_median, '.1f'):>9} {_f(c.tpot_ms_median):>8} "
-                           f"{_f(c.cold_warm_request_ratio, '.1f'):>9}  "
-                           f"{'yes' if c.valid else 'NO: ' + str(c.invalid_reason)[:60]}")  # fmt: skip
+            out += plain_table(TABLE_COLUMNS, cells, indent="  ")
         else:
             out.append("  no finished sweep cells")
         try:

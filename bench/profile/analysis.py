@@ -49,10 +49,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import TraceError
+from bench.profile.capture import STEP_ANNOTATION
 from bench.profile.xspace import HloInstruction, HloModule, hlo_modules
 
-SCHEMA_VERSION = 1
-STEP_NAME = "decode"
+PROFILE_SCHEMA_VERSION = 1
+"""The version of the profile.json layout `ProfileAnalysis.to_json` writes (not the run folder's schema version)."""
 CATEGORIES = (
     "dtype_conversion", "tensor_core", "attention", "matmul_fp32", "matmul_16bit",
     "copies_transfers", "other_fusions", "other",
@@ -185,7 +186,7 @@ class ProfileAnalysis:
         empty_roofline = {k: None for k in ("bytes_per_step", "tok_s", "tok_s_source", "bandwidth_bytes_s",
                                             "bandwidth_n_bytes", "share_pct", "bandwidth_gib_s")}  # fmt: skip
         return {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": PROFILE_SCHEMA_VERSION,
             "device": self.device,
             "steps": self.steps,
             "categories": {name: {"pct": pct, "ms": ms} for name, (pct, ms) in self.categories.items()},
@@ -235,7 +236,7 @@ def find_trace(path: str | Path) -> tuple[Path, tuple[str, ...]]:
     return found[-1], notes
 
 
-def analyze_trace(path: str | Path, *, step_name: str = STEP_NAME) -> ProfileAnalysis:
+def analyze_trace(path: str | Path, *, step_name: str = STEP_ANNOTATION) -> ProfileAnalysis:
     """Analyse the trace at `path` (a trace file, a folder holding one, or a run folder with `profile/`).
 
     Raises TraceError for a path without a trace, a file that is not a trace, or a trace without step annotations
@@ -246,7 +247,7 @@ def analyze_trace(path: str | Path, *, step_name: str = STEP_NAME) -> ProfileAna
 
 
 def analyze_xspace(
-    data: bytes, *, source: str = "<bytes>", step_name: str = STEP_NAME, notes: tuple[str, ...] = ()
+    data: bytes, *, source: str = "<bytes>", step_name: str = STEP_ANNOTATION, notes: tuple[str, ...] = ()
 ) -> ProfileAnalysis:
     """Analyse a serialized XSpace (the bytes of a `.xplane.pb`); see `analyze_trace`."""
     from jax.profiler import ProfileData

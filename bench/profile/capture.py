@@ -43,7 +43,8 @@ from typing import Any
 
 from bench.errors import InputError
 
-STEP_NAME = "decode"
+STEP_ANNOTATION = "decode"
+"""The name of the `StepTraceAnnotation` around each traced step; `bench.profile.analysis` finds the steps by it."""
 _COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer"
 
 
@@ -187,7 +188,7 @@ def capture_steps(
     step_ms: list[float] = []
     try:
         for i in range(n_steps):
-            with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
+            with jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=i):
                 t0 = time.perf_counter()
                 state = jax.block_until_ready(step_fn(state))
                 step_ms.append((time.perf_counter() - t0) * 1e3)

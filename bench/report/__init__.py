@@ -3,13 +3,15 @@
 Imports neither jax nor the engine (checked by an import contract): it works from archived runs of machines you no
 longer have.
 - `build_report`, `Report`                              (bench.report.build: findings, report.md, CSV, plots)
-- `load_runs`, `RunView`, `fmt_num`, `fmt_pct`, `rate_text` (bench.report.tables: views and formats)
+- `load_runs`, `RunView`, `fmt_pct`, `rate_text`        (bench.report.tables: views and formats)
+- `fmt_num`                                             (bench.runs.columns: the one number format, for every table)
 - `compare_runs`, `Comparison`, `manifest_differences`  (bench.report.compare: `bench compare`)
 """
 
 from bench.report.build import Report, build_report
 from bench.report.compare import Comparison, compare_runs, manifest_differences
-from bench.report.tables import RunView, fmt_num, fmt_pct, load_runs, rate_text
+from bench.report.tables import RunView, fmt_pct, load_runs, rate_text
+from bench.runs.columns import fmt_num
 
 __all__ = [
     "Report", "build_report", "Comparison", "compare_runs", "manifest_differences", "RunView", "fmt_num",

@@ -40,13 +40,12 @@ from bench.report.tables import (
     fmt_pct,
     load_runs,
     md_table,
-    profile_figures,
     profile_table,
     run_view,
-    sweep_table,
+    sweep_report_table,
     write_csv,
 )
-from bench.runs import open_complete_run, resolve_run
+from bench.runs import resolve_run
 
 
 # ---- findings ----------------------------------------------------------------------------------------------------
@@ -90,7 +89,7 @@ def decode_findings(views: list[RunView]) -> list[str]:
             f"{sizes[0]:,}–{sizes[-1]:,} input tokens ({sizes[-1] / sizes[0]:.0f}x the context): "
             f"(max − min) / median = {_spread_pct(values):.1f}%"
         )
-        published = next((x for k, x in (v.other_published().get("decode_flatness") or {}).items()
+        published = next((x for k, x in (v.other_published.get("decode_flatness") or {}).items()
                           if k.startswith(_slug(v) + "_")), None)  # fmt: skip
         text += f" (the source publishes {published}%)." if published is not None and v.published else "."
         both = set(sizes) & {s for s, _ in _points(v, "e2e")}
@@ -129,7 +128,7 @@ def cold_warm_findings(views: list[RunView]) -> list[str]:
                 out.append(f"{v.label}, {c.input_tokens:,} input tokens: " + "; ".join(parts) + ".")
         if cold:
             continue
-        other = v.other_published().get(f"cold_vs_warm_first_request_{_slug(v)}") if v.published else None
+        other = v.other_published.get(f"cold_vs_warm_first_request_{_slug(v)}") if v.published else None
         if other:
             out.append(
                 f"{v.label}: no cold request among this run's figures. The source reports, for run {other.get('run')} "
@@ -166,7 +165,7 @@ def comparison_findings(views: list[RunView], base: RunView) -> list[str]:
             ratios = [c[s] / b[s] for s in common]
             each = ", ".join(f"{r:.2f}x at {s:,}" for r, s in zip(ratios, common))
             parts.append(f"{name} {each} (median {statistics.median(ratios):.2f}x)")
-        quoted = v.other_published().get(f"speedup_{_slug(v)}_over_{_slug(base)}_decode") if v.published else None
+        quoted = v.other_published.get(f"speedup_{_slug(v)}_over_{_slug(base)}_decode") if v.published else None
         if parts:
             text = f"Speedup of {v.label} over {base.label}: " + "; ".join(parts)
             out.append(text + (f"; the source quotes {quoted}x for decode." if quoted is not None else "."))
@@ -190,10 +189,8 @@ def roofline_notes(views: list[RunView]) -> list[str]:
     """What the derived roofline share counts, and how it differs from the reported one, per run."""
     out = []
     for v in views:
-        if v.profile is None:
-            continue
-        f = profile_figures(v.profile)
-        if f["derived_share_pct"] is None:
+        f = v.figures
+        if f is None or f["derived_share_pct"] is None:
             continue
         text = (
             f"{v.label}: reported share {fmt_pct(f['share_pct'], f['share_approx'])} counts "
@@ -231,10 +228,8 @@ def _pick_baseline(views: list[RunView], baseline: str | Path | None, runs_dir: 
     for v in views:
         if v.run.path.resolve() == path.resolve():
             return v
-    view = run_view(open_complete_run(path))
-    views.insert(0, view)
-    assign_labels(views)
-    return view
+    views[:] = assign_labels([run_view(path), *views])  # the baseline first, every label made again
+    return views[0]
 
 
 def build_report(
@@ -263,14 +258,14 @@ def build_report(
     files = []
     env_header, env_raw, env_text = environment_table(views)
     write_csv(out / "environment.csv", env_header[:1] + [v.name for v in views], env_raw)
-    sw_csv_h, sw_csv, sw_md_h, sw_md, sw_notes = sweep_table(views)
+    sw_csv_h, sw_csv, sw_md_h, sw_md, sw_notes = sweep_report_table(views)
     write_csv(out / "sweep.csv", sw_csv_h, sw_csv)
     pr_csv_h, pr_csv, pr_md_h, pr_md = profile_table(views)
     write_csv(out / "profile.csv", pr_csv_h, pr_csv)
     sweep_png = plot_sweep([(v.label, v.published, list(v.cells.values())) for v in views], out / "sweep_tok_s.png")
     files += [out / "environment.csv", out / "sweep.csv", out / "profile.csv", sweep_png]
     prof_png = plot_profile(
-        [(v.label, profile_figures(v.profile)["categories"]) for v in views if v.profile is not None],
+        [(v.label, v.figures["categories"]) for v in views if v.figures is not None],
         out / "profile_categories.png",
     )
     files += [prof_png] if prof_png else []
@@ -315,7 +310,7 @@ def _roofline_method(views: list[RunView]) -> list[str]:
     """The derived byte accounting, once per distinct accounting, as markdown lines."""
     seen, lines = set(), []
     for v in views:
-        terms = profile_figures(v.profile)["derived_terms"] if v.profile else None
+        terms = v.figures["derived_terms"] if v.figures else None
         key = json.dumps(terms, sort_keys=True)
         if not terms or key in seen:
             continue

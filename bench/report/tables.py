@@ -1,8 +1,9 @@
 """The tables of `bench report` (bench/report/build.py) and what they are built from: the runs as the report sees them
-(`RunView`, loaded by `load_runs` with their column labels), the number formats, and the environment, sweep and
-profile tables, each as markdown text and as CSV values (numbers unrounded).
+(`RunView`, loaded by `load_runs` with their column labels), the percent format, and the environment, sweep and
+profile tables, each as markdown text and as CSV values (numbers unrounded). The sweep table's columns, number
+format (`fmt_num`) and null ("—", `DASH`) are bench/runs/columns.py's, shared with the terminal and gpu-run tables.
 
-No jax and no `model/` here, as in bench/report/build.py. A null shows as "—" (`DASH`).
+No jax and no `model/` here, as in bench/report/build.py.
 
 profile.json keys read (other keys are ignored; the first alias present wins):
 - `categories.<name>.pct` (%): a category listed with a null pct is one the device cannot have ("absent", as
@@ -28,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
-from bench.runs import CellRow, RunFolder, list_runs, open_complete_run, resolve_run
+from bench.runs import CellRow, RunFolder, Sample, load_complete_run, resolve_run, run_folders
+from bench.runs.columns import BUCKET, CSV_COLUMNS, DASH, E2E, GAUGE, INPUT_TOKENS, TTFT, fmt_num
 
-DASH = "—"
 _VENDOR = ("NVIDIA ", "Tesla ", "GeForce ")
 _CATEGORY_ALIASES = {
     "dtype_conversion": ("dtype_conversion", "conversion", "convert"),
@@ -45,13 +46,20 @@ _TOTAL_ALIASES = {
 
 
 # ---- loading -----------------------------------------------------------------------------------------------------
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunView:
-    """A loaded run as the report sees it: folder, cells by input size, profile, short label for tables."""
+    """One run as the report sees it, every file of its folder read and parsed once (`run_view`) and then passed
+    around: the folder and its manifest, its cells by input size, its raw samples (empty for published runs), its
+    profile.json and the report's figures of it (`profile_figures`; None without a profile), the other published
+    figures of a published run (`other_published_figures` of published-source.json; {} when none), and the short
+    label of its table columns (`assign_labels`)."""
 
     run: RunFolder
     cells: dict[int, CellRow]
+    samples: tuple[Sample, ...]
     profile: dict[str, Any] | None
+    figures: dict[str, Any] | None
+    other_published: dict[str, Any]
     label: str = ""
 
     @property
@@ -69,44 +77,51 @@ class RunView:
         """True for figures measured elsewhere and archived as published (no raw samples)."""
         return self.run.provenance == "published"
 
-    def other_published(self) -> dict[str, Any]:
-        """`other_published_figures` of the folder's published-source.json copy, if any."""
-        path = self.run.path / "published-source.json"
-        try:
-            return json.loads(path.read_text()).get("other_published_figures", {}) if path.exists() else {}
-        except (OSError, json.JSONDecodeError, AttributeError):
-            return {}
+
+def _other_published(path: Path) -> dict[str, Any]:
+    """`other_published_figures` of the folder's published-source.json copy ({} when absent or unreadable)."""
+    try:
+        figures = json.loads(path.read_text()).get("other_published_figures", {}) if path.exists() else {}
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return {}
+    return figures if isinstance(figures, dict) else {}
 
 
-def run_view(run: RunFolder) -> RunView:
-    """The typed view of one opened run: its cells by input size and its profile (or None)."""
-    return RunView(run, {c.input_tokens: c for c in run.cells()}, run.profile())
+def run_view(path: str | Path) -> RunView:
+    """The view of the complete run folder `path`, each of its files parsed once (`load_complete_run`).
+    Raises RunFolderError as `open_complete_run` does (missing, incomplete, corrupt, unknown schema version)."""
+    run, files = load_complete_run(path)
+    return RunView(
+        run=run, cells={c.input_tokens: c for c in files.cells}, samples=tuple(files.samples), profile=files.profile,
+        figures=None if files.profile is None else profile_figures(files.profile),
+        other_published=_other_published(run.path / "published-source.json"),
+    )  # fmt: skip
 
 
 def load_runs(
     run_dirs: Sequence[str | Path] | None, runs_dir: str | Path = "runs"
 ) -> tuple[list[RunView], list[tuple[str, str]]]:
-    """The runs to report and the skipped folders [(folder, reason)].
+    """The runs to report, labelled (`assign_labels`), and the skipped folders [(folder, reason)].
 
     Named runs (paths, or names inside `runs_dir`) must be complete and readable: RunFolderError otherwise.
     With none named, every folder of `runs_dir` is tried and bad ones are skipped with their reason.
+    Each file of each run is read once.
     """
     views, skipped = [], []
     if run_dirs:
         for ref in run_dirs:
-            views.append(run_view(open_complete_run(resolve_run(ref, runs_dir))))
+            views.append(run_view(resolve_run(ref, runs_dir)))
     else:
-        for summary in list_runs(runs_dir):
+        for path in run_folders(runs_dir):
             try:
-                views.append(run_view(open_complete_run(summary.path)))
+                views.append(run_view(path))
             except RunFolderError as exc:
-                skipped.append((summary.name, str(exc)))
+                skipped.append((path.name, str(exc)))
     names = [v.name for v in views]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
         raise InputError(f"run(s) named twice: {', '.join(sorted(dupes))}")
-    assign_labels(views)
-    return views, skipped
+    return assign_labels(views), skipped
 
 
 def _chip(view: RunView) -> str:
@@ -116,23 +131,18 @@ def _chip(view: RunView) -> str:
     return "CPU" if kind.lower().startswith("cpu") else kind.strip()
 
 
-def assign_labels(views: list[RunView]) -> None:
-    """Short column labels: the chip, made unique with the run name when two runs share a chip."""
+def assign_labels(views: list[RunView]) -> list[RunView]:
+    """The views with short column labels: the chip, made unique with the run name when two runs share a chip,
+    and "(published)" after a published run's."""
     chips = [_chip(v) for v in views]
+    out = []
     for view, chip in zip(views, chips):
         label = chip if chips.count(chip) == 1 else f"{chip} {view.name}"
-        view.label = label + (" (published)" if view.published else "")
+        out.append(dataclasses.replace(view, label=label + (" (published)" if view.published else "")))
+    return out
 
 
-# ---- formatting --------------------------------------------------------------------------------------------------
-def fmt_num(x: float | None, digits: int = 2) -> str:
-    """`digits` decimals with thousands separators, one trailing zero dropped: 12.90 -> 12.9, 13.00 -> 13.0."""
-    if x is None:
-        return DASH
-    text = f"{x:,.{digits}f}"
-    return text[:-1] if digits >= 2 and text.endswith("0") else text
-
-
+# ---- formatting (numbers: `fmt_num`, bench/runs/columns.py, the one null-aware number format) ------------------
 def fmt_pct(x: float | None, approx: bool = False, absent: bool = False) -> str:
     """A share in %: integers as given (26%), otherwise one decimal (54.1%); "~" when approximate."""
     if absent:
@@ -207,54 +217,50 @@ def environment_table(views: list[RunView]) -> tuple[list[str], list[list[Any]],
     return header, raw, text
 
 
-_SWEEP_FIELDS = (
-    "gauge_tok_s_median", "gauge_tok_s_min", "gauge_tok_s_max", "e2e_tok_s_median", "e2e_tok_s_min",
-    "e2e_tok_s_max", "bucket", "ttft_ms_median", "valid", "status",
-)  # fmt: skip
+_RATES = {"gauge": GAUGE, "e2e": E2E}
 
 
 def rate_text(cell: CellRow | None, metric: str) -> str:
-    """A cell's median tok/s of `metric` ("gauge" or "e2e") with (min–max) where raw samples exist, ✗ when
-    the cell is invalid, "failed" for a failed cell, — for none."""
+    """A cell's median tok/s of `metric` ("gauge" or "e2e") as its column prints it (with (min–max) where raw
+    samples exist), then ✗ when the cell is invalid; "failed" for a failed cell, — for none. The marks stand in
+    for the terminal table's "valid" column in tables that have none (the report, `bench compare`)."""
     if cell is None:
         return DASH
     if cell.status == "failed":
         return "failed"
-    median = getattr(cell, f"{metric}_tok_s_median")
-    lo, hi = getattr(cell, f"{metric}_tok_s_min"), getattr(cell, f"{metric}_tok_s_max")
-    text = fmt_num(median)
-    if median is not None and lo is not None and hi is not None:
-        text += f" ({fmt_num(lo)}–{fmt_num(hi)})"
-    if median is not None and not cell.valid:
+    column = _RATES[metric]
+    text = column.text(cell)
+    if column.value(cell) is not None and not cell.valid:
         text += " ✗"
     return text
 
 
-def sweep_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[str], list[list[str]], list[str]]:
-    """(csv header, csv rows, markdown header, markdown rows, notes on invalid cells).
+def sweep_report_table(
+    views: list[RunView],
+) -> tuple[list[str], list[list[Any]], list[str], list[list[str]], list[str]]:
+    """(csv header, csv rows, markdown header, markdown rows, notes on invalid cells), from the cells of `views`
+    and the one column list (bench/runs/columns.py).
 
-    Markdown: per run gauge and end-to-end tok/s, "median (min–max)" where raw samples exist, ✗ on invalid cells;
-    bucket and TTFT columns for runs that have any. CSV: every field, numbers unrounded.
+    Markdown: per run its gauge and end-to-end columns (`rate_text`); its bucket and TTFT columns when any of its
+    cells has one; headers are the run's label and the column's header. CSV: `input_tokens`, then per run
+    `<run>:<field>` for every field of `CSV_COLUMNS`, numbers unrounded.
     """
     sizes = sorted({s for v in views for s in v.cells})
-    csv_header = ["input_tokens", *(f"{v.name}:{f}" for v in views for f in _SWEEP_FIELDS)]
-    csv_rows = [[s, *(getattr(v.cells.get(s), f, None) for v in views for f in _SWEEP_FIELDS)] for s in sizes]
-    md_header = ["input tokens"]
+    fields = [f for col in CSV_COLUMNS for f in col.csv_fields]
+    csv_header = [INPUT_TOKENS.key, *(f"{v.name}:{f}" for v in views for f in fields)]
+    csv_rows = [[s, *(getattr(v.cells.get(s), f, None) for v in views for f in fields)] for s in sizes]
+    md_header = [INPUT_TOKENS.header]
     extras = {}
     for v in views:
-        md_header += [f"{v.label} gauge tok/s", f"{v.label} end-to-end tok/s"]
-        cells = v.cells.values()
-        extras[v.name] = [f for f in ("bucket", "ttft_ms_median") if any(getattr(c, f) is not None for c in cells)]
-        md_header += [f"{v.label} {'bucket' if f == 'bucket' else 'TTFT ms'}" for f in extras[v.name]]
+        md_header += [f"{v.label} {GAUGE.header}", f"{v.label} {E2E.header}"]
+        extras[v.name] = [c for c in (BUCKET, TTFT) if any(c.value(cell) is not None for cell in v.cells.values())]
+        md_header += [f"{v.label} {c.header}" for c in extras[v.name]]
     md_rows, notes = [], []
     for s in sizes:
-        row = [f"{s:,}"]
+        row = [fmt_num(s, 0)]
         for v in views:
             cell = v.cells.get(s)
-            row += [rate_text(cell, "gauge"), rate_text(cell, "e2e")]
-            for f in extras[v.name]:
-                value = getattr(cell, f, None) if cell else None
-                row.append(DASH if value is None else f"{value:,}" if f == "bucket" else fmt_num(value, 1))
+            row += [rate_text(cell, "gauge"), rate_text(cell, "e2e")] + [c.text(cell) for c in extras[v.name]]
             if cell is not None and not cell.valid:
                 numbers = (cell.gauge_tok_s_median, cell.e2e_tok_s_median)
                 mark = "✗" if cell.status == "failed" or numbers != (None, None) else DASH
@@ -341,8 +347,8 @@ _PROFILE_RAW = {
 def profile_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[str], list[list[str]]]:
     """(csv header, csv rows, markdown header, markdown rows) over the runs that have a profile.
     CSV cells hold the numbers as stored ("absent" where a category cannot occur, empty for null)."""
-    with_prof = [v for v in views if v.profile is not None]
-    figs = [profile_figures(v.profile) for v in with_prof]  # type: ignore[arg-type]
+    with_prof = [v for v in views if v.figures is not None]
+    figs: list[dict[str, Any]] = [v.figures for v in with_prof]  # type: ignore[misc]
     csv_header = ["metric", *(v.name for v in with_prof)]
     md_header = ["", *(v.label for v in with_prof)]
     csv_rows, md_rows = [], []

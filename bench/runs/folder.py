@@ -54,11 +54,13 @@ from bench.runs.schema import (
     SAMPLES,
     SCHEMA_VERSION,
     STATUSES,
+    RunFiles,
     manifest_problems,
     profile_problems,
     read_json,
     read_jsonl,
-    validate_run,
+    read_run_files,
+    run_files_problems,
 )
 from bench.signals import stop_signals_handled
 
@@ -473,7 +475,11 @@ def open_run(path: str | Path) -> RunFolder:
     p = Path(path)
     if not p.is_dir():
         raise RunFolderError(f"{p}: no such run folder")
-    manifest = read_json(p / MANIFEST)
+    return _with_manifest(p, read_json(p / MANIFEST))
+
+
+def _with_manifest(p: Path, manifest: Any) -> RunFolder:
+    """The run folder `p` holding the parsed `manifest`, once it passes the schema (RunFolderError naming `p`)."""
     problems = manifest_problems(manifest)
     if problems:
         raise RunFolderError(f"{p}: {problems[0]}")
@@ -486,16 +492,32 @@ def open_complete_run(path: str | Path) -> RunFolder:
     What the report and compare accept. Raises RunFolderError naming the folder and the reason (status not
     complete, a corrupt cells.jsonl line, a bad profile.json, ...).
     """
-    run = open_run(path)
+    return load_complete_run(path)[0]
+
+
+def load_complete_run(path: str | Path) -> tuple[RunFolder, RunFiles]:
+    """`open_complete_run` (the same checks and errors), also returning the files as it parsed them, each once:
+    a reader (the report) takes cells, samples and profile from them instead of reading the folder again."""
+    p = Path(path)
+    if not p.is_dir():
+        raise RunFolderError(f"{p}: no such run folder")
+    files = read_run_files(p)
+    if files.manifest_error is not None:
+        raise RunFolderError(files.manifest_error)
+    run = _with_manifest(p, files.manifest)
     if run.status != "complete":
         raise RunFolderError(f"{run.path}: status is {run.status!r}, not complete (an interrupted or failed run)")
-    run.cells()
-    run.profile()
-    problems = validate_run(run.path)
+    files.cells  # noqa: B018 -- RunFolderError naming the file and line of the first bad row, as run.cells()
+    if files.profile_error is not None:
+        raise RunFolderError(files.profile_error)
+    bad_profile = profile_problems(files.profile) if files.profile is not None else []
+    if bad_profile:
+        raise RunFolderError(f"{run.path}: {bad_profile[0]}")
+    problems = run_files_problems(files)
     if problems:
         more = f" (and {len(problems) - 1} more; see bench runs validate)" if len(problems) > 1 else ""
         raise RunFolderError(f"{run.path}: {problems[0]}{more}")
-    return run
+    return run, files
 
 
 def latest_measured_run(runs_dir: str | Path) -> Path:
@@ -544,16 +566,22 @@ class RunSummary:
         return self.problem is None
 
 
+def run_folders(runs_dir: str | Path) -> list[Path]:
+    """The sub-folders of `runs_dir` that may be runs (sorted by name; hidden ones left out), none of them read.
+    Raises RunFolderError when `runs_dir` itself does not exist."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        raise RunFolderError(f"runs folder {root} does not exist; pass --runs-dir DIR")
+    return sorted(q for q in root.iterdir() if q.is_dir() and not q.name.startswith("."))
+
+
 def list_runs(runs_dir: str | Path) -> list[RunSummary]:
     """Every sub-folder of `runs_dir` (sorted by name), bad ones included with `problem` saying why.
 
     Raises RunFolderError when `runs_dir` itself does not exist. Never raises for a bad run folder.
     """
-    root = Path(runs_dir)
-    if not root.is_dir():
-        raise RunFolderError(f"runs folder {root} does not exist; pass --runs-dir DIR")
     out = []
-    for p in sorted(q for q in root.iterdir() if q.is_dir() and not q.name.startswith(".")):
+    for p in run_folders(runs_dir):
         try:
             run = open_run(p)
             ncells = len(run.cells())

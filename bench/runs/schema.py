@@ -9,6 +9,8 @@ its file (and line); the readers raise RunFolderError naming the file, `validate
 from __future__ import annotations
 
 import csv
+import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -130,21 +132,96 @@ def read_json(path: Path) -> Any:
         raise RunFolderError(f"{path}: corrupt JSON (line {exc.lineno}: {exc.msg})") from None
 
 
+_Lines = tuple[tuple[int, Any], ...]  # (line number, parsed object or the JSONDecodeError), blank lines left out
+
+
+def _parse_lines(text: str) -> _Lines:
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            out.append((lineno, exc))
+    return tuple(out)
+
+
+def _typed_rows(path: Path, lines: _Lines, cls: type) -> list[Any]:
+    rows = []
+    for lineno, obj in lines:
+        if isinstance(obj, json.JSONDecodeError):
+            raise RunFolderError(f"{path} line {lineno}: corrupt JSON ({obj.msg})") from None
+        rows.append(row_from_dict(cls, obj, f"{path} line {lineno}"))
+    return rows
+
+
 def read_jsonl(path: Path, cls: type) -> list[Any]:
     """The rows of the JSONL file `path` as `cls` records (CellRow or Sample); [] when the file does not exist.
     RunFolderError naming the file and line for corrupt JSON or a row that breaks the record's schema."""
     if not path.exists():
         return []
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    return _typed_rows(path, _parse_lines(path.read_text(encoding="utf-8")), cls)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunFiles:
+    """One run folder's files, each read and parsed once (`read_run_files`): what `validate_run` checks and what a
+    reader such as the report then uses, so that nothing is parsed twice.
+
+    manifest: parsed manifest.json, or None with `manifest_error` (the RunFolderError text: missing, corrupt).
+    lines: per JSONL file present (CELLS_JSONL, SAMPLES), its non-blank lines as (line number, parsed object or
+        the json.JSONDecodeError). csv_rows: rows of cells.csv (None when it is missing).
+    profile: parsed profile.json (None when absent or unreadable; `profile_error` says why when unreadable).
+    `cells` and `samples` are the typed rows (built once; RunFolderError naming file and line, as `read_jsonl`).
+    """
+
+    path: Path
+    manifest: Any
+    manifest_error: str | None
+    lines: dict[str, _Lines]
+    csv_rows: int | None
+    profile: Any
+    profile_error: str | None
+
+    @property
+    def has_profile(self) -> bool:
+        """True when the folder holds a profile.json (readable or not)."""
+        return self.profile is not None or self.profile_error is not None
+
+    @functools.cached_property
+    def cells(self) -> list[CellRow]:
+        """The cell rows of cells.jsonl ([] when it does not exist)."""
+        return _typed_rows(self.path / CELLS_JSONL, self.lines.get(CELLS_JSONL, ()), CellRow)
+
+    @functools.cached_property
+    def samples(self) -> list[Sample]:
+        """The requests of samples.jsonl ([] when it does not exist)."""
+        return _typed_rows(self.path / SAMPLES, self.lines.get(SAMPLES, ()), Sample)
+
+
+def read_run_files(path: str | Path) -> RunFiles:
+    """Read and parse every file of the run folder `path` once. Never raises for a missing or corrupt file (the
+    problem is kept for `run_files_problems`); OSError only when a present file cannot be read at all."""
+    p = Path(path)
+    try:
+        manifest, manifest_error = read_json(p / MANIFEST), None
+    except RunFolderError as exc:
+        manifest, manifest_error = None, str(exc)
+    lines = {name: _parse_lines((p / name).read_text(encoding="utf-8", errors="replace"))
+             for name in (CELLS_JSONL, SAMPLES) if (p / name).exists()}  # fmt: skip
+    csv_rows = None
+    if (p / CELLS_CSV).exists():
+        with open(p / CELLS_CSV, encoding="utf-8", newline="") as fh:
+            csv_rows = sum(1 for _ in csv.DictReader(fh))
+    profile, profile_error = None, None
+    if (p / PROFILE).exists():
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RunFolderError(f"{path} line {lineno}: corrupt JSON ({exc.msg})") from None
-        rows.append(row_from_dict(cls, obj, f"{path} line {lineno}"))
-    return rows
+            profile = read_json(p / PROFILE)
+        except RunFolderError as exc:
+            profile_error = str(exc)
+    return RunFiles(path=p, manifest=manifest, manifest_error=manifest_error, lines=lines, csv_rows=csv_rows,
+                    profile=profile, profile_error=profile_error)  # fmt: skip
 
 
 # ---- validation ------------------------------------------------------------------------------------------------
@@ -158,27 +235,27 @@ def validate_run(path: str | Path) -> list[str]:
     p = Path(path)
     if not p.is_dir():
         return [f"{p}: no such run folder"]
-    try:
-        manifest = read_json(p / MANIFEST)
-    except RunFolderError as exc:
-        return [str(exc).replace(f"{p}/", "")]
+    return run_files_problems(read_run_files(p))
+
+
+def run_files_problems(files: RunFiles) -> list[str]:
+    """`validate_run` of a folder already read (`read_run_files`): the same problems, no file read again."""
+    p = files.path
+    if files.manifest_error is not None:
+        return [files.manifest_error.replace(f"{p}/", "")]
+    manifest = files.manifest
     problems = manifest_problems(manifest)
     if problems and ("schema_version" in problems[0] or not isinstance(manifest, dict)):
         return problems
     published = isinstance(manifest.get("provenance"), dict) and manifest["provenance"].get("kind") == "published"
 
     for fname, cls in ((CELLS_JSONL, CellRow), (SAMPLES, Sample)):
-        fpath = p / fname
-        if not fpath.exists():
+        if fname not in files.lines:
             continue
         seen: set[Any] = set()
-        for lineno, line in enumerate(fpath.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                problems.append(f"{fname} line {lineno}: corrupt JSON ({exc.msg})")
+        for lineno, obj in files.lines[fname]:
+            if isinstance(obj, json.JSONDecodeError):
+                problems.append(f"{fname} line {lineno}: corrupt JSON ({obj.msg})")
                 continue
             problems += [f"{fname} line {lineno}: {msg}" for msg in row_problems(cls, obj)]
             if cls is CellRow and isinstance(obj, dict):
@@ -186,34 +263,28 @@ def validate_run(path: str | Path) -> list[str]:
                     problems.append(f"{fname} line {lineno}: duplicate cell for input_tokens={obj['input_tokens']}")
                 seen.add(obj.get("input_tokens"))
         if cls is CellRow:
-            csv_path = p / CELLS_CSV
-            if not csv_path.exists():
+            if files.csv_rows is None:
                 problems.append(f"{CELLS_CSV}: missing (it mirrors {CELLS_JSONL})")
-            else:
-                with open(csv_path, encoding="utf-8", newline="") as fh:
-                    n_csv = sum(1 for _ in csv.DictReader(fh))
-                if n_csv != len(seen) and manifest.get("status") == "complete":  # a kill may leave it one behind
-                    problems.append(f"{CELLS_CSV}: {n_csv} rows but {CELLS_JSONL} has {len(seen)}")
+            elif files.csv_rows != len(seen) and manifest.get("status") == "complete":  # a kill may leave it behind
+                problems.append(f"{CELLS_CSV}: {files.csv_rows} rows but {CELLS_JSONL} has {len(seen)}")
     if not problems and not published:
-        problems += _consistency_problems(p)
-    if manifest.get("status") == "complete" and not (p / CELLS_JSONL).exists() and not (p / PROFILE).exists():
+        problems += _consistency_problems(files)
+    if manifest.get("status") == "complete" and CELLS_JSONL not in files.lines and not files.has_profile:
         problems.append(f"{CELLS_JSONL}: missing in a complete run (and no {PROFILE} either)")
-    if published and (p / SAMPLES).exists():
+    if published and SAMPLES in files.lines:
         problems.append(f"{SAMPLES}: a published run must not hold raw samples (it never had any)")
-    if (p / PROFILE).exists():
-        try:
-            problems += profile_problems(read_json(p / PROFILE))
-        except RunFolderError as exc:
-            problems.append(str(exc).replace(f"{p}/", ""))
+    if files.profile_error is not None:
+        problems.append(files.profile_error.replace(f"{p}/", ""))
+    elif files.profile is not None:
+        problems += profile_problems(files.profile)
     return problems
 
 
-def _consistency_problems(p: Path) -> list[str]:
+def _consistency_problems(files: RunFiles) -> list[str]:
     """Numbers that contradict each other in a schema-valid measured run: a cell whose median lies outside its
     min..max, whose timed samples are not `repeats` distinct repeats, or whose validity ignores its samples."""
     try:
-        cells = read_jsonl(p / CELLS_JSONL, CellRow) if (p / CELLS_JSONL).exists() else []
-        samples = read_jsonl(p / SAMPLES, Sample) if (p / SAMPLES).exists() else []
+        cells, samples = files.cells, files.samples
     except RunFolderError as exc:
         return [str(exc)]
     problems = []

@@ -1,0 +1,131 @@
+"""The columns of a sweep cell (`CellRow`), each described once: its field, header, unit, decimals and how a null
+prints. Every printer of cells takes its columns from here: the terminal sweep table (`bench.cli.sweep_cmds`), the
+gpu-run summary (`plain_table`, plain text), and the report's markdown table and CSV (`bench.report.tables`).
+
+Standard library only (like the rest of `bench.runs`), so the gpu-run summary and the report can use it without
+jax. A printer chooses which columns it shows (`TABLE_COLUMNS`, `CSV_COLUMNS`); it never formats a number itself.
+
+Formats:
+- a number: `fmt_num` (`digits` decimals, thousands separators, one trailing zero dropped); None prints as "—"
+  (`DASH`), in every printer;
+- a spread column (`Column.spread`): "median (min–max)" where the cell has both ends (raw samples), else the median
+  alone (published figures hold medians only);
+- `valid`: "yes", or "NO: " and the reason the cell is not quotable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from bench.runs.records import CellRow
+
+DASH = "—"
+"""How a null (an unknown or absent figure) prints, everywhere."""
+
+
+def fmt_num(x: float | None, digits: int = 2) -> str:
+    """`x` with `digits` decimals and thousands separators, one trailing zero dropped when `digits` >= 2
+    (12.90 -> "12.9", 13.00 -> "13.0", 1466 -> "1,466.0"; the published tables print their figures so);
+    `digits` 0 for counts (2057 -> "2,057"). None -> "—"."""
+    if x is None:
+        return DASH
+    text = f"{x:,.{digits}f}"
+    return text[:-1] if digits >= 2 and text.endswith("0") else text
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Column:
+    """One column of the sweep cell.
+
+    key: the `CellRow` field shown (for a spread column, the median); also the CSV field name.
+    header: the column's name in every table (the report puts the run's label in front of it).
+    unit: the unit of the values ("tokens", "tok/s", "ms", "x" for a cold / warm ratio, "" for text).
+    digits: decimals of a number (0 for counts); None for a field shown as text.
+    spread: the median is followed by "(min–max)" from the `<name>_min` and `<name>_max` fields where both exist.
+    align: "right" (numbers) or "left" (text), for the terminal and plain-text tables.
+    text_of: the text of a non-numeric field from its row (None: the value as given).
+    """
+
+    key: str
+    header: str
+    unit: str
+    digits: int | None
+    spread: bool = False
+    align: str = "right"
+    text_of: Callable[[CellRow], str] | None = None
+
+    @property
+    def table_header(self) -> str:
+        """The header of the terminal and plain-text tables: a spread column says "(min–max)"."""
+        return f"{self.header} (min–max)" if self.spread else self.header
+
+    @property
+    def csv_fields(self) -> tuple[str, ...]:
+        """The CellRow fields this column writes to a CSV: the key, and a spread column's min and max."""
+        if not self.spread:
+            return (self.key,)
+        stem = self.key.removesuffix("_median")
+        return (self.key, f"{stem}_min", f"{stem}_max")
+
+    def value(self, row: CellRow | None) -> Any:
+        """The raw value of the key field (None for no row)."""
+        return None if row is None else getattr(row, self.key)
+
+    def text(self, row: CellRow | None) -> str:
+        """The value as the tables print it (see the module docstring); "—" for no row or a null."""
+        if row is not None and self.text_of is not None:
+            return self.text_of(row)
+        value = self.value(row)
+        if value is None or self.digits is None:
+            return DASH if value is None else str(value)
+        text = fmt_num(value, self.digits)
+        if self.spread:
+            lo, hi = (getattr(row, f) for f in self.csv_fields[1:])
+            if lo is not None and hi is not None:
+                text += f" ({fmt_num(lo, self.digits)}–{fmt_num(hi, self.digits)})"
+        return text
+
+
+def _valid_text(row: CellRow) -> str:
+    return "yes" if row.valid else f"NO: {row.invalid_reason}"
+
+
+INPUT_TOKENS = Column(key="input_tokens", header="input tokens", unit="tokens", digits=0)
+BUCKET = Column(key="bucket", header="bucket", unit="tokens", digits=0)
+GAUGE = Column(key="gauge_tok_s_median", header="gauge tok/s", unit="tok/s", digits=2, spread=True)
+E2E = Column(key="e2e_tok_s_median", header="end-to-end tok/s", unit="tok/s", digits=2, spread=True)
+TTFT = Column(key="ttft_ms_median", header="TTFT ms", unit="ms", digits=1)
+TPOT = Column(key="tpot_ms_median", header="TPOT ms", unit="ms", digits=2)
+COLD_WARM_REQUEST = Column(key="cold_warm_request_ratio", header="cold/warm request", unit="x", digits=1)
+COLD_WARM_TTFT = Column(key="cold_warm_ttft_ratio", header="cold/warm TTFT", unit="x", digits=1)
+VALID = Column(key="valid", header="valid", unit="", digits=None, align="left", text_of=_valid_text)
+STATUS = Column(key="status", header="status", unit="", digits=None, align="left")
+
+CELL_COLUMNS: tuple[Column, ...] = (
+    INPUT_TOKENS, BUCKET, GAUGE, E2E, TTFT, TPOT, COLD_WARM_REQUEST, COLD_WARM_TTFT, VALID, STATUS,
+)  # fmt: skip
+"""Every described column of a sweep cell, in table order."""
+TABLE_COLUMNS: tuple[Column, ...] = CELL_COLUMNS[:-1]
+"""The sweep table of the terminal (`bench sweep`) and of the gpu-run summary: one row per input size."""
+CSV_COLUMNS: tuple[Column, ...] = (GAUGE, E2E, BUCKET, TTFT, VALID, STATUS)
+"""The report's sweep.csv, per run after `input_tokens` (numbers unrounded)."""
+
+
+def text_rows(columns: Sequence[Column], rows: Iterable[CellRow]) -> list[list[str]]:
+    """The printed text of `columns` for each row, in order."""
+    return [[c.text(r) for c in columns] for r in rows]
+
+
+def plain_table(columns: Sequence[Column], rows: Iterable[CellRow], indent: str = "") -> list[str]:
+    """`rows` as a plain-text table (header line, then one line per row): each column as wide as its widest
+    entry, right- or left-aligned as the column says, two spaces between columns, no trailing spaces."""
+    body = text_rows(columns, rows)
+    lines = [[c.table_header for c in columns], *body]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+    out = []
+    for line in lines:
+        cells = [t.rjust(w) if c.align == "right" else t.ljust(w) for c, t, w in zip(columns, line, widths)]
+        out.append((indent + "  ".join(cells)).rstrip())
+    return out

@@ -1,0 +1,100 @@
+"""One column list for the sweep cell: the terminal table, the gpu-run summary, the report's markdown and its CSV
+print the same cell the same way (bench/runs/columns.py), and a published row (medians only) prints everywhere."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import shutil
+import types
+from pathlib import Path
+
+from rich.console import Console
+from runfolders import REFERENCE_RUNS, cell_samples, make_measured_run
+
+from bench.cli.sweep_cmds import sweep_table
+from bench.gpurun.summary import summary_lines
+from bench.report import build_report, rate_text
+from bench.runs import failed_cell, open_run, summarize_cell
+from bench.runs.columns import CSV_COLUMNS, DASH, GAUGE, TABLE_COLUMNS, TTFT, VALID, fmt_num, plain_table
+
+
+def _cell(size: int = 2057, **changes):
+    row = summarize_cell(cell_samples(size, cold=True), max_new_tokens=8, bucket=2560)
+    return dataclasses.replace(row, **changes)
+
+
+def _terminal(rows) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(sweep_table(rows))
+    return buf.getvalue()
+
+
+def test_one_number_format_with_one_dash() -> None:
+    assert [fmt_num(x) for x in (12.9, 13.0, 12.43, 1466.0, None)] == ["12.9", "13.0", "12.43", "1,466.0", DASH]
+    assert [fmt_num(2057, 0), fmt_num(12552.94, 1), fmt_num(None, 1)] == ["2,057", "12,552.9", DASH]
+
+
+def test_a_cell_prints_the_same_in_the_terminal_the_summary_and_the_report() -> None:
+    cell = _cell()
+    texts = [c.text(cell) for c in TABLE_COLUMNS]
+    gauge = GAUGE.text(cell)
+    assert gauge == f"{fmt_num(cell.gauge_tok_s_median)} ({fmt_num(cell.gauge_tok_s_min)}–{fmt_num(cell.gauge_tok_s_max)})"
+    assert texts[0] == "2,057" and texts[1] == "2,560" and texts[-1] == "yes"
+    terminal = _terminal([cell])
+    plain = plain_table(TABLE_COLUMNS, [cell])
+    for text in texts:
+        assert text in terminal and text in plain[1]
+    assert all(col.table_header in terminal and col.table_header in plain[0] for col in TABLE_COLUMNS)
+    assert rate_text(cell, "gauge") == gauge  # the report's and `bench compare`'s rate text: the same column
+
+
+def test_the_plain_table_aligns_each_column_to_its_widest_entry() -> None:
+    rows = [_cell(41, bucket=64), _cell(2057, valid=False, invalid_reason="repeat 0 degenerate: loop")]
+    lines = plain_table(TABLE_COLUMNS, rows, indent="  ")
+    assert len(lines) == 3 and all(line.startswith("  ") and line == line.rstrip() for line in lines)
+    valid_at = lines[0].index("valid")  # the text column is left-aligned under its header
+    assert [line[valid_at:] for line in lines[1:]] == ["yes", "NO: repeat 0 degenerate: loop"]
+    gauge_end = lines[0].index("gauge tok/s (min–max)") + len("gauge tok/s (min–max)")
+    for line in lines[1:]:  # numbers are right-aligned: each ends where its header ends
+        assert line[gauge_end - 1] == ")" and line[gauge_end] == " "
+    assert lines[1].split()[:2] == ["41", "64"] and lines[2].split()[:2] == ["2,057", "2,560"]
+
+
+def test_published_rows_and_failed_cells_print_without_spreads() -> None:
+    published = open_run(REFERENCE_RUNS[0]).cells()  # medians only: no min or max
+    terminal = _terminal(published)
+    body = terminal.split("┡")[1]  # below the headers
+    assert "12.43" in body and "12.9 " in body and "–" not in body  # no spread without raw samples
+    failed = failed_cell(3593, "out of memory", bucket=4096)
+    assert [c.text(failed) for c in (GAUGE, TTFT)] == [DASH, DASH]
+    assert VALID.text(failed) == "NO: failed: out of memory" and rate_text(failed, "gauge") == "failed"
+    assert plain_table(TABLE_COLUMNS, [failed])[1].split()[:2] == ["3,593", "4,096"]
+
+
+def test_the_gpu_run_summary_prints_the_terminal_columns(tmp_path: Path) -> None:
+    run = make_measured_run(tmp_path / "runs", "summary", inputs=(41, 521))
+    published = Path(shutil.copytree(REFERENCE_RUNS[0], tmp_path / REFERENCE_RUNS[0].name))
+    (published / "profile.json").unlink()  # the published profile's shape is not one the gpu-run summary prints
+    ctx = types.SimpleNamespace(device_line="device: cpu", policy_line="device policy: x", steps=[],
+                                bandwidth_lines=[], runs=[run.path, published], elapsed=lambda: 1.0,
+                                budget=10.0, outdir=tmp_path)  # fmt: skip
+    lines = summary_lines(ctx, 0)
+    headers = [ln for ln in lines if ln.strip().startswith("input tokens")]
+    assert len(headers) == 2 and all(c.table_header in headers[0] for c in TABLE_COLUMNS)
+    rows = plain_table(TABLE_COLUMNS, run.cells(), indent="  ")
+    assert rows[1] in lines and rows[2] in lines
+    assert any(ln.strip().startswith("41 ") and "12.43" in ln for ln in lines)  # the published run's medians
+
+
+def test_the_report_csv_holds_every_csv_column_unrounded(tmp_path: Path) -> None:
+    run = make_measured_run(tmp_path / "runs", "csv", inputs=(41,))
+    report = build_report([run.path], tmp_path / "out")
+    with open(report.out_dir / "sweep.csv", newline="") as fh:
+        (row,) = list(csv.DictReader(fh))
+    fields = [f for c in CSV_COLUMNS for f in c.csv_fields]
+    assert list(row) == ["input_tokens", *(f"{run.name}:{f}" for f in fields)]
+    (cell,) = run.cells()
+    assert float(row[f"{run.name}:gauge_tok_s_median"]) == cell.gauge_tok_s_median
+    assert row[f"{run.name}:valid"] == str(cell.valid) and row[f"{run.name}:status"] == "ok"
