@@ -209,16 +209,25 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
         summary.add_row("tok/s used", f"{roof['tok_s']:.1f} ({roof['tok_s_source']})")
     totals = data["totals"]
     summary.add_row("ms per step (device)", f"{totals['ms_per_step']:.3f}")
+    if totals.get("typical_step_ms") is not None:
+        summary.add_row("typical step (device)", f"{totals['typical_step_ms']:.3f} ms (each op at its median)")
+    config = data.get("config") or {}
+    if config.get("kv_cache_positions") is not None:
+        summary.add_row("profiled shape", f"bucket {config['bucket']} + {config['max_new_tokens']} new tokens = KV "
+                        f"cache of {config['kv_cache_positions']} positions")  # fmt: skip
     console.print(summary)
 
-    cats = Table(title="device time by category")
-    for col in ("category", "share", "ms"):
+    cats = Table(title="device time by category (typical step: each op at its median time, steadier on a busy CPU)")
+    typical = data.get("categories_typical_step") or {}
+    for col in ("category", "share", "ms", "typical-step share"):
         cats.add_column(col, justify="left" if col == "category" else "right")
     for name, cat in data["categories"].items():
+        typ = (typical.get(name) or {}).get("pct")
+        typ_text = "—" if name not in typical else "absent" if typ is None else f"{typ:.1f}%"
         if cat.get("pct") is None:
-            cats.add_row(name, "absent", "—")
+            cats.add_row(name, "absent", "—", typ_text)
         else:
-            cats.add_row(name, f"{cat['pct']:.1f}%", f"{cat['ms']:.3f}")
+            cats.add_row(name, f"{cat['pct']:.1f}%", f"{cat['ms']:.3f}", typ_text)
     console.print(cats)
 
     ops = Table(title=f"top {min(top, len(data['ops']))} of {data.get('ops_total_rows', len(data['ops']))} ops/kernels")
