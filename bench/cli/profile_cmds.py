@@ -425,7 +425,8 @@ def _capture_into(run, setup, opts):
         notes.append(f"GPU profile flags were set ({flags_info['reason']}) but jax ran on {capture.platform}")
     if capture.restarts:
         notes.append(f"--steps {steps} is past the profiled shape's budget of {capture.restart_every} traced decode "
-                     f"steps (max_new_tokens {max_new_tokens}): the steps restarted {capture.restarts} times from the "
+                     f"steps (max_new_tokens {max_new_tokens}): the steps restarted {capture.restarts} "
+                     f"time{'s' if capture.restarts != 1 else ''} from the "
                      "post-warm-up state, so every step ran the same program on the same KV buffers")  # fmt: skip
     notes += [f"run folder differs from this profile: {m}" for m in mismatch]
     data = analysis.to_json()
