@@ -87,50 +87,52 @@ def _sweep_gauge(run, n_tokens: int):
     return None
 
 
-def _profile_shape(engine, input_tokens: int, steps: int, cell) -> int:
-    """max_new_tokens of the profiled shape: the prefill's token, WARMUP_STEPS warm-up and `steps` traced decode
-    steps (joining a run with a sweep cell at this size, at least the cell's own max_new_tokens: its compiled
-    shape). Checked against the engine's limits in this command's terms: InputError naming --input-tokens, --steps
-    or --max-length, the limit, and the values that fit (the engine's own error would name the sweep's flags)."""
+def _profile_shape(engine, input_tokens: int, cell) -> int:
+    """max_new_tokens of the profiled shape, which `--steps` never changes: the KV cache holds bucket +
+    max_new_tokens positions and decode attention reads all of them, so a shape that grew with N would make a
+    longer profile describe a different, slower program (bench.profile.capture, "Steps past the decode budget").
+    Joining a run with a sweep cell at this size: the cell's own max_new_tokens (its compiled shape); otherwise
+    the sweep's default cell shape (`SweepConfig.max_new_tokens`), shortened to the positions left after the
+    prompt. At least the prefill's token, WARMUP_STEPS warm-up and one traced step; traced steps past the shape's
+    budget restart (`capture_steps(restart_every=...)`). Checked against the engine's limits in this command's
+    terms: InputError naming --input-tokens or --max-length, the limit, and the values that fit (the engine's own
+    error would name the sweep's flags)."""
     from bench.measure.prompts import min_prompt_tokens
+    from bench.sweep.local import SweepConfig
 
-    own = 1 + WARMUP_STEPS + steps
+    least = 1 + WARMUP_STEPS + 1
     cell_new = (cell.max_new_tokens or 0) if cell is not None else 0
-    new = max(own, cell_new)
     n, positions, longest = input_tokens, engine.cfg.max_position_embeddings, engine.buckets[-1]
+    wanted = max(cell_new or SweepConfig.__dataclass_fields__["max_new_tokens"].default, least)
     lowest = min_prompt_tokens(engine.tokenizer) if engine.tokenizer is not None else 1
-    highest = min(longest, positions - new)  # the largest prompt that fits at these --steps
+    highest = min(longest, positions - least)  # the largest prompt that leaves room for one traced step
     fits = []  # what would work instead, in this command's flags
     if lowest <= highest:
-        fits.append(f"--input-tokens {lowest}..{highest} at --steps {steps}")
+        fits.append(f"--input-tokens {lowest}..{highest}")
     elif longest < lowest:
         fits.append(f"--max-length {lowest}..{positions} (the smallest prompt is {lowest} tokens)")
-    elif positions - lowest - 1 - WARMUP_STEPS >= 1:
-        fits.append(f"--steps 1..{positions - lowest - 1 - WARMUP_STEPS} (with a prompt of {lowest} tokens)")
     if engine.tokenizer is not None and n < lowest:
         raise InputError(f"--input-tokens {n}: below the smallest possible prompt, {lowest} tokens (BOS + chat "
                          f"template + 1 content token); pass --input-tokens {lowest} or more"
                          + (f" (expected {fits[0]})" if fits else ""))  # fmt: skip
     if n > longest:
-        if n + new <= positions:  # raising the limit would do
+        if n + least <= positions:  # raising the limit would do
             fits = [f for f in fits if not f.startswith("--max-length")]
             fits.append(f"--max-length {n}..{positions} (the model's positions) for this prompt")
         raise InputError(f"--input-tokens {n}: above the maximum prompt length {longest} (--max-length); expected "
-                         + " or ".join(fits or ["a smaller --steps"]))  # fmt: skip
-    if n + new <= positions:
-        return new
-    used = f"{n + new} positions, above the model's {positions} (max_position_embeddings)"
-    if new == own:
-        most = positions - n - 1 - WARMUP_STEPS
-        if most >= 1:
-            raise InputError(f"--steps {steps}: {n} input tokens (--input-tokens) + the prefill's token + "
-                             f"{WARMUP_STEPS} warm-up + {steps} traced steps = {used}; expected --steps 1..{most} at "
-                             f"--input-tokens {n}" + (f", or {fits[0]}" if lowest <= highest else ""))  # fmt: skip
-        raise InputError(f"--input-tokens {n}: with the prefill's token, {WARMUP_STEPS} warm-up and {steps} traced "
-                         f"steps (--steps) that is {used}; expected " + " or ".join(fits))  # fmt: skip
-    raise InputError(f"--input-tokens {n}: the run's sweep cell at {n} tokens decodes {cell_new} tokens, the shape "
-                     f"the profile follows: {used} of this checkpoint; pass the run's own --checkpoint, or drop --run "
-                     "to profile into a new run")  # fmt: skip
+                         + " or ".join(fits or ["a smaller --input-tokens"]))  # fmt: skip
+    if n + wanted <= positions:
+        return wanted
+    used = f"{n + wanted} positions, above the model's {positions} (max_position_embeddings)"
+    if cell_new and cell_new >= least:
+        raise InputError(f"--input-tokens {n}: the run's sweep cell at {n} tokens decodes {cell_new} tokens, the "
+                         f"shape the profile follows: {used} of this checkpoint; pass the run's own --checkpoint, or "
+                         "drop --run to profile into a new run")  # fmt: skip
+    if n + least <= positions:
+        return positions - n  # the sweep's shape does not fit here; the largest that does, whatever --steps
+    raise InputError(f"--input-tokens {n}: with the prefill's token, {WARMUP_STEPS} warm-up steps and one traced "
+                     f"step that is {n + least} positions, above the model's {positions} (max_position_embeddings); "
+                     "expected " + " or ".join(fits or ["a smaller --input-tokens"]))  # fmt: skip
 
 
 def _profile_prompt(engine, input_tokens: int, max_new_tokens: int):
@@ -204,16 +206,25 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
         summary.add_row("tok/s used", f"{roof['tok_s']:.1f} ({roof['tok_s_source']})")
     totals = data["totals"]
     summary.add_row("ms per step (device)", f"{totals['ms_per_step']:.3f}")
+    if totals.get("typical_step_ms") is not None:
+        summary.add_row("typical step (device)", f"{totals['typical_step_ms']:.3f} ms (each op at its median)")
+    config = data.get("config") or {}
+    if config.get("kv_cache_positions") is not None:
+        summary.add_row("profiled shape", f"bucket {config['bucket']} + {config['max_new_tokens']} new tokens = KV "
+                        f"cache of {config['kv_cache_positions']} positions")  # fmt: skip
     console.print(summary)
 
-    cats = Table(title="device time by category")
-    for col in ("category", "share", "ms"):
+    cats = Table(title="device time by category (typical step: each op at its median time, steadier on a busy CPU)")
+    typical = data.get("categories_typical_step") or {}
+    for col in ("category", "share", "ms", "typical-step share"):
         cats.add_column(col, justify="left" if col == "category" else "right")
     for name, cat in data["categories"].items():
+        typ = (typical.get(name) or {}).get("pct")
+        typ_text = "—" if name not in typical else "absent" if typ is None else f"{typ:.1f}%"
         if cat.get("pct") is None:
-            cats.add_row(name, "absent", "—")
+            cats.add_row(name, "absent", "—", typ_text)
         else:
-            cats.add_row(name, f"{cat['pct']:.1f}%", f"{cat['ms']:.3f}")
+            cats.add_row(name, f"{cat['pct']:.1f}%", f"{cat['ms']:.3f}", typ_text)
     console.print(cats)
 
     ops = Table(title=f"top {min(top, len(data['ops']))} of {data.get('ops_total_rows', len(data['ops']))} ops/kernels")
@@ -245,8 +256,10 @@ def _open_hint(trace_root: Path) -> str:
 @profile_app.callback(invoke_without_command=True)
 def profile(
     ctx: typer.Context,
-    steps: int = typer.Option(20, "--steps", help="Decode steps to trace (exactly this many, after 2 warm-up steps); "
-                              "input tokens + steps + 3 must fit the model's positions."),
+    steps: int = typer.Option(20, "--steps", help="Decode steps to trace (exactly this many, after 2 warm-up steps). "
+                              "The profiled shape does not depend on it: the sweep's cell shape (with --run, the "
+                              "run's cell; otherwise max_new_tokens 64, or what the positions leave); steps past "
+                              "its budget restart from the post-warm-up state."),
     input_tokens: int = typer.Option(41, "--input-tokens", help="Prompt size in tokens, BOS and chat template "
                                      "included: the sweep's natural-text prompt of exactly this size is prefilled "
                                      "before the traced steps (its bucket is the decode shape profiled). From the "
@@ -329,9 +342,9 @@ def _profile(joined, opts):
     engine, report, ckpt, cache_dir = open_engine(opts.checkpoint, opts.dtype, opts.max_length, opts.compile_cache,
                                                   opts.weight_dtype)  # fmt: skip
     cell = _sweep_gauge(joined, opts.input_tokens) if joined is not None else None
-    # Every traced position stays inside the model's positions; joining a sweep cell, profile its compiled shape
-    # (the same KV buffer), so the categories, ms per step and the cell's gauge describe one program.
-    max_new_tokens = _profile_shape(engine, opts.input_tokens, opts.steps, cell)
+    # One shape whatever --steps: joining a sweep cell, its compiled shape (the same KV buffer), so the categories,
+    # ms per step and the cell's gauge describe one program; every traced position stays inside the model's.
+    max_new_tokens = _profile_shape(engine, opts.input_tokens, cell)
     prompt = _profile_prompt(engine, opts.input_tokens, max_new_tokens)
     setup = SimpleNamespace(engine=engine, ckpt=ckpt, cell=cell, max_new_tokens=max_new_tokens, prompt=prompt,
                             flags_info=flags_info)  # fmt: skip
@@ -377,7 +390,8 @@ def _capture_into(run, setup, opts):
     state, step = prompt_decode_steps(engine, prompt.ids, max_new_tokens)
     log.info(f"profiling {steps} decode steps after a prompt of {input_tokens} input tokens (bucket {bucket}) "
              f"and {WARMUP_STEPS} warm-up steps")  # fmt: skip
-    capture = capture_steps(step, state, steps, trace_root, warmup=WARMUP_STEPS, python_tracer=opts.python_tracer)
+    capture = capture_steps(step, state, steps, trace_root, warmup=WARMUP_STEPS, python_tracer=opts.python_tracer,
+                            restart_every=max_new_tokens - 1 - WARMUP_STEPS)  # fmt: skip
     del state
     run.log(f"captured {capture.n_steps} decode steps: {capture.xplane_path} ({capture.xplane_bytes} bytes)")
     analysis = analyze_trace(capture.xplane_path)
@@ -404,6 +418,11 @@ def _capture_into(run, setup, opts):
                      "may be missing; run `bench profile` from a fresh shell")  # fmt: skip
     if capture.platform != "gpu" and flags_info["gpu_flags_applied"]:
         notes.append(f"GPU profile flags were set ({flags_info['reason']}) but jax ran on {capture.platform}")
+    if capture.restarts:
+        notes.append(f"--steps {steps} is past the profiled shape's budget of {capture.restart_every} traced decode "
+                     f"steps (max_new_tokens {max_new_tokens}): the steps restarted {capture.restarts} "
+                     f"time{'s' if capture.restarts != 1 else ''} from the "
+                     "post-warm-up state, so every step ran the same program on the same KV buffers")  # fmt: skip
     notes += [f"run folder differs from this profile: {m}" for m in mismatch]
     data = analysis.to_json()
     data["trace"] = os.path.relpath(analysis.trace_path, run.path)  # relative: the run folder can move
@@ -411,13 +430,15 @@ def _capture_into(run, setup, opts):
     data["config"] = {
         "input_tokens": input_tokens, "prompt": {"tokens": len(prompt.ids), "text_chars": len(prompt.text),
                                                  "built_by": "bench.sweep.local.build_prompts (the sweep's prompt)"},
-        "bucket": bucket, "max_new_tokens": max_new_tokens, "steps": steps,
+        "bucket": bucket, "max_new_tokens": max_new_tokens, "kv_cache_positions": bucket + max_new_tokens,
+        "steps": steps,
         "warmup": WARMUP_STEPS, "checkpoint": str(ckpt), "policy": pol.line(), "compute_dtype": pol.compute_dtype,
         "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "decode_bytes": decode_bytes,
     }  # fmt: skip
     data["capture"] = {
         "xplane": os.path.relpath(capture.xplane_path, run.path), "xplane_bytes": capture.xplane_bytes, "steps": capture.n_steps,
-        "warmup": capture.warmup, "step_wall_ms": list(capture.step_wall_ms),
+        "warmup": capture.warmup, "restart_every": capture.restart_every, "restarts": capture.restarts,
+        "step_wall_ms": list(capture.step_wall_ms),
         "wall_ms_per_step": capture.wall_ms_per_step, "xla_flags": capture.xla_flags,
         "profile_options": capture.profile_options, "platform": capture.platform,
         "device_kind": capture.device_kind, "jax_version": capture.jax_version, **flags_info,

@@ -20,6 +20,16 @@ backend initialises, so `bench profile` must put them into the environment befor
 itself applies when it collects profiles for PGLE (`jax/_src/compiler.py`, `("xla_gpu_enable_command_buffer", "")`),
 and jax's GPU performance tips document the flag.
 
+Steps past the decode budget (`restart_every`): a decode program's KV cache holds (bucket + max_new_tokens)
+positions, and its attention reads the whole buffer every step, masked slots included, so a step's cost is set by
+the compiled shape, not by how many steps are traced. The profiled shape must therefore not grow with N: with
+`--steps 200` on the default preset a cache sized for 200 steps made attention 53% of device time where a cache
+sized for 20 steps gave 12.5% (20 traced steps each; the step count alone changed nothing). `capture_steps` keeps
+the shape fixed by restarting: after every `restart_every` traced steps it continues from a fresh copy of the
+state it had after the warm-up (copied before tracing starts and again, between two step annotations, at each
+restart), so no traced step decodes past the shape's budget and every traced step runs the same program on the
+same buffers. The copies run outside the step annotations; the analysis does not count them.
+
 The engine's state: `prompt_decode_steps` prefills a real prompt (the sweep's exact-size chat prompt, from
 `bench.sweep.local.build_prompts`) the way `Engine.generate` does (same padding, same compiled prefill and decode programs
 at the same (bucket, max_new_tokens) shape), so a profile at n input tokens decodes after the sweep cell's prompt.
@@ -55,6 +65,8 @@ class CaptureResult:
     xplane_path: the trace file (`*.xplane.pb`) this capture wrote.
     xplane_bytes: its size in bytes.
     n_steps / warmup: traced steps and untimed steps run before tracing.
+    restart_every: traced steps between two restarts from the post-warm-up state (None: never restarted);
+    restarts: how many times the traced steps restarted from it (0 when `n_steps <= restart_every`).
     step_wall_ms: wall time of each traced step in milliseconds (monotonic clock, read after the step's result was
         ready; includes profiler overhead, so it is slower than an untraced step).
     wall_ms_per_step: the median of `step_wall_ms`.
@@ -76,6 +88,8 @@ class CaptureResult:
     platform: str
     device_kind: str
     jax_version: str
+    restart_every: int | None = None
+    restarts: int = 0
     final_state: Any = field(default=None, compare=False, repr=False)
 
 
@@ -161,21 +175,29 @@ def capture_steps(
     warmup: int = 2,
     python_tracer: bool = False,
     host_tracer_level: int = 1,
+    restart_every: int | None = None,
 ) -> CaptureResult:
     """Run `warmup` untimed steps, then trace exactly `n_steps` calls of `state = step_fn(state)`.
 
     Each traced call sits inside `StepTraceAnnotation("decode", step_num=i)` (i = 0..n_steps-1) and is blocked on
-    (`jax.block_until_ready`) before the annotation closes. The trace goes under `trace_dir` (jax's layout:
-    `plugins/profile/<session>/<host>.xplane.pb`). Raises InputError for `n_steps < 1` or `warmup < 0`.
+    (`jax.block_until_ready`) before the annotation closes. With `restart_every` = K, traced step i runs on the
+    state reached after the warm-up and i mod K further steps: after every K traced steps the state is replaced,
+    between annotations, by a fresh copy of the post-warm-up state (see the module doc; `step_fn` may donate its
+    state). The trace goes under `trace_dir` (jax's layout: `plugins/profile/<session>/<host>.xplane.pb`).
+    Raises InputError for `n_steps < 1`, `warmup < 0` or `restart_every < 1`.
     """
     if not isinstance(n_steps, int) or n_steps < 1:
         raise InputError(f"--steps {n_steps}: expected a whole number of decode steps >= 1")
     if not isinstance(warmup, int) or warmup < 0:
         raise InputError(f"warmup {warmup}: expected a whole number >= 0")
+    if restart_every is not None and (not isinstance(restart_every, int) or restart_every < 1):
+        raise InputError(f"restart_every {restart_every}: expected a whole number of steps >= 1, or None")
     import jax
 
     for _ in range(warmup):
         state = jax.block_until_ready(step_fn(state))
+    restarting = restart_every is not None and n_steps > restart_every
+    start_state = _copy_state(state) if restarting else None  # before tracing: the original may be donated
 
     trace_dir = Path(trace_dir)
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -186,8 +208,11 @@ def capture_steps(
     else:
         jax.profiler.start_trace(str(trace_dir), profiler_options=options)
     step_ms: list[float] = []
+    restarts = 0
     try:
         for i in range(n_steps):
+            if restarting and i > 0 and i % restart_every == 0:  # between two step annotations: not counted
+                state, restarts = _copy_state(start_state), restarts + 1
             with jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=i):
                 t0 = time.perf_counter()
                 state = jax.block_until_ready(step_fn(state))
@@ -212,5 +237,15 @@ def capture_steps(
         platform=device.platform,
         device_kind=getattr(device, "device_kind", device.platform),
         jax_version=jax.__version__,
+        restart_every=restart_every,
+        restarts=restarts,
         final_state=state,
     )
+
+
+def _copy_state(state: Any) -> Any:
+    """A copy of every array leaf of `state` in new device buffers, ready (blocked on) when returned."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.block_until_ready(jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), state))
