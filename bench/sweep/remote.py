@@ -311,11 +311,12 @@ def remote_manifest(target: Target, config, tokenizer_source: str):
                           batch=1, quantization=h.get("quantization"),
                           weight_dtype=(pol or {}).get("weights"), activation_dtype=(pol or {}).get("activations"),
                           kv_cache_dtype=(pol or {}).get("kv_cache"), compute_dtype=(pol or {}).get("compute"))  # fmt: skip
+    observed = "from the server's /metrics" if target.ours else "not observable: recorded as null (cells invalid)"
     notes = {"target": target.base, "model": target.model, "server": target.kind, "prompt_tokenizer": tokenizer_source,
-             "timing": "client-side, streamed; TTFT to the first content chunk",
-             "compile_events": "from the server's /metrics" if target.ours else "not observable: recorded as null (cells invalid)"}  # fmt: skip
+             "timing": "client-side, streamed; TTFT to the first content chunk", "compile_events": observed}  # fmt: skip
     workload = Workload(inputs=tuple(config.inputs), max_new_tokens=config.max_new_tokens, repeats=config.repeats,
-                        sampling="greedy (temperature 0)", eos="ignored while benchmarking (ignore_eos sent)", notes=notes)  # fmt: skip
+                        sampling="greedy (temperature 0)", eos="ignored while benchmarking (ignore_eos sent)",
+                        notes=notes)  # fmt: skip
     return build_manifest(
         "sweep --target", engine=engine, workload=workload,
         checkpoint=CheckpointFacts(id=ck.get("id") or target.model, source=ck.get("source"),
