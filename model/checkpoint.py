@@ -172,26 +172,103 @@ def safetensors_files(ckpt: Path) -> list[Path]:
     return files
 
 
-def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], np.ndarray], tuple[int, ...], str, Path]]:
-    """(key, loader, shape, stored dtype e.g. "BF16", file) for every tensor; the loader reads that one tensor."""
-    from safetensors import SafetensorError, safe_open
+_NUMPY_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+                 "U8": "u1", "BOOL": "?"}  # fmt: skip
+"""safetensors dtype names -> numpy dtypes (little-endian, as the format stores them); BF16 is ml_dtypes'."""
+_BLOCK = 1 << 22  # bytes per read when hashing whole files
 
+
+def _numpy_dtype(name: str, file: Path) -> np.dtype:
+    if name == "BF16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if name not in _NUMPY_DTYPES:
+        raise CheckpointError(f"{file.name}: safetensors dtype {name!r} is not supported")
+    return np.dtype(_NUMPY_DTYPES[name])
+
+
+def _hashed_names(ckpt: Path) -> list[str]:
+    """The files the content hash covers, in its order: config.json, tokenizer.json, then the weight files."""
+    return ["config.json", "tokenizer.json"] + [p.name for p in safetensors_files(ckpt)]
+
+
+def _hash_file(h, path: Path) -> None:
+    """Feed `name NUL bytes` of one file into the sha256 `h` (nothing when the file does not exist)."""
+    if not path.is_file():
+        return
+    h.update(path.name.encode() + b"\0")
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_BLOCK), b""):
+            h.update(block)
+
+
+def _read_exact(f, n: int, file: Path) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise CheckpointError(f"{file}: not a readable safetensors file (truncated: {len(data)} of {n} bytes); "
+                              "re-download or re-create it")  # fmt: skip
+    return data
+
+
+def _safetensors_header(f, file: Path) -> tuple[bytes, list[tuple[int, int, str, dict]]]:
+    """(the raw 8-byte length + JSON header, [(begin, end, key, entry)] sorted by offset) of an open file.
+    The format: a little-endian u64 header length, the JSON header {key: {dtype, shape, data_offsets}}, the data."""
+    raw = _read_exact(f, 8, file)
+    size = int.from_bytes(raw, "little")
+    if size > 100 * 2**20:  # the format's own limit on the header
+        raise CheckpointError(f"{file}: not a readable safetensors file (header of {size} bytes); re-download it")
+    text = _read_exact(f, size, file)
+    try:
+        header = json.loads(text)
+        entries = sorted((int(v["data_offsets"][0]), int(v["data_offsets"][1]), k, v)
+                         for k, v in header.items() if k != "__metadata__")  # fmt: skip
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise CheckpointError(f"{file}: not a readable safetensors file (bad header: {exc}); re-download it") from None
+    return raw + text, entries
+
+
+def _iter_tensors(files: list[Path], h=None) -> Iterator[tuple[str, Callable[[], np.ndarray], tuple[int, ...], str, Path]]:
+    """(key, loader, shape, stored dtype e.g. "BF16", file) for every tensor, read in file order, one at a time.
+
+    Each file is read once, front to back; with `h` (a hashlib sha256) every byte read is also fed to it, as
+    `name NUL bytes` per file, so that the hash equals the one `content_hash` computes by reading the files again.
+    A tensor's bytes are read before it is yielded (ignored tensors too: the hash covers them); its loader builds
+    the array from those bytes. CheckpointError for a truncated file or a header that is not safetensors."""
     for path in files:
-        try:
-            handle = safe_open(str(path), framework="numpy")
-            with handle as f:
-                for key in f.keys():
-                    meta = f.get_slice(key)
-                    yield key, (lambda f=f, key=key: f.get_tensor(key)), tuple(meta.get_shape()), meta.get_dtype(), path
-        except SafetensorError as exc:
-            raise CheckpointError(f"{path}: not a readable safetensors file ({exc}); re-download or re-create it") from None
+        with open(path, "rb") as f:
+            if h is not None:
+                h.update(path.name.encode() + b"\0")
+            head, entries = _safetensors_header(f, path)
+            if h is not None:
+                h.update(head)
+            pos = 0
+            for begin, end, key, entry in entries:
+                if begin < pos or end < begin:
+                    raise CheckpointError(f"{path}: not a readable safetensors file (tensor {key!r} overlaps another)")
+                gap = _read_exact(f, begin - pos, path)
+                data = _read_exact(f, end - begin, path)
+                if h is not None:
+                    h.update(gap)
+                    h.update(data)
+                pos = end
+                shape, dtype = tuple(int(d) for d in entry.get("shape", ())), str(entry.get("dtype"))
+
+                def load(data=data, shape=shape, dtype=dtype, path=path) -> np.ndarray:
+                    return np.frombuffer(data, _numpy_dtype(dtype, path)).reshape(shape)
+
+                yield key, load, shape, dtype, path
+            for block in iter(lambda: f.read(_BLOCK), b""):  # bytes after the last tensor (padding), hashed too
+                if h is not None:
+                    h.update(block)
 
 
 def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtype=np.float32, device_put=None):
     """Load a checkpoint's text-decoder weights as `Params`, converted to `dtype`.
 
-    Returns (params, report) where report is a dict: path, prefixes used, tensors loaded, ignored keys, and the
-    safetensors dtypes the tensors were stored in (e.g. ["BF16"]).
+    Returns (params, report) where report is a dict: path, prefixes used, tensors loaded, ignored keys, the
+    safetensors dtypes the tensors were stored in (e.g. ["BF16"]), and `content_hash`: the checkpoint's
+    `content_hash`, computed from the bytes as they are read for the load (each weight file is read once).
     `device_put` (e.g. `jax.device_put`) is applied to each array as it is converted, so only one host copy of
     one tensor exists at a time; None keeps numpy arrays.
     Raises CheckpointError for a missing/unexpected/duplicate/mis-shaped tensor (naming it and both shapes) or an
@@ -207,7 +284,11 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     ignored: list[str] = []
     prefix_used: set[str] = set()
     stored: set[str] = set()
-    for key, load, shape, stored_dtype, file in _iter_tensors(safetensors_files(path)):
+    h = hashlib.sha256()
+    files = safetensors_files(path)
+    for name in _hashed_names(path)[:2]:  # config.json, tokenizer.json: as content_hash orders them
+        _hash_file(h, path / name)
+    for key, load, shape, stored_dtype, file in _iter_tensors(files, h):
         rel = next((key[len(p):] for p in PREFIXES if key.startswith(p)), None)
         spec = table.get(rel) if rel is not None else None
         if spec is None:
@@ -233,7 +314,7 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
         raise CheckpointError(f"{path}: tensor {missing[0]!r} is missing{more}; expected shape {list(table[missing[0]].hf_shape)}")
     params = Params(**glob, layers=tuple(LayerParams(**fields) for fields in layers))
     report = {"path": str(path), "prefixes": sorted(prefix_used), "tensors": len(seen), "ignored": ignored,
-              "stored_dtypes": sorted(stored)}  # fmt: skip
+              "stored_dtypes": sorted(stored), "content_hash": h.hexdigest()}  # fmt: skip
     return params, report
 
 
@@ -316,18 +397,13 @@ def write_config_files(cfg: ModelConfig, out_dir: Path, *, form: str = "global_h
 
 
 def content_hash(ckpt: Path) -> str:
-    """sha256 (hex) over the names and bytes of config.json, the safetensors files and tokenizer.json, in order.
+    """sha256 (hex) over the names and bytes of config.json, tokenizer.json and the safetensors files, in that
+    order (each file as its name, a NUL byte, its bytes; a missing tokenizer.json is left out).
 
-    Two checkpoints with one hash load the same weights, config and tokenizer.
+    Two checkpoints with one hash load the same weights, config and tokenizer. `load_params` computes the same
+    value while it loads (its report's `content_hash`); this reads the files again, for callers that do not load.
     """
     h = hashlib.sha256()
-    names = ["config.json", "tokenizer.json"] + [p.name for p in safetensors_files(ckpt)]
-    for name in names:
-        path = ckpt / name
-        if not path.is_file():
-            continue
-        h.update(name.encode() + b"\0")
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
+    for name in _hashed_names(Path(ckpt)):
+        _hash_file(h, Path(ckpt) / name)
     return h.hexdigest()

@@ -170,10 +170,15 @@ def _decode_program(params, cache, token_B, args, *, cfg, act_dtype, greedy):
 
 
 # ---- the engine ----------------------------------------------------------------------------------------------
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Generation:
-    """One generated sequence with its host-side timings (time.perf_counter_ns, read after each token id arrived
-    on the host): `t_prefill_start_ns`, `t_token_ns[i]` for token i; `compile_traces` during generation."""
+    """One generated sequence, what the engine ran for it, and its host-side timings.
+
+    `bucket`: the padded prefill length this request ran at (its compiled shape is (bucket, max_new_tokens));
+    `compile_traces`: jit traces (`CompileCounter.traces`) during this request, prefill and decode: 0 proves it
+    compiled nothing. Times are time.perf_counter_ns, read after each token id arrived on the host:
+    `t_prefill_start_ns` (before the ids are copied to the device), `t_token_ns[i]` for token i.
+    """
 
     prompt_ids: list[int]
     token_ids: list[int]
@@ -265,7 +270,8 @@ class Engine:
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling = GREEDY, *,
                  stop_at_eos: bool = False, on_token: Callable[[int], bool | None] | None = None) -> Generation:  # fmt: skip
         """Generate up to `max_new_tokens` ids after `prompt_ids` (exactly that many unless `stop_at_eos`, or
-        `on_token` returns True to stop early, e.g. a client disconnected or a stop string matched)."""
+        `on_token` returns True to stop early, e.g. a client disconnected or a stop string matched). The result
+        carries the bucket it ran and the compile traces of this request (`Generation`)."""
         ids, bucket = self._padded(prompt_ids, max_new_tokens)
         args = sampling.args()
         eos = set(self.cfg.eos_token_ids)
@@ -281,7 +287,8 @@ class Engine:
             tokens.append(int(token_B[0]))
             times.append(time.perf_counter_ns())
             stop = on_token(tokens[-1]) if on_token else False
-        return Generation(list(prompt_ids), tokens, bucket, max_new_tokens, t0, times, CompileCounter.traces - traces0)
+        return Generation(prompt_ids=list(prompt_ids), token_ids=tokens, bucket=bucket, max_new_tokens=max_new_tokens,
+                          t_prefill_start_ns=t0, t_token_ns=times, compile_traces=CompileCounter.traces - traces0)
 
     def warmup(self, n_tokens: int, max_new_tokens: int, sampling: Sampling = GREEDY) -> Generation:
         """Compile (or load from the persistent cache) and run the programs of one compiled shape once."""
@@ -327,7 +334,8 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     `policy` defaults to `decide_policy()` for the live device; its weight dtype is the dtype the weights are
     converted to once, at load (so no decode step converts weights unless the policy asks for it). The policy
     is logged first (logger "model.engine"), then any emulation warning. Returns (engine, load report: path,
-    prefixes, tensors, ignored keys, load_s). Raises CheckpointError / ConfigError / TokenizerError.
+    prefixes, tensors, ignored keys, stored dtypes, content_hash (computed while loading, `load_params`), load_s
+    (seconds, hashing included)). Raises CheckpointError / ConfigError / TokenizerError.
     """
     import logging
 

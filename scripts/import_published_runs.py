@@ -125,6 +125,7 @@ def _profile(run: dict[str, Any], common: dict[str, Any], source: str) -> dict[s
 def _manifest(run: dict[str, Any], common: dict[str, Any], source: str) -> dict[str, Any]:
     memory = run.get("device_memory_mib")
     return {
+        "schema_version": 1,  # the archived published folders are schema 1 (checkpoint.path null), recreated as such
         "provenance": {"kind": "published", "source": source},
         "started_at": None,
         "command_line": None,

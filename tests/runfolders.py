@@ -64,7 +64,7 @@ def manifest(*, build_id: str = "0123456789ab", content_hash: str = "sha256:feed
         "host": {"cpu_model": "Test CPU", "logical_cpus": 2, "arch": "x86_64", "memory_bytes": 8 * 2**30},
         "dtype_policy": {"compute_dtype": "float32", "weights": "float32", "activations": "float32",
                          "kv_cache": "float32"},  # fmt: skip
-        "checkpoint": {"id": "builtin:default", "path": "/cache/default", "content_hash": content_hash,
+        "checkpoint": {"id": "default-bfloat16-seed0-v1", "source": "builtin:default", "content_hash": content_hash,
                        "weight_bytes": weight_bytes},  # fmt: skip
         "engine_config": config if config is not None else {"buckets": [64, 512, 2048, 4096], "max_length": 4160},
         "compile_cache": {"dir": "/cache/xla", "hits": 3, "misses": 1},

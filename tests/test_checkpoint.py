@@ -118,3 +118,32 @@ def test_integer_weights_are_refused(ckpt):
     _rewrite(ckpt, lambda t: t.__setitem__("model.norm.weight", np.ones(64, np.int32)))
     with pytest.raises(CheckpointError, match="'model.norm.weight' is stored as I32, expected a float dtype"):
         load_params(ckpt)
+
+
+def test_the_hash_computed_while_loading_is_the_content_hash(ckpt, tmp_path):
+    import ml_dtypes
+
+    _, report = load_params(ckpt)
+    assert report["content_hash"] == content_hash(ckpt)
+    _rewrite(ckpt, lambda t: t.update({k: v.astype(ml_dtypes.bfloat16) for k, v in t.items()}))  # other bytes
+    _, report16 = load_params(ckpt)
+    assert report16["content_hash"] == content_hash(ckpt) != report["content_hash"]
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    keys = sorted(tensors)
+    out = tmp_path / "sharded"  # two weight files, in the index's order
+    out.mkdir()
+    shards = {"a.safetensors": keys[::2], "b.safetensors": keys[1::2]}
+    for name, ks in shards.items():
+        save_file({k: tensors[k] for k in ks}, str(out / name), metadata={"format": "pt"})
+    weight_map = {k: name for name, ks in shards.items() for k in ks}
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    shutil.copy(ckpt / "config.json", out / "config.json")
+    _, sharded = load_params(out)
+    assert sharded["content_hash"] == content_hash(out)
+
+
+def test_a_truncated_weight_file_is_named(ckpt):
+    data = (ckpt / "model.safetensors").read_bytes()
+    (ckpt / "model.safetensors").write_bytes(data[: len(data) - 100])
+    with pytest.raises(CheckpointError, match="model.safetensors: not a readable safetensors file .*truncated"):
+        load_params(ckpt)

@@ -42,7 +42,7 @@ def test_create_run_names_the_folder_and_starts_running(tmp_path: Path) -> None:
     run = create_run(tmp_path / "runs", "smoke", "cpu", manifest(), date="2026-11-30")
     assert run.path == tmp_path / "runs" / "2026-11-30-smoke-cpu"
     m = json.loads((run.path / "manifest.json").read_text())
-    assert m["schema_version"] == 1 and m["status"] == "running" and m["name"] == run.name
+    assert m["schema_version"] == 2 and m["status"] == "running" and m["name"] == run.name
     assert m["provenance"] == {"kind": "measured", "source": None}
     assert m["started_at"] and m["ended_at"] is None
     assert (run.path / "run.log").exists()
@@ -243,7 +243,7 @@ def test_validation_of_samples_csv_and_profile(tmp_path: Path) -> None:
     ("damage", "expected"),
     [
         (lambda p: (p / "manifest.json").write_text("{oops"), "manifest.json: corrupt JSON"),
-        (lambda p: _edit_manifest(p, schema_version=2), "schema_version 2 is not supported"),
+        (lambda p: _edit_manifest(p, schema_version=3), "schema_version 3 is not supported"),
         (lambda p: (p / "manifest.json").unlink(), "manifest.json: missing"),
     ],
 )

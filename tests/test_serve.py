@@ -62,7 +62,7 @@ def _loaded(path: Path, wrap=None):
     from model.engine import load_engine
 
     engine, _ = load_engine(path)
-    ck = {"id": MODEL, "path": str(path), "content_hash": None, "weight_bytes": engine.weight_bytes}
+    ck = {"id": MODEL, "source": None, "content_hash": None, "weight_bytes": engine.weight_bytes}
     return LoadedModel(engine=wrap(engine) if wrap else engine, checkpoint=ck, build_id="test-build")
 
 

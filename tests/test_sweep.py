@@ -36,7 +36,7 @@ def finished_run(env, tmp_path_factory):
     return folder, proc
 
 
-def test_sweep_writes_a_complete_consistent_run_folder(finished_run):
+def test_sweep_writes_a_complete_consistent_run_folder(finished_run, env):
     folder, proc = finished_run
     assert validate_run(folder) == []
     run = open_run(folder)
@@ -63,6 +63,14 @@ def test_sweep_writes_a_complete_consistent_run_folder(finished_run):
     assert len(manifest["build_id"]) == 12 and manifest["checkpoint"]["content_hash"]
     assert manifest["engine_config"]["buckets"][0] == 32
     assert manifest["compile_cache"]["dir"] and manifest["compile_cache"]["misses"] is not None
+    # the bucket each cell records is the one its requests ran (the engine's report), the smallest rung >= n
+    assert [c.bucket for c in cells] == [min(b for b in manifest["engine_config"]["buckets"] if b >= c.input_tokens)
+                                         for c in cells]  # fmt: skip
+    # schema 2: no local path (the checkpoint by source and hash, the compile cache relative to the cache root)
+    assert manifest["schema_version"] == 2 and manifest["command"] == "sweep"
+    assert manifest["checkpoint"]["source"] == "builtin:tiny" and "path" not in manifest["checkpoint"]
+    assert manifest["compile_cache"]["dir"] == "<cache>/xla"
+    assert env["GEMMA4_BENCH_CACHE"] not in (folder / "manifest.json").read_text()
     assert "input tokens" in proc.stdout and "41" in proc.stdout  # the printed table
     assert proc.stderr.splitlines()[0].startswith("device policy: platform=cpu")  # the policy is the first line
 
@@ -148,3 +156,27 @@ def test_a_second_signal_while_the_sweep_ends_still_ends_the_run(tiny_checkpoint
     (folder,) = runs.iterdir()
     assert json.loads((folder / "manifest.json").read_text())["status"] == "incomplete"
     assert not (folder / ".lock").exists()
+
+
+def test_a_cell_records_the_bucket_its_requests_report(tmp_path):
+    """sweep_cells takes the bucket from what each request reports; requests of one cell that disagree fail it."""
+    from runfolders import make_sample
+
+    from bench.measure.request import Measured
+    from bench.runs import create_run
+    from bench.sweep.local import SweepConfig, sweep_cells
+
+    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=2)
+    prompts = {20: "p20", 41: "p41"}
+    calls = []
+
+    def measure(prompt, kind, repeat):
+        n = int(prompt[1:])
+        calls.append((n, kind))
+        bucket = 48 if n == 20 else (64 if len(calls) % 2 else 96)  # the 41 cell's requests disagree
+        return Measured(sample=make_sample(n, kind, repeat, n=4), bucket=bucket)
+
+    run = create_run(tmp_path, "fake", "cpu", {})
+    rows = sweep_cells(config, run, prompts, measure=measure)
+    assert rows[0].bucket == 48 and rows[0].status == "ok"  # not a rung of any ladder: the report is what counts
+    assert rows[1].status == "failed" and "buckets [64, 96]" in rows[1].error and rows[1].bucket == 64

@@ -135,3 +135,31 @@ CompileCacheOpt = typer.Option(None, "--compile-cache", help=CACHE_HELP)
 BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens), e.g. 64,512,1024,4096: a prompt is "
                           "padded to the smallest rung that holds it. Default: powers of two to 512, then steps of 512 "
                           "to 4096, then of 1024 up to --max-length.")
+
+
+def engine_manifest(command: str, engine, report: dict, checkpoint: str | None, cache_dir: Path | None, workload,
+                    extra: dict | None = None):  # fmt: skip
+    """The run manifest (`bench.runs.manifest.build_manifest`) of `command` on the engine `open_engine` loaded:
+    `checkpoint` is the `--checkpoint` text (None: the built-in default), `report` the load report (its content
+    hash was computed while loading), `cache_dir` the compile cache folder (written relative to the cache root),
+    `workload` the command's `bench.runs.Workload`, `extra` more top-level keys. Same payload, same build id, from
+    every command."""
+    import jax
+
+    from bench.runs.environment import device_facts
+    from bench.runs.manifest import (
+        CompileCacheFacts,
+        build_manifest,
+        checkpoint_facts,
+        engine_config_of,
+        policy_facts,
+        portable_dir,
+    )
+    from model.builtin import DEFAULT_PRESET, cache_root
+
+    spec = checkpoint or f"builtin:{DEFAULT_PRESET}"
+    return build_manifest(
+        command, checkpoint=checkpoint_facts(spec, report, engine.weight_bytes), engine=engine_config_of(engine),
+        workload=workload, device=device_facts(jax), dtype_policy=policy_facts(engine.policy),
+        compile_cache=CompileCacheFacts(dir=portable_dir(cache_dir, cache_root())), extra=extra,
+    )  # fmt: skip

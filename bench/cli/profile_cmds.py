@@ -333,9 +333,9 @@ def profile(
 def _profile(joined, opts):
     """Load the engine, check the shape, then capture and analyse into `joined` (a locked run) or into a new run
     this creates (ended by `writing_run`). Returns (profile.json dict, the capture, profile.json's path)."""
-    from bench.cli.sweep_cmds import _manifest
+    from bench.cli.common import engine_manifest
+    from bench.cli.sweep_cmds import sweep_workload
     from bench.runs import create_run, free_label, writing_run
-    from bench.runs.environment import device_slug
 
     flags_info = _set_gpu_flags()  # before anything initialises jax
     setup_logging()
@@ -347,14 +347,16 @@ def _profile(joined, opts):
     max_new_tokens = _profile_shape(engine, opts.input_tokens, cell)
     prompt = _profile_prompt(engine, opts.input_tokens, max_new_tokens)
     setup = SimpleNamespace(engine=engine, ckpt=ckpt, cell=cell, max_new_tokens=max_new_tokens, prompt=prompt,
-                            flags_info=flags_info)  # fmt: skip
+                            flags_info=flags_info, content_hash=report.get("content_hash"))  # fmt: skip
     if joined is not None:
         return _capture_into(joined, setup, opts)
 
     config = SimpleNamespace(inputs=(opts.input_tokens,), max_new_tokens=max_new_tokens, repeats=None)
-    manifest = _manifest(engine, report, ckpt, cache_dir, config, {"profile_steps": opts.steps,
-                                                                   "profile_warmup": WARMUP_STEPS})  # fmt: skip
-    slug = manifest["device"].get("slug") or device_slug(engine.policy.device_kind)
+    decode_bytes = {str(opts.input_tokens): engine.decode_bytes(opts.input_tokens, max_new_tokens)}
+    workload = sweep_workload(config, profile_steps=opts.steps, profile_warmup=WARMUP_STEPS)
+    manifest = engine_manifest("profile", engine, report, opts.checkpoint, cache_dir, workload,
+                               extra={"decode_bytes": decode_bytes})  # fmt: skip
+    slug = manifest.slug or "unknown"
 
     def start():
         return create_run(opts.runs_dir, opts.name or free_label(opts.runs_dir, "profile", slug), slug, manifest)
@@ -368,6 +370,7 @@ def _capture_into(run, setup, opts):
     from bench.profile.analysis import analyze_trace, attach_roofline
     from bench.profile.bandwidth import measure_bandwidth
     from bench.profile.capture import capture_steps, prompt_decode_steps
+    from bench.runs.manifest import checkpoint_id
 
     opts.capturing = True
     log = logging.getLogger("bench")
@@ -379,9 +382,11 @@ def _capture_into(run, setup, opts):
     log.info(f"run folder: {run.path}")
     run.log(pol.line())
     mismatch = []
-    if (run.manifest.get("checkpoint") or {}).get("path") not in (None, str(ckpt)):
-        mismatch.append(f"checkpoint {run.manifest['checkpoint']['path']} (run) vs {ckpt} (profile)")
-    run_pol = run.manifest.get("dtype_policy") or {}
+    ran = run.typed_manifest
+    if None not in (ran.checkpoint.content_hash, setup.content_hash) and ran.checkpoint.content_hash != setup.content_hash:
+        mismatch.append(f"checkpoint {ran.checkpoint.id} {ran.checkpoint.content_hash[:12]} (run) vs "
+                        f"{checkpoint_id(ckpt)} {setup.content_hash[:12]} (profile)")  # fmt: skip
+    run_pol = ran.dtype_policy or {}
     for key, mine in (("compute_dtype", pol.compute_dtype), ("weights", pol.weight_dtype)):
         if run_pol.get(key) not in (None, mine):
             mismatch.append(f"{key} {run_pol[key]} (run) vs {mine} (profile)")
@@ -431,8 +436,8 @@ def _capture_into(run, setup, opts):
         "input_tokens": input_tokens, "prompt": {"tokens": len(prompt.ids), "text_chars": len(prompt.text),
                                                  "built_by": "bench.sweep.local.build_prompts (the sweep's prompt)"},
         "bucket": bucket, "max_new_tokens": max_new_tokens, "kv_cache_positions": bucket + max_new_tokens,
-        "steps": steps,
-        "warmup": WARMUP_STEPS, "checkpoint": str(ckpt), "policy": pol.line(), "compute_dtype": pol.compute_dtype,
+        "steps": steps, "warmup": WARMUP_STEPS, "checkpoint": checkpoint_id(ckpt), "policy": pol.line(),
+        "compute_dtype": pol.compute_dtype,
         "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "decode_bytes": decode_bytes,
     }  # fmt: skip
     data["capture"] = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import typer
 
@@ -14,6 +13,7 @@ from bench.cli.common import (
     CompileCacheOpt,
     DtypeOpt,
     MaxLengthOpt,
+    engine_manifest,
     open_engine,
     parse_buckets,
     setup_logging,
@@ -23,25 +23,24 @@ from bench.errors import InputError
 
 def load_served_model(checkpoint: str | None, dtype: str | None, max_length: int | None,
                       compile_cache: str | None, buckets: str | None = None):  # fmt: skip
-    """Load the engine as `bench sweep` does and gather what /health reports: checkpoint id, path, content hash,
-    weight bytes, build id (code + checkpoint + engine configuration), compile cache folder. Returns a LoadedModel."""
-    from bench.runs.environment import build_id
+    """Load the engine as `bench sweep` does and gather what /health reports from the same manifest a sweep of it
+    would record (`bench.cli.common.engine_manifest`, command "serve"): checkpoint id, source, content hash
+    (computed while loading), weight bytes and load time, build id (code + checkpoint + engine configuration: a
+    sweep's on the same payload), compile cache folder (relative to the cache root). No local path is published.
+    Returns a LoadedModel."""
+    from bench.runs.manifest import Workload
     from bench.serve import LoadedModel
-    from model.checkpoint import content_hash
 
-    engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets)
-    chash = content_hash(ckpt)
-    pol = engine.policy
-    config = {"buckets": list(engine.buckets), "max_length": engine.max_length, "batch": 1, "quantization": "none",
-              "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "compute_dtype": pol.compute_dtype,
-              "server": "bench serve"}  # fmt: skip
-    repo = Path(__file__).resolve().parents[2]
+    engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets)
+    manifest = engine_manifest("serve", engine, report, checkpoint, cache_dir, Workload(notes={"server": "bench serve"}))
+    ck = manifest.checkpoint
     return LoadedModel(
         engine=engine,
-        checkpoint={"id": ckpt.name, "path": str(ckpt), "content_hash": chash, "weight_bytes": engine.weight_bytes,
-                    "load_s": report["load_s"]},  # fmt: skip
-        build_id=build_id([repo / "model", repo / "bench"], chash, config),
-        compile_cache={"dir": str(cache_dir) if cache_dir else None},
+        checkpoint={"id": ck.id, "source": ck.source, "content_hash": ck.content_hash, "weight_bytes": ck.weight_bytes,
+                    "load_s": ck.load_s},  # fmt: skip
+        build_id=manifest.build_id,
+        compile_cache={"dir": manifest.compile_cache.dir},
+        quantization=manifest.engine.quantization,
     )
 
 

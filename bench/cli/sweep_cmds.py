@@ -16,10 +16,12 @@ from bench.cli.common import (
     DtypeOpt,
     MaxLengthOpt,
     compile_cache_dir,
+    engine_manifest,
     open_engine,
     setup_logging,
 )
 from bench.errors import InputError, RunFolderError
+from bench.runs import writing_run
 from bench.sweep.local import StopSignals, parse_inputs
 
 
@@ -38,63 +40,39 @@ def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
     return table
 
 
-def _manifest(engine, report: dict, ckpt: Path, cache_dir: Path | None, config, runs_cfg: dict) -> dict:
-    import jax
+def sweep_workload(config, **notes):
+    """The `bench.runs.Workload` of a sweep config (inputs, max_new_tokens, repeats; greedy, EOS ignored)."""
+    from bench.runs.manifest import Workload
 
-    from bench.runs.environment import (
-        build_id,
-        device_facts,
-        git_state,
-        host_facts,
-        package_versions,
-        python_command_line,
-    )
-    from model.checkpoint import content_hash
-
-    repo = Path(__file__).resolve().parents[2]
-    chash = content_hash(ckpt)
-    pol = engine.policy
-    engine_config = {
-        "buckets": list(engine.buckets), "max_length": engine.max_length, "max_new_tokens": config.max_new_tokens,
-        "repeats": config.repeats, "inputs": list(config.inputs), "batch": 1, "sampling": "greedy",
-        "quantization": "none", "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype,
-        "compute_dtype": pol.compute_dtype, "eos": "ignored while benchmarking",
-    }  # fmt: skip
-    return {
-        "command_line": python_command_line(),
-        "build_id": build_id([repo / "model", repo / "bench"], chash, {**engine_config, **runs_cfg}),
-        "git": git_state(repo),
-        "versions": package_versions(),
-        "device": device_facts(jax),
-        "host": host_facts(),
-        "dtype_policy": {"line": pol.line(), "compute_dtype": pol.compute_dtype, "weights": pol.weight_dtype,
-                         "activations": pol.activation_dtype, "kv_cache": pol.kv_dtype, "pre_ampere": pol.pre_ampere,
-                         "pallas_interpret": pol.pallas_interpret, "overridden": pol.overridden,
-                         "emulated": pol.emulated},  # fmt: skip
-        "checkpoint": {"id": ckpt.name, "path": str(ckpt), "content_hash": chash, "weight_bytes": engine.weight_bytes,
-                       "tensors": report["tensors"], "ignored_tensors": len(report["ignored"]),
-                       "load_s": report["load_s"]},  # fmt: skip
-        "engine_config": engine_config,
-        # derived from the configuration, so outside it (and outside the build id): bytes a decode step reads
-        "decode_bytes": {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs},
-        "compile_cache": {"dir": str(cache_dir) if cache_dir else None, "hits": None, "misses": None},
-    }
+    return Workload(inputs=tuple(config.inputs), max_new_tokens=config.max_new_tokens, repeats=config.repeats,
+                    sampling="greedy", eos="ignored while benchmarking", notes=notes)  # fmt: skip
 
 
 def _resumed_cache(run, compile_cache: str | None) -> str:
-    """With --resume, the run's compile cache folder ('off' if it had none); a different one is an InputError, so
-    that the run's cache hits and misses stay one story."""
-    stored = (run.manifest.get("compile_cache") or {}).get("dir") or "off"
-    if compile_cache is not None and str(compile_cache_dir(compile_cache) or "off") != stored:
-        raise InputError(f"--compile-cache {compile_cache} differs from the resumed run's {stored}; drop the flag")
-    return stored
+    """With --resume, the run's compile cache folder as a flag value ('off' if it had none); a different one is an
+    InputError, so that the run's cache hits and misses stay one story. The run records a folder inside the cache
+    root as <cache>/..., compared and resolved on this machine's cache root."""
+    from bench.runs.manifest import local_dir, portable_dir
+    from model.builtin import cache_root
+
+    root = cache_root()
+    stored = run.typed_manifest.compile_cache.dir
+    stored_flag = local_dir(stored, root) or "off"
+    if compile_cache is not None:
+        given = portable_dir(compile_cache_dir(compile_cache), root) or "off"
+        if given != (portable_dir(stored_flag, root) if stored else "off"):
+            raise InputError(f"--compile-cache {compile_cache} differs from the resumed run's {stored or 'off'}; "
+                             "drop the flag")  # fmt: skip
+    return stored_flag
 
 
 def _resumed_flags(run, inputs: str | None, max_new_tokens: int | None, repeats: int | None, checkpoint: str | None):
-    """With --resume, flags not given take the run's values; a given flag that differs is an InputError."""
-    cfg = run.manifest.get("engine_config") or {}
-    stored = {"--inputs": ",".join(map(str, cfg.get("inputs") or [])) or None,
-              "--max-new-tokens": cfg.get("max_new_tokens"), "--repeats": cfg.get("repeats")}  # fmt: skip
+    """With --resume, flags not given take the run's values; a given flag that differs is an InputError. The
+    checkpoint is the run's source (builtin:NAME or a hub id; a schema-1 run's folder), else --checkpoint must
+    name it (a run on a local folder records no path)."""
+    m = run.typed_manifest
+    stored = {"--inputs": ",".join(map(str, m.workload.inputs or [])) or None,
+              "--max-new-tokens": m.workload.max_new_tokens, "--repeats": m.workload.repeats}  # fmt: skip
     given = {"--inputs": inputs, "--max-new-tokens": max_new_tokens, "--repeats": repeats}
     for flag, value in given.items():
         if value is None or stored[flag] is None:
@@ -103,9 +81,29 @@ def _resumed_flags(run, inputs: str | None, max_new_tokens: int | None, repeats:
         if not same:
             raise InputError(f"{flag} {value} differs from the resumed run's {stored[flag]}; "
                              f"drop the flag to continue {run.path} as it started")  # fmt: skip
-    ckpt = checkpoint or (run.manifest.get("checkpoint") or {}).get("path")
+    ckpt = checkpoint or m.checkpoint.source or m.checkpoint.path
+    if ckpt is None:
+        raise InputError(f"run {run.path} was measured on a local checkpoint folder ({m.checkpoint.id}), which it "
+                         "does not record; pass --checkpoint FOLDER to resume it")  # fmt: skip
     return (inputs or stored["--inputs"], max_new_tokens if max_new_tokens is not None else stored["--max-new-tokens"],
             repeats if repeats is not None else stored["--repeats"], ckpt)  # fmt: skip
+
+
+def check_same_build(run, manifest) -> None:
+    """RunFolderError unless `manifest` (this command's) has the build id `run` was measured with: a run is one
+    payload. A run written by an older harness (schema 1) has a build id computed another way: it is named so."""
+    from bench.runs.schema import SCHEMA_VERSION
+
+    ran = run.typed_manifest
+    if manifest.build_id == ran.build_id:
+        return
+    older = (f" (it was written by an older harness, schema {ran.schema_version}, whose build ids differ from every "
+             "current one)" if ran.schema_version < SCHEMA_VERSION else "")  # fmt: skip
+    raise RunFolderError(
+        f"run {run.path} was measured with build id {ran.build_id}, this command's build is {manifest.build_id}{older} "
+        "(the code, checkpoint, dtype or engine configuration differ); finish it with the same code and flags, or "
+        "start a new run"
+    )
 
 
 @app.command()
@@ -134,10 +132,8 @@ def sweep(
                                      "server's first)."),
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
-    from bench.runs import create_run, free_label, open_run, resolve_run, writing_run
-    from bench.runs.environment import device_slug
-    from bench.sweep.local import SweepConfig, run_sweep
-    from model.engine import CompileCounter
+    from bench.runs import open_run, resolve_run
+    from bench.sweep.local import SweepConfig
 
     if model is not None and target is None:
         raise InputError("--model names a model on a server: it needs --target http://HOST:PORT/v1")
@@ -154,43 +150,34 @@ def sweep(
                          max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                          repeats=3 if repeats is None else repeats)  # fmt: skip
     config.check()
+    engine_flags = (dtype, max_length, compile_cache, buckets)
     if target is not None:
-        _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, (dtype, max_length, compile_cache, buckets))
-        return
-    if run is None and runs_dir.exists() and not runs_dir.is_dir():
+        _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, engine_flags)
+    else:
+        _sweep_local(config, run, checkpoint, name, runs_dir, engine_flags)
+
+
+def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs_dir: Path, engine_flags: tuple) -> None:
+    """`bench sweep` in process: load the engine, check every prompt, build the manifest (and, resuming, check it is
+    the run's build), then measure into a new or the resumed run folder and print the table."""
+    from bench.sweep.local import build_prompts, run_sweep
+    from model.engine import CompileCounter
+
+    if resumed is None and runs_dir.exists() and not runs_dir.is_dir():
         raise RunFolderError(f"--runs-dir {runs_dir} is a file; pass a folder")
     setup_logging()
     log = logging.getLogger("bench")
-    engine, report, ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets)
-    from bench.sweep.local import build_prompts
-
+    dtype, max_length, compile_cache, buckets = engine_flags
+    engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets)
     prompts = build_prompts(engine, config)  # every size checked before a folder is created or anything measured
     counts0 = CompileCounter.snapshot()
-    manifest = _manifest(engine, report, ckpt, cache_dir, config, {})
-    if run is not None and manifest["build_id"] != run.manifest.get("build_id"):
-        raise RunFolderError(
-            f"run {run.path} was measured with build id {run.manifest.get('build_id')}, this command's build is "
-            f"{manifest['build_id']} (the code, checkpoint, dtype or engine configuration differ); finish it with "
-            "the same code and flags, or start a new run"
-        )
-    resumed = run
-
-    def start():
-        if resumed is None:
-            slug = manifest["device"].get("slug") or device_slug(engine.policy.device_kind)
-            return create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
-        resumed.resume()
-        return resumed
-
+    decode_bytes = {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs}
+    # derived from the configuration, so outside it (and outside the build id): bytes a decode step reads
+    manifest = engine_manifest("sweep", engine, report, checkpoint, cache_dir, sweep_workload(config),
+                               extra={"decode_bytes": decode_bytes})  # fmt: skip
+    if resumed is not None:
+        check_same_build(resumed, manifest)
     t0 = time.perf_counter()
-
-    def before_end(run, _status: str) -> None:
-        counts = CompileCounter.snapshot()
-        before = run.manifest.get("compile_cache") or {}  # a resumed run adds this process's counts to its own
-        hits = (before.get("hits") or 0) + counts["cache_hits"] - counts0["cache_hits"]
-        misses = (before.get("misses") or 0) + counts["cache_misses"] - counts0["cache_misses"]
-        run.update_manifest(compile_cache={"dir": str(cache_dir) if cache_dir else None, "hits": hits,
-                                           "misses": misses})  # fmt: skip
 
     def after_end(run, status: str) -> None:
         log.info(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
@@ -198,13 +185,45 @@ def sweep(
     # SIGTERM / Ctrl-C: stop after the current request, run kept incomplete. The signals are in force from before
     # the run is created (or resumed) to after it ended, and `writing_run` ends it however the sweep ends: the run
     # is never left "running" (the same structure as `bench sweep --target`, bench/sweep/remote.py).
-    with StopSignals(log.info) as stop, writing_run(start, before_end=before_end, after_end=after_end) as run:
-        done = run.finished_inputs()
+    with (
+        StopSignals(log.info) as stop,
+        writing_run(_run_starter(resumed, runs_dir, name, manifest), after_end=after_end,
+                    before_end=_compile_cache_counter(counts0, manifest.compile_cache.dir)) as run,
+    ):  # fmt: skip
         log.info(f"run folder: {run.path}")
         run.log(engine.policy.line())
-        run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)), skip=done,
-                  should_stop=stop, prompts=prompts)  # fmt: skip
+        run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)),
+                  skip=run.finished_inputs(), should_stop=stop, prompts=prompts)  # fmt: skip
     _print_table(run, log)
+
+
+def _run_starter(resumed, runs_dir: Path, name: str | None, manifest):
+    """`writing_run`'s start: resume `resumed`, or create a new run (label `name`, default 'sweep' made free)."""
+    from bench.runs import create_run, free_label
+
+    def start():
+        if resumed is None:
+            slug = manifest.slug or "unknown"
+            return create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
+        resumed.resume()
+        return resumed
+
+    return start
+
+
+def _compile_cache_counter(counts0: dict, cache_dir: str | None):
+    """`writing_run`'s before_end: the run's compile cache hits and misses, this process's counts since `counts0`
+    added to what the run had (a resumed run keeps counting), written into its manifest."""
+    from model.engine import CompileCounter
+
+    def before_end(run, _status: str) -> None:
+        counts = CompileCounter.snapshot()
+        before = run.typed_manifest.compile_cache
+        hits = (before.hits or 0) + counts["cache_hits"] - counts0["cache_hits"]
+        misses = (before.misses or 0) + counts["cache_misses"] - counts0["cache_misses"]
+        run.update_manifest(compile_cache={"dir": cache_dir, "hits": hits, "misses": misses})
+
+    return before_end
 
 
 def _print_table(run, log) -> None:

@@ -9,16 +9,28 @@ so the device has finished the work behind it:
 - end-to-end tok/s = generated / whole request (tokenization, prefill, decode, detokenization);
 - TPOT = (end-to-end time - TTFT) / (generated - 1) (ms).
 Generation runs to exactly max_new_tokens (EOS ignored), and every response gets a degeneracy verdict.
+The bucket and the compile events are the engine's own account of the request (`model.engine.Generation`), not
+recomputed here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from bench.errors import InputError
 from bench.measure.degeneracy import check_degenerate
 from bench.measure.prompts import Prompt
 from bench.runs.records import Sample
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Measured:
+    """One measured request: its raw `Sample`, and the bucket it ran at (the padded prefill length in tokens, as
+    the engine reports it; None where nothing reports it, e.g. a server other than this project's)."""
+
+    sample: Sample
+    bucket: int | None
 
 
 def request_times(t_start_ns: int, t_tokens_ns: list[int], t_end_ns: int | None, n_generated: int) -> dict:
@@ -42,14 +54,12 @@ def request_times(t_start_ns: int, t_tokens_ns: list[int], t_end_ns: int | None,
     }  # fmt: skip
 
 
-def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, repeat: int) -> Sample:
+def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, repeat: int) -> Measured:
     """Run and time one request of `prompt` (its text is tokenized inside the timed region and must give
-    exactly `prompt.ids`). Returns the raw `Sample` (ms, tok/s). Raises InputError if the tokenizer no longer
-    reproduces the prompt's exact ids (the input size would be wrong)."""
-    from model.engine import CompileCounter
-
+    exactly `prompt.ids`). Returns the raw `Sample` (ms, tok/s; compile events = the engine's jit traces during
+    the request) and the bucket the engine ran. Raises InputError if the tokenizer no longer reproduces the
+    prompt's exact ids (the input size would be wrong)."""
     tok = engine.tokenizer
-    traces0 = CompileCounter.traces
     t_start = time.perf_counter_ns()
     ids = tok.chat_ids(prompt.text)
     if tuple(ids) != prompt.ids:
@@ -57,19 +67,19 @@ def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, r
     gen = engine.generate(ids, max_new_tokens)  # EOS ignored: exactly max_new_tokens
     tok.decode(gen.token_ids)
     t_end = time.perf_counter_ns()
-    compile_events = CompileCounter.traces - traces0
 
     times = request_times(t_start, gen.t_token_ns, t_end, len(gen.token_ids))
     verdict = check_degenerate(gen.token_ids)
-    return Sample(
+    sample = Sample(
         input_tokens=len(ids),
         kind=kind,
         repeat=repeat,
         prefill_ms=gen.prefill_ms,
         generated_tokens=len(gen.token_ids),
-        compile_events=compile_events,
+        compile_events=gen.compile_traces,
         degenerate=verdict.degenerate,
         degenerate_reason=verdict.reason,
         token_ids=gen.token_ids,
         **times,
     )
+    return Measured(sample=sample, bucket=gen.bucket)

@@ -52,9 +52,8 @@ from typing import Any
 from bench.errors import TraceError
 from bench.profile.capture import STEP_ANNOTATION
 from bench.profile.xspace import HloInstruction, HloModule, hlo_modules
+from bench.runs.schema import PROFILE_SCHEMA_VERSION  # profile.json's layout version, defined with the run folder's
 
-PROFILE_SCHEMA_VERSION = 1
-"""The version of the profile.json layout `ProfileAnalysis.to_json` writes (not the run folder's schema version)."""
 CATEGORIES = (
     "dtype_conversion", "tensor_core", "attention", "matmul_fp32", "matmul_16bit",
     "copies_transfers", "other_fusions", "other",

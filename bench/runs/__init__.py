@@ -1,12 +1,16 @@
-"""Run folders: the schema (typed rows, manifest fields), atomic writes, reading, validation, listing, resuming.
+"""Run folders: the schema (typed rows, typed manifest), atomic writes, reading, validation, listing, resuming.
 
 Standard library only (no jax): the report and `bench runs` read archived runs of machines you no longer have.
 - `CellRow`, `Sample`, `summarize_cell`, `failed_cell`, `as_sample`   (bench.runs.records: the typed rows)
-- file names, `MANIFEST_FIELDS`, `SCHEMA_VERSION`, `validate_run`, `manifest_problems`, `profile_problems`,
-  `read_json`, `read_jsonl`, `RunFiles`, `read_run_files` (each file parsed once)  (bench.runs.schema)
+- file names, `MANIFEST_FIELDS`, `SCHEMA_VERSION`, `READABLE_VERSIONS`, `PROFILE_SCHEMA_VERSION`, `validate_run`,
+  `manifest_problems`, `profile_problems`, `read_json`, `read_jsonl`, `RunFiles`, `read_run_files` (each file
+  parsed once)                                                        (bench.runs.schema)
 - `RunFolder`, `create_run`, `open_run`, `open_complete_run`, `load_complete_run`, `writing_run`, `resolve_run`,
   `latest_measured_run`, `list_runs`, `run_folders`, `RunSummary`, `run_name`, `free_label`  (bench.runs.folder)
-- environment facts and the build id                                  (bench.runs.environment)
+- `Manifest` and its parts, `build_manifest` (the one builder), `payload_build_id` (the one build id),
+  `engine_config_of`, `policy_facts`, `checkpoint_facts`, `checkpoint_id`, `checkpoint_source`, `portable_dir`,
+  `local_dir`                                                         (bench.runs.manifest)
+- environment facts and the raw build id hash                         (bench.runs.environment)
 - the sweep cell's columns and the one number format, for every printer (bench.runs.columns)
 """
 
@@ -27,6 +31,25 @@ from bench.runs.folder import (
     run_name,
     writing_run,
 )
+from bench.runs.manifest import (
+    CheckpointFacts,
+    CompileCacheFacts,
+    EngineConfig,
+    GitState,
+    Manifest,
+    Provenance,
+    TargetFacts,
+    Workload,
+    build_manifest,
+    checkpoint_facts,
+    checkpoint_id,
+    checkpoint_source,
+    engine_config_of,
+    local_dir,
+    payload_build_id,
+    policy_facts,
+    portable_dir,
+)
 from bench.runs.records import CellRow, Sample, as_sample, failed_cell, summarize_cell
 from bench.runs.schema import (
     CELLS_CSV,
@@ -35,7 +58,9 @@ from bench.runs.schema import (
     MANIFEST,
     MANIFEST_FIELDS,
     PROFILE,
+    PROFILE_SCHEMA_VERSION,
     PROVENANCES,
+    READABLE_VERSIONS,
     SAMPLES,
     SCHEMA_VERSION,
     STATUSES,
@@ -52,7 +77,10 @@ __all__ = [
     "RunFolder", "RunSummary", "create_run", "free_label", "latest_measured_run", "list_runs", "load_complete_run",
     "now_iso", "open_complete_run", "open_run", "outcome_of", "resolve_run", "run_folders", "run_name", "writing_run",
     "CellRow", "Sample", "as_sample", "failed_cell", "summarize_cell",
-    "CELLS_CSV", "CELLS_JSONL", "LOG", "MANIFEST", "MANIFEST_FIELDS", "PROFILE", "PROVENANCES", "SAMPLES",
-    "SCHEMA_VERSION", "STATUSES", "RunFiles", "manifest_problems", "profile_problems", "read_json", "read_jsonl",
-    "read_run_files", "validate_run",
+    "CheckpointFacts", "CompileCacheFacts", "EngineConfig", "GitState", "Manifest", "Provenance", "TargetFacts",
+    "Workload", "build_manifest", "checkpoint_facts", "checkpoint_id", "checkpoint_source", "engine_config_of",
+    "local_dir", "payload_build_id", "policy_facts", "portable_dir",
+    "CELLS_CSV", "CELLS_JSONL", "LOG", "MANIFEST", "MANIFEST_FIELDS", "PROFILE", "PROFILE_SCHEMA_VERSION",
+    "PROVENANCES", "READABLE_VERSIONS", "SAMPLES", "SCHEMA_VERSION", "STATUSES", "RunFiles", "manifest_problems",
+    "profile_problems", "read_json", "read_jsonl", "read_run_files", "validate_run",
 ]  # fmt: skip

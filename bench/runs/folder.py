@@ -1,10 +1,10 @@
-"""The run folder (schema version 1): how a sweep or profile is archived, read back, validated, listed, resumed.
+"""The run folder (schema version 2; version 1 folders are read too): how a sweep or profile is archived, read back, validated, listed, resumed.
 
 A run folder `runs/<YYYY-MM-DD>-<label>-<device_slug>/` holds:
 
 | file | written | content |
 |---|---|---|
-| `manifest.json` | at creation, on updates, at the end | who/what/where: see `MANIFEST_FIELDS` |
+| `manifest.json` | at creation, on updates, at the end | who/what/where: `bench.runs.manifest.Manifest` |
 | `cells.jsonl`, `cells.csv` | rewritten whole as each cell ends | one `CellRow` per input size (two formats) |
 | `samples.jsonl` | rewritten whole as each cell's samples arrive | one `Sample` per request (cold, warmup, timed) |
 | `profile.json` | by `bench profile` / the importer | device-time categories, totals, roofline |
@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
+from bench.runs.manifest import Manifest
 from bench.runs.records import CellRow, Sample, as_sample, row_problems
 from bench.runs.schema import (
     CELLS_CSV,
@@ -70,14 +71,8 @@ _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 # ---- manifest defaults -----------------------------------------------------------------------------------------
 def _default_manifest(name: str) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION, "name": name, "status": "running",
-        "provenance": {"kind": "measured", "source": None},
-        "started_at": now_iso(), "ended_at": None, "command_line": None, "build_id": None,
-        "git": {"commit": None, "dirty": None}, "versions": {}, "device": {}, "host": {}, "dtype_policy": None,
-        "checkpoint": {"id": None, "path": None, "content_hash": None, "weight_bytes": None},
-        "engine_config": {}, "compile_cache": {"dir": None, "hits": None, "misses": None},
-    }  # fmt: skip
+    """An empty measured manifest named `name`: status running, started now, every fact unknown."""
+    return Manifest(name=name, started_at=now_iso()).to_dict()
 
 
 def now_iso() -> str:
@@ -124,7 +119,8 @@ def _cells_csv(rows: list[CellRow]) -> str:
 class RunFolder:
     """An open run folder. Create one with `create_run`, open an existing one with `open_run`.
 
-    `manifest` is the parsed manifest.json (updated in place by the writers below).
+    `manifest` is the parsed manifest.json (updated in place by the writers below); `typed_manifest` is its
+    typed view (`bench.runs.manifest.Manifest`), for readers.
     """
 
     def __init__(self, path: Path, manifest: dict[str, Any]):
@@ -159,6 +155,12 @@ class RunFolder:
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r}, status={self.status!r})"
+
+    @property
+    def typed_manifest(self) -> Manifest:
+        """The manifest as a `Manifest` (schema 1 or 2), read from `manifest` now (RunFolderError when it breaks
+        its schema)."""
+        return Manifest.from_dict(self.manifest, where=str(self.path / MANIFEST))
 
     @property
     def name(self) -> str:
@@ -421,19 +423,25 @@ def free_label(runs_dir: str | Path, label: str, device_slug: str, date: dt.date
 
 
 def create_run(
-    runs_dir: str | Path, label: str, device_slug: str, manifest: Mapping[str, Any], *,
+    runs_dir: str | Path, label: str, device_slug: str, manifest: Manifest | Mapping[str, Any], *,
     date: dt.date | str | None = None,
 ) -> RunFolder:  # fmt: skip
     """Create `runs_dir/<date>-<label>-<device_slug>/` with a manifest (status "running") and an empty run.log.
 
-    `manifest` gives any of `MANIFEST_FIELDS` (plus extra keys); missing ones get defaults (provenance measured,
-    started_at now, the rest null/empty). Raises RunFolderError when the folder exists (never overwrites) or the
+    `manifest` is a `Manifest` (`bench.runs.manifest.build_manifest`), or a mapping giving any of
+    `MANIFEST_FIELDS` (plus extra keys); missing ones get defaults (provenance measured, started_at now, the
+    rest null/empty); name and status are set here, and schema_version unless the mapping names a readable
+    one (`scripts/import_published_runs.py` recreates the archived schema-1 folders byte for byte). Raises RunFolderError when the folder exists (never overwrites) or the
     runs folder cannot be written, InputError for a bad label, ValueError when `manifest` breaks the schema.
     """
     name = run_name(label, device_slug, date)
     full = _default_manifest(name)
-    full.update(manifest)
-    full.update(schema_version=SCHEMA_VERSION, name=name, status="running")
+    if isinstance(manifest, Manifest):  # built, not yet started: its unset start time is now
+        given = {k: v for k, v in manifest.to_dict().items() if not (k == "started_at" and v is None)}
+    else:
+        given = dict(manifest)
+    full.update(given)
+    full.update(schema_version=given.get("schema_version", SCHEMA_VERSION), name=name, status="running")
     problems = manifest_problems(full)
     if problems:
         raise ValueError(f"create_run: {problems[0]}")
@@ -467,7 +475,7 @@ def create_run(
 
 
 def open_run(path: str | Path) -> RunFolder:
-    """Open an existing run folder: its manifest must parse and have schema version 1 and the required keys.
+    """Open an existing run folder: its manifest must parse and have schema version 1 or 2 and its keys.
 
     Raises RunFolderError (naming the folder and file) when the folder or manifest is missing, corrupt, of an
     unknown schema version, or breaks the schema. Cells and samples are read on demand.
@@ -588,11 +596,6 @@ def list_runs(runs_dir: str | Path) -> list[RunSummary]:
         except RunFolderError as exc:
             out.append(RunSummary(p.name, p, None, None, None, None, None, None, problem=str(exc)))
             continue
-        m = run.manifest
-        out.append(
-            RunSummary(
-                p.name, p, run.status, run.provenance, (m.get("device") or {}).get("device_kind"),
-                m.get("build_id"), m.get("started_at"), ncells,
-            )  # fmt: skip
-        )
+        m = run.typed_manifest
+        out.append(RunSummary(p.name, p, m.status, m.provenance.kind, m.device_kind, m.build_id, m.started_at, ncells))
     return out

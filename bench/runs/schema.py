@@ -1,5 +1,11 @@
-"""The run-folder schema (version 1) and its checks: file names, manifest keys and types, the readers of the JSON
-and JSONL files, and `validate_run`, which lists every problem of a folder.
+"""The run-folder schema (version 2; version 1 folders are read too) and its checks: file names, manifest keys and
+types, the readers of the JSON and JSONL files, and `validate_run`, which lists every problem of a folder.
+
+Versions: 2 (written now) differs from 1 in the manifest only: `checkpoint.path` (a folder of the machine that
+ran) is gone, `checkpoint.source` (how to get the checkpoint again: builtin:NAME or a hub repo id; null for a
+local folder) is new, and `build_id` is `bench.runs.manifest.payload_build_id` (code, checkpoint content hash and
+the engine configuration only, the same for every command). Cells, samples and profile.json are unchanged.
+The typed view of a manifest of either version is `bench.runs.manifest.Manifest`.
 
 `bench/runs/folder.py` (the folder itself: creating, writing, locking, opening, listing) builds on this module and
 re-exports its public names; what each file holds is in that module's docstring. Every problem is one line naming
@@ -18,7 +24,12 @@ from typing import Any
 from bench.errors import RunFolderError
 from bench.runs.records import CellRow, Sample, conforms, row_from_dict, row_problems
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The manifest schema version this harness writes."""
+READABLE_VERSIONS = (1, 2)
+"""Manifest schema versions this harness reads, validates, lists, reports and compares."""
+PROFILE_SCHEMA_VERSION = 1
+"""The version of profile.json (its own: `bench.profile.analysis` writes it; independent of the manifest's)."""
 STATUSES = ("running", "complete", "incomplete", "failed")
 PROVENANCES = ("measured", "published")
 MANIFEST, CELLS_JSONL, CELLS_CSV, SAMPLES, PROFILE, LOG = (
@@ -42,21 +53,24 @@ MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
     "device": (dict,),  # environment.device_facts (+ free-form notes)
     "host": (dict,),  # environment.host_facts (+ "description" for published hosts)
     "dtype_policy": (dict, _NULL),  # {"compute_dtype", "weights", "activations", "kv_cache", ...}
-    "checkpoint": (dict,),  # {"id", "path", "content_hash", "weight_bytes"}
+    "checkpoint": (dict,),  # {"id", "content_hash", "weight_bytes", "source"} (version 1: "path" for "source")
     "engine_config": (dict,),  # buckets, max length, quantization/layout, cache dtype, ...
     "compile_cache": (dict,),  # {"dir", "hits", "misses"}
 }
 """Required top-level manifest keys and their JSON types (None = null allowed). Extra keys are allowed."""
 
-MANIFEST_NESTED: dict[str, dict[str, tuple[type, ...]]] = {
-    "provenance": {"kind": (str,), "source": (str, _NULL)},
-    "git": {"commit": (str, _NULL), "dirty": (bool, _NULL)},
-    "checkpoint": {
-        "id": (str, _NULL), "path": (str, _NULL), "content_hash": (str, _NULL), "weight_bytes": (int, _NULL),
-    },  # fmt: skip
-    "compile_cache": {"dir": (str, _NULL), "hits": (int, _NULL), "misses": (int, _NULL)},
+_CHECKPOINT_V1 = {"id": (str, _NULL), "path": (str, _NULL), "content_hash": (str, _NULL), "weight_bytes": (int, _NULL)}
+_CHECKPOINT_V2 = {"id": (str, _NULL), "source": (str, _NULL), "content_hash": (str, _NULL), "weight_bytes": (int, _NULL)}
+MANIFEST_NESTED: dict[int, dict[str, dict[str, tuple[type, ...]]]] = {
+    version: {
+        "provenance": {"kind": (str,), "source": (str, _NULL)},
+        "git": {"commit": (str, _NULL), "dirty": (bool, _NULL)},
+        "checkpoint": checkpoint,
+        "compile_cache": {"dir": (str, _NULL), "hits": (int, _NULL), "misses": (int, _NULL)},
+    }
+    for version, checkpoint in ((1, _CHECKPOINT_V1), (2, _CHECKPOINT_V2))
 }
-"""Required keys inside the nested manifest objects."""
+"""Required keys inside the nested manifest objects, per schema version."""
 
 
 def _json_type_ok(value: Any, allowed: tuple[type, ...]) -> bool:
@@ -66,12 +80,13 @@ def _json_type_ok(value: Any, allowed: tuple[type, ...]) -> bool:
 
 
 def manifest_problems(manifest: Any) -> list[str]:
-    """Problems of a parsed manifest against schema version 1 (each prefixed with `manifest.json`)."""
+    """Problems of a parsed manifest against its schema version, 1 or 2 (each prefixed with `manifest.json`)."""
     if not isinstance(manifest, dict):
         return [f"{MANIFEST}: expected a JSON object, got {type(manifest).__name__}"]
     version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        return [f"{MANIFEST}: schema_version {version!r} is not supported (this harness reads {SCHEMA_VERSION})"]
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        readable = " and ".join(map(str, READABLE_VERSIONS))
+        return [f"{MANIFEST}: schema_version {version!r} is not supported (this harness reads {readable})"]
     problems = []
     for key, allowed in MANIFEST_FIELDS.items():
         if key not in manifest:
@@ -79,7 +94,7 @@ def manifest_problems(manifest: Any) -> list[str]:
         elif not _json_type_ok(manifest[key], allowed):
             names = "/".join("null" if t is _NULL else t.__name__ for t in allowed)
             problems.append(f"{MANIFEST}: key {key!r} should be {names}, got {type(manifest[key]).__name__}")
-    for key, fields in MANIFEST_NESTED.items():
+    for key, fields in MANIFEST_NESTED[version].items():
         sub = manifest.get(key)
         if not isinstance(sub, dict):
             continue
@@ -99,12 +114,13 @@ def manifest_problems(manifest: Any) -> list[str]:
 
 
 def profile_problems(prof: Any) -> list[str]:
-    """Problems of a parsed profile.json: an object, schema_version 1, categories {name: {"pct": number|null}}."""
+    """Problems of a parsed profile.json: an object, schema_version 1 (`PROFILE_SCHEMA_VERSION`), categories
+    {name: {"pct": number|null}}."""
     if not isinstance(prof, dict):
         return [f"{PROFILE}: expected a JSON object"]
-    if prof.get("schema_version") != SCHEMA_VERSION:
+    if prof.get("schema_version") != PROFILE_SCHEMA_VERSION:
         version = prof.get("schema_version")
-        return [f"{PROFILE}: schema_version {version!r} is not supported (expected {SCHEMA_VERSION})"]
+        return [f"{PROFILE}: schema_version {version!r} is not supported (expected {PROFILE_SCHEMA_VERSION})"]
     problems = []
     cats = prof.get("categories", {})
     if not isinstance(cats, dict):
@@ -226,7 +242,7 @@ def read_run_files(path: str | Path) -> RunFiles:
 
 # ---- validation ------------------------------------------------------------------------------------------------
 def validate_run(path: str | Path) -> list[str]:
-    """Every problem of a run folder against schema version 1; an empty list means valid.
+    """Every problem of a run folder against its schema version (1 or 2); an empty list means valid.
 
     Checks the manifest (keys, types, status, provenance), each cells.jsonl and samples.jsonl line, that
     cells.csv exists and (in a complete run) mirrors cells.jsonl, that a complete run has cells, that a published run has no samples, and

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from bench.errors import InputError
 from bench.measure.prompts import Prompt, exact_prompt, min_prompt_tokens
-from bench.measure.request import measure_request
+from bench.measure.request import Measured, measure_request
 from bench.runs import RunFolder
 from bench.runs.records import CellRow, Sample, failed_cell, summarize_cell
 from bench.signals import stop_signals_handled
@@ -148,60 +148,78 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
         config.check()
         prompts = build_prompts(engine, config)
 
-    def measure(prompt: Prompt, kind: str, repeat: int) -> Sample:
+    def measure(prompt: Prompt, kind: str, repeat: int) -> Measured:
         return measure_request(engine, prompt, config.max_new_tokens, kind=kind, repeat=repeat)
 
-    return sweep_cells(config, run, prompts, measure=measure, bucket_of=engine.bucket_for, progress=progress,
-                       skip=skip, should_stop=should_stop)  # fmt: skip
+    return sweep_cells(config, run, prompts, measure=measure, progress=progress, skip=skip, should_stop=should_stop)
 
 
 def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], *,
-                measure: Callable[[Prompt, str, int], Sample], bucket_of: Callable[[int], int | None],
-                progress: Progress = lambda _: None, skip: Sequence[int] = (),
-                should_stop: Callable[[], bool] = lambda: False,
+                measure: Callable[[Prompt, str, int], Measured], progress: Progress = lambda _: None,
+                skip: Sequence[int] = (), should_stop: Callable[[], bool] = lambda: False,
                 after_cell: Callable[[int, CellRow], str] | None = None) -> list[CellRow]:  # fmt: skip
     """The order of work of every sweep (in-process or through a server): the first request of the sweep is
     recorded as `cold`; then per cell one `warmup` and `config.repeats` `timed` requests (`measure(prompt, kind,
-    repeat)`), summarised into a CellRow; samples then row are written to `run` as the cell ends.
+    repeat)` returns the Sample and the bucket the request ran at), summarised into a CellRow whose bucket is the
+    one its timed requests ran (as reported, never recomputed); samples then row are written to `run` as the
+    cell ends.
 
     `should_stop` is polled before every request (a signal handler sets it): when it turns true the sweep raises
     KeyboardInterrupt there, so the cell in progress is dropped whole and every finished cell stays.
-    Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed cell, and the sweep goes on.
-    `after_cell(n, row)` may add text to the cell's log line. The caller marks the run complete / incomplete.
+    Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed cell (with the bucket of any
+    request of the cell that came back), and the sweep goes on. `after_cell(n, row)` may add text to the cell's
+    log line. The caller marks the run complete / incomplete.
     """
     rows: list[CellRow] = []
     cold_done = False
     t0 = time.perf_counter()
     todo = [n for n in config.inputs if n not in set(skip)]
     for index, n in enumerate(todo, 1):
-        bucket = bucket_of(n)
-        where = f"cell {index}/{len(todo)}: {n} input tokens" + (f" (bucket {bucket})" if bucket else "")
         samples: list[Sample] = []
+        ran: list[int | None] = []  # the bucket of each request of this cell, as reported
+
+        def known() -> int | None:  # the bucket once a request of this cell reported it
+            return next((b for b in ran if b is not None), None)
+
+        def where() -> str:
+            return f"cell {index}/{len(todo)}: {n} input tokens" + (f" (bucket {known()})" if known() else "")
 
         def one(kind: str, repeat: int, what: str) -> None:
             if should_stop():
                 raise KeyboardInterrupt
-            progress(f"{where}: {what} [{time.perf_counter() - t0:.1f} s]")
-            samples.append(measure(prompts[n], kind, repeat))
+            progress(f"{where()}: {what} [{time.perf_counter() - t0:.1f} s]")
+            measured = measure(prompts[n], kind, repeat)
+            samples.append(measured.sample)
+            ran.append(measured.bucket)
 
         try:
             if not cold_done:
                 one("cold", 0, "cold first request (compiles, or restores from the compilation cache)")
                 cold_done = True
-            one("warmup", 0, f"warm-up at ({bucket or n}, {config.max_new_tokens})")
+            one("warmup", 0, f"warm-up at ({known() or 'its bucket'}, {config.max_new_tokens})")
             for r in range(config.repeats):
                 one("timed", r, f"repeat {r + 1}/{config.repeats}")
+            bucket = _one_bucket(ran)
             row = summarize_cell(samples, max_new_tokens=config.max_new_tokens, bucket=bucket, input_tokens=n)
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # one failing cell (e.g. out of memory) must not lose the others
             message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-            progress(f"{where}: FAILED ({message})")
-            row = failed_cell(n, message, bucket=bucket, max_new_tokens=config.max_new_tokens, repeats=config.repeats)
+            progress(f"{where()}: FAILED ({message})")
+            row = failed_cell(n, message, bucket=known(), max_new_tokens=config.max_new_tokens, repeats=config.repeats)
         run.append_samples(samples)
         run.append_cell(row)
         extra = after_cell(n, row) if after_cell else ""
-        run.log(f"{where}: {'valid' if row.valid else 'INVALID: ' + str(row.invalid_reason)}; "
+        run.log(f"{where()}: {'valid' if row.valid else 'INVALID: ' + str(row.invalid_reason)}; "
                 f"gauge {row.gauge_tok_s_median} tok/s, e2e {row.e2e_tok_s_median} tok/s{extra}")  # fmt: skip
         rows.append(row)
     return rows
+
+
+def _one_bucket(ran: list[int | None]) -> int | None:
+    """The bucket of a cell from its requests' reports: one value (or None where none was reported). Requests of
+    one input size run at one compiled shape; two different reports are an internal error (RuntimeError)."""
+    known = set(b for b in ran if b is not None)
+    if len(known) > 1:
+        raise RuntimeError(f"one cell's requests ran at buckets {sorted(known)}: the engine padded one size two ways")
+    return known.pop() if known else None

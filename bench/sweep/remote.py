@@ -50,7 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.errors import BenchError, RunFolderError
 from bench.measure.degeneracy import check_degenerate
-from bench.measure.request import request_times
+from bench.measure.request import Measured, request_times
 from bench.runs.records import CellRow, Sample
 
 if TYPE_CHECKING:
@@ -136,15 +136,19 @@ def scrape_metrics(client: httpx.Client, root: str) -> dict[str, float]:
 
 def load_prompt_tokenizer(checkpoint: str | None, target: Target):
     """The tokenizer prompts are sized with: `checkpoint` (a local folder, or a hub repo id whose tokenizer.json is
-    fetched), else this project's server's own checkpoint folder when it exists here. Returns (tokenizer, source).
-    Raises TargetError when there is none."""
+    fetched), else the one of this project's server's checkpoint, found from the `source` its /health publishes
+    (builtin:NAME: the built-in in this machine's cache, when it is there; a hub repo id: as a given one; an older
+    server's `path`, when that folder exists here). Returns (tokenizer, source). Raises TargetError when there is
+    none."""
     from model.tokenizer import GemmaTokenizer
 
     if checkpoint is None and target.ours:
-        body = (target.health or {}).get("body") or {}
-        path = (body.get("checkpoint") or {}).get("path")
-        if path and (Path(path) / "tokenizer.json").is_file():
-            return GemmaTokenizer.from_dir(path), path
+        served = (((target.health or {}).get("body") or {}).get("checkpoint") or {})
+        local = _builtin_folder(served.get("source")) or served.get("path")
+        if local and (Path(local) / "tokenizer.json").is_file():
+            return GemmaTokenizer.from_dir(local), served.get("source") or local
+        if served.get("source") and not str(served["source"]).startswith("builtin:"):
+            checkpoint = served["source"]  # a hub repo id
     if checkpoint is None:
         raise TargetError("--target: pass --checkpoint naming the served model's tokenizer (a folder, repo id or "
                           "builtin:NAME); exact input sizes are built with it and checked against the server's usage")  # fmt: skip
@@ -157,6 +161,15 @@ def load_prompt_tokenizer(checkpoint: str | None, target: Target):
     except Exception as exc:  # noqa: BLE001  (hub errors are many; one line says which)
         raise TargetError(f"--checkpoint {checkpoint}: cannot fetch its tokenizer.json ({type(exc).__name__})") from None
     return GemmaTokenizer.from_dir(Path(file).parent), checkpoint
+
+
+def _builtin_folder(source: str | None) -> str | None:
+    """The cached folder of a built-in checkpoint named `builtin:NAME` on this machine (None for another source)."""
+    if not source or not source.startswith("builtin:"):
+        return None
+    from model.builtin import builtin_path
+
+    return str(builtin_path(source.split(":", 1)[1]))
 
 
 # ---- one request ----------------------------------------------------------------------------------------------------
@@ -248,16 +261,14 @@ def run_remote_sweep(client: httpx.Client, target: Target, tokenizer, config, ru
     `server_gauges` collects this project's server-side gauges per cell (timed repeats)."""
     from bench.sweep.local import sweep_cells
 
-    body = (target.health or {}).get("body") or {}
-    buckets = body.get("buckets") if target.ours else None
     gauges: dict[int, list] = {}
 
-    def measure(prompt, kind: str, repeat: int) -> Sample:
+    def measure(prompt, kind: str, repeat: int) -> Measured:
         sample, gauge = measure_remote(client, target, tokenizer, prompt, config.max_new_tokens, kind=kind,
                                        repeat=repeat)  # fmt: skip
         if kind == "timed":
             gauges.setdefault(prompt.n_tokens, []).append(gauge)
-        return sample
+        return Measured(sample=sample, bucket=served_bucket(target, prompt.n_tokens))
 
     def after_cell(n: int, _row: CellRow) -> str:
         if server_gauges is None or not target.ours:
@@ -267,47 +278,56 @@ def run_remote_sweep(client: httpx.Client, target: Target, tokenizer, config, ru
         server_gauges[str(n)] = {"timed": timed, "median": statistics.median(known) if known else None}
         return f", server gauge {server_gauges[str(n)]['median']} tok/s"
 
-    return sweep_cells(config, run, prompts, measure=measure,
-                       bucket_of=lambda n: next((b for b in buckets if b >= n), None) if buckets else None,
-                       progress=lambda line: progress(f"{line} via {target.base}"), skip=skip,
-                       should_stop=should_stop, after_cell=after_cell)  # fmt: skip
+    return sweep_cells(config, run, prompts, measure=measure, progress=lambda line: progress(f"{line} via {target.base}"),
+                       skip=skip, should_stop=should_stop, after_cell=after_cell)  # fmt: skip
 
 
-def remote_manifest(target: Target, config, tokenizer_source: str) -> dict[str, Any]:
-    """The run's manifest: this client's host and versions; the server's build id, device, dtype policy and
-    checkpoint where it reports them (this project's /health), else nulls; the target under key `target`."""
-    from bench.runs.environment import (
-        device_slug,
-        git_state,
-        host_facts,
-        package_versions,
-        python_command_line,
+def served_bucket(target: Target, n_tokens: int) -> int | None:
+    """The bucket this project's server pads a prompt of `n_tokens` to: the smallest rung of the ladder its /health
+    publishes that holds it (its engine's rule; a response does not report the bucket it ran). None for another
+    server, or a size above the ladder."""
+    buckets = (((target.health or {}).get("body") or {}).get("buckets") or []) if target.ours else []
+    return next((b for b in buckets if b >= n_tokens), None)
+
+
+def remote_manifest(target: Target, config, tokenizer_source: str):
+    """The run's manifest (`bench.runs.manifest.build_manifest`, command "sweep --target"): this client's host and
+    versions; the server's build id, device, dtype policy, checkpoint and engine configuration where it reports
+    them (this project's /health), else nulls; the target under key `target`. Returns a `bench.runs.Manifest`."""
+    from bench.runs.environment import device_slug
+    from bench.runs.manifest import (
+        CheckpointFacts,
+        CompileCacheFacts,
+        EngineConfig,
+        TargetFacts,
+        Workload,
+        build_manifest,
     )
 
     h = ((target.health or {}).get("body") or {}) if target.ours else {}
     dev, pol, ck, cc = h.get("device") or {}, h.get("dtype_policy"), h.get("checkpoint") or {}, h.get("compile_cache") or {}
     slug = ("cpu" if dev.get("platform") == "cpu" else device_slug(dev.get("device_kind"))) if dev else "remote"
-    engine_config = {
-        "target": target.base, "model": target.model, "server": target.kind, "buckets": h.get("buckets"),
-        "max_length": h.get("max_length"), "max_new_tokens": config.max_new_tokens, "repeats": config.repeats,
-        "inputs": list(config.inputs), "batch": 1, "sampling": "greedy (temperature 0)",
-        "quantization": h.get("quantization"), "eos": "ignored while benchmarking (ignore_eos sent)",
-        "prompt_tokenizer": tokenizer_source, "timing": "client-side, streamed; TTFT to the first content chunk",
-        "compile_events": "from the server's /metrics" if target.ours else "not observable: recorded as null (cells invalid)",
-    }  # fmt: skip
-    return {
-        "command_line": python_command_line(), "build_id": h.get("build_id"), "git": git_state(Path(__file__).parents[1]),
-        "versions": package_versions(), "host": host_facts(),
-        "device": dict(dev, slug=slug, where="the target server" if dev else "unknown (not reported by the target)"),
-        "dtype_policy": ({"compute_dtype": pol.get("compute"), "weights": pol.get("weights"),
-                          "activations": pol.get("activations"), "kv_cache": pol.get("kv_cache"),
-                          "pre_ampere": pol.get("pre_ampere"), "line": pol.get("line")} if pol else None),
-        "checkpoint": {"id": ck.get("id") or target.model, "path": ck.get("path"), "content_hash": ck.get("content_hash"),
-                       "weight_bytes": ck.get("weight_bytes")},
-        "engine_config": engine_config,
-        "compile_cache": {"dir": cc.get("dir"), "hits": None, "misses": None},
-        "target": target.describe(),
-    }  # fmt: skip
+    engine = EngineConfig(buckets=tuple(h["buckets"]) if h.get("buckets") else None, max_length=h.get("max_length"),
+                          batch=1, quantization=h.get("quantization"),
+                          weight_dtype=(pol or {}).get("weights"), activation_dtype=(pol or {}).get("activations"),
+                          kv_cache_dtype=(pol or {}).get("kv_cache"), compute_dtype=(pol or {}).get("compute"))  # fmt: skip
+    observed = "from the server's /metrics" if target.ours else "not observable: recorded as null (cells invalid)"
+    notes = {"target": target.base, "model": target.model, "server": target.kind, "prompt_tokenizer": tokenizer_source,
+             "timing": "client-side, streamed; TTFT to the first content chunk", "compile_events": observed}  # fmt: skip
+    workload = Workload(inputs=tuple(config.inputs), max_new_tokens=config.max_new_tokens, repeats=config.repeats,
+                        sampling="greedy (temperature 0)", eos="ignored while benchmarking (ignore_eos sent)",
+                        notes=notes)  # fmt: skip
+    return build_manifest(
+        "sweep --target", engine=engine, workload=workload,
+        checkpoint=CheckpointFacts(id=ck.get("id") or target.model, source=ck.get("source"),
+                                   content_hash=ck.get("content_hash"), weight_bytes=ck.get("weight_bytes")),
+        device=dict(dev, slug=slug, where="the target server" if dev else "unknown (not reported by the target)"),
+        dtype_policy=({"compute_dtype": pol.get("compute"), "weights": pol.get("weights"),
+                       "activations": pol.get("activations"), "kv_cache": pol.get("kv_cache"),
+                       "pre_ampere": pol.get("pre_ampere"), "line": pol.get("line")} if pol else None),
+        compile_cache=CompileCacheFacts(dir=cc.get("dir")),
+        target=TargetFacts(build_id=h.get("build_id"), description=target.describe()),
+    )  # fmt: skip
 
 
 def _stored_gauges(run) -> dict[str, Any]:
@@ -357,7 +377,7 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
 
         def start():
             if resumed is None:
-                slug = manifest["device"]["slug"]
+                slug = manifest.slug
                 return create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
             resumed.resume()
             return resumed
@@ -372,7 +392,7 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
                     delta = {k: int(m.get(f"gemma4_bench_compile_cache_{k}_total", 0)
                                     - metrics0.get(f"gemma4_bench_compile_cache_{k}_total", 0))
                              for k in ("hits", "misses")}  # fmt: skip
-                    run.update_manifest(compile_cache=dict(manifest["compile_cache"], **delta))
+                    run.update_manifest(compile_cache={"dir": manifest.compile_cache.dir, **delta})
             finally:
                 run.write_json("target.json", target.describe() | {"server_gauge_tok_s": gauges})
 

@@ -1,0 +1,327 @@
+"""The run manifest, typed: which payload ran (code, checkpoint, engine configuration), where, for which command.
+
+One function builds it for every command that loads or measures a model (`build_manifest`: `bench sweep`,
+`bench sweep --target`, `bench profile`, `bench serve`), and one payload names the build (`payload_build_id`):
+the `.py` sources of `model/` and `bench/`, the checkpoint's content hash and the `EngineConfig` (buckets,
+max_length, batch, quantization, dtypes). What one command asks of the engine (inputs, max_new_tokens, repeats,
+profile steps, the server's name: the `Workload`) is recorded but is not part of the build, so the same code,
+checkpoint and engine configuration give the same build id from every command. A sweep through a server records
+the server's build id, as its /health reports it (None when it reports none).
+
+JSON layout (schema version 2, `bench.runs.schema`): the keys of `MANIFEST_FIELDS`, plus `command`;
+`engine_config` holds the engine fields and the workload's fields side by side, flat, as version 1 wrote them;
+other top-level keys (`decode_bytes`, `target`, a published run's notes) are kept in `extra`. `Manifest.from_dict`
+reads versions 1 and 2 (version 1: `checkpoint.path` instead of `checkpoint.source`, no `command`).
+
+No local path is recorded: the checkpoint is named by `checkpoint_id` and `checkpoint_source`, and a compile cache
+folder inside the cache root (`model.builtin.cache_root()`) is written relative to it, as `<cache>/xla`.
+
+Standard library only (no jax, no engine): the report reads manifests of machines you no longer have. Facts that
+need jax (`device_facts`) are gathered by the caller and passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bench.errors import RunFolderError
+from bench.runs.environment import build_id, git_state, host_facts, package_versions, python_command_line
+from bench.runs.schema import MANIFEST, SCHEMA_VERSION, manifest_problems
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE_ROOTS = (REPO / "model", REPO / "bench")
+"""The source folders whose `.py` files the build id covers."""
+CACHE_PREFIX = "<cache>"
+"""How a folder inside the cache root is written in a manifest: `<cache>/xla`."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Provenance:
+    """Where the numbers come from: kind "measured" (this harness) or "published" (copied; `source` names it)."""
+
+    kind: str
+    source: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GitState:
+    """The checkout that ran: commit (40 hex) and whether tracked files differed from it; None when unknown."""
+
+    commit: str | None = None
+    dirty: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointFacts:
+    """The checkpoint, without a local path.
+
+    `id`: a portable name (a hub repo id, else the checkpoint folder's name, e.g. "default-bfloat16-seed0-v1").
+    `source`: how to get the same checkpoint on any machine ("builtin:NAME" or a hub repo id); None for a local
+    folder. `content_hash`: `model.checkpoint.content_hash` (sha256 hex). `weight_bytes`: bytes of the loaded
+    parameters. `tensors`, `ignored_tensors`: counts of the load; `load_s`: seconds. `path`: the folder on the
+    machine that ran, read from version 1 manifests only (never written now).
+    """
+
+    id: str | None
+    source: str | None = None
+    content_hash: str | None = None
+    weight_bytes: int | None = None
+    tensors: int | None = None
+    ignored_tensors: int | None = None
+    load_s: float | None = None
+    path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest's `checkpoint` object (schema 2): no path; the load counts only when known."""
+        out = {"id": self.id, "source": self.source, "content_hash": self.content_hash, "weight_bytes": self.weight_bytes}
+        out.update({k: v for k, v in (("tensors", self.tensors), ("ignored_tensors", self.ignored_tensors),
+                                      ("load_s", self.load_s)) if v is not None})  # fmt: skip
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """The engine configuration that decides what runs: with the code and the checkpoint, the build payload.
+
+    `buckets`: the prompt-length ladder (tokens); `max_length`: the largest prompt (tokens); `batch`: sequences
+    decoded together; `quantization`: "none" or a scheme; dtypes by name ("float32", "bfloat16", ...).
+    """
+
+    buckets: tuple[int, ...] | None = None
+    max_length: int | None = None
+    batch: int | None = None
+    quantization: str | None = None
+    weight_dtype: str | None = None
+    activation_dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    compute_dtype: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON values (the build id's configuration payload)."""
+        d = dataclasses.asdict(self)
+        return {**d, "buckets": list(self.buckets) if self.buckets is not None else None}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What one command asked of the engine; recorded, not part of the build id.
+
+    `inputs`: input sizes (tokens); `max_new_tokens`: tokens generated per request; `repeats`: timed repeats per
+    cell; `sampling`, `eos`: how tokens were chosen and EOS treated; `notes`: the command's other settings (e.g.
+    profile_steps, the target URL and model, the prompt tokenizer), JSON values.
+    """
+
+    inputs: tuple[int, ...] | None = None
+    max_new_tokens: int | None = None
+    repeats: int | None = None
+    sampling: str | None = None
+    eos: str | None = None
+    notes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON values, notes flattened in (how `engine_config` stores them beside the engine's)."""
+        return {"max_new_tokens": self.max_new_tokens, "repeats": self.repeats,
+                "inputs": list(self.inputs) if self.inputs is not None else None, "sampling": self.sampling,
+                "eos": self.eos, **self.notes}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompileCacheFacts:
+    """The persistent compilation cache: folder (`<cache>/...` inside the cache root; None when off), and the hits
+    and misses of the run (None until counted, or when not observable)."""
+
+    dir: str | None = None
+    hits: int | None = None
+    misses: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TargetFacts:
+    """The server a remote sweep measured through: its build id as its /health reports it (None when it does not)
+    and its description (`bench.sweep.remote.Target.describe()`: url, model, kind, health, models)."""
+
+    build_id: str | None
+    description: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """A run's manifest, typed (schema version 1 or 2). `device`, `host`, `versions` and `dtype_policy` are the
+    environment's facts as gathered (`bench.runs.environment`); `extra` holds the other top-level keys."""
+
+    schema_version: int = SCHEMA_VERSION
+    name: str | None = None
+    status: str = "running"
+    provenance: Provenance = Provenance(kind="measured")
+    started_at: str | None = None
+    ended_at: str | None = None
+    command: str | None = None
+    command_line: tuple[str, ...] | str | None = None
+    build_id: str | None = None
+    git: GitState = GitState()
+    versions: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    device: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    host: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    dtype_policy: Mapping[str, Any] | None = None
+    checkpoint: CheckpointFacts = CheckpointFacts(id=None)
+    engine: EngineConfig = EngineConfig()
+    workload: Workload = Workload()
+    compile_cache: CompileCacheFacts = CompileCacheFacts()
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def slug(self) -> str | None:
+        """The device's short name for run-folder names (device.slug), None when unknown."""
+        return self.device.get("slug")
+
+    @property
+    def device_kind(self) -> str | None:
+        return self.device.get("device_kind")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest.json object (schema version 2 layout; `command` only when known)."""
+        line = list(self.command_line) if isinstance(self.command_line, tuple) else self.command_line
+        return {
+            "schema_version": self.schema_version, "name": self.name, "status": self.status,
+            "provenance": dataclasses.asdict(self.provenance), "started_at": self.started_at,
+            "ended_at": self.ended_at, **({"command": self.command} if self.command is not None else {}),
+            "command_line": line, "build_id": self.build_id,
+            "git": dataclasses.asdict(self.git), "versions": dict(self.versions), "device": dict(self.device),
+            "host": dict(self.host), "dtype_policy": dict(self.dtype_policy) if self.dtype_policy is not None else None,
+            "checkpoint": self.checkpoint.to_dict(), "engine_config": {**self.engine.to_dict(), **self.workload.to_dict()},
+            "compile_cache": dataclasses.asdict(self.compile_cache), **self.extra,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = MANIFEST) -> Manifest:
+        """The typed view of a parsed manifest.json of schema version 1 or 2. RunFolderError (naming `where` and
+        the first problem) when it breaks its schema (`bench.runs.schema.manifest_problems`)."""
+        problems = manifest_problems(d)
+        if problems:
+            raise RunFolderError(f"{where}: {problems[0]}")
+        known = {f.name for f in dataclasses.fields(cls)} - {"engine", "workload"} | {"engine_config"}
+        engine, workload = _split_engine_config(d["engine_config"])
+        line = d["command_line"]
+        return cls(
+            schema_version=d["schema_version"], name=d["name"], status=d["status"],
+            provenance=_typed(Provenance, d["provenance"]), started_at=d["started_at"], ended_at=d["ended_at"],
+            command=d.get("command"), command_line=tuple(line) if isinstance(line, list) else line,
+            build_id=d["build_id"], git=_typed(GitState, d["git"]), versions=d["versions"], device=d["device"],
+            host=d["host"], dtype_policy=d["dtype_policy"], checkpoint=_typed(CheckpointFacts, d["checkpoint"]),
+            engine=engine, workload=workload, compile_cache=_typed(CompileCacheFacts, d["compile_cache"]),
+            extra={k: v for k, v in d.items() if k not in known},
+        )  # fmt: skip
+
+
+def _typed(cls: type, d: Mapping[str, Any]) -> Any:
+    """`cls` from the keys of `d` it has fields for (other keys are ignored: a schema allows extra keys)."""
+    return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+def _split_engine_config(cfg: Mapping[str, Any]) -> tuple[EngineConfig, Workload]:
+    """`engine_config` (flat) -> (the engine's fields, the workload's fields with every other key as a note)."""
+    engine_keys = {f.name for f in dataclasses.fields(EngineConfig)}
+    workload_keys = {f.name for f in dataclasses.fields(Workload)} - {"notes"}
+    engine = {k: v for k, v in cfg.items() if k in engine_keys}
+    if isinstance(engine.get("buckets"), list):
+        engine["buckets"] = tuple(engine["buckets"])
+    work = {k: v for k, v in cfg.items() if k in workload_keys}
+    if isinstance(work.get("inputs"), list):
+        work["inputs"] = tuple(work["inputs"])
+    notes = {k: v for k, v in cfg.items() if k not in engine_keys | workload_keys}
+    return EngineConfig(**engine), Workload(**work, notes=notes)
+
+
+# ---- the one build id and the one builder ---------------------------------------------------------------------
+def payload_build_id(engine: EngineConfig, checkpoint_hash: str | None) -> str:
+    """The build id of a payload (12 hex chars): `bench.runs.environment.build_id` over the `.py` sources of
+    `SOURCE_ROOTS`, the checkpoint content hash and `engine.to_dict()`. Nothing per command enters it."""
+    return build_id(SOURCE_ROOTS, checkpoint_hash, engine.to_dict())
+
+
+def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineConfig, workload: Workload,
+                   device: Mapping[str, Any], dtype_policy: Mapping[str, Any] | None,
+                   compile_cache: CompileCacheFacts, target: TargetFacts | None = None,
+                   extra: Mapping[str, Any] | None = None) -> Manifest:  # fmt: skip
+    """The manifest of `command` ("sweep", "sweep --target", "profile", "serve"), status "running", name and
+    times unset (`bench.runs.create_run` sets them).
+
+    The build id is `payload_build_id(engine, checkpoint.content_hash)` for a payload run here; with `target`
+    (a sweep through a server) it is the server's own, as it reports it. This process's command line, git state,
+    package versions and host are gathered here; `device` and `dtype_policy` come from the caller (jax's, or the
+    server's). `extra`: other top-level keys (e.g. decode_bytes); the target's description goes under `target`.
+    Raises InputError when a source folder is missing (environment.build_id).
+    """
+    payload_id = target.build_id if target is not None else payload_build_id(engine, checkpoint.content_hash)
+    more = dict(extra or {})
+    if target is not None:
+        more["target"] = dict(target.description)
+    return Manifest(
+        command=command, command_line=tuple(python_command_line()), build_id=payload_id, git=_typed(GitState, git_state(REPO)),
+        versions=package_versions(), device=dict(device), host=host_facts(), dtype_policy=dtype_policy,
+        checkpoint=checkpoint, engine=engine, workload=workload, compile_cache=compile_cache, extra=more,
+    )  # fmt: skip
+
+
+# ---- facts of a loaded engine, without jax (duck-typed) ---------------------------------------------------------
+def engine_config_of(engine: Any, *, batch: int = 1, quantization: str = "none") -> EngineConfig:
+    """The `EngineConfig` of a loaded `model.engine.Engine` (its buckets, max_length and policy's dtypes)."""
+    pol = engine.policy
+    return EngineConfig(buckets=tuple(engine.buckets), max_length=engine.max_length, batch=batch,
+                        quantization=quantization, weight_dtype=pol.weight_dtype, activation_dtype=pol.activation_dtype,
+                        kv_cache_dtype=pol.kv_dtype, compute_dtype=pol.compute_dtype)  # fmt: skip
+
+
+def policy_facts(pol: Any) -> dict[str, Any]:
+    """The manifest's `dtype_policy` object of a `model.policy.DevicePolicy`."""
+    return {"line": pol.line(), "compute_dtype": pol.compute_dtype, "weights": pol.weight_dtype,
+            "activations": pol.activation_dtype, "kv_cache": pol.kv_dtype, "pre_ampere": pol.pre_ampere,
+            "pallas_interpret": pol.pallas_interpret, "overridden": pol.overridden, "emulated": pol.emulated}  # fmt: skip
+
+
+def checkpoint_id(path: str | Path) -> str:
+    """A portable name for a checkpoint folder: "owner/name" for a Hugging Face cache snapshot
+    (`.../models--owner--name/snapshots/REVISION`), else the folder's name."""
+    p = Path(path)
+    if p.parent.name == "snapshots" and p.parent.parent.name.startswith("models--"):
+        return p.parent.parent.name[len("models--"):].replace("--", "/", 1)
+    return p.name
+
+
+def checkpoint_source(spec: str) -> str | None:
+    """How the checkpoint given as `spec` (`--checkpoint`: builtin:NAME, a hub repo id or a local folder) is had
+    again anywhere: `spec` itself for builtin:NAME or a repo id, None for a local folder (a path of this machine)."""
+    if spec.startswith("builtin:"):
+        return spec
+    return None if Path(spec).expanduser().exists() else spec
+
+
+def checkpoint_facts(spec: str, load_report: Mapping[str, Any], weight_bytes: int) -> CheckpointFacts:
+    """The `CheckpointFacts` of a load: `spec` as given to `--checkpoint` (None resolved to its builtin:NAME by the
+    caller), the load report of `model.engine.load_engine` (path, tensors, ignored, content_hash, load_s)."""
+    return CheckpointFacts(id=checkpoint_id(load_report["path"]), source=checkpoint_source(spec),
+                           content_hash=load_report.get("content_hash"), weight_bytes=weight_bytes,
+                           tensors=load_report.get("tensors"), ignored_tensors=len(load_report.get("ignored", ())),
+                           load_s=load_report.get("load_s"))  # fmt: skip
+
+
+def portable_dir(path: str | Path | None, cache_root: str | Path) -> str | None:
+    """A folder as a manifest writes it: `<cache>/REL` inside `cache_root`, else the folder as given; None stays."""
+    if path is None:
+        return None
+    p, root = Path(path).expanduser(), Path(cache_root).expanduser()
+    try:
+        rel = p.resolve().relative_to(root.resolve())
+    except ValueError:
+        return str(path)
+    return CACHE_PREFIX if str(rel) == "." else f"{CACHE_PREFIX}/{rel.as_posix()}"
+
+
+def local_dir(text: str | None, cache_root: str | Path) -> str | None:
+    """The inverse of `portable_dir` on this machine: `<cache>/REL` -> the folder under `cache_root`."""
+    if text is None or not (text == CACHE_PREFIX or text.startswith(CACHE_PREFIX + "/")):
+        return text
+    return str(Path(cache_root) / text[len(CACHE_PREFIX):].lstrip("/"))
