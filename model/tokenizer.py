@@ -181,7 +181,7 @@ def default_training_texts() -> list[str]:
 
 
 def _require_tokens(tok: tokenizers.Tokenizer, names: Sequence[str], source: str) -> None:
-    """Raises TokenizerError naming `source` and the tokens it lacks (by string) unless it holds every one of `names`."""
+    """Raises TokenizerError naming `source` and the tokens it lacks unless it holds every one of `names`."""
     missing = [name for name in names if tok.token_to_id(name) is None]
     if missing:
         raise TokenizerError(f"{source} has no {', '.join(missing)} token; a Gemma tokenizer needs them")
@@ -295,7 +295,8 @@ def _chars_per_token(spec: dict, vocab: dict[str, int]) -> int | None:
         if n.get("type") == "Sequence":
             return all(one_for_one(x) for x in n.get("normalizers", []))
         pattern = (n.get("pattern") or {}).get("String")
-        return n.get("type") == "Replace" and isinstance(pattern, str) and len(pattern) == len(n.get("content", "")) == 1
+        content = n.get("content", "")
+        return n.get("type") == "Replace" and isinstance(pattern, str) and len(pattern) == len(content) == 1
 
     def keeps_all(p: dict | None) -> bool:
         if p is None:

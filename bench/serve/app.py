@@ -10,7 +10,8 @@ Endpoints:
   `n` must be 1. Fields that would change the output but are not implemented (echo, logprobs, penalties, logit_bias,
   tools, a response_format other than text, ...) are refused unless neutral (`bench.serve.schema.UNSUPPORTED`).
   `bench.serve.schema` holds the request models (each field's meaning and unit) and the response fields.
-- `GET /v1/models`, `GET /v1/models/{id}` (the one model this server serves, else 404), `GET /health` (503 `{"status": "loading"}` until the model is loaded and every warm-up shape
+- `GET /v1/models`, `GET /v1/models/{id}` (the one model this server serves, else 404), `GET /health`
+  (503 `{"status": "loading"}` until the model is loaded and every warm-up shape
   compiled; then 200 with build id, checkpoint, device, dtype policy, quantization, compile cache state),
   `GET /metrics` (Prometheus text format; names start with `gemma4_bench_`).
 
