@@ -326,9 +326,10 @@ class GemmaTokenizer:
         """Wraps `backend`. `special`: its special ids (default: `read_special_tokens(backend)`, by Gemma's token
         strings); `spec`: its parsed tokenizer.json (default: parsed from `backend`). Raises TokenizerError naming
         `source` when it has no BOS."""
-        spec = spec if spec is not None else json.loads(backend.to_str())
+        serialized = backend.to_str()  # once: the text-only copy below, and the pipeline's description
+        spec = spec if spec is not None else json.loads(serialized)
         special = special or read_special_tokens(backend, source=source)
-        text_tok = tokenizers.Tokenizer.from_str(backend.to_str())
+        text_tok = tokenizers.Tokenizer.from_str(serialized)
         text_tok.encode_special_tokens = True  # the library's own switch: special tokens' strings are split as text
         control = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
         control |= {i for i in dataclasses.astuple(special) if i is not None}
