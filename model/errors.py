@@ -18,7 +18,8 @@ class CheckpointError(ModelError):
 
 
 class TokenizerError(ModelError):
-    """A missing or malformed `tokenizer.json`, or special tokens at ids other than Gemma's."""
+    """A missing or malformed `tokenizer.json` (or its config files), or a special token it lacks (no BOS; no
+    turn markers, for chat)."""
 
 
 class EngineError(ModelError):

@@ -11,6 +11,12 @@ Format facts (sources):
   same §5).
   Real Gemma 4 gives some of ids 5..104 other control tokens (e.g. a tool-response token at 50); this project
   neither uses nor needs them, so a trained tokenizer reserves them as `<unused0>`..`<unused99>`.
+  These are the ids of a tokenizer trained here; a loaded checkpoint's are read from its own files
+  (`read_special_tokens`: tokenizer_config.json's token names, config.json's ids, the turn markers by their strings),
+  so a checkpoint with another layout works; only what is missing is refused (no BOS; no turn markers, for chat).
+- Text versus control tokens: `encode(text)` parses control-token strings (raw input); `encode(text, special=False)`
+  and the chat builders never produce a control id from text (tokenizers' `encode_special_tokens` switch, plus a
+  byte-token spelling for a control token the merges could rebuild).
 - Chat format: `<bos><|turn>user\\n{text}<turn|>\\n<|turn>model\\n` (same §5). `tokenizer_config.json` names
   `"tokenizer_class": "GemmaTokenizer"`, padding side left (same §5).
 
@@ -29,8 +35,10 @@ reserved ids, as Gemma's own vocabulary ends with reserved ids.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -172,13 +180,11 @@ def default_training_texts() -> list[str]:
     return [f.read_text(encoding="utf-8") for f in files]
 
 
-def _check_special_ids(tok: tokenizers.Tokenizer, source: str) -> None:
-    """Raises TokenizerError naming `source` unless every token in SPECIAL_IDS sits at Gemma's id."""
-    wrong = {name: tok.token_to_id(name) for name, i in SPECIAL_IDS.items() if tok.token_to_id(name) != i}
-    if wrong:
-        got = ", ".join(f"{name} at {'no id' if i is None else i}" for name, i in wrong.items())
-        want = ", ".join(f"{name}={i}" for name, i in SPECIAL_IDS.items())
-        raise TokenizerError(f"{source} has special tokens at non-Gemma ids ({got}); Gemma's are {want}")
+def _require_tokens(tok: tokenizers.Tokenizer, names: Sequence[str], source: str) -> None:
+    """Raises TokenizerError naming `source` and the tokens it lacks unless it holds every one of `names`."""
+    missing = [name for name in names if tok.token_to_id(name) is None]
+    if missing:
+        raise TokenizerError(f"{source} has no {', '.join(missing)} token; a Gemma tokenizer needs them")
 
 
 def save_tokenizer_files(
@@ -191,11 +197,12 @@ def save_tokenizer_files(
 
     The config names `tokenizer_class: GemmaTokenizer` with the `tokenizers` backend, the special tokens, left
     padding, no added EOS, and a Jinja `chat_template` rendering Gemma 4's turn format (CHAT_TEMPLATE).
-    Raises TokenizerError if the special tokens are not at Gemma's ids.
+    Raises TokenizerError if the tokenizer lacks one of the tokens the config names (bos, eos, pad, unk, mask); their
+    ids are the tokenizer's own (a trained one has Gemma's, SPECIAL_IDS).
     """
     backend = tok.backend if isinstance(tok, GemmaTokenizer) else tok
     directory = Path(directory)
-    _check_special_ids(backend, "the tokenizer to save")
+    _require_tokens(backend, [BOS, EOS, PAD, UNK, MASK], "the tokenizer to save")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "tokenizer.json").write_text(backend.to_str(pretty=True), encoding="utf-8")
     config = {
@@ -216,42 +223,147 @@ def save_tokenizer_files(
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
-class GemmaTokenizer:
-    """A read-only wrapper over a `tokenizers.Tokenizer` whose special tokens sit at Gemma's ids.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpecialTokens:
+    """The ids (in [0, vocab_size)) of the control tokens this project uses, as one checkpoint's tokenizer has them.
 
-    Works for a tokenizer trained here and for a real Gemma 4 `tokenizer.json`. `encode` never adds BOS;
-    `chat_ids` builds the whole model input. Ids are Python ints in [0, vocab_size).
+    bos: prepended to every prompt (required). eos, pad: None when the tokenizer has none (the engine takes its own
+    from config.json). turn_start / turn_end: `<|turn>` / `<turn|>`, None when absent (then the chat format is
+    unavailable and `chat_turn_ids` says so)."""
+
+    bos: int
+    eos: int | None = None
+    pad: int | None = None
+    turn_start: int | None = None
+    turn_end: int | None = None
+
+
+def read_special_tokens(backend: tokenizers.Tokenizer, *, tokenizer_config: dict | None = None,
+                        model_config: dict | None = None, source: str = "the tokenizer") -> SpecialTokens:  # fmt: skip
+    """The special ids of `backend`, read as transformers reads them: bos/eos/pad by the token strings
+    `tokenizer_config` (tokenizer_config.json) names, else by the ids `model_config` (config.json, or its
+    `text_config`) gives, else by Gemma's strings (<bos>, <eos>, <pad>); the turn markers by their strings.
+    Raises TokenizerError naming `source` when there is no BOS, or a named token or id is not in the vocabulary."""
+    size = backend.get_vocab_size(with_added_tokens=True)
+    tcfg, mcfg = tokenizer_config or {}, model_config or {}
+    mcfg = {**(mcfg.get("text_config") or {}), **{k: v for k, v in mcfg.items() if v is not None}}
+
+    def resolve(role: str, default: str) -> int | None:
+        named = tcfg.get(f"{role}_token")
+        named = named.get("content") if isinstance(named, dict) else named
+        if isinstance(named, str):
+            if (i := backend.token_to_id(named)) is None:
+                raise TokenizerError(f"{source}: tokenizer_config.json names {role}_token {named!r}, which the "
+                                     "vocabulary does not hold")  # fmt: skip
+            return i
+        given = mcfg.get(f"{role}_token_id")
+        given = given[0] if isinstance(given, list) and given else given
+        if isinstance(given, int) and not isinstance(given, bool):
+            if not 0 <= given < size:
+                raise TokenizerError(f"{source}: config.json's {role}_token_id {given} is outside the vocabulary "
+                                     f"[0, {size})")  # fmt: skip
+            return given
+        return backend.token_to_id(default)
+
+    bos = resolve("bos", BOS)
+    if bos is None:
+        raise TokenizerError(f"{source} has no BOS token: no bos_token in tokenizer_config.json, no bos_token_id in "
+                             f"config.json and no {BOS} in the vocabulary")  # fmt: skip
+    return SpecialTokens(bos=bos, eos=resolve("eos", EOS), pad=resolve("pad", PAD),
+                         turn_start=backend.token_to_id(TURN_START), turn_end=backend.token_to_id(TURN_END))  # fmt: skip
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-F]{2})>")
+
+
+def _chars_per_token(spec: dict, vocab: dict[str, int]) -> int | None:
+    """The most characters of input text one token can stand for, or None when this tokenizer's pipeline gives no
+    such bound. Sound for a BPE model whose normaliser replaces characters one for one (or is absent), whose
+    pre-tokeniser drops nothing, and whose added tokens strip no whitespace, where an unknown character falls back to
+    byte tokens (or there is no unk): then every token is a piece of the normalised text, a byte token (at most one
+    character) or an added token's content, so a text of C characters has at least C / bound tokens."""
+    model, added = spec.get("model") or {}, spec.get("added_tokens") or []
+    if model.get("type") != "BPE" or any(t.get("lstrip") or t.get("rstrip") for t in added):
+        return None
+    if model.get("unk_token") is not None and not (model.get("byte_fallback") and
+                                                   all(f"<0x{b:02X}>" in vocab for b in range(256))):  # fmt: skip
+        return None
+
+    def one_for_one(n: dict | None) -> bool:
+        if n is None:
+            return True
+        if n.get("type") == "Sequence":
+            return all(one_for_one(x) for x in n.get("normalizers", []))
+        pattern = (n.get("pattern") or {}).get("String")
+        content = n.get("content", "")
+        return n.get("type") == "Replace" and isinstance(pattern, str) and len(pattern) == len(content) == 1
+
+    def keeps_all(p: dict | None) -> bool:
+        if p is None:
+            return True
+        if p.get("type") == "Sequence":
+            return all(keeps_all(x) for x in p.get("pretokenizers", []))
+        return p.get("type") == "Digits" or (p.get("type") == "Split" and p.get("behavior") != "Removed")
+
+    if not (one_for_one(spec.get("normalizer")) and keeps_all(spec.get("pre_tokenizer"))):
+        return None
+    return max((1 if _BYTE_TOKEN.fullmatch(t) else len(t) for t in vocab), default=1)
+
+
+class GemmaTokenizer:
+    """A read-only wrapper over a `tokenizers.Tokenizer` in Gemma's format, with that checkpoint's special ids.
+
+    Works for a tokenizer trained here (Gemma's ids, SPECIAL_IDS), a real Gemma 4 `tokenizer.json`, and a checkpoint
+    with its own layout (special ids read from its files, `read_special_tokens`). `encode` never adds BOS; `chat_ids`
+    and `chat_turn_ids` build the whole model input, with message text always encoded as text (a control-token string
+    in it never becomes a control id). Ids are Python ints in [0, vocab_size).
     """
 
-    __slots__ = ("_tok", "_source")
+    __slots__ = ("_tok", "_text_tok", "_source", "_special", "_control", "_bytes", "_chars_per_token")
 
-    def __init__(self, backend: tokenizers.Tokenizer, *, source: str = "the tokenizer") -> None:
-        """Wraps `backend`; raises TokenizerError naming `source` if its special tokens are not at Gemma's ids."""
-        _check_special_ids(backend, source)
-        object.__setattr__(self, "_tok", backend)
-        object.__setattr__(self, "_source", source)
+    def __init__(self, backend: tokenizers.Tokenizer, *, source: str = "the tokenizer",
+                 special: SpecialTokens | None = None, spec: dict | None = None) -> None:  # fmt: skip
+        """Wraps `backend`. `special`: its special ids (default: `read_special_tokens(backend)`, by Gemma's token
+        strings); `spec`: its parsed tokenizer.json (default: parsed from `backend`). Raises TokenizerError naming
+        `source` when it has no BOS."""
+        serialized = backend.to_str()  # once: the text-only copy below, and the pipeline's description
+        spec = spec if spec is not None else json.loads(serialized)
+        special = special or read_special_tokens(backend, source=source)
+        text_tok = tokenizers.Tokenizer.from_str(serialized)
+        text_tok.encode_special_tokens = True  # the library's own switch: special tokens' strings are split as text
+        control = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+        control |= {i for i in dataclasses.astuple(special) if i is not None}
+        vocab = backend.get_vocab(with_added_tokens=True)
+        byte_ids = [vocab.get(f"<0x{b:02X}>") for b in range(256)]
+        for name, value in (("_tok", backend), ("_text_tok", text_tok), ("_source", source), ("_special", special),
+                            ("_control", frozenset(control)), ("_bytes", None if None in byte_ids else byte_ids),
+                            ("_chars_per_token", _chars_per_token(spec, vocab))):  # fmt: skip
+            object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"GemmaTokenizer is read-only (tried to set {name!r})")
 
     @classmethod
     def from_dir(cls, path: str | Path) -> GemmaTokenizer:
-        """Loads `<path>/tokenizer.json`.
+        """Loads `<path>/tokenizer.json`, with the special ids of `<path>`'s tokenizer_config.json and config.json
+        where present (`read_special_tokens`).
 
-        Raises TokenizerError (one line naming the path) if the folder or file is missing, the file is not a
-        tokenizers JSON, or its special tokens are not at Gemma's ids.
+        Raises TokenizerError (one line naming the path) if the folder or file is missing, a file is not valid
+        JSON (tokenizer.json: not a tokenizers JSON), or the special tokens are missing (no BOS) or out of range.
         """
         file = Path(path) / "tokenizer.json"
         if not file.is_file():
             raise TokenizerError(f"no tokenizer.json in {path}; point to a folder holding a Gemma tokenizer.json")
         try:
             text = file.read_text(encoding="utf-8")
-            json.loads(text)
+            spec = json.loads(text)
             backend = tokenizers.Tokenizer.from_str(text)
         except Exception as e:  # OSError, UnicodeDecodeError, JSONDecodeError, or the plain Exception of tokenizers
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise TokenizerError(f"{file} is not a valid tokenizers JSON file ({reason})") from e
-        return cls(backend, source=str(file))
+        configs = [_read_optional_json(Path(path) / name) for name in ("tokenizer_config.json", "config.json")]
+        special = read_special_tokens(backend, tokenizer_config=configs[0], model_config=configs[1], source=str(file))
+        return cls(backend, source=str(file), special=special, spec=spec)
 
     @property
     def backend(self) -> tokenizers.Tokenizer:
@@ -264,49 +376,104 @@ class GemmaTokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     @property
-    def pad_id(self) -> int:
-        return SPECIAL_IDS[PAD]
+    def special(self) -> SpecialTokens:
+        """This tokenizer's special ids."""
+        return self._special
 
     @property
-    def eos_id(self) -> int:
-        return SPECIAL_IDS[EOS]
+    def pad_id(self) -> int | None:
+        return self._special.pad
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._special.eos
 
     @property
     def bos_id(self) -> int:
-        return SPECIAL_IDS[BOS]
+        return self._special.bos
 
     @property
-    def turn_start_id(self) -> int:
-        """`<|turn>`, which opens a chat turn."""
-        return SPECIAL_IDS[TURN_START]
+    def turn_start_id(self) -> int | None:
+        """`<|turn>`, which opens a chat turn (None: this tokenizer has no chat format)."""
+        return self._special.turn_start
 
     @property
-    def turn_end_id(self) -> int:
-        """`<turn|>`, which closes a chat turn."""
-        return SPECIAL_IDS[TURN_END]
+    def turn_end_id(self) -> int | None:
+        """`<turn|>`, which closes a chat turn (None: this tokenizer has no chat format)."""
+        return self._special.turn_end
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without BOS. Control-token strings in `text` (e.g. "<turn|>") become their ids.
-        Raises TypeError for a non-str, TokenizerError for text that is not valid Unicode (a lone surrogate)."""
+    @property
+    def max_chars_per_token(self) -> int | None:
+        """The most characters of text one token can stand for (so a text of C characters has at least
+        ceil(C / this) tokens, a bound that needs no tokenizing), or None where this tokenizer gives no such bound."""
+        return self._chars_per_token
+
+    def encode(self, text: str, *, special: bool = True) -> list[int]:
+        """Token ids of `text`, without BOS. special=True: control-token strings in `text` (e.g. "<turn|>") become
+        their ids (raw input, as `bench generate --raw` and a completions prompt want). special=False: `text` is
+        only text: no control id is ever returned (the library's `encode_special_tokens` splits their strings, and
+        a control id its merges still rebuild is spelled in byte tokens). Raises TypeError for a non-str,
+        TokenizerError for text that is not valid Unicode (a lone surrogate), or, with special=False, for a
+        control id the tokenizer rebuilds that it has no byte tokens to spell."""
         if not isinstance(text, str):
             raise TypeError(f"encode expects str, got {type(text).__name__}")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise TokenizerError(f"text is not valid Unicode ({exc.reason} at character {exc.start})") from None
-        return self._tok.encode(text, add_special_tokens=False).ids
+        if special:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        ids = self._text_tok.encode(text, add_special_tokens=False).ids
+        if self._control.isdisjoint(ids):
+            return ids
+        return [j for i in ids for j in (self._spelled(i) if i in self._control else (i,))]
+
+    def _spelled(self, token_id: int) -> list[int]:
+        """The byte-token ids of a control token's string (the same text, never a control id)."""
+        if self._bytes is None:
+            raise TokenizerError(f"{self._source} encodes text as control token {token_id} and has no byte tokens "
+                                 "to spell it as text")  # fmt: skip
+        return [self._bytes[b] for b in self._tok.id_to_token(token_id).encode("utf-8")]
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         """Text of `ids`; special and reserved tokens are dropped unless `skip_special=False`."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
 
-    def chat_ids(self, user_text: str) -> list[int]:
-        """Model input for one user message: BOS + `<|turn>user\\n{user_text}<turn|>\\n<|turn>model\\n`.
+    def chat_turn_ids(self, turns: Sequence[tuple[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+        """Model input for a conversation of (role, text) turns, roles as Gemma spells them ("user", "system",
+        "model"): BOS + `<|turn>{role}\\n{text}<turn|>\\n` per turn (+ `<|turn>model\\n`). Role and text are encoded
+        as text (`encode(..., special=False)`): only the format's own markers are control ids. Raises
+        TokenizerError naming the missing marker when the tokenizer has no `<|turn>` or `<turn|>`."""
+        start, end = self.turn_start_id, self.turn_end_id
+        if start is None or end is None:
+            missing = " and ".join(n for n, i in ((TURN_START, start), (TURN_END, end)) if i is None)
+            raise TokenizerError(f"{self._source} has no {missing} token, so Gemma's chat format is unavailable; "
+                                 "send the prompt as raw text instead")  # fmt: skip
+        ids = [self.bos_id]
+        for role, text in turns:
+            ids += [start, *self.encode(f"{role}\n{text}", special=False), end, *self.encode("\n", special=False)]
+        return ids + ([start, *self.encode("model\n", special=False)] if add_generation_prompt else [])
 
-        Equals rendering CHAT_TEMPLATE with add_generation_prompt=True and encoding it without added specials,
-        which is what Hugging Face `apply_chat_template(..., tokenize=True)` does.
-        """
-        return [self.bos_id] + self.encode(f"{TURN_START}user\n{user_text}{TURN_END}\n{TURN_START}model\n")
+    def chat_ids(self, user_text: str) -> list[int]:
+        """Model input for one user message: BOS + `<|turn>user\\n{user_text}<turn|>\\n<|turn>model\\n`, the text
+        encoded as text (`chat_turn_ids`). For text without control-token strings this equals rendering
+        CHAT_TEMPLATE with add_generation_prompt=True and encoding it without added specials, which is what Hugging
+        Face `apply_chat_template(..., tokenize=True)` does."""
+        return self.chat_turn_ids([("user", user_text)])
 
     def __repr__(self) -> str:
         return f"GemmaTokenizer(vocab_size={self.vocab_size}, source={self._source!r})"
+
+
+def _read_optional_json(file: Path) -> dict | None:
+    """The JSON object in `file`, or None when there is no such file. Raises TokenizerError naming it when it is
+    not a JSON object."""
+    if not file.is_file():
+        return None
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TokenizerError(f"{file} is not valid JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+    if not isinstance(value, dict):
+        raise TokenizerError(f"{file} must hold a JSON object, got {type(value).__name__}")
+    return value

@@ -24,10 +24,18 @@ app.add_typer(checkpoint_app, name="checkpoint")
 
 @app.command()
 def generate(
-    prompt: str = typer.Option(..., "--prompt", "-p", help="The user message (wrapped in Gemma's chat turn format)."),
+    prompt: str = typer.Option(
+        ..., "--prompt", "-p",
+        help="The user message, wrapped in Gemma's chat turn format; it is always text (a control-token string "
+        "such as <turn|> in it is encoded as ordinary characters).",
+    ),  # fmt: skip
     checkpoint: str | None = CheckpointOpt,
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", help="Tokens to generate (stops at EOS)."),
-    raw: bool = typer.Option(False, "--raw", help="Feed BOS + the prompt as is, without the chat turn format."),
+    raw: bool = typer.Option(
+        False, "--raw",
+        help="Feed BOS + exactly the prompt given, without the chat turn format; special-token strings in it "
+        "(<|turn>, <turn|>, <eos>, ...) are parsed as those tokens.",
+    ),  # fmt: skip
     temperature: float = typer.Option(0.0, help="0 = greedy (default); > 0 samples."),
     top_k: int = typer.Option(0, help="Sample from the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass (1.0 = off)."),

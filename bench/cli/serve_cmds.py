@@ -20,6 +20,50 @@ from bench.cli.common import (
 )
 from bench.errors import InputError
 
+API_KEY_ENV = "GEMMA4_BENCH_API_KEY"
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether `host` (an address or "localhost") only accepts connections from this machine."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_length: int | None, buckets: str | None,
+                   max_body_bytes: int, api_key: str | None) -> None:  # fmt: skip
+    """Refuse bad `bench serve` options before the port opens. Raises InputError (or the checkpoint's error)."""
+    from model.policy import DTYPES
+
+    if not 0 < port < 65536:
+        raise InputError(f"--port {port}: expected 1..65535")
+    if dtype is not None and dtype not in DTYPES:
+        raise InputError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
+    parse_buckets(buckets)  # a malformed ladder fails here, before the port opens
+    if max_length is not None and max_length < 1:
+        raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
+    if max_body_bytes < 1:
+        raise InputError(f"--max-body-bytes {max_body_bytes}: must be a positive number of bytes")
+    if api_key is not None and not api_key.strip():
+        raise InputError(f"--api-key (or ${API_KEY_ENV}) is empty: give a key, or leave it unset for no key")
+    if checkpoint is not None and not checkpoint.startswith("builtin:"):
+        from model.checkpoint import resolve_checkpoint
+
+        resolve_checkpoint(checkpoint)  # a bad path or repo id fails here, before the port opens
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """The one warning line for a server other machines can reach without a key (None: loopback, or a key set)."""
+    if api_key or _is_loopback(host):
+        return None
+    return (f"--host {host} is reachable from other machines and no --api-key (or ${API_KEY_ENV}) is set: anyone who "
+            "can reach it can use the model")
+
 
 def load_served_model(checkpoint: str | None, dtype: str | None, max_length: int | None,
                       compile_cache: str | None, buckets: str | None = None):  # fmt: skip
@@ -58,36 +102,36 @@ def serve(
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
     buckets: str | None = BucketsOpt,
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar=API_KEY_ENV, show_envvar=True,
+        help="Require 'Authorization: Bearer KEY' on every route but /health and /metrics (401 otherwise).",
+    ),  # fmt: skip
+    max_body_bytes: int | None = typer.Option(
+        None, "--max-body-bytes", help="Largest request body accepted, in bytes (413 above it); default 1 MiB.",
+    ),  # fmt: skip
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
-    /health, /metrics). The port opens at once; /health answers 503 until the model is loaded and warmed up."""
+    /v1/models/ID, /health, /metrics). The port opens at once; /health answers 503 until the model is loaded and
+    warmed up."""
     import socket
 
     import uvicorn
 
     from bench.errors import BenchError
-    from bench.serve import create_app, parse_warmup_shapes
+    from bench.serve import DEFAULT_MAX_BODY_BYTES, create_app, parse_warmup_shapes
     from model.errors import ModelError
-    from model.policy import DTYPES
 
     shapes = parse_warmup_shapes(warmup_shapes)
-    if not 0 < port < 65536:
-        raise InputError(f"--port {port}: expected 1..65535")
-    if dtype is not None and dtype not in DTYPES:
-        raise InputError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
-    parse_buckets(buckets)  # a malformed ladder fails here, before the port opens
-    if max_length is not None and max_length < 1:
-        raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
-    if checkpoint is not None and not checkpoint.startswith("builtin:"):
-        from model.checkpoint import resolve_checkpoint
-
-        resolve_checkpoint(checkpoint)  # a bad path or repo id fails here, before the port opens
+    max_body_bytes = DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes
+    _check_options(checkpoint, port, dtype, max_length, buckets, max_body_bytes, api_key)
     try:  # the address must be bindable now: uvicorn would only say so after "startup complete"
         with socket.create_server((host, port)):
             pass
     except OSError as exc:
         raise InputError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
     setup_logging()
+    if (warning := exposure_warning(host, api_key)) is not None:
+        logging.getLogger("bench").warning(warning)
     logging.getLogger("bench").info(f"serving on http://{host}:{port}/v1 (loading the model in the background)")
     failure: list[Exception] = []
 
@@ -96,7 +140,8 @@ def serve(
         server.should_exit = True
 
     application = create_app(lambda: load_served_model(checkpoint, dtype, max_length, compile_cache, buckets),
-                             model_name=model_name, warmup_shapes=shapes, on_load_failure=stop_on_failure)  # fmt: skip
+                             model_name=model_name, warmup_shapes=shapes, on_load_failure=stop_on_failure,
+                             api_key=api_key, max_body_bytes=max_body_bytes)  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(application, host=host, port=port, log_level="info", access_log=False))
     server.run()
     if failure:

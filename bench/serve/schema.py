@@ -155,13 +155,19 @@ class CompletionRequest(GenerationRequest):
 
 
 class ChatMessage(BaseModel):
-    """One chat turn. role: "user", "system", "assistant" (spelled "model" in Gemma's turns) or any other name;
-    content: a text, or a list of `{"type": "text", "text": ...}` parts (joined; no other part types)."""
+    """One chat turn. role: one of `ROLES` ("system", "user", "assistant"; "assistant" is spelled "model" in
+    Gemma's turns), else a 400 naming the field; content: a text, or a list of `{"type": "text", "text": ...}`
+    parts (joined; no other part types). Content is always text: a control-token string in it (`<turn|>`) is
+    encoded as ordinary characters, so no content can open or close a turn."""
 
     model_config = ConfigDict(extra="allow")
 
     role: StrictStr
     content: StrictStr | list[dict[str, Any]]
+
+
+ROLES = {"system": "system", "user": "user", "assistant": "model"}
+"""The roles a message may have -> how Gemma's turn format spells them."""
 
 
 class ChatRequest(GenerationRequest):
@@ -279,22 +285,65 @@ def _received(value: Any, limit: int = 40) -> str:
 
 
 # ---- from a parsed request to the engine's inputs -----------------------------------------------------------------
-def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
-    """Gemma's turn format: BOS + `<|turn>{role}\\n{content}<turn|>\\n` per message + `<|turn>model\\n`
-    ("assistant" is spelled "model"). One user message gives exactly `tokenizer.chat_ids(content)`.
-    Raises APIError for no messages or non-text content parts."""
+def chat_turns(messages: Sequence[ChatMessage]) -> list[tuple[str, str]]:
+    """The conversation as (Gemma role, text) pairs, for `GemmaTokenizer.chat_turn_ids`. Raises APIError (400,
+    `param` naming the field) for no messages, a role outside `ROLES`, or non-text content parts."""
     if not messages:
         raise APIError(400, "messages must hold at least one message", param="messages")
-    text = ""
+    turns = []
     for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise APIError(400, f"messages.{i}.role must be one of {', '.join(ROLES)}, got {_received(m.role)}",
+                           param=f"messages.{i}.role", code="invalid_value")  # fmt: skip
         content = m.content
         if not isinstance(content, str):
             if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
                 raise APIError(400, "only text content parts are supported", param=f"messages.{i}.content")
             content = "".join(part["text"] for part in content)
-        role = "model" if m.role == "assistant" else m.role
-        text += f"<|turn>{role}\n{content}<turn|>\n"
-    return [tokenizer.bos_id] + tokenizer.encode(text + "<|turn>model\n")
+        turns.append((ROLES[m.role], content))
+    return turns
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage], engine=None) -> list[int]:
+    """Gemma's turn format: BOS + `<|turn>{role}\\n{content}<turn|>\\n` per message + `<|turn>model\\n`
+    ("assistant" is spelled "model"), content encoded as text (`tokenizer.chat_turn_ids`). One user message
+    gives exactly `tokenizer.chat_ids(content)`. With `engine`, a conversation whose characters alone prove it too
+    long for the largest bucket is refused before tokenizing (`check_prompt_chars`). Raises APIError as
+    `chat_turns` and `check_prompt_chars`; TokenizerError when the tokenizer has no turn markers."""
+    turns = chat_turns(messages)
+    if engine is not None:
+        check_prompt_chars(sum(len(text) for _, text in turns), tokenizer, engine, param="messages")
+    return tokenizer.chat_turn_ids(turns)
+
+
+def completion_prompt_ids(tokenizer, prompt: str | list, engine) -> list[int]:
+    """The model input of a completions `prompt`: token ids as given (each in [0, vocab size)), or BOS + the one
+    text, encoded raw (control-token strings in it are parsed as those tokens, as a raw prompt is meant to be)
+    after `check_prompt_chars`. Raises APIError (400, param "prompt")."""
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+        vocab = engine.cfg.vocab_size
+        if any(not 0 <= i < vocab for i in prompt):
+            raise APIError(400, f"prompt token ids must lie in [0, {vocab})", param="prompt", code="invalid_value")
+        return list(prompt)
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if len(prompts) != 1:
+        raise APIError(400, f"exactly one prompt per request is supported, got {len(prompts)}", param="prompt")
+    check_prompt_chars(len(prompts[0]), tokenizer, engine, param="prompt")
+    return [tokenizer.bos_id] + tokenizer.encode(prompts[0])
+
+
+def check_prompt_chars(n_chars: int, tokenizer, engine, *, param: str) -> None:
+    """Refuse, without tokenizing, a prompt of `n_chars` characters that cannot fit the largest bucket
+    (`engine.buckets[-1]` tokens): one token stands for at most `tokenizer.max_chars_per_token` characters, so such
+    a text has at least ceil(n_chars / that) tokens. No check when the tokenizer gives no such bound (None or
+    absent). Raises APIError (400, code "context_length_exceeded")."""
+    per_token = getattr(tokenizer, "max_chars_per_token", None)
+    limit = engine.buckets[-1]
+    if per_token and n_chars > per_token * limit:
+        at_least = -(-n_chars // per_token)
+        raise APIError(400, f"the prompt has {n_chars} characters, so at least {at_least} tokens (one token holds "
+                       f"at most {per_token} characters); this server's maximum prompt length is {limit} tokens: "
+                       "shorten the prompt", param=param, code="context_length_exceeded")  # fmt: skip
 
 
 def stop_strings(body: GenerationRequest) -> list[str]:
