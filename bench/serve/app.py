@@ -102,9 +102,10 @@ class LoadedModel:
     """A loaded engine and the facts /health reports about it.
 
     engine: what generates (model.engine.Engine, or anything with its generate/warmup/check_request/tokenizer/
-    policy/cfg/buckets/max_length). checkpoint: {"id": hub id or name, "path": folder, "content_hash": hash of the
-    weight files or None, "weight_bytes": size of the weights in bytes}. build_id: environment.build_id of the
-    served payload (None when unknown). compile_cache: {"dir": persistent compilation cache folder, or None when
+    policy/cfg/buckets/max_length). checkpoint: {"id": hub id or folder name, "source": builtin:NAME, hub id or None,
+    "content_hash": hash of the weight files or None, "weight_bytes": size of the weights in bytes, "load_s"}: never a
+    local path. build_id: `bench.runs.payload_build_id` of the served payload, the one a sweep of the same code,
+    checkpoint and engine configuration records (None when unknown). compile_cache: {"dir": persistent compilation cache folder, or None when
     off}. quantization: "none" or a scheme name.
     """
 
