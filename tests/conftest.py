@@ -32,6 +32,17 @@ def run_cli(args: list[str], *, env: dict | None = None, cwd=None, timeout: floa
                           cwd=cwd, timeout=timeout)  # fmt: skip
 
 
+def bench_in_process(args: list[str]) -> int:
+    """Run `bench ARGS` in this interpreter (`bench.cli.main`); returns its exit code (0 when it returned)."""
+    from bench.cli import main
+
+    try:
+        main(args)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
 def assert_one_line_error(proc, *needles: str) -> None:
     """A user error: exit code 2, one `error:` line on stderr naming each needle, and no traceback."""
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)

@@ -20,18 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from conftest import bench_in_process
 from bench.cli.profile_cmds import nvidia_gpu_expected
 
 STEPS = 3
-
-
-def _bench(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +36,7 @@ def env(tmp_path_factory):
 
 def _profile(env: Path, name: str, *extra: str) -> Path:
     runs = env / "runs"
-    code = _bench(["profile", "--steps", str(STEPS), "--checkpoint", "builtin:tiny", "--runs-dir", str(runs),
+    code = bench_in_process(["profile", "--steps", str(STEPS), "--checkpoint", "builtin:tiny", "--runs-dir", str(runs),
                    "--name", name, "--compile-cache", "off", *extra])  # fmt: skip
     assert code == 0
     (run,) = runs.glob(f"*-{name}-*")
@@ -101,7 +93,7 @@ def test_roofline_attached_from_engine_bytes_and_measured_bandwidth(matched):
 def test_reanalysis_of_saved_trace_equals_profile_json(matched, capsys):
     run, prof = matched
     capsys.readouterr()
-    assert _bench(["profile", "analyze", str(run), "--json"]) == 0
+    assert bench_in_process(["profile", "analyze", str(run), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     for key in ("steps", "categories", "totals", "ops", "ops_total_rows", "roofline", "device", "trace"):
         assert again[key] == prof[key], key
@@ -111,7 +103,7 @@ def test_analyze_prints_the_published_table(matched, capsys):
     run, _ = matched
     trace = next(run.glob("profile/**/*.xplane.pb"))
     capsys.readouterr()
-    assert _bench(["profile", "analyze", str(trace)]) == 0
+    assert bench_in_process(["profile", "analyze", str(trace)]) == 0
     out = capsys.readouterr().out
     for label in ("dtype conversion", "fp32 gemv", "tensor core", "absent", "total kernel time", "distinct kernels",
                   "decode gauge", "bandwidth", "roofline share"):  # fmt: skip
@@ -132,11 +124,11 @@ def test_profile_replaces_a_runs_profile_only_when_asked(env, tmp_path, capsys):
     before = (run / "profile.json").read_bytes()
     again = ["profile", "--steps", "2", "--checkpoint", "builtin:tiny", "--run", str(run), "--compile-cache", "off"]
     capsys.readouterr()
-    assert _bench(again) == 2  # nothing already measured is lost without asking
+    assert bench_in_process(again) == 2  # nothing already measured is lost without asking
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     assert "already has a profile" in line and "--replace" in line and "drop --run" in line
     assert (run / "profile.json").read_bytes() == before and not (run / ".lock").exists()
-    assert _bench([*again, "--replace"]) == 0
+    assert bench_in_process([*again, "--replace"]) == 0
     prof = json.loads((run / "profile.json").read_text())
     assert prof["steps"] == 2
     assert len(list(run.glob("profile/**/*.xplane.pb"))) == 2  # the earlier trace is kept
@@ -144,7 +136,7 @@ def test_profile_replaces_a_runs_profile_only_when_asked(env, tmp_path, capsys):
 
 
 def test_bandwidth_command(capsys):
-    assert _bench(["bandwidth", "--bytes", str(8 * 2**20), "--repeats", "2"]) == 0
+    assert bench_in_process(["bandwidth", "--bytes", str(8 * 2**20), "--repeats", "2"]) == 0
     out = capsys.readouterr().out
     assert "GiB/s" in out and "GB/s" in out and "16,777,216 bytes moved" in out and "median" in out
 
@@ -185,7 +177,7 @@ def test_bad_input_one_line_exit_2(env, matched, tmp_path, capsys):
     cases = _bad_inputs(env, matched[0], tmp_path)
     for what, args in cases.items():
         capsys.readouterr()
-        assert _bench(args) == 2, what
+        assert bench_in_process(args) == 2, what
         err = capsys.readouterr().err
         lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("device policy:")]
         assert len(lines) == 1, (what, err)
@@ -200,7 +192,7 @@ def test_gauge_from_the_runs_sweep_cell(env, tmp_path):
 
     run = make_measured_run(tmp_path / "runs", "swept", inputs=(41,), gauge=123.0)
     gauge = open_run(run.path).cells()[0].gauge_tok_s_median
-    code = _bench(["profile", "--steps", "2", "--checkpoint", "builtin:tiny", "--run", str(run.path),
+    code = bench_in_process(["profile", "--steps", "2", "--checkpoint", "builtin:tiny", "--run", str(run.path),
                    "--compile-cache", "off"])  # fmt: skip
     assert code == 0
     prof = json.loads((run.path / "profile.json").read_text())
@@ -222,7 +214,7 @@ def test_input_tokens_below_the_smallest_chat_prompt_is_refused_like_the_sweep(e
     minimum = _min_prompt_tokens(tiny_checkpoint)
     runs = tmp_path / "runs"
     capsys.readouterr()
-    code = _bench(["profile", "--input-tokens", str(minimum - 1), "--checkpoint", str(tiny_checkpoint),
+    code = bench_in_process(["profile", "--input-tokens", str(minimum - 1), "--checkpoint", str(tiny_checkpoint),
                    "--runs-dir", str(runs), "--compile-cache", "off"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
@@ -241,7 +233,7 @@ def test_input_tokens_below_the_minimum_leaves_a_joined_run_as_it_was(env, tiny_
     run = make_measured_run(tmp_path / "runs", "swept", inputs=(41,), gauge=123.0)
     before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
     capsys.readouterr()
-    code = _bench(["profile", "--steps", "2", "--input-tokens", "3", "--checkpoint", str(tiny_checkpoint),
+    code = bench_in_process(["profile", "--steps", "2", "--input-tokens", "3", "--checkpoint", str(tiny_checkpoint),
                    "--run", str(run.path), "--compile-cache", "off"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "--input-tokens 3" in err and "Traceback" not in err
@@ -272,7 +264,7 @@ def test_shape_errors_name_profiles_own_flags_and_the_range(env, tiny_checkpoint
     runs = tmp_path / "runs"
     for flags, needles in _shape_cases(_min_prompt_tokens(tiny_checkpoint)):
         capsys.readouterr()
-        code = _bench(["profile", "--checkpoint", str(tiny_checkpoint), "--runs-dir", str(runs),
+        code = bench_in_process(["profile", "--checkpoint", str(tiny_checkpoint), "--runs-dir", str(runs),
                        "--compile-cache", "off", *flags])  # fmt: skip
         err = capsys.readouterr().err
         errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
@@ -295,7 +287,7 @@ def test_a_published_run_is_refused_and_nothing_is_written(env, tmp_path, capsys
     shutil.copytree(REFERENCE_RUNS[1], published)
     before = _files(published)
     capsys.readouterr()
-    code = _bench(["profile", "--steps", "2", "--checkpoint", "builtin:tiny", "--run", str(published),
+    code = bench_in_process(["profile", "--steps", "2", "--checkpoint", "builtin:tiny", "--run", str(published),
                    "--compile-cache", "off"])  # fmt: skip
     err = capsys.readouterr().err
     (line,) = [ln for ln in err.splitlines() if ln.strip()]  # refused before the engine loads: one line only
@@ -312,10 +304,10 @@ def test_make_profile_flow_adds_to_the_latest_sweep_once(env, tmp_path, capsys):
     run = make_measured_run(runs, "sweep", inputs=(41,), gauge=50.0)
     args = ["profile", "--steps", "2", "--run", "latest", "--runs-dir", str(runs), "--checkpoint", "builtin:tiny",
             "--compile-cache", "off"]  # fmt: skip
-    assert _bench(args) == 0
+    assert bench_in_process(args) == 0
     prof = (run.path / "profile.json").read_bytes()
     capsys.readouterr()
-    assert _bench(args) == 2
+    assert bench_in_process(args) == 2
     assert "--replace" in capsys.readouterr().err
     assert (run.path / "profile.json").read_bytes() == prof and not (run.path / ".lock").exists()
 
@@ -339,9 +331,9 @@ def test_a_profile_that_stops_marks_its_new_run_and_unlocks_it(env, tiny_checkpo
             "--compile-cache", "off"]  # fmt: skip
     if code is None:  # an unexpected error is not a user error: it propagates (a traceback), the run marked failed
         with pytest.raises(exc):
-            _bench(args)
+            bench_in_process(args)
     else:
-        assert _bench(args) == code
+        assert bench_in_process(args) == code
     (run,) = runs.iterdir()
     assert json.loads((run / "manifest.json").read_text())["status"] == status
     assert not (run / ".lock").exists() and not (run / "profile.json").exists()
@@ -354,7 +346,7 @@ def test_a_joined_run_keeps_its_status_when_the_profile_stops(env, tiny_checkpoi
 
     run = make_measured_run(tmp_path / "runs", "swept", inputs=(41,), gauge=123.0)
     monkeypatch.setattr(bench.profile.capture, "capture_steps", _raise(KeyboardInterrupt()))
-    code = _bench(["profile", "--steps", "2", "--checkpoint", str(tiny_checkpoint), "--run", str(run.path),
+    code = bench_in_process(["profile", "--steps", "2", "--checkpoint", str(tiny_checkpoint), "--run", str(run.path),
                    "--compile-cache", "off"])  # fmt: skip
     assert code == 130
     assert json.loads((run.path / "manifest.json").read_text())["status"] == "complete"

@@ -24,18 +24,10 @@ import json
 
 import pytest
 
-from bench.cli import main
+from conftest import bench_in_process
 
 TOLERANCE_PCT = 6.0  # points of typical-step share; one program: within 4 points; the old shapes: up to 22 apart
 INPUT_TOKENS = 20  # bucket 32: the shortest KV cache, so N moved the old shape's cache length the most (45 vs 85)
-
-
-def _bench(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +49,7 @@ def attention_heavy(tmp_path_factory):
 def _profile(attention_heavy, steps: int) -> dict:
     ckpt, root = attention_heavy
     runs = root / "runs"
-    code = _bench(["profile", "--steps", str(steps), "--input-tokens", str(INPUT_TOKENS), "--checkpoint", str(ckpt),
+    code = bench_in_process(["profile", "--steps", str(steps), "--input-tokens", str(INPUT_TOKENS), "--checkpoint", str(ckpt),
                    "--runs-dir", str(runs), "--name", f"steps{steps}", "--compile-cache", "off"])  # fmt: skip
     assert code == 0
     (run,) = runs.glob(f"*-steps{steps}-*")

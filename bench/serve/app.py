@@ -344,21 +344,22 @@ def _health_body(state: _State) -> dict[str, Any]:
 
 # ---- the generation routes ----------------------------------------------------------------------------------------
 async def _completions(body: CompletionRequest, request: Request):
-    t_arrival = time.perf_counter_ns()
-    state = _state_of(request)
-    sampling, max_tokens = _admit(state, body, "completion")
-    engine = state.loaded.engine
-    ids = await state.off_loop(completion_prompt_ids, engine.tokenizer, body.prompt, engine)
-    return await _serve(state, request, body, ids, sampling, max_tokens, "completion", t_arrival)
+    return await _generate(request, body, "completion", completion_prompt_ids, body.prompt)
 
 
 async def _chat(body: ChatRequest, request: Request):
+    return await _generate(request, body, "chat", chat_prompt_ids, body.messages)
+
+
+async def _generate(request: Request, body: GenerationRequest, kind: str, prompt_ids: Callable, prompt: Any):
+    """One generation route: admit (no tokenizing), build the prompt ids off the event loop with
+    `prompt_ids(tokenizer, prompt, engine)`, then serve. The arrival time is taken first (ns, monotonic)."""
     t_arrival = time.perf_counter_ns()
     state = _state_of(request)
-    sampling, max_tokens = _admit(state, body, "chat")
+    sampling, max_tokens = _admit(state, body, kind)
     engine = state.loaded.engine
-    ids = await state.off_loop(chat_prompt_ids, engine.tokenizer, body.messages, engine)
-    return await _serve(state, request, body, ids, sampling, max_tokens, "chat", t_arrival)
+    ids = await state.off_loop(prompt_ids, engine.tokenizer, prompt, engine)
+    return await _serve(state, request, body, ids, sampling, max_tokens, kind, t_arrival)
 
 
 def _admit(state: _State, body: GenerationRequest, kind: str) -> tuple[Any, int]:
