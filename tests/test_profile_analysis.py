@@ -22,8 +22,8 @@ from bench.profile.analysis import (
     analyze_xspace,
     attach_roofline,
     format_profile_table,
-    is_tensor_core_kernel,
 )
+from bench.profile.classify import is_tensor_core_kernel
 from bench.profile.capture import (
     apply_gpu_profile_flags,
     capture_steps,

@@ -370,32 +370,20 @@ def _capture_into(run, setup, opts):
     from bench.profile.analysis import analyze_trace, attach_roofline
     from bench.profile.bandwidth import measure_bandwidth
     from bench.profile.capture import capture_steps, prompt_decode_steps
-    from bench.runs.manifest import checkpoint_id
 
     opts.capturing = True
     log = logging.getLogger("bench")
-    engine, ckpt, cell, prompt = setup.engine, setup.ckpt, setup.cell, setup.prompt
-    max_new_tokens = setup.max_new_tokens
-    steps, input_tokens = opts.steps, opts.input_tokens
-    bucket = engine.bucket_for(input_tokens)
-    pol = engine.policy
+    engine, max_new_tokens = setup.engine, setup.max_new_tokens
+    bucket = engine.bucket_for(opts.input_tokens)
     log.info(f"run folder: {run.path}")
-    run.log(pol.line())
-    mismatch = []
-    ran = run.typed_manifest
-    if None not in (ran.checkpoint.content_hash, setup.content_hash) and ran.checkpoint.content_hash != setup.content_hash:
-        mismatch.append(f"checkpoint {ran.checkpoint.id} {ran.checkpoint.content_hash[:12]} (run) vs "
-                        f"{checkpoint_id(ckpt)} {setup.content_hash[:12]} (profile)")  # fmt: skip
-    run_pol = ran.dtype_policy or {}
-    for key, mine in (("compute_dtype", pol.compute_dtype), ("weights", pol.weight_dtype)):
-        if run_pol.get(key) not in (None, mine):
-            mismatch.append(f"{key} {run_pol[key]} (run) vs {mine} (profile)")
+    run.log(engine.policy.line())
+    mismatch = _run_mismatches(run, setup)
 
-    trace_root = run.path / "profile"
-    state, step = prompt_decode_steps(engine, prompt.ids, max_new_tokens)
-    log.info(f"profiling {steps} decode steps after a prompt of {input_tokens} input tokens (bucket {bucket}) "
-             f"and {WARMUP_STEPS} warm-up steps")  # fmt: skip
-    capture = capture_steps(step, state, steps, trace_root, warmup=WARMUP_STEPS, python_tracer=opts.python_tracer,
+    state, step = prompt_decode_steps(engine, setup.prompt.ids, max_new_tokens)
+    log.info(f"profiling {opts.steps} decode steps after a prompt of {opts.input_tokens} input tokens "
+             f"(bucket {bucket}) and {WARMUP_STEPS} warm-up steps")  # fmt: skip
+    capture = capture_steps(step, state, opts.steps, run.path / "profile", warmup=WARMUP_STEPS,
+                            python_tracer=opts.python_tracer,
                             restart_every=max_new_tokens - 1 - WARMUP_STEPS)  # fmt: skip
     del state
     run.log(f"captured {capture.n_steps} decode steps: {capture.xplane_path} ({capture.xplane_bytes} bytes)")
@@ -403,21 +391,54 @@ def _capture_into(run, setup, opts):
 
     log.info("measuring device bandwidth (device-to-device copy)")
     bw = measure_bandwidth()
-    if cell is not None:
-        decode_bytes = engine.decode_bytes(input_tokens, cell.max_new_tokens or max_new_tokens)
-        gauge, gauge_note = cell.gauge_tok_s_median, (
-            f"roofline uses the run's sweep gauge at {input_tokens} input tokens ({cell.gauge_tok_s_median:.2f} tok/s, "
-            f"bytes per step at its shape, max_new_tokens {cell.max_new_tokens})")  # fmt: skip
-    else:
-        decode_bytes = engine.decode_bytes(input_tokens, max_new_tokens)
-        gauge, gauge_note = None, (
-            f"roofline uses the profile's own rate (1000 / device ms per step, which leaves out host time between "
-            f"ops), not a gauge: this run has no sweep cell at {input_tokens} input tokens")  # fmt: skip
+    decode_bytes, gauge, gauge_note = _roofline_inputs(engine, setup.cell, opts.input_tokens, max_new_tokens)
     analysis = attach_roofline(analysis, bytes_per_step=decode_bytes["total"], bandwidth_bytes_s=bw.bytes_per_s,
                                bandwidth_n_bytes=bw.n_bytes, gauge_tok_s=gauge)  # fmt: skip
+    notes = [gauge_note, *_capture_notes(capture, setup.flags_info, opts.steps, max_new_tokens)]
+    notes += [f"run folder differs from this profile: {m}" for m in mismatch]
+    data = analysis.to_json()
+    data["trace"] = os.path.relpath(analysis.trace_path, run.path)  # relative: the run folder can move
+    data["notes"] = list(data["notes"]) + notes
+    data["config"] = _profile_config(setup, opts, bucket, decode_bytes)
+    data["capture"] = _capture_facts(capture, run.path, setup.flags_info)
+    data["bandwidth"] = bw.to_json()
+    path = run.write_json("profile.json", data)
+    for note in notes:
+        run.log(f"profile note: {note}")
+    return data, capture, path
 
-    flags_info = setup.flags_info
-    notes = [gauge_note]
+
+def _run_mismatches(run, setup) -> list[str]:
+    """How the joined run's checkpoint (content hash) and dtype policy differ from this profile's, as lines."""
+    from bench.runs.manifest import checkpoint_id
+
+    pol, ran, mismatch = setup.engine.policy, run.typed_manifest, []
+    if None not in (ran.checkpoint.content_hash, setup.content_hash) and ran.checkpoint.content_hash != setup.content_hash:
+        mismatch.append(f"checkpoint {ran.checkpoint.id} {ran.checkpoint.content_hash[:12]} (run) vs "
+                        f"{checkpoint_id(setup.ckpt)} {setup.content_hash[:12]} (profile)")  # fmt: skip
+    run_pol = ran.dtype_policy or {}
+    for key, mine in (("compute_dtype", pol.compute_dtype), ("weights", pol.weight_dtype)):
+        if run_pol.get(key) not in (None, mine):
+            mismatch.append(f"{key} {run_pol[key]} (run) vs {mine} (profile)")
+    return mismatch
+
+
+def _roofline_inputs(engine, cell, input_tokens: int, max_new_tokens: int) -> tuple[dict, float | None, str]:
+    """(bytes one decode step reads (the engine's accounting), the gauge tok/s to use or None, the note saying
+    which): a joined sweep cell's gauge at its own shape, else None (the profile's own rate is used)."""
+    if cell is not None:
+        decode_bytes = engine.decode_bytes(input_tokens, cell.max_new_tokens or max_new_tokens)
+        return decode_bytes, cell.gauge_tok_s_median, (
+            f"roofline uses the run's sweep gauge at {input_tokens} input tokens ({cell.gauge_tok_s_median:.2f} tok/s, "
+            f"bytes per step at its shape, max_new_tokens {cell.max_new_tokens})")  # fmt: skip
+    return engine.decode_bytes(input_tokens, max_new_tokens), None, (
+        f"roofline uses the profile's own rate (1000 / device ms per step, which leaves out host time between "
+        f"ops), not a gauge: this run has no sweep cell at {input_tokens} input tokens")  # fmt: skip
+
+
+def _capture_notes(capture, flags_info: dict, steps: int, max_new_tokens: int) -> list[str]:
+    """Notes on how the trace was taken: GPU profile flags missing or unused, steps that restarted."""
+    notes = []
     if capture.platform == "gpu" and not flags_info["gpu_flags_applied"]:
         notes.append("profiled on a GPU without the profile XLA flags (command buffers on): per-kernel attribution "
                      "may be missing; run `bench profile` from a fresh shell")  # fmt: skip
@@ -428,31 +449,35 @@ def _capture_into(run, setup, opts):
                      f"steps (max_new_tokens {max_new_tokens}): the steps restarted {capture.restarts} "
                      f"time{'s' if capture.restarts != 1 else ''} from the "
                      "post-warm-up state, so every step ran the same program on the same KV buffers")  # fmt: skip
-    notes += [f"run folder differs from this profile: {m}" for m in mismatch]
-    data = analysis.to_json()
-    data["trace"] = os.path.relpath(analysis.trace_path, run.path)  # relative: the run folder can move
-    data["notes"] = list(data["notes"]) + notes
-    data["config"] = {
-        "input_tokens": input_tokens, "prompt": {"tokens": len(prompt.ids), "text_chars": len(prompt.text),
-                                                 "built_by": "bench.sweep.local.build_prompts (the sweep's prompt)"},
+    return notes
+
+
+def _profile_config(setup, opts, bucket: int, decode_bytes: dict) -> dict:
+    """profile.json's `config`: the prompt, the profiled shape (bucket, max_new_tokens, KV positions), the steps,
+    the checkpoint id, the dtype policy and the bytes a step reads."""
+    from bench.runs.manifest import checkpoint_id
+
+    pol, prompt, max_new_tokens = setup.engine.policy, setup.prompt, setup.max_new_tokens
+    return {
+        "input_tokens": opts.input_tokens, "prompt": {"tokens": len(prompt.ids), "text_chars": len(prompt.text),
+                                                      "built_by": "bench.sweep.local.build_prompts (the sweep's prompt)"},
         "bucket": bucket, "max_new_tokens": max_new_tokens, "kv_cache_positions": bucket + max_new_tokens,
-        "steps": steps, "warmup": WARMUP_STEPS, "checkpoint": checkpoint_id(ckpt), "policy": pol.line(),
+        "steps": opts.steps, "warmup": WARMUP_STEPS, "checkpoint": checkpoint_id(setup.ckpt), "policy": pol.line(),
         "compute_dtype": pol.compute_dtype,
         "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "decode_bytes": decode_bytes,
     }  # fmt: skip
-    data["capture"] = {
-        "xplane": os.path.relpath(capture.xplane_path, run.path), "xplane_bytes": capture.xplane_bytes, "steps": capture.n_steps,
-        "warmup": capture.warmup, "restart_every": capture.restart_every, "restarts": capture.restarts,
-        "step_wall_ms": list(capture.step_wall_ms),
+
+
+def _capture_facts(capture, run_path: Path, flags_info: dict) -> dict:
+    """profile.json's `capture`: the trace file (relative to the run), steps, restarts, wall times, flags."""
+    return {
+        "xplane": os.path.relpath(capture.xplane_path, run_path), "xplane_bytes": capture.xplane_bytes,
+        "steps": capture.n_steps, "warmup": capture.warmup, "restart_every": capture.restart_every,
+        "restarts": capture.restarts, "step_wall_ms": list(capture.step_wall_ms),
         "wall_ms_per_step": capture.wall_ms_per_step, "xla_flags": capture.xla_flags,
         "profile_options": capture.profile_options, "platform": capture.platform,
         "device_kind": capture.device_kind, "jax_version": capture.jax_version, **flags_info,
     }  # fmt: skip
-    data["bandwidth"] = bw.to_json()
-    path = run.write_json("profile.json", data)
-    for note in notes:
-        run.log(f"profile note: {note}")
-    return data, capture, path
 
 
 # ---- bench profile analyze ---------------------------------------------------------------------------------------

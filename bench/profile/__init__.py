@@ -3,6 +3,7 @@
 No jax at import time: the capture and the bandwidth measurement import it when they run.
 - `capture_steps`, `prompt_decode_steps`, GPU profile flags  (bench.profile.capture)
 - `analyze_trace`, `ProfileAnalysis`, `format_profile_table` (bench.profile.analysis: the device-time breakdown)
+- `classify_hlo`, `classify_name`, `is_tensor_core_kernel`    (bench.profile.classify: one op's category)
 - `hlo_modules`                                               (bench.profile.xspace: HLO from an XSpace proto)
 - `measure_bandwidth`, `BandwidthResult`                      (bench.profile.bandwidth: device-to-device copy)
 - `decode_step_bytes`, `roofline_share_pct`                   (bench.profile.roofline: bytes per step, share)

@@ -1,0 +1,160 @@
+"""Which device-time category one op belongs to (measurement.md, "Profiles"): from its HLO instruction when the
+trace holds it, else from the kernel or event name alone; and whether a GPU kernel runs on tensor cores.
+
+The categories and their order (first match wins) are documented in `bench.profile.analysis`, which applies these
+functions to every event of a trace. Pure functions of names and HLO: no jax, no trace reading.
+"""
+
+from __future__ import annotations
+
+import re
+
+from bench.profile.xspace import HloInstruction, HloModule
+
+_FP32 = {"f32", "f64", "c64", "c128"}
+_NARROW_PREFIXES = ("bf16", "f16", "f8", "f4", "s8", "u8", "s4", "u4", "s2", "u2")
+_MOVE = {
+    "parameter", "constant", "bitcast", "bitcast-convert", "reshape", "broadcast", "copy", "copy-start", "copy-done",
+    "transpose", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "reverse", "gather",
+    "scatter", "iota", "tuple", "get-tuple-element", "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+    "collective-permute", "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done",
+    "collective-permute-start", "collective-permute-done", "send", "recv", "send-done", "recv-done",
+}  # fmt: skip
+_CONTROL_FLOW = {"while", "call", "conditional"}
+_MATMUL_TARGET = re.compile(r"gemm|matmul|conv", re.IGNORECASE)
+
+
+# ---- tensor cores ----------------------------------------------------------------------------------------------
+_NOT_TENSOR_CORE = re.compile(r"gemv|simt|convert", re.IGNORECASE)
+_TENSOR_CORE = re.compile(
+    r"[hsi](884|1688|16816|16832)(gemm|cudnn)"  # cuBLAS/cuDNN/CUTLASS MMA shapes: volta_h884gemm, s16816gemm
+    r"|hmma|imma|wgmma|tcgen05|tensorop"  # MMA instruction families; CUTLASS `*_tensorop_*`
+    r"|nvjet"  # cuBLAS 12.x JIT GEMMs on Hopper/Blackwell
+    r"|cutlass3x_sm(90|100|120)",  # CUTLASS 3 kernels for Hopper/Blackwell
+    re.IGNORECASE,
+)
+_XMMA_MMA_TYPES = re.compile(r"tensor|tf32|bf16|f16|e4m3|e5m2|i8|int8", re.IGNORECASE)
+
+
+def is_tensor_core_kernel(name: str) -> bool:
+    """True when a GPU kernel's name says it runs on tensor cores (decided from the name alone).
+
+    Tensor-core families (sources: cuBLAS/cuDNN/CUTLASS kernel names as profilers print them; CUTLASS's
+    documented name scheme `cutlass3x_sm90_tensorop_gemm_<types>_<tile>...`):
+    - MMA shapes in cuBLAS/cuDNN/CUTLASS names: `volta_h884gemm_*`, `volta_fp16_s884gemm_*`,
+      `turing_fp16_s1688gemm_*`, `turing_fp16_s1688cudnn_*`, `ampere_bf16_s16816gemm_*`, `trt_ampere_h16816gemm_*`;
+    - instruction families: `hmma`, `imma`, Hopper `wgmma` (e.g. cuDNN `..._sdpa_sm90_flash_fprop_wgmma_f16_...`),
+      Blackwell `tcgen05`;
+    - CUTLASS `cutlass_75_tensorop_*`, `cutlass_80_tensorop_*`, `cutlass3x_sm90_*`, `cutlass3x_sm100_*`;
+    - cuBLAS(Lt) `sm80_xmma_*`, `sm90_xmma_*` when the name shows an MMA type (a `tensor16x8x16` tile, tf32, bf16,
+      f16, fp8, int8): an xmma name with only f32 types and no tensor tile is not counted;
+    - cuBLAS `nvjet_*` (its Hopper/Blackwell GEMMs, e.g. `nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTT`).
+    Never tensor cores, whatever else the name says: gemv kernels (`gemv2T_kernel_val<...>`, `gemvx::kernel<...>`),
+    CUTLASS/cuBLAS `simt` kernels (`cutlass3x_sm100_simt_sgemm_*` included) and convert kernels. Not matched by
+    any family, so not tensor cores either: plain `sgemm` (`volta_sgemm_*`, `ampere_sgemm_*`), cuBLAS
+    `splitKreduce_kernel`, reductions, XLA's own fusions (`input_*_fusion`, `loop_*_fusion`).
+    Limits: a Triton GEMM emitted by XLA (`gemm_fusion_dot_*`, `triton_gemm_*`) may use tensor cores but its name
+    does not say so; it is not counted here (the analysis counts it as a matrix product by operand dtype).
+    xprof's own `IsKernelUsingTensorCore` knows only Volta/Turing prefixes and so misses every kernel from Ampere on.
+    """
+    if _NOT_TENSOR_CORE.search(name):
+        return False
+    if _TENSOR_CORE.search(name):
+        return True
+    return "xmma" in name.lower() and bool(_XMMA_MMA_TYPES.search(name))
+
+
+def _dtype_group(dtypes: tuple[str, ...]) -> str | None:
+    operands = dtypes[:2]
+    if any(d in _FP32 for d in operands):
+        return "matmul_fp32"
+    if operands and all(d.startswith(_NARROW_PREFIXES) for d in operands):
+        return "matmul_16bit"
+    return None
+
+
+def _fused(instr: HloInstruction, module: HloModule) -> list[HloInstruction]:
+    """Instructions of the computations `instr` calls, recursively (a fusion's fused instructions)."""
+    out, todo, seen = [], list(instr.called), set()
+    while todo:
+        comp = module.computations.get(todo.pop())
+        if comp is None or comp.name in seen:
+            continue
+        seen.add(comp.name)
+        for inner in comp.instructions:
+            out.append(inner)
+            todo.extend(inner.called)
+    return out
+
+
+def _scope(instr: HloInstruction, module: HloModule) -> str:
+    if instr.op_name:
+        return instr.op_name
+    if instr.opcode == "fusion" and instr.called:
+        comp = module.computations.get(instr.called[0])
+        if comp is not None and comp.root in module.instructions and module.instructions[comp.root].op_name:
+            return module.instructions[comp.root].op_name
+    for user in instr.users:  # XLA:CPU leaves dots without metadata; the reshape/fusion consuming them has it
+        if user in module.instructions and module.instructions[user].op_name:
+            return module.instructions[user].op_name
+    return ""
+
+
+def _in_attention(op_name: str) -> bool:
+    return any("attention" in segment.lower() for segment in op_name.split("/")[:-1])
+
+
+def classify_hlo(instr: HloInstruction, module: HloModule, kernel: str, platform: str) -> tuple[str, str]:
+    """(category, detail) of an op whose HLO instruction is known; detail is "control_flow", "unknown_dtype" or ""."""
+    inner = _fused(instr, module) if instr.opcode == "fusion" else []
+    work = [i.opcode for i in inner if i.opcode not in ("parameter", "constant", "tuple", "get-tuple-element")]
+    if instr.opcode == "convert" or ("convert" in work and all(op == "convert" or op in _MOVE for op in work)):
+        return "dtype_conversion", ""
+    if platform == "gpu" and is_tensor_core_kernel(kernel):
+        return "tensor_core", ""
+    if _in_attention(_scope(instr, module)):
+        return "attention", ""
+    dots = [i for i in [instr, *inner] if i.opcode in ("dot", "convolution")]
+    if instr.opcode == "custom-call" and _MATMUL_TARGET.search(instr.custom_call_target):
+        dots.append(instr)
+    if dots:
+        group = _dtype_group(dots[0].operand_dtypes) or _name_dtype_group(kernel)
+        return (group, "") if group else ("other", "unknown_dtype")
+    if instr.opcode in _MOVE or (instr.opcode == "fusion" and work and all(op in _MOVE for op in work)):
+        return "copies_transfers", ""
+    if instr.opcode == "fusion":
+        return "other_fusions", ""
+    return "other", "control_flow" if instr.opcode in _CONTROL_FLOW else ""
+
+
+_NAME_16BIT = re.compile(r"__half|\bhalf\b|bfloat16|bf16|fp16|f16|hgemm|hgemv|e4m3|e5m2|int8|\bi8\b", re.I)
+_NAME_FP32 = re.compile(r"\bfloat\b|sgemm|sgemv|f32|fp32|tf32", re.IGNORECASE)
+_NAME_MATMUL = re.compile(r"gemm|gemv|matmul|xmma|nvjet|cublas|cutlass|(^|[_.])dot([_.]|$)", re.IGNORECASE)
+_NAME_ATTENTION = re.compile(r"attention|fmha|flash|sdpa", re.IGNORECASE)
+_NAME_COPY = re.compile(r"memcpy|memset|copy|transpose|dynamic.update.slice|concatenate|gather|scatter|nccl", re.I)
+
+
+def _name_dtype_group(kernel: str) -> str | None:
+    if _NAME_16BIT.search(kernel):
+        return "matmul_16bit"
+    if _NAME_FP32.search(kernel):
+        return "matmul_fp32"
+    return None
+
+
+def classify_name(kernel: str, platform: str) -> tuple[str, str]:
+    """(category, detail) from an event name alone, for ops whose HLO instruction the trace does not hold."""
+    if "convert" in kernel.lower():
+        return "dtype_conversion", ""
+    if platform == "gpu" and is_tensor_core_kernel(kernel):
+        return "tensor_core", ""
+    if _NAME_ATTENTION.search(kernel):
+        return "attention", ""
+    if _NAME_MATMUL.search(kernel):
+        group = _name_dtype_group(kernel)
+        return (group, "") if group else ("other", "unknown_dtype")
+    if _NAME_COPY.search(kernel):
+        return "copies_transfers", ""
+    if "fusion" in kernel.lower():
+        return "other_fusions", ""
+    return "other", ""
