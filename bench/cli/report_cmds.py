@@ -21,6 +21,9 @@ app.add_typer(runs_app, name="runs")
 
 RUNS_HELP = "Run folders, or names in --runs-dir (default: every complete run there)."
 BASELINE_HELP = "Run that speedups and single-variable checks are relative to (default: the slowest run)."
+FORMATS = ("md", "csv", "jsonl")
+FORMAT_HELP = ("Also print the report's rows (one per run and cell) on stdout: md (a table), csv or jsonl "
+               "(every column); the lines naming the files then go to stderr.")
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")]
 
 
@@ -38,16 +41,32 @@ def report_cmd(
     out: Annotated[Path, typer.Option("--out", help="Folder for report.md, plots, tables.")] = Path("reports/latest"),
     runs_dir: RunsDirOpt = Path("runs"),
     baseline: Annotated[str | None, typer.Option("--baseline", help=BASELINE_HELP)] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help=FORMAT_HELP)] = None,
 ) -> None:
-    """Write a markdown report (tables, plots, findings) comparing archived runs."""
+    """Write a report (report.md, tables, plots, findings, the long-format rows) comparing archived runs."""
     from bench.report import build_report
 
+    if fmt is not None and fmt not in FORMATS:
+        raise InputError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     report = build_report(runs or [], out, baseline, runs_dir=runs_dir)
     for name, reason in report.skipped:
         typer.echo(f"warning: skipped {name}: {reason}", err=True)
-    typer.echo(f"wrote {report.markdown} from {len(report.runs)} run(s), baseline {report.baseline}")
+    status = fmt is not None  # rows on stdout: the lines about files go to stderr
+    typer.echo(f"wrote {report.markdown} from {len(report.runs)} run(s), baseline {report.baseline}", err=status)
     for path in report.files[1:]:
-        typer.echo(f"  {path}")
+        typer.echo(f"  {path}", err=status)
+    if fmt is not None:
+        typer.echo(print_rows(report, fmt), nl=False)
+
+
+def print_rows(report, fmt: str) -> str:  # noqa: ANN001 -- a bench.report.Report
+    """The report's long-format rows as `fmt` prints them on stdout: "md" the summary columns as a markdown table,
+    "csv" and "jsonl" every column (numbers unrounded)."""
+    from bench.report.rows import ROW_COLUMNS, SUMMARY_COLUMNS, rows_csv, rows_jsonl, rows_markdown
+
+    if fmt == "md":
+        return rows_markdown(SUMMARY_COLUMNS, report.rows) + "\n"
+    return (rows_csv if fmt == "csv" else rows_jsonl)(ROW_COLUMNS, report.rows)
 
 
 @app.command("compare")

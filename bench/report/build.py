@@ -31,6 +31,7 @@ from bench.report.compare import (
     single_variable,
 )
 from bench.report.plots import plot_profile, plot_sweep
+from bench.report.rows import ROW_COLUMNS, ReportRow, report_rows, rows_csv, rows_jsonl
 from bench.report.tables import (
     DASH,
     RunView,
@@ -218,6 +219,7 @@ class Report:
     baseline: str | None
     skipped: list[tuple[str, str]]
     findings: list[str]
+    rows: list[ReportRow] = dataclasses.field(default_factory=list)
 
 
 def _pick_baseline(views: list[RunView], baseline: str | Path | None, runs_dir: str | Path) -> RunView:
@@ -255,7 +257,10 @@ def build_report(
     except OSError as exc:
         raise InputError(f"cannot write the report to {out} ({exc.strerror or exc}); pass --out DIR") from None
 
-    files = []
+    rows = report_rows(views)
+    (out / "rows.csv").write_text(rows_csv(ROW_COLUMNS, rows), encoding="utf-8")
+    (out / "rows.jsonl").write_text(rows_jsonl(ROW_COLUMNS, rows), encoding="utf-8")
+    files = [out / "rows.csv", out / "rows.jsonl"]
     env_header, env_raw, env_text = environment_table(views)
     write_csv(out / "environment.csv", env_header[:1] + [v.name for v in views], env_raw)
     sw_csv_h, sw_csv, sw_md_h, sw_md, sw_notes = sweep_report_table(views)
@@ -303,7 +308,7 @@ def build_report(
         md += ["", "## Skipped folders", ""] + [f"- {name}: {reason}" for name, reason in skipped]
     (out / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     return Report(out, out / "report.md", [out / "report.md", *files], [v.name for v in views], base.name, skipped,
-                  decode + cold + comp)  # fmt: skip
+                  decode + cold + comp, rows)  # fmt: skip
 
 
 def _roofline_method(views: list[RunView]) -> list[str]:

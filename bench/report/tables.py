@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
+from bench.report.rows import chip_name
 from bench.runs import CellRow, RunFolder, Sample, load_complete_run, resolve_run, run_folders
 from bench.runs.columns import BUCKET, CSV_COLUMNS, DASH, E2E, GAUGE, INPUT_TOKENS, TTFT, fmt_num
 
-_VENDOR = ("NVIDIA ", "Tesla ", "GeForce ")
 _CATEGORY_ALIASES = {
     "dtype_conversion": ("dtype_conversion", "conversion", "convert"),
     "matmul_fp32": ("matmul_fp32", "fp32_matmul", "matmul_f32", "fp32_gemv"),
@@ -125,10 +125,7 @@ def load_runs(
 
 
 def _chip(view: RunView) -> str:
-    kind = (view.m.get("device") or {}).get("device_kind") or (view.m.get("device") or {}).get("platform") or "?"
-    for word in _VENDOR:
-        kind = kind.replace(word, "")
-    return "CPU" if kind.lower().startswith("cpu") else kind.strip()
+    return chip_name(view.m.get("device"))
 
 
 def assign_labels(views: list[RunView]) -> list[RunView]:
