@@ -24,6 +24,10 @@ BASELINE_HELP = "Run that speedups and single-variable checks are relative to (d
 FORMATS = ("md", "csv", "jsonl")
 FORMAT_HELP = ("Also print the report's rows (one per run and cell) on stdout: md (a table), csv or jsonl "
                "(every column); the lines naming the files then go to stderr.")
+WHERE_HELP = ("Only runs whose keys match, e.g. device=l4,quant=none (keys: device, host, checkpoint, hash, quant, "
+              "dtype, batch, concurrency, build, date, provenance, run).")
+LATEST_HELP = ("Keep the latest run per configuration and these keys, e.g. device or device,host (default without "
+               "RUNs or --all: device).")
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")]
 
 
@@ -42,13 +46,25 @@ def report_cmd(
     runs_dir: RunsDirOpt = Path("runs"),
     baseline: Annotated[str | None, typer.Option("--baseline", help=BASELINE_HELP)] = None,
     fmt: Annotated[str | None, typer.Option("--format", help=FORMAT_HELP)] = None,
+    where: Annotated[str | None, typer.Option("--where", help=WHERE_HELP)] = None,
+    latest_per: Annotated[str | None, typer.Option("--latest-per", help=LATEST_HELP)] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only runs started on or after DATE (YYYY-MM-DD).")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every run (no --latest-per default).")] = False,
 ) -> None:
-    """Write a report (report.md, tables, plots, findings, the long-format rows) comparing archived runs."""
+    """Write a report (report.md, report.html, tables, plots, findings, the long-format rows) of archived runs,
+    compared only within their comparison groups. Default view: the latest run per device and configuration."""
     from bench.report import build_report
+    from bench.report.groups import Selection, parse_latest_per, parse_since, parse_where
 
     if fmt is not None and fmt not in FORMATS:
         raise InputError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    report = build_report(runs or [], out, baseline, runs_dir=runs_dir)
+    if every and latest_per is not None:
+        raise InputError("--all and --latest-per: expected one of them; --all shows every run")
+    per = parse_latest_per(latest_per)
+    if per is None and not every and not runs:
+        per = ("device",)  # the default view
+    selection = Selection(where=parse_where(where), since=parse_since(since), latest_per=per)
+    report = build_report(runs or [], out, baseline, runs_dir=runs_dir, selection=selection)
     for name, reason in report.skipped:
         typer.echo(f"warning: skipped {name}: {reason}", err=True)
     status = fmt is not None  # rows on stdout: the lines about files go to stderr

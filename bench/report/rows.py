@@ -156,9 +156,11 @@ class RowColumn:
 
     def text(self, row: ReportRow) -> str:
         """The printed value: a cell column as its `Column.text`, a key as text ("—" for null)."""
-        if self.cell is not None:
-            return self.cell.text(row.cell)
-        value = self.get(row.keys)  # type: ignore[misc]
+        return self.cell.text(row.cell) if self.cell is not None else self.key_text(row.keys)
+
+    def key_text(self, keys: RunKeys) -> str:
+        """A key column's text of a run's keys ("—" for null; integers with thousands separators)."""
+        value = self.get(keys)  # type: ignore[misc]
         return DASH if value is None else f"{value:,}" if isinstance(value, int) else str(value)
 
 

@@ -233,13 +233,13 @@ def rate_text(cell: CellRow | None, metric: str) -> str:
 
 
 def sweep_report_table(
-    views: list[RunView],
+    views: list[RunView], *, extras: bool = True,
 ) -> tuple[list[str], list[list[Any]], list[str], list[list[str]], list[str]]:
     """(csv header, csv rows, markdown header, markdown rows, notes on invalid cells), from the cells of `views`
     and the one column list (bench/runs/columns.py).
 
     Markdown: per run its gauge and end-to-end columns (`rate_text`); its bucket and TTFT columns when any of its
-    cells has one; headers are the run's label and the column's header. CSV: `input_tokens`, then per run
+    cells has one (and `extras`); headers are the run's label and the column's header. CSV: `input_tokens`, then per run
     `<run>:<field>` for every field of `CSV_COLUMNS`, numbers unrounded.
     """
     sizes = sorted({s for v in views for s in v.cells})
@@ -247,17 +247,17 @@ def sweep_report_table(
     csv_header = [INPUT_TOKENS.key, *(f"{v.name}:{f}" for v in views for f in fields)]
     csv_rows = [[s, *(getattr(v.cells.get(s), f, None) for v in views for f in fields)] for s in sizes]
     md_header = [INPUT_TOKENS.header]
-    extras = {}
+    extra = {}
     for v in views:
         md_header += [f"{v.label} {GAUGE.header}", f"{v.label} {E2E.header}"]
-        extras[v.name] = [c for c in (BUCKET, TTFT) if any(c.value(cell) is not None for cell in v.cells.values())]
-        md_header += [f"{v.label} {c.header}" for c in extras[v.name]]
+        extra[v.name] = [c for c in (BUCKET, TTFT) if extras and any(c.value(x) is not None for x in v.cells.values())]
+        md_header += [f"{v.label} {c.header}" for c in extra[v.name]]
     md_rows, notes = [], []
     for s in sizes:
         row = [fmt_num(s, 0)]
         for v in views:
             cell = v.cells.get(s)
-            row += [rate_text(cell, "gauge"), rate_text(cell, "e2e")] + [c.text(cell) for c in extras[v.name]]
+            row += [rate_text(cell, "gauge"), rate_text(cell, "e2e")] + [c.text(cell) for c in extra[v.name]]
             if cell is not None and not cell.valid:
                 numbers = (cell.gauge_tok_s_median, cell.e2e_tok_s_median)
                 mark = "✗" if cell.status == "failed" or numbers != (None, None) else DASH
