@@ -109,4 +109,4 @@ def test_cli_bad_format_is_one_line_exit_2(runs: Path, tmp_path: Path, capsys) -
                               capsys)  # fmt: skip
     assert code == 2 and "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
-        "error: --format 'pdf': expected one of md, csv, jsonl"]
+        "error: --format 'pdf': expected one of md, csv, jsonl, html"]

@@ -21,9 +21,9 @@ app.add_typer(runs_app, name="runs")
 
 RUNS_HELP = "Run folders, or names in --runs-dir (default: every complete run there)."
 BASELINE_HELP = "Run that speedups and single-variable checks are relative to (default: the slowest run)."
-FORMATS = ("md", "csv", "jsonl")
+FORMATS = ("md", "csv", "jsonl", "html")
 FORMAT_HELP = ("Also print the report's rows (one per run and cell) on stdout: md (a table), csv or jsonl "
-               "(every column); the lines naming the files then go to stderr.")
+               "(every column), or html (the page); the lines naming the files then go to stderr.")
 WHERE_HELP = ("Only runs whose keys match, e.g. device=l4,quant=none (keys: device, host, checkpoint, hash, quant, "
               "dtype, batch, concurrency, build, date, provenance, run).")
 LATEST_HELP = ("Keep the latest run per configuration and these keys, e.g. device or device,host (default without "
@@ -77,9 +77,11 @@ def report_cmd(
 
 def print_rows(report, fmt: str) -> str:  # noqa: ANN001 -- a bench.report.Report
     """The report's long-format rows as `fmt` prints them on stdout: "md" the summary columns as a markdown table,
-    "csv" and "jsonl" every column (numbers unrounded)."""
+    "csv" and "jsonl" every column (numbers unrounded); "html" the report's page (report.html)."""
     from bench.report.rows import ROW_COLUMNS, SUMMARY_COLUMNS, rows_csv, rows_jsonl, rows_markdown
 
+    if fmt == "html":
+        return (report.out_dir / "report.html").read_text(encoding="utf-8")
     if fmt == "md":
         return rows_markdown(SUMMARY_COLUMNS, report.rows) + "\n"
     return (rows_csv if fmt == "csv" else rows_jsonl)(ROW_COLUMNS, report.rows)

@@ -33,6 +33,7 @@ from bench.report.compare import (
 )
 from bench.report.document import Bullets, Plot, Section, to_markdown
 from bench.report.groups import Group, Selection, group_runs, nearest_splits, select_runs
+from bench.report.page import render_page
 from bench.report.plots import plot_axis, plot_history, plot_profile, plot_sweep
 from bench.report.rows import ROW_COLUMNS, ReportRow, report_rows, rows_csv, rows_jsonl, run_keys
 from bench.report.tables import (
@@ -304,7 +305,7 @@ def build_report(
         files += plots
         findings += found
     if skipped:
-        sections.append(Section(title="Skipped folders", blocks=[Bullets(items=[f"{n}: {r}" for n, r in skipped])]))
+        sections.append(Section(title="Skipped folders", anchor="skipped", blocks=[Bullets(items=[f"{n}: {r}" for n, r in skipped])]))
     intro = [
         f"{len(views)} run(s) in {len(groups)} comparison group(s); selection: {(selection or Selection()).describe()}"
         f" ({len(pool)} of {len(loaded)} complete run(s) passed its filters). Runs are compared only within a group "
@@ -314,6 +315,8 @@ def build_report(
                                                for g in groups) + ".",
     ]  # fmt: skip
     (out / "report.md").write_text(to_markdown("Benchmark report", intro, sections), encoding="utf-8")
+    (out / "report.html").write_text(render_page("Benchmark report", intro, sections, out), encoding="utf-8")
+    files.insert(0, out / "report.html")
     base = named or bases[groups[0].gid]
     return Report(out, out / "report.md", [out / "report.md", *files], [v.name for v in views], base.name, skipped,
                   findings, rows)  # fmt: skip
@@ -348,11 +351,11 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
     Returns (section, plot files written, findings)."""
     gid, blocks, files = group.gid, [], []
     dev = device_views(group)
-    dev = sorted(dev, key=lambda v: v is not base)
+    dev = assign_labels(sorted(dev, key=lambda v: v is not base))  # one run per device: the chip names it
     blocks.append(f"{len(group.views)} run(s) on {', '.join(group.axis_values('device'))}. Median tok/s over the timed "
                   f"repeats; (min–max) where raw samples exist; ✗ marks an invalid cell.")  # fmt: skip
     if any(v.cells for v in dev):
-        blocks += device_tables(dataclasses.replace(group, views=dev + [v for v in group.views if v not in dev]))
+        blocks += device_tables(group, dev)
         blocks += _published_notes([v for v in dev if v.published])
         png = plot_sweep([(v.label, v.published, list(v.cells.values())) for v in dev], out / f"sweep_tok_s_{gid}.png")
         files.append(png)

@@ -62,9 +62,10 @@ def device_views(group: Group) -> list[Any]:
     return [v for v in base if latest.get(group.keys[v.name].device) is v]
 
 
-def device_tables(group: Group) -> list[Table]:
-    """The device-by-device view (see the module docstring); invalid cells' notes under the last table."""
-    views = device_views(group)
+def device_tables(group: Group, views: Sequence[Any] | None = None) -> list[Table]:
+    """The device-by-device view (see the module docstring) of `views` (default: `device_views(group)`);
+    invalid cells' notes under each table."""
+    views = list(device_views(group) if views is None else views)
     out = []
     for i in range(0, len(views), MAX_DEVICES_PER_TABLE):
         chunk = views[i:i + MAX_DEVICES_PER_TABLE]
