@@ -2,14 +2,16 @@
 
 No jax and no `model/` here (architecture.md, wall 2): a report is fast and works from archived runs.
 
-Inputs: complete run folders (schema version 1). Named folders that are incomplete, of an unknown schema version
-or corrupt are refused (RunFolderError); when no folder is named, every folder of the runs directory is tried and
-the bad ones are skipped with a warning naming the folder and the reason (`Report.skipped`).
+Inputs: complete run folders (schema version 1 or 2). Named folders that are incomplete, of an unknown schema
+version or corrupt are refused (RunFolderError); when no folder is named, every folder of the runs directory is tried
+and the bad ones are skipped with a warning naming the folder and the reason (`Report.skipped`). A `Selection`
+(bench/report/groups.py) picks the runs shown; they are compared only within their comparison groups.
 
-Outputs in `out_dir`: `report.md`; `environment.csv` (one column per run), `sweep.csv` (one row per input size,
-per run `<run>:<field>` columns), `profile.csv` (one row per metric, one column per run with a profile);
-`sweep_tok_s.png` (gauge and end-to-end tok/s vs input tokens, one line per run) and `profile_categories.png`
-(device-time categories stacked per run). Published figures are labelled "(published)" everywhere; a null is "—".
+Outputs in `out_dir`: `report.md` and `report.html` (one document, bench/report/document.py and page.py); the long
+format `rows.csv` and `rows.jsonl` (bench/report/rows.py); `environment.csv` (one column per run), `sweep.csv` (one
+row per input size, per run `<run>:<field>` columns), `profile.csv` (one row per metric, one column per run with a
+profile); per group `sweep_tok_s_<G>.png`, `batch_<G>.png` / `concurrency_<G>.png` where those axes exist,
+`history_<G>.png` and `profile_categories_<G>.png`. Published figures are labelled "(published)"; a null is "—".
 
 profile.json keys read: see bench/report/tables.py, which holds the loading and the tables; this module holds the
 findings and writes the report. Its tables and formats are re-exported here: import them from `bench.report`.
