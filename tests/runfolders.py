@@ -52,8 +52,9 @@ def cell_samples(input_tokens: int, *, gauge: float = 20.0, repeats: int = 3, co
 
 
 def manifest(*, build_id: str = "0123456789ab", content_hash: str = "sha256:feed", weight_bytes: int = 1000,
-             config: dict | None = None, jax: str = "0.12.0", device_kind: str = "cpu") -> dict:  # fmt: skip
-    """A complete measured-run manifest with the given payload identity."""
+             config: dict | None = None, jax: str = "0.12.0", device_kind: str = "cpu",
+             checkpoint_id: str = "default-bfloat16-seed0-v1", dtype: str = "float32") -> dict:  # fmt: skip
+    """A complete measured-run manifest with the given payload identity (`dtype`: weights, compute and KV cache)."""
     return {
         "command_line": ["bench", "sweep", "--inputs", "41,521"],
         "build_id": build_id,
@@ -62,9 +63,8 @@ def manifest(*, build_id: str = "0123456789ab", content_hash: str = "sha256:feed
         "device": {"platform": "cpu", "device_kind": device_kind, "count": 1, "memory_bytes": None,
                    "compute_capability": None},  # fmt: skip
         "host": {"cpu_model": "Test CPU", "logical_cpus": 2, "arch": "x86_64", "memory_bytes": 8 * 2**30},
-        "dtype_policy": {"compute_dtype": "float32", "weights": "float32", "activations": "float32",
-                         "kv_cache": "float32"},  # fmt: skip
-        "checkpoint": {"id": "default-bfloat16-seed0-v1", "source": "builtin:default", "content_hash": content_hash,
+        "dtype_policy": {"compute_dtype": dtype, "weights": dtype, "activations": dtype, "kv_cache": dtype},
+        "checkpoint": {"id": checkpoint_id, "source": "builtin:default", "content_hash": content_hash,
                        "weight_bytes": weight_bytes},  # fmt: skip
         "engine_config": config if config is not None else {"buckets": [64, 512, 2048, 4096], "max_length": 4160},
         "compile_cache": {"dir": "/cache/xla", "hits": 3, "misses": 1},
@@ -74,10 +74,14 @@ def manifest(*, build_id: str = "0123456789ab", content_hash: str = "sha256:feed
 def make_measured_run(
     runs_dir: Path, label: str, *, inputs: Sequence[int] = (41, 521), gauge: float | Callable[[int], float] = 20.0,
     status: str = "complete", token_ids: Callable[[int], Sequence[int]] | None = None, cell_kwargs: dict | None = None,
-    **manifest_kwargs,
+    date: str = "2026-11-30", slug: str = "cpu", started_at: str | None = None, **manifest_kwargs,
 ) -> RunFolder:  # fmt: skip
-    """A measured run folder with one cell per input size (cold request in the first cell), finished as `status`."""
-    run = create_run(runs_dir, label, "cpu", manifest(**manifest_kwargs), date="2026-11-30")
+    """A measured run folder with one cell per input size (cold request in the first cell), finished as `status`.
+    `date` names the folder (`slug` the device in its name); `started_at` (ISO) replaces the start time."""
+    given = manifest(**manifest_kwargs)
+    if started_at is not None:
+        given["started_at"] = started_at
+    run = create_run(runs_dir, label, slug, given, date=date)
     for i, n in enumerate(inputs):
         g = gauge(n) if callable(gauge) else gauge
         samples = cell_samples(n, gauge=g, cold=i == 0, token_ids=token_ids(n) if token_ids else None,

@@ -94,7 +94,7 @@ def test_published_figures_are_labelled_everywhere(reference_report) -> None:
     assert "| provenance | published: Gemma 4 in Pure JAX" in md
     for header_line in [l for l in md.splitlines() if l.startswith("|  |") or l.startswith("| input tokens")]:
         assert header_line.count("(published)") >= 2
-    assert "(published)" in md.split("## Findings")[1]
+    assert "(published)" in md.split("### G1 findings")[1]
 
 
 # ---- the derived roofline ------------------------------------------------------------------------------------------
@@ -148,28 +148,29 @@ def test_findings_from_the_reference_runs(reference_report) -> None:
     assert report.baseline == T4G.name  # default baseline: the slowest run
 
 
-def test_a_measured_run_appears_beside_the_references(tmp_path: Path) -> None:
+def test_a_measured_run_gets_its_own_group_beside_the_references(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     for ref in REFERENCE_RUNS:
         shutil.copytree(ref, runs / ref.name)
     make_measured_run(runs, "mine", inputs=(41, 521, 2057), gauge=lambda n: 9.0 - n / 1000,
                       cell_kwargs={2057: {"compile_events": 1}})  # fmt: skip
     report = build_report([], tmp_path / "out", runs_dir=runs)
-    assert report.runs[0] == "2026-11-30-mine-cpu"  # slowest median gauge: the default baseline
+    assert report.runs == [T4G.name, L4.name, "2026-11-30-mine-cpu"]  # the published group first, its baseline first
     md = report.markdown.read_text()
-    header = next(l for l in md.splitlines() if l.startswith("| input tokens"))
-    assert "CPU gauge tok/s" in header and "CPU bucket" in header and "CPU TTFT ms" in header
-    row41 = next(l for l in md.splitlines() if l.startswith("| 41 |"))
-    assert "8.96 (8.87–9.05)" in row41  # median (min–max) where raw samples exist
-    assert "| 12.9 | 12.43 |" in row41  # the published columns are unchanged
-    row2057 = next(l for l in md.splitlines() if l.startswith("| 2,057 |"))
+    published, mine = md.split("## G1: ")[1].split("## G2: ")
+    assert "G2 is split from G1 by provenance: published vs measured; checkpoint: google/gemma-4-E2B-it" in md
+    header = next(l for l in mine.splitlines() if l.startswith("| input tokens"))
+    assert header == "| input tokens | CPU gauge tok/s | CPU end-to-end tok/s |"  # no published column beside it
+    row41 = next(l for l in mine.splitlines() if l.startswith("| 41 |"))
+    assert row41 == "| 41 | 8.96 (8.87–9.05) | 9.45 (9.37–9.53) |"  # median (min–max) where raw samples exist
+    assert "| 41 | 12.9 | 12.43 | 48.5 | 46.23 |" in published  # the published table is unchanged
+    row2057 = next(l for l in mine.splitlines() if l.startswith("| 2,057 |"))
     assert "✗" in row2057
-    assert "✗ CPU, 2,057 input tokens: 3 compile event(s) during timed repeat(s) 0, 1, 2" in md
-    assert "whole request" in md and "(whole-request ratio)" in md and "(TTFT ratio: a different measurement)" in md
-    assert "T4G (published) vs CPU: no speedup is computed, they ran different models" in md
-    assert "Speedup of L4 (published) over T4G (published)" not in md  # baseline here is the CPU run
-    assert (tmp_path / "out" / "sweep_tok_s.png").stat().st_size > 10_000
-    assert (tmp_path / "out" / "profile_categories.png").exists()
+    assert "✗ CPU, 2,057 input tokens: 3 compile event(s) during timed repeat(s) 0, 1, 2" in mine
+    assert "whole request" in mine and "(whole-request ratio)" in mine and "(TTFT ratio: a different measurement)" in mine
+    assert "CPU" not in published.split("### G1 environment")[0]  # another model never shares the published axes
+    assert (tmp_path / "out" / "sweep_tok_s_G2.png").stat().st_size > 10_000
+    assert (tmp_path / "out" / "profile_categories_G1.png").exists()
 
 
 def test_single_variable_comparisons_are_recognised_and_differences_named(tmp_path: Path) -> None:

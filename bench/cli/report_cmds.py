@@ -21,6 +21,13 @@ app.add_typer(runs_app, name="runs")
 
 RUNS_HELP = "Run folders, or names in --runs-dir (default: every complete run there)."
 BASELINE_HELP = "Run that speedups and single-variable checks are relative to (default: the slowest run)."
+FORMATS = ("md", "csv", "jsonl", "html")
+FORMAT_HELP = ("Also print the report's rows (one per run and cell) on stdout: md (a table), csv or jsonl "
+               "(every column), or html (the page); the lines naming the files then go to stderr.")
+WHERE_HELP = ("Only runs whose keys match, e.g. device=l4,quant=none (keys: device, host, checkpoint, hash, quant, "
+              "dtype, batch, concurrency, build, date, provenance, run).")
+LATEST_HELP = ("Keep the latest run per configuration and these keys, e.g. device or device,host (default without "
+               "RUNs or --all: device).")
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")]
 
 
@@ -38,16 +45,46 @@ def report_cmd(
     out: Annotated[Path, typer.Option("--out", help="Folder for report.md, plots, tables.")] = Path("reports/latest"),
     runs_dir: RunsDirOpt = Path("runs"),
     baseline: Annotated[str | None, typer.Option("--baseline", help=BASELINE_HELP)] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help=FORMAT_HELP)] = None,
+    where: Annotated[str | None, typer.Option("--where", help=WHERE_HELP)] = None,
+    latest_per: Annotated[str | None, typer.Option("--latest-per", help=LATEST_HELP)] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only runs started on or after DATE (YYYY-MM-DD).")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every run (no --latest-per default).")] = False,
 ) -> None:
-    """Write a markdown report (tables, plots, findings) comparing archived runs."""
+    """Write a report (report.md, report.html, tables, plots, findings, the long-format rows) of archived runs,
+    compared only within their comparison groups. Default view: the latest run per device and configuration."""
     from bench.report import build_report
+    from bench.report.groups import Selection, parse_latest_per, parse_since, parse_where
 
-    report = build_report(runs or [], out, baseline, runs_dir=runs_dir)
+    if fmt is not None and fmt not in FORMATS:
+        raise InputError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if every and latest_per is not None:
+        raise InputError("--all and --latest-per: expected one of them; --all shows every run")
+    per = parse_latest_per(latest_per)
+    if per is None and not every and not runs:
+        per = ("device",)  # the default view
+    selection = Selection(where=parse_where(where), since=parse_since(since), latest_per=per)
+    report = build_report(runs or [], out, baseline, runs_dir=runs_dir, selection=selection)
     for name, reason in report.skipped:
         typer.echo(f"warning: skipped {name}: {reason}", err=True)
-    typer.echo(f"wrote {report.markdown} from {len(report.runs)} run(s), baseline {report.baseline}")
+    status = fmt is not None  # rows on stdout: the lines about files go to stderr
+    typer.echo(f"wrote {report.markdown} from {len(report.runs)} run(s), baseline {report.baseline}", err=status)
     for path in report.files[1:]:
-        typer.echo(f"  {path}")
+        typer.echo(f"  {path}", err=status)
+    if fmt is not None:
+        typer.echo(print_rows(report, fmt), nl=False)
+
+
+def print_rows(report, fmt: str) -> str:  # noqa: ANN001 -- a bench.report.Report
+    """The report's long-format rows as `fmt` prints them on stdout: "md" the summary columns as a markdown table,
+    "csv" and "jsonl" every column (numbers unrounded); "html" the report's page (report.html)."""
+    from bench.report.rows import ROW_COLUMNS, SUMMARY_COLUMNS, rows_csv, rows_jsonl, rows_markdown
+
+    if fmt == "html":
+        return (report.out_dir / "report.html").read_text(encoding="utf-8")
+    if fmt == "md":
+        return rows_markdown(SUMMARY_COLUMNS, report.rows) + "\n"
+    return (rows_csv if fmt == "csv" else rows_jsonl)(ROW_COLUMNS, report.rows)
 
 
 @app.command("compare")

@@ -2,14 +2,16 @@
 
 No jax and no `model/` here (architecture.md, wall 2): a report is fast and works from archived runs.
 
-Inputs: complete run folders (schema version 1). Named folders that are incomplete, of an unknown schema version
-or corrupt are refused (RunFolderError); when no folder is named, every folder of the runs directory is tried and
-the bad ones are skipped with a warning naming the folder and the reason (`Report.skipped`).
+Inputs: complete run folders (schema version 1 or 2). Named folders that are incomplete, of an unknown schema
+version or corrupt are refused (RunFolderError); when no folder is named, every folder of the runs directory is tried
+and the bad ones are skipped with a warning naming the folder and the reason (`Report.skipped`). A `Selection`
+(bench/report/groups.py) picks the runs shown; they are compared only within their comparison groups.
 
-Outputs in `out_dir`: `report.md`; `environment.csv` (one column per run), `sweep.csv` (one row per input size,
-per run `<run>:<field>` columns), `profile.csv` (one row per metric, one column per run with a profile);
-`sweep_tok_s.png` (gauge and end-to-end tok/s vs input tokens, one line per run) and `profile_categories.png`
-(device-time categories stacked per run). Published figures are labelled "(published)" everywhere; a null is "—".
+Outputs in `out_dir`: `report.md` and `report.html` (one document, bench/report/document.py and page.py); the long
+format `rows.csv` and `rows.jsonl` (bench/report/rows.py); `environment.csv` (one column per run), `sweep.csv` (one
+row per input size, per run `<run>:<field>` columns), `profile.csv` (one row per metric, one column per run with a
+profile); per group `sweep_tok_s_<G>.png`, `batch_<G>.png` / `concurrency_<G>.png` where those axes exist,
+`history_<G>.png` and `profile_categories_<G>.png`. Published figures are labelled "(published)"; a null is "—".
 
 profile.json keys read: see bench/report/tables.py, which holds the loading and the tables; this module holds the
 findings and writes the report. Its tables and formats are re-exported here: import them from `bench.report`.
@@ -22,6 +24,7 @@ import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.errors import InputError, RunFolderError
 from bench.profile.roofline import roofline_share_pct
@@ -30,7 +33,11 @@ from bench.report.compare import (
     manifest_differences,
     single_variable,
 )
-from bench.report.plots import plot_profile, plot_sweep
+from bench.report.document import Bullets, Plot, Section, to_markdown
+from bench.report.groups import Group, Selection, group_runs, nearest_splits, select_runs
+from bench.report.page import render_page
+from bench.report.plots import plot_axis, plot_history, plot_profile, plot_sweep
+from bench.report.rows import ROW_COLUMNS, ReportRow, report_rows, rows_csv, rows_jsonl, run_keys
 from bench.report.tables import (
     DASH,
     RunView,
@@ -39,11 +46,21 @@ from bench.report.tables import (
     fmt_num,
     fmt_pct,
     load_runs,
-    md_table,
     profile_table,
     run_view,
     sweep_report_table,
     write_csv,
+)
+from bench.report.views import (
+    MAX_HISTORY_ROWS,
+    Table,
+    axis_series,
+    axis_tables,
+    device_tables,
+    device_views,
+    history_series,
+    history_tables,
+    runs_table,
 )
 from bench.runs import resolve_run
 
@@ -218,107 +235,244 @@ class Report:
     baseline: str | None
     skipped: list[tuple[str, str]]
     findings: list[str]
+    rows: list[ReportRow] = dataclasses.field(default_factory=list)
 
 
-def _pick_baseline(views: list[RunView], baseline: str | Path | None, runs_dir: str | Path) -> RunView:
-    if baseline is None:  # default: the slowest run by median decode gauge, so speedups read as >= 1
-        rated = [v for v in views if _median_gauge(v) is not None]
-        return min(rated, key=_median_gauge) if rated else views[0]  # type: ignore[arg-type, return-value]
+def _slowest(views: list[RunView]) -> RunView:
+    """The run with the lowest median decode gauge (so speedups read as >= 1), else the first."""
+    rated = [v for v in views if _median_gauge(v) is not None]
+    return min(rated, key=_median_gauge) if rated else views[0]  # type: ignore[arg-type, return-value]
+
+
+def _named_baseline(loaded: list[RunView], baseline: str | Path, runs_dir: str | Path) -> RunView:
+    """The run named by `--baseline`: one already loaded (by path), else its folder read now."""
     path = resolve_run(baseline, runs_dir)
-    for v in views:
-        if v.run.path.resolve() == path.resolve():
-            return v
-    views[:] = assign_labels([run_view(path), *views])  # the baseline first, every label made again
-    return views[0]
+    return next((v for v in loaded if v.run.path.resolve() == path.resolve()), None) or run_view(path)
 
 
 def build_report(
     run_dirs: Sequence[str | Path] | None, out_dir: str | Path, baseline: str | Path | None = None,
-    *, runs_dir: str | Path = "runs",
+    *, runs_dir: str | Path = "runs", selection: Selection | None = None,
 ) -> Report:  # fmt: skip
     """Write the report of `run_dirs` (all complete runs in `runs_dir` when empty) into `out_dir`.
 
-    `baseline` (a run path or name; default: the run with the lowest median decode gauge) is what speedups and
-    single-variable checks are relative to. Raises RunFolderError for a named run that is missing, incomplete,
-    corrupt or of an unknown schema version, or when nothing is left to report; InputError when `out_dir`
-    cannot be written.
+    `selection` (bench/report/groups.py; default: every run) picks the runs shown; they are compared only within
+    their comparison groups. `baseline` (a run path or name; default per group: the run with the lowest median
+    decode gauge) is what speedups and single-variable checks of its group are relative to; it is shown even when
+    the selection leaves it out. Raises RunFolderError for a named run that is missing, incomplete, corrupt or of
+    an unknown schema version, or when nothing is left to report; InputError when `out_dir` cannot be written or
+    the selection matches no run.
     """
-    views, skipped = load_runs(run_dirs, runs_dir)
-    if not views:
+    loaded, skipped = load_runs(run_dirs, runs_dir)
+    if not loaded:
         why = f" ({len(skipped)} skipped: " + "; ".join(f"{n}: {r}" for n, r in skipped) + ")" if skipped else ""
         raise RunFolderError(f"no complete run folders to report in {runs_dir}{why}")
-    base = _pick_baseline(views, baseline, runs_dir)
-    views.sort(key=lambda v: v is not base)  # the baseline is the first column; the others keep their order
+    named = _named_baseline(loaded, baseline, runs_dir) if baseline is not None else None
+    keys = {v.name: run_keys(v) for v in [*loaded, *([named] if named else [])]}
+    selected, pool = select_runs(loaded, keys, selection or Selection())
+    if named is not None and named.name not in {v.name for v in selected}:
+        selected = [named, *selected]
+    groups = group_runs(selected, pool, keys)
+    labelled = {}
+    for g in groups:  # labels unique within a group: the chip, with the run name where chips repeat
+        labelled.update({v.name: v for v in assign_labels(g.views)})
+    keys = {n: dataclasses.replace(k, label=labelled[n].label if n in labelled else k.label) for n, k in keys.items()}
+    groups = [dataclasses.replace(g, views=[labelled[v.name] for v in g.views], keys=keys) for g in groups]
+    bases = {g.gid: next((v for v in g.views if named is not None and v.name == named.name), None) or _slowest(g.views)
+             for g in groups}  # fmt: skip
+    views = [v for g in groups for v in sorted(g.views, key=lambda v: v is not bases[g.gid])]
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"cannot write the report to {out} ({exc.strerror or exc}); pass --out DIR") from None
 
-    files = []
-    env_header, env_raw, env_text = environment_table(views)
+    rows = report_rows(views)
+    (out / "rows.csv").write_text(rows_csv(ROW_COLUMNS, rows), encoding="utf-8")
+    (out / "rows.jsonl").write_text(rows_jsonl(ROW_COLUMNS, rows), encoding="utf-8")
+    files = [out / "rows.csv", out / "rows.jsonl"]
+    env_header, env_raw, _ = environment_table(views)
     write_csv(out / "environment.csv", env_header[:1] + [v.name for v in views], env_raw)
-    sw_csv_h, sw_csv, sw_md_h, sw_md, sw_notes = sweep_report_table(views)
+    sw_csv_h, sw_csv, *_ = sweep_report_table(views)
     write_csv(out / "sweep.csv", sw_csv_h, sw_csv)
-    pr_csv_h, pr_csv, pr_md_h, pr_md = profile_table(views)
+    pr_csv_h, pr_csv, *_ = profile_table(views)
     write_csv(out / "profile.csv", pr_csv_h, pr_csv)
-    sweep_png = plot_sweep([(v.label, v.published, list(v.cells.values())) for v in views], out / "sweep_tok_s.png")
-    files += [out / "environment.csv", out / "sweep.csv", out / "profile.csv", sweep_png]
-    prof_png = plot_profile(
-        [(v.label, v.figures["categories"]) for v in views if v.figures is not None],
-        out / "profile_categories.png",
-    )
-    files += [prof_png] if prof_png else []
+    files += [out / "environment.csv", out / "sweep.csv", out / "profile.csv"]
 
-    decode, cold, comp = decode_findings(views), cold_warm_findings(views), comparison_findings(views, base)
-    published = [v for v in views if v.published]
-    md = ["# Benchmark report", ""]
-    md.append(f"{len(views)} run(s); baseline for speedups: **{base.label}** ({base.name}). "
-              "Figures from runs marked *(published)* were measured elsewhere and are quoted as published; "
-              f"{DASH} means the run has no such figure.")  # fmt: skip
-    md += ["", "## Environment", "", md_table(env_header, env_text), "", "## Sweep", ""]
-    md.append("Median tok/s over the timed repeats; (min–max) where raw samples exist; ✗ marks an invalid cell.")
-    md += ["", md_table(sw_md_h, sw_md), ""]
-    md += [f"- {n}" for n in sw_notes]
-    if published:
-        labels = ", ".join(v.label for v in published)
-        md.append(f"- Published runs ({labels}) hold no raw samples: medians only, as published.")
-        defs = {(v.m.get("sweep") or {}).get("gauge_definition") for v in published} - {None}
-        for d in sorted(defs):
-            md.append(f"- Published gauge definition: \"{d}\". This harness's gauge is (generated tokens − 1) / "
-                      "decode time (measurement.md); for 64 tokens the two differ by 64/63 (1.6%) for one decode "
-                      "time.")  # fmt: skip
-    md += ["", "![tok/s vs input tokens](sweep_tok_s.png)", "", "## Profile", ""]
-    if pr_md_h[1:]:
-        md += [md_table(pr_md_h, pr_md), ""]
-        md += [f"- {n}" for n in roofline_notes(views)]
-        md += _roofline_method(views)
-        md += ["", "![device time by category](profile_categories.png)"] if prof_png else []
-    else:
-        md.append("No run has a profile.")
-    md += ["", "## Findings", "", "### Decode flatness and end-to-end", ""] + [f"- {x}" for x in decode]
-    md += ["", "### Cold vs warm", ""] + [f"- {x}" for x in cold]
-    md += ["", f"### Against the baseline ({base.label})", ""] + ([f"- {x}" for x in comp] or ["- Only one run."])
+    sections = [_groups_section(groups)]
+    findings: list[str] = []
+    for g in groups:
+        section, plots, found = group_section(g, bases[g.gid], out)
+        sections.append(section)
+        files += plots
+        findings += found
     if skipped:
-        md += ["", "## Skipped folders", ""] + [f"- {name}: {reason}" for name, reason in skipped]
-    (out / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+        sections.append(Section(title="Skipped folders", anchor="skipped", blocks=[Bullets(items=[f"{n}: {r}" for n, r in skipped])]))
+    intro = [
+        f"{len(views)} run(s) in {len(groups)} comparison group(s); selection: {(selection or Selection()).describe()}"
+        f" ({len(pool)} of {len(loaded)} complete run(s) passed its filters). Runs are compared only within a group "
+        f"(same checkpoint, quantization, dtypes and tokens per request). Figures from runs marked *(published)* "
+        f"were measured elsewhere and are quoted as published; {DASH} means the run has no such figure.",
+        "Baselines for speedups: " + "; ".join(f"{g.gid} **{bases[g.gid].label}** ({bases[g.gid].name})"
+                                               for g in groups) + ".",
+    ]  # fmt: skip
+    (out / "report.md").write_text(to_markdown("Benchmark report", intro, sections), encoding="utf-8")
+    (out / "report.html").write_text(render_page("Benchmark report", intro, sections, out), encoding="utf-8")
+    files.insert(0, out / "report.html")
+    base = named or bases[groups[0].gid]
     return Report(out, out / "report.md", [out / "report.md", *files], [v.name for v in views], base.name, skipped,
-                  decode + cold + comp)  # fmt: skip
+                  findings, rows)  # fmt: skip
 
 
-def _roofline_method(views: list[RunView]) -> list[str]:
-    """The derived byte accounting, once per distinct accounting, as markdown lines."""
-    seen, lines = set(), []
+def _groups_section(groups: list[Group]) -> Section:
+    """The groups overview: one line per group, and which key splits each from its nearest group."""
+    header = ["group", "runs", "devices", "checkpoint", "quant", "dtypes", "new tokens", "batch", "concurrency", "dates"]
+    rows = []
+    for g in groups:
+        k = dict(g.key)
+        dates = sorted(d for d in (g.keys[v.name].date for v in g.pool) if d)
+        span = DASH if not dates else dates[0] if dates[0] == dates[-1] else f"{dates[0]}..{dates[-1]}"
+        ckpt = str(k["checkpoint"] or DASH)
+        rows.append([g.gid + (" (published)" if g.published else ""), f"{len(g.views)} of {len(g.pool)}",
+                     ", ".join(g.axis_values("device")), ckpt[:16] + ("…" if len(ckpt) > 16 else ""),
+                     k["quantization"], k["dtypes"], fmt_num(k["new tokens"], 0),
+                     ", ".join(map(str, g.axis_values("batch"))), ", ".join(map(str, g.axis_values("concurrency"))),
+                     span])  # fmt: skip
+    splits = [f"{g.gid} is split from {h.gid} by {'; '.join(diff)}." for g, h, diff in nearest_splits(groups)]
+    table = Table(title="", header=header, rows=rows, kind="groups",
+                  notes=["runs: shown of those that passed the selection's filters (the history view uses all)."])
+    return Section(title="Comparison groups", anchor="groups", blocks=[table, *([Bullets(items=splits)] if splits else [])])
+
+
+def _chunks(views: list[RunView], n: int) -> list[list[RunView]]:
+    return [views[i:i + n] for i in range(0, len(views), n)]
+
+
+def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list[Path], list[str]]:
+    """The section of one group: its views (bench/report/views.py) and plots, environment, profile and findings.
+    Returns (section, plot files written, findings)."""
+    gid, blocks, files = group.gid, [], []
+    dev = device_views(group)
+    dev = assign_labels(sorted(dev, key=lambda v: v is not base))  # one run per device: the chip names it
+    blocks.append(f"{len(group.views)} run(s) on {', '.join(group.axis_values('device'))}. Median tok/s over the timed "
+                  f"repeats; (min–max) where raw samples exist; ✗ marks an invalid cell.")  # fmt: skip
+    if any(v.cells for v in dev):
+        blocks += device_tables(group, dev)
+        blocks += _published_notes([v for v in dev if v.published])
+        png = plot_sweep([(v.label, v.published, list(v.cells.values())) for v in dev], out / f"sweep_tok_s_{gid}.png")
+        files.append(png)
+        blocks.append(Plot(file=png.name, alt=f"{gid}: decode and end-to-end tok/s vs input tokens"))
+    else:
+        blocks.append("No sweep cells in this group (profile-only runs).")
+    blocks.append(runs_table(group))
+    for axis in ("batch", "concurrency"):
+        series = axis_series(group, axis)
+        if not series:
+            continue
+        blocks += axis_tables(group, axis)
+        sizes = sorted({s for runs in series.values() for s in runs[0].cells})[:3]
+        lines = [(f"{device} {s:,} tokens", [(getattr(group.keys[v.name], axis), v.cells[s]) for v in runs
+                                              if s in v.cells]) for device, runs in series.items() for s in sizes]  # fmt: skip
+        png = plot_axis(lines, axis, out / f"{axis}_{gid}.png")
+        files.append(png)
+        blocks.append(Plot(file=png.name, alt=f"{gid}: tok/s against {axis}"))
+    history = history_series(group)
+    if history:
+        blocks += history_tables(group)
+        lines = []
+        for name, runs in list(history.items())[:4]:
+            s = min(runs[-1].cells) if runs[-1].cells else None
+            lines.append((f"{name.split(',')[0]} {s:,} tokens",
+                          [(group.keys[v.name].date or v.name, v.cells.get(s)) for v in runs[-MAX_HISTORY_ROWS:]]))
+        png = plot_history(lines, out / f"history_{gid}.png")
+        files.append(png)
+        blocks.append(Plot(file=png.name, alt=f"{gid}: decode gauge over time"))
+    compared = sorted(group.views, key=lambda v: v is not base)
+    decode, cold = decode_findings(dev), cold_warm_findings(dev)
+    comp = comparison_findings(compared, base) + history_findings(group)
+    findings = [Bullets(items=decode or ["No run with sweep cells."]), "Cold vs warm:", Bullets(items=cold),
+                f"Against the baseline ({base.label}):", Bullets(items=comp or ["Only one run."])]
+    env_blocks = []
+    for chunk in _chunks(dev, 6):
+        header, _, text = environment_table(chunk)
+        env_blocks.append(Table(title="", header=header, rows=text, kind="environment"))
+    section = Section(title=f"{gid}: {group.title()}", anchor=gid, blocks=blocks)
+    subs = [Section(title=f"{gid} findings", level=3, anchor=f"{gid}-findings", blocks=findings),
+            Section(title=f"{gid} environment", level=3, anchor=f"{gid}-environment", blocks=env_blocks)]
+    prof, prof_files = _profile_blocks(group, sorted(group.views, key=lambda v: v is not base), out)
+    if prof:
+        subs.append(Section(title=f"{gid} profile", level=3, anchor=f"{gid}-profile", blocks=prof))
+    section.blocks.extend(subs)
+    return section, files + prof_files, decode + cold + comp
+
+
+def _published_notes(published: list[RunView]) -> list[Any]:
+    if not published:
+        return []
+    items = [f"Published runs ({', '.join(v.label for v in published)}) hold no raw samples: medians only, as published."]
+    for d in sorted({(v.m.get("sweep") or {}).get("gauge_definition") for v in published} - {None}):
+        items.append(f"Published gauge definition: \"{d}\". This harness's gauge is (generated tokens − 1) / decode "
+                     "time (measurement.md); for 64 tokens the two differ by 64/63 (1.6%) for one decode time.")
+    return [Bullets(items=items)]
+
+
+def _profile_blocks(group: Group, views: list[RunView], out: Path) -> tuple[list[Any], list[Path]]:
+    """The profile tables (six runs per table), roofline notes and the category plot of a group's runs."""
+    with_prof = [v for v in views if v.figures is not None]
+    if not with_prof:
+        return [], []
+    blocks: list[Any] = []
+    for chunk in _chunks(with_prof, 6):
+        _, _, header, rows = profile_table(chunk)
+        blocks.append(Table(title="", header=header, rows=rows, kind="profile"))
+    notes = roofline_notes(with_prof)
+    blocks += [Bullets(items=notes)] if notes else []
+    blocks += _roofline_method(with_prof)
+    png = plot_profile([(v.label, v.figures["categories"]) for v in with_prof], out / f"profile_categories_{group.gid}.png")
+    if png is None:
+        return blocks, []
+    return blocks + [Plot(file=png.name, alt=f"{group.gid}: device time by category")], [png]
+
+
+def history_findings(group: Group) -> list[str]:
+    """Per configuration with at least two runs over time: the latest run's median gauge at the smallest input
+    size against the previous run's, and whether their min–max spreads overlap (inside the noise)."""
+    out = []
+    for name, runs in history_series(group).items():
+        prev, last = runs[-2], runs[-1]
+        common = sorted(set(prev.cells) & set(last.cells))
+        pair = next(((s, prev.cells[s], last.cells[s]) for s in common
+                     if prev.cells[s].gauge_tok_s_median and last.cells[s].gauge_tok_s_median), None)  # fmt: skip
+        if pair is None:
+            continue
+        s, a, b = pair
+        change = 100 * (b.gauge_tok_s_median - a.gauge_tok_s_median) / a.gauge_tok_s_median
+        spreads = [(c.gauge_tok_s_min, c.gauge_tok_s_max) for c in (a, b)]
+        if all(x is not None for sp in spreads for x in sp):
+            overlap = spreads[0][0] <= spreads[1][1] and spreads[1][0] <= spreads[0][1]
+            noise = "inside both runs' min–max spread" if overlap else "outside both runs' min–max spreads"
+        else:
+            noise = "no spread to compare"
+        out.append(f"History of {name}: {len(runs)} runs; the latest ({group.keys[last.name].date}, build "
+                   f"{group.keys[last.name].build_id}) decodes {fmt_num(b.gauge_tok_s_median)} tok/s at {s:,} input "
+                   f"tokens vs {fmt_num(a.gauge_tok_s_median)} the run before ({change:+.1f}%, {noise}).")  # fmt: skip
+    return out
+
+
+def _roofline_method(views: list[RunView]) -> list[Any]:
+    """The derived byte accounting, once per distinct accounting: a paragraph and a table per accounting."""
+    seen, blocks = set(), []
     for v in views:
         terms = v.figures["derived_terms"] if v.figures else None
         key = json.dumps(terms, sort_keys=True)
         if not terms or key in seen:
             continue
         seen.add(key)
-        lines += ["", f"Derived bytes per decode step ({v.label}; bench/profile/roofline.py). The reported share divides "
-                  "every stored weight byte by the step time, but a step reads only one row of the input embedding "
-                  "and of the per-layer-embedding table (the lm_head table is read whole); the KV cache is left out "
-                  "because the profiled context length was not published. Bandwidth: the report's figures "
-                  "(nominal datasheet peaks, not measurements).", ""]  # fmt: skip
-        lines.append(md_table(["term", "bytes", "what"], [[t["name"], f"{t['bytes']:,}", t["note"]] for t in terms]))
-    return lines
+        blocks.append(f"Derived bytes per decode step ({v.label}; bench/profile/roofline.py). The reported share divides "
+                      "every stored weight byte by the step time, but a step reads only one row of the input embedding "
+                      "and of the per-layer-embedding table (the lm_head table is read whole); the KV cache is left out "
+                      "because the profiled context length was not published. Bandwidth: the report's figures "
+                      "(nominal datasheet peaks, not measurements).")  # fmt: skip
+        blocks.append(Table(title="", header=["term", "bytes", "what"], kind="roofline",
+                            rows=[[t["name"], f"{t['bytes']:,}", t["note"]] for t in terms]))  # fmt: skip
+    return blocks

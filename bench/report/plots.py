@@ -46,7 +46,8 @@ def plot_sweep(runs: Sequence[tuple[str, bool, Sequence[CellRow]]], path: Path) 
         ax.set_ylabel("tok/s")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
@@ -73,6 +74,60 @@ def plot_profile(runs: Sequence[tuple[str, dict[str, float]]], path: Path) -> Pa
     ax.set_ylim(0, max(100.0, *bottoms))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_axis(series: Sequence[tuple[str, Sequence[tuple[float, CellRow]]]], axis: str, path: Path) -> Path:
+    """Gauge and end-to-end tok/s against `axis` ("batch", "concurrency": log2 x), one line per (label, points):
+    points are (axis value, cell), min–max bars where raw samples exist. Returns `path`."""
+    fig = _figure(11, 4.2)
+    axes = fig.subplots(1, 2)
+    for ax, metric, title in zip(axes, ("gauge", "e2e"), ("decode, gauge (tok/s)", "end-to-end (tok/s)")):
+        for label, points in series:
+            pts = [(x, c) for x, c in points if getattr(c, f"{metric}_tok_s_median") is not None]
+            if not pts:
+                continue
+            ys = [getattr(c, f"{metric}_tok_s_median") for _, c in pts]
+            lo = [y - (getattr(c, f"{metric}_tok_s_min") or y) for (_, c), y in zip(pts, ys)]
+            hi = [(getattr(c, f"{metric}_tok_s_max") or y) - y for (_, c), y in zip(pts, ys)]
+            ax.errorbar([x for x, _ in pts], ys, yerr=[lo, hi], marker="o", capsize=3, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(axis)
+        ax.set_ylabel("tok/s")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_history(series: Sequence[tuple[str, Sequence[tuple[str, CellRow | None]]]], path: Path) -> Path:
+    """Decode gauge over time: one line per (label, points), points (date or run label, cell) in time order,
+    each point's min–max as a bar, invalid cells crossed out in red. Returns `path`."""
+    fig = _figure(11, 4.2)
+    ax = fig.subplots()
+    ticks: list[str] = []
+    for label, points in series:
+        ticks = ticks if len(ticks) >= len(points) else [p for p, _ in points]
+        pts = [(i, c) for i, (_, c) in enumerate(points) if c is not None and c.gauge_tok_s_median is not None]
+        if not pts:
+            continue
+        ys = [c.gauge_tok_s_median for _, c in pts]
+        lo = [y - (c.gauge_tok_s_min or y) for (_, c), y in zip(pts, ys)]
+        hi = [(c.gauge_tok_s_max or y) - y for (_, c), y in zip(pts, ys)]
+        ax.errorbar([i for i, _ in pts], ys, yerr=[lo, hi], marker="o", capsize=3, label=label)
+        bad = [(i, y) for (i, c), y in zip(pts, ys) if not c.valid]
+        if bad:
+            ax.scatter(*zip(*bad), marker="x", s=80, color="red", zorder=5)
+    ax.set_xticks(range(len(ticks)), ticks, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("decode gauge tok/s (median, min–max)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path

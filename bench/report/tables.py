@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
+from bench.report.rows import chip_name
 from bench.runs import CellRow, RunFolder, Sample, load_complete_run, resolve_run, run_folders
 from bench.runs.columns import BUCKET, CSV_COLUMNS, DASH, E2E, GAUGE, INPUT_TOKENS, TTFT, fmt_num
 
-_VENDOR = ("NVIDIA ", "Tesla ", "GeForce ")
 _CATEGORY_ALIASES = {
     "dtype_conversion": ("dtype_conversion", "conversion", "convert"),
     "matmul_fp32": ("matmul_fp32", "fp32_matmul", "matmul_f32", "fp32_gemv"),
@@ -125,10 +125,7 @@ def load_runs(
 
 
 def _chip(view: RunView) -> str:
-    kind = (view.m.get("device") or {}).get("device_kind") or (view.m.get("device") or {}).get("platform") or "?"
-    for word in _VENDOR:
-        kind = kind.replace(word, "")
-    return "CPU" if kind.lower().startswith("cpu") else kind.strip()
+    return chip_name(view.m.get("device"))
 
 
 def assign_labels(views: list[RunView]) -> list[RunView]:
@@ -236,13 +233,13 @@ def rate_text(cell: CellRow | None, metric: str) -> str:
 
 
 def sweep_report_table(
-    views: list[RunView],
+    views: list[RunView], *, extras: bool = True,
 ) -> tuple[list[str], list[list[Any]], list[str], list[list[str]], list[str]]:
     """(csv header, csv rows, markdown header, markdown rows, notes on invalid cells), from the cells of `views`
     and the one column list (bench/runs/columns.py).
 
     Markdown: per run its gauge and end-to-end columns (`rate_text`); its bucket and TTFT columns when any of its
-    cells has one; headers are the run's label and the column's header. CSV: `input_tokens`, then per run
+    cells has one (and `extras`); headers are the run's label and the column's header. CSV: `input_tokens`, then per run
     `<run>:<field>` for every field of `CSV_COLUMNS`, numbers unrounded.
     """
     sizes = sorted({s for v in views for s in v.cells})
@@ -250,17 +247,17 @@ def sweep_report_table(
     csv_header = [INPUT_TOKENS.key, *(f"{v.name}:{f}" for v in views for f in fields)]
     csv_rows = [[s, *(getattr(v.cells.get(s), f, None) for v in views for f in fields)] for s in sizes]
     md_header = [INPUT_TOKENS.header]
-    extras = {}
+    extra = {}
     for v in views:
         md_header += [f"{v.label} {GAUGE.header}", f"{v.label} {E2E.header}"]
-        extras[v.name] = [c for c in (BUCKET, TTFT) if any(c.value(cell) is not None for cell in v.cells.values())]
-        md_header += [f"{v.label} {c.header}" for c in extras[v.name]]
+        extra[v.name] = [c for c in (BUCKET, TTFT) if extras and any(c.value(x) is not None for x in v.cells.values())]
+        md_header += [f"{v.label} {c.header}" for c in extra[v.name]]
     md_rows, notes = [], []
     for s in sizes:
         row = [fmt_num(s, 0)]
         for v in views:
             cell = v.cells.get(s)
-            row += [rate_text(cell, "gauge"), rate_text(cell, "e2e")] + [c.text(cell) for c in extras[v.name]]
+            row += [rate_text(cell, "gauge"), rate_text(cell, "e2e")] + [c.text(cell) for c in extra[v.name]]
             if cell is not None and not cell.valid:
                 numbers = (cell.gauge_tok_s_median, cell.e2e_tok_s_median)
                 mark = "✗" if cell.status == "failed" or numbers != (None, None) else DASH

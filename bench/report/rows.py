@@ -1,0 +1,240 @@
+"""The report's long format (llama-bench style): one typed row per (run, cell), the run's identity keys beside the
+cell's measured values with their spread, and the one column list every printer of these rows takes.
+
+`run_keys(view)` reads a run's keys from its typed manifest (`bench.runs.Manifest`): device, host, checkpoint id and
+content hash, weight bytes, quantization, dtypes, batch, concurrency, max_new_tokens, build id, date, provenance.
+An axis the run does not record gets its default: batch 1, concurrency 1, quantization "none" (every run so far
+decoded one sequence, one request at a time, unquantized). Concurrency is read from `engine_config.concurrency`
+(a workload note: a sweep through a server); batch and quantization from the engine configuration.
+
+`ROW_COLUMNS` is the column list: the run's keys (`RowColumn` with `get`), then every sweep-cell column of
+`bench.runs.columns.CELL_COLUMNS` applied to the row's cell. The printers (`rows_markdown`, `rows_csv`,
+`rows_jsonl`, `rows_plain`, and the HTML page of bench/report/page.py) print a choice of these columns and format
+no number themselves: a cell column prints as its `Column` does, a key as its text ("—" for null).
+
+Standard library only (no jax, no engine).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from bench.runs.columns import CELL_COLUMNS, DASH, Column
+from bench.runs.records import CellRow
+
+_VENDOR = ("NVIDIA ", "Tesla ", "GeForce ")
+_DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})")
+DEFAULT_BATCH = 1
+DEFAULT_CONCURRENCY = 1
+DEFAULT_QUANTIZATION = "none"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunKeys:
+    """A run's identity, as the long format and the comparison groups use it (None: not recorded).
+
+    `device`: the chip's short name ("T4G", "L4", "CPU"); `host`: the host's description, else its CPU model;
+    `checkpoint_hash`: sha256 hex of the checkpoint content; `weight_bytes`: bytes of the loaded parameters;
+    `quantization` ("none" when unrecorded), `weight_dtype`, `compute_dtype`, `kv_cache_dtype`: dtype names;
+    `batch`, `concurrency`: sequences decoded together and requests in flight (1 when unrecorded);
+    `max_new_tokens`: tokens generated per request (the manifest's, else its cells'); `date`: YYYY-MM-DD the run started (else its folder name's);
+    `started_at`: ISO time (ordering); `provenance`: "measured" or "published"; `label`: the report's short name.
+    """
+
+    run: str
+    label: str
+    device: str
+    host: str | None
+    checkpoint_id: str | None
+    checkpoint_hash: str | None
+    weight_bytes: int | None
+    quantization: str
+    weight_dtype: str | None
+    compute_dtype: str | None
+    kv_cache_dtype: str | None
+    batch: int
+    concurrency: int
+    max_new_tokens: int | None
+    build_id: str | None
+    date: str | None
+    started_at: str | None
+    provenance: str
+
+    @property
+    def published(self) -> bool:
+        """True for figures measured elsewhere (no raw samples)."""
+        return self.provenance == "published"
+
+    @property
+    def dtypes(self) -> str:
+        """"weights/compute/kv cache" dtype names, "?" for an unrecorded one."""
+        return "/".join(x or "?" for x in (self.weight_dtype, self.compute_dtype, self.kv_cache_dtype))
+
+
+def chip_name(device: dict[str, Any] | None) -> str:
+    """The short name of a manifest's device: its kind without the vendor words ("NVIDIA L4" -> "L4"), "CPU" for
+    any CPU, "?" when unrecorded."""
+    kind = (device or {}).get("device_kind") or (device or {}).get("platform") or "?"
+    for word in _VENDOR:
+        kind = kind.replace(word, "")
+    return "CPU" if kind.lower().startswith("cpu") else kind.strip()
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def run_keys(view: Any) -> RunKeys:
+    """The identity keys of a `bench.report.tables.RunView` (from its typed manifest; defaults as the module
+    docstring says). Raises RunFolderError when the manifest breaks its schema (it was validated on loading)."""
+    m = view.run.typed_manifest
+    policy = m.dtype_policy or {}
+    date = (m.started_at or "")[:10] or (_DATE.match(view.name).group(1) if _DATE.match(view.name) else None)
+    return RunKeys(
+        run=view.name, label=view.label, device=chip_name(dict(m.device)),
+        host=m.host.get("description") or m.host.get("cpu_model"), checkpoint_id=m.checkpoint.id,
+        checkpoint_hash=m.checkpoint.content_hash, weight_bytes=m.checkpoint.weight_bytes,
+        quantization=m.engine.quantization or DEFAULT_QUANTIZATION,
+        weight_dtype=m.engine.weight_dtype or policy.get("weights"),
+        compute_dtype=m.engine.compute_dtype or policy.get("compute_dtype"),
+        kv_cache_dtype=m.engine.kv_cache_dtype or policy.get("kv_cache"),
+        batch=_int_or(m.engine.batch, DEFAULT_BATCH),
+        concurrency=_int_or(m.workload.notes.get("concurrency"), DEFAULT_CONCURRENCY),
+        max_new_tokens=m.workload.max_new_tokens or next((c.max_new_tokens for c in view.cells.values()), None),
+        build_id=m.build_id, date=date, started_at=m.started_at,
+        provenance=m.provenance.kind,
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReportRow:
+    """One (run, cell): the run's keys and one input size's measured values (medians, min, max)."""
+
+    keys: RunKeys
+    cell: CellRow
+
+
+def report_rows(views: Iterable[Any]) -> list[ReportRow]:
+    """The long format of `views` (RunViews): one row per run and input size, runs in the given order, cells by
+    input size. A run without cells (a profile-only run) gives no row."""
+    out = []
+    for view in views:
+        keys = run_keys(view)
+        out += [ReportRow(keys=keys, cell=view.cells[s]) for s in sorted(view.cells)]
+    return out
+
+
+# ---- the column list ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RowColumn:
+    """One column of the long format: a run key (`get` reads it from the row's keys) or a sweep-cell column
+    (`cell`, printed exactly as `bench.runs.columns` prints it). `key` names it in CSV and JSON Lines and in
+    `--where`-style selections; `header` in the tables; `align` "right" for numbers, "left" for text."""
+
+    key: str
+    header: str
+    align: str = "left"
+    get: Callable[[RunKeys], Any] | None = None
+    cell: Column | None = None
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The CSV / JSON field names: a spread cell column writes its median, min and max."""
+        return self.cell.csv_fields if self.cell is not None else (self.key,)
+
+    def values(self, row: ReportRow) -> tuple[Any, ...]:
+        """The raw values of `fields` (numbers unrounded, None for null)."""
+        if self.cell is not None:
+            return tuple(getattr(row.cell, f) for f in self.cell.csv_fields)
+        return (self.get(row.keys),)  # type: ignore[misc]
+
+    def text(self, row: ReportRow) -> str:
+        """The printed value: a cell column as its `Column.text`, a key as text ("—" for null)."""
+        return self.cell.text(row.cell) if self.cell is not None else self.key_text(row.keys)
+
+    def key_text(self, keys: RunKeys) -> str:
+        """A key column's text of a run's keys ("—" for null; integers with thousands separators)."""
+        value = self.get(keys)  # type: ignore[misc]
+        return DASH if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _key(key: str, header: str, align: str = "left") -> RowColumn:
+    return RowColumn(key=key, header=header, align=align, get=lambda k: getattr(k, key))
+
+
+KEY_COLUMNS: tuple[RowColumn, ...] = (
+    _key("run", "run"), _key("device", "device"), _key("host", "host"), _key("checkpoint_id", "checkpoint"),
+    _key("checkpoint_hash", "checkpoint hash"), _key("weight_bytes", "weight bytes", "right"),
+    _key("quantization", "quant"), _key("weight_dtype", "weights"), _key("compute_dtype", "compute"),
+    _key("kv_cache_dtype", "kv cache"), _key("batch", "batch", "right"), _key("concurrency", "concurrency", "right"),
+    _key("max_new_tokens", "new tokens", "right"), _key("build_id", "build"), _key("date", "date"),
+    _key("provenance", "provenance"),
+)  # fmt: skip
+"""The run's identity keys, in table order."""
+CELL_ROW_COLUMNS: tuple[RowColumn, ...] = tuple(
+    RowColumn(key=c.key, header=c.header, align=c.align, cell=c) for c in CELL_COLUMNS
+)
+"""The sweep cell's columns (bench/runs/columns.py), applied to a row's cell."""
+ROW_COLUMNS: tuple[RowColumn, ...] = KEY_COLUMNS + CELL_ROW_COLUMNS
+"""Every column of the long format: what rows.csv and rows.jsonl hold."""
+BY_KEY = {c.key: c for c in ROW_COLUMNS}
+
+
+def columns(*keys: str) -> tuple[RowColumn, ...]:
+    """The columns named `keys` (their `key`), in that order. KeyError for a name not in `ROW_COLUMNS`."""
+    return tuple(BY_KEY[k] for k in keys)
+
+
+SUMMARY_COLUMNS = columns("device", "date", "build_id", "input_tokens", "gauge_tok_s_median", "e2e_tok_s_median",
+                          "ttft_ms_median", "valid")  # fmt: skip
+"""The long table a person reads (the markdown printed by `bench report --format md`): 8 columns."""
+
+
+# ---- printers ----------------------------------------------------------------------------------------------------
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def rows_markdown(cols: Sequence[RowColumn], rows: Iterable[ReportRow]) -> str:
+    """A markdown table of `rows`, one line per row, the columns' headers and texts ("|" escaped)."""
+    lines = ["| " + " | ".join(c.header for c in cols) + " |", "|" + "".join("---:|" if c.align == "right" else
+                                                                            "---|" for c in cols)]  # fmt: skip
+    lines += ["| " + " | ".join(_escape(c.text(r)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def rows_csv(cols: Sequence[RowColumn], rows: Iterable[ReportRow]) -> str:
+    """CSV text: a header of every column's `fields`, then per row the raw values (numbers unrounded; empty for
+    null)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([f for c in cols for f in c.fields])
+    for r in rows:
+        writer.writerow(["" if v is None else v for c in cols for v in c.values(r)])
+    return buf.getvalue()
+
+
+def rows_jsonl(cols: Sequence[RowColumn], rows: Iterable[ReportRow]) -> str:
+    """JSON Lines: one object per row, {field: raw value} over every column's `fields` (null for null)."""
+    out = []
+    for r in rows:
+        obj = {f: v for c in cols for f, v in zip(c.fields, c.values(r))}
+        out.append(json.dumps(obj, ensure_ascii=False))
+    return "".join(line + "\n" for line in out)
+
+
+def rows_plain(cols: Sequence[RowColumn], rows: Iterable[ReportRow]) -> list[str]:
+    """A plain-text table (the terminal's): each column as wide as its widest entry, aligned as it says, two spaces
+    between columns, no trailing spaces."""
+    lines = [[c.header for c in cols], *([c.text(r) for c in cols] for r in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(cols))]
+    return [
+        "  ".join(t.rjust(w) if c.align == "right" else t.ljust(w) for c, t, w in zip(cols, line, widths)).rstrip()
+        for line in lines
+    ]

@@ -1,0 +1,157 @@
+"""The views of one comparison group (bench/report/groups.py), each a `Table` that fits a screen:
+
+- `device_tables`: one configuration, device by device (the latest run per device at the group's base batch and
+  concurrency): input tokens down, each device's gauge and end-to-end tok/s across, devices split over several
+  tables beyond `MAX_DEVICES_PER_TABLE` (the published T4G/L4 table is this view of the published group);
+- `runs_table`: the group's selected runs, one line each, their identity keys from the long format's columns;
+- `axis_tables`: against batch or concurrency (generic over the axis), per device, only where the group's runs
+  hold more than one value of that axis;
+- `history_tables`: one configuration over time (device, batch, concurrency fixed), one line per run with each
+  cell's median and (min–max), the last `MAX_HISTORY_ROWS` runs.
+
+A table is at most `MAX_COLUMNS` columns and `MAX_ROWS` rows. Numbers print as bench.runs.columns prints them
+(`rate_text`). No jax, no engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from bench.report.groups import Group
+from bench.report.rows import RowColumn, columns
+from bench.report.tables import rate_text, sweep_report_table
+from bench.runs.columns import fmt_num
+
+MAX_COLUMNS = 12
+MAX_ROWS = 40
+MAX_DEVICES_PER_TABLE = 5  # 1 + 2 columns per device <= 11
+MAX_HISTORY_ROWS = 12
+MAX_SIZES = 5  # input sizes across in the axis and history views: 1 + 2 x 5 <= 11
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Table:
+    """A view as text: `title`, `header`, `rows` (cells as printed), `notes` (lines under it), `kind` (the view:
+    "devices", "runs", "batch", "concurrency", "history"), `plot` (file name of its plot, or None)."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    notes: list[str] = dataclasses.field(default_factory=list)
+    kind: str = ""
+    plot: str | None = None
+
+
+def _base(group: Group, axis: str, views: Sequence[Any]) -> Any:
+    values = [getattr(group.keys[v.name], axis) for v in views]
+    return min(values) if values else None
+
+
+def device_views(group: Group) -> list[Any]:
+    """The latest selected run per device at the group's smallest batch and concurrency, in the group's order."""
+    base = [v for v in group.views if all(getattr(group.keys[v.name], a) == _base(group, a, group.views)
+                                          for a in ("batch", "concurrency"))]  # fmt: skip
+    latest: dict[str, Any] = {}
+    for v in base:
+        k = group.keys[v.name]
+        if k.device not in latest or (k.started_at or "", k.run) >= (group.keys[latest[k.device].name].started_at or "",
+                                                                     latest[k.device].name):  # fmt: skip
+            latest[k.device] = v
+    return [v for v in base if latest.get(group.keys[v.name].device) is v]
+
+
+def device_tables(group: Group, views: Sequence[Any] | None = None) -> list[Table]:
+    """The device-by-device view (see the module docstring) of `views` (default: `device_views(group)`);
+    invalid cells' notes under each table."""
+    views = list(device_views(group) if views is None else views)
+    out = []
+    for i in range(0, len(views), MAX_DEVICES_PER_TABLE):
+        chunk = views[i:i + MAX_DEVICES_PER_TABLE]
+        _, _, header, rows, notes = sweep_report_table(chunk, extras=False)
+        k = group.keys[chunk[0].name]
+        part = f" ({i // MAX_DEVICES_PER_TABLE + 1})" if len(views) > MAX_DEVICES_PER_TABLE else ""
+        title = f"{group.gid} device by device{part}: batch {k.batch}, concurrency {k.concurrency}"
+        out.append(Table(title=title, header=header, rows=rows, notes=notes, kind="devices"))
+    return out
+
+
+RUN_COLUMNS: tuple[RowColumn, ...] = columns("device", "date", "build_id", "batch", "concurrency", "host", "run")
+"""The runs table's columns: the long format's key columns (bench/report/rows.py)."""
+
+
+def runs_table(group: Group) -> Table:
+    """The group's selected runs, one line each (`RUN_COLUMNS`), by date; the last `MAX_ROWS` when more."""
+    views = sorted(group.views, key=lambda v: (group.keys[v.name].started_at or "", v.name))
+    shown = views[-MAX_ROWS:]
+    rows = [[c.key_text(group.keys[v.name]) for c in RUN_COLUMNS] for v in shown]
+    notes = [f"{len(views) - len(shown)} earlier run(s) left out here; rows.csv holds them all."] if shown != views else []
+    return Table(title=f"{group.gid} runs", header=[c.header for c in RUN_COLUMNS], rows=rows, notes=notes, kind="runs")
+
+
+def _sizes(views: Sequence[Any]) -> list[int]:
+    sizes = sorted({s for v in views for s in v.cells})
+    return sizes[:MAX_SIZES]
+
+
+def axis_series(group: Group, axis: str) -> dict[str, list[Any]]:
+    """{device: runs} for the view against `axis` ("batch" or "concurrency"): per device the latest selected run
+    per value of `axis`, the other axis at its smallest value for that device, sorted by `axis`; a device with
+    one value of `axis` is left out. {} when the group holds one value of `axis` in all."""
+    if len(group.axis_values(axis)) < 2:
+        return {}
+    other = "concurrency" if axis == "batch" else "batch"
+    out = {}
+    for device in group.axis_values("device"):
+        runs = [v for v in group.views if group.keys[v.name].device == device]
+        low = _base(group, other, runs)
+        latest: dict[Any, Any] = {}
+        for v in sorted(runs, key=lambda v: (group.keys[v.name].started_at or "", v.name)):
+            if getattr(group.keys[v.name], other) == low:
+                latest[getattr(group.keys[v.name], axis)] = v
+        if len(latest) > 1:
+            out[device] = [latest[x] for x in sorted(latest)]
+    return out
+
+
+def axis_tables(group: Group, axis: str) -> list[Table]:
+    """Per device: rows by `axis` value, gauge and end-to-end tok/s per input size across (`axis_series`)."""
+    out = []
+    for device, runs in axis_series(group, axis).items():
+        sizes = _sizes(runs)
+        header = [axis] + [f"{s:,} {m}" for s in sizes for m in ("gauge", "e2e")]
+        rows = [[fmt_num(getattr(group.keys[v.name], axis), 0)]
+                + [rate_text(v.cells.get(s), m) for s in sizes for m in ("gauge", "e2e")] for v in runs]  # fmt: skip
+        notes = [f"tok/s as the runs' cells record them, at {', '.join(f'{s:,}' for s in sizes)} input tokens; "
+                 f"one run per {axis} value (the latest)."]  # fmt: skip
+        out.append(Table(title=f"{group.gid}, {device}: against {axis}", header=header, rows=rows, notes=notes,
+                         kind=axis))  # fmt: skip
+    return out
+
+
+def history_series(group: Group) -> dict[str, list[Any]]:
+    """{"DEVICE, batch B, concurrency C": runs of the pool in time order} for each such configuration of the
+    group with at least two runs."""
+    series: dict[str, list[Any]] = {}
+    for v in group.pool:
+        k = group.keys[v.name]
+        if v.cells:
+            series.setdefault(f"{k.device}, batch {k.batch}, concurrency {k.concurrency}", []).append(v)
+    return {name: runs for name, runs in series.items() if len(runs) > 1}
+
+
+def history_tables(group: Group) -> list[Table]:
+    """One table per `history_series`: date, build, then each input size's median gauge (min–max), oldest first."""
+    out = []
+    for name, runs in history_series(group).items():
+        shown = runs[-MAX_HISTORY_ROWS:]
+        sizes = _sizes(shown)[:MAX_COLUMNS - 2]
+        header = ["date", "build"] + [f"{s:,} gauge" for s in sizes]
+        rows = [[group.keys[v.name].date or "—", group.keys[v.name].build_id or "—"]
+                + [rate_text(v.cells.get(s), "gauge") for s in sizes] for v in shown]  # fmt: skip
+        notes = ["decode gauge tok/s, median (min–max) over each run's timed repeats; ✗ an invalid cell."]
+        if len(shown) < len(runs):
+            notes.append(f"{len(runs) - len(shown)} earlier run(s) left out here; rows.csv holds them all.")
+        out.append(Table(title=f"{group.gid} history: {name}", header=header, rows=rows, notes=notes, kind="history"))
+    return out

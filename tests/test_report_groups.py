@@ -1,0 +1,138 @@
+"""Comparison groups and selection: runs are compared only within groups of equal identity keys (the report says
+which key splits two groups; published runs are their own group), and `bench report` selects runs by key, date and
+latest-per, with one clear line and exit 2 for a bad selection."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from runfolders import REFERENCE_RUNS, make_measured_run
+
+from bench.errors import InputError
+from bench.report import build_report
+from bench.report.groups import Selection, group_key, parse_latest_per, parse_since, parse_where
+from bench.report.rows import run_keys
+from bench.report.tables import load_runs
+
+T4G, L4 = REFERENCE_RUNS
+
+
+def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from bench.cli import main
+
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _day(d: str) -> dict:
+    return {"date": d, "started_at": f"{d}T12:00:00+00:00"}
+
+
+@pytest.fixture()
+def runs(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    for ref in REFERENCE_RUNS:
+        shutil.copytree(ref, root / ref.name)
+    make_measured_run(root, "old", gauge=18.0, build_id="aaaaaaaaaaaa", **_day("2026-11-01"))
+    make_measured_run(root, "new", gauge=20.0, build_id="bbbbbbbbbbbb", **_day("2026-11-20"))
+    make_measured_run(root, "l4", gauge=60.0, device_kind="NVIDIA L4", slug="l4", dtype="bfloat16",
+                      **_day("2026-11-21"))  # fmt: skip
+    make_measured_run(root, "l4b", gauge=62.0, device_kind="NVIDIA L4", slug="l4", dtype="bfloat16",
+                      **_day("2026-11-22"))  # fmt: skip
+    make_measured_run(root, "h200", gauge=90.0, device_kind="NVIDIA H200", slug="h200", dtype="bfloat16",
+                      **_day("2026-11-22"))  # fmt: skip
+    make_measured_run(root, "other", gauge=30.0, content_hash="sha256:beef", checkpoint_id="e4b",
+                      **_day("2026-11-23"))  # fmt: skip
+    return root
+
+
+def test_groups_split_by_identity_keys_and_say_which(runs: Path, tmp_path: Path) -> None:
+    views, _ = load_runs(None, runs)
+    keys = {v.name: run_keys(v) for v in views}
+    assert group_key(keys[T4G.name]) == group_key(keys[L4.name])  # the published pair: one group
+    assert group_key(keys["2026-11-01-old-cpu"]) == group_key(keys["2026-11-20-new-cpu"])  # another build: same group
+    report = build_report([], tmp_path / "out", runs_dir=runs)
+    md = report.markdown.read_text()
+    assert "## G1: published: google/gemma-4-E2B-it (dense reference)" in md
+    # float32 CPU, bfloat16 GPUs and the other checkpoint are three groups, each split from its nearest by its key
+    splits = [line for line in md.splitlines() if " is split from " in line]
+    assert len(splits) == 3
+    assert any(line.endswith(("by dtypes: float32/float32/float32 vs bfloat16/bfloat16/bfloat16.",
+                              "by dtypes: bfloat16/bfloat16/bfloat16 vs float32/float32/float32.")) for line in splits)
+    assert any(line.endswith("by checkpoint: sha256:feed vs sha256:beef.") for line in splits)
+    assert "by provenance: published vs measured" in md
+    g1 = md.split("## G1: ")[1].split("## G2: ")[0]
+    assert all(name not in g1 for name in ("-l4-l4", "h200", "-other-", "-new-cpu"))  # never on the published axes
+    text = "\n".join(report.findings)
+    assert "no speedup is computed, they ran different models" not in text  # other models are never compared
+
+
+def test_selection_where_since_and_latest_per(runs: Path, tmp_path: Path) -> None:
+    def names(selection: Selection) -> list[str]:
+        return sorted(build_report([], tmp_path / "o", runs_dir=runs, selection=selection).runs)
+
+    assert names(Selection(where={"device": "l4"})) == sorted([L4.name, "2026-11-21-l4-l4", "2026-11-22-l4b-l4"])
+    assert names(Selection(where={"device": "l4", "provenance": "measured"}, latest_per=("device",))) == [
+        "2026-11-22-l4b-l4"]  # fmt: skip
+    assert names(Selection(since="2026-11-21")) == sorted(["2026-11-21-l4-l4", "2026-11-22-l4b-l4",
+                                                           "2026-11-22-h200-h200", "2026-11-23-other-cpu"])  # fmt: skip
+    default = names(Selection(latest_per=("device",)))  # the default view: latest per device and configuration
+    assert default == sorted([T4G.name, L4.name, "2026-11-20-new-cpu", "2026-11-22-l4b-l4", "2026-11-22-h200-h200",
+                              "2026-11-23-other-cpu"])  # fmt: skip
+    assert names(Selection(where={"checkpoint": "sha256:be"})) == ["2026-11-23-other-cpu"]  # a hash prefix
+
+
+def test_the_history_view_uses_the_runs_the_latest_per_view_leaves_out(runs: Path, tmp_path: Path) -> None:
+    report = build_report([], tmp_path / "o", runs_dir=runs, selection=Selection(latest_per=("device",)))
+    md = report.markdown.read_text()
+    assert "history: CPU, batch 1, concurrency 1" in md
+    history = md.split("history: CPU, batch 1, concurrency 1")[1].split("\n\n")[1].splitlines()
+    assert [line.split(" | ")[0] for line in history[2:]] == ["| 2026-11-01", "| 2026-11-20"]
+    assert "(" in history[2] and "–" in history[2]  # each point's spread
+    assert "History of CPU, batch 1, concurrency 1: 2 runs; the latest (2026-11-20, build bbbbbbbbbbbb)" in md
+    assert (tmp_path / "o" / "history_G2.png").exists() or (tmp_path / "o" / "history_G3.png").exists()
+
+
+def test_a_named_baseline_is_the_baseline_of_its_group(runs: Path, tmp_path: Path) -> None:
+    report = build_report([], tmp_path / "o", baseline="2026-11-22-h200-h200", runs_dir=runs)
+    assert report.baseline == "2026-11-22-h200-h200"
+    text = "\n".join(report.findings)
+    assert "Speedup of L4 2026-11-22-l4b-l4 over H200" in text or "over H200: decode gauge" in text
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: parse_where("device"), "--where 'device': expected KEY=VALUE terms"),
+    (lambda: parse_where("colour=red"), "--where key 'colour': expected one of device, host"),
+    (lambda: parse_latest_per("device,size"), "--latest-per key 'size': expected one of"),
+    (lambda: parse_since("last week"), "--since 'last week': expected a date YYYY-MM-DD"),
+])  # fmt: skip
+def test_bad_selections_are_input_errors(call, message: str) -> None:
+    with pytest.raises(InputError, match=message.replace("(", r"\(")):
+        call()
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--where", "device=h100"], "error: no run matches where device=h100"),
+    (["--where", "size=3"], "error: --where key 'size'"),
+    (["--since", "2026-13-01"], "error: --since '2026-13-01'"),
+    (["--all", "--latest-per", "device"], "error: --all and --latest-per"),
+])  # fmt: skip
+def test_cli_bad_selection_is_one_line_exit_2(runs: Path, tmp_path: Path, capsys, flags, needle: str) -> None:
+    code, _, err = _run_cli(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "o"), *flags], capsys)
+    assert code == 2 and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(needle), err
+
+
+def test_cli_default_view_and_all(runs: Path, tmp_path: Path, capsys) -> None:
+    code, out, _ = _run_cli(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "d")], capsys)
+    assert code == 0 and "from 6 run(s)" in out
+    code, out, _ = _run_cli(["report", "--all", "--runs-dir", str(runs), "--out", str(tmp_path / "a")], capsys)
+    assert code == 0 and "from 8 run(s)" in out
