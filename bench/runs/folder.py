@@ -49,7 +49,7 @@ from typing import Any
 
 from bench.errors import InputError, RunFolderError
 from bench.runs.manifest import Manifest
-from bench.runs.records import CellRow, Sample, as_sample, row_problems
+from bench.runs.records import OPTIONAL_FIELDS, CellRow, Sample, as_sample, row_problems
 from bench.runs.schema import (
     CELLS_CSV,
     CELLS_JSONL,
@@ -64,7 +64,7 @@ from bench.runs.schema import (
     read_json,
     read_jsonl,
 )
-from bench.runs.lock import release_lock, take_lock
+from bench.runs.lock import release_lock, take_lock, writer_state
 from bench.signals import on_hard_stop, stop_signals_handled
 
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -113,11 +113,13 @@ def _ends_with_newline(path: Path) -> bool:
 def _cells_csv(rows: list[CellRow]) -> str:
     """CSV mirror of cells.jsonl: empty for null, lists as JSON text (pandas reads it with `read_csv`)."""
     out = io.StringIO()
-    names = [f.name for f in dataclasses.fields(CellRow)]
+    dicts = [row.to_dict() for row in rows]
+    optional = OPTIONAL_FIELDS[CellRow]  # columns only when a row has them (a partial cell), as in cells.jsonl
+    names = [f.name for f in dataclasses.fields(CellRow) if f.name not in optional or any(f.name in d for d in dicts)]
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(names)
-    for row in rows:
-        d = row.to_dict()
+    for d in dicts:
+        d = {**optional, **d}
         writer.writerow(["" if d[k] is None else json.dumps(d[k]) if isinstance(d[k], list) else d[k] for k in names])
     return out.getvalue()
 
@@ -286,6 +288,7 @@ class RunFolder:
             raise RunFolderError(
                 f"{self.path}: run is {self.status} ({self.provenance}); nothing to resume, start a new run with --name"
             )
+        gone = writer_state(self.path).interrupted_note(self.name) if self.status == "running" else None
         self.lock()
         previous = {key: self.manifest.get(key) for key in ("status", "ended_at")}
         written = False
@@ -297,7 +300,9 @@ class RunFolder:
             written = True
             if cells:  # a kill between the two cell files can leave the CSV mirror one row behind
                 _atomic_write(self.path / CELLS_CSV, _cells_csv(cells))
-            self.log(f"resumed; finished inputs: {[r.input_tokens for r in cells]}")
+            partial = [r.input_tokens for r in cells if r.input_tokens not in self.finished_inputs()]
+            self.log(f"resumed{' a run that was ' + gone.split(';')[0] if gone else ''}; finished inputs: "
+                     f"{self.finished_inputs()}" + (f"; partial: {partial}" if partial else ""))  # fmt: skip
         except BaseException:
             self.manifest.update(previous)
             with _signals_deferred():
@@ -317,8 +322,10 @@ class RunFolder:
         return read_jsonl(self.path / SAMPLES, Sample)
 
     def finished_inputs(self) -> list[int]:
-        """Input sizes that already have a cell row (ok or failed): what `--resume` skips."""
-        return [r.input_tokens for r in self.cells()]
+        """Input sizes whose cell needs no more measuring, what `--resume` skips: a row that is whole, failed, or
+        partial by `--max-duration`. A cell stopped part-way (partial, "interrupted"), or one with samples but no
+        row (a kill), is not finished: the sweep completes it."""
+        return [r.input_tokens for r in self.cells() if not (r.partial and r.stopped_by == "interrupted")]
 
     def read_json(self, name: str) -> Any:
         """Parse `<folder>/<name>` (RunFolderError naming the file when missing or corrupt)."""
