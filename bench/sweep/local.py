@@ -202,7 +202,7 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
     t0 = time.perf_counter()
     todo = [n for n in config.inputs if n not in set(skip)]
     for index, n in enumerate(todo, 1):
-        cell = _Cell(config, run, prompts[n], measure, earlier.get(n, []), earlier_bucket=buckets.get(n),
+        cell = _Cell(config, run, n, prompts[n], measure, earlier.get(n, []), earlier_bucket=buckets.get(n),
                      where=f"cell {index}/{len(todo)}", should_stop=should_stop,
                      progress=lambda line: progress(f"{line} [{time.perf_counter() - t0:.1f} s]"))  # fmt: skip
         try:
@@ -239,10 +239,10 @@ class _Cell:
     run as it comes back. `earlier` are the cell's samples from before a resume (their timed repeats continue),
     `earlier_bucket` the bucket its earlier (partial) row recorded."""
 
-    def __init__(self, config: SweepConfig, run: RunFolder, prompt: Prompt, measure, earlier: list[Sample], *,
-                 earlier_bucket: int | None, where: str, progress: Progress,
+    def __init__(self, config: SweepConfig, run: RunFolder, n: int, prompt: Prompt, measure, earlier: list[Sample],
+                 *, earlier_bucket: int | None, where: str, progress: Progress,
                  should_stop: Callable[[], bool]):  # fmt: skip
-        self.config, self.run, self.prompt, self._measure = config, run, prompt, measure
+        self.config, self.run, self.n, self.prompt, self._measure = config, run, n, prompt, measure
         self.samples = list(earlier)
         self.ran: list[int | None] = [earlier_bucket] if earlier_bucket is not None else []  # buckets as reported
         self.cold_done = False
@@ -253,8 +253,7 @@ class _Cell:
         return next((b for b in self.ran if b is not None), None)
 
     def label(self) -> str:
-        n = self.prompt.n_tokens
-        return f"{self.where}: {n} input tokens" + (f" (bucket {self.known()})" if self.known() else "")
+        return f"{self.where}: {self.n} input tokens" + (f" (bucket {self.known()})" if self.known() else "")
 
     def timed(self) -> list[Sample]:
         return [s for s in self.samples if s.kind == "timed"]
@@ -293,7 +292,7 @@ class _Cell:
 
     def _row(self, stopped_by: str | None) -> CellRow:
         return summarize_cell(self.samples, max_new_tokens=self.config.max_new_tokens, bucket=_one_bucket(self.ran),
-                              input_tokens=self.prompt.n_tokens, stopped_by=stopped_by,
+                              input_tokens=self.n, stopped_by=stopped_by,
                               repeats_planned=self.config.repeats)  # fmt: skip
 
     def write_partial(self) -> None:
