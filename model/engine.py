@@ -255,7 +255,7 @@ class Engine:
             fix = (f"the model has {positions} positions (max_position_embeddings), the real limit, which neither "
                    f"--max-length nor --buckets can exceed; use a prompt of fewer than {positions} tokens")
         elif self.explicit_buckets:
-            fix = f"add a bucket of {n_tokens}..{positions - 1} tokens to --buckets (the model has {positions} positions)"
+            fix = f"add a bucket of {n_tokens}..{positions - 1} tokens to --buckets (the model's {positions} positions)"
         else:
             fix = f"raise it with --max-length {n_tokens}..{positions} (the model's positions)"
         raise EngineError(f"prompt of {n_tokens} tokens exceeds the engine's largest bucket {self.buckets[-1]}; {fix}")

@@ -59,7 +59,8 @@ def test_a_stopped_cell_is_kept_partial_and_resume_completes_it(tmp_path: Path) 
     assert run.status == "incomplete" and validate_run(run.path) == []
     whole, partial = run.cells()
     assert not whole.partial and whole.repeats == 6
-    assert (partial.partial, partial.repeats, partial.repeats_planned, partial.stopped_by) == (True, 3, 6, "interrupted")
+    assert (partial.partial, partial.repeats, partial.repeats_planned) == (True, 3, 6)
+    assert partial.stopped_by == "interrupted"
     assert partial.valid and partial.gauge_tok_s_median is not None  # its numbers are the repeats it has
     assert run.finished_inputs() == [20]  # --resume measures the rest of 41
     measured = [s for s in run.samples() if s.input_tokens == 41 and s.kind == "timed"]
@@ -198,7 +199,7 @@ def test_a_second_signal_always_stops_at_once_and_marks_the_run_incomplete(tmp_p
 
 
 # ---- a killed writer is named -------------------------------------------------------------------------------------
-def test_a_killed_writer_is_named_in_the_list(tmp_path: Path) -> None:
+def test_a_killed_writer_is_named_in_the_list(tmp_path: Path, capsys) -> None:
     code = (f"import os, signal, sys; sys.path[:0] = [{str(REPO)!r}, {str(REPO / 'tests')!r}]\n"
             "from bench.runs import create_run; from runfolders import manifest\n"
             f"create_run({str(tmp_path)!r}, 'dead', 'cpu', manifest(), date='2026-11-30')\n"
@@ -211,6 +212,10 @@ def test_a_killed_writer_is_named_in_the_list(tmp_path: Path) -> None:
     assert notes["2026-11-30-dead-cpu"] == (
         "running", f"interrupted (writer pid {pid} is gone); resume with --resume 2026-11-30-dead-cpu")
     assert notes["2026-11-30-alive-cpu"] == ("running", None)
+    from bench.cli import main
+
+    main(["runs", "validate", "2026-11-30-dead-cpu", "--runs-dir", str(tmp_path)])
+    assert f"interrupted (writer pid {pid} is gone); resume with --resume 2026-11-30-dead-cpu" in capsys.readouterr().out
     with pytest.raises(RunFolderError, match=f"being written by pid {os.getpid()} on "):
         open_run(live.path).resume()
     dead = open_run(tmp_path / "2026-11-30-dead-cpu")

@@ -138,9 +138,9 @@ WeightDtypeOpt = typer.Option(
 MaxLengthOpt = typer.Option(None, "--max-length", help="Largest prompt (tokens) the engine accepts, at most the "
                              "model's positions; default 8192 (or the model's positions, if fewer).")
 CompileCacheOpt = typer.Option(None, "--compile-cache", help=CACHE_HELP)
-BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens), e.g. 64,512,1024,4096: a prompt is "
-                          "padded to the smallest rung that holds it. Default: powers of two to 512, then steps of 512 "
-                          "to 4096, then of 1024 up to --max-length.")
+BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens, increasing), e.g. 64,512,1024,4096: a "
+                          "prompt is padded to the smallest rung that holds it. Default: powers of two to 512, then "
+                          "steps of 512 to 4096, then of 1024 up to --max-length.")
 
 
 def engine_manifest(command: str, engine, report: dict, checkpoint: str | None, cache_dir: Path | None, workload,

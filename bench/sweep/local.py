@@ -337,8 +337,8 @@ def estimate_line(config: SweepConfig, request_ms: float, timed: list[Sample]) -
     """"N timed repeats at about X ms each: about H:MM:SS" and the bound that applies (or how to set one)."""
     seconds = estimated_s(config, request_ms, timed)
     clock = f"{int(seconds // 3600)}:{int(seconds % 3600 // 60):02d}:{int(seconds % 60):02d}"
-    bound = (f"bounded by --max-duration {config.max_duration_s:g} s" if config.max_duration_s is not None
-             else "no bound: --max-duration SECONDS sets one; Ctrl-C stops and keeps every measured repeat")  # fmt: skip
+    bound = (f"bounded by --max-duration {config.max_duration_s:g} s" if config.max_duration_s is not None else
+             "no bound: --max-duration SECONDS sets one; Ctrl-C stops and keeps every measured repeat")  # fmt: skip
     left = config.repeats - len(timed)
     return f"{left} timed repeat(s) at about {request_ms:,.0f} ms each (the warm-up's time): about {clock} ({bound})"
 
