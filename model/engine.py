@@ -242,16 +242,23 @@ class Engine:
         return {"weights": weights, "kv_cache": kv, "total": weights + kv}
 
     def bucket_for(self, n_tokens: int) -> int:
-        """The smallest bucket >= n_tokens. Raises EngineError naming the limit and the flag that raises it."""
+        """The smallest bucket >= n_tokens. Raises EngineError naming the limit and a fix that can work: the flag
+        that raises it, up to the model's positions (max_position_embeddings), or, for a prompt above those, that
+        no flag can hold it."""
         if n_tokens < 1:
             raise EngineError(f"a prompt needs at least 1 token, got {n_tokens}")
         for b in self.buckets:
             if b >= n_tokens:
                 return b
-        raise EngineError(
-            f"prompt of {n_tokens} tokens exceeds the engine's largest bucket {self.buckets[-1]}; "
-            + ("add a bucket of at least that size to --buckets" if self.explicit_buckets else "raise it with --max-length")
-        )
+        positions = self.cfg.max_position_embeddings
+        if n_tokens >= positions:  # a prompt needs room for at least one new token too
+            fix = (f"the model has {positions} positions (max_position_embeddings), the real limit, which neither "
+                   f"--max-length nor --buckets can exceed; use a prompt of fewer than {positions} tokens")
+        elif self.explicit_buckets:
+            fix = f"add a bucket of {n_tokens}..{positions - 1} tokens to --buckets (the model's {positions} positions)"
+        else:
+            fix = f"raise it with --max-length {n_tokens}..{positions} (the model's positions)"
+        raise EngineError(f"prompt of {n_tokens} tokens exceeds the engine's largest bucket {self.buckets[-1]}; {fix}")
 
     def check_request(self, n_tokens: int, max_new_tokens: int) -> int:
         """The bucket of a request of `n_tokens` prompt tokens and `max_new_tokens` new ones. Raises EngineError

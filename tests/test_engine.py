@@ -189,6 +189,23 @@ def test_prompt_longer_than_the_largest_bucket_is_a_clear_error(params):
         engine.generate(list(range(2, 40)), 4)
 
 
+def test_a_prompt_too_long_is_told_only_a_fix_that_can_work(params):
+    """Beyond the model's positions no flag helps: the message names the real limit, not --max-length to raise
+    (which is refused above it); below them it names the flag and its range."""
+    from model.errors import EngineError
+
+    engine = Engine(params, CFG, decide_policy("float32"))  # default ladder: up to the model's 256 positions
+    with pytest.raises(EngineError) as info:
+        engine.check_request(34_513, 4)
+    assert "256 positions (max_position_embeddings)" in str(info.value) and "raise it" not in str(info.value)
+    assert "fewer than 256 tokens" in str(info.value)
+    small = Engine(params, CFG, decide_policy("float32"), max_length=64)
+    with pytest.raises(EngineError, match=r"raise it with --max-length 100\.\.256"):
+        small.check_request(100, 4)
+    with pytest.raises(EngineError, match=r"add a bucket of 100\.\.255 tokens to --buckets"):
+        Engine(params, CFG, decide_policy("float32"), buckets=(16, 32)).check_request(100, 4)
+
+
 def test_decode_bytes_count_each_layers_kv_read(params):
     from model.accounting import decode_weight_bytes, kv_read_bytes
 

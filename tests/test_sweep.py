@@ -91,7 +91,9 @@ def test_name_clash_is_refused_and_the_old_run_is_kept(finished_run, env):
         (["--inputs", "0"], ["--inputs", "positive"]),
         (["--inputs", "-5"], ["--inputs", "positive"]),
         (["--inputs", "41,abc"], ["'abc'", "whole number"]),
-        (["--inputs", "99999"], ["99999", "largest bucket", "--max-length"]),
+        (["--inputs", "99999"], ["99999", "largest bucket", "256 positions", "neither --max-length nor --buckets"]),
+        (["--inputs", "100", "--max-length", "64"], ["100 tokens", "--max-length 100..256"]),
+        (["--inputs", "20", "--buckets", "64,32"], ["--buckets 64,32", "increasing", "--buckets 32,64"]),
         (["--repeats", "0"], ["--repeats 0"]),
         (["--inputs", "20", "--runs-dir", "/proc/gemma4-bench-runs"], ["not writable", "--runs-dir"]),
         (["--inputs", "5"], ["below the smallest possible prompt"]),
@@ -180,3 +182,55 @@ def test_a_cell_records_the_bucket_its_requests_report(tmp_path):
     rows = sweep_cells(config, run, prompts, measure=measure)
     assert rows[0].bucket == 48 and rows[0].status == "ok"  # not a rung of any ladder: the report is what counts
     assert rows[1].status == "failed" and "buckets [64, 96]" in rows[1].error and rows[1].bucket == 64
+
+
+def _start_sweep(env, runs, *extra):
+    code = "import sys; from bench.cli import main; main(sys.argv[1:])"
+    args = ["sweep", "--checkpoint", "builtin:tiny", "--runs-dir", str(runs), "--compile-cache", "off", *extra]
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _wait_for(proc, needle: str, lines: list[str], timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        lines.append(line)
+        if needle in line or not line:
+            return
+    raise AssertionError(f"no {needle!r} within {timeout} s")
+
+
+def test_ctrl_c_in_a_huge_cell_keeps_it_partial_with_an_estimate(env, tmp_path):
+    """The issue's `--inputs 41 --max-new-tokens 4 --repeats 1000000` stopped by Ctrl-C: a partial cell, not 0."""
+    runs = tmp_path / "runs"
+    proc = _start_sweep(env, runs, "--inputs", "41", "--max-new-tokens", "4", "--repeats", "1000000", "--name", "big")
+    lines: list[str] = []
+    _wait_for(proc, "repeat 5/1000000", lines)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    err = "".join(lines) + err
+    assert proc.returncode == 130, err
+    assert "1000000 timed repeat(s) at about" in err and "--max-duration SECONDS" in err  # the estimate
+    (folder,) = runs.iterdir()
+    (cell,) = open_run(folder).cells()
+    assert cell.partial and cell.stopped_by == "interrupted" and cell.repeats >= 4 and cell.repeats_planned == 1000000
+    assert validate_run(folder) == [] and open_run(folder).status == "incomplete"
+
+
+def test_a_second_sigterm_during_the_cold_request_stops_at_once(env, tmp_path):
+    """The issue's race (a second SIGTERM 0.2-0.5 s after the first, during the cold request), tried 3 times."""
+    for attempt, delay in enumerate((0.2, 0.35, 0.5)):
+        runs = tmp_path / f"runs{attempt}"
+        proc = _start_sweep(env, runs, "--inputs", "20,41", "--max-new-tokens", "8", "--repeats", "2")
+        lines: list[str] = []
+        _wait_for(proc, "cold first request", lines)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)  # a compile in flight finishes first, then the process ends
+        err = "".join(lines) + err
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+        (folder,) = runs.iterdir()
+        assert open_run(folder).status == "incomplete" and validate_run(folder) == []

@@ -75,16 +75,22 @@ def compile_cache_dir(spec: str | None) -> Path | None:
 
 
 def parse_buckets(text: str | None) -> tuple[int, ...] | None:
-    """`--buckets 64,128,1024` -> (64, 128, 1024) (sorted, unique); None -> the engine's default ladder.
-    Raises InputError for a non-numeric or non-positive rung."""
+    """`--buckets 64,128,1024` -> (64, 128, 1024); None -> the engine's default ladder. Raises InputError for a
+    non-numeric or non-positive rung, and for rungs out of order or repeated (naming the ladder that was meant:
+    a silently reordered ladder would hide a typo)."""
     if text is None:
         return None
     try:
-        rungs = sorted({int(p) for p in text.split(",") if p.strip()})
+        rungs = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
         raise InputError(f"--buckets {text}: expected comma-separated whole numbers of tokens, e.g. 64,512,4096") from None
-    if not rungs or rungs[0] < 1:
+    if not rungs or min(rungs) < 1:
         raise InputError(f"--buckets {text}: expected positive token counts, e.g. 64,512,4096")
+    ladder = sorted(set(rungs))
+    if rungs != ladder:
+        what = "repeats a rung" if len(set(rungs)) < len(rungs) else "is not in increasing order"
+        raise InputError(f"--buckets {text}: {what}; expected increasing, distinct rungs, e.g. "
+                         f"--buckets {','.join(map(str, ladder))}")  # fmt: skip
     return tuple(rungs)
 
 
@@ -132,9 +138,9 @@ WeightDtypeOpt = typer.Option(
 MaxLengthOpt = typer.Option(None, "--max-length", help="Largest prompt (tokens) the engine accepts, at most the "
                              "model's positions; default 8192 (or the model's positions, if fewer).")
 CompileCacheOpt = typer.Option(None, "--compile-cache", help=CACHE_HELP)
-BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens), e.g. 64,512,1024,4096: a prompt is "
-                          "padded to the smallest rung that holds it. Default: powers of two to 512, then steps of 512 "
-                          "to 4096, then of 1024 up to --max-length.")
+BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens, increasing), e.g. 64,512,1024,4096: a "
+                          "prompt is padded to the smallest rung that holds it. Default: powers of two to 512, then "
+                          "steps of 512 to 4096, then of 1024 up to --max-length.")
 
 
 def engine_manifest(command: str, engine, report: dict, checkpoint: str | None, cache_dir: Path | None, workload,

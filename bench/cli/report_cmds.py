@@ -150,7 +150,7 @@ def runs_list_cmd(runs_dir: RunsDirOpt = Path("runs")) -> None:
     for s in summaries:
         table.add_row(
             s.name, s.status or "unreadable", s.provenance or "—", s.device or "—", s.build_id or "—",
-            "—" if s.cells is None else str(s.cells), s.started_at or "—", s.problem or "",
+            "—" if s.cells is None else str(s.cells), s.started_at or "—", s.problem or s.note or "",
         )  # fmt: skip
     make_console().print(table)
     if not summaries:
@@ -166,6 +166,9 @@ def runs_validate_cmd(
 
     path = resolve_run(run, runs_dir)
     problems = validate_run(path)
+    note = _state_note(path)
+    if note:
+        typer.echo(f"{path}: {note}")
     if not problems:
         typer.echo(f"{path}: valid (schema version 1)")
         return
@@ -173,3 +176,15 @@ def runs_validate_cmd(
     for problem in problems:
         typer.echo(f"  {problem}")
     raise SystemExit(1)  # see compare_cmd
+
+
+def _state_note(path: Path) -> str | None:
+    """`bench.runs.run_note` of the run at `path` (e.g. a killed writer), None when it cannot be opened (then
+    validate_run names the problem)."""
+    from bench.errors import RunFolderError
+    from bench.runs import open_run, run_note
+
+    try:
+        return run_note(open_run(path))
+    except RunFolderError:
+        return None

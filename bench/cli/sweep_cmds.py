@@ -66,6 +66,26 @@ def _resumed_cache(run, compile_cache: str | None) -> str:
     return stored_flag
 
 
+def duration_notes(config) -> dict:
+    """The workload notes of a sweep's durations (`SweepConfig.min_duration_s`, `max_duration_s`), only those set,
+    so that a sweep without them records what it always did."""
+    notes = {"min_duration_s": config.min_duration_s or None, "max_duration_s": config.max_duration_s}
+    return {k: v for k, v in notes.items() if v is not None}
+
+
+def _resumed_durations(run, min_duration: float | None, max_duration: float | None) -> tuple[float, float | None]:
+    """With --resume, --min-duration / --max-duration not given take the run's (none: 0 and no bound); a given
+    one that differs is an InputError, as for the other workload flags."""
+    notes = run.typed_manifest.workload.notes
+    stored = {"--min-duration": notes.get("min_duration_s") or 0.0, "--max-duration": notes.get("max_duration_s")}
+    given = {"--min-duration": min_duration, "--max-duration": max_duration}
+    for flag, value in given.items():
+        if value is not None and value != stored[flag]:
+            raise InputError(f"{flag} {value:g} differs from the resumed run's {stored[flag] or 'none'}; "
+                             f"drop the flag to continue {run.path} as it started")  # fmt: skip
+    return stored["--min-duration"], stored["--max-duration"]
+
+
 def _resumed_flags(run, inputs: str | None, max_new_tokens: int | None, repeats: int | None, checkpoint: str | None):
     """With --resume, flags not given take the run's values; a given flag that differs is an InputError. The
     checkpoint is the run's source (builtin:NAME or a hub id; a schema-1 run's folder), else --checkpoint must
@@ -114,6 +134,12 @@ def sweep(
                                               "ignored). Default 64 (with --resume: the run's)."),
     repeats: int | None = typer.Option(None, "--repeats", help="Timed repeats per cell after one warm-up. Default 3 "
                                        "(with --resume: the run's)."),
+    min_duration: float | None = typer.Option(
+        None, "--min-duration", help="Seconds of timed requests per cell at least: timed repeats go on until both "
+        "--repeats and this are reached, whichever takes longer. Default 0 (with --resume: the run's)."),
+    max_duration: float | None = typer.Option(
+        None, "--max-duration", help="Seconds of timed requests per cell at most: a cell that reaches it stops there "
+        "(at least 1 repeat) and is kept as partial. Default: no bound (with --resume: the run's)."),
     checkpoint: str | None = CheckpointOpt,
     name: str | None = typer.Option(
         None, "--name", help="Run label: the folder is runs/<date>-<label>-<device>/ (default 'sweep', suffixed -2, -3, "
@@ -137,18 +163,23 @@ def sweep(
 
     if model is not None and target is None:
         raise InputError("--model names a model on a server: it needs --target http://HOST:PORT/v1")
+    if name is not None and not name.strip():
+        raise InputError(f"--name {name!r}: an empty run label; pass one such as --name my-test, or drop --name for "
+                         "the default 'sweep'")  # fmt: skip
     run = None
-    if resume is not None:
-        resume = resolve_run(resume, runs_dir)  # a path, a name in --runs-dir, or "latest"; RunFolderError if none
+    if resume is not None:  # a path, a name in --runs-dir, or "latest"; RunFolderError if none
+        resume = resolve_run(resume, runs_dir, flag="--resume")
     if resume is not None and target is None:
         run = open_run(resume)  # raises RunFolderError naming the folder
         if run.status == "complete":
             raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
         inputs, max_new_tokens, repeats, checkpoint = _resumed_flags(run, inputs, max_new_tokens, repeats, checkpoint)
+        min_duration, max_duration = _resumed_durations(run, min_duration, max_duration)
         compile_cache = _resumed_cache(run, compile_cache)
     config = SweepConfig(inputs=parse_inputs(inputs or "41,521,2057,3593"),
                          max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
-                         repeats=3 if repeats is None else repeats)  # fmt: skip
+                         repeats=3 if repeats is None else repeats, min_duration_s=min_duration or 0.0,
+                         max_duration_s=max_duration)  # fmt: skip
     config.check()
     engine_flags = (dtype, max_length, compile_cache, buckets)
     if target is not None:
@@ -173,7 +204,8 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     counts0 = CompileCounter.snapshot()
     decode_bytes = {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs}
     # derived from the configuration, so outside it (and outside the build id): bytes a decode step reads
-    manifest = engine_manifest("sweep", engine, report, checkpoint, cache_dir, sweep_workload(config),
+    workload = sweep_workload(config, **duration_notes(config))
+    manifest = engine_manifest("sweep", engine, report, checkpoint, cache_dir, workload,
                                extra={"decode_bytes": decode_bytes})  # fmt: skip
     if resumed is not None:
         check_same_build(resumed, manifest)
@@ -238,6 +270,9 @@ def _print_table(run, log) -> None:
     make_console().print(sweep_table(cells))
     failed = [r.input_tokens for r in cells if r.status == "failed"]
     invalid = [r.input_tokens for r in cells if not r.valid and r.status != "failed"]
+    for r in (r for r in cells if r.partial):
+        log.warning(f"note: cell {r.input_tokens} is partial: {r.repeats} of {r.repeats_planned} timed repeats "
+                    f"({'--max-duration reached' if r.stopped_by == 'max-duration' else 'interrupted'})")  # fmt: skip
     if invalid:
         log.warning(f"warning: cell(s) {invalid} are invalid (reasons in the table); their numbers are not quotable")
     if failed:

@@ -219,8 +219,9 @@ _RATES = {"gauge": GAUGE, "e2e": E2E}
 
 def rate_text(cell: CellRow | None, metric: str) -> str:
     """A cell's median tok/s of `metric` ("gauge" or "e2e") as its column prints it (with (min–max) where raw
-    samples exist), then ✗ when the cell is invalid; "failed" for a failed cell, — for none. The marks stand in
-    for the terminal table's "valid" column in tables that have none (the report, `bench compare`)."""
+    samples exist), then ✗ when the cell is invalid and ◐ when it is partial (fewer timed repeats than planned);
+    "failed" for a failed cell, — for none. The marks stand in for the terminal table's "valid" column in tables
+    that have none (the report, `bench compare`)."""
     if cell is None:
         return DASH
     if cell.status == "failed":
@@ -229,6 +230,8 @@ def rate_text(cell: CellRow | None, metric: str) -> str:
     text = column.text(cell)
     if column.value(cell) is not None and not cell.valid:
         text += " ✗"
+    if cell.partial:
+        text += " ◐"
     return text
 
 
@@ -262,6 +265,9 @@ def sweep_report_table(
                 numbers = (cell.gauge_tok_s_median, cell.e2e_tok_s_median)
                 mark = "✗" if cell.status == "failed" or numbers != (None, None) else DASH
                 notes.append(f"{mark} {v.label}, {s:,} input tokens: {cell.invalid_reason or cell.error}")
+            if cell is not None and cell.partial:
+                notes.append(f"◐ {v.label}, {s:,} input tokens: partial, {cell.repeats} of {cell.repeats_planned} "
+                             f"timed repeats ({cell.stopped_by})")  # fmt: skip
         md_rows.append(row)
     return csv_header, csv_rows, md_header, md_rows, notes
 

@@ -5,8 +5,10 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
 - file names, `MANIFEST_FIELDS`, `SCHEMA_VERSION`, `READABLE_VERSIONS`, `PROFILE_SCHEMA_VERSION`, `validate_run`,
   `manifest_problems`, `profile_problems`, `read_json`, `read_jsonl`, `RunFiles`, `read_run_files` (each file
   parsed once)                                                        (bench.runs.schema)
-- `RunFolder`, `create_run`, `open_run`, `open_complete_run`, `load_complete_run`, `writing_run`, `resolve_run`,
-  `latest_measured_run`, `list_runs`, `run_folders`, `RunSummary`, `run_name`, `free_label`  (bench.runs.folder)
+- `RunFolder`, `create_run`, `writing_run`, `run_name`, `free_label`, `outcome_of`  (bench.runs.folder)
+- `open_run`, `open_complete_run`, `load_complete_run`, `resolve_run`, `latest_measured_run`, `list_runs`,
+  `run_folders`, `RunSummary`, `run_note`                             (bench.runs.listing)
+- `WriterState`, `writer_state`: is a run's writer alive             (bench.runs.lock)
 - `Manifest` and its parts, `build_manifest` (the one builder), `payload_build_id` (the one build id),
   `engine_config_of`, `policy_facts`, `checkpoint_facts`, `checkpoint_id`, `checkpoint_source`, `portable_dir`,
   `local_dir`                                                         (bench.runs.manifest)
@@ -16,21 +18,25 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
 
 from bench.runs.folder import (
     RunFolder,
-    RunSummary,
     create_run,
     free_label,
-    latest_measured_run,
-    list_runs,
-    load_complete_run,
     now_iso,
-    open_complete_run,
-    open_run,
     outcome_of,
-    resolve_run,
-    run_folders,
     run_name,
     writing_run,
 )
+from bench.runs.listing import (
+    RunSummary,
+    latest_measured_run,
+    list_runs,
+    load_complete_run,
+    open_complete_run,
+    open_run,
+    resolve_run,
+    run_folders,
+    run_note,
+)
+from bench.runs.lock import WriterState, writer_state
 from bench.runs.manifest import (
     CheckpointFacts,
     CompileCacheFacts,
@@ -76,6 +82,7 @@ from bench.runs.schema import (
 __all__ = [
     "RunFolder", "RunSummary", "create_run", "free_label", "latest_measured_run", "list_runs", "load_complete_run",
     "now_iso", "open_complete_run", "open_run", "outcome_of", "resolve_run", "run_folders", "run_name", "writing_run",
+    "run_note", "WriterState", "writer_state",
     "CellRow", "Sample", "as_sample", "failed_cell", "summarize_cell",
     "CheckpointFacts", "CompileCacheFacts", "EngineConfig", "GitState", "Manifest", "Provenance", "TargetFacts",
     "Workload", "build_manifest", "checkpoint_facts", "checkpoint_id", "checkpoint_source", "engine_config_of",

@@ -10,7 +10,8 @@ Formats:
   (`DASH`), in every printer;
 - a spread column (`Column.spread`): "median (min–max)" where the cell has both ends (raw samples), else the median
   alone (published figures hold medians only);
-- `valid`: "yes", or "NO: " and the reason the cell is not quotable.
+- `valid`: "yes", or "NO: " and the reason the cell is not quotable; a partial cell adds "(partial: k of N
+  repeats, why)".
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class Column:
 
 
 def _valid_text(row: CellRow) -> str:
-    return "yes" if row.valid else f"NO: {row.invalid_reason}"
+    partial = f" (partial: {row.repeats} of {row.repeats_planned} repeats, {row.stopped_by})" if row.partial else ""
+    return ("yes" if row.valid else f"NO: {row.invalid_reason}") + partial
 
 
 INPUT_TOKENS = Column(key="input_tokens", header="input tokens", unit="tokens", digits=0)

@@ -6,26 +6,30 @@ A run folder `runs/<YYYY-MM-DD>-<label>-<device_slug>/` holds:
 |---|---|---|
 | `manifest.json` | at creation, on updates, at the end | who/what/where: `bench.runs.manifest.Manifest` |
 | `cells.jsonl`, `cells.csv` | rewritten whole as each cell ends | one `CellRow` per input size (two formats) |
-| `samples.jsonl` | rewritten whole as each cell's samples arrive | one `Sample` per request (cold, warmup, timed) |
+| `samples.jsonl` | appended as each request is measured | one `Sample` per request (cold, cold-resume, warmup, timed) |
 | `profile.json` | by `bench profile` / the importer | device-time categories, totals, roofline |
 | `run.log` | appended line by line | the human log of the run |
 
 Every JSON/CSV write goes to a temporary file in the same folder and is moved into place with `os.replace`, so a
-reader sees either the old file or the new one, never half of one. A process killed at any moment therefore
+reader sees either the old file or the new one, never half of one; samples.jsonl is appended, one `write` per
+request, which a killed process cannot cut. A process killed at any moment therefore
 leaves every finished cell readable and a manifest whose status is still `running` (or `incomplete` when the
 sweep could say so); only `finish("complete")` marks a run complete. A command writes a run inside `writing_run`,
 which ends it however the command ends: complete, incomplete (a signal), failed (an error), or, for a run it only
 joined (`bench profile --run`), with the status it had; the lock released in every case. `run.log` is appended
 (one write per line), so at worst its last line is cut.
 
-Order of writes for a cell: `append_samples` first, then `append_cell`: a cell row never exists without its samples.
+Order of writes for a cell: its samples as they are measured, then `append_cell`: a cell row never exists without
+its samples. A cell stopped part-way (a signal) gets a partial row (`CellRow.partial`); one cut by a kill or a
+second signal has samples and no row yet; `--resume` completes both (`bench.sweep.local.sweep_cells`).
 
 Definitions of every number: `../shared/measurement.md`. Errors: `RunFolderError` for a folder that is missing,
 exists already, is unwritable, corrupt or of another schema version; `InputError` for a bad label.
 
-This module is the folder: creating, writing (atomically), locking, opening, resolving and listing runs. The schema
-itself (file names, `MANIFEST_FIELDS`), the readers and `validate_run` are in `bench/runs/schema.py`; the package
-`bench.runs` names the public API of both.
+This module is the folder: creating, writing (atomically) and ending runs. The writer lock and the liveness of a
+run's writer are `bench/runs/lock.py`; opening, resolving and listing runs `bench/runs/listing.py`; the schema
+itself (file names, `MANIFEST_FIELDS`), the readers and `validate_run` `bench/runs/schema.py`; the package
+`bench.runs` names the public API of all of them.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from typing import Any
 
 from bench.errors import InputError, RunFolderError
 from bench.runs.manifest import Manifest
-from bench.runs.records import CellRow, Sample, as_sample, row_problems
+from bench.runs.records import OPTIONAL_FIELDS, CellRow, Sample, as_sample, row_problems
 from bench.runs.schema import (
     CELLS_CSV,
     CELLS_JSONL,
@@ -55,17 +59,14 @@ from bench.runs.schema import (
     SAMPLES,
     SCHEMA_VERSION,
     STATUSES,
-    RunFiles,
     manifest_problems,
     profile_problems,
     read_json,
     read_jsonl,
-    read_run_files,
-    run_files_problems,
 )
-from bench.signals import stop_signals_handled
+from bench.runs.lock import release_lock, take_lock, writer_state
+from bench.signals import on_hard_stop, stop_signals_handled
 
-LOCK = ".lock"  # flock held by the process that writes the run (RunFolder.lock)
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -103,14 +104,22 @@ def _jsonl(rows: Iterable[Mapping[str, Any]]) -> str:
     return "".join(json.dumps(r, allow_nan=False, separators=(",", ":")) + "\n" for r in rows)
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) == b"\n"
+
+
 def _cells_csv(rows: list[CellRow]) -> str:
     """CSV mirror of cells.jsonl: empty for null, lists as JSON text (pandas reads it with `read_csv`)."""
     out = io.StringIO()
-    names = [f.name for f in dataclasses.fields(CellRow)]
+    dicts = [row.to_dict() for row in rows]
+    optional = OPTIONAL_FIELDS[CellRow]  # columns only when a row has them (a partial cell), as in cells.jsonl
+    names = [f.name for f in dataclasses.fields(CellRow) if f.name not in optional or any(f.name in d for d in dicts)]
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(names)
-    for row in rows:
-        d = row.to_dict()
+    for d in dicts:
+        d = {**optional, **d}
         writer.writerow(["" if d[k] is None else json.dumps(d[k]) if isinstance(d[k], list) else d[k] for k in names])
     return out.getvalue()
 
@@ -127,31 +136,16 @@ class RunFolder:
         self.path = path
         self.manifest = manifest
         self._lock_file = None
+        self._ended = False  # finish() has settled the run's status: a hard stop then leaves it as it is
 
     def lock(self) -> None:
-        """Take the folder's writer lock (an flock on `.lock`, released when this process ends, even by SIGKILL).
+        """Take the folder's writer lock (`bench.runs.lock.take_lock`: an flock on `.lock` naming this pid and
+        host, released when this process ends, even by SIGKILL).
 
         One process writes a run at a time: RunFolderError when another process holds it (a sweep still running,
         or a second `--resume` of the same run)."""
-        import fcntl
-
-        if self._lock_file is not None:
-            return
-        fh = open(self.path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115  (held for the process's life)
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
-            raise RunFolderError(
-                f"run {self.path} is being written by {holder}; wait for it to finish (or stop it), then --resume"
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}\n")
-        fh.flush()
-        self._lock_file = fh
+        if self._lock_file is None:
+            self._lock_file = take_lock(self.path)
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r}, status={self.status!r})"
@@ -212,9 +206,11 @@ class RunFolder:
         _atomic_write(self.path / CELLS_CSV, _cells_csv(ordered))
 
     def append_samples(self, rows: Iterable[Sample | Mapping[str, Any]]) -> None:
-        """Append request samples; samples.jsonl is rewritten whole, atomically (old rows plus the new ones).
-        RunFolderError for a published run (it holds none); ValueError (nothing written) for a row that breaks the
-        schema."""
+        """Append request samples to samples.jsonl, all of them in one `write` (the sweep calls it once per request,
+        as it is measured, so a stopped or killed sweep keeps every request that came back). A killed process
+        leaves the file whole: a write to a file completes or does not happen (only a machine crash could cut the
+        last line). RunFolderError for a published run (it holds none) or an unwritable file; ValueError (nothing
+        written) for a row that breaks the schema."""
         if self.provenance == "published":
             raise RunFolderError(f"{self.path}: a published run holds no raw samples")
         new = [as_sample(r).to_dict() for r in rows]
@@ -223,10 +219,15 @@ class RunFolder:
             if problems:
                 raise ValueError(f"append_samples: {problems[0]}")
         path = self.path / SAMPLES
-        old = path.read_text(encoding="utf-8") if path.exists() else ""
-        if old and not old.endswith("\n"):
-            old += "\n"
-        _atomic_write(path, old + _jsonl(new))
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                cut = os.fstat(fd).st_size > 0 and not _ends_with_newline(path)
+                os.write(fd, (("\n" if cut else "") + _jsonl(new)).encode("utf-8"))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise RunFolderError(f"{path}: cannot append ({exc.strerror or exc})") from None
 
     def log(self, line: str) -> None:
         """Append one timestamped line to run.log."""
@@ -250,20 +251,33 @@ class RunFolder:
                 self._write_manifest()
                 self.log(f"run {status}")
             finally:
+                self._ended = True
                 self.unlock()
+
+    def end_at_once(self) -> None:
+        """The run's end when the process must end now (a second stop signal, `bench.signals.stop_now`): mark a
+        run that is not yet settled incomplete, in one atomic manifest write and a log line; the lock goes with the
+        process. Never raises (it runs in a signal handler, on the way out); a run already finished is left."""
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            self.manifest["status"] = "incomplete"
+            if self.provenance == "measured":
+                self.manifest["ended_at"] = now_iso()
+            self._write_manifest()
+            self.log("run incomplete (a second stop signal: stopped at once, the request in flight dropped)")
+        except BaseException:  # noqa: BLE001 -- on the way out: nothing can be done about a failed write here
+            pass
 
     def unlock(self) -> None:
         """Release the writer lock and remove `.lock` (a process that dies leaves a stale, unheld `.lock`)."""
         if self._lock_file is None:
             return
-        import fcntl
-
         with _signals_deferred():
             try:
-                (self.path / LOCK).unlink(missing_ok=True)
-                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+                release_lock(self.path, self._lock_file)
             finally:
-                self._lock_file.close()
                 self._lock_file = None
 
     def resume(self) -> None:
@@ -274,6 +288,7 @@ class RunFolder:
             raise RunFolderError(
                 f"{self.path}: run is {self.status} ({self.provenance}); nothing to resume, start a new run with --name"
             )
+        gone = writer_state(self.path).interrupted_note(self.name) if self.status == "running" else None
         self.lock()
         previous = {key: self.manifest.get(key) for key in ("status", "ended_at")}
         written = False
@@ -285,7 +300,9 @@ class RunFolder:
             written = True
             if cells:  # a kill between the two cell files can leave the CSV mirror one row behind
                 _atomic_write(self.path / CELLS_CSV, _cells_csv(cells))
-            self.log(f"resumed; finished inputs: {[r.input_tokens for r in cells]}")
+            partial = [r.input_tokens for r in cells if r.input_tokens not in self.finished_inputs()]
+            self.log(f"resumed{' a run that was ' + gone.split(';')[0] if gone else ''}; finished inputs: "
+                     f"{self.finished_inputs()}" + (f"; partial: {partial}" if partial else ""))  # fmt: skip
         except BaseException:
             self.manifest.update(previous)
             with _signals_deferred():
@@ -305,8 +322,10 @@ class RunFolder:
         return read_jsonl(self.path / SAMPLES, Sample)
 
     def finished_inputs(self) -> list[int]:
-        """Input sizes that already have a cell row (ok or failed): what `--resume` skips."""
-        return [r.input_tokens for r in self.cells()]
+        """Input sizes whose cell needs no more measuring, what `--resume` skips: a row that is whole, failed, or
+        partial by `--max-duration`. A cell stopped part-way (partial, "interrupted"), or one with samples but no
+        row (a kill), is not finished: the sweep completes it."""
+        return [r.input_tokens for r in self.cells() if not (r.partial and r.stopped_by == "interrupted")]
 
     def read_json(self, name: str) -> Any:
         """Parse `<folder>/<name>` (RunFolderError naming the file when missing or corrupt)."""
@@ -367,32 +386,41 @@ def writing_run(start: Callable[[], RunFolder], *, joined: bool = False,
     `after_end(run, status)` (a closing log line). The end runs even when `before_end` fails or a second signal
     interrupts it (an error there turns "complete" into "failed", a KeyboardInterrupt into "incomplete"), and
     the final write holds signals off until done. Exceptions propagate. If `start()` raises, nothing is ended:
-    `create_run` and `resume` leave nothing half-done."""
+    `create_run` and `resume` leave nothing half-done. A process ended at once from inside (`bench.signals.stop_now`:
+    a second stop signal) marks a run it created or resumed incomplete on the way out (`RunFolder.end_at_once`)."""
     run: RunFolder | None = None
     status = "complete"
+    with contextlib.ExitStack() as hard_stop:  # left last: until then a hard stop marks the run incomplete
+        try:
+            with _signals_deferred():
+                run = start()
+                if not joined:  # a second stop signal ends the process at once (bench.signals.stop_now)
+                    hard_stop.enter_context(on_hard_stop(run.end_at_once))
+            yield run
+        except BaseException as exc:
+            status = outcome_of(exc)
+            raise
+        finally:
+            if run is not None:
+                _end_run(run, status, joined, before_end, after_end)
+
+
+def _end_run(run: RunFolder, status: str, joined: bool, before_end, after_end) -> None:
+    """`writing_run`'s end of `run` (see there): before_end, then finish (or unlock, joined), then after_end."""
     try:
-        with _signals_deferred():
-            run = start()
-        yield run
+        if before_end is not None:
+            before_end(run, status)
     except BaseException as exc:
-        status = outcome_of(exc)
+        if status == "complete":
+            status = outcome_of(exc)
         raise
     finally:
-        if run is not None:
-            try:
-                if before_end is not None:
-                    before_end(run, status)
-            except BaseException as exc:
-                if status == "complete":
-                    status = outcome_of(exc)
-                raise
-            finally:
-                if joined:
-                    run.unlock()
-                else:
-                    run.finish(status)
-                if after_end is not None:
-                    after_end(run, status)
+        if joined:
+            run.unlock()
+        else:
+            run.finish(status)
+        if after_end is not None:
+            after_end(run, status)
 
 
 # ---- creating, opening, listing ----------------------------------------------------------------------------------
@@ -472,130 +500,3 @@ def create_run(
             path.rmdir()
         raise
     return run
-
-
-def open_run(path: str | Path) -> RunFolder:
-    """Open an existing run folder: its manifest must parse and have schema version 1 or 2 and its keys.
-
-    Raises RunFolderError (naming the folder and file) when the folder or manifest is missing, corrupt, of an
-    unknown schema version, or breaks the schema. Cells and samples are read on demand.
-    """
-    p = Path(path)
-    if not p.is_dir():
-        raise RunFolderError(f"{p}: no such run folder")
-    return _with_manifest(p, read_json(p / MANIFEST))
-
-
-def _with_manifest(p: Path, manifest: Any) -> RunFolder:
-    """The run folder `p` holding the parsed `manifest`, once it passes the schema (RunFolderError naming `p`)."""
-    problems = manifest_problems(manifest)
-    if problems:
-        raise RunFolderError(f"{p}: {problems[0]}")
-    return RunFolder(p, manifest)
-
-
-def open_complete_run(path: str | Path) -> RunFolder:
-    """`open_run`, then check that the run is complete and valid (`validate_run`: schema, and numbers that agree).
-
-    What the report and compare accept. Raises RunFolderError naming the folder and the reason (status not
-    complete, a corrupt cells.jsonl line, a bad profile.json, ...).
-    """
-    return load_complete_run(path)[0]
-
-
-def load_complete_run(path: str | Path) -> tuple[RunFolder, RunFiles]:
-    """`open_complete_run` (the same checks and errors), also returning the files as it parsed them, each once:
-    a reader (the report) takes cells, samples and profile from them instead of reading the folder again."""
-    p = Path(path)
-    if not p.is_dir():
-        raise RunFolderError(f"{p}: no such run folder")
-    files = read_run_files(p)
-    if files.manifest_error is not None:
-        raise RunFolderError(files.manifest_error)
-    run = _with_manifest(p, files.manifest)
-    if run.status != "complete":
-        raise RunFolderError(f"{run.path}: status is {run.status!r}, not complete (an interrupted or failed run)")
-    files.cells  # noqa: B018 -- RunFolderError naming the file and line of the first bad row, as run.cells()
-    if files.profile_error is not None:
-        raise RunFolderError(files.profile_error)
-    bad_profile = profile_problems(files.profile) if files.profile is not None else []
-    if bad_profile:
-        raise RunFolderError(f"{run.path}: {bad_profile[0]}")
-    problems = run_files_problems(files)
-    if problems:
-        more = f" (and {len(problems) - 1} more; see bench runs validate)" if len(problems) > 1 else ""
-        raise RunFolderError(f"{run.path}: {problems[0]}{more}")
-    return run, files
-
-
-def latest_measured_run(runs_dir: str | Path) -> Path:
-    """The measured run of `runs_dir` with sweep cells that started last (RunFolderError when there is none)."""
-    best = None
-    for summary in list_runs(runs_dir) if Path(runs_dir).is_dir() else []:
-        if summary.ok and summary.provenance == "measured" and summary.cells and summary.started_at:
-            if best is None or summary.started_at > best.started_at:
-                best = summary
-    if best is None:
-        raise RunFolderError(f"no measured sweep run in {runs_dir}/ for 'latest'; run `make sweep` first, or drop --run")
-    return best.path
-
-
-def resolve_run(ref: str | Path, runs_dir: str | Path = "runs") -> Path:
-    """A run given as a path, as a folder name inside `runs_dir`, or as "latest" (`latest_measured_run`).
-    RunFolderError names both places when it is neither."""
-    if str(ref) == "latest":
-        return latest_measured_run(runs_dir)
-    p = Path(ref)
-    if p.is_dir():
-        return p
-    q = Path(runs_dir) / str(ref)
-    if q.is_dir():
-        return q
-    raise RunFolderError(f"run {ref!r} not found (neither a folder nor a run in {runs_dir}/); see `bench runs list`")
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSummary:
-    """One line of `bench runs list`. `problem` is set (and the rest mostly None) for a folder that cannot be read."""
-
-    name: str
-    path: Path
-    status: str | None
-    provenance: str | None
-    device: str | None
-    build_id: str | None
-    started_at: str | None
-    cells: int | None
-    problem: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True when the folder could be read (no `problem`)."""
-        return self.problem is None
-
-
-def run_folders(runs_dir: str | Path) -> list[Path]:
-    """The sub-folders of `runs_dir` that may be runs (sorted by name; hidden ones left out), none of them read.
-    Raises RunFolderError when `runs_dir` itself does not exist."""
-    root = Path(runs_dir)
-    if not root.is_dir():
-        raise RunFolderError(f"runs folder {root} does not exist; pass --runs-dir DIR")
-    return sorted(q for q in root.iterdir() if q.is_dir() and not q.name.startswith("."))
-
-
-def list_runs(runs_dir: str | Path) -> list[RunSummary]:
-    """Every sub-folder of `runs_dir` (sorted by name), bad ones included with `problem` saying why.
-
-    Raises RunFolderError when `runs_dir` itself does not exist. Never raises for a bad run folder.
-    """
-    out = []
-    for p in run_folders(runs_dir):
-        try:
-            run = open_run(p)
-            ncells = len(run.cells())
-        except RunFolderError as exc:
-            out.append(RunSummary(p.name, p, None, None, None, None, None, None, problem=str(exc)))
-            continue
-        m = run.typed_manifest
-        out.append(RunSummary(p.name, p, m.status, m.provenance.kind, m.device_kind, m.build_id, m.started_at, ncells))
-    return out

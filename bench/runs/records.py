@@ -19,8 +19,11 @@ from typing import Any
 
 from bench.errors import RunFolderError
 
-SAMPLE_KINDS = ("cold", "warmup", "timed")
+SAMPLE_KINDS = ("cold", "cold-resume", "warmup", "timed")
 CELL_STATUSES = ("ok", "failed")
+STOPPED_BY = ("interrupted", "max-duration")
+"""Why a partial cell has fewer timed repeats than planned: a stop signal (or a kill) ended it, which `--resume`
+completes; or `--max-duration` bounded it, which is its end."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,6 +33,11 @@ class CellRow:
     Units: tok/s for rates, ms for times except `cold_request_s` (s); ratios are cold / warm median.
     `valid` is False when any timed repeat compiled, produced a token count other than `max_new_tokens`, or was
     degenerate (`invalid_reason` says which), or when the cell failed (`status` "failed", `error` says why).
+
+    A **partial** cell (`partial` True) has fewer timed repeats (`repeats`) than were planned (`repeats_planned`),
+    because `stopped_by` (one of `STOPPED_BY`): "interrupted" (a stop signal; `--resume` measures the rest) or
+    "max-duration" (the `--max-duration` bound; final). Its numbers are medians of the repeats it has. These three
+    fields are optional (`OPTIONAL_FIELDS`): rows written before they existed, and every whole cell, lack them.
     """
 
     input_tokens: int
@@ -60,14 +68,22 @@ class CellRow:
     compile_events_timed: int | None
     degenerate: bool | None
     generated_tokens_per_repeat: list[int]
+    partial: bool = False
+    repeats_planned: int | None = None
+    stopped_by: str | None = None  # one of STOPPED_BY, for a partial cell
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
+        """The JSON row; the optional fields only where they differ from their defaults (a partial cell), so that a
+        whole cell's row is what it always was (archived folders are re-created byte for byte)."""
+        d = _plain(dataclasses.asdict(self))
+        return {k: v for k, v in d.items() if k not in OPTIONAL_FIELDS[CellRow] or v != OPTIONAL_FIELDS[CellRow][k]}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sample:
-    """One measured request. `kind`: "cold" (first request of a fresh engine), "warmup", or "timed".
+    """One measured request. `kind`: "cold" (the first request of the run's fresh engine: its cold start),
+    "cold-resume" (the first request of the fresh engine of a resumed run: cold too, but not the run's cold start;
+    no cell's cold ratios use it), "warmup", or "timed".
 
     Times in ms (monotonic clock, device-synced); rates in tok/s; `step_ms` holds the per-step decode times
     (ms, one per generated token after the first); `token_ids` the generated ids (prompt excluded).
@@ -118,21 +134,27 @@ def conforms(value: Any, tp: Any) -> bool:
 
 
 _HINTS = {cls: typing.get_type_hints(cls) for cls in (CellRow, Sample)}
-_CHOICES = {(CellRow, "status"): CELL_STATUSES, (Sample, "kind"): SAMPLE_KINDS}
+_CHOICES = {(CellRow, "status"): CELL_STATUSES, (Sample, "kind"): SAMPLE_KINDS, (CellRow, "stopped_by"): STOPPED_BY}
+OPTIONAL_FIELDS: dict[type, dict[str, Any]] = {
+    cls: {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    for cls in (CellRow, Sample)
+}
+"""Per row class, the fields a row may lack (added after rows were first written) and their values when absent."""
 
 
 def row_problems(cls: type, obj: Any) -> list[str]:
-    """Problems of one JSON object against a row class: missing/unknown fields, wrong types, bad choices."""
+    """Problems of one JSON object against a row class: missing/unknown fields, wrong types, bad choices.
+    A field of `OPTIONAL_FIELDS` may be missing; a null `stopped_by` is no choice to check."""
     if not isinstance(obj, dict):
         return [f"expected a JSON object, got {type(obj).__name__}"]
     hints = _HINTS[cls]
-    problems = [f"missing field {k!r}" for k in hints if k not in obj]
+    problems = [f"missing field {k!r}" for k in hints if k not in obj and k not in OPTIONAL_FIELDS[cls]]
     problems += [f"unknown field {k!r}" for k in obj if k not in hints]
     for key, tp in hints.items():
         if key in obj and not conforms(obj[key], tp):
             problems.append(f"field {key!r} should be {_type_name(tp)}, got {obj[key]!r}"[:160])
         choices = _CHOICES.get((cls, key))
-        if choices and key in obj and obj[key] not in choices:
+        if choices and obj.get(key) is not None and obj[key] not in choices:
             problems.append(f"field {key!r} is {obj[key]!r}, expected one of {choices}")
     return problems
 
@@ -179,17 +201,24 @@ def summarize_cell(
     max_new_tokens: int,
     bucket: int | None = None,
     input_tokens: int | None = None,
+    stopped_by: str | None = None,
+    repeats_planned: int | None = None,
 ) -> CellRow:
     """Summarise the raw requests of one input size into a `CellRow` (measurement.md, "Per cell").
 
     Medians (and min/max) are over the timed repeats only; warm-up requests are ignored; the cold request (if
-    any) gives `cold_request_s`, `cold_ttft_ms` and the two ratios, labelled separately: whole request (cold e2e
-    time / median timed e2e time) and TTFT (cold TTFT / median timed TTFT). Step-time median and p99 pool every
+    any; kind "cold" only: a resumed run's "cold-resume" request is not the run's cold start) gives
+    `cold_request_s`, `cold_ttft_ms` and the two ratios, labelled separately: whole request (cold e2e time /
+    median timed e2e time) and TTFT (cold TTFT / median timed TTFT). `stopped_by` (one of `STOPPED_BY`) marks a
+    partial cell of `repeats_planned` planned repeats. Step-time median and p99 pool every
     per-step decode time of the timed repeats. Validity: every timed repeat compiled nothing, generated exactly
     `max_new_tokens`, and passed the degeneracy check (a verdict of None counts as not checked, so invalid).
     `input_tokens` selects that size when `samples` hold several; otherwise they must all share one.
-    Raises ValueError for samples of several sizes without `input_tokens`, or no samples at all.
+    Raises ValueError for samples of several sizes without `input_tokens`, no samples at all, or a `stopped_by`
+    not in `STOPPED_BY`.
     """
+    if stopped_by is not None and stopped_by not in STOPPED_BY:
+        raise ValueError(f"summarize_cell: stopped_by {stopped_by!r} is not one of {STOPPED_BY}")
     rows = [as_sample(s) for s in samples]
     if input_tokens is not None:
         rows = [s for s in rows if s.input_tokens == input_tokens]
@@ -244,6 +273,7 @@ def summarize_cell(
         compile_events_timed=None if any(s.compile_events is None for s in timed) else sum(s.compile_events for s in timed),
         degenerate=None if not timed or None in verdicts else any(verdicts),
         generated_tokens_per_repeat=[s.generated_tokens for s in timed],
+        partial=stopped_by is not None, repeats_planned=repeats_planned if stopped_by else None, stopped_by=stopped_by,
     )  # fmt: skip
 
 
@@ -252,7 +282,7 @@ def failed_cell(
     repeats: int | None = None,
 ) -> CellRow:  # fmt: skip
     """The row of a cell that could not be measured (e.g. out of memory): status "failed", invalid, no numbers."""
-    empty = {f.name: None for f in dataclasses.fields(CellRow)}
+    empty = {f.name: None for f in dataclasses.fields(CellRow) if f.name not in OPTIONAL_FIELDS[CellRow]}
     empty.update(
         input_tokens=input_tokens, bucket=bucket, max_new_tokens=max_new_tokens, repeats=repeats, valid=False,
         invalid_reason=f"failed: {error}", status="failed", error=error, generated_tokens_per_repeat=[],

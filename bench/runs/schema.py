@@ -296,6 +296,11 @@ def run_files_problems(files: RunFiles) -> list[str]:
     return problems
 
 
+def manifest_status(files: RunFiles) -> str | None:
+    """The status the parsed manifest of `files` states (None when it has none)."""
+    return files.manifest.get("status") if isinstance(files.manifest, dict) else None
+
+
 def _consistency_problems(files: RunFiles) -> list[str]:
     """Numbers that contradict each other in a schema-valid measured run: a cell whose median lies outside its
     min..max, whose timed samples are not `repeats` distinct repeats, or whose validity ignores its samples."""
@@ -313,6 +318,8 @@ def _consistency_problems(files: RunFiles) -> list[str]:
         if c.status != "ok":
             continue
         timed = [s.repeat for s in samples if s.input_tokens == c.input_tokens and s.kind == "timed"]
+        if c.partial and c.stopped_by == "interrupted" and manifest_status(files) != "complete":
+            timed = timed[: c.repeats or 0]  # a resume that completes it may have been cut too, after more repeats
         if sorted(timed) != list(range(c.repeats or 0)):
             problems.append(f"{where}: {SAMPLES} holds timed repeats {sorted(timed)}, expected 0..{(c.repeats or 0) - 1}"
                             " (missing samples, or two processes wrote this run)")  # fmt: skip

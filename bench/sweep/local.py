@@ -23,17 +23,29 @@ from bench.measure.prompts import Prompt, exact_prompt, min_prompt_tokens
 from bench.measure.request import Measured, measure_request
 from bench.runs import RunFolder
 from bench.runs.records import CellRow, Sample, failed_cell, summarize_cell
-from bench.signals import stop_signals_handled
+from bench.signals import stop_now, stop_signals_handled
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepConfig:
     """What a sweep measures: input sizes (tokens, BOS and chat template included), new tokens per request
-    (exactly this many; EOS ignored), timed repeats per cell."""
+    (exactly this many; EOS ignored), timed repeats per cell, and the durations that lengthen or bound them
+    (seconds of timed requests per cell; `timed_more`)."""
 
     inputs: tuple[int, ...]
     max_new_tokens: int = 64
     repeats: int = 3
+    min_duration_s: float = 0.0
+    max_duration_s: float | None = None
+
+    def timed_more(self, done: int, spent_s: float) -> bool:
+        """Whether a cell with `done` timed repeats taking `spent_s` seconds (the sum of their whole-request times)
+        needs another: until it has `repeats` and `min_duration_s` seconds, whichever takes longer (as
+        optimum-benchmark's iterations and duration); but never past `max_duration_s` (an upper bound that wins,
+        once the cell has one repeat)."""
+        if self.max_duration_s is not None and done >= 1 and spent_s >= self.max_duration_s:
+            return False
+        return done < self.repeats or spent_s < self.min_duration_s
 
     def check(self) -> None:
         """Raises InputError (one line) for a value out of range."""
@@ -46,6 +58,13 @@ class SweepConfig:
             raise InputError(f"--max-new-tokens {self.max_new_tokens}: must be at least 2 (the gauge needs 2 tokens)")
         if self.repeats < 1:
             raise InputError(f"--repeats {self.repeats}: must be at least 1 timed repeat per cell")
+        if not 0 <= self.min_duration_s < float("inf"):
+            raise InputError(f"--min-duration {self.min_duration_s:g}: expected seconds >= 0, e.g. --min-duration 10")
+        if self.max_duration_s is not None and not 0 < self.max_duration_s < float("inf"):
+            raise InputError(f"--max-duration {self.max_duration_s:g}: expected seconds > 0, e.g. --max-duration 600")
+        if self.max_duration_s is not None and self.max_duration_s < self.min_duration_s:
+            raise InputError(f"--max-duration {self.max_duration_s:g} is below --min-duration {self.min_duration_s:g}; "
+                             "the bound must allow the minimum")  # fmt: skip
 
 
 def parse_inputs(text: str) -> tuple[int, ...]:
@@ -99,14 +118,18 @@ class StopSignals:
     that `sweep_cells` polls before every request (in-process and `--target` sweeps alike).
 
     While entered (`with stop:`), the first signal only sets the flag and says so through `notify`: the request
-    in flight finishes, the sweep stops before the next one, finished cells stay and the caller marks the run
-    incomplete. A second signal raises KeyboardInterrupt at once (the request in flight is abandoned; its cell is
-    dropped whole). Raising on the first signal is avoided because it could be swallowed if it lands inside a
-    garbage-collection callback. Leaving restores the previous handlers. Outside the main thread (where Python
-    cannot install handlers) nothing is installed and only `request()` sets the flag.
+    in flight finishes, the sweep stops before the next one (the cell in progress kept as a partial cell), and the
+    caller marks the run incomplete. A second signal ends the process at once, exit code 130
+    (`bench.signals.stop_now`: the run marked incomplete on the way out, the request in flight dropped; its
+    cell's earlier samples are in the run and `--resume` completes it). It never raises KeyboardInterrupt: a
+    handler runs inside whatever Python code runs, e.g. jax's garbage-collection callback, which would swallow
+    it. A signal that arrives during a compile (native code) is handled when the compile returns. Leaving
+    restores the previous handlers. Outside the main thread (where Python cannot install handlers) nothing is
+    installed and only `request()` sets the flag.
     """
 
     MESSAGE = "stopping after the current request (signal again to stop now)"
+    HARD_STOP = "stopped at once (a second stop signal); the run is marked incomplete, --resume continues it"
 
     def __init__(self, notify: Callable[[str], None] = lambda _: None):
         self.received: list[int] = []  # signal numbers, in arrival order
@@ -122,7 +145,7 @@ class StopSignals:
 
     def _on_signal(self, signum, _frame) -> None:
         if self.received:
-            raise KeyboardInterrupt
+            stop_now(self.HARD_STOP)
         self.request(signum)
 
     def __enter__(self) -> StopSignals:
@@ -159,61 +182,165 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
                 skip: Sequence[int] = (), should_stop: Callable[[], bool] = lambda: False,
                 after_cell: Callable[[int, CellRow], str] | None = None) -> list[CellRow]:  # fmt: skip
     """The order of work of every sweep (in-process or through a server): the first request of the sweep is
-    recorded as `cold`; then per cell one `warmup` and `config.repeats` `timed` requests (`measure(prompt, kind,
-    repeat)` returns the Sample and the bucket the request ran at), summarised into a CellRow whose bucket is the
-    one its timed requests ran (as reported, never recomputed); samples then row are written to `run` as the
-    cell ends.
+    recorded as `cold` ("cold-resume" when the run already holds its cold start: a resumed run's fresh engine);
+    then per cell one `warmup` and the timed requests (`config.timed_more` says when to stop: `repeats`, the
+    durations); `measure(prompt, kind, repeat)` returns the Sample and the bucket the request ran at. Every
+    sample is appended to `run` as it is measured; as the cell ends, its summary row (`CellRow`, whose bucket is
+    the one its requests reported, never recomputed).
 
-    `should_stop` is polled before every request (a signal handler sets it): when it turns true the sweep raises
-    KeyboardInterrupt there, so the cell in progress is dropped whole and every finished cell stays.
-    Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed cell (with the bucket of any
-    request of the cell that came back), and the sweep goes on. `after_cell(n, row)` may add text to the cell's
-    log line. The caller marks the run complete / incomplete.
+    A cell of `run` that is partial ("interrupted") or has samples but no row (a kill) is completed: its timed
+    repeats continue from the number it has (after this engine's warm-up), and its row summarises them all.
+    `should_stop` is polled before every request (a signal handler sets it): when it turns true the sweep
+    raises KeyboardInterrupt there, after writing the cell in progress as a partial row ("interrupted"), so
+    every measured request stays. Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed
+    cell (with the bucket of any request of the cell that came back), and the sweep goes on. `after_cell(n,
+    row)` may add text to the cell's log line. The caller marks the run complete / incomplete.
     """
     rows: list[CellRow] = []
-    cold_done = False
+    earlier, buckets = _earlier_samples(run), {r.input_tokens: r.bucket for r in run.cells()}
+    cold_kind: str | None = "cold-resume" if any(s.kind == "cold" for ss in earlier.values() for s in ss) else "cold"
     t0 = time.perf_counter()
     todo = [n for n in config.inputs if n not in set(skip)]
     for index, n in enumerate(todo, 1):
-        samples: list[Sample] = []
-        ran: list[int | None] = []  # the bucket of each request of this cell, as reported
-
-        def known() -> int | None:  # the bucket once a request of this cell reported it
-            return next((b for b in ran if b is not None), None)
-
-        def where() -> str:
-            return f"cell {index}/{len(todo)}: {n} input tokens" + (f" (bucket {known()})" if known() else "")
-
-        def one(kind: str, repeat: int, what: str) -> None:
-            if should_stop():
-                raise KeyboardInterrupt
-            progress(f"{where()}: {what} [{time.perf_counter() - t0:.1f} s]")
-            measured = measure(prompts[n], kind, repeat)
-            samples.append(measured.sample)
-            ran.append(measured.bucket)
-
+        cell = _Cell(config, run, n, prompts[n], measure, earlier.get(n, []), earlier_bucket=buckets.get(n),
+                     where=f"cell {index}/{len(todo)}", should_stop=should_stop,
+                     progress=lambda line: progress(f"{line} [{time.perf_counter() - t0:.1f} s]"))  # fmt: skip
         try:
-            if not cold_done:
-                one("cold", 0, "cold first request (compiles, or restores from the compilation cache)")
-                cold_done = True
-            one("warmup", 0, f"warm-up at ({known() or 'its bucket'}, {config.max_new_tokens})")
-            for r in range(config.repeats):
-                one("timed", r, f"repeat {r + 1}/{config.repeats}")
-            bucket = _one_bucket(ran)
-            row = summarize_cell(samples, max_new_tokens=config.max_new_tokens, bucket=bucket, input_tokens=n)
+            try:
+                row = cell.measure_all(cold_kind)
+            finally:
+                cold_kind = None if cell.cold_done else cold_kind  # the next cell does it if this one failed first
         except KeyboardInterrupt:
+            cell.write_partial()
             raise
         except Exception as exc:  # one failing cell (e.g. out of memory) must not lose the others
             message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-            progress(f"{where()}: FAILED ({message})")
-            row = failed_cell(n, message, bucket=known(), max_new_tokens=config.max_new_tokens, repeats=config.repeats)
-        run.append_samples(samples)
+            progress(f"{cell.label()}: FAILED ({message})")
+            row = failed_cell(n, message, bucket=cell.known(), max_new_tokens=config.max_new_tokens,
+                              repeats=config.repeats)  # fmt: skip
         run.append_cell(row)
         extra = after_cell(n, row) if after_cell else ""
-        run.log(f"{where()}: {'valid' if row.valid else 'INVALID: ' + str(row.invalid_reason)}; "
+        run.log(f"{cell.label()}: {'valid' if row.valid else 'INVALID: ' + str(row.invalid_reason)}; "
                 f"gauge {row.gauge_tok_s_median} tok/s, e2e {row.e2e_tok_s_median} tok/s{extra}")  # fmt: skip
         rows.append(row)
     return rows
+
+
+def _earlier_samples(run: RunFolder) -> dict[int, list[Sample]]:
+    """The samples `run` holds already (a resumed run), by input size."""
+    out: dict[int, list[Sample]] = {}
+    for s in run.samples():
+        out.setdefault(s.input_tokens, []).append(s)
+    return out
+
+
+class _Cell:
+    """One cell's requests, in order: an optional cold one, the warm-up, the timed ones; each sample written to the
+    run as it comes back. `earlier` are the cell's samples from before a resume (their timed repeats continue),
+    `earlier_bucket` the bucket its earlier (partial) row recorded."""
+
+    def __init__(self, config: SweepConfig, run: RunFolder, n: int, prompt: Prompt, measure, earlier: list[Sample],
+                 *, earlier_bucket: int | None, where: str, progress: Progress,
+                 should_stop: Callable[[], bool]):  # fmt: skip
+        self.config, self.run, self.n, self.prompt, self._measure = config, run, n, prompt, measure
+        self.samples = list(earlier)
+        self.ran: list[int | None] = [earlier_bucket] if earlier_bucket is not None else []  # buckets as reported
+        self.cold_done = False
+        self.where, self._progress, self._should_stop = where, progress, should_stop
+
+    def known(self) -> int | None:
+        """The cell's bucket once one of its requests reported it."""
+        return next((b for b in self.ran if b is not None), None)
+
+    def label(self) -> str:
+        return f"{self.where}: {self.n} input tokens" + (f" (bucket {self.known()})" if self.known() else "")
+
+    def timed(self) -> list[Sample]:
+        return [s for s in self.samples if s.kind == "timed"]
+
+    def one(self, kind: str, repeat: int, what: str) -> Sample:
+        if self._should_stop():
+            raise KeyboardInterrupt
+        self._progress(f"{self.label()}: {what}")
+        measured = self._measure(self.prompt, kind, repeat)
+        self.run.append_samples([measured.sample])  # as measured: a stop or a kill keeps it
+        self.samples.append(measured.sample)
+        self.ran.append(measured.bucket)
+        return measured.sample
+
+    def measure_all(self, cold_kind: str | None) -> CellRow:
+        """The cell's requests (the cold one first when `cold_kind` is given), then its row."""
+        config = self.config
+        if cold_kind is not None:
+            self.one(cold_kind, 0, COLD_NOTES[cold_kind])
+            self.cold_done = True
+        done = len(self.timed())
+        if done:
+            self._progress(f"{self.label()}: continuing its {done} timed repeat(s) measured before the resume")
+        warm = self.one("warmup", 0, f"warm-up at ({self.known() or 'its bucket'}, {config.max_new_tokens})")
+        if needs_estimate(config, warm.e2e_ms, self.timed()):
+            self._progress(f"{self.label()}: {estimate_line(config, warm.e2e_ms, self.timed())}")
+        r = done
+        while config.timed_more(r, _timed_s(self.timed())):
+            self.one("timed", r, f"repeat {r + 1}/{config.repeats}")
+            r += 1
+        bounded = r < config.repeats  # stopped by --max-duration before the planned repeats
+        if bounded:
+            self._progress(f"{self.label()}: --max-duration {config.max_duration_s:g} s reached after {r} of "
+                           f"{config.repeats} timed repeats; the cell is kept as partial")  # fmt: skip
+        return self._row("max-duration" if bounded else None)
+
+    def _row(self, stopped_by: str | None) -> CellRow:
+        return summarize_cell(self.samples, max_new_tokens=self.config.max_new_tokens, bucket=_one_bucket(self.ran),
+                              input_tokens=self.n, stopped_by=stopped_by,
+                              repeats_planned=self.config.repeats)  # fmt: skip
+
+    def write_partial(self) -> None:
+        """After a stop: the cell's row as partial ("interrupted"), when any of its requests came back (its
+        samples are in the run already); `--resume` completes it."""
+        if self.samples:
+            self.run.append_cell(self._row("interrupted"))
+            self.run.log(f"{self.label()}: stopped after {len(self.timed())} of {self.config.repeats} timed "
+                         "repeats; kept as a partial cell (--resume completes it)")  # fmt: skip
+
+
+COLD_NOTES = {
+    "cold": "cold first request (compiles, or restores from the compilation cache)",
+    "cold-resume": "cold first request of the resumed run's fresh engine (kept apart: not the run's cold start)",
+}
+
+
+def _timed_s(timed: list[Sample]) -> float:
+    """Seconds of timed requests of a cell so far (the sum of their whole-request times): what the durations of
+    `SweepConfig` count, the same before and after a resume."""
+    return sum(s.e2e_ms for s in timed) / 1000.0
+
+
+ESTIMATE_NOTE_S = 60.0
+"""A cell whose timed requests are estimated to take longer than this gets a line saying how long, and the bound."""
+
+
+def estimated_s(config: SweepConfig, request_ms: float, timed: list[Sample]) -> float:
+    """Seconds the remaining timed requests of a cell should take, from one request's time (`request_ms`, the
+    warm-up's whole-request time): the remaining repeats, at least `min_duration_s`, at most `max_duration_s`."""
+    spent = _timed_s(timed)
+    need = max((config.repeats - len(timed)) * request_ms / 1000.0, config.min_duration_s - spent, 0.0)
+    return need if config.max_duration_s is None else min(need, max(config.max_duration_s - spent, 0.0))
+
+
+def needs_estimate(config: SweepConfig, request_ms: float, timed: list[Sample]) -> bool:
+    """True when the remaining timed requests of a cell should take longer than `ESTIMATE_NOTE_S`."""
+    return estimated_s(config, request_ms, timed) > ESTIMATE_NOTE_S
+
+
+def estimate_line(config: SweepConfig, request_ms: float, timed: list[Sample]) -> str:
+    """"N timed repeats at about X ms each: about H:MM:SS" and the bound that applies (or how to set one)."""
+    seconds = estimated_s(config, request_ms, timed)
+    clock = f"{int(seconds // 3600)}:{int(seconds % 3600 // 60):02d}:{int(seconds % 60):02d}"
+    bound = (f"bounded by --max-duration {config.max_duration_s:g} s" if config.max_duration_s is not None else
+             "no bound: --max-duration SECONDS sets one; Ctrl-C stops and keeps every measured repeat")  # fmt: skip
+    left = config.repeats - len(timed)
+    return f"{left} timed repeat(s) at about {request_ms:,.0f} ms each (the warm-up's time): about {clock} ({bound})"
 
 
 def _one_bucket(ran: list[int | None]) -> int | None:
