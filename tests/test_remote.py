@@ -26,7 +26,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import run_cli
+from conftest import assert_one_line_error, run_cli
 
 from bench.runs import open_run, validate_run
 from bench.sweep.local import StopSignals, SweepConfig
@@ -41,8 +41,11 @@ class FakeEndpoint:
     whole stream was written, `broken` those whose client left mid-stream."""
 
     def __init__(self, tokenizer, *, on_request: Callable[[int], None] = lambda _: None, chunk_delay_s: float = 0.0,
-                 on_metrics: Callable[[int], None] | None = None, miscount: int = 0):  # fmt: skip
+                 on_metrics: Callable[[int], None] | None = None, miscount: int = 0,
+                 api_key: str | None = None):  # fmt: skip
         self.tokenizer, self.on_request, self.chunk_delay_s = tokenizer, on_request, chunk_delay_s
+        self.api_key = api_key  # None: open; else every request must carry `Authorization: Bearer <api_key>` (401)
+        self.unauthorized = 0
         self.miscount = miscount  # added to the prompt tokens the server reports (a different tokenizer/template)
         self.on_metrics = on_metrics  # None: no /metrics; else it runs before /metrics scrape k (1-based) is answered
         self.requests = self.completed = self.broken = self.scrapes = 0
@@ -53,7 +56,16 @@ class FakeEndpoint:
             def log_message(self, *_args) -> None:  # quiet
                 pass
 
+            def refused(self) -> bool:
+                if fake.api_key is None or self.headers.get("Authorization") == f"Bearer {fake.api_key}":
+                    return False
+                fake.unauthorized += 1
+                self.send_error(401)
+                return True
+
             def do_GET(self) -> None:
+                if self.refused():
+                    return
                 if self.path == "/metrics" and fake.on_metrics is not None:
                     with fake.lock:
                         fake.scrapes += 1
@@ -77,6 +89,8 @@ class FakeEndpoint:
                 self.wfile.write(body)
 
             def do_POST(self) -> None:
+                if self.refused():
+                    return
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with fake.lock:
                     fake.requests += 1
@@ -336,3 +350,20 @@ def test_failed_cells_keep_the_run_and_exit_1(endpoint, tiny_checkpoint, tmp_pat
     assert any("cell(s) [20, 28] failed" in line for line in proc.stderr.splitlines()), proc.stderr
     (folder,) = list(runs.iterdir())
     assert validate_run(folder) == [] and [c.status for c in open_run(folder).cells()] == ["failed", "failed"]
+
+
+def test_an_api_key_goes_with_every_request_and_into_no_file(endpoint, tiny_checkpoint, tmp_path):
+    """`--api-key` (or $GEMMA4_BENCH_API_KEY) is sent as a Bearer token on every request of a remote sweep, and no
+    file of the run folder holds it; without it, a keyed server refuses the sweep in one line."""
+    fake = endpoint(api_key="s3cret-key")
+    runs = tmp_path / "runs"
+    base = ["sweep", "--target", fake.url, "--checkpoint", str(tiny_checkpoint), *ARGS, "--runs-dir", str(runs)]
+    refused = run_cli([*base, "--name", "nokey"], env={"JAX_PLATFORMS": "cpu"}, timeout=120)
+    assert_one_line_error(refused)
+    assert fake.unauthorized >= 1 and fake.requests == 0
+    proc = run_cli([*base, "--name", "keyed"], env={"JAX_PLATFORMS": "cpu", "GEMMA4_BENCH_API_KEY": "s3cret-key"},
+                   timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (folder,) = [p for p in runs.iterdir() if "keyed" in p.name]
+    assert validate_run(folder) == [] and fake.requests == 7
+    assert not any("s3cret-key" in f.read_text(errors="replace") for f in folder.rglob("*") if f.is_file())

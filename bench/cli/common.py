@@ -18,6 +18,9 @@ CHECKPOINT_HELP = (
 DTYPE_HELP = "Override the compute dtype (float32, bfloat16, float16); default: chosen from the live device."
 CACHE_HELP = "Persistent XLA compilation cache folder, or 'off'. Default: a folder under the user's cache dir."
 
+API_KEY_ENV = "GEMMA4_BENCH_API_KEY"
+"""The environment variable `bench serve` reads its API key from, and `bench sweep --target` sends it from."""
+
 
 CONSOLE_MIN_WIDTH, CONSOLE_PIPE_WIDTH = 150, 200
 

@@ -8,6 +8,7 @@ import typer
 
 from bench.cli import app
 from bench.cli.common import (
+    API_KEY_ENV,
     BucketsOpt,
     CheckpointOpt,
     CompileCacheOpt,
@@ -20,7 +21,6 @@ from bench.cli.common import (
 )
 from bench.errors import InputError
 
-API_KEY_ENV = "GEMMA4_BENCH_API_KEY"
 
 
 def _is_loopback(host: str) -> bool:

@@ -10,6 +10,7 @@ import typer
 
 from bench.cli import app
 from bench.cli.common import (
+    API_KEY_ENV,
     BucketsOpt,
     CheckpointOpt,
     CompileCacheOpt,
@@ -156,6 +157,10 @@ def sweep(
         "(prompts sized with --checkpoint's tokenizer; see bench/sweep/remote.py)."),
     model: str | None = typer.Option(None, "--model", help="With --target: the model id to request (default: the "
                                      "server's first)."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar=API_KEY_ENV, show_envvar=False,
+                                       help=f"With --target: sent as `Authorization: Bearer KEY` (default: ${API_KEY_ENV}, "
+                                       "the variable `bench serve` reads); never recorded in the run folder. Unused "
+                                       "without --target."),
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     from bench.runs import open_run, resolve_run
@@ -183,7 +188,7 @@ def sweep(
     config.check()
     engine_flags = (dtype, max_length, compile_cache, buckets)
     if target is not None:
-        _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, engine_flags)
+        _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, engine_flags, api_key)
     else:
         _sweep_local(config, run, checkpoint, name, runs_dir, engine_flags)
 
@@ -282,7 +287,7 @@ def _print_table(run, log) -> None:
 
 
 def _sweep_target(target: str, model: str | None, config, checkpoint: str | None, name: str | None, runs_dir: Path,
-                  resume: Path | None, engine_flags: tuple) -> None:  # fmt: skip
+                  resume: Path | None, engine_flags: tuple, api_key: str | None) -> None:  # fmt: skip
     """`bench sweep --target`: the same sweep through an OpenAI-compatible server (bench/sweep/remote.py)."""
     from bench.cli.common import checkpoint_path
     from bench.sweep.remote import sweep_target
@@ -295,5 +300,5 @@ def _sweep_target(target: str, model: str | None, config, checkpoint: str | None
     log = logging.getLogger("bench")
     run = sweep_target(target, model, config, checkpoint=checkpoint_path(checkpoint) if checkpoint else None,
                        runs_dir=runs_dir, name=name, resume=resume, progress=log.info,
-                       stop=StopSignals(log.info))  # fmt: skip
+                       stop=StopSignals(log.info), api_key=api_key)  # fmt: skip
     _print_table(run, log)

@@ -342,7 +342,7 @@ def _stored_gauges(run) -> dict[str, Any]:
 
 def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None, runs_dir: Path, name: str | None,
                  resume: Path | None = None, progress: Callable[[str], None] = lambda _: None,
-                 stop: StopSignals | None = None):  # fmt: skip
+                 stop: StopSignals | None = None, api_key: str | None = None):  # fmt: skip
     """The whole `bench sweep --target` job: describe the target, size every prompt, create (or resume) the run
     folder (label `name`; None: "sweep", suffixed -2, -3, ... when taken), measure, mark it complete or
     incomplete, and say so through `progress` ("sweep STATUS in S s; run folder PATH"). Returns the RunFolder.
@@ -355,11 +355,13 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
     KeyboardInterrupt propagates. Whatever ends the sweep once the run exists (a signal, an error), the run ends
     (`bench.runs.writing_run`): complete, incomplete (a signal) or failed (an error), its lock released.
     With `resume`, target.json is read before the run is touched: a corrupt one is refused, the run left as it was.
+    `api_key`, when given, goes with every request as `Authorization: Bearer KEY` and is recorded nowhere.
     """
     from bench.runs import create_run, free_label, open_run, writing_run
     from bench.sweep.local import sized_prompt
 
-    with httpx.Client(timeout=TIMEOUT) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(timeout=TIMEOUT, headers=headers) as client:
         target = describe_target(client, url, model)
         tokenizer, source = load_prompt_tokenizer(checkpoint, target)
         limit = (((target.health or {}).get("body") or {}).get("buckets") or [None])[-1] if target.ours else None
