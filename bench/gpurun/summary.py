@@ -45,10 +45,9 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
         except Exception as exc:  # noqa: BLE001
             out.append(f"run {path.name}: unreadable ({exc})")
             continue
-        cache = run.manifest.get("compile_cache") or {}
-        ckpt = run.manifest.get("checkpoint") or {}
-        out.append(f"run {path.name}: status {run.status}; checkpoint {ckpt.get('id')}; compile cache hits "
-                   f"{cache.get('hits')} misses {cache.get('misses')}; "
+        ran = run.typed_manifest
+        out.append(f"run {path.name}: status {run.status}; checkpoint {ran.checkpoint.id}; compile cache hits "
+                   f"{ran.compile_cache.hits} misses {ran.compile_cache.misses}; "
                    f"{'valid' if not problems else 'INVALID: ' + problems[0]}")  # fmt: skip
         cells = run.cells()
         if cells:
