@@ -39,8 +39,15 @@ def bench_in_process(args: list[str]) -> int:
     try:
         main(args)
     except SystemExit as exc:
-        return int(exc.code or 0)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
+
+
+def bench_captured(args: list[str], capsys) -> tuple[int, str, str]:
+    """`bench_in_process(args)` with pytest's `capsys`: returns (exit code, stdout, stderr)."""
+    code = bench_in_process(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def assert_one_line_error(proc, *needles: str) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import bench_captured
 from runfolders import REFERENCE_RUNS, make_measured_run
 
 from bench.errors import RunFolderError
@@ -20,18 +21,6 @@ from bench.report.compare import (
 T4G, L4 = REFERENCE_RUNS
 IDS = [11, 22, 33, 44, 55, 66, 77, 88]
 
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """`bench ARGV` through the real entry point; returns (exit code, stdout, stderr)."""
-    from bench.cli import main
-
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _pair(tmp_path: Path, *, cand_gauge: float = 20.0, cand_ids=None, **cand_kwargs):
@@ -137,9 +126,9 @@ def test_incomplete_runs_are_refused(tmp_path: Path) -> None:
 # ---- the command line ------------------------------------------------------------------------------------------------
 def test_cli_compare_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base, cand = _pair(tmp_path, cand_gauge=18.0)
-    code, out, _ = run_cli(["compare", str(base.path), str(cand.path)], capsys)
+    code, out, _ = bench_captured(["compare", str(base.path), str(cand.path)], capsys)
     assert code == 1 and "FAIL: 41 input tokens: gauge tok/s -10.0%" in out and "verdict: FAIL" in out
-    code, out, _ = run_cli(["compare", "2026-11-30-base-cpu", "2026-11-30-cand-cpu", "--runs-dir", str(tmp_path),
+    code, out, _ = bench_captured(["compare", "2026-11-30-base-cpu", "2026-11-30-cand-cpu", "--runs-dir", str(tmp_path),
                             "--max-slowdown", "12%"], capsys)  # fmt: skip
     assert code == 0 and "verdict: PASS (max slowdown 12%)" in out
     assert "identical" in out
@@ -159,7 +148,7 @@ def test_cli_compare_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_cli_user_errors_are_one_line_and_exit_2(
     argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    code, _, err = bench_captured([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
     assert code == 2
     assert err.startswith(expected), err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -167,7 +156,7 @@ def test_cli_user_errors_are_one_line_and_exit_2(
 
 def test_cli_report_refuses_a_named_incomplete_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     half = make_measured_run(tmp_path, "half", status="incomplete")
-    code, _, err = run_cli(["report", str(half.path), "--out", str(tmp_path / "out")], capsys)
+    code, _, err = bench_captured(["report", str(half.path), "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "2026-11-30-half-cpu: status is 'incomplete', not complete" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
@@ -175,7 +164,7 @@ def test_cli_report_refuses_a_named_incomplete_run(tmp_path: Path, capsys: pytes
 def test_cli_report_skips_bad_folders_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     make_measured_run(tmp_path, "good")
     make_measured_run(tmp_path, "half", status="running")
-    code, out, err = run_cli(["report", "--runs-dir", str(tmp_path), "--out", str(tmp_path / "out")], capsys)
+    code, out, err = bench_captured(["report", "--runs-dir", str(tmp_path), "--out", str(tmp_path / "out")], capsys)
     assert code == 0
     assert "warning: skipped 2026-11-30-half-cpu: " in err
     assert f"wrote {tmp_path / 'out' / 'report.md'} from 1 run(s)" in out
@@ -186,9 +175,9 @@ def test_cli_runs_list_and_validate(tmp_path: Path, capsys: pytest.CaptureFixtur
     good = make_measured_run(tmp_path, "good")
     bad = make_measured_run(tmp_path, "bad")
     (bad.path / "cells.jsonl").write_text("{broken\n")
-    code, out, _ = run_cli(["runs", "list", "--runs-dir", str(tmp_path)], capsys)
+    code, out, _ = bench_captured(["runs", "list", "--runs-dir", str(tmp_path)], capsys)
     assert code == 0 and "2026-11-30-good-cpu" in out and "2026-11-30-bad-cpu" in out and "corrupt JSON" in out
-    code, out, _ = run_cli(["runs", "validate", str(good.path)], capsys)
+    code, out, _ = bench_captured(["runs", "validate", str(good.path)], capsys)
     assert code == 0 and "valid (schema version 1)" in out
-    code, out, _ = run_cli(["runs", "validate", "2026-11-30-bad-cpu", "--runs-dir", str(tmp_path)], capsys)
+    code, out, _ = bench_captured(["runs", "validate", "2026-11-30-bad-cpu", "--runs-dir", str(tmp_path)], capsys)
     assert code == 1 and "cells.jsonl line 1: corrupt JSON" in out and "cells.csv: 2 rows but cells.jsonl has 0" in out

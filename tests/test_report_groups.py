@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import bench_captured
 from runfolders import REFERENCE_RUNS, make_measured_run
 
 from bench.errors import InputError
@@ -18,17 +19,6 @@ from bench.report.tables import load_runs
 
 T4G, L4 = REFERENCE_RUNS
 
-
-def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from bench.cli import main
-
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _day(d: str) -> dict:
@@ -125,14 +115,14 @@ def test_bad_selections_are_input_errors(call, message: str) -> None:
     (["--all", "--latest-per", "device"], "error: --all and --latest-per"),
 ])  # fmt: skip
 def test_cli_bad_selection_is_one_line_exit_2(runs: Path, tmp_path: Path, capsys, flags, needle: str) -> None:
-    code, _, err = _run_cli(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "o"), *flags], capsys)
+    code, _, err = bench_captured(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "o"), *flags], capsys)
     assert code == 2 and "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(needle), err
 
 
 def test_cli_default_view_and_all(runs: Path, tmp_path: Path, capsys) -> None:
-    code, out, _ = _run_cli(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "d")], capsys)
+    code, out, _ = bench_captured(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "d")], capsys)
     assert code == 0 and "from 6 run(s)" in out
-    code, out, _ = _run_cli(["report", "--all", "--runs-dir", str(runs), "--out", str(tmp_path / "a")], capsys)
+    code, out, _ = bench_captured(["report", "--all", "--runs-dir", str(runs), "--out", str(tmp_path / "a")], capsys)
     assert code == 0 and "from 8 run(s)" in out

@@ -10,23 +10,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import bench_captured
 from runfolders import REFERENCE_RUNS, make_measured_run
 
 from bench.report import build_report
 from bench.report.rows import ROW_COLUMNS, SUMMARY_COLUMNS, report_rows, rows_csv, rows_jsonl, rows_markdown, rows_plain
 from bench.report.tables import load_runs
 
-
-def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from bench.cli import main
-
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture()
@@ -92,7 +82,7 @@ def test_the_report_writes_the_long_format(runs: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "jsonl"])
 def test_cli_format_prints_the_rows_on_stdout(runs: Path, tmp_path: Path, capsys, fmt: str) -> None:
-    code, out, err = _run_cli(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "o"),
+    code, out, err = bench_captured(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "o"),
                                "--format", fmt], capsys)  # fmt: skip
     assert code == 0, err
     assert "wrote " in err and "wrote " not in out
@@ -105,7 +95,7 @@ def test_cli_format_prints_the_rows_on_stdout(runs: Path, tmp_path: Path, capsys
 
 
 def test_cli_bad_format_is_one_line_exit_2(runs: Path, tmp_path: Path, capsys) -> None:
-    code, out, err = _run_cli(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "o"), "--format", "pdf"],
+    code, out, err = bench_captured(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "o"), "--format", "pdf"],
                               capsys)  # fmt: skip
     assert code == 2 and "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [

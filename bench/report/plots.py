@@ -21,6 +21,23 @@ def _figure(width: float, height: float) -> Any:
     FigureCanvasAgg(fig)
     return fig
 
+def _label_rate_axes(ax: Any, title: str, xlabel: str, *, log_base: int) -> None:
+    """One tok/s panel: log x (base `log_base`), labels, title, a light grid."""
+    ax.set_xscale("log", base=log_base)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("tok/s")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+
+
+def _save_rate_figure(fig: Any, axes: Any, path: Path) -> Path:
+    """The gauge / end-to-end pair of panels: a legend on the first when it has lines, then a PNG at 110 dpi."""
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
 
 def plot_sweep(runs: Sequence[tuple[str, bool, Sequence[CellRow]]], path: Path) -> Path:
     """Gauge and end-to-end tok/s vs input tokens (log x), one line per run: min–max bars where raw samples
@@ -41,16 +58,8 @@ def plot_sweep(runs: Sequence[tuple[str, bool, Sequence[CellRow]]], path: Path) 
             bad = [(x, y) for c, x, y in zip(cells, xs, ys) if not c.valid]
             if bad:
                 ax.scatter(*zip(*bad), marker="x", s=80, color="red", zorder=5)
-        ax.set_xscale("log")
-        ax.set_xlabel("input tokens")
-        ax.set_ylabel("tok/s")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+        _label_rate_axes(ax, title, "input tokens", log_base=10)
+    return _save_rate_figure(fig, axes, path)
 
 
 def plot_profile(runs: Sequence[tuple[str, dict[str, float]]], path: Path) -> Path | None:
@@ -93,16 +102,8 @@ def plot_axis(series: Sequence[tuple[str, Sequence[tuple[float, CellRow]]]], axi
             lo = [y - (getattr(c, f"{metric}_tok_s_min") or y) for (_, c), y in zip(pts, ys)]
             hi = [(getattr(c, f"{metric}_tok_s_max") or y) - y for (_, c), y in zip(pts, ys)]
             ax.errorbar([x for x, _ in pts], ys, yerr=[lo, hi], marker="o", capsize=3, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(axis)
-        ax.set_ylabel("tok/s")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+        _label_rate_axes(ax, title, axis, log_base=2)
+    return _save_rate_figure(fig, axes, path)
 
 
 def plot_history(series: Sequence[tuple[str, Sequence[tuple[str, CellRow | None]]]], path: Path) -> Path:
