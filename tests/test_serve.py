@@ -330,17 +330,22 @@ class _SlowEngine:
         return gen
 
 
-def test_a_client_leaving_mid_stream_frees_the_engine(tiny_checkpoint):
+def _served_wrapped(checkpoint, wrap):
+    """A served app whose engine is `wrap(engine)`; returns (the _Served server, the list its engines land in)."""
     from bench.serve import create_app
 
     engines = []
 
     def provider():
-        loaded = _loaded(tiny_checkpoint, wrap=lambda e: _SlowEngine(e, 0.05))
+        loaded = _loaded(checkpoint, wrap=wrap)
         engines.append(loaded.engine)
         return loaded
 
-    s = _Served(create_app(provider, model_name=MODEL))
+    return _Served(create_app(provider, model_name=MODEL)), engines
+
+
+def test_a_client_leaving_mid_stream_frees_the_engine(tiny_checkpoint):
+    s, engines = _served_wrapped(tiny_checkpoint, lambda e: _SlowEngine(e, 0.05))
     try:
         s.wait_ready()
         body = {"model": MODEL, "prompt": "Tides", "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
@@ -381,16 +386,7 @@ def test_abandoned_requests_are_dropped_when_queued_and_stopped_when_running(tin
     """A client that leaves while its request waits: the request never runs (plain or streamed). One that leaves a
     plain (non-streamed) request mid-generation: the engine stops within a decode step, although tokens keep
     arriving (the old code only looked for a disconnect when none did)."""
-    from bench.serve import create_app
-
-    engines = []
-
-    def provider():
-        loaded = _loaded(tiny_checkpoint, wrap=lambda e: _CountingEngine(e, 0.1))
-        engines.append(loaded.engine)
-        return loaded
-
-    s = _Served(create_app(provider, model_name=MODEL))
+    s, engines = _served_wrapped(tiny_checkpoint, lambda e: _CountingEngine(e, 0.1))
     body = {"model": MODEL, "prompt": "Tides", "max_tokens": MAX_TOKENS, "temperature": 0}
     try:
         s.wait_ready()
