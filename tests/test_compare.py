@@ -178,6 +178,8 @@ def test_cli_runs_list_and_validate(tmp_path: Path, capsys: pytest.CaptureFixtur
     code, out, _ = bench_captured(["runs", "list", "--runs-dir", str(tmp_path)], capsys)
     assert code == 0 and "2026-11-30-good-cpu" in out and "2026-11-30-bad-cpu" in out and "corrupt JSON" in out
     code, out, _ = bench_captured(["runs", "validate", str(good.path)], capsys)
+    assert code == 0 and "valid (schema version 2)" in out  # the version the folder has, not a constant
+    code, out, _ = bench_captured(["runs", "validate", str(T4G)], capsys)
     assert code == 0 and "valid (schema version 1)" in out
     code, out, _ = bench_captured(["runs", "validate", "2026-11-30-bad-cpu", "--runs-dir", str(tmp_path)], capsys)
     assert code == 1 and "cells.jsonl line 1: corrupt JSON" in out and "cells.csv: 2 rows but cells.jsonl has 0" in out

@@ -162,7 +162,7 @@ def runs_validate_cmd(
     run: Annotated[str, typer.Argument(help="Run folder or name in --runs-dir.")], runs_dir: RunsDirOpt = Path("runs")
 ) -> None:
     """Check a run folder against the schema; exit 1 and list the problems when it does not conform."""
-    from bench.runs import resolve_run, validate_run
+    from bench.runs import MANIFEST, read_json, resolve_run, validate_run
 
     path = resolve_run(run, runs_dir)
     problems = validate_run(path)
@@ -170,7 +170,8 @@ def runs_validate_cmd(
     if note:
         typer.echo(f"{path}: {note}")
     if not problems:
-        typer.echo(f"{path}: valid (schema version 1)")
+        version = read_json(path / MANIFEST).get("schema_version")  # validated above: an object with a version
+        typer.echo(f"{path}: valid (schema version {version})")
         return
     typer.echo(f"{path}: {len(problems)} problem(s)")
     for problem in problems:
