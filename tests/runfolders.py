@@ -74,10 +74,12 @@ def manifest(*, build_id: str = "0123456789ab", content_hash: str = "sha256:feed
 def make_measured_run(
     runs_dir: Path, label: str, *, inputs: Sequence[int] = (41, 521), gauge: float | Callable[[int], float] = 20.0,
     status: str = "complete", token_ids: Callable[[int], Sequence[int]] | None = None, cell_kwargs: dict | None = None,
-    date: str = "2026-11-30", slug: str = "cpu", started_at: str | None = None, **manifest_kwargs,
+    date: str = "2026-11-30", slug: str = "cpu", started_at: str | None = None,
+    stopped: dict[int, tuple[str, int]] | None = None, **manifest_kwargs,
 ) -> RunFolder:  # fmt: skip
     """A measured run folder with one cell per input size (cold request in the first cell), finished as `status`.
-    `date` names the folder (`slug` the device in its name); `started_at` (ISO) replaces the start time."""
+    `date` names the folder (`slug` the device in its name); `started_at` (ISO) replaces the start time;
+    `stopped` {input size: (stopped_by, repeats planned)} makes those cells partial (3 timed repeats)."""
     given = manifest(**manifest_kwargs)
     if started_at is not None:
         given["started_at"] = started_at
@@ -87,7 +89,9 @@ def make_measured_run(
         samples = cell_samples(n, gauge=g, cold=i == 0, token_ids=token_ids(n) if token_ids else None,
                                **(cell_kwargs or {}).get(n, {}))  # fmt: skip
         run.append_samples(samples)
-        run.append_cell(summarize_cell(samples, max_new_tokens=MAX_NEW, bucket=64 if n < 64 else 1024))
+        stop_by, planned = (stopped or {}).get(n, (None, None))
+        run.append_cell(summarize_cell(samples, max_new_tokens=MAX_NEW, bucket=64 if n < 64 else 1024,
+                                       stopped_by=stop_by, repeats_planned=planned))  # fmt: skip
     if status != "running":
         run.finish(status)
     return run

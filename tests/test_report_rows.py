@@ -4,6 +4,7 @@ defaults), and every printer (markdown, CSV, JSON Lines, plain text, `bench repo
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import shutil
@@ -100,3 +101,31 @@ def test_cli_bad_format_is_one_line_exit_2(runs: Path, tmp_path: Path, capsys) -
     assert code == 2 and "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         "error: --format 'pdf': expected one of md, csv, jsonl, html"]
+
+
+def test_machine_readable_rows_say_a_cell_is_partial(tmp_path: Path) -> None:
+    run = make_measured_run(tmp_path / "runs", "part", stopped={521: ("interrupted", 6)})
+    report = build_report([run.path], tmp_path / "out")
+    objs = {o["input_tokens"]: o for o in map(json.loads, (report.out_dir / "rows.jsonl").read_text().splitlines())}
+    assert (objs[521]["partial"], objs[521]["repeats"], objs[521]["repeats_planned"]) == (True, 3, 6)
+    assert objs[521]["stopped_by"] == "interrupted"
+    assert (objs[41]["partial"], objs[41]["repeats_planned"], objs[41]["stopped_by"]) == (False, None, None)
+    with open(report.out_dir / "rows.csv", newline="") as fh:
+        by_size = {r["input_tokens"]: r for r in csv.DictReader(fh)}
+    assert (by_size["521"]["partial"], by_size["521"]["repeats_planned"]) == ("True", "6")
+    assert by_size["41"]["partial"] == "False" and by_size["41"]["stopped_by"] == ""
+    with open(report.out_dir / "sweep.csv", newline="") as fh:
+        sweep = {r["input_tokens"]: r for r in csv.DictReader(fh)}
+    assert sweep["521"][f"{run.name}:partial"] == "True" and sweep["521"][f"{run.name}:stopped_by"] == "interrupted"
+    assert sweep["41"][f"{run.name}:partial"] == "False"
+
+
+def test_an_old_row_without_completeness_fields_prints_as_not_partial() -> None:
+    from bench.runs.records import CellRow
+
+    old = {f.name: None for f in dataclasses.fields(CellRow) if f.name not in ("partial", "repeats_planned",
+                                                                                "stopped_by")}  # fmt: skip
+    old.update(input_tokens=41, valid=True, status="ok", repeats=3)
+    row = CellRow(**old)
+    cols = {c.key: c for c in ROW_COLUMNS}
+    assert cols["partial"].cell.value(row) is False and cols["repeats_planned"].cell.value(row) is None

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from bench.runs.columns import CELL_COLUMNS, DASH, Column
+from bench.runs.columns import CELL_COLUMNS, COMPLETENESS_COLUMNS, DASH, Column
 from bench.runs.records import CellRow
 
 _VENDOR = ("NVIDIA ", "Tesla ", "GeForce ")
@@ -178,9 +178,10 @@ KEY_COLUMNS: tuple[RowColumn, ...] = (
 )  # fmt: skip
 """The run's identity keys, in table order."""
 CELL_ROW_COLUMNS: tuple[RowColumn, ...] = tuple(
-    RowColumn(key=c.key, header=c.header, align=c.align, cell=c) for c in CELL_COLUMNS
+    RowColumn(key=c.key, header=c.header, align=c.align, cell=c) for c in (*CELL_COLUMNS, *COMPLETENESS_COLUMNS)
 )
-"""The sweep cell's columns (bench/runs/columns.py), applied to a row's cell."""
+"""The sweep cell's columns (bench/runs/columns.py), applied to a row's cell, then its completeness fields
+(`partial`, `repeats`, `repeats_planned`, `stopped_by`), so no program reads a partial cell as complete."""
 ROW_COLUMNS: tuple[RowColumn, ...] = KEY_COLUMNS + CELL_ROW_COLUMNS
 """Every column of the long format: what rows.csv and rows.jsonl hold."""
 BY_KEY = {c.key: c for c in ROW_COLUMNS}

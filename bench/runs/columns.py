@@ -11,7 +11,9 @@ Formats:
 - a spread column (`Column.spread`): "median (min–max)" where the cell has both ends (raw samples), else the median
   alone (published figures hold medians only);
 - `valid`: "yes", or "NO: " and the reason the cell is not quotable; a partial cell adds "(partial: k of N
-  repeats, why)".
+  repeats, why)";
+- completeness (`COMPLETENESS_COLUMNS`): `partial`, `repeats`, `repeats_planned`, `stopped_by`, the same fact as
+  fields, in every CSV and JSONL.
 """
 
 from __future__ import annotations
@@ -104,14 +106,22 @@ COLD_WARM_REQUEST = Column(key="cold_warm_request_ratio", header="cold/warm requ
 COLD_WARM_TTFT = Column(key="cold_warm_ttft_ratio", header="cold/warm TTFT", unit="x", digits=1)
 VALID = Column(key="valid", header="valid", unit="", digits=None, align="left", text_of=_valid_text)
 STATUS = Column(key="status", header="status", unit="", digits=None, align="left")
+PARTIAL = Column(key="partial", header="partial", unit="", digits=None, align="left")
+REPEATS = Column(key="repeats", header="repeats", unit="", digits=0)
+REPEATS_PLANNED = Column(key="repeats_planned", header="repeats planned", unit="", digits=0)
+STOPPED_BY = Column(key="stopped_by", header="stopped by", unit="", digits=None, align="left")
 
 CELL_COLUMNS: tuple[Column, ...] = (
     INPUT_TOKENS, BUCKET, GAUGE, E2E, TTFT, TPOT, COLD_WARM_REQUEST, COLD_WARM_TTFT, VALID, STATUS,
 )  # fmt: skip
 """Every described column of a sweep cell, in table order."""
+COMPLETENESS_COLUMNS: tuple[Column, ...] = (PARTIAL, REPEATS, REPEATS_PLANNED, STOPPED_BY)
+"""Whether a cell is complete, as fields a program reads (the tables a person reads say it in `valid`): `partial`
+(False for a row written before partial cells existed), the timed `repeats`, and for a partial cell the repeats
+planned and what stopped it. Written by every machine-readable output (rows.csv, rows.jsonl, sweep.csv)."""
 TABLE_COLUMNS: tuple[Column, ...] = CELL_COLUMNS[:-1]
 """The sweep table of the terminal (`bench sweep`) and of the gpu-run summary: one row per input size."""
-CSV_COLUMNS: tuple[Column, ...] = (GAUGE, E2E, BUCKET, TTFT, VALID, STATUS)
+CSV_COLUMNS: tuple[Column, ...] = (GAUGE, E2E, BUCKET, TTFT, VALID, STATUS, *COMPLETENESS_COLUMNS)
 """The report's sweep.csv, per run after `input_tokens` (numbers unrounded)."""
 
 
