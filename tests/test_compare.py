@@ -183,3 +183,24 @@ def test_cli_runs_list_and_validate(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 0 and "valid (schema version 1)" in out
     code, out, _ = bench_captured(["runs", "validate", "2026-11-30-bad-cpu", "--runs-dir", str(tmp_path)], capsys)
     assert code == 1 and "cells.jsonl line 1: corrupt JSON" in out and "cells.csv: 2 rows but cells.jsonl has 0" in out
+
+
+def test_a_partial_candidate_is_compared_and_said_in_the_verdict(tmp_path: Path, capsys) -> None:
+    base = make_measured_run(tmp_path, "base")
+    cand = make_measured_run(tmp_path, "cand", stopped={521: ("max-duration", 6)})
+    result = compare_runs(base.path, cand.path)
+    assert result.passed  # partial cells count toward the verdict: compared on the repeats they have
+    assert result.partial == [f"candidate {cand.name}, 521 input tokens: 3 of 6 repeats (max-duration)"]
+    assert result.verdict.startswith("PASS with partial cells: candidate ")
+    code, out, _ = bench_captured(["compare", str(base.path), str(cand.path)], capsys)
+    assert code == 0 and "◐ partial cell: fewer timed repeats than planned" in out
+    assert "partial: candidate" in out and "3 of 6 repeats (max-duration)" in out
+    assert "verdict: PASS with partial cells:" in out
+    code, out, _ = bench_captured(["compare", str(cand.path), str(base.path)], capsys)
+    assert "partial: baseline" in out  # a partial baseline is said too
+
+
+def test_complete_runs_say_no_partial_cells(tmp_path: Path) -> None:
+    base, cand = make_measured_run(tmp_path, "base"), make_measured_run(tmp_path, "cand")
+    result = compare_runs(base.path, cand.path)
+    assert result.partial == [] and result.verdict == "PASS"

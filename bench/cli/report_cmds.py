@@ -129,9 +129,13 @@ def compare_cmd(
         console.print(f"  differs: {describe_differences(result.differences)}", markup=False)
     for note in result.notes:
         console.print(f"  note: {note}", markup=False)
+    if result.partial:
+        console.print("  ◐ partial cell: fewer timed repeats than planned; compared on the repeats it has", markup=False)
+    for line in result.partial:
+        console.print(f"  partial: {line}", markup=False)
     for failure in result.failures:
         console.print(f"  FAIL: {failure}", markup=False)
-    console.print(f"verdict: {'PASS' if result.passed else 'FAIL'} (max slowdown {limit:g}%)")
+    console.print(f"verdict: {result.verdict} (max slowdown {limit:g}%)", markup=False)
     if result.exit_code:
         raise SystemExit(result.exit_code)  # not typer.Exit: in non-standalone mode click returns its code unseen
 

@@ -9,7 +9,12 @@ Thresholds (each a reason in `Comparison.failures`):
 - with `require_same_tokens`, generated ids that differ at a cell, or that cannot be checked (no raw samples).
 
 Token agreement compares the first timed repeat's generated ids (greedy decoding makes every repeat equal; a run
-whose own repeats disagree gets a note). A single-variable comparison needs equal build id, checkpoint hash,
+whose own repeats disagree gets a note).
+
+Partial cells (fewer timed repeats than planned: a stopped sweep, or `--max-duration`) are compared and count toward
+the verdict like any cell: their medians are of the repeats they have, which is a real but thinner measurement.
+They are never silent: `Comparison.partial` names each one (side, run, input size, k of N repeats, what stopped
+it) and `Comparison.verdict` reads "PASS with partial cells: ..." (or FAIL). A single-variable comparison needs equal build id, checkpoint hash,
 configuration and weight bytes (measurement.md, "Comparisons"); `manifest_differences` says which differ.
 """
 
@@ -178,10 +183,21 @@ class Comparison:
     single_variable: bool | None
     failures: list[str]
     notes: list[str]
+    partial: list[str] = dataclasses.field(default_factory=list)
+    """Each partial cell of either run, as "candidate RUN, N input tokens: k of M repeats (stopped_by)"."""
 
     @property
     def passed(self) -> bool:
         return not self.failures
+
+    @property
+    def verdict(self) -> str:
+        """"PASS" or "FAIL", followed by "with partial cells: ..." (the input sizes and sides) where any cell of
+        either run is partial: partial cells count toward the verdict (see the module docstring)."""
+        word = "PASS" if self.passed else "FAIL"
+        if not self.partial:
+            return word
+        return f"{word} with partial cells: " + "; ".join(self.partial)
 
     @property
     def exit_code(self) -> int:
@@ -279,6 +295,9 @@ def compare_runs(
                 extra = " (inside both runs' min-max spread)" if noise else ""
                 limit = f"limit -{max_slowdown_pct:g}%"
                 failures.append(f"{size} input tokens: {metric} tok/s {value:+.1f}% vs baseline ({limit}){extra}")
+    partial = [f"{side} {run.name}, {c.input_tokens:,} input tokens: {c.repeats} of {c.repeats_planned} repeats "
+               f"({c.stopped_by})" for side, run, cells in (("baseline", base, base_cells), ("candidate", cand, cand_cells))
+               for c in cells.values() if c.partial]  # fmt: skip
     tokens, token_notes = _token_agreement(base, cand, [s for s in sizes if s in base_cells and s in cand_cells])
     notes += token_notes
     if require_same_tokens:
@@ -291,5 +310,5 @@ def compare_runs(
     return Comparison(
         baseline=base.name, candidate=cand.name, max_slowdown_pct=max_slowdown_pct, cells=deltas, tokens=tokens,
         differences=manifest_differences(base.manifest, cand.manifest), single_variable=same, failures=failures,
-        notes=notes,
+        notes=notes, partial=partial,
     )  # fmt: skip
