@@ -185,6 +185,18 @@ def test_single_variable_comparisons_are_recognised_and_differences_named(tmp_pa
     assert "decode gauge 1.10x at 41, 1.10x at 521 (median 1.10x)" in text
 
 
+def test_findings_drawing_on_a_partial_cell_are_marked(tmp_path: Path) -> None:
+    make_measured_run(tmp_path, "a", gauge=20.0)
+    make_measured_run(tmp_path, "b", gauge=22.0, stopped={521: ("interrupted", 6)})
+    report = build_report([], tmp_path / "out", baseline="2026-11-30-a-cpu", runs_dir=tmp_path)
+    mark = "◐ (partial cells: CPU 2026-11-30-b-cpu at 521 input tokens, 3 of 6 repeats, interrupted)"
+    speedup = next(f for f in report.findings if f.startswith("Speedup of CPU 2026-11-30-b-cpu"))
+    assert speedup.endswith(mark)
+    (decode,) = [f for f in report.findings if "(max − min) / median" in f]  # the latest run of the device: b
+    assert decode.endswith("◐ (partial cells: CPU at 521 input tokens, 3 of 6 repeats, interrupted)")
+    assert sum("◐" in f for f in report.findings) == 2  # the cold (41) and history (41) lines draw on no partial cell
+
+
 # ---- robustness ----------------------------------------------------------------------------------------------------
 @pytest.fixture
 def messy_runs(tmp_path: Path) -> Path:

@@ -86,6 +86,15 @@ def _slug(view: RunView) -> str:
     return device_slug((view.m.get("device") or {}).get("device_kind"))
 
 
+def partial_mark(drawn: list[tuple[RunView, Any]]) -> str:
+    """The mark a finding carries when it draws on partial cells (fewer timed repeats than planned): " ◐ (partial
+    cells: LABEL at N input tokens, k of M repeats, why; ...)", or "" when every cell in `drawn` ((view, CellRow)
+    pairs) is complete."""
+    parts = [f"{v.label} at {c.input_tokens:,} input tokens, {c.repeats} of {c.repeats_planned} repeats, {c.stopped_by}"
+             for v, c in drawn if c.partial]  # fmt: skip
+    return f" ◐ (partial cells: {'; '.join(parts)})" if parts else ""
+
+
 def _median_gauge(view: RunView) -> float | None:
     pts = _points(view, "gauge")
     return statistics.median(v for _, v in pts) if pts else None
@@ -119,7 +128,7 @@ def decode_findings(views: list[RunView]) -> list[str]:
                 f"({100 * (e1 - e0) / e0:+.1f}%) while the gauge moves {flat:.1f}% over the same cells"
             )
             text += ": the fall is outside steady-state decode (prefill, TTFT)." if flat < 5 else "."
-        out.append(text)
+        out.append(text + partial_mark([(v, v.cells[s]) for s in sizes]))
     return out
 
 
@@ -142,7 +151,8 @@ def cold_warm_findings(views: list[RunView]) -> list[str]:
                 parts.append(f"TTFT {c.cold_ttft_ms:,.1f} ms cold vs {c.ttft_ms_median:,.1f} ms warm median = "
                              f"{c.cold_warm_ttft_ratio:.1f}x (TTFT ratio: a different measurement)")  # fmt: skip
             if parts:
-                out.append(f"{v.label}, {c.input_tokens:,} input tokens: " + "; ".join(parts) + ".")
+                out.append(f"{v.label}, {c.input_tokens:,} input tokens: " + "; ".join(parts) + "."
+                           + partial_mark([(v, c)]))  # fmt: skip
         if cold:
             continue
         other = v.other_published.get(f"cold_vs_warm_first_request_{_slug(v)}") if v.published else None
@@ -173,19 +183,21 @@ def comparison_findings(views: list[RunView], base: RunView) -> list[str]:
             out.append(f"{v.label} vs {base.label}: no speedup is computed, they ran different models "
                        f"({models[1]} vs {models[0]}); their tok/s are not comparable.")  # fmt: skip
             continue
-        parts = []
+        parts, drawn = [], []
         for metric, name in (("gauge", "decode gauge"), ("e2e", "end-to-end")):
             b, c = dict(_points(base, metric)), dict(_points(v, metric))
             common = sorted(set(b) & set(c))
             if not common:
                 continue
+            drawn += [(x, x.cells[s]) for s in common for x in (base, v) if (x, x.cells[s]) not in drawn]
             ratios = [c[s] / b[s] for s in common]
             each = ", ".join(f"{r:.2f}x at {s:,}" for r, s in zip(ratios, common))
             parts.append(f"{name} {each} (median {statistics.median(ratios):.2f}x)")
         quoted = v.other_published.get(f"speedup_{_slug(v)}_over_{_slug(base)}_decode") if v.published else None
         if parts:
             text = f"Speedup of {v.label} over {base.label}: " + "; ".join(parts)
-            out.append(text + (f"; the source quotes {quoted}x for decode." if quoted is not None else "."))
+            out.append(text + (f"; the source quotes {quoted}x for decode." if quoted is not None else ".")
+                       + partial_mark(drawn))  # fmt: skip
         else:
             out.append(f"Speedup of {v.label} over {base.label}: no common valid cells.")
         same, diffs = single_variable(base.m, v.m)
@@ -455,7 +467,8 @@ def history_findings(group: Group) -> list[str]:
             noise = "no spread to compare"
         out.append(f"History of {name}: {len(runs)} runs; the latest ({group.keys[last.name].date}, build "
                    f"{group.keys[last.name].build_id}) decodes {fmt_num(b.gauge_tok_s_median)} tok/s at {s:,} input "
-                   f"tokens vs {fmt_num(a.gauge_tok_s_median)} the run before ({change:+.1f}%, {noise}).")  # fmt: skip
+                   f"tokens vs {fmt_num(a.gauge_tok_s_median)} the run before ({change:+.1f}%, {noise})."
+                   + partial_mark([(prev, a), (last, b)]))  # fmt: skip
     return out
 
 
