@@ -126,3 +126,22 @@ def test_cli_default_view_and_all(runs: Path, tmp_path: Path, capsys) -> None:
     assert code == 0 and "from 6 run(s)" in out
     code, out, _ = bench_captured(["report", "--all", "--runs-dir", str(runs), "--out", str(tmp_path / "a")], capsys)
     assert code == 0 and "from 8 run(s)" in out
+
+
+def test_a_remote_target_run_is_its_own_group_split_by_method(tmp_path: Path) -> None:
+    import json
+
+    local = make_measured_run(tmp_path, "local", gauge=20.0, **_day("2026-11-20"))
+    remote = make_measured_run(tmp_path, "remote", gauge=10.0, **_day("2026-11-21"))
+    m = json.loads((remote.path / "manifest.json").read_text())
+    m["target"] = {"url": "http://127.0.0.1:8000", "model": "gemma4", "kind": "bench-serve"}
+    (remote.path / "manifest.json").write_text(json.dumps(m))
+    views, _ = load_runs(None, tmp_path)
+    keys = {v.name: run_keys(v) for v in views}
+    assert (keys[local.name].method, keys[remote.name].method) == ("in-process", "remote target")
+    assert group_key(keys[local.name]) != group_key(keys[remote.name])
+    report = build_report([], tmp_path / "out", runs_dir=tmp_path)
+    md = report.markdown.read_text()
+    assert "by method: in-process vs remote target." in md or "by method: remote target vs in-process." in md
+    assert "| group | runs | method | devices |" in md  # the groups table names the method
+    assert not any("Speedup of" in f for f in report.findings)  # never compared with each other

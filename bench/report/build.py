@@ -338,14 +338,14 @@ def build_report(
 
 def _groups_section(groups: list[Group]) -> Section:
     """The groups overview: one line per group, and which key splits each from its nearest group."""
-    header = ["group", "runs", "devices", "checkpoint", "quant", "dtypes", "new tokens", "batch", "concurrency", "dates"]
+    header = ["group", "runs", "method", "devices", "checkpoint", "quant", "dtypes", "new tokens", "batch", "concurrency", "dates"]
     rows = []
     for g in groups:
         k = dict(g.key)
         dates = sorted(d for d in (g.keys[v.name].date for v in g.pool) if d)
         span = DASH if not dates else dates[0] if dates[0] == dates[-1] else f"{dates[0]}..{dates[-1]}"
         ckpt = str(k["checkpoint"] or DASH)
-        rows.append([g.gid + (" (published)" if g.published else ""), f"{len(g.views)} of {len(g.pool)}",
+        rows.append([g.gid + (" (published)" if g.published else ""), f"{len(g.views)} of {len(g.pool)}", k["method"],
                      ", ".join(g.axis_values("device")), ckpt[:16] + ("…" if len(ckpt) > 16 else ""),
                      k["quantization"], k["dtypes"], fmt_num(k["new tokens"], 0),
                      ", ".join(map(str, g.axis_values("batch"))), ", ".join(map(str, g.axis_values("concurrency"))),

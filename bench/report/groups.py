@@ -1,6 +1,7 @@
 """Which runs a report shows (`Selection`, `select_runs`) and which of them it compares (`group_runs`).
 
 Comparison groups: runs are compared only with runs whose identity keys (`group_key`) are equal: provenance,
+method (in-process engine timing vs a remote target's client-side timing over HTTP: not the same measurement),
 checkpoint (content hash, else its id), quantization, dtypes (weights/compute/kv cache) and tokens generated per
 request. Device, host, batch, concurrency and build are not group keys: they are the axes a group's views are
 drawn against (device by device, against batch and concurrency, over time). Published runs form their own group,
@@ -32,6 +33,7 @@ WHERE_KEYS: dict[str, Callable[[RunKeys], Any]] = {
     "hash": lambda k: k.checkpoint_hash, "quant": lambda k: k.quantization, "dtype": lambda k: k.dtypes,
     "batch": lambda k: k.batch, "concurrency": lambda k: k.concurrency, "build": lambda k: k.build_id,
     "date": lambda k: k.date, "provenance": lambda k: k.provenance, "run": lambda k: k.run,
+    "method": lambda k: k.method,
 }  # fmt: skip
 """The keys `--where` and `--latest-per` accept, and how each reads a run's keys."""
 
@@ -41,6 +43,7 @@ def group_key(keys: RunKeys) -> tuple[tuple[str, Any], ...]:
     published = keys.published
     return (
         ("provenance", keys.provenance),
+        ("method", keys.method),
         ("checkpoint", keys.checkpoint_id if published else keys.checkpoint_hash or keys.checkpoint_id),
         ("quantization", keys.quantization),
         ("dtypes", PUBLISHED_DTYPES if published else keys.dtypes),
@@ -82,6 +85,7 @@ class Group:
         k = dict(self.key)
         ckpt = k["checkpoint"]
         parts = [("checkpoint " + ckpt[:12] if len(ckpt) == 64 else ckpt) if ckpt else "checkpoint not recorded"]
+        parts += [] if self.published else [k["method"]]
         parts += [f"quant {k['quantization']}", f"dtypes {k['dtypes']}", f"{k['new tokens'] or '?'} new tokens"]
         return ("published: " if self.published else "") + ", ".join(parts)
 

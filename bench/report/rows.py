@@ -35,6 +35,11 @@ DEFAULT_CONCURRENCY = 1
 DEFAULT_QUANTIZATION = "none"
 
 
+METHOD_IN_PROCESS = "in-process"
+METHOD_REMOTE = "remote target"
+METHOD_PUBLISHED = "as published"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunKeys:
     """A run's identity, as the long format and the comparison groups use it (None: not recorded).
@@ -44,7 +49,9 @@ class RunKeys:
     `quantization` ("none" when unrecorded), `weight_dtype`, `compute_dtype`, `kv_cache_dtype`: dtype names;
     `batch`, `concurrency`: sequences decoded together and requests in flight (1 when unrecorded);
     `max_new_tokens`: tokens generated per request (the manifest's, else its cells'); `date`: YYYY-MM-DD the run started (else its folder name's);
-    `started_at`: ISO time (ordering); `provenance`: "measured" or "published"; `label`: the report's short name.
+    `started_at`: ISO time (ordering); `provenance`: "measured" or "published"; `label`: the report's short name;
+    `method`: how the numbers were timed (`method_of`): "in-process" (the engine timed in this process),
+    "remote target" (`sweep --target`: client-side timing over HTTP, streamed) or "as published".
     """
 
     run: str
@@ -65,6 +72,7 @@ class RunKeys:
     date: str | None
     started_at: str | None
     provenance: str
+    method: str = METHOD_IN_PROCESS
 
     @property
     def published(self) -> bool:
@@ -84,6 +92,17 @@ def chip_name(device: dict[str, Any] | None) -> str:
     for word in _VENDOR:
         kind = kind.replace(word, "")
     return "CPU" if kind.lower().startswith("cpu") else kind.strip()
+
+
+def method_of(manifest: Any) -> str:
+    """How a run's numbers were timed, from its typed manifest (`bench.runs.Manifest`): "as published" for
+    published figures, "remote target" for a sweep through a server (the manifest records a `target`, or its
+    command is "sweep --target"), else "in-process"."""
+    if manifest.provenance.kind == "published":
+        return METHOD_PUBLISHED
+    if manifest.extra.get("target") is not None or manifest.command == "sweep --target":
+        return METHOD_REMOTE
+    return METHOD_IN_PROCESS
 
 
 def _int_or(value: Any, default: int) -> int:
@@ -108,7 +127,7 @@ def run_keys(view: Any) -> RunKeys:
         concurrency=_int_or(m.workload.notes.get("concurrency"), DEFAULT_CONCURRENCY),
         max_new_tokens=m.workload.max_new_tokens or next((c.max_new_tokens for c in view.cells.values()), None),
         build_id=m.build_id, date=date, started_at=m.started_at,
-        provenance=m.provenance.kind,
+        provenance=m.provenance.kind, method=method_of(m),
     )  # fmt: skip
 
 
@@ -174,7 +193,7 @@ KEY_COLUMNS: tuple[RowColumn, ...] = (
     _key("quantization", "quant"), _key("weight_dtype", "weights"), _key("compute_dtype", "compute"),
     _key("kv_cache_dtype", "kv cache"), _key("batch", "batch", "right"), _key("concurrency", "concurrency", "right"),
     _key("max_new_tokens", "new tokens", "right"), _key("build_id", "build"), _key("date", "date"),
-    _key("provenance", "provenance"),
+    _key("provenance", "provenance"), _key("method", "method"),
 )  # fmt: skip
 """The run's identity keys, in table order."""
 CELL_ROW_COLUMNS: tuple[RowColumn, ...] = tuple(
