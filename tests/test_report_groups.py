@@ -113,6 +113,12 @@ def test_bad_selections_are_input_errors(call, message: str) -> None:
     (["--where", "size=3"], "error: --where key 'size'"),
     (["--since", "2026-13-01"], "error: --since '2026-13-01'"),
     (["--all", "--latest-per", "device"], "error: --all and --latest-per"),
+    (["--where", "device=l4,device=t4g"], "error: --where 'device=l4,device=t4g': key 'device' given twice"),
+    (["--where", ","], "error: --where ',': an empty term"),
+    (["--where", ""], "error: --where '': an empty term"),
+    (["--latest-per", ""], "error: --latest-per '': an empty key"),
+    (["--latest-per", "device,"], "error: --latest-per 'device,': an empty key"),
+    (["--latest-per", "device,DEVICE"], "error: --latest-per 'device,DEVICE': key 'device' given twice"),
 ])  # fmt: skip
 def test_cli_bad_selection_is_one_line_exit_2(runs: Path, tmp_path: Path, capsys, flags, needle: str) -> None:
     code, _, err = bench_captured(["report", "--runs-dir", str(runs), "--out", str(tmp_path / "o"), *flags], capsys)

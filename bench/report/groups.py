@@ -151,24 +151,40 @@ def _known(key: str, flag: str) -> str:
 
 
 def parse_where(text: str | None) -> dict[str, str]:
-    """"device=l4,quant=none" -> {"device": "l4", "quant": "none"}. InputError for a term without "=", an empty
-    value or an unknown key."""
+    """"device=l4,quant=none" -> {"device": "l4", "quant": "none"}; None -> {}. InputError for an empty text or
+    term ("", ",", "device=l4,"), a term without "=", an empty value, an unknown key or a key given twice (a run
+    has one device: "device=l4,device=t4g" would match nothing, not both)."""
+    if text is None:
+        return {}
     out: dict[str, str] = {}
-    for term in (text or "").split(","):
+    for term in text.split(","):
         if not term.strip():
-            continue
+            raise InputError(f"--where {text!r}: an empty term; expected KEY=VALUE terms separated by commas, "
+                             "e.g. device=l4,quant=none")  # fmt: skip
         key, sep, value = term.partition("=")
         if not sep or not value.strip():
             raise InputError(f"--where {text!r}: expected KEY=VALUE terms separated by commas, e.g. device=l4,quant=none")
-        out[_known(key, "--where")] = value.strip()
+        key = _known(key, "--where")
+        if key in out:
+            raise InputError(f"--where {text!r}: key {key!r} given twice; expected each key once (one value per key)")
+        out[key] = value.strip()
     return out
 
 
 def parse_latest_per(text: str | None) -> tuple[str, ...] | None:
-    """"device,host" -> ("device", "host"); None stays None. InputError for an unknown key."""
+    """"device,host" -> ("device", "host"); None stays None. InputError for an empty text or term ("", ",",
+    "device,"), an unknown key or a key given twice."""
     if text is None:
         return None
-    return tuple(_known(k, "--latest-per") for k in text.split(",") if k.strip())
+    keys: list[str] = []
+    for term in text.split(","):
+        if not term.strip():
+            raise InputError(f"--latest-per {text!r}: an empty key; expected keys separated by commas, e.g. device,host")
+        key = _known(term, "--latest-per")
+        if key in keys:
+            raise InputError(f"--latest-per {text!r}: key {key!r} given twice; expected each key once")
+        keys.append(key)
+    return tuple(keys)
 
 
 def parse_since(text: str | None) -> str | None:
