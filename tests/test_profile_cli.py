@@ -393,3 +393,24 @@ def test_a_signal_leaves_a_joined_run_as_it_was_and_unlocked(env, tiny_checkpoin
     err = _signal_when(proc, lambda: (run.path / ".lock").exists(), sig)
     assert proc.returncode == 130, err
     assert _files(run.path) == before, err  # status kept, lock gone, nothing else written before the capture
+
+
+def test_the_category_table_labels_mean_and_typical_step_shares():
+    from rich.console import Console
+
+    from bench.cli.profile_cmds import print_profile
+
+    cats = {"matmul_fp32": {"pct": 60.0, "ms": 6.0}, "attention": {"pct": 40.0, "ms": 4.0}}
+    data = {"steps": 5, "device": {"platform": "cpu"}, "categories": cats,
+            "categories_typical_step": {"matmul_fp32": {"pct": 55.0, "ms": 1.1}, "attention": {"pct": 45.0, "ms": 0.9}},
+            "totals": {"device_ms": 10.0, "steps": 5, "distinct_ops": 2, "tok_s": 500.0, "ms_per_step": 2.0,
+                       "typical_step_ms": 2.0},
+            "ops": []}  # fmt: skip
+    console = Console(record=True, width=200)
+    print_profile(data, console=console)
+    out = console.export_text()
+    assert "typical step: each op" not in out  # the title no longer says the whole table is the typical step
+    assert "share (all steps)" in out and "ms (all steps)" in out and "share (typical step)" in out
+    assert "value (all traced steps)" in out
+    line = next(x for x in out.splitlines() if "attention" in x)
+    assert "40.0%" in line and "45.0%" in line

@@ -187,7 +187,9 @@ def _signals_interrupt():
 
 
 def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
-    """The published-shape table, the categories, and the top per-op rows of a profile.json dict."""
+    """The published-shape table, the categories, and the top per-op rows of a profile.json dict. The category
+    table labels each column for what it is: the share and ms over all traced steps (the headline, mean-based
+    figures) beside the typical step's share (each op at its median event time)."""
     from rich.table import Table
 
     from bench.profile.analysis import format_profile_table
@@ -197,7 +199,7 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
     title = f"profile: {data['steps']} decode steps on {device.get('device_kind') or device.get('platform', '?')}"
     summary = Table(title=title)
     summary.add_column("")
-    summary.add_column("value", justify="right")
+    summary.add_column("value (all traced steps)", justify="right")
     for label, value in format_profile_table(data):
         summary.add_row(label, value)
     roof = data.get("roofline") or {}
@@ -214,9 +216,10 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
                         f"cache of {config['kv_cache_positions']} positions")  # fmt: skip
     console.print(summary)
 
-    cats = Table(title="device time by category (typical step: each op at its median time, steadier on a busy CPU)")
+    cats = Table(title="device time by category: over all traced steps, and in the typical step (each op at its "
+                       "median time: steadier on a busy machine)")  # fmt: skip
     typical = data.get("categories_typical_step") or {}
-    for col in ("category", "share", "ms", "typical-step share"):
+    for col in ("category", "share (all steps)", "ms (all steps)", "share (typical step)"):
         cats.add_column(col, justify="left" if col == "category" else "right")
     for name, cat in data["categories"].items():
         typ = (typical.get(name) or {}).get("pct")

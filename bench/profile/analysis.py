@@ -426,7 +426,9 @@ def format_profile_table(analysis: ProfileAnalysis | Mapping[str, Any]) -> list[
     dtype conversion %, fp32 gemv %, tensor core %, total kernel time, distinct kernels, decode gauge, bandwidth,
     roofline share. "fp32 gemv" is the matmul_fp32 category (at batch 1 a decode step's products are matrix-vector
     products); "decode gauge" is the gauge attached with the roofline, else the profile's own rate, labelled so.
-    A category the device cannot have reads "absent"; a roofline not attached reads "not measured".
+    A category the device cannot have reads "absent"; a roofline not attached reads "not measured". Every share
+    here is over all traced steps (the total device time of each category / the total: the mean step), never the
+    typical step's; the labels say so.
     """
     data = analysis.to_json() if isinstance(analysis, ProfileAnalysis) else analysis
     cats, totals, roof = data["categories"], data["totals"], data.get("roofline") or {}
