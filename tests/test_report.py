@@ -158,7 +158,8 @@ def test_a_measured_run_gets_its_own_group_beside_the_references(tmp_path: Path)
     assert report.runs == [T4G.name, L4.name, "2026-11-30-mine-cpu"]  # the published group first, its baseline first
     md = report.markdown.read_text()
     published, mine = md.split("## G1: ")[1].split("## G2: ")
-    assert "G2 is split from G1 by provenance: published vs measured; checkpoint: google/gemma-4-E2B-it" in md
+    assert ("G2 is split from G1 by provenance: published vs measured; method: as published vs in-process; "
+            "checkpoint: google/gemma-4-E2B-it") in md
     header = next(l for l in mine.splitlines() if l.startswith("| input tokens"))
     assert header == "| input tokens | CPU gauge tok/s | CPU end-to-end tok/s |"  # no published column beside it
     row41 = next(l for l in mine.splitlines() if l.startswith("| 41 |"))
