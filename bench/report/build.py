@@ -284,33 +284,12 @@ def build_report(
     selected, pool = select_runs(loaded, keys, selection or Selection())
     if named is not None and named.name not in {v.name for v in selected}:
         selected = [named, *selected]
-    groups = group_runs(selected, pool, keys)
-    labelled = {}
-    for g in groups:  # labels unique within a group: the chip, with the run name where chips repeat
-        labelled.update({v.name: v for v in assign_labels(g.views)})
-    keys = {n: dataclasses.replace(k, label=labelled[n].label if n in labelled else k.label) for n, k in keys.items()}
-    groups = [dataclasses.replace(g, views=[labelled[v.name] for v in g.views], keys=keys) for g in groups]
+    groups = _labelled_groups(selected, pool, keys)
     bases = {g.gid: next((v for v in g.views if named is not None and v.name == named.name), None) or _slowest(g.views)
              for g in groups}  # fmt: skip
     views = [v for g in groups for v in sorted(g.views, key=lambda v: v is not bases[g.gid])]
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot write the report to {out} ({exc.strerror or exc}); pass --out DIR") from None
-
-    rows = report_rows(views)
-    (out / "rows.csv").write_text(rows_csv(ROW_COLUMNS, rows), encoding="utf-8")
-    (out / "rows.jsonl").write_text(rows_jsonl(ROW_COLUMNS, rows), encoding="utf-8")
-    files = [out / "rows.csv", out / "rows.jsonl"]
-    env_header, env_raw, _ = environment_table(views)
-    write_csv(out / "environment.csv", env_header[:1] + [v.name for v in views], env_raw)
-    sw_csv_h, sw_csv, *_ = sweep_report_table(views)
-    write_csv(out / "sweep.csv", sw_csv_h, sw_csv)
-    pr_csv_h, pr_csv, *_ = profile_table(views)
-    write_csv(out / "profile.csv", pr_csv_h, pr_csv)
-    files += [out / "environment.csv", out / "sweep.csv", out / "profile.csv"]
-
+    out = _out_dir(out_dir)
+    rows, files = _write_data_files(out, views)
     sections = [_groups_section(groups)]
     findings: list[str] = []
     for g in groups:
@@ -323,8 +302,8 @@ def build_report(
     intro = [
         f"{len(views)} run(s) in {len(groups)} comparison group(s); selection: {(selection or Selection()).describe()}"
         f" ({len(pool)} of {len(loaded)} complete run(s) passed its filters). Runs are compared only within a group "
-        f"(same checkpoint, quantization, dtypes and tokens per request). Figures from runs marked *(published)* "
-        f"were measured elsewhere and are quoted as published; {DASH} means the run has no such figure.",
+        f"(same method, checkpoint, quantization, dtypes and tokens per request). Figures from runs marked "
+        f"*(published)* were measured elsewhere and are quoted as published; {DASH} means the run has no such figure.",
         "Baselines for speedups: " + "; ".join(f"{g.gid} **{bases[g.gid].label}** ({bases[g.gid].name})"
                                                for g in groups) + ".",
     ]  # fmt: skip
@@ -334,6 +313,43 @@ def build_report(
     base = named or bases[groups[0].gid]
     return Report(out, out / "report.md", [out / "report.md", *files], [v.name for v in views], base.name, skipped,
                   findings, rows)  # fmt: skip
+
+
+def _labelled_groups(selected: list[RunView], pool: list[RunView], keys: dict[str, Any]) -> list[Group]:
+    """The comparison groups of `selected`, each view labelled uniquely within its group (the chip, with the run
+    name where chips repeat), every group's `keys` carrying those labels."""
+    groups = group_runs(selected, pool, keys)
+    labelled = {}
+    for g in groups:
+        labelled.update({v.name: v for v in assign_labels(g.views)})
+    keys = {n: dataclasses.replace(k, label=labelled[n].label if n in labelled else k.label) for n, k in keys.items()}
+    return [dataclasses.replace(g, views=[labelled[v.name] for v in g.views], keys=keys) for g in groups]
+
+
+def _out_dir(out_dir: str | Path) -> Path:
+    """`out_dir`, created. InputError when it cannot be."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot write the report to {out} ({exc.strerror or exc}); pass --out DIR") from None
+    return out
+
+
+def _write_data_files(out: Path, views: list[RunView]) -> tuple[list[ReportRow], list[Path]]:
+    """Write the machine-readable files (rows.csv, rows.jsonl, environment.csv, sweep.csv, profile.csv) of
+    `views` into `out`; returns (the long-format rows, the files written)."""
+    rows = report_rows(views)
+    (out / "rows.csv").write_text(rows_csv(ROW_COLUMNS, rows), encoding="utf-8")
+    (out / "rows.jsonl").write_text(rows_jsonl(ROW_COLUMNS, rows), encoding="utf-8")
+    env_header, env_raw, _ = environment_table(views)
+    write_csv(out / "environment.csv", env_header[:1] + [v.name for v in views], env_raw)
+    sw_csv_h, sw_csv, *_ = sweep_report_table(views)
+    write_csv(out / "sweep.csv", sw_csv_h, sw_csv)
+    pr_csv_h, pr_csv, *_ = profile_table(views)
+    write_csv(out / "profile.csv", pr_csv_h, pr_csv)
+    names = ("rows.csv", "rows.jsonl", "environment.csv", "sweep.csv", "profile.csv")
+    return rows, [out / n for n in names]
 
 
 def _groups_section(groups: list[Group]) -> Section:

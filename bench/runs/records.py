@@ -219,36 +219,12 @@ def summarize_cell(
     """
     if stopped_by is not None and stopped_by not in STOPPED_BY:
         raise ValueError(f"summarize_cell: stopped_by {stopped_by!r} is not one of {STOPPED_BY}")
-    rows = [as_sample(s) for s in samples]
-    if input_tokens is not None:
-        rows = [s for s in rows if s.input_tokens == input_tokens]
-    sizes = {s.input_tokens for s in rows}
-    if len(sizes) != 1:
-        raise ValueError(f"summarize_cell: expected samples of one input size, got sizes {sorted(sizes)}")
-    size = sizes.pop()
+    size, rows = _one_size([as_sample(s) for s in samples], input_tokens)
     timed = sorted((s for s in rows if s.kind == "timed"), key=lambda s: s.repeat)
     cold = next((s for s in rows if s.kind == "cold"), None)
-
-    reasons: list[str] = []
-    if not timed:
-        reasons.append("no timed repeats")
-    compiled = [s.repeat for s in timed if s.compile_events]
-    if compiled:
-        total = sum(s.compile_events or 0 for s in timed)
-        reasons.append(f"{total} compile event(s) during timed repeat(s) {', '.join(map(str, compiled))}")
-    if any(s.compile_events is None for s in timed):
-        reasons.append("compile events not observable on this server, so no timed repeat is proven compile-free")
-    for s in timed:
-        if s.generated_tokens != max_new_tokens:
-            reasons.append(f"repeat {s.repeat} generated {s.generated_tokens} tokens, expected {max_new_tokens}")
-        if s.degenerate is None:
-            reasons.append(f"repeat {s.repeat} has no degeneracy verdict")
-        elif s.degenerate:
-            reasons.append(f"repeat {s.repeat} degenerate: {s.degenerate_reason or 'loop'}")
-
+    reasons = _invalid_reasons(timed, max_new_tokens)
     gauge, e2e, ttft = (_stats([getattr(s, f) for s in timed]) for f in ("gauge_tok_s", "e2e_tok_s", "ttft_ms"))
     steps = [x for s in timed for x in s.step_ms]
-    e2e_ms_median = _stats([s.e2e_ms for s in timed])[0]
     verdicts = [s.degenerate for s in timed]
     return CellRow(
         input_tokens=size,
@@ -266,15 +242,56 @@ def summarize_cell(
         tpot_ms_median=_stats([s.tpot_ms for s in timed])[0],
         step_ms_median=statistics.median(steps) if steps else None,
         step_ms_p99=_percentile(steps, 99) if steps else None,
-        cold_request_s=cold.e2e_ms / 1000.0 if cold else None,
-        cold_ttft_ms=cold.ttft_ms if cold else None,
-        cold_warm_request_ratio=cold.e2e_ms / e2e_ms_median if cold and e2e_ms_median else None,
-        cold_warm_ttft_ratio=cold.ttft_ms / ttft[0] if cold and ttft[0] else None,
+        **_cold_fields(cold, timed, ttft[0]),
         compile_events_timed=None if any(s.compile_events is None for s in timed) else sum(s.compile_events for s in timed),
         degenerate=None if not timed or None in verdicts else any(verdicts),
         generated_tokens_per_repeat=[s.generated_tokens for s in timed],
         partial=stopped_by is not None, repeats_planned=repeats_planned if stopped_by else None, stopped_by=stopped_by,
     )  # fmt: skip
+
+
+def _one_size(rows: list[Sample], input_tokens: int | None) -> tuple[int, list[Sample]]:
+    """(the input size, its samples): those of `input_tokens` when given, else all, which must share one size.
+    ValueError otherwise (or for no samples)."""
+    if input_tokens is not None:
+        rows = [s for s in rows if s.input_tokens == input_tokens]
+    sizes = {s.input_tokens for s in rows}
+    if len(sizes) != 1:
+        raise ValueError(f"summarize_cell: expected samples of one input size, got sizes {sorted(sizes)}")
+    return sizes.pop(), rows
+
+
+def _invalid_reasons(timed: list[Sample], max_new_tokens: int) -> list[str]:
+    """Why a cell of these timed repeats is not quotable (see `summarize_cell`); [] when it is."""
+    reasons: list[str] = []
+    if not timed:
+        reasons.append("no timed repeats")
+    compiled = [s.repeat for s in timed if s.compile_events]
+    if compiled:
+        total = sum(s.compile_events or 0 for s in timed)
+        reasons.append(f"{total} compile event(s) during timed repeat(s) {', '.join(map(str, compiled))}")
+    if any(s.compile_events is None for s in timed):
+        reasons.append("compile events not observable on this server, so no timed repeat is proven compile-free")
+    for s in timed:
+        if s.generated_tokens != max_new_tokens:
+            reasons.append(f"repeat {s.repeat} generated {s.generated_tokens} tokens, expected {max_new_tokens}")
+        if s.degenerate is None:
+            reasons.append(f"repeat {s.repeat} has no degeneracy verdict")
+        elif s.degenerate:
+            reasons.append(f"repeat {s.repeat} degenerate: {s.degenerate_reason or 'loop'}")
+    return reasons
+
+
+def _cold_fields(cold: Sample | None, timed: list[Sample], ttft_median: float | None) -> dict[str, float | None]:
+    """The cold request's fields of a CellRow: its time (s) and TTFT (ms), and their ratios to the timed
+    repeats' medians (whole request: cold e2e / median e2e; TTFT: cold TTFT / median TTFT); None without one."""
+    e2e_ms_median = _stats([s.e2e_ms for s in timed])[0]
+    return {
+        "cold_request_s": cold.e2e_ms / 1000.0 if cold else None,
+        "cold_ttft_ms": cold.ttft_ms if cold else None,
+        "cold_warm_request_ratio": cold.e2e_ms / e2e_ms_median if cold and e2e_ms_median else None,
+        "cold_warm_ttft_ratio": cold.ttft_ms / ttft_median if cold and ttft_median else None,
+    }
 
 
 def failed_cell(
