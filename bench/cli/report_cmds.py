@@ -25,7 +25,7 @@ FORMATS = ("md", "csv", "jsonl", "html")
 FORMAT_HELP = ("Also print the report's rows (one per run and cell) on stdout: md (a table), csv or jsonl "
                "(every column), or html (the page); the lines naming the files then go to stderr.")
 WHERE_HELP = ("Only runs whose keys match, e.g. device=l4,quant=none (keys: device, host, checkpoint, hash, quant, "
-              "dtype, batch, concurrency, build, date, provenance, run).")
+              "dtype, batch, concurrency, build, date, provenance, run, method; each key once).")
 LATEST_HELP = ("Keep the latest run per configuration and these keys, e.g. device or device,host (default without "
                "RUNs or --all: device).")
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")]
