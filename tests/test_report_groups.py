@@ -151,3 +151,13 @@ def test_a_remote_target_run_is_its_own_group_split_by_method(tmp_path: Path) ->
     assert "by method: in-process vs remote target." in md or "by method: remote target vs in-process." in md
     assert "| group | runs | method | devices |" in md  # the groups table names the method
     assert not any("Speedup of" in f for f in report.findings)  # never compared with each other
+
+
+def test_the_method_is_read_from_the_typed_manifest() -> None:
+    from bench.report.rows import method_of
+    from bench.runs.manifest import Manifest, Provenance
+
+    assert method_of(Manifest(command="sweep")) == "in-process"
+    assert method_of(Manifest(command="sweep --target")) == "remote target"  # what bench/sweep/remote.py records
+    assert method_of(Manifest(extra={"target": {"url": "http://x"}})) == "remote target"  # a version-1 manifest
+    assert method_of(Manifest(provenance=Provenance(kind="published"))) == "as published"
