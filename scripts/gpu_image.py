@@ -165,10 +165,11 @@ def check_wheels(folder: Path, left_out: frozenset[str] = frozenset()) -> list[s
 
 def extras(python: str) -> list[str]:
     """Distributions that `python` sees (its site-packages) which the image does not have: a rehearsal with them
-    would pass on a module the GPU machine lacks."""
+    would pass on a module the GPU machine lacks. Run isolated (`-I`: no current folder, no PYTHONPATH, no user
+    site), so a checkout's own `*.egg-info` left by an editable install of the project is not counted."""
     code = "import importlib.metadata as m, json; print(json.dumps(sorted({d.metadata['Name'] for d in m.distributions()})))"
     try:
-        proc = subprocess.run([python, "-c", code], check=True, capture_output=True, text=True)
+        proc = subprocess.run([python, "-I", "-c", code], check=True, capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError) as exc:
         raise Bad(f"{python} could not list its distributions ({exc})") from exc
     img = image()

@@ -26,7 +26,8 @@ import pytest
 
 from conftest import bench_in_process
 
-TOLERANCE_PCT = 6.0  # points of typical-step share; one program: within 4 points; the old shapes: up to 22 apart
+TOLERANCE_PCT = 12.0  # points of typical-step share: one program moved by up to 7 on a loaded 2-core machine (CI);
+# the old shapes were up to 22 apart. The exact-shape test above is what reliably catches the old bug.
 INPUT_TOKENS = 20  # bucket 32: the shortest KV cache, so N moved the old shape's cache length the most (45 vs 85)
 
 
