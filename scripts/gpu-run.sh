@@ -21,8 +21,10 @@ fi
 wheels="" args=()
 while (( $# )); do
   case $1 in
-    --wheels) (( $# >= 2 )) || { echo "error: --wheels needs a folder" >&2; exit 2; }; wheels=$2; shift 2 ;;
-    --wheels=*) wheels=${1#--wheels=}; shift ;;
+    --wheels) [[ $# -ge 2 && -n $2 ]] || { echo "error: --wheels needs a folder (got none or \"\")" >&2; exit 2; }
+      wheels=$2; shift 2 ;;
+    --wheels=*) wheels=${1#--wheels=}; shift
+      [[ -n $wheels ]] || { echo "error: --wheels needs a folder (got none or \"\")" >&2; exit 2; } ;;
     *) args+=("$1"); shift ;;
   esac
 done

@@ -227,6 +227,15 @@ def test_the_probe_reports_a_module_only_the_steps_import(env, tmp_path):
     (["--budget-s", "soon"], "--budget-s"),
     (["--budget-s", "0"], "--budget-s"),
     (["--no-such-option"], "--no-such-option"),
+    (["--repeats", "0"], "--repeats 0"),
+    (["--steps", "0"], "--steps 0"),
+    (["--steps", "-3"], "--steps -3"),
+    (["--max-new-tokens", "0"], "--max-new-tokens 0"),
+    (["--inputs", "x"], "--inputs x"),
+    (["--inputs", "41,0"], "--inputs 41,0"),
+    (["--checkpoint", "/nonexist"], "--checkpoint /nonexist"),
+    (["--wheels", ""], "--wheels"),
+    (["--wheels="], "--wheels"),
 ])  # fmt: skip
 def test_a_bad_option_is_one_line(env, tmp_path, args, names):
     _, e = env

@@ -359,7 +359,7 @@ def test_an_api_key_goes_with_every_request_and_into_no_file(endpoint, tiny_chec
     runs = tmp_path / "runs"
     base = ["sweep", "--target", fake.url, "--checkpoint", str(tiny_checkpoint), *ARGS, "--runs-dir", str(runs)]
     refused = run_cli([*base, "--name", "nokey"], env={"JAX_PLATFORMS": "cpu"}, timeout=120)
-    assert_one_line_error(refused)
+    assert_one_line_error(refused, "401", "API key", "--api-key", "$GEMMA4_BENCH_API_KEY")
     assert fake.unauthorized >= 1 and fake.requests == 0
     proc = run_cli([*base, "--name", "keyed"], env={"JAX_PLATFORMS": "cpu", "GEMMA4_BENCH_API_KEY": "s3cret-key"},
                    timeout=120)  # fmt: skip
@@ -367,3 +367,7 @@ def test_an_api_key_goes_with_every_request_and_into_no_file(endpoint, tiny_chec
     (folder,) = [p for p in runs.iterdir() if "keyed" in p.name]
     assert validate_run(folder) == [] and fake.requests == 7
     assert not any("s3cret-key" in f.read_text(errors="replace") for f in folder.rglob("*") if f.is_file())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.pop("command_line", None)  # the command line as typed names the folder; nothing else may
+    assert manifest["engine_config"]["prompt_tokenizer"] == tiny_checkpoint.resolve().name  # its id, no path
+    assert not {str(tiny_checkpoint), str(tiny_checkpoint.resolve())} & set(json.dumps(manifest).split('"'))

@@ -377,6 +377,34 @@ def test_one_writer_per_run_folder(tmp_path: Path) -> None:
     assert not (run.path / ".lock").exists()
 
 
+def test_a_readers_instant_shared_lock_does_not_refuse_a_writer(tmp_path: Path) -> None:
+    """`bench runs list` tests a writer's liveness with a brief LOCK_SH on `.lock`; a writer starting then retries
+    instead of failing with "being written by"."""
+    import fcntl
+    import threading
+
+    run = make_measured_run(tmp_path, "peeked", inputs=(41,), status="incomplete")
+    (run.path / ".lock").write_text("")
+    reader = open(run.path / ".lock", encoding="utf-8")  # noqa: SIM115
+    fcntl.flock(reader, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    released = threading.Event()
+
+    def release() -> None:
+        fcntl.flock(reader, fcntl.LOCK_UN)
+        released.set()
+
+    timer = threading.Timer(0.1, release)
+    timer.start()
+    try:
+        again = open_run(run.path)
+        again.resume()  # waited for the reader instead of refusing
+        assert released.is_set() and f"pid {os.getpid()}" in (run.path / ".lock").read_text()
+        again.finish("complete")
+    finally:
+        timer.join()
+        reader.close()
+
+
 def test_validate_catches_numbers_that_contradict_each_other(tmp_path: Path) -> None:
     run = make_measured_run(tmp_path, "contradict", inputs=(41, 521))
     rows = [json.loads(line) for line in (run.path / "cells.jsonl").read_text().splitlines()]

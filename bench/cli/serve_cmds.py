@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import typer
 
@@ -49,8 +50,13 @@ def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_len
         raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
     if max_body_bytes < 1:
         raise InputError(f"--max-body-bytes {max_body_bytes}: must be a positive number of bytes")
+    if api_key is None and os.environ.get(API_KEY_ENV) is not None:  # typer reads a set-but-empty variable as None
+        api_key = os.environ[API_KEY_ENV]
     if api_key is not None and not api_key.strip():
         raise InputError(f"--api-key (or ${API_KEY_ENV}) is empty: give a key, or leave it unset for no key")
+    if api_key is not None and api_key != api_key.strip():
+        raise InputError(f"--api-key (or ${API_KEY_ENV}) starts or ends with white space: no client could present it "
+                         "(the presented token is stripped); give the key without it")
     if checkpoint is not None and not checkpoint.startswith("builtin:"):
         from model.checkpoint import resolve_checkpoint
 

@@ -239,6 +239,28 @@ def _settle_generator(ctx: Context, big: str, gen_t0: float) -> bool:
 
 
 # ---- the run -----------------------------------------------------------------------------------------------------
+def check_options(options: Options) -> None:
+    """Refuse bad `options` before any step runs: a budget that is not positive, --inputs that are not positive
+    comma-separated token counts, --max-new-tokens / --repeats / --steps below 1, a --checkpoint that is neither
+    builtin:NAME nor an existing folder. Raises InputError (one line: received, expected)."""
+    if not options.budget_s > 0:
+        raise InputError(f"--budget-s {options.budget_s}: expected a positive number of seconds")
+    if options.inputs is not None:
+        sizes = options.inputs.split(",")
+        if not all(n.strip().isdigit() and int(n) > 0 for n in sizes):
+            raise InputError(f"--inputs {options.inputs}: expected positive token counts, comma-separated, e.g. 41,521")
+    for flag, value in (("--max-new-tokens", options.max_new_tokens), ("--repeats", options.repeats),
+                        ("--steps", options.steps)):  # fmt: skip
+        if value is not None and value < 1:
+            raise InputError(f"{flag} {value}: expected a positive whole number")
+    spec = options.checkpoint
+    if spec is not None:
+        if spec.startswith("builtin:") and not spec.split(":", 1)[1]:
+            raise InputError(f"--checkpoint {spec}: expected builtin:NAME (e.g. builtin:tiny)")
+        if not spec.startswith("builtin:") and not Path(spec).expanduser().is_dir():
+            raise InputError(f"--checkpoint {spec}: no such folder; pass a checkpoint folder or builtin:NAME")
+
+
 def run(options: Options, *, emit: Callable[[str], None], plan: PilotPlan | None = None) -> Outcome:
     """Run gpu-run as `options` say and return how it ended (the exit codes: module docstring).
 
@@ -249,10 +271,9 @@ def run(options: Options, *, emit: Callable[[str], None], plan: PilotPlan | None
     runs, SIGTERM and SIGINT (bench.signals) stop the current step, which keeps its finished work, and the run goes
     on to its summary. A module the probe finds missing ends the run with EXIT_USAGE and its one line (not raised).
 
-    Raises InputError, before anything is written, for a budget that is not positive or an OUTDIR that cannot be
-    created."""
-    if not options.budget_s > 0:
-        raise InputError(f"--budget-s {options.budget_s}: expected a positive number of seconds")
+    Raises InputError, before anything is written or runs, for a bad option (`check_options`) or an OUTDIR that
+    cannot be created."""
+    check_options(options)
     outdir = options.outdir.resolve()
     try:
         (outdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -305,8 +326,11 @@ def _measure(ctx: Context, options: Options, plan: PilotPlan | None) -> int:
 
 def _workload(options: Options, base: Workload) -> Workload:
     """The mode's workload `base` with the overrides `options` gives."""
-    return Workload(options.inputs or base.inputs, options.max_new_tokens or base.max_new_tokens,
-                    options.repeats or base.repeats, options.steps or base.steps, base.profile_input,
+    def given(value, default):  # an override is used as given (check_options refused 0 and below)
+        return default if value is None else value
+
+    return Workload(given(options.inputs, base.inputs), given(options.max_new_tokens, base.max_new_tokens),
+                    given(options.repeats, base.repeats), given(options.steps, base.steps), base.profile_input,
                     base.bandwidth_args)  # fmt: skip
 
 

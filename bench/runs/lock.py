@@ -17,6 +17,7 @@ import fcntl
 import os
 import re
 import socket
+import time
 from pathlib import Path
 from typing import IO
 
@@ -30,25 +31,37 @@ def _holder_line() -> str:
     return f"pid {os.getpid()} on {socket.gethostname()}\n"
 
 
-def take_lock(folder: Path) -> IO[str]:
-    """Take the writer lock of the run `folder` without waiting; returns the open `.lock` file (keep it open: the
-    lock lives as long as the file). Writes "pid N on HOST" into it. RunFolderError, naming the holder as its
-    file says, when another process holds it."""
+def take_lock(folder: Path, *, wait_s: float = 1.0) -> IO[str]:
+    """Take the writer lock of the run `folder`, retrying in 20 ms steps for up to `wait_s` seconds (a reader's
+    `writer_state` holds a shared lock for an instant; a writer is not refused for that); returns the open `.lock`
+    file (keep it open: the lock lives as long as the file). Writes "pid N on HOST" into it. RunFolderError, naming
+    the holder as its file says, when another process still holds it after `wait_s`."""
     fh = open(folder / LOCK, "a+", encoding="utf-8")  # noqa: SIM115  (held for the writer's life)
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    if not _flock_within(fh, wait_s):
         fh.seek(0)
         holder = fh.read().strip() or "another process"
         fh.close()
         raise RunFolderError(
             f"run {folder} is being written by {holder}; wait for it to finish (or stop it), then --resume"
-        ) from None
+        )
     fh.seek(0)
     fh.truncate()
     fh.write(_holder_line())
     fh.flush()
     return fh
+
+
+def _flock_within(fh: IO[str], wait_s: float) -> bool:
+    """Whether an exclusive flock on `fh` was had within `wait_s` seconds (tried at once, then every 20 ms)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
 
 
 def release_lock(folder: Path, fh: IO[str]) -> None:
@@ -86,7 +99,7 @@ class WriterState:
 def writer_state(folder: Path) -> WriterState:
     """Whether a process holds the writer lock of the run `folder` (`WriterState`). The lock is tested by taking a
     shared lock for an instant, without waiting (a writer starting in that instant is told the run is being
-    written, and may retry). Never creates `.lock`; no `.lock` at all means no writer."""
+    written only if it outlasts the writer's retries). Never creates `.lock`; no `.lock` at all means no writer."""
     path = folder / LOCK
     try:
         fh = open(path, encoding="utf-8")  # noqa: SIM115

@@ -92,6 +92,9 @@ def describe_target(client: httpx.Client, url: str, model: str | None) -> Target
         r = client.get(f"{base}/models")
     except httpx.HTTPError as exc:
         raise TargetError(f"--target {url}: cannot reach the server ({type(exc).__name__}: {exc})") from None
+    if r.status_code in (401, 403):
+        raise TargetError(f"--target {url}: GET {base}/models answered {r.status_code}: the server wants an API key; "
+                          "pass --api-key KEY (or set $GEMMA4_BENCH_API_KEY)")
     if r.status_code != 200:
         raise TargetError(f"--target {url}: GET {base}/models answered {r.status_code} ({r.text[:200]}); is it ready?")
     models = r.json()
@@ -138,22 +141,24 @@ def load_prompt_tokenizer(checkpoint: str | None, target: Target):
     """The tokenizer prompts are sized with: `checkpoint` (a local folder, or a hub repo id whose tokenizer.json is
     fetched), else the one of this project's server's checkpoint, found from the `source` its /health publishes
     (builtin:NAME: the built-in in this machine's cache, when it is there; a hub repo id: as a given one; an older
-    server's `path`, when that folder exists here). Returns (tokenizer, source). Raises TargetError when there is
-    none."""
+    server's `path`, when that folder exists here). Returns (tokenizer, source): the source is the checkpoint's
+    builtin:NAME or repo id, or for a local folder its `checkpoint_id` (never a path of this machine). Raises
+    TargetError when there is none."""
+    from bench.runs.manifest import checkpoint_id
     from model.tokenizer import GemmaTokenizer
 
     if checkpoint is None and target.ours:
         served = (((target.health or {}).get("body") or {}).get("checkpoint") or {})
         local = _builtin_folder(served.get("source")) or served.get("path")
         if local and (Path(local) / "tokenizer.json").is_file():
-            return GemmaTokenizer.from_dir(local), served.get("source") or local
+            return GemmaTokenizer.from_dir(local), served.get("source") or checkpoint_id(Path(local).resolve())
         if served.get("source") and not str(served["source"]).startswith("builtin:"):
             checkpoint = served["source"]  # a hub repo id
     if checkpoint is None:
         raise TargetError("--target: pass --checkpoint naming the served model's tokenizer (a folder, repo id or "
                           "builtin:NAME); exact input sizes are built with it and checked against the server's usage")  # fmt: skip
     if Path(checkpoint).is_dir():
-        return GemmaTokenizer.from_dir(checkpoint), str(checkpoint)
+        return GemmaTokenizer.from_dir(checkpoint), checkpoint_id(Path(checkpoint).resolve())  # no path of here
     from huggingface_hub import hf_hub_download
 
     try:
