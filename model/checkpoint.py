@@ -1,8 +1,9 @@
 """Hugging Face Gemma 4 checkpoints: resolve (local dir or hub repo id), load safetensors into `Params`, write.
 
 The name map is one table (`tensor_table`) from checkpoint names to parameter fields, each with its expected
-checkpoint shape and the transform into the engine's layout (HF stores linear weights [out, in]; the engine keeps
-them input-major, e.g. q_proj [N*H, D] -> wq_DNH [D, N, H]). Loading fails on a missing, unexpected, duplicate or
+checkpoint shape and the transform into the storage layout (`model.accounting.layer_shapes`: HF stores linear
+weights [out, in], the storage layout input-major, e.g. q_proj [N*H, D] -> wq_DNH [D, N, H]); each complete layer
+is then fused into the compute layout (`model.params.fuse_layer`). Loading fails on a missing, unexpected, duplicate or
 mis-shaped tensor and names the key and both shapes. Known-ignorable tensors are skipped knowingly and counted:
 the multimodal wrapper's vision/audio towers and projections, a stored (tied) lm_head, and the K/V tensors that
 KV-shared layers do not use (the original E2B release still has them; architecture notes §3).
@@ -21,12 +22,13 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from model.accounting import global_shapes, layer_shapes
 from model.config import ModelConfig, load_config
 from model.errors import CheckpointError
-from model.params import LayerParams, Params
+from model.params import LayerParams, Params, fuse_layer, unfuse_layer
 
 PREFIXES = ("model.language_model.", "model.")
 _IGNORED_PREFIXES = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
@@ -269,8 +271,9 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     Returns (params, report) where report is a dict: path, prefixes used, tensors loaded, ignored keys, the
     safetensors dtypes the tensors were stored in (e.g. ["BF16"]), and `content_hash`: the checkpoint's
     `content_hash`, computed from the bytes as they are read for the load (each weight file is read once).
-    `device_put` (e.g. `jax.device_put`) is applied to each array as it is converted, so only one host copy of
-    one tensor exists at a time; None keeps numpy arrays.
+    `device_put` (e.g. `jax.device_put`) is applied to each global array as it is converted and to each layer's
+    fused arrays once its last tensor has arrived (`model.params.fuse_layer`), so the host holds at most one
+    layer's tensors (twice, while fusing) or one global tensor at a time; None keeps numpy arrays.
     Raises CheckpointError for a missing/unexpected/duplicate/mis-shaped tensor (naming it and both shapes) or an
     unreadable file; ConfigError for a bad config.json.
     """
@@ -280,6 +283,8 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     put = device_put or (lambda a: a)
     glob: dict[str, object] = {name: None for name in global_shapes(cfg)}
     layers: list[dict[str, object]] = [{name: None for name in layer_shapes(cfg, i)} for i in range(cfg.num_layers)]
+    pending = [{name for name, shape in layer_shapes(cfg, i).items() if shape is not None} for i in range(cfg.num_layers)]
+    fused: list[LayerParams | None] = [None] * cfg.num_layers
     seen: set[str] = set()
     ignored: list[str] = []
     prefix_used: set[str] = set()
@@ -306,13 +311,20 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
         seen.add(rel)
         stored.add(stored_dtype)
         prefix_used.add(key[: len(key) - len(rel)])
-        array = put(spec.to_engine(load()).astype(dtype))
-        (glob if spec.layer is None else layers[spec.layer])[spec.field] = array
+        array = spec.to_engine(load()).astype(dtype)
+        if spec.layer is None:
+            glob[spec.field] = put(array)
+            continue
+        layers[spec.layer][spec.field] = array
+        pending[spec.layer].discard(spec.field)
+        if not pending[spec.layer]:  # the layer is complete: fuse it on the host, place it, drop the host copies
+            fused[spec.layer] = jax.tree_util.tree_map(put, fuse_layer(layers[spec.layer]))
+            layers[spec.layer] = {}
     missing = sorted(set(table) - seen, key=lambda k: (k.count("."), k))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"{path}: tensor {missing[0]!r} is missing{more}; expected shape {list(table[missing[0]].hf_shape)}")
-    params = Params(**glob, layers=tuple(LayerParams(**fields) for fields in layers))
+    params = Params(**glob, layers=tuple(fused))
     report = {"path": str(path), "prefixes": sorted(prefix_used), "tensors": len(seen), "ignored": ignored,
               "stored_dtypes": sorted(stored), "content_hash": h.hexdigest()}  # fmt: skip
     return params, report
@@ -375,8 +387,12 @@ def save_params(params: Params, cfg: ModelConfig, out_dir: Path, *, dtype=np.flo
 
     def leaves():
         for spec in tensor_table(cfg).values():
-            holder = params if spec.layer is None else params.layers[spec.layer]
-            yield spec.layer, spec.field, getattr(holder, spec.field)
+            if spec.layer is None:
+                yield None, spec.field, getattr(params, spec.field)
+            else:
+                yield spec.layer, spec.field, storage[spec.layer][spec.field]
+
+    storage = [unfuse_layer(cfg, i, jax.tree_util.tree_map(np.asarray, lp)) for i, lp in enumerate(params.layers)]
 
     return save_tensors(leaves(), cfg, out_dir, dtype=dtype, layout=layout, extra_tensors=extra_tensors)
 

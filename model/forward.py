@@ -20,8 +20,7 @@ from model.layers import (
     attn_output,
     dense,
     layer_tail,
-    project_kv,
-    project_q,
+    project_qkv,
     rms_norm,
 )
 from model.params import Params
@@ -116,9 +115,9 @@ def forward_full(
     for i, lp in enumerate(params.layers):
         with jax.named_scope(f"layer_{i}"):
             a_BTD = rms_norm(h_BTD, lp.attn_norm_D, cfg.rms_norm_eps)
-            q_BTNH = project_q(lp, cfg, i, a_BTD, pos_BT)
+            q_BTNH, k_BKTH, v_BKTH = project_qkv(lp, cfg, i, a_BTD, pos_BT)
             if not cfg.is_kv_shared(i):
-                kv[i] = project_kv(lp, cfg, i, a_BTD, pos_BT)
+                kv[i] = (k_BKTH, v_BKTH)
             k_BKTH, v_BKTH = kv[cfg.kv_source(i)]
             mask_BTT = jnp.broadcast_to(_visible(cfg, i, pos_BT[0][:, None], pos_BT[0][None, :]), (b, t, t))
             o_BTNH = attend(q_BTNH, k_BKTH, v_BKTH, mask_BTT)
@@ -175,8 +174,8 @@ def prefill(
         lp = params.layers[i]
         with jax.named_scope(f"layer_{i}"):
             a_BTD = rms_norm(h_BTD, lp.attn_norm_D, cfg.rms_norm_eps)
-            q_BTNH = project_q(lp, cfg, i, a_BTD, pos_BT)
-            k_BKTH, v_BKTH = kv[i] = project_kv(lp, cfg, i, a_BTD, pos_BT)
+            q_BTNH, k_BKTH, v_BKTH = project_qkv(lp, cfg, i, a_BTD, pos_BT)
+            kv[i] = (k_BKTH, v_BKTH)
             if cfg.is_sliding(i) and t > cfg.sliding_window:
                 block = window_block or window_q_block(cfg)
                 o_BTNH = attend_windowed(q_BTNH, k_BKTH, v_BKTH, cfg.sliding_window, length, block)
@@ -197,7 +196,7 @@ def prefill(
         lp = params.layers[i]
         with jax.named_scope(f"layer_{i}"):
             a_B1D = rms_norm(h_B1D, lp.attn_norm_D, cfg.rms_norm_eps)
-            q_B1NH = project_q(lp, cfg, i, a_B1D, qpos_B1)
+            q_B1NH, _, _ = project_qkv(lp, cfg, i, a_B1D, qpos_B1)
             k_BKTH, v_BKTH = kv[cfg.kv_source(i)]
             mask_1T = _visible(cfg, i, last, kpos_T)[None, :]
             o_B1NH = attend(q_B1NH, k_BKTH, v_BKTH, jnp.broadcast_to(mask_1T, (b, 1, t)))
@@ -224,10 +223,9 @@ def decode_step(
     for i, lp in enumerate(params.layers):
         with jax.named_scope(f"layer_{i}"):
             a_B1D = rms_norm(h_B1D, lp.attn_norm_D, cfg.rms_norm_eps)
-            q_B1NH = project_q(lp, cfg, i, a_B1D, pos_B1)
+            q_B1NH, k_BK1H, v_BK1H = project_qkv(lp, cfg, i, a_B1D, pos_B1)
             src = cfg.kv_source(i)
             if not cfg.is_kv_shared(i):
-                k_BK1H, v_BK1H = project_kv(lp, cfg, i, a_B1D, pos_B1)
                 slot = jnp.mod(p, new_k[i].shape[2]) if cfg.is_sliding(i) else p
                 k_new = jax.lax.dynamic_update_slice(new_k[i], k_BK1H.astype(kv_dtype), (0, 0, slot, 0))
                 v_new = jax.lax.dynamic_update_slice(new_v[i], v_BK1H.astype(kv_dtype), (0, 0, slot, 0))

@@ -75,22 +75,28 @@ def apply_rope(x_BTNH: jax.Array, pos_BT: jax.Array, inv_freq_h: np.ndarray) -> 
     return x_BTNH * cos_BT1H + rotated * sin_BT1H
 
 
-def project_q(lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, pos_BT: jax.Array) -> jax.Array:
-    """Queries [B,T,N,H]: projection, q-norm (learned weight), RoPE of the layer's type. Scale is 1.0 (no 1/sqrt)."""
-    q_BTNH = dense(a_BTD, lp.wq_DNH, "BTD,DNH->BTNH")
-    q_BTNH = rms_norm(q_BTNH, lp.q_norm_H, cfg.rms_norm_eps)
-    return apply_rope(q_BTNH, pos_BT, rope_inv_freq(cfg, cfg.is_sliding(layer)))
-
-
-def project_kv(
+def project_qkv(
     lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, pos_BT: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """Keys and values [B,K,T,H] (head-major, the cache's layout) of a layer that owns K/V: k-norm (learned
-    weight) and RoPE on keys; v-norm without weight on values."""
-    k_BTKH = rms_norm(dense(a_BTD, lp.wk_DKH, "BTD,DKH->BTKH"), lp.k_norm_H, cfg.rms_norm_eps)
-    k_BTKH = apply_rope(k_BTKH, pos_BT, rope_inv_freq(cfg, cfg.is_sliding(layer)))
-    v_BTKH = rms_norm(dense(a_BTD, lp.wv_DKH, "BTD,DKH->BTKH"), None, cfg.rms_norm_eps)
-    return jnp.swapaxes(k_BTKH, 1, 2), jnp.swapaxes(v_BTKH, 1, 2)
+) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+    """Queries [B,T,N,H] and, on a layer that owns K/V, keys and values [B,K,T,H] (head-major, the cache's layout),
+    from ONE matrix product with the fused q/k/v weight `lp.qkv_DX` (KV-shared layers: q only, k = v = None).
+
+    Queries: q-norm (learned weight) and RoPE of the layer's type; scale 1.0 (no 1/sqrt(H)). Keys: k-norm (learned
+    weight) and RoPE; values: v-norm without weight. The norms and RoPE apply per head, so splitting the fused
+    product's columns first gives exactly the separate projections' results.
+    """
+    b, t = a_BTD.shape[:2]
+    n, h, k = cfg.num_heads, cfg.layer_head_dim(layer), cfg.kv_heads(layer)
+    inv_freq_h = rope_inv_freq(cfg, cfg.is_sliding(layer))
+    z_BTX = dense(a_BTD, lp.qkv_DX, "BTD,DX->BTX")
+    q_BTNH = rms_norm(z_BTX[..., : n * h].reshape(b, t, n, h), lp.q_norm_H, cfg.rms_norm_eps)
+    q_BTNH = apply_rope(q_BTNH, pos_BT, inv_freq_h)
+    if lp.k_norm_H is None:
+        return q_BTNH, None, None
+    k_BTKH = rms_norm(z_BTX[..., n * h : (n + k) * h].reshape(b, t, k, h), lp.k_norm_H, cfg.rms_norm_eps)
+    k_BTKH = apply_rope(k_BTKH, pos_BT, inv_freq_h)
+    v_BTKH = rms_norm(z_BTX[..., (n + k) * h :].reshape(b, t, k, h), None, cfg.rms_norm_eps)
+    return q_BTNH, jnp.swapaxes(k_BTKH, 1, 2), jnp.swapaxes(v_BTKH, 1, 2)
 
 
 def attend(q_BTNH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BTS: jax.Array) -> jax.Array:
@@ -187,14 +193,14 @@ def attend_causal(
 
 
 def attn_output(lp: LayerParams, o_BTNH: jax.Array) -> jax.Array:
-    """Output projection [B,T,N,H] -> [B,T,D], contracted over the flattened (N*H) axis.
+    """Output projection [B,T,N,H] -> [B,T,D], contracted over the flattened (N*H) axis of `lp.o_DX` [D, N*H].
 
-    Both reshapes are free (row-major), and a 2-D contraction lets XLA lay out the small activation rather than
-    the weight: with the 4-D einsum "BTNH,NHD->BTD", XLA:CPU transposed every layer's o_proj weight on every
-    decode step (72% of decode time in `bench profile` on the default checkpoint, before this change).
+    The reshape is free (row-major), and the weight is read along its long, minor axis (see `LayerParams`). Before,
+    the 4-D einsum "BTNH,NHD->BTD" made XLA:CPU transpose every layer's o_proj weight on every decode step (72% of
+    decode time in `bench profile` on the default checkpoint).
     """
     b, t, n, h = o_BTNH.shape
-    return dense(o_BTNH.reshape(b, t, n * h), lp.wo_NHD.reshape(n * h, -1), "BTX,XD->BTD")
+    return dense(o_BTNH.reshape(b, t, n * h), lp.o_DX, "BTX,DX->BTD")
 
 
 def layer_tail(
@@ -205,12 +211,13 @@ def layer_tail(
     h_BTD = h_BTD + rms_norm(attn_BTD, lp.post_attn_norm_D, cfg.rms_norm_eps)
     with jax.named_scope("mlp"):
         x_BTD = rms_norm(h_BTD, lp.pre_ffw_norm_D, cfg.rms_norm_eps)
-        g_BTF = gelu(dense(x_BTD, lp.gate_DF, "BTD,DF->BTF")) * dense(x_BTD, lp.up_DF, "BTD,DF->BTF")
-        m_BTD = dense(g_BTF, lp.down_FD, "BTF,FD->BTD")
+        gu_BTX = dense(x_BTD, lp.gate_up_DX, "BTD,DX->BTX")  # one product: gate and up side by side
+        f = gu_BTX.shape[-1] // 2
+        m_BTD = dense(gelu(gu_BTX[..., :f]) * gu_BTX[..., f:], lp.down_DF, "BTF,DF->BTD")
         h_BTD = h_BTD + rms_norm(m_BTD, lp.post_ffw_norm_D, cfg.rms_norm_eps)
     if ple_BTP is not None:
         with jax.named_scope("per_layer_input"):
-            g_BTP = gelu(dense(h_BTD, lp.ple_gate_DP, "BTD,DP->BTP")) * ple_BTP
+            g_BTP = gelu(dense(h_BTD, lp.ple_gate_PD, "BTD,PD->BTP")) * ple_BTP
             p_BTD = dense(g_BTP, lp.ple_proj_PD, "BTP,PD->BTD")
             h_BTD = h_BTD + rms_norm(p_BTD, lp.post_ple_norm_D, cfg.rms_norm_eps)
     return h_BTD * lp.layer_scalar_1.astype(h_BTD.dtype)

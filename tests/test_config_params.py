@@ -67,8 +67,11 @@ def test_full_size_parameter_counts_without_memory():
     # E2B text decoder: 4,628,569,379 parameters (model card / architecture notes §3).
     assert count_params(abstract_params(E2B)) == 4_628_569_379
     shapes = jax.eval_shape(lambda: abstract_params(E4B, jnp.bfloat16))
-    assert shapes.layers[0].wq_DNH.shape == (2560, 8, 256) and shapes.layers[5].wq_DNH.shape == (2560, 8, 512)
-    assert shapes.layers[0].wk_DKH.shape == (2560, 2, 256) and shapes.layers[-1].wk_DKH is None
+    # The compute layout: q/k/v fused [D, (N + 2K) H] on layers that own K/V, q only [D, N H] on KV-shared ones.
+    assert shapes.layers[0].qkv_DX.shape == (2560, (8 + 2 * 2) * 256)
+    assert shapes.layers[5].qkv_DX.shape == (2560, (8 + 2 * 2) * 512)
+    assert shapes.layers[-1].qkv_DX.shape == (2560, 8 * 512) and shapes.layers[-1].k_norm_H is None
+    assert shapes.layers[0].o_DX.shape == (2560, 8 * 256) and shapes.layers[0].gate_up_DX.shape == (2560, 2 * 10240)
     assert shapes.ple_embed_VX.shape == (262_144, 42 * 256)
 
 
