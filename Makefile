@@ -6,12 +6,21 @@ BENCH     := $(VENV)/bin/bench
 STAMP     := $(VENV)/.installed
 INPUTS    ?= 41,521,2057,3593
 ARGS      ?=
+# The transformers peer (make peer): its own venv, never the project's; see scripts/transformers_peer.py.
+PEER_PYTHON  ?= python3.11
+PEER_VENV    := .venv-peer
+PEER_PY      := $(PEER_VENV)/bin/python
+PEER_STAMP   := $(PEER_VENV)/.installed
+PEER_DIR     := .cache/peer
+PEER_THREADS ?= 2
+PEER_NAME    ?=
 
-.PHONY: help venv test test-fast gpu-rehearsal sweep profile report generate lock clean
+.PHONY: help venv test test-fast gpu-rehearsal sweep peer profile report generate lock clean
 
 help:
 	@echo "make sweep    run the default sweep (inputs $(INPUTS)) on the built-in checkpoint; writes runs/<name>/"
 	@echo "make test     run the test suite"
+	@echo "make peer     transformers on the same checkpoint, prompts and token counts (its own .venv-peer); writes runs/<name>/"
 	@echo "make profile  xprof trace of 20 decode steps + device-time breakdown, added to the latest sweep run"
 	@echo "make report   tables and plots comparing the archived runs in runs/ -> reports/latest/"
 	@echo "make gpu-rehearsal  scripts/gpu-run.sh --tiny on this CPU with the GPU image's packages + carried wheels"
@@ -44,6 +53,21 @@ gpu-rehearsal:
 
 sweep: $(STAMP)
 	$(BENCH) sweep --inputs $(INPUTS) $(ARGS)
+
+# Not in CI. ARGS go to `bench peer plan` (the sweep's workload flags: --max-new-tokens, --repeats, --checkpoint);
+# PEER_NAME labels the run (default: transformers, -2, -3, ... when taken); PEER_THREADS is torch's thread count.
+$(PEER_STAMP):
+	@if [ ! -x $(PEER_PY) ]; then \
+	  echo "creating $(PEER_VENV) with $(PEER_PYTHON)"; \
+	  $(PEER_PYTHON) -m venv $(PEER_VENV) || exit 1; \
+	fi
+	$(PEER_PY) -m pip install -qq torch==2.13.0 transformers==5.24.0 safetensors numpy
+	@touch $(PEER_STAMP)
+
+peer: $(STAMP) $(PEER_STAMP)
+	$(BENCH) peer plan --inputs $(INPUTS) --out $(PEER_DIR)/plan.json $(ARGS)
+	$(PEER_PY) scripts/transformers_peer.py $(PEER_DIR)/plan.json $(PEER_DIR)/requests.jsonl --threads $(PEER_THREADS)
+	$(BENCH) peer import $(PEER_DIR)/requests.jsonl $(if $(PEER_NAME),--name $(PEER_NAME))
 
 profile: $(STAMP)
 	$(BENCH) profile --steps 20 --run latest $(ARGS)

@@ -38,6 +38,7 @@ DEFAULT_QUANTIZATION = "none"
 METHOD_IN_PROCESS = "in-process"
 METHOD_REMOTE = "remote target"
 METHOD_PUBLISHED = "as published"
+METHOD_PEER = "peer"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,7 +52,8 @@ class RunKeys:
     `max_new_tokens`: tokens generated per request (the manifest's, else its cells'); `date`: YYYY-MM-DD the run started (else its folder name's);
     `started_at`: ISO time (ordering); `provenance`: "measured" or "published"; `label`: the report's short name;
     `method`: how the numbers were timed (`method_of`): "in-process" (the engine timed in this process),
-    "remote target" (`sweep --target`: client-side timing over HTTP, streamed) or "as published".
+    "remote target" (`sweep --target`: client-side timing over HTTP, streamed), "<engine> (peer)" (another engine,
+    e.g. transformers, timed in its own process on the same workload) or "as published".
     """
 
     run: str
@@ -97,9 +99,13 @@ def chip_name(device: dict[str, Any] | None) -> str:
 def method_of(manifest: Any) -> str:
     """How a run's numbers were timed, from its typed manifest (`bench.runs.Manifest`): "as published" for
     published figures, "remote target" for a sweep through a server (the manifest records a `target`, or its
-    command is "sweep --target"), else "in-process"."""
+    command is "sweep --target"), "<engine> (peer)" (e.g. "transformers 5.24.0 (peer)") for another engine
+    measured on the sweep's workload (the manifest records a `peer`), else "in-process". A peer is therefore a
+    comparison group of its own, never mixed into our engine's."""
     if manifest.provenance.kind == "published":
         return METHOD_PUBLISHED
+    if manifest.peer is not None:
+        return f"{manifest.peer.label} ({METHOD_PEER})"
     if manifest.extra.get("target") is not None or manifest.command == "sweep --target":
         return METHOD_REMOTE
     return METHOD_IN_PROCESS

@@ -9,9 +9,9 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
 - `open_run`, `open_complete_run`, `load_complete_run`, `resolve_run`, `latest_measured_run`, `list_runs`,
   `run_folders`, `RunSummary`, `run_note`                             (bench.runs.listing)
 - `WriterState`, `writer_state`: is a run's writer alive             (bench.runs.lock)
-- `Manifest` and its parts, `build_manifest` (the one builder), `payload_build_id` (the one build id),
-  `engine_config_of`, `policy_facts`, `checkpoint_facts`, `checkpoint_id`, `checkpoint_source`, `portable_dir`,
-  `local_dir`                                                         (bench.runs.manifest)
+- `Manifest` and its parts (`PeerEngine`: another engine measured as a peer), `build_manifest` (the one
+  builder), `payload_build_id` (the one build id), `engine_config_of`, `policy_facts`, `checkpoint_facts`,
+  `checkpoint_id`, `checkpoint_source`, `portable_dir`, `local_dir`   (bench.runs.manifest)
 - environment facts and the raw build id hash                         (bench.runs.environment)
 - the sweep cell's columns and the one number format, for every printer (bench.runs.columns)
 """
@@ -43,6 +43,7 @@ from bench.runs.manifest import (
     EngineConfig,
     GitState,
     Manifest,
+    PeerEngine,
     Provenance,
     TargetFacts,
     Workload,
@@ -84,7 +85,8 @@ __all__ = [
     "now_iso", "open_complete_run", "open_run", "outcome_of", "resolve_run", "run_folders", "run_name", "writing_run",
     "run_note", "WriterState", "writer_state",
     "CellRow", "Sample", "as_sample", "failed_cell", "summarize_cell",
-    "CheckpointFacts", "CompileCacheFacts", "EngineConfig", "GitState", "Manifest", "Provenance", "TargetFacts",
+    "CheckpointFacts", "CompileCacheFacts", "EngineConfig", "GitState", "Manifest", "PeerEngine", "Provenance",
+    "TargetFacts",
     "Workload", "build_manifest", "checkpoint_facts", "checkpoint_id", "checkpoint_source", "engine_config_of",
     "local_dir", "payload_build_id", "policy_facts", "portable_dir",
     "CELLS_CSV", "CELLS_JSONL", "LOG", "MANIFEST", "MANIFEST_FIELDS", "PROFILE", "PROFILE_SCHEMA_VERSION",

@@ -6,7 +6,9 @@ the `.py` sources of `model/` and `bench/`, the checkpoint's content hash and th
 max_length, batch, quantization, dtypes). What one command asks of the engine (inputs, max_new_tokens, repeats,
 profile steps, the server's name: the `Workload`) is recorded but is not part of the build, so the same code,
 checkpoint and engine configuration give the same build id from every command. A sweep through a server records
-the server's build id, as its /health reports it (None when it reports none).
+the server's build id, as its /health reports it (None when it reports none). A peer run (another engine measured
+on the sweep's workload, e.g. Hugging Face transformers: `PeerEngine`) records the peer's own build id,
+`PeerEngine.build_id`, which is never one of ours (it starts with the engine's name), and the peer under key `peer`.
 
 JSON layout (schema version 2, `bench.runs.schema`): the keys of `MANIFEST_FIELDS`, plus `command`;
 `engine_config` holds the engine fields and the workload's fields side by side, flat, as version 1 wrote them;
@@ -23,6 +25,8 @@ need jax (`device_facts`) are gathered by the caller and passed in.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -148,6 +152,54 @@ class TargetFacts:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class PeerEngine:
+    """Another engine measured on this harness's workload (a peer): not this project's engine.
+
+    `name`: the engine ("transformers"); `version`: its version ("5.24.0"); `framework`: what it runs on
+    ("torch 2.13.0+cpu"); `settings`: what decides its speed, JSON values (threads, attention implementation, dtype,
+    decode loop, the hash of the script that drove it); `versions`: the peer process's packages ({"python": ...,
+    "torch": ..., ...}: they replace this process's in the manifest's `versions`); `command_line`: the peer
+    process's. The manifest stores it under key `peer` (`to_dict`), and `Manifest.peer` reads it back.
+    """
+
+    name: str
+    version: str
+    framework: str
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    versions: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    command_line: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """"transformers 5.24.0": the engine as the report names it."""
+        return f"{self.name} {self.version}"
+
+    def build_id(self, engine: EngineConfig, checkpoint_hash: str | None) -> str:
+        """The peer's build id: "<name>-<version>-" + 12 hex of sha256 over the framework, settings, versions,
+        engine configuration and checkpoint content hash (sorted-key JSON). It never equals one of ours (12 bare
+        hex, `payload_build_id`): two runs of one build id ran one payload, and a peer is another payload."""
+        payload = {"framework": self.framework, "settings": dict(self.settings), "versions": dict(self.versions),
+                   "engine": engine.to_dict(), "checkpoint": checkpoint_hash}  # fmt: skip
+        digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        return f"{self.name}-{self.version}-{digest}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest's `peer` object: `engine` (the label) and every field."""
+        return {"engine": self.label, "name": self.name, "version": self.version, "framework": self.framework,
+                "settings": dict(self.settings), "versions": dict(self.versions),
+                "command_line": list(self.command_line)}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PeerEngine | None:
+        """The typed view of a manifest's `peer` object; None when it is not an object naming a name and version."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("name"), str) or not isinstance(d.get("version"), str):
+            return None
+        return cls(name=d["name"], version=d["version"], framework=str(d.get("framework") or ""),
+                   settings=dict(d.get("settings") or {}), versions=dict(d.get("versions") or {}),
+                   command_line=tuple(d.get("command_line") or ()))  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Manifest:
     """A run's manifest, typed (schema version 1 or 2). `device`, `host`, `versions` and `dtype_policy` are the
     environment's facts as gathered (`bench.runs.environment`); `extra` holds the other top-level keys."""
@@ -171,6 +223,11 @@ class Manifest:
     workload: Workload = Workload()
     compile_cache: CompileCacheFacts = CompileCacheFacts()
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def peer(self) -> PeerEngine | None:
+        """The peer engine a peer run measured (its `peer` key), None for a run of this project's engine."""
+        return PeerEngine.from_dict(self.extra.get("peer"))
 
     @property
     def slug(self) -> str | None:
@@ -245,23 +302,35 @@ def payload_build_id(engine: EngineConfig, checkpoint_hash: str | None) -> str:
 def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineConfig, workload: Workload,
                    device: Mapping[str, Any], dtype_policy: Mapping[str, Any] | None,
                    compile_cache: CompileCacheFacts, target: TargetFacts | None = None,
-                   extra: Mapping[str, Any] | None = None) -> Manifest:  # fmt: skip
-    """The manifest of `command` ("sweep", "sweep --target", "profile", "serve"), status "running", name and
-    times unset (`bench.runs.create_run` sets them).
+                   peer: PeerEngine | None = None, extra: Mapping[str, Any] | None = None) -> Manifest:  # fmt: skip
+    """The manifest of `command` ("sweep", "sweep --target", "profile", "serve", "peer"), status "running", name
+    and times unset (`bench.runs.create_run` sets them).
 
     The build id is `payload_build_id(engine, checkpoint.content_hash)` for a payload run here; with `target`
-    (a sweep through a server) it is the server's own, as it reports it. This process's command line, git state,
-    package versions and host are gathered here; `device` and `dtype_policy` come from the caller (jax's, or the
-    server's). `extra`: other top-level keys (e.g. decode_bytes); the target's description goes under `target`.
-    Raises InputError when a source folder is missing (environment.build_id).
+    (a sweep through a server) it is the server's own, as it reports it; with `peer` (another engine measured
+    on the sweep's workload) it is `peer.build_id(...)`, never one of ours. This process's command line, git
+    state, package versions and host are gathered here (a peer's package versions, and its Python in `host`,
+    are the peer process's); `device` and `dtype_policy` come from the caller (jax's, the server's or the
+    peer's). `extra`: other top-level keys (e.g. decode_bytes); the target's description goes under `target`,
+    the peer under `peer`. Raises InputError when a source folder is missing (environment.build_id); ValueError
+    for both a target and a peer.
     """
-    payload_id = target.build_id if target is not None else payload_build_id(engine, checkpoint.content_hash)
-    more = dict(extra or {})
+    if target is not None and peer is not None:
+        raise ValueError("build_manifest: a run measures through a target or a peer engine, not both")
+    more, host, versions = dict(extra or {}), host_facts(), package_versions()
     if target is not None:
+        payload_id = target.build_id
         more["target"] = dict(target.description)
+    elif peer is not None:
+        payload_id = peer.build_id(engine, checkpoint.content_hash)
+        more["peer"] = peer.to_dict()
+        versions = dict(peer.versions)
+        host["python"] = peer.versions.get("python")
+    else:
+        payload_id = payload_build_id(engine, checkpoint.content_hash)
     return Manifest(
         command=command, command_line=tuple(python_command_line()), build_id=payload_id, git=_typed(GitState, git_state(REPO)),
-        versions=package_versions(), device=dict(device), host=host_facts(), dtype_policy=dtype_policy,
+        versions=versions, device=dict(device), host=host, dtype_policy=dtype_policy,
         checkpoint=checkpoint, engine=engine, workload=workload, compile_cache=compile_cache, extra=more,
     )  # fmt: skip
 
