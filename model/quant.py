@@ -7,25 +7,27 @@ and each value is q = round(x / s) (to nearest, ties to even). qmax is 127 for i
 int4 (range [-7, 7]): the range is symmetric, so -max|x| maps to -qmax exactly as +max|x| maps to +qmax; the codes
 -128 / -8 are never produced (using -8 would need an asymmetric scale or a zero point). A block of zeros gets scale
 0 and values 0 (the division uses 1 there: nothing divides by zero). Hence |dequantize(q) - x| <= s / 2 for every
-value: half a quantization step of its block, the stored scale.
+value (up to float32 rounding): half a quantization step of its block, the stored scale.
 
 Storage: int8 values as int8 in the array's shape; int4 values two per uint8 byte along the LAST axis (value 2j in
 the low nibble, 2j+1 in the high one, two's complement), so the packed axis is the minor, contiguous one; a last
 axis of odd length gets a zero pad nibble. Scales are 16-bit by default (bfloat16: float32's range, so a small
 block's scale never underflows) or any float dtype (`scale_dtype`). The published runs stored 16-bit scales:
 their weight total, 6,155,450,950 bytes, is reproduced to the byte with 2-byte scales
-(`model.accounting.weight_bytes`), and their 541 float16 tensors are the 539 dense ones plus two scale tensors, so
-theirs were float16; the byte count is the same for bfloat16.
+(`model.accounting.weight_bytes`), and their dtype counts {float16: 541, uint8: 1, int8: 1} fit E2B's 539 dense
+tensors plus two scale tensors, all float16 (an inference: the layout was not published); the byte count is the
+same for bfloat16.
 
 The matmul form (`matmul`): the integer values are converted to the activation dtype and multiplied in one product,
 and the scales are applied AFTER the product, on its output channels (`einsum(x, convert(q)) * s`). Where the
 scales vary along a contraction axis (w4 groups; the heads of wo_NHD under w4), that axis is kept in the product
 (split into groups x values per group) and the scaled partial products are summed. On NVIDIA GPUs of compute
-capability >= 8.0, XLA can fuse the int8/int4 -> bf16 convert into the matrix product (it reads the packed operand
-in the GEMM) in exactly this form: the convert feeding the dot directly, the per-channel scale a multiply on the
-dot's output, and the packed dimension minor. Dequantizing first (`dot(x, convert(q) * s)`) puts the multiply
-between the convert and the dot. Whether XLA on a given backend fuses or materializes the converted weight is
-measured by a profile, not assumed here.
+capability >= 8.0 XLA can fuse an int8/int4 -> 16-bit convert into the matrix product (the GEMM reads the narrow
+operand) when the graph has this form: the convert feeding the dot directly, the per-channel scale a multiply on
+the dot's output, and the packed dimension minor (here the last axis). Dequantizing first (`dot(x, convert(q) *
+s)`) puts a multiply between the convert and the dot. Two caveats, to be settled by a profile, not assumed: the
+int4 values are unpacked here with shifts on uint8 (not XLA's native s4 type, which `jnp.int4` would give), and
+XLA:CPU may materialize the converted weight in every step.
 
 Bytes: `packed_bytes` counts the arrays as stored: values (already packed: 1 byte holds two int4 values) plus
 scales, and a dense leaf of a sub-byte dtype (e.g. jnp.int4, whose `nbytes` counts one byte per value) at
@@ -141,7 +143,7 @@ def quantize(x, bits: int, block: Shape, *, scale_dtype=jnp.bfloat16) -> QuantAr
     """
     if bits not in QMAX:
         raise ValueError(f"bits must be 8 or 4, got {bits}")
-    x = jnp.asarray(x, jnp.float32)
+    x = jnp.asarray(x)
     shape, block = tuple(x.shape), tuple(int(b) for b in block)
     if len(block) != len(shape) or any(not 1 <= b <= max(n, 1) for b, n in zip(block, shape, strict=True)):
         raise ValueError(f"block {block} does not fit shape {shape}")
@@ -151,7 +153,9 @@ def quantize(x, bits: int, block: Shape, *, scale_dtype=jnp.bfloat16) -> QuantAr
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _quantize_arrays(x: jax.Array, bits: int, block: Shape, scale_dtype) -> tuple[jax.Array, jax.Array]:
-    """(values, scales) of `quantize`, one compiled program per (shape, bits, block, scale dtype)."""
+    """(values, scales) of `quantize`, one compiled program per (shape, dtype, bits, block, scale dtype); computed
+    in float32 (a caller quantizing a table far larger than memory allows quantizes it in blocks of rows)."""
+    x = x.astype(jnp.float32)
     shape = tuple(x.shape)
     groups = scale_shape(shape, block)
     padded = jnp.pad(jnp.abs(x), [(0, g * b - n) for g, b, n in zip(groups, block, shape, strict=True)])
