@@ -8,8 +8,10 @@ Public API (everything else is internal):
 - `decide_policy`, `DevicePolicy`                      (model.policy)
 - `Engine`, `load_engine`, `full_logits`, `Sampling`  (model.engine)
 - `GemmaTokenizer`                                     (model.tokenizer)
-The model's facts without jax: `model.config` and `model.accounting` (parameter shapes and counts, KV cache slots,
-bytes a decode step reads) import neither jax nor numpy, so the report can use them on archived runs.
+- `QuantSpec`, `parse_quant`                           (model.quantspec: the `--quant` options, jax-free)
+- `QuantArray`, `quantize_params`, `tree_bytes`        (model.quant)
+The model's facts without jax: `model.config`, `model.accounting` (parameter shapes and counts, KV cache slots,
+bytes a decode step reads, weight bytes under quantization) and `model.quantspec` import neither jax nor numpy, so the report can use them on archived runs.
 
 Each name above is imported from its module on first use (PEP 562 `__getattr__`), not when the package is: so
 `import model.config` runs no jax, while `from model import Engine` works as before.
@@ -29,13 +31,16 @@ _HOMES = {
     "DevicePolicy": "model.policy", "decide_policy": "model.policy",
     "Engine": "model.engine", "Sampling": "model.engine", "full_logits": "model.engine", "load_engine": "model.engine",
     "GemmaTokenizer": "model.tokenizer",
+    "QuantSpec": "model.quantspec", "parse_quant": "model.quantspec",
+    "QuantArray": "model.quant", "quantize_params": "model.quant", "tree_bytes": "model.quant",
 }  # fmt: skip
 """Public name -> the module that defines it."""
 
 __all__ = [
     "PRESETS", "ModelConfig", "load_config", "content_hash", "load_params", "resolve_checkpoint",
     "create_checkpoint", "ensure_builtin", "forward_full", "prefill", "decode_step", "DevicePolicy",
-    "decide_policy", "Engine", "Sampling", "full_logits", "load_engine", "GemmaTokenizer",
+    "decide_policy", "Engine", "Sampling", "full_logits", "load_engine", "GemmaTokenizer", "QuantSpec",
+    "parse_quant", "QuantArray", "quantize_params", "tree_bytes",
 ]  # fmt: skip
 
 
@@ -61,4 +66,6 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from model.engine import Engine, Sampling, full_logits, load_engine
     from model.forward import decode_step, forward_full, prefill
     from model.policy import DevicePolicy, decide_policy
+    from model.quant import QuantArray, quantize_params, tree_bytes
+    from model.quantspec import QuantSpec, parse_quant
     from model.tokenizer import GemmaTokenizer

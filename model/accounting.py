@@ -12,6 +12,13 @@ Counts are scalars (elements); bytes are counts x bytes per stored scalar. The c
 storage layout treats them (`ParamCounts`, `DecodeReads`: the body, the tied embedding table, the PLE table), so a
 layout that gives each group its own bits per scalar (e.g. the published runs' `bench.profile.roofline.WeightLayout`)
 multiplies group by group. Source of the bytes a step reads: measurement.md, "Rooflines".
+
+Weight bytes by component under a quantization option set (`weight_bytes_by_component`): every leaf at the body
+dtype's itemsize, except the leaves `model.quantspec.leaf_layout` quantizes, which count their packed values
+(two int4 values per byte) plus their scales at the scale itemsize; `int8_lm_head` adds a separate int8 copy of
+the tied table (the input embedding keeps its dtype for the lookup). The same per-leaf arithmetic gives the bytes
+one decode step reads. `model.quant.tree_bytes` counts the quantized arrays themselves; the tests check the two
+agree for every option set.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import dataclasses
 import math
 
 from model.config import ModelConfig
+from model.quantspec import LM_HEAD, NO_QUANT, PLE_GROUP, QuantSpec, leaf_layout, quantized_bytes
 
 Shape = tuple[int, ...]
 
@@ -41,6 +49,25 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
         "wo_NHD": (n, h, d), "gate_DF": (d, f), "up_DF": (d, f), "down_FD": (f, d),
         "ple_gate_DP": (d, p) if p else None, "ple_proj_PD": (p, d) if p else None,
         "post_ple_norm_D": (d,) if p else None, "layer_scalar_1": (1,),
+    }  # fmt: skip
+
+
+def compute_layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
+    """Shapes of layer i's leaves in the compute layout (`model.params.LayerParams`, built by `fuse_layer` from the
+    `layer_shapes` leaves): qkv_DX [D, (N + 2K) H] (KV-shared layers: [D, N H]), o_DX [D, N H], gate_up_DX
+    [D, 2F], down_DF [D, F], ple_gate_PD / ple_proj_PD [P, D], the norms as in `layer_shapes`. Same scalar
+    count as `layer_shapes`, layer by layer."""
+    s = layer_shapes(cfg, i)
+    d, n, h, f = cfg.hidden_size, cfg.num_heads, cfg.layer_head_dim(i), cfg.ffw_dim(i)
+    kv = 2 * cfg.kv_heads(i) * h if s["wk_DKH"] is not None else 0
+    p = cfg.ple_dim
+    return {
+        "attn_norm_D": s["attn_norm_D"], "post_attn_norm_D": s["post_attn_norm_D"],
+        "pre_ffw_norm_D": s["pre_ffw_norm_D"], "post_ffw_norm_D": s["post_ffw_norm_D"],
+        "qkv_DX": (d, n * h + kv), "q_norm_H": s["q_norm_H"], "k_norm_H": s["k_norm_H"],
+        "o_DX": (d, n * h), "gate_up_DX": (d, 2 * f), "down_DF": (d, f),
+        "ple_gate_PD": (p, d) if p else None, "ple_proj_PD": (p, d) if p else None,
+        "post_ple_norm_D": s["post_ple_norm_D"], "layer_scalar_1": s["layer_scalar_1"],
     }  # fmt: skip
 
 
@@ -136,10 +163,135 @@ def decode_reads(cfg: ModelConfig) -> DecodeReads:
     )
 
 
-def decode_weight_bytes(cfg: ModelConfig, weight_itemsize: int) -> int:
-    """Weight bytes one decode step reads with every weight stored at `weight_itemsize` bytes per scalar:
-    `decode_reads(cfg).total` x itemsize (e.g. 4 for float32, 2 for bfloat16)."""
-    return decode_reads(cfg).total * weight_itemsize
+def decode_weight_bytes(cfg: ModelConfig, weight_itemsize: int, *, scale_itemsize: int = 2,
+                        quant: QuantSpec = NO_QUANT) -> int:  # fmt: skip
+    """Weight bytes one decode step reads with every dense weight stored at `weight_itemsize` bytes per scalar
+    (e.g. 4 for float32, 2 for bfloat16) and the leaves `quant` quantizes at their packed size plus scales of
+    `scale_itemsize` bytes. Without quantization: `decode_reads(cfg).total` x itemsize."""
+    if quant == NO_QUANT:
+        return decode_reads(cfg).total * weight_itemsize
+    return weight_bytes_by_component(cfg, weight_itemsize, scale_itemsize=scale_itemsize, quant=quant).decode_bytes
+
+
+# ---- weight bytes by component, under quantization ----------------------------------------------------------------
+COMPONENTS = ("input embedding", "PLE table", "PLE projection+norm", "layers", "LM head", "other")
+"""The components `weight_bytes_by_component` reports, in order."""
+
+_COMPONENT_OF = {"embed_VD": "input embedding", "ple_embed_VX": "PLE table", "ple_proj_DX": "PLE projection+norm",
+                 "ple_norm_P": "PLE projection+norm", "final_norm_D": "other", LM_HEAD: "LM head"}  # fmt: skip
+"""Global field -> component (every layer field is "layers")."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ComponentBytes:
+    """One component's parameters as placed on the device, and what one decode step (batch 1) reads of it.
+
+    params: the model's parameters it holds (0 for the LM head: tied, its values are the input embedding's, even
+    when an int8 copy is stored); scales: quantization scales stored; bytes: packed values + scales + dense leaves;
+    decode_bytes: bytes one decode step reads (one row of each gathered table, everything else whole); note: how
+    it is stored, in words.
+    """
+
+    name: str
+    params: int
+    scales: int
+    bytes: int
+    decode_bytes: int
+    note: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WeightBytes:
+    """Weight bytes of a config by component (`COMPONENTS` order) at one body itemsize, scale itemsize and
+    quantization (`quant`: `QuantSpec.canonical`)."""
+
+    components: tuple[ComponentBytes, ...]
+    itemsize: int
+    scale_itemsize: int
+    quant: str
+
+    @property
+    def params(self) -> int:
+        """All text parameters (E2B: 4,628,569,379)."""
+        return sum(c.params for c in self.components)
+
+    @property
+    def scales(self) -> int:
+        """All scales stored."""
+        return sum(c.scales for c in self.components)
+
+    @property
+    def bytes(self) -> int:
+        """The weight-bytes gauge: every parameter as placed on the device, scales included."""
+        return sum(c.bytes for c in self.components)
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads."""
+        return sum(c.decode_bytes for c in self.components)
+
+
+def _leaf(field: str, shape: Shape, itemsize: int, scale_itemsize: int, quant: QuantSpec) -> tuple[int, int]:
+    """(bytes, scales) of one leaf: dense at `itemsize`, or its `leaf_layout` packed with its scales."""
+    layout = leaf_layout(field, shape, quant)
+    if layout is None:
+        return math.prod(shape) * itemsize, 0
+    return quantized_bytes(shape, layout, scale_itemsize)
+
+
+def _note(name: str, cfg: ModelConfig, quant: QuantSpec) -> str:
+    """How component `name` is stored under `quant`, in words."""
+    if name == "LM head":
+        return ("int8 copy of the tied table, one scale per row" if quant.int8_lm_head
+                else "tied: the input embedding's table, read whole for the logits")  # fmt: skip
+    if name == "PLE table" and quant.ple_bits:
+        return f"int{quant.ple_bits}, one scale per (row, {min(PLE_GROUP, cfg.num_layers * cfg.ple_dim)} values)"
+    if name == "layers" and quant.layer_bits == 8:
+        return "projections int8, one scale per output channel; norms dense"
+    if name == "layers" and quant.layer_bits == 4:
+        return f"projections int4, one scale per {quant.w4_group} contraction values; norms dense"
+    return "dense"
+
+
+def weight_bytes_by_component(cfg: ModelConfig, itemsize: int, *, scale_itemsize: int = 2,
+                              quant: QuantSpec = NO_QUANT) -> WeightBytes:  # fmt: skip
+    """`WeightBytes` of `cfg` with dense leaves at `itemsize` bytes per scalar, quantized leaves
+    (`model.quantspec.leaf_layout`) at their packed size plus scales of `scale_itemsize` bytes.
+
+    A decode step reads one row of the input embedding (D values at `itemsize`), one row of the PLE table (X values
+    at its packed size plus that row's scales), the whole LM head (the int8 copy with its scales, or the tied table
+    at `itemsize`), and every other leaf whole. E2B at bfloat16 with 16-bit scales: 9,257,138,758 bytes dense,
+    6,155,450,950 with `ple4,int8_lm_head` (the published runs' figure).
+    """
+    acc = {name: [0, 0, 0, 0] for name in COMPONENTS}  # params, scales, bytes, decode bytes
+
+    def add(name: str, field: str, shape: Shape, *, params: bool = True, read: Shape | None = None) -> None:
+        stored, scales = _leaf(field, shape, itemsize, scale_itemsize, quant)
+        read_bytes = stored if read is None else _leaf(field, read, itemsize, scale_itemsize, quant)[0]
+        for k, v in enumerate((math.prod(shape) if params else 0, scales, stored, read_bytes)):
+            acc[name][k] += v
+
+    for field, shape in global_shapes(cfg).items():
+        if shape is not None:
+            row = (1, shape[1]) if field in EMBEDDING_TABLES else None
+            add(_COMPONENT_OF[field], field, shape, read=row)
+    for i in range(cfg.num_layers):
+        for field, shape in compute_layer_shapes(cfg, i).items():  # the leaves as placed on the device
+            if shape is not None:
+                add("layers", field, shape)
+    head = (cfg.vocab_size, cfg.hidden_size)
+    if quant.int8_lm_head:
+        add("LM head", LM_HEAD, head, params=False)
+    else:
+        acc["LM head"][3] += math.prod(head) * itemsize  # the tied table, read whole
+    parts = tuple(ComponentBytes(name=n, params=p, scales=s, bytes=b, decode_bytes=r, note=_note(n, cfg, quant))
+                  for n, (p, s, b, r) in acc.items())  # fmt: skip
+    return WeightBytes(components=parts, itemsize=itemsize, scale_itemsize=scale_itemsize, quant=quant.canonical)
+
+
+def weight_bytes(cfg: ModelConfig, itemsize: int, *, scale_itemsize: int = 2, quant: QuantSpec = NO_QUANT) -> int:
+    """The weight-bytes gauge of `cfg`: `weight_bytes_by_component(...).bytes`."""
+    return weight_bytes_by_component(cfg, itemsize, scale_itemsize=scale_itemsize, quant=quant).bytes
 
 
 # ---- the KV cache ---------------------------------------------------------------------------------------------

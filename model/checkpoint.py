@@ -265,6 +265,84 @@ def _iter_tensors(files: list[Path], h=None) -> Iterator[tuple[str, Callable[[],
                     h.update(block)
 
 
+def _match_tensor(key: str, shape: tuple[int, ...], stored_dtype: str, file: Path, table: dict[str, TensorSpec],
+                  cfg: ModelConfig, seen: set[str], prefix_used: set[str]) -> str | None:  # fmt: skip
+    """The table name (prefix removed) of checkpoint tensor `key`, or None for a known-ignorable one. Raises
+    CheckpointError for an unexpected, duplicate (`seen` so far), mis-shaped or non-float tensor, naming it."""
+    rel = next((key[len(p):] for p in PREFIXES if key.startswith(p)), None)
+    spec = table.get(rel) if rel is not None else None
+    if spec is None:
+        if _is_ignorable(key, rel, cfg):
+            return None
+        raise CheckpointError(f"{file.name}: unexpected tensor {key!r} with shape {list(shape)} for this config")
+    if rel in seen:
+        raise CheckpointError(f"{file.name}: tensor {rel!r} appears twice (under prefixes {sorted(prefix_used)})")
+    if shape != spec.hf_shape:
+        raise CheckpointError(f"{file.name}: tensor {key!r} has shape {list(shape)}, expected {list(spec.hf_shape)}")
+    if stored_dtype not in _FLOAT_DTYPES:  # e.g. a quantized checkpoint: its scales would be ignored silently
+        raise CheckpointError(f"{file.name}: tensor {key!r} is stored as {stored_dtype}, expected a float dtype "
+                              f"({', '.join(_FLOAT_DTYPES)}); quantized checkpoints are not supported yet")  # fmt: skip
+    return rel
+
+
+def _check_complete(path: Path, table: dict[str, TensorSpec], seen: set[str]) -> None:
+    """CheckpointError naming the first tensor of `table` not in `seen` (and how many more), if any."""
+    missing = sorted(set(table) - seen, key=lambda k: (k.count("."), k))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{path}: tensor {missing[0]!r} is missing{more}; expected shape {list(table[missing[0]].hf_shape)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointShapes:
+    """What a checkpoint's config.json and safetensors headers say, without reading a tensor.
+
+    path: the directory; config: its `ModelConfig`; tensors: tensors the engine loads; ignored: known-ignorable
+    keys; stored_dtypes: the safetensors dtypes of the loaded tensors (e.g. ("BF16",)); stored_bytes: their bytes
+    as stored (shape x the stored dtype's itemsize).
+    """
+
+    path: str
+    config: ModelConfig
+    tensors: int
+    ignored: tuple[str, ...]
+    stored_dtypes: tuple[str, ...]
+    stored_bytes: int
+
+
+def read_checkpoint_shapes(path: str | os.PathLike) -> CheckpointShapes:
+    """`CheckpointShapes` of a local checkpoint directory, from config.json and the safetensors headers only (no
+    tensor data is read). The checks are `load_params`'s: a missing, unexpected, duplicate, mis-shaped or
+    non-float (e.g. already quantized) tensor is a CheckpointError naming it; a bad config.json a ConfigError."""
+    ckpt = Path(path).expanduser()
+    if not ckpt.is_dir():
+        what = "is a file" if ckpt.exists() else "no such directory"
+        raise CheckpointError(f"{ckpt}: {what}; expected a checkpoint directory with config.json and *.safetensors")
+    cfg = load_config(ckpt)
+    table = tensor_table(cfg)
+    seen: set[str] = set()
+    prefix_used: set[str] = set()
+    ignored: list[str] = []
+    stored: set[str] = set()
+    stored_bytes = 0
+    for file in safetensors_files(ckpt):
+        with open(file, "rb") as f:
+            _, entries = _safetensors_header(f, file)
+        for _, _, key, entry in entries:
+            shape, dtype = tuple(int(d) for d in entry.get("shape", ())), str(entry.get("dtype"))
+            rel = _match_tensor(key, shape, dtype, file, table, cfg, seen, prefix_used)
+            if rel is None:
+                ignored.append(key)
+                continue
+            seen.add(rel)
+            prefix_used.add(key[: len(key) - len(rel)])
+            stored.add(dtype)
+            stored_bytes += int(np.prod(shape, dtype=np.int64)) * _numpy_dtype(dtype, file).itemsize
+    _check_complete(ckpt, table, seen)
+    return CheckpointShapes(path=str(ckpt), config=cfg, tensors=len(seen), ignored=tuple(ignored),
+                            stored_dtypes=tuple(sorted(stored)), stored_bytes=stored_bytes)  # fmt: skip
+
+
 def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtype=np.float32, device_put=None):
     """Load a checkpoint's text-decoder weights as `Params`, converted to `dtype`.
 
@@ -294,23 +372,14 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     for name in _hashed_names(path)[:2]:  # config.json, tokenizer.json: as content_hash orders them
         _hash_file(h, path / name)
     for key, load, shape, stored_dtype, file in _iter_tensors(files, h):
-        rel = next((key[len(p):] for p in PREFIXES if key.startswith(p)), None)
-        spec = table.get(rel) if rel is not None else None
-        if spec is None:
-            if _is_ignorable(key, rel, cfg):
-                ignored.append(key)
-                continue
-            raise CheckpointError(f"{file.name}: unexpected tensor {key!r} with shape {list(shape)} for this config")
-        if rel in seen:
-            raise CheckpointError(f"{file.name}: tensor {rel!r} appears twice (under prefixes {sorted(prefix_used)})")
-        if shape != spec.hf_shape:
-            raise CheckpointError(f"{file.name}: tensor {key!r} has shape {list(shape)}, expected {list(spec.hf_shape)}")
-        if stored_dtype not in _FLOAT_DTYPES:  # e.g. a quantized checkpoint: its scales would be ignored silently
-            raise CheckpointError(f"{file.name}: tensor {key!r} is stored as {stored_dtype}, expected a float dtype "
-                                  f"({', '.join(_FLOAT_DTYPES)}); quantized checkpoints are not supported yet")  # fmt: skip
+        rel = _match_tensor(key, shape, stored_dtype, file, table, cfg, seen, prefix_used)
+        if rel is None:
+            ignored.append(key)
+            continue
         seen.add(rel)
         stored.add(stored_dtype)
         prefix_used.add(key[: len(key) - len(rel)])
+        spec = table[rel]
         array = spec.to_engine(load()).astype(dtype)
         if spec.layer is None:
             glob[spec.field] = put(array)
@@ -320,10 +389,7 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
         if not pending[spec.layer]:  # the layer is complete: fuse it on the host, place it, drop the host copies
             fused[spec.layer] = jax.tree_util.tree_map(put, fuse_layer(layers[spec.layer]))
             layers[spec.layer] = {}
-    missing = sorted(set(table) - seen, key=lambda k: (k.count("."), k))
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"{path}: tensor {missing[0]!r} is missing{more}; expected shape {list(table[missing[0]].hf_shape)}")
+    _check_complete(path, table, seen)
     params = Params(**glob, layers=tuple(fused))
     report = {"path": str(path), "prefixes": sorted(prefix_used), "tensors": len(seen), "ignored": ignored,
               "stored_dtypes": sorted(stored), "content_hash": h.hexdigest()}  # fmt: skip

@@ -24,3 +24,8 @@ class TokenizerError(ModelError):
 
 class EngineError(ModelError):
     """A request the engine cannot serve as configured (e.g. a prompt longer than the maximum length)."""
+
+
+class QuantError(ModelError):
+    """A quantization option set (`--quant`) that names an unknown option, repeats one, or combines two that
+    exclude each other (ple8 with ple4, w8 with w4)."""

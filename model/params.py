@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model.accounting import global_shapes, layer_shapes
+from model.accounting import compute_layer_shapes, global_shapes, layer_shapes
 from model.config import ModelConfig
 
 
@@ -143,11 +143,10 @@ def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
     def sds(shape):
         return None if shape is None else jax.ShapeDtypeStruct(shape, dtype)
 
-    def fused(i):  # the compute layout's shapes, without allocating: fuse_layer traced abstractly
-        leaves = {name: sds(s) for name, s in layer_shapes(cfg, i).items()}
-        return jax.eval_shape(fuse_layer, leaves)
-
-    layers = tuple(fused(i) for i in range(cfg.num_layers))
+    layers = tuple(
+        LayerParams(**{name: sds(s) for name, s in compute_layer_shapes(cfg, i).items()})
+        for i in range(cfg.num_layers)
+    )
     return Params(**{name: sds(s) for name, s in global_shapes(cfg).items()}, layers=layers)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -11,10 +13,17 @@ import numpy as np
 import pytest
 
 import model.params as params_mod
-from model.accounting import decode_reads, decode_weight_bytes, layer_param_count, param_counts
+from model.accounting import (
+    compute_layer_shapes,
+    decode_reads,
+    decode_weight_bytes,
+    layer_param_count,
+    layer_shapes,
+    param_counts,
+)
 from model.config import DEFAULT, E2B, E4B, PRESETS, TINY, config_from_dict, load_config
 from model.errors import ConfigError
-from model.params import abstract_params, count_params, init_params
+from model.params import abstract_params, count_params, fuse_layer, init_params
 
 
 @pytest.mark.parametrize("cfg", [TINY, DEFAULT, E2B, E4B], ids=["tiny", "default", "e2b", "e4b"])
@@ -215,3 +224,18 @@ def test_integers_are_numbers_and_null_is_read_where_transformers_allows_it():
                  rope_parameters=None, num_hidden_layers=12, num_kv_shared_layers=0)  # fmt: skip
     cfg = config_from_dict(nulls)  # transformers' defaults: 5 sliding then 1 full, full head dim 512, default RoPE
     assert cfg.layer_types == (("sliding_attention",) * 5 + ("full_attention",)) * 2 and cfg.global_head_dim == 512
+
+
+@pytest.mark.parametrize("cfg", [TINY, DEFAULT, E2B, E4B], ids=["tiny", "default", "e2b", "e4b"])
+def test_compute_layout_shapes_are_the_fused_storage_leaves(cfg):
+    # accounting.compute_layer_shapes (jax-free: the byte accounting and abstract_params use it) must be exactly
+    # what fuse_layer builds from the checkpoint's storage leaves, layer by layer, with the same scalar count.
+    for i in range(cfg.num_layers):
+        storage = {name: None if s is None else jax.ShapeDtypeStruct(s, jnp.float32)
+                   for name, s in layer_shapes(cfg, i).items()}  # fmt: skip
+        fused = jax.eval_shape(fuse_layer, storage)
+        want = compute_layer_shapes(cfg, i)
+        got = {f.name: None if getattr(fused, f.name) is None else tuple(getattr(fused, f.name).shape)
+               for f in dataclasses.fields(fused)}  # fmt: skip
+        assert got == want, i
+        assert sum(math.prod(s) for s in want.values() if s) == layer_param_count(cfg, i)

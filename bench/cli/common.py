@@ -141,6 +141,11 @@ WeightDtypeOpt = typer.Option(
 MaxLengthOpt = typer.Option(None, "--max-length", help="Largest prompt (tokens) the engine accepts, at most the "
                              "model's positions; default 8192 (or the model's positions, if fewer).")
 CompileCacheOpt = typer.Option(None, "--compile-cache", help=CACHE_HELP)
+QUANT_HELP = ("Quantization, a comma-separated set: ple8 or ple4 (the per-layer-embedding table, one scale per row "
+              "and 256 values), int8_lm_head (an int8 copy of the tied table for the logits), w8 or w4[:GROUP] (the "
+              "layer projections: per output channel, or GROUP-value groups along the contraction axis, default "
+              "128). Default: none.")
+QuantOpt = typer.Option(None, "--quant", help=QUANT_HELP)
 BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens, increasing), e.g. 64,512,1024,4096: a "
                           "prompt is padded to the smallest rung that holds it. Default: powers of two to 512, then "
                           "steps of 512 to 4096, then of 1024 up to --max-length.")

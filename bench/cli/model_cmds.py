@@ -1,4 +1,4 @@
-"""`bench generate` and `bench checkpoint create`."""
+"""`bench generate`, `bench checkpoint create` and `bench checkpoint inspect`."""
 
 from __future__ import annotations
 
@@ -13,12 +13,17 @@ from bench.cli.common import (
     CompileCacheOpt,
     DtypeOpt,
     MaxLengthOpt,
+    QuantOpt,
+    make_console,
     open_engine,
     setup_logging,
 )
 from bench.errors import InputError
 
-checkpoint_app = typer.Typer(help="Create built-in checkpoints in the Hugging Face format.", no_args_is_help=True)
+checkpoint_app = typer.Typer(
+    help="Create built-in checkpoints in the Hugging Face format; inspect a checkpoint's weight bytes.",
+    no_args_is_help=True,
+)
 app.add_typer(checkpoint_app, name="checkpoint")
 
 
@@ -83,3 +88,86 @@ def checkpoint_create(
         raise InputError(f"--layout {layout}: expected 'text' or 'published'")
     path = create_checkpoint(preset, out_dir, seed=seed, dtype=dtype, layout=layout)
     typer.echo(f"wrote {path} (preset {preset}, {dtype}, seed {seed}); content sha256 {content_hash(path)}")
+
+
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+"""Bytes per scalar of the body and scale dtypes `checkpoint inspect` accepts (float64 only as a stored dtype)."""
+_STORED = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+"""safetensors dtype names -> the dtype names above."""
+
+
+def _inspect_source(checkpoint: str | None, preset: str | None, dtype: str | None) -> tuple[dict, object, str]:
+    """(facts about the source for the output, its ModelConfig, the body dtype name) of `checkpoint inspect`.
+    Raises InputError for both or neither source, an unknown preset or dtype, or mixed stored dtypes without
+    --dtype; CheckpointError / ConfigError from the checkpoint's headers."""
+    from model.config import PRESETS
+
+    if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+        raise InputError(f"--dtype {dtype}: unknown dtype; expected float32, bfloat16 or float16")
+    if (checkpoint is None) == (preset is None):
+        raise InputError("checkpoint inspect: expected a CHECKPOINT directory or --preset NAME (one of them, "
+                         "e.g. bench checkpoint inspect --preset e2b)")  # fmt: skip
+    if preset is not None:
+        if preset not in PRESETS:
+            raise InputError(f"--preset {preset}: unknown preset; expected one of {', '.join(PRESETS)}")
+        return {"preset": preset}, PRESETS[preset], dtype or "bfloat16"
+    from model.checkpoint import read_checkpoint_shapes
+
+    shapes = read_checkpoint_shapes(checkpoint)
+    stored = [_STORED[d] for d in shapes.stored_dtypes]
+    if dtype is None and len(stored) != 1:
+        raise InputError(f"{shapes.path}: tensors are stored in several dtypes ({', '.join(stored)}); pass --dtype "
+                         "to say which one the body is placed in")  # fmt: skip
+    facts = {"checkpoint": shapes.path, "tensors": shapes.tensors, "ignored_tensors": len(shapes.ignored),
+             "stored_dtypes": stored, "stored_bytes": shapes.stored_bytes}  # fmt: skip
+    return facts, shapes.config, dtype or stored[0]
+
+
+def _print_weight_bytes(source: dict, wb, dtype: str, scale_dtype: str) -> None:
+    """The component table of `checkpoint inspect` (exact integers with thousands separators) and its total."""
+    from rich.table import Table
+
+    what = f"checkpoint {source['checkpoint']}" if "checkpoint" in source else f"preset {source['preset']} (shapes)"
+    table = Table(title=f"{what}: body {dtype}, scales {scale_dtype}, quant {wb.quant}")
+    for col in ("component", "parameters", "scales", "bytes", "bytes read per decode step", "stored as"):
+        table.add_column(col, justify="left" if col in ("component", "stored as") else "right")
+    for c in wb.components:
+        table.add_row(c.name, f"{c.params:,}", f"{c.scales:,}", f"{c.bytes:,}", f"{c.decode_bytes:,}", c.note)
+    table.add_row("total", f"{wb.params:,}", f"{wb.scales:,}", f"{wb.bytes:,}", f"{wb.decode_bytes:,}", "")
+    make_console().print(table)
+    typer.echo(f"weight bytes: {wb.bytes:,} (packed values + scales; 4-bit values two per byte)")
+    if "stored_bytes" in source:
+        typer.echo(f"stored in the checkpoint: {source['stored_bytes']:,} bytes ({', '.join(source['stored_dtypes'])}; "
+                   f"{source['tensors']} tensors loaded, {source['ignored_tensors']} ignored)")  # fmt: skip
+
+
+@checkpoint_app.command("inspect")
+def checkpoint_inspect(
+    checkpoint: str | None = typer.Argument(None, help="A local checkpoint directory (config.json, *.safetensors): "
+                                            "only config.json and the safetensors headers are read."),
+    preset: str | None = typer.Option(None, "--preset", help="Inspect a preset's shapes instead (tiny, default, e2b, "
+                                      "e4b); nothing is written or read."),
+    quant: str | None = QuantOpt,
+    dtype: str | None = typer.Option(None, "--dtype", help="Dtype the dense weights are placed in (float32, bfloat16, "
+                                     "float16); default: the checkpoint's stored dtype, bfloat16 for a preset."),
+    scale_dtype: str = typer.Option("bfloat16", "--scale-dtype", help="Dtype of the quantization scales: bfloat16, "
+                                    "float16 or float32."),
+    as_json: bool = typer.Option(False, "--json", help="Print the components and totals as JSON."),
+) -> None:
+    """Weight bytes of a checkpoint (or a preset's shapes) by component, as placed on the device, under --quant."""
+    import dataclasses
+
+    from model.accounting import weight_bytes_by_component
+    from model.quantspec import parse_quant
+
+    spec = parse_quant(quant)
+    if scale_dtype not in ("bfloat16", "float16", "float32"):
+        raise InputError(f"--scale-dtype {scale_dtype}: unknown dtype; expected bfloat16, float16 or float32")
+    source, cfg, body = _inspect_source(checkpoint, preset, dtype)
+    wb = weight_bytes_by_component(cfg, _ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype], quant=spec)
+    if not as_json:
+        _print_weight_bytes(source, wb, body, scale_dtype)
+        return
+    totals = {"params": wb.params, "scales": wb.scales, "bytes": wb.bytes, "decode_bytes": wb.decode_bytes}
+    typer.echo(json.dumps({**source, "dtype": body, "scale_dtype": scale_dtype, "quant": wb.quant,
+                           "components": [dataclasses.asdict(c) for c in wb.components], "total": totals}))  # fmt: skip

@@ -1,0 +1,309 @@
+"""Quantized arrays as data: a pytree leaf of integer values, scales and layout, and the one matmul and row lookup
+that dispatch on a leaf being dense or quantized (so the layers never branch on quantization).
+
+Scheme: symmetric, per block. Each block of values (the layout's `block`, see `model.quantspec`) has one scale
+s = max|x| / qmax, rounded UP to the scale dtype (so no value leaves the integer range after rounding the scale),
+and each value is q = round(x / s) (to nearest, ties to even). qmax is 127 for int8 (range [-127, 127]) and 7 for
+int4 (range [-7, 7]): the range is symmetric, so -max|x| maps to -qmax exactly as +max|x| maps to +qmax; the codes
+-128 / -8 are never produced (using -8 would need an asymmetric scale or a zero point). A block of zeros gets scale
+0 and values 0 (the division uses 1 there: nothing divides by zero). Hence |dequantize(q) - x| <= s / 2 for every
+value (up to float32 rounding): half a quantization step of its block, the stored scale.
+
+Storage: int8 values as int8 in the array's shape; int4 values two per uint8 byte along the LAST axis (value 2j in
+the low nibble, 2j+1 in the high one, two's complement), so the packed axis is the minor, contiguous one; a last
+axis of odd length gets a zero pad nibble. Scales are 16-bit by default (bfloat16: float32's range, so a small
+block's scale never underflows) or any float dtype (`scale_dtype`). The published runs stored 16-bit scales:
+their weight total, 6,155,450,950 bytes, is reproduced to the byte with 2-byte scales
+(`model.accounting.weight_bytes`), and their dtype counts {float16: 541, uint8: 1, int8: 1} fit E2B's 539 dense
+tensors plus two scale tensors, all float16 (an inference: the layout was not published); the byte count is the
+same for bfloat16.
+
+The matmul form (`matmul`): the integer values are converted to the activation dtype and multiplied in one product,
+and the scales are applied AFTER the product, on its output channels (`einsum(x, convert(q)) * s`). Where the
+scales vary along a contraction axis (w4 groups), that axis is kept in the product
+(split into groups x values per group) and the scaled partial products are summed. On NVIDIA GPUs of compute
+capability >= 8.0 XLA can fuse an int8/int4 -> 16-bit convert into the matrix product (the GEMM reads the narrow
+operand) when the graph has this form: the convert feeding the dot directly, the per-channel scale a multiply on
+the dot's output, and the packed dimension minor (here the last axis). Dequantizing first (`dot(x, convert(q) *
+s)`) puts a multiply between the convert and the dot. Two caveats, to be settled by a profile, not assumed: the
+int4 values are unpacked here with shifts on uint8 (not XLA's native s4 type, which `jnp.int4` would give), and
+XLA:CPU may materialize the converted weight in every step.
+
+Bytes: `packed_bytes` counts the arrays as stored: values (already packed: 1 byte holds two int4 values) plus
+scales, and a dense leaf of a sub-byte dtype (e.g. jnp.int4, whose `nbytes` counts one byte per value) at
+ceil(size x bits / 8).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model.quantspec import (
+    LM_HEAD,
+    QuantSpec,
+    Shape,
+    channels_block,
+    leaf_layout,
+    parse_quant,
+    rows_block,
+    scale_shape,
+)
+
+__all__ = ["QuantArray", "QuantSpec", "parse_quant", "quantize", "quantize_rows", "quantize_channels", "dequantize",
+           "matmul", "take_rows", "packed_bytes", "tree_bytes", "quantize_params"]  # fmt: skip
+
+QMAX = {8: 127, 4: 7}
+"""Largest integer magnitude per bit width (symmetric range [-qmax, qmax])."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantArray:
+    """A quantized array: a jax pytree whose children are `values` and `scales` and whose layout is static.
+
+    values: int8 [*shape] (bits 8), or uint8 [*shape[:-1], ceil(shape[-1] / 2)] (bits 4, two per byte along the
+        last axis). scales: float [ceil(shape[i] / block[i]) per axis] (bfloat16 by default).
+    shape: the logical (dequantized) shape; bits: 8 or 4; block: values per scale along each axis
+        (`model.quantspec.QuantLayout`). The packed axis is always the last one (`packed_axis`).
+    """
+
+    values: jax.Array
+    scales: jax.Array
+    shape: Shape
+    bits: int
+    block: Shape
+
+    packed_axis = -1
+
+    @property
+    def ndim(self) -> int:
+        """Number of logical axes."""
+        return len(self.shape)
+
+    @property
+    def grouped_axes(self) -> tuple[int, ...]:
+        """Axes along which several values share a scale (block > 1)."""
+        return tuple(i for i, b in enumerate(self.block) if b > 1)
+
+
+jax.tree_util.register_dataclass(QuantArray, data_fields=["values", "scales"], meta_fields=["shape", "bits", "block"])
+
+
+# ---- int4 packing ----------------------------------------------------------------------------------------------
+def _pack_int4(q: jax.Array) -> jax.Array:
+    """int8 values in [-8, 7] [..., n] -> uint8 [..., ceil(n / 2)]: value 2j in the low nibble, 2j+1 in the high."""
+    if q.shape[-1] % 2:
+        q = jnp.pad(q, [(0, 0)] * (q.ndim - 1) + [(0, 1)])
+    u = jax.lax.bitcast_convert_type(q, jnp.uint8) & jnp.uint8(0xF)
+    pairs = u.reshape(*u.shape[:-1], -1, 2)
+    return pairs[..., 0] | (pairs[..., 1] << jnp.uint8(4))
+
+
+def _unpack_int4(packed: jax.Array, n: int) -> jax.Array:
+    """uint8 [..., m] -> int8 [..., n] (n <= 2m): each nibble sign-extended by an arithmetic shift."""
+    lo = jax.lax.bitcast_convert_type(packed << jnp.uint8(4), jnp.int8) >> jnp.int8(4)
+    hi = jax.lax.bitcast_convert_type(packed, jnp.int8) >> jnp.int8(4)
+    both = jnp.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
+    return both[..., :n]
+
+
+def _int_values(q: QuantArray) -> jax.Array:
+    """The integer values of `q` as int8 in its logical shape (unpacked when 4-bit)."""
+    return q.values if q.bits == 8 else _unpack_int4(q.values, q.shape[-1])
+
+
+# ---- quantize / dequantize -------------------------------------------------------------------------------------
+def _expand(s: jax.Array, block: Shape, shape: Shape) -> jax.Array:
+    """Scales [ceil(n_i / b_i)] repeated to the values' shape: each scale over its block (a short last block cut)."""
+    for i, (b, n) in enumerate(zip(block, shape, strict=True)):
+        if s.shape[i] == 1:
+            continue  # broadcasts
+        s = jnp.repeat(s, b, axis=i)[(slice(None),) * i + (slice(0, n),)]
+    return s
+
+
+def _round_up(s: jax.Array, dtype) -> jax.Array:
+    """float32 scales -> `dtype`, rounded up where the cast rounded down (so max|x| / s never exceeds qmax)."""
+    r = s.astype(dtype)
+    up = jnp.nextafter(r, jnp.asarray(jnp.inf, dtype))
+    return jnp.where(r.astype(jnp.float32) < s, up, r)
+
+
+def quantize(x, bits: int, block: Shape, *, scale_dtype=jnp.bfloat16) -> QuantArray:
+    """Quantize `x` (any float array or numpy array) to `bits` (8 or 4) with one scale per `block` of values.
+
+    block: one entry per axis, 1 <= block[i] <= x.shape[i] (the last block along an axis may be short).
+    The scale is max|x| / qmax of its block in float32, rounded up to `scale_dtype`; values round to nearest.
+    Raises ValueError for a bits value other than 8 or 4 or a block that does not fit the shape (program errors).
+    """
+    if bits not in QMAX:
+        raise ValueError(f"bits must be 8 or 4, got {bits}")
+    x = jnp.asarray(x)
+    shape, block = tuple(x.shape), tuple(int(b) for b in block)
+    if len(block) != len(shape) or any(not 1 <= b <= max(n, 1) for b, n in zip(block, shape, strict=True)):
+        raise ValueError(f"block {block} does not fit shape {shape}")
+    values, scales = _quantize_arrays(x, bits, block, scale_dtype)
+    return QuantArray(values=values, scales=scales, shape=shape, bits=bits, block=block)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _quantize_arrays(x: jax.Array, bits: int, block: Shape, scale_dtype) -> tuple[jax.Array, jax.Array]:
+    """(values, scales) of `quantize`, one compiled program per (shape, dtype, bits, block, scale dtype); computed
+    in float32 (a caller quantizing a table far larger than memory allows quantizes it in blocks of rows)."""
+    x = x.astype(jnp.float32)
+    shape = tuple(x.shape)
+    groups = scale_shape(shape, block)
+    padded = jnp.pad(jnp.abs(x), [(0, g * b - n) for g, b, n in zip(groups, block, shape, strict=True)])
+    blocked = padded.reshape([d for g, b in zip(groups, block, strict=True) for d in (g, b)])
+    amax = jnp.max(blocked, axis=tuple(range(1, 2 * len(shape), 2)))
+    scales = _round_up(amax / QMAX[bits], scale_dtype)
+    s = _expand(scales.astype(jnp.float32), block, shape)
+    q = jnp.clip(jnp.round(x / jnp.where(s == 0, 1.0, s)), -QMAX[bits], QMAX[bits]).astype(jnp.int8)
+    return (q if bits == 8 else _pack_int4(q)), scales
+
+
+def quantize_rows(x, bits: int, group: int, *, scale_dtype=jnp.bfloat16) -> QuantArray:
+    """A table [..., n] with one scale per (row, `group` values along the last axis): the PLE table (group 256),
+    the LM head copy (group = the whole row). A group longer than the row is the row."""
+    return quantize(x, bits, rows_block(tuple(np.shape(x)), group), scale_dtype=scale_dtype)
+
+
+def quantize_channels(w, bits: int, axis: int | tuple[int, ...], group: int | None = None, *,
+                      scale_dtype=jnp.bfloat16) -> QuantArray:  # fmt: skip
+    """A weight with contraction axes `axis`: group None (w8) gives one scale per output channel (every other
+    axis); group g (w4) groups g values along the last contraction axis (`model.quantspec.channels_block`)."""
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    shape = tuple(np.shape(w))
+    axes = tuple(a % len(shape) for a in axes)
+    return quantize(w, bits, channels_block(shape, axes, group), scale_dtype=scale_dtype)
+
+
+def dequantize(q: QuantArray, dtype=None) -> jax.Array:
+    """The float array [*q.shape] that `q` stands for: values x their block's scale, computed in float32 and cast
+    to `dtype` (default: the scales' dtype)."""
+    out = _int_values(q).astype(jnp.float32) * _expand(q.scales.astype(jnp.float32), q.block, q.shape)
+    return out.astype(dtype or q.scales.dtype)
+
+
+# ---- the one matmul and the one row lookup -----------------------------------------------------------------------
+def _split(a: jax.Array, letters: list[str], c: str, groups: int, block: int, g: str) -> tuple[jax.Array, list[str]]:
+    """Axis `c` of `a` (letters name its axes) zero-padded to groups x block and split into (g, c)."""
+    j = letters.index(c)
+    a = jnp.pad(a, [(0, 0)] * j + [(0, groups * block - a.shape[j])] + [(0, 0)] * (a.ndim - j - 1))
+    return a.reshape(a.shape[:j] + (groups, block) + a.shape[j + 1 :]), letters[:j] + [g, c] + letters[j + 1 :]
+
+
+def matmul(x: jax.Array, w, spec: str) -> jax.Array:
+    """`einsum(spec, x, w)` in the activation dtype, for a dense `w` (converted to x.dtype first, as
+    `model.layers.dense`) or a `QuantArray` (its integer values converted, the scales applied after the product:
+    see the module docstring for the form and why). spec: explicit letters, two operands, e.g. "BTD,DNH->BTNH".
+
+    A contraction axis along which the scales vary is kept in the product: split into (groups, values per group)
+    when the block is longer than 1 (w4), as is when every index has its own scale (a weight with several contraction axes);
+    the scaled partial products are then summed. Zero padding of a short last group adds nothing.
+    """
+    if not isinstance(w, QuantArray):
+        return jnp.einsum(spec, x, w.astype(x.dtype))
+    lhs, rest = spec.replace(" ", "").split(",")
+    rhs, out = rest.split("->")
+    assert len(rhs) == w.ndim and "." not in spec, (spec, w.shape)
+    free = (c for c in "abcdefghijklmnopqrstuvwxyz" if c not in spec)
+    wv, s = _int_values(w).astype(x.dtype), w.scales.astype(x.dtype)
+    x_l, w_l, s_shape, s_l, kept = list(lhs), list(rhs), [], [], []
+    for i, (c, n, b, g) in enumerate(zip(rhs, w.shape, w.block, w.scales.shape, strict=True)):
+        if g == 1:
+            continue  # one scale along this axis: it broadcasts
+        if c in out:  # an output axis: the scale follows it
+            if b > 1:
+                s = jnp.repeat(s, b, axis=i)[(slice(None),) * i + (slice(0, n),)]
+            s_l.append(c)
+        elif b == 1:  # every index its own scale: keep the axis, sum after scaling
+            kept.append(c)
+            s_l.append(c)
+        else:  # groups of b values: split the axis, keep the group axis
+            assert c in lhs, (spec, c)
+            grp = next(free)
+            x, x_l = _split(x, x_l, c, g, b, grp)
+            wv, w_l = _split(wv, w_l, c, g, b, grp)
+            kept.append(grp)
+            s_l.append(grp)
+        s_shape.append(s.shape[i])
+    s = s.reshape(s_shape)
+    prod = jnp.einsum(f"{''.join(x_l)},{''.join(w_l)}->{out}{''.join(kept)}", x, wv)
+    return jnp.einsum(f"{out}{''.join(kept)},{''.join(s_l)}->{out}", prod, s)
+
+
+def take_rows(table, ids: jax.Array, dtype=None) -> jax.Array:
+    """Rows `ids` (int [...]) of a table [R, n]: `jnp.take(table, ids, axis=0)` for a dense table; for a
+    `QuantArray` with one scale block per row, only the rows read are gathered (values and scales) and only those
+    are unpacked and scaled, in float32, then cast to `dtype` (default: the scales' dtype). Returns [..., n].
+    Raises ValueError for a quantized table whose scale blocks span rows (a program error)."""
+    if not isinstance(table, QuantArray):
+        return jnp.take(table, ids, axis=0)
+    if table.ndim != 2 or table.block[0] != 1:
+        raise ValueError(f"take_rows needs a [R, n] table with one scale block per row, got block {table.block}")
+    ids = jnp.asarray(ids)
+    rows = QuantArray(values=jnp.take(table.values, ids, axis=0), scales=jnp.take(table.scales, ids, axis=0),
+                      shape=tuple(ids.shape) + table.shape[1:], bits=table.bits,
+                      block=(1,) * ids.ndim + table.block[1:])  # fmt: skip
+    return dequantize(rows, dtype)
+
+
+# ---- bytes -------------------------------------------------------------------------------------------------------
+def _bits(dtype) -> int:
+    """Bits per element of a dtype (4 for jnp.int4, whose numpy itemsize says 1)."""
+    dt = np.dtype(dtype)
+    for info in (jnp.iinfo, jnp.finfo):
+        try:
+            return int(info(dt).bits)
+        except (ValueError, TypeError):
+            pass
+    return 8 * dt.itemsize
+
+
+def packed_bytes(leaf) -> int:
+    """Bytes of one leaf as stored (real arrays or `jax.ShapeDtypeStruct`s; None counts 0).
+
+    A `QuantArray`: its values array (int8, or uint8 already holding two int4 values per byte) plus its scales.
+    A dense array: ceil(size x bits / 8), so a sub-byte dtype (jnp.int4) counts packed end to end, not at the one
+    byte per value its `nbytes` reports.
+    """
+    if leaf is None:
+        return 0
+    if isinstance(leaf, QuantArray):
+        return packed_bytes(leaf.values) + packed_bytes(leaf.scales)
+    return -(-math.prod(leaf.shape) * _bits(leaf.dtype) // 8)
+
+
+def tree_bytes(tree) -> int:
+    """The sum of `packed_bytes` over a pytree's leaves, a `QuantArray` counted as one leaf: the weight-bytes
+    gauge of a parameter tree (dense and quantized leaves)."""
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, QuantArray))
+    return sum(packed_bytes(leaf) for leaf in leaves)
+
+
+# ---- a whole parameter tree ----------------------------------------------------------------------------------------
+def quantize_params(params, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
+    """Quantize an in-memory `model.params.Params` tree as `spec` says (`model.quantspec.leaf_layout`, the same
+    rule the byte accounting uses). Returns (params with those leaves replaced by `QuantArray`s, the int8 LM head
+    copy of `embed_VD` or None without `int8_lm_head`); `embed_VD` itself stays dense for the input lookup.
+    Works under `jax.eval_shape` on an abstract tree (full E2B size without memory)."""
+
+    def leaf(field: str, x):
+        layout = None if x is None else leaf_layout(field, tuple(x.shape), spec)
+        return x if layout is None else quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype)
+
+    def fields(node) -> dict:
+        return {f.name: leaf(f.name, getattr(node, f.name)) for f in dataclasses.fields(node) if f.name != "layers"}
+
+    layers = tuple(dataclasses.replace(lp, **fields(lp)) for lp in params.layers)
+    head = None
+    if spec.int8_lm_head:
+        layout = leaf_layout(LM_HEAD, tuple(params.embed_VD.shape), spec)
+        head = quantize(params.embed_VD, layout.bits, layout.block, scale_dtype=scale_dtype)
+    return dataclasses.replace(params, **fields(params), layers=layers), head
