@@ -95,12 +95,14 @@ def _until_eos(token_ids: list[int], eos: set[int]) -> list[int]:
 
 def _device_timing_line(gen) -> str:
     """The timing the device loop has (`model.engine.Generation`): prefill, decode time (first token to last on the
-    host), its mean ms per step, the blocks; no per-step times (the loop syncs once per block)."""
+    host), its mean ms per step, the blocks, and whether it compiled; no per-step times (one sync per block)."""
     n = len(gen.token_ids)
     decode = "no decode steps" if gen.decode_ms is None else (
         f"decode {gen.decode_ms:.1f} ms for {n - 1} steps = {gen.ms_per_step:.3f} ms/step (mean; one host sync per "
         f"block, {len(gen.block_ms)} block(s) of {min(gen.block or n - 1, n - 1)} steps)")  # fmt: skip
-    return f"device decode loop: {n} tokens generated; prefill {gen.prefill_ms:.1f} ms; {decode}"
+    compiled = (f"; {gen.compile_traces} program(s) compiled during it: these times include compiling (a sweep "
+                "warms up first)" if gen.compile_traces else "")  # fmt: skip
+    return f"device decode loop: {n} tokens generated; prefill {gen.prefill_ms:.1f} ms; {decode}{compiled}"
 
 
 @checkpoint_app.command("create")
