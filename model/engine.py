@@ -1,15 +1,21 @@
 """The generation engine: jitted prefill and decode programs per compiled shape, buckets, the token loop.
 
-Compiled shape = (bucket, max_new_tokens): a prompt of n tokens is right-padded to the smallest bucket of the
-ladder that holds it, and its KV cache holds bucket + max_new_tokens positions.
+Compiled shape = (bucket, max_new_tokens, decode loop, block): a prompt of n tokens is right-padded to the smallest
+bucket of the ladder that holds it, and its KV cache holds bucket + max_new_tokens positions. The decode loop is
+"host" (one jitted step per token, each token synced to the host: per-step times) or "device" (`DECODE_LOOPS`: the
+first token from prefill on the host, then the other max_new_tokens - 1 in jitted loops of `block` steps each, one
+host sync per block; no block: one loop of them all).
 
 Recompilation triggers (everything else is an array argument and never recompiles):
 1. a new bucket (the prefill program's input shape);
 2. a new bucket + max_new_tokens (the cache length: prefill's output and decode's input shapes);
 3. greedy vs sampling (sampling sorts the vocabulary; greedy programs do not);
 4. another ModelConfig, or parameters / KV cache of other dtypes (a new dtype policy);
-5. another batch size (the engine uses 1).
-Prompt length, position, temperature, top-k, top-p and seed are traced values: changing them compiles nothing.
+5. another batch size (the engine uses 1);
+6. the device decode loop: its program per (cache length, steps per call), steps = min(block, max_new_tokens - 1)
+   (no block: max_new_tokens - 1). A last block shorter than `block` runs the same program with a smaller trip
+   count (a traced value), so a block size that does not divide max_new_tokens - 1 adds no program.
+Prompt length, position, temperature, top-k, top-p, seed and a block's trip count are traced values: changing them compiles nothing.
 `CompileCounter` counts every trace/compile (jax.monitoring), so a timed region can prove it compiled nothing.
 """
 
@@ -169,15 +175,43 @@ def _decode_program(params, cache, token_B, args, *, cfg, act_dtype, greedy):
         return _choose(logits_BV, position, args, greedy), cache
 
 
+DECODE_LOOPS = ("host", "device")
+"""Where the decode loop runs: "host" (a jitted step per token, each synced to the host) or "device" (a jitted
+fori_loop of steps, synced once per block)."""
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "act_dtype", "greedy", "steps"), donate_argnames=("cache",))
+def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype, greedy, steps):
+    """`trips` (int32 scalar, 1 <= trips <= steps) decode steps in one device loop, each step exactly
+    `_decode_program`'s (decode_step, then `_choose` with the key of the position decoded). Returns (ids [steps, B]
+    int32: row i the token of step i, rows >= trips unused (zeros); the last token [B] int32; the cache)."""
+
+    def body(i, carry):
+        token_B, cache, ids_SB = carry
+        with jax.named_scope("decode_step"):
+            position = cache.length
+            logits_BV, cache = decode_step(params, cfg, token_B, cache, dtype=DTYPES[act_dtype])
+            token_B = _choose(logits_BV, position, args, greedy)
+        return token_B, cache, jax.lax.dynamic_update_index_in_dim(ids_SB, token_B, i, axis=0)
+
+    ids_SB = jnp.zeros((steps, token_B.shape[0]), jnp.int32)
+    token_B, cache, ids_SB = jax.lax.fori_loop(0, trips, body, (token_B, cache, ids_SB))
+    return ids_SB, token_B, cache
+
+
 # ---- the engine ----------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Generation:
     """One generated sequence, what the engine ran for it, and its host-side timings.
 
-    `bucket`: the padded prefill length this request ran at (its compiled shape is (bucket, max_new_tokens));
-    `compile_traces`: jit traces (`CompileCounter.traces`) during this request, prefill and decode: 0 proves it
-    compiled nothing. Times are time.perf_counter_ns, read after each token id arrived on the host:
-    `t_prefill_start_ns` (before the ids are copied to the device), `t_token_ns[i]` for token i.
+    `bucket`: the padded prefill length this request ran at (its compiled shape is (bucket, max_new_tokens,
+    decode_loop, block)); `compile_traces`: jit traces (`CompileCounter.traces`) during this request, prefill and
+    decode: 0 proves it compiled nothing. Times are time.perf_counter_ns, read after a token id arrived on the
+    host: `t_prefill_start_ns` (before the ids are copied to the device), `t_token_ns[j]` the arrival of token
+    `arrived[j]`. The host loop (`decode_loop` "host") syncs every token: `arrived` is 0, 1, ..., n - 1. The device
+    loop ("device", `block` steps per call, None: one call) syncs the first token and the last token of each block
+    only: `arrived` is 0, then each block's last index; it has no per-step times (`step_ms` is empty), only
+    `decode_ms` and its mean `ms_per_step`.
     """
 
     prompt_ids: list[int]
@@ -187,6 +221,9 @@ class Generation:
     t_prefill_start_ns: int
     t_token_ns: list[int]
     compile_traces: int
+    decode_loop: str = "host"
+    block: int | None = None
+    arrived: list[int] | None = None  # None: every token (the host loop)
 
     @property
     def prefill_ms(self) -> float:
@@ -194,8 +231,28 @@ class Generation:
         return (self.t_token_ns[0] - self.t_prefill_start_ns) / 1e6
 
     @property
+    def decode_ms(self) -> float | None:
+        """Decode time (ms): the first token on the host to the last one on the host, either loop; None with one
+        token."""
+        return (self.t_token_ns[-1] - self.t_token_ns[0]) / 1e6 if len(self.token_ids) > 1 else None
+
+    @property
+    def ms_per_step(self) -> float | None:
+        """Mean decode step (ms): decode time / (tokens - 1), either loop; None with one token."""
+        decode = self.decode_ms
+        return None if decode is None else decode / (len(self.token_ids) - 1)
+
+    @property
     def step_ms(self) -> list[float]:
-        """Per-step decode times (ms): arrival of token i minus arrival of token i-1, i >= 1."""
+        """Per-step decode times (ms) of the host loop: arrival of token i minus arrival of token i-1, i >= 1.
+        Empty for the device loop, which has no per-step times (its blocks: `block_ms`)."""
+        if self.decode_loop != "host":
+            return []
+        return [(b - a) / 1e6 for a, b in zip(self.t_token_ns, self.t_token_ns[1:])]
+
+    @property
+    def block_ms(self) -> list[float]:
+        """Gaps between host arrivals (ms): per block for the device loop, per step for the host loop."""
         return [(b - a) / 1e6 for a, b in zip(self.t_token_ns, self.t_token_ns[1:])]
 
 
@@ -275,10 +332,17 @@ class Engine:
         return bucket
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling = GREEDY, *,
-                 stop_at_eos: bool = False, on_token: Callable[[int], bool | None] | None = None) -> Generation:  # fmt: skip
+                 stop_at_eos: bool = False, on_token: Callable[[int], bool | None] | None = None,
+                 decode_loop: str = "host", block: int | None = None) -> Generation:  # fmt: skip
         """Generate up to `max_new_tokens` ids after `prompt_ids` (exactly that many unless `stop_at_eos`, or
         `on_token` returns True to stop early, e.g. a client disconnected or a stop string matched). The result
-        carries the bucket it ran and the compile traces of this request (`Generation`)."""
+        carries the bucket it ran and the compile traces of this request (`Generation`).
+
+        `decode_loop` (`DECODE_LOOPS`): "host" syncs every token (per-step times); "device" runs the tokens after
+        the first in device loops of `block` steps (None: all in one), the same tokens for the same sampling.
+        Raises EngineError for another loop, a block < 1 or a block with the host loop, and for the device loop
+        with `stop_at_eos` or `on_token` (both decide after every token on the host: they need the host loop)."""
+        _check_loop(decode_loop, block, stop_at_eos=stop_at_eos, on_token=on_token is not None)
         ids, bucket = self._padded(prompt_ids, max_new_tokens)
         args = sampling.args()
         eos = set(self.cfg.eos_token_ids)
@@ -287,6 +351,9 @@ class Engine:
         token_B, cache = self._prefill(ids, len(prompt_ids), bucket + max_new_tokens, args, sampling.greedy)
         tokens = [int(token_B[0])]
         times = [time.perf_counter_ns()]
+        arrived = None
+        if decode_loop == "device":
+            arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, tokens, times)
         stop = on_token(tokens[0]) if on_token else False
         while len(tokens) < max_new_tokens and not stop and not (stop_at_eos and tokens[-1] in eos):
             token_B, cache = _decode_program(self.params, cache, token_B, args, cfg=self.cfg,
@@ -295,11 +362,34 @@ class Engine:
             times.append(time.perf_counter_ns())
             stop = on_token(tokens[-1]) if on_token else False
         return Generation(prompt_ids=list(prompt_ids), token_ids=tokens, bucket=bucket, max_new_tokens=max_new_tokens,
-                          t_prefill_start_ns=t0, t_token_ns=times, compile_traces=CompileCounter.traces - traces0)
+                          t_prefill_start_ns=t0, t_token_ns=times, compile_traces=CompileCounter.traces - traces0,
+                          decode_loop=decode_loop, block=block, arrived=arrived)  # fmt: skip
 
-    def warmup(self, n_tokens: int, max_new_tokens: int, sampling: Sampling = GREEDY) -> Generation:
+    def _decode_on_device(self, token_B, cache, args, greedy: bool, max_new_tokens: int, block: int | None,
+                          tokens: list[int], times: list[int]) -> list[int]:  # fmt: skip
+        """The device loop after the first token: max_new_tokens - 1 steps in calls of `steps` = min(block, that)
+        steps (the last call's trip count the rest), appending each block's ids to `tokens` and its arrival on the
+        host to `times`. Returns the token indices `times` mark (0, then each block's last)."""
+        left = max_new_tokens - 1
+        steps = min(block or left, left)
+        arrived = [0]
+        while left > 0:
+            trips = min(steps, left)
+            ids_SB, token_B, cache = _decode_loop_program(
+                self.params, cache, token_B, args, jnp.int32(trips), cfg=self.cfg,
+                act_dtype=self.policy.activation_dtype, greedy=greedy, steps=steps,
+            )  # fmt: skip
+            tokens.extend(int(t) for t in np.asarray(ids_SB)[:trips, 0])  # the copy to the host waits for the block
+            times.append(time.perf_counter_ns())
+            arrived.append(len(tokens) - 1)
+            left -= trips
+        return arrived
+
+    def warmup(self, n_tokens: int, max_new_tokens: int, sampling: Sampling = GREEDY, *, decode_loop: str = "host",
+               block: int | None = None) -> Generation:  # fmt: skip
         """Compile (or load from the persistent cache) and run the programs of one compiled shape once."""
-        return self.generate([self.cfg.bos_token_id] * n_tokens, max_new_tokens, sampling)
+        return self.generate([self.cfg.bos_token_id] * n_tokens, max_new_tokens, sampling, decode_loop=decode_loop,
+                             block=block)  # fmt: skip
 
     def step_fn(self, prompt_ids: Sequence[int], max_new_tokens: int):
         """(state, step) for profiling decode alone: state = (token_B [1] int32, cache) after a greedy prefill of
@@ -332,6 +422,21 @@ class Engine:
             self.params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=cache_len,
             kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=greedy,
         )  # fmt: skip
+
+
+def _check_loop(decode_loop: str, block: int | None, *, stop_at_eos: bool, on_token: bool) -> None:
+    """EngineError (one line: received, expected, fix) for a decode loop `Engine.generate` cannot run."""
+    if decode_loop not in DECODE_LOOPS:
+        raise EngineError(f"decode loop {decode_loop!r}: expected one of {', '.join(DECODE_LOOPS)}")
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
+        raise EngineError(f"decode block {block!r}: expected a whole number of steps >= 1, or none (one loop)")
+    if block is not None and decode_loop != "device":
+        raise EngineError(f"decode block {block}: blocks are steps of the device loop; pass decode_loop='device' "
+                          "or no block")  # fmt: skip
+    if decode_loop == "device" and (stop_at_eos or on_token):
+        what = "stop_at_eos" if stop_at_eos else "on_token (streaming, stop strings, cancellation)"
+        raise EngineError(f"the device decode loop cannot run with {what}: that decides after every token on the "
+                          "host; use the host loop (decode_loop='host')")  # fmt: skip
 
 
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,

@@ -224,3 +224,78 @@ def test_compile_counter_sees_a_new_shape(params):
     before = CompileCounter.traces
     gen = engine.generate(list(range(2, 22)), 5)  # 20 tokens: bucket 24, a new compiled shape
     assert gen.compile_traces >= 1 and CompileCounter.traces > before
+
+
+# ---- the device decode loop ------------------------------------------------------------------------------------
+DEFAULT_LIKE = dataclasses.replace(
+    TINY, num_layers=10, layer_types=tuple("full_attention" if (i + 1) % 5 == 0 else "sliding_attention"
+                                           for i in range(10)), num_kv_shared_layers=4, num_heads=8,
+)  # fmt: skip
+"""The default preset's shape at test size: 4:1 sliding/full, 8 query heads on 1 KV head, the last 4 layers
+KV-shared, both head dims, double-wide MLP, PLE (window 8, so decode wraps the ring)."""
+
+
+@pytest.fixture(scope="module")
+def default_like_params():
+    return jax.tree_util.tree_map(jnp.asarray, init_params(DEFAULT_LIKE, seed=3))
+
+
+@pytest.mark.parametrize("block", [None, 1, 7, 30])  # one loop; every token; a last shorter block; above n - 1
+def test_device_loop_gives_the_host_loops_greedy_tokens(params, block):
+    engine = Engine(params, CFG, decide_policy("float32"), buckets=(16, 32))
+    prompt = [2, 17, 33, 90, 4]
+    host = engine.generate(prompt, 20)
+    device = engine.generate(prompt, 20, decode_loop="device", block=block)
+    assert device.token_ids == host.token_ids and len(device.token_ids) == 20
+    steps = min(block or 19, 19)
+    assert device.arrived == [0, *range(steps, 19, steps), 19]  # the first token, then each block's last
+    assert len(device.t_token_ns) == len(device.arrived) and device.step_ms == []
+    assert device.decode_ms == pytest.approx((device.t_token_ns[-1] - device.t_token_ns[0]) / 1e6)
+    assert device.ms_per_step == pytest.approx(device.decode_ms / 19)
+    assert (device.decode_loop, host.decode_loop, host.arrived) == ("device", "host", None)
+
+
+def test_device_loop_on_a_default_like_config_gives_the_same_tokens(default_like_params):
+    engine = Engine(default_like_params, DEFAULT_LIKE, decide_policy("float32"), buckets=(16, 32))
+    prompt = [2, 40, 41, 300, 7, 9, 11, 13, 15, 17, 19, 21]  # 12 tokens: longer than the window of 8
+    host = engine.generate(prompt, 24)
+    for block in (None, 5):
+        assert engine.generate(prompt, 24, decode_loop="device", block=block).token_ids == host.token_ids
+
+
+def test_device_loop_samples_the_host_loops_tokens_for_a_seed(params):
+    engine = Engine(params, CFG, decide_policy("float32"), buckets=(16,))
+    s = Sampling(temperature=0.9, top_k=50, top_p=0.95, seed=5)
+    host = engine.generate([2, 5, 6], 16, s).token_ids
+    assert engine.generate([2, 5, 6], 16, s, decode_loop="device").token_ids == host
+    assert engine.generate([2, 5, 6], 16, s, decode_loop="device", block=6).token_ids == host
+    other = dataclasses.replace(s, seed=6)
+    assert engine.generate([2, 5, 6], 16, other, decode_loop="device").token_ids != host  # the seed is honoured
+
+
+def test_device_loop_compiles_one_program_per_block_size_and_nothing_after_warmup(params):
+    engine = Engine(params, CFG, decide_policy("float32"), buckets=(16,))
+    engine.warmup(10, 12, decode_loop="device", block=4)  # 11 steps: blocks of 4, 4, 3 (the same program)
+    before = CompileCounter.traces
+    gen = engine.generate([2, 5, 6, 7], 12, decode_loop="device", block=4)
+    assert gen.compile_traces == 0 and CompileCounter.traces == before and gen.arrived == [0, 4, 8, 11]
+    gen = engine.generate([2, 5, 6, 7], 12, decode_loop="device", block=11)  # another block size: a new program
+    assert gen.compile_traces >= 1
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"decode_loop": "device", "stop_at_eos": True}, "stop_at_eos"),
+        ({"decode_loop": "device", "on_token": lambda _t: None}, "on_token"),
+        ({"decode_loop": "gpu"}, "expected one of host, device"),
+        ({"decode_loop": "host", "block": 4}, "pass decode_loop='device'"),
+        ({"decode_loop": "device", "block": 0}, "steps >= 1"),
+    ],
+)
+def test_a_decode_loop_the_engine_cannot_run_is_a_clear_error(params, kwargs, needle):
+    from model.errors import EngineError
+
+    engine = Engine(params, CFG, decide_policy("float32"), buckets=(16,))
+    with pytest.raises(EngineError, match=needle):
+        engine.generate([2, 5, 6], 8, **kwargs)

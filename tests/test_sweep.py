@@ -51,13 +51,18 @@ def test_sweep_writes_a_complete_consistent_run_folder(finished_run, env):
         assert c.gauge_tok_s_median >= c.e2e_tok_s_median  # prefill and tokenization are outside the gauge
         assert c.ttft_ms_median >= c.prefill_ms_median > 0
     samples = run.samples()
-    assert [s.kind for s in samples if s.input_tokens == 20] == ["cold", "warmup", "timed", "timed"]
+    # the default decode loops (both): the host loop's requests, then the device loop's own warm-up and repeats
+    assert [s.kind for s in samples if s.input_tokens == 20] == ["cold", "warmup", "timed", "timed", "warmup-device",
+                                                                 "timed-device", "timed-device"]  # fmt: skip
     assert sum(s.kind == "cold" for s in samples) == 1  # the fresh engine's first request only
     assert all(s.input_tokens in (20, 41, 70) for s in samples)  # exact input sizes, checked after tokenization
     for s in samples:
-        assert len(s.token_ids) == 12 and len(s.step_ms) == 11
+        device = s.kind.endswith("-device")
+        assert len(s.token_ids) == 12 and len(s.step_ms) == (0 if device else 11)  # the device loop: no per-step
         assert s.gauge_tok_s == pytest.approx(11 / (s.decode_ms / 1000))
         assert s.tpot_ms == pytest.approx((s.e2e_ms - s.ttft_ms) / 11)
+    assert all(c.device_repeats == 2 and c.host_overhead_ms is not None for c in cells)
+    assert json.loads((folder / "manifest.json").read_text())["engine_config"]["decode_loop"] == "both"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["dtype_policy"]["compute_dtype"] == "float32"
     assert len(manifest["build_id"]) == 12 and manifest["checkpoint"]["content_hash"]

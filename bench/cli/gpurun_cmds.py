@@ -29,6 +29,8 @@ def gpu_run(
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Override the tokens per request."),
     repeats: int | None = typer.Option(None, "--repeats", help="Override the timed repeats per sweep cell."),
     steps: int | None = typer.Option(None, "--steps", help="Override the profiled decode steps."),
+    decode_loop: str | None = typer.Option(None, "--decode-loop", help="Override the sweep's decode loop: host, "
+                                           "device or both (default both: the host overhead per step)."),
 ) -> None:
     """Bandwidth, sweep and profile into run folders under OUTDIR within a time budget; the summary is printed last.
 
@@ -41,7 +43,8 @@ def gpu_run(
 
     check_packages()  # a module missing: one line, exit 2, before anything is written
     options = Options(outdir=outdir, budget_s=budget_s, checkpoint=checkpoint, tiny=tiny, pack=pack, inputs=inputs,
-                      max_new_tokens=max_new_tokens, repeats=repeats, steps=steps)  # fmt: skip
+                      max_new_tokens=max_new_tokens, repeats=repeats, steps=steps,
+                      decode_loop=decode_loop)  # fmt: skip
     outcome = run(options, emit=typer.echo)
     if outcome.code:
         raise typer.Exit(outcome.code)

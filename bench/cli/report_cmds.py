@@ -78,13 +78,13 @@ def report_cmd(
 def print_rows(report, fmt: str) -> str:  # noqa: ANN001 -- a bench.report.Report
     """The report's long-format rows as `fmt` prints them on stdout: "md" the summary columns as a markdown table,
     "csv" and "jsonl" every column (numbers unrounded); "html" the report's page (report.html)."""
-    from bench.report.rows import ROW_COLUMNS, SUMMARY_COLUMNS, rows_csv, rows_jsonl, rows_markdown
+    from bench.report.rows import SUMMARY_COLUMNS, row_columns, rows_csv, rows_jsonl, rows_markdown
 
     if fmt == "html":
         return (report.out_dir / "report.html").read_text(encoding="utf-8")
     if fmt == "md":
         return rows_markdown(SUMMARY_COLUMNS, report.rows) + "\n"
-    return (rows_csv if fmt == "csv" else rows_jsonl)(ROW_COLUMNS, report.rows)
+    return (rows_csv if fmt == "csv" else rows_jsonl)(row_columns(report.rows), report.rows)
 
 
 @app.command("compare")
@@ -121,6 +121,8 @@ def compare_cmd(
             "—" if cell.e2e_delta_pct is None else f"{cell.e2e_delta_pct:+.1f}%", agree,
         )  # fmt: skip
     console.print(table)
+    if any(cell.has_device_loop for cell in result.cells):
+        console.print(_device_loop_table(result))
     verdict = {True: "single-variable", False: "NOT single-variable", None: "single-variable not established"}
     console.print(f"comparison: {verdict[result.single_variable]}")
     if result.differences:
@@ -138,6 +140,25 @@ def compare_cmd(
     console.print(f"verdict: {result.verdict} (max slowdown {limit:g}%)", markup=False)
     if result.exit_code:
         raise SystemExit(result.exit_code)  # not typer.Exit: in non-standalone mode click returns its code unseen
+
+
+def _device_loop_table(result) -> "rich.table.Table":  # noqa: F821
+    """The device decode loop's figures of a comparison (`bench.report.compare.CellDelta`): each side's gauge and
+    host overhead per step, and the gauge's change; "—" where a side did not time the device loop."""
+    from rich.table import Table
+
+    from bench.runs.columns import DEVICE_GAUGE, HOST_OVERHEAD
+
+    table = Table(title="device decode loop (shown, not a threshold)")
+    for col in ("input tokens", "device gauge base", "device gauge cand", "Δ device gauge", "host overhead ms/step base",
+                "host overhead ms/step cand"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for cell in result.cells:
+        delta = cell.device_gauge_delta_pct
+        table.add_row(f"{cell.input_tokens:,}", DEVICE_GAUGE.text(cell.baseline), DEVICE_GAUGE.text(cell.candidate),
+                      "—" if delta is None else f"{delta:+.1f}%", HOST_OVERHEAD.text(cell.baseline),
+                      HOST_OVERHEAD.text(cell.candidate))  # fmt: skip
+    return table
 
 
 @runs_app.command("list")

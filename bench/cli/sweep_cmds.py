@@ -23,20 +23,22 @@ from bench.cli.common import (
 )
 from bench.errors import InputError, RunFolderError
 from bench.runs import writing_run
-from bench.sweep.local import StopSignals, parse_inputs
+from bench.sweep.local import DECODE_LOOP_CHOICES, StopSignals, parse_decode_loop, parse_inputs
 
 
 def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
     """The printed sweep table (one row per input size), from the run's cell rows and the one column list
-    (`bench.runs.columns.TABLE_COLUMNS`: headers, digits and dashes are the gpu-run summary's and the report's)."""
+    (`bench.runs.columns.table_columns`: headers, digits and dashes are the gpu-run summary's and the report's; the
+    device-loop columns where a row has them)."""
     from rich.table import Table
 
-    from bench.runs.columns import TABLE_COLUMNS, text_rows
+    from bench.runs.columns import table_columns, text_rows
 
+    columns = table_columns(rows)
     table = Table(title="sweep (medians of timed repeats)")
-    for col in TABLE_COLUMNS:
+    for col in columns:
         table.add_column(col.table_header, justify=col.align)
-    for line in text_rows(TABLE_COLUMNS, rows):
+    for line in text_rows(columns, rows):
         table.add_row(*line)
     return table
 
@@ -72,6 +74,30 @@ def duration_notes(config) -> dict:
     so that a sweep without them records what it always did."""
     notes = {"min_duration_s": config.min_duration_s or None, "max_duration_s": config.max_duration_s}
     return {k: v for k, v in notes.items() if v is not None}
+
+
+DEFAULT_DECODE_LOOP = "both"
+"""The in-process sweep's default `--decode-loop`: each cell timed with the host loop (per-step times) and the
+device loop, so every run reports the host overhead per step (README, `bench sweep`). `--target` measures the
+server's own loop: host only."""
+
+
+def loop_notes(config) -> dict:
+    """The workload notes of the decode loops a sweep times (`SweepConfig.decode_loops`, `block`)."""
+    name = next(k for k, v in DECODE_LOOP_CHOICES.items() if v == config.decode_loops)
+    return {"decode_loop": name, **({"decode_block": config.block} if config.block is not None else {})}
+
+
+def _resumed_loop(run, decode_loop: str | None, block: int | None) -> tuple[str, int | None]:
+    """With --resume, --decode-loop / --decode-block not given take the run's (a run that records none timed the
+    host loop alone, in one-step calls); a given one that differs is an InputError."""
+    notes = run.typed_manifest.workload.notes
+    stored = (notes.get("decode_loop", "host"), notes.get("decode_block"))
+    for flag, value, was in (("--decode-loop", decode_loop, stored[0]), ("--decode-block", block, stored[1])):
+        if value is not None and value != was:
+            raise InputError(f"{flag} {value} differs from the resumed run's {was or 'none'}; drop the flag to "
+                             f"continue {run.path} as it started")  # fmt: skip
+    return stored
 
 
 def _resumed_durations(run, min_duration: float | None, max_duration: float | None) -> tuple[float, float | None]:
@@ -157,6 +183,14 @@ def sweep(
         "(prompts sized with --checkpoint's tokenizer; see bench/sweep/remote.py)."),
     model: str | None = typer.Option(None, "--model", help="With --target: the model id to request (default: the "
                                      "server's first)."),
+    decode_loop: str | None = typer.Option(
+        None, "--decode-loop", help="host (one jitted step per token, synced to the host: per-step times), device "
+        "(the tokens after the first in device loops, one host sync per block) or both (each cell timed with each, "
+        f"and the host overhead per step reported). Default {DEFAULT_DECODE_LOOP} (with --resume: the run's; with "
+        "--target: host, the server's loop)."),
+    decode_block: int | None = typer.Option(
+        None, "--decode-block", help="Steps per device-loop call (a last shorter block runs the rest). Default: all "
+        "the tokens after the first in one call (with --resume: the run's)."),
     api_key: str | None = typer.Option(None, "--api-key", envvar=API_KEY_ENV, show_envvar=False,
                                        help=f"With --target: sent as `Authorization: Bearer KEY` (default: ${API_KEY_ENV}, "
                                        "the variable `bench serve` reads); never recorded in the run folder. Unused "
@@ -181,10 +215,17 @@ def sweep(
         inputs, max_new_tokens, repeats, checkpoint = _resumed_flags(run, inputs, max_new_tokens, repeats, checkpoint)
         min_duration, max_duration = _resumed_durations(run, min_duration, max_duration)
         compile_cache = _resumed_cache(run, compile_cache)
+        decode_loop, decode_block = _resumed_loop(run, decode_loop, decode_block)
+    loops = parse_decode_loop(decode_loop) if decode_loop is not None else None  # bad values: one line first
+    if target is not None and (loops not in (None, ("host",)) or decode_block is not None):
+        raise InputError(f"--decode-loop {decode_loop or 'host'}{' --decode-block' if decode_block else ''}: with "
+                         "--target the server runs its own decode loop, which a client cannot choose; drop the flag "
+                         "(the remote sweep times the host-synced stream)")  # fmt: skip
     config = SweepConfig(inputs=parse_inputs(inputs or "41,521,2057,3593"),
                          max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                          repeats=3 if repeats is None else repeats, min_duration_s=min_duration or 0.0,
-                         max_duration_s=max_duration)  # fmt: skip
+                         max_duration_s=max_duration, block=decode_block,
+                         decode_loops=loops or DECODE_LOOP_CHOICES["host" if target else DEFAULT_DECODE_LOOP])  # fmt: skip
     config.check()
     engine_flags = (dtype, max_length, compile_cache, buckets)
     if target is not None:
@@ -209,7 +250,7 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     counts0 = CompileCounter.snapshot()
     decode_bytes = {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs}
     # derived from the configuration, so outside it (and outside the build id): bytes a decode step reads
-    workload = sweep_workload(config, **duration_notes(config))
+    workload = sweep_workload(config, **duration_notes(config), **loop_notes(config))
     manifest = engine_manifest("sweep", engine, report, checkpoint, cache_dir, workload,
                                extra={"decode_bytes": decode_bytes})  # fmt: skip
     if resumed is not None:

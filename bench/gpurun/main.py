@@ -98,7 +98,7 @@ class Options:
     the plan the probe chooses); `tiny`: CPU mode (the built-in tiny checkpoint, small inputs); `pack`: also write the
     results as <= 8 flat files into this folder. Overrides of the mode's workload (None: the mode's own): `inputs`
     (sweep input sizes, comma-separated tokens), `max_new_tokens` (per request), `repeats` (timed repeats per
-    cell), `steps` (profiled decode steps)."""
+    cell), `steps` (profiled decode steps), `decode_loop` (the sweep's --decode-loop: host, device or both)."""
 
     outdir: Path
     budget_s: float = 420.0
@@ -109,6 +109,7 @@ class Options:
     max_new_tokens: int | None = None
     repeats: int | None = None
     steps: int | None = None
+    decode_loop: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,6 +254,8 @@ def check_options(options: Options) -> None:
                         ("--steps", options.steps)):  # fmt: skip
         if value is not None and value < 1:
             raise InputError(f"{flag} {value}: expected a positive whole number")
+    if options.decode_loop is not None and options.decode_loop not in ("host", "device", "both"):
+        raise InputError(f"--decode-loop {options.decode_loop}: expected host, device or both")
     spec = options.checkpoint
     if spec is not None:
         if spec.startswith("builtin:") and not spec.split(":", 1)[1]:
@@ -301,7 +304,7 @@ def _measure(ctx: Context, options: Options, plan: PilotPlan | None) -> int:
         work = _workload(options, GPU_WORK if gpu else TINY_WORK)
         ctx.say(f"gpu-run: budget {ctx.budget:.0f} s ({ctx.remaining():.0f} s left after the probe); mode "
                 f"{'gpu' if gpu else 'tiny'}; inputs {work.inputs}, {work.max_new_tokens} new tokens, {work.repeats} "
-                f"repeats, profile {work.steps} steps; out {ctx.outdir}")  # fmt: skip
+                f"repeats, decode loop {work.decode_loop}, profile {work.steps} steps; out {ctx.outdir}")  # fmt: skip
         spec = _checkpoint_spec(options.checkpoint)
         if plan is None and gpu:
             plan = PilotPlan()
@@ -331,7 +334,7 @@ def _workload(options: Options, base: Workload) -> Workload:
 
     return Workload(given(options.inputs, base.inputs), given(options.max_new_tokens, base.max_new_tokens),
                     given(options.repeats, base.repeats), given(options.steps, base.steps), base.profile_input,
-                    base.bandwidth_args)  # fmt: skip
+                    base.bandwidth_args, given(options.decode_loop, base.decode_loop))  # fmt: skip
 
 
 def _checkpoint_spec(spec: str | None) -> str | None:

@@ -49,7 +49,9 @@ class Workload:
 
     `inputs`: the sweep's input sizes, comma-separated (tokens); `max_new_tokens`: tokens generated per request;
     `repeats`: timed repeats per sweep cell; `steps`: decode steps the profile records; `profile_input`: input size
-    of the profiled request (tokens); `bandwidth_args`: extra arguments of `bench bandwidth` (empty: its defaults).
+    of the profiled request (tokens); `bandwidth_args`: extra arguments of `bench bandwidth` (empty: its defaults);
+    `decode_loop`: the sweep's `--decode-loop` ("both": each cell timed with the host loop and the device loop, so
+    the run reports the host overhead per step, which at about 1 ms per step on a GPU decides the roofline share).
     """
 
     inputs: str
@@ -58,6 +60,7 @@ class Workload:
     steps: int
     profile_input: int
     bandwidth_args: tuple[str, ...]
+    decode_loop: str = "both"
 
 
 @dataclass(frozen=True)
@@ -364,8 +367,8 @@ def sweep(ctx: Context, name: str, label: str, spec: str, work: Workload, *, cap
         limit = min(limit, cap)
     res = run_step(ctx, name, bench_argv(
         "sweep", "--inputs", work.inputs, "--max-new-tokens", str(work.max_new_tokens), "--repeats",
-        str(work.repeats), "--checkpoint", spec, "--name", label, "--runs-dir", str(ctx.outdir / "runs"),
-        "--compile-cache", str(ctx.outdir / "xla-cache")), limit)  # fmt: skip
+        str(work.repeats), "--decode-loop", work.decode_loop, "--checkpoint", spec, "--name", label, "--runs-dir",
+        str(ctx.outdir / "runs"), "--compile-cache", str(ctx.outdir / "xla-cache")), limit)  # fmt: skip
     path = find_run(ctx, label)
     if res.status in ("interrupted", "killed", "stopped", "failed"):
         settle_run(ctx, path, res)

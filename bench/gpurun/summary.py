@@ -26,10 +26,10 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
     """The summary of the run ending with exit code `code`, as lines: a blank line, a title, the device and policy
     lines, the steps with their status and seconds (and notes), the bandwidth lines, then per run folder its
     status, checkpoint, compile-cache hits, validity, sweep table (the terminal's columns,
-    `bench.runs.columns.TABLE_COLUMNS`, as plain text) and profile. The last line is the exit line
+    `bench.runs.columns.table_columns`, as plain text) and profile. The last line is the exit line
     ("gpu-run: exit N (...)"). A run folder that cannot be read is one line saying why; never raises for one."""
     from bench.runs import open_run, validate_run
-    from bench.runs.columns import TABLE_COLUMNS, plain_table
+    from bench.runs.columns import plain_table, table_columns
 
     out = ["", "==== gpu-run summary ====", ctx.device_line or "device: (probe did not finish)",
            ctx.policy_line or "device policy: (unknown)"]  # fmt: skip
@@ -51,7 +51,7 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
                    f"{'valid' if not problems else 'INVALID: ' + problems[0]}")  # fmt: skip
         cells = run.cells()
         if cells:
-            out += plain_table(TABLE_COLUMNS, cells, indent="  ")
+            out += plain_table(table_columns(cells), cells, indent="  ")
         else:
             out.append("  no finished sweep cells")
         try:

@@ -54,21 +54,27 @@ def request_times(t_start_ns: int, t_tokens_ns: list[int], t_end_ns: int | None,
     }  # fmt: skip
 
 
-def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, repeat: int) -> Measured:
+def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, repeat: int,
+                    decode_loop: str = "host", block: int | None = None) -> Measured:  # fmt: skip
     """Run and time one request of `prompt` (its text is tokenized inside the timed region and must give
-    exactly `prompt.ids`). Returns the raw `Sample` (ms, tok/s; compile events = the engine's jit traces during
-    the request) and the bucket the engine ran. Raises InputError if the tokenizer no longer reproduces the
-    prompt's exact ids (the input size would be wrong)."""
+    exactly `prompt.ids`) with the engine's `decode_loop` ("host" or "device", in blocks of `block` steps; None:
+    one). Returns the raw `Sample` (ms, tok/s; compile events = the engine's jit traces during the request) and
+    the bucket the engine ran. The device loop syncs once per block, so its sample has no per-step times
+    (`step_ms` empty) and its blocks' times in `block_ms`; its decode time is still first token to last on the
+    host. Raises InputError if the tokenizer no longer reproduces the prompt's exact ids (the input size would be
+    wrong), the engine's EngineError for a loop it cannot run."""
     tok = engine.tokenizer
     t_start = time.perf_counter_ns()
     ids = tok.chat_ids(prompt.text)
     if tuple(ids) != prompt.ids:
         raise InputError(f"prompt of {prompt.n_tokens} tokens tokenized to {len(ids)} ids inside the timed request")
-    gen = engine.generate(ids, max_new_tokens)  # EOS ignored: exactly max_new_tokens
+    gen = engine.generate(ids, max_new_tokens, decode_loop=decode_loop, block=block)  # EOS ignored: exactly that many
     tok.decode(gen.token_ids)
     t_end = time.perf_counter_ns()
 
     times = request_times(t_start, gen.t_token_ns, t_end, len(gen.token_ids))
+    if decode_loop != "host":  # arrivals per block, not per step
+        times["step_ms"], times["block_ms"] = [], times["step_ms"]
     verdict = check_degenerate(gen.token_ids)
     sample = Sample(
         input_tokens=len(ids),

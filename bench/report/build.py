@@ -37,7 +37,7 @@ from bench.report.document import Bullets, Plot, Section, to_markdown
 from bench.report.groups import Group, Selection, group_runs, nearest_splits, select_runs
 from bench.report.page import render_page
 from bench.report.plots import plot_axis, plot_history, plot_profile, plot_sweep
-from bench.report.rows import ROW_COLUMNS, ReportRow, report_rows, rows_csv, rows_jsonl, run_keys
+from bench.report.rows import ReportRow, report_rows, row_columns, rows_csv, rows_jsonl, run_keys
 from bench.report.tables import (
     DASH,
     RunView,
@@ -56,6 +56,7 @@ from bench.report.views import (
     Table,
     axis_series,
     axis_tables,
+    decode_loop_tables,
     device_tables,
     device_views,
     history_series,
@@ -340,8 +341,8 @@ def _write_data_files(out: Path, views: list[RunView]) -> tuple[list[ReportRow],
     """Write the machine-readable files (rows.csv, rows.jsonl, environment.csv, sweep.csv, profile.csv) of
     `views` into `out`; returns (the long-format rows, the files written)."""
     rows = report_rows(views)
-    (out / "rows.csv").write_text(rows_csv(ROW_COLUMNS, rows), encoding="utf-8")
-    (out / "rows.jsonl").write_text(rows_jsonl(ROW_COLUMNS, rows), encoding="utf-8")
+    (out / "rows.csv").write_text(rows_csv(row_columns(rows), rows), encoding="utf-8")
+    (out / "rows.jsonl").write_text(rows_jsonl(row_columns(rows), rows), encoding="utf-8")
     env_header, env_raw, _ = environment_table(views)
     write_csv(out / "environment.csv", env_header[:1] + [v.name for v in views], env_raw)
     sw_csv_h, sw_csv, *_ = sweep_report_table(views)
@@ -386,6 +387,7 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
                   f"repeats; (min–max) where raw samples exist; ✗ marks an invalid cell.")  # fmt: skip
     if any(v.cells for v in dev):
         blocks += device_tables(group, dev)
+        blocks += decode_loop_tables(dev)
         blocks += _published_notes([v for v in dev if v.published])
         png = plot_sweep([(v.label, v.published, list(v.cells.values())) for v in dev], out / f"sweep_tok_s_{gid}.png")
         files.append(png)

@@ -9,7 +9,11 @@ Thresholds (each a reason in `Comparison.failures`):
 - with `require_same_tokens`, generated ids that differ at a cell, or that cannot be checked (no raw samples).
 
 Token agreement compares the first timed repeat's generated ids (greedy decoding makes every repeat equal; a run
-whose own repeats disagree gets a note).
+whose own repeats disagree gets a note): the host loop's, or the device loop's in a run that timed only that.
+
+The device decode loop's figures (`--decode-loop device|both`) are compared where both runs have them
+(`CellDelta.device_gauge_delta_pct`, each side's host overhead per step): shown, never a threshold, so a run
+without them compares as it always did.
 
 Partial cells (fewer timed repeats than planned: a stopped sweep, or `--max-duration`) are compared and count toward
 the verdict like any cell: their medians are of the repeats they have, which is a real but thinner measurement.
@@ -144,6 +148,12 @@ class CellDelta:
     candidate: CellRow | None
     gauge_delta_pct: float | None
     e2e_delta_pct: float | None
+    device_gauge_delta_pct: float | None = None  # the device loop's gauge, where both runs timed it
+
+    @property
+    def has_device_loop(self) -> bool:
+        """True when either side's cell holds device-loop figures."""
+        return any(r is not None and r.device_repeats is not None for r in (self.baseline, self.candidate))
 
     @staticmethod
     def spread(row: CellRow | None, metric: str) -> tuple[float, float] | None:
@@ -215,11 +225,12 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 def _timed_ids(samples: list[Sample]) -> dict[int, list[list[int]]]:
-    out: dict[int, list[list[int]]] = {}
+    """Per input size, the generated ids of its timed repeats: the host loop's, else the device loop's."""
+    by_kind: dict[str, dict[int, list[list[int]]]] = {"timed": {}, "timed-device": {}}
     for s in sorted(samples, key=lambda s: (s.input_tokens, s.repeat)):
-        if s.kind == "timed":
-            out.setdefault(s.input_tokens, []).append(s.token_ids)
-    return out
+        if s.kind in by_kind:
+            by_kind[s.kind].setdefault(s.input_tokens, []).append(s.token_ids)
+    return {**by_kind["timed-device"], **by_kind["timed"]}
 
 
 def _token_agreement(base: RunFolder, cand: RunFolder, sizes: list[int]) -> tuple[list[TokenAgreement], list[str]]:
@@ -277,6 +288,7 @@ def compare_runs(
             size, b, c,
             _delta(b and b.gauge_tok_s_median, c and c.gauge_tok_s_median),
             _delta(b and b.e2e_tok_s_median, c and c.e2e_tok_s_median),
+            _delta(b and b.device_gauge_tok_s_median, c and c.device_gauge_tok_s_median),
         )  # fmt: skip
         deltas.append(delta)
         if c is None:

@@ -8,7 +8,8 @@ decoded one sequence, one request at a time, unquantized). Concurrency is read f
 (a workload note: a sweep through a server); batch and quantization from the engine configuration.
 
 `ROW_COLUMNS` is the column list: the run's keys (`RowColumn` with `get`), then every sweep-cell column of
-`bench.runs.columns.CELL_COLUMNS` applied to the row's cell. The printers (`rows_markdown`, `rows_csv`,
+`bench.runs.columns.CELL_COLUMNS` applied to the row's cell, then the device decode loop's columns, written only
+where a row has them (`row_columns`). The printers (`rows_markdown`, `rows_csv`,
 `rows_jsonl`, `rows_plain`, and the HTML page of bench/report/page.py) print a choice of these columns and format
 no number themselves: a cell column prints as its `Column` does, a key as its text ("—" for null).
 
@@ -25,7 +26,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from bench.runs.columns import CELL_COLUMNS, COMPLETENESS_COLUMNS, DASH, Column
+from bench.runs.columns import CELL_COLUMNS, COMPLETENESS_COLUMNS, DASH, DEVICE_LOOP_COLUMNS, Column, present
 from bench.runs.records import CellRow
 
 _VENDOR = ("NVIDIA ", "Tesla ", "GeForce ")
@@ -207,13 +208,26 @@ CELL_ROW_COLUMNS: tuple[RowColumn, ...] = tuple(
 )
 """The sweep cell's columns (bench/runs/columns.py), applied to a row's cell, then its completeness fields
 (`partial`, `repeats`, `repeats_planned`, `stopped_by`), so no program reads a partial cell as complete."""
+DEVICE_ROW_COLUMNS: tuple[RowColumn, ...] = tuple(
+    RowColumn(key=c.key, header=c.header, align=c.align, cell=c) for c in DEVICE_LOOP_COLUMNS
+)
+"""The device decode loop's columns (bench/runs/columns.py `DEVICE_LOOP_COLUMNS`), where a row has them."""
 ROW_COLUMNS: tuple[RowColumn, ...] = KEY_COLUMNS + CELL_ROW_COLUMNS
-"""Every column of the long format: what rows.csv and rows.jsonl hold."""
-BY_KEY = {c.key: c for c in ROW_COLUMNS}
+"""Every column of the long format that every row has: what rows.csv and rows.jsonl hold (then the device-loop
+columns where a row has them: `row_columns`)."""
+BY_KEY = {c.key: c for c in ROW_COLUMNS + DEVICE_ROW_COLUMNS}
+
+
+def row_columns(rows: Sequence[ReportRow]) -> tuple[RowColumn, ...]:
+    """`ROW_COLUMNS`, then the device-loop columns (`DEVICE_ROW_COLUMNS`) some row of `rows` has a value of: the
+    long format of runs without the device loop is what it always was."""
+    shown = present(DEVICE_LOOP_COLUMNS, [r.cell for r in rows])
+    return ROW_COLUMNS + tuple(c for c in DEVICE_ROW_COLUMNS if c.cell in shown)
 
 
 def columns(*keys: str) -> tuple[RowColumn, ...]:
-    """The columns named `keys` (their `key`), in that order. KeyError for a name not in `ROW_COLUMNS`."""
+    """The columns named `keys` (their `key`), in that order. KeyError for a name not in `ROW_COLUMNS` or
+    `DEVICE_ROW_COLUMNS`."""
     return tuple(BY_KEY[k] for k in keys)
 
 

@@ -31,7 +31,18 @@ from typing import Any
 from bench.errors import InputError, RunFolderError
 from bench.report.rows import chip_name
 from bench.runs import CellRow, RunFolder, Sample, load_complete_run, resolve_run, run_folders
-from bench.runs.columns import BUCKET, CSV_COLUMNS, DASH, E2E, GAUGE, INPUT_TOKENS, TTFT, fmt_num
+from bench.runs.columns import (
+    BUCKET,
+    CSV_COLUMNS,
+    DASH,
+    DEVICE_LOOP_COLUMNS,
+    E2E,
+    GAUGE,
+    INPUT_TOKENS,
+    TTFT,
+    fmt_num,
+    present,
+)
 
 _CATEGORY_ALIASES = {
     "dtype_conversion": ("dtype_conversion", "conversion", "convert"),
@@ -243,10 +254,12 @@ def sweep_report_table(
 
     Markdown: per run its gauge and end-to-end columns (`rate_text`); its bucket and TTFT columns when any of its
     cells has one (and `extras`); headers are the run's label and the column's header. CSV: `input_tokens`, then per run
-    `<run>:<field>` for every field of `CSV_COLUMNS`, numbers unrounded.
+    `<run>:<field>` for every field of `CSV_COLUMNS` (and of the device-loop columns where a run has them), numbers
+    unrounded.
     """
     sizes = sorted({s for v in views for s in v.cells})
-    fields = [f for col in CSV_COLUMNS for f in col.csv_fields]
+    device = present(DEVICE_LOOP_COLUMNS, [c for v in views for c in v.cells.values()])  # where a run has them
+    fields = [f for col in (*CSV_COLUMNS, *device) for f in col.csv_fields]
     csv_header = [INPUT_TOKENS.key, *(f"{v.name}:{f}" for v in views for f in fields)]
     csv_rows = [[s, *(getattr(v.cells.get(s), f, None) for v in views for f in fields)] for s in sizes]
     md_header = [INPUT_TOKENS.header]

@@ -3,6 +3,8 @@
 - `device_tables`: one configuration, device by device (the latest run per device at the group's base batch and
   concurrency): input tokens down, each device's gauge and end-to-end tok/s across, devices split over several
   tables beyond `MAX_DEVICES_PER_TABLE` (the published T4G/L4 table is this view of the published group);
+- `decode_loop_tables`: where a device's run timed the device decode loop too, input tokens down, its host-loop
+  and device-loop gauges and the host overhead per step across (no table for runs without it);
 - `runs_table`: the group's selected runs, one line each, their identity keys from the long format's columns;
 - `axis_tables`: against batch or concurrency (generic over the axis), per device, only where the group's runs
   hold more than one value of that axis;
@@ -22,7 +24,7 @@ from typing import Any
 from bench.report.groups import Group
 from bench.report.rows import RowColumn, columns
 from bench.report.tables import rate_text, sweep_report_table
-from bench.runs.columns import fmt_num
+from bench.runs.columns import DEVICE_GAUGE, HOST_OVERHEAD, fmt_num
 
 MAX_COLUMNS = 12
 MAX_ROWS = 40
@@ -74,6 +76,30 @@ def device_tables(group: Group, views: Sequence[Any] | None = None) -> list[Tabl
         part = f" ({i // MAX_DEVICES_PER_TABLE + 1})" if len(views) > MAX_DEVICES_PER_TABLE else ""
         title = f"{group.gid} device by device{part}: batch {k.batch}, concurrency {k.concurrency}"
         out.append(Table(title=title, header=header, rows=rows, notes=notes, kind="devices"))
+    return out
+
+
+DECODE_LOOP_RUNS_PER_TABLE = 3  # 1 + 3 columns per run <= 10
+
+
+def decode_loop_tables(views: Sequence[Any]) -> list[Table]:
+    """The decode loops side by side for those of `views` (one run per device, labelled) whose cells hold the
+    device loop's figures: per run its host-loop gauge, device-loop gauge and host overhead per step (host-loop ms
+    per step - device-loop ms per step, same cell; bench/runs/records.py `CellRow`). [] when none has them."""
+    views = [v for v in views if any(c.device_repeats is not None for c in v.cells.values())]
+    out = []
+    for i in range(0, len(views), DECODE_LOOP_RUNS_PER_TABLE):
+        chunk = views[i:i + DECODE_LOOP_RUNS_PER_TABLE]
+        sizes = sorted({s for v in chunk for s in v.cells})[:MAX_ROWS]
+        header = ["input tokens"] + [f"{v.label} {h}" for v in chunk for h in ("host-loop gauge", "device-loop gauge",
+                                                                              "host overhead ms/step")]  # fmt: skip
+        rows = [[fmt_num(s, 0)] + [t for v in chunk for t in (rate_text(v.cells.get(s), "gauge"),
+                                                               DEVICE_GAUGE.text(v.cells.get(s)),
+                                                               HOST_OVERHEAD.text(v.cells.get(s)))] for s in sizes]  # fmt: skip
+        notes = ["gauge tok/s, median (min–max); host overhead per step = the host loop's ms per step - the device "
+                 "loop's (each decode time / (generated - 1), median over its repeats), same cell, same session."]
+        out.append(Table(title="decode loop: host-synced vs on the device", header=header, rows=rows, notes=notes,
+                         kind="decode-loop"))  # fmt: skip
     return out
 
 

@@ -13,7 +13,9 @@ Formats:
 - `valid`: "yes", or "NO: " and the reason the cell is not quotable; a partial cell adds "(partial: k of N
   repeats, why)";
 - completeness (`COMPLETENESS_COLUMNS`): `partial`, `repeats`, `repeats_planned`, `stopped_by`, the same fact as
-  fields, in every CSV and JSONL.
+  fields, in every CSV and JSONL;
+- the device decode loop (`DEVICE_LOOP_COLUMNS`: its gauge, ms per step, the host overhead per step, its repeats):
+  optional fields, shown only where a row has them (`present`), so a run without the device loop prints as it did.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ class Column:
 
 
 def _valid_text(row: CellRow) -> str:
-    partial = f" (partial: {row.repeats} of {row.repeats_planned} repeats, {row.stopped_by})" if row.partial else ""
+    device = f", {row.device_repeats} of {row.repeats_planned} device-loop" if row.device_repeats is not None else ""
+    partial = f" (partial: {row.repeats} of {row.repeats_planned} repeats{device}, {row.stopped_by})" if row.partial else ""
     return ("yes" if row.valid else f"NO: {row.invalid_reason}") + partial
 
 
@@ -110,6 +113,11 @@ PARTIAL = Column(key="partial", header="partial", unit="", digits=None, align="l
 REPEATS = Column(key="repeats", header="repeats", unit="", digits=0)
 REPEATS_PLANNED = Column(key="repeats_planned", header="repeats planned", unit="", digits=0)
 STOPPED_BY = Column(key="stopped_by", header="stopped by", unit="", digits=None, align="left")
+DEVICE_GAUGE = Column(key="device_gauge_tok_s_median", header="device-loop gauge tok/s", unit="tok/s", digits=2,
+                      spread=True)  # fmt: skip
+DEVICE_STEP = Column(key="device_step_ms_median", header="device-loop ms/step", unit="ms", digits=3)
+HOST_OVERHEAD = Column(key="host_overhead_ms", header="host overhead ms/step", unit="ms", digits=3)
+DEVICE_REPEATS = Column(key="device_repeats", header="device-loop repeats", unit="", digits=0)
 
 CELL_COLUMNS: tuple[Column, ...] = (
     INPUT_TOKENS, BUCKET, GAUGE, E2E, TTFT, TPOT, COLD_WARM_REQUEST, COLD_WARM_TTFT, VALID, STATUS,
@@ -119,10 +127,31 @@ COMPLETENESS_COLUMNS: tuple[Column, ...] = (PARTIAL, REPEATS, REPEATS_PLANNED, S
 """Whether a cell is complete, as fields a program reads (the tables a person reads say it in `valid`): `partial`
 (False for a row written before partial cells existed), the timed `repeats`, and for a partial cell the repeats
 planned and what stopped it. Written by every machine-readable output (rows.csv, rows.jsonl, sweep.csv)."""
+DEVICE_LOOP_COLUMNS: tuple[Column, ...] = (DEVICE_GAUGE, DEVICE_STEP, HOST_OVERHEAD, DEVICE_REPEATS)
+"""The device decode loop's figures (`--decode-loop device|both`): its gauge (median, min–max), its ms per step
+(decode time / (generated - 1)), the host overhead per step (host-loop ms per step - device-loop ms per step, same
+cell; `CellRow`) and its timed repeats. Optional: every printer shows them only where a row has them (`present`)."""
 TABLE_COLUMNS: tuple[Column, ...] = CELL_COLUMNS[:-1]
-"""The sweep table of the terminal (`bench sweep`) and of the gpu-run summary: one row per input size."""
+"""The sweep table of the terminal (`bench sweep`) and of the gpu-run summary: one row per input size (plus the
+device-loop columns where a row has them: `table_columns`)."""
 CSV_COLUMNS: tuple[Column, ...] = (GAUGE, E2E, BUCKET, TTFT, VALID, STATUS, *COMPLETENESS_COLUMNS)
 """The report's sweep.csv, per run after `input_tokens` (numbers unrounded)."""
+
+
+def present(columns: Sequence[Column], rows: Iterable[CellRow | None]) -> tuple[Column, ...]:
+    """The device-loop columns of `columns` (`DEVICE_LOOP_COLUMNS`) that some row has a value of, and every other
+    column: what a printer shows, so that rows without the device loop print as they always did."""
+    rows = [r for r in rows if r is not None]
+    return tuple(c for c in columns if c not in DEVICE_LOOP_COLUMNS or any(c.value(r) is not None for r in rows))
+
+
+def table_columns(rows: Iterable[CellRow]) -> tuple[Column, ...]:
+    """The terminal's and the gpu-run summary's sweep-table columns for `rows`: `TABLE_COLUMNS`, then (before
+    `valid`) the device-loop columns where a row has them."""
+    rows = list(rows)
+    extra = present(DEVICE_LOOP_COLUMNS, rows)
+    cut = TABLE_COLUMNS.index(VALID)
+    return (*TABLE_COLUMNS[:cut], *extra, *TABLE_COLUMNS[cut:])
 
 
 def text_rows(columns: Sequence[Column], rows: Iterable[CellRow]) -> list[list[str]]:

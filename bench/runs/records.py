@@ -19,7 +19,10 @@ from typing import Any
 
 from bench.errors import RunFolderError
 
-SAMPLE_KINDS = ("cold", "cold-resume", "warmup", "timed")
+SAMPLE_KINDS = ("cold", "cold-resume", "warmup", "timed", "warmup-device", "timed-device")
+LOOP_KINDS = {"host": ("warmup", "timed"), "device": ("warmup-device", "timed-device")}
+"""Per decode loop (`model.engine.DECODE_LOOPS`), the kinds of its warm-up and timed requests: a sample's kind
+says which loop ran it (a cold request runs the sweep's first loop, which the manifest's workload names)."""
 CELL_STATUSES = ("ok", "failed")
 STOPPED_BY = ("interrupted", "max-duration")
 """Why a partial cell has fewer timed repeats than planned: a stop signal (or a kill) ended it, which `--resume`
@@ -38,6 +41,15 @@ class CellRow:
     because `stopped_by` (one of `STOPPED_BY`): "interrupted" (a stop signal; `--resume` measures the rest) or
     "max-duration" (the `--max-duration` bound; final). Its numbers are medians of the repeats it has. These three
     fields are optional (`OPTIONAL_FIELDS`): rows written before they existed, and every whole cell, lack them.
+
+    The **device decode loop** (`--decode-loop device|both`, kind "timed-device" samples) adds optional fields,
+    absent from rows without it: `device_repeats` (its timed repeats), `device_gauge_tok_s_*` (its gauge: median,
+    min, max), `device_step_ms_median` (its ms per step: median over its repeats of decode time / (generated - 1),
+    the only per-step figure it has) and, with both loops, `host_overhead_ms` = the host loop's ms per step - the
+    device loop's, each the median over its repeats of decode time / (generated - 1): the same estimator on both
+    sides (a pooled per-step median would leave out the host's hiccups, which the device loop's mean keeps). The
+    other figures are the host loop's repeats, or, when only the device loop ran, the device loop's (no per-step
+    median or p99 then: it has no per-step times).
     """
 
     input_tokens: int
@@ -71,6 +83,12 @@ class CellRow:
     partial: bool = False
     repeats_planned: int | None = None
     stopped_by: str | None = None  # one of STOPPED_BY, for a partial cell
+    device_repeats: int | None = None
+    device_gauge_tok_s_median: float | None = None
+    device_gauge_tok_s_min: float | None = None
+    device_gauge_tok_s_max: float | None = None
+    device_step_ms_median: float | None = None
+    host_overhead_ms: float | None = None  # host-loop ms per step - device-loop ms per step, same cell
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON row; the optional fields only where they differ from their defaults (a partial cell), so that a
@@ -83,10 +101,12 @@ class CellRow:
 class Sample:
     """One measured request. `kind`: "cold" (the first request of the run's fresh engine: its cold start),
     "cold-resume" (the first request of the fresh engine of a resumed run: cold too, but not the run's cold start;
-    no cell's cold ratios use it), "warmup", or "timed".
+    no cell's cold ratios use it), "warmup", or "timed" (the host decode loop), "warmup-device" or "timed-device"
+    (the device decode loop, `LOOP_KINDS`).
 
     Times in ms (monotonic clock, device-synced); rates in tok/s; `step_ms` holds the per-step decode times
-    (ms, one per generated token after the first); `token_ids` the generated ids (prompt excluded).
+    (ms, one per generated token after the first; empty for the device loop, which syncs once per block:
+    `block_ms` holds its blocks' times, absent for the host loop); `token_ids` the generated ids (prompt excluded).
     """
 
     input_tokens: int
@@ -105,9 +125,11 @@ class Sample:
     degenerate_reason: str | None
     step_ms: list[float]
     token_ids: list[int]
+    block_ms: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
+        """The JSON row; `block_ms` only where present (a device-loop sample), so a host-loop row is what it was."""
+        return {k: v for k, v in _plain(dataclasses.asdict(self)).items() if not (k == "block_ms" and v is None)}
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
@@ -212,7 +234,8 @@ def summarize_cell(
     median timed e2e time) and TTFT (cold TTFT / median timed TTFT). `stopped_by` (one of `STOPPED_BY`) marks a
     partial cell of `repeats_planned` planned repeats. Step-time median and p99 pool every
     per-step decode time of the timed repeats. Validity: every timed repeat compiled nothing, generated exactly
-    `max_new_tokens`, and passed the degeneracy check (a verdict of None counts as not checked, so invalid).
+    `max_new_tokens`, and passed the degeneracy check (a verdict of None counts as not checked, so invalid); the
+    device loop's timed repeats ("timed-device") by the same rules, and they give the device fields (`CellRow`).
     `input_tokens` selects that size when `samples` hold several; otherwise they must all share one.
     Raises ValueError for samples of several sizes without `input_tokens`, no samples at all, or a `stopped_by`
     not in `STOPPED_BY`.
@@ -220,9 +243,11 @@ def summarize_cell(
     if stopped_by is not None and stopped_by not in STOPPED_BY:
         raise ValueError(f"summarize_cell: stopped_by {stopped_by!r} is not one of {STOPPED_BY}")
     size, rows = _one_size([as_sample(s) for s in samples], input_tokens)
-    timed = sorted((s for s in rows if s.kind == "timed"), key=lambda s: s.repeat)
+    host, device = (sorted((s for s in rows if s.kind == k), key=lambda s: s.repeat) for k in ("timed", "timed-device"))
+    timed = host or device  # the cell's figures: the host loop's, else (the device loop alone) the device loop's
     cold = next((s for s in rows if s.kind == "cold"), None)
-    reasons = _invalid_reasons(timed, max_new_tokens)
+    reasons = _invalid_reasons(host, max_new_tokens) if host or not device else []
+    reasons += _invalid_reasons(device, max_new_tokens, loop="device-loop ") if device else []
     gauge, e2e, ttft = (_stats([getattr(s, f) for s in timed]) for f in ("gauge_tok_s", "e2e_tok_s", "ttft_ms"))
     steps = [x for s in timed for x in s.step_ms]
     verdicts = [s.degenerate for s in timed]
@@ -247,7 +272,26 @@ def summarize_cell(
         degenerate=None if not timed or None in verdicts else any(verdicts),
         generated_tokens_per_repeat=[s.generated_tokens for s in timed],
         partial=stopped_by is not None, repeats_planned=repeats_planned if stopped_by else None, stopped_by=stopped_by,
+        **_device_fields(host, device),
     )  # fmt: skip
+
+
+def _ms_per_step(timed: list[Sample]) -> float | None:
+    """The median over `timed` of decode time / (generated - 1) (ms), either loop; None without any."""
+    return _stats([s.decode_ms / (s.generated_tokens - 1) for s in timed
+                   if s.decode_ms is not None and s.generated_tokens > 1])[0]  # fmt: skip
+
+
+def _device_fields(host: list[Sample], device: list[Sample]) -> dict[str, Any]:
+    """The device decode loop's fields of a CellRow (see its docstring); {} without device-loop repeats, so a row
+    without them is what it always was."""
+    if not device:
+        return {}
+    gauge = _stats([s.gauge_tok_s for s in device])
+    step, host_step = _ms_per_step(device), _ms_per_step(host)
+    return {"device_repeats": len(device), "device_gauge_tok_s_median": gauge[0], "device_gauge_tok_s_min": gauge[1],
+            "device_gauge_tok_s_max": gauge[2], "device_step_ms_median": step,
+            "host_overhead_ms": host_step - step if host_step is not None and step is not None else None}  # fmt: skip
 
 
 def _one_size(rows: list[Sample], input_tokens: int | None) -> tuple[int, list[Sample]]:
@@ -261,24 +305,25 @@ def _one_size(rows: list[Sample], input_tokens: int | None) -> tuple[int, list[S
     return sizes.pop(), rows
 
 
-def _invalid_reasons(timed: list[Sample], max_new_tokens: int) -> list[str]:
-    """Why a cell of these timed repeats is not quotable (see `summarize_cell`); [] when it is."""
+def _invalid_reasons(timed: list[Sample], max_new_tokens: int, loop: str = "") -> list[str]:
+    """Why a cell of these timed repeats is not quotable (see `summarize_cell`); [] when it is. `loop` prefixes
+    each reason ("device-loop ": the device decode loop's repeats, checked by the same rules)."""
     reasons: list[str] = []
     if not timed:
-        reasons.append("no timed repeats")
+        reasons.append(f"no {loop}timed repeats")
     compiled = [s.repeat for s in timed if s.compile_events]
     if compiled:
         total = sum(s.compile_events or 0 for s in timed)
-        reasons.append(f"{total} compile event(s) during timed repeat(s) {', '.join(map(str, compiled))}")
+        reasons.append(f"{total} compile event(s) during {loop}timed repeat(s) {', '.join(map(str, compiled))}")
     if any(s.compile_events is None for s in timed):
         reasons.append("compile events not observable on this server, so no timed repeat is proven compile-free")
     for s in timed:
         if s.generated_tokens != max_new_tokens:
-            reasons.append(f"repeat {s.repeat} generated {s.generated_tokens} tokens, expected {max_new_tokens}")
+            reasons.append(f"{loop}repeat {s.repeat} generated {s.generated_tokens} tokens, expected {max_new_tokens}")
         if s.degenerate is None:
-            reasons.append(f"repeat {s.repeat} has no degeneracy verdict")
+            reasons.append(f"{loop}repeat {s.repeat} has no degeneracy verdict")
         elif s.degenerate:
-            reasons.append(f"repeat {s.repeat} degenerate: {s.degenerate_reason or 'loop'}")
+            reasons.append(f"{loop}repeat {s.repeat} degenerate: {s.degenerate_reason or 'loop'}")
     return reasons
 
 

@@ -317,10 +317,18 @@ def _consistency_problems(files: RunFiles) -> list[str]:
                 problems.append(f"{where}: {metric} median {mid} is outside min..max {lo}..{hi}")
         if c.status != "ok":
             continue
-        timed = [s.repeat for s in samples if s.input_tokens == c.input_tokens and s.kind == "timed"]
-        if c.partial and c.stopped_by == "interrupted" and manifest_status(files) != "complete":
-            timed = timed[: c.repeats or 0]  # a resume that completes it may have been cut too, after more repeats
-        if sorted(timed) != list(range(c.repeats or 0)):
-            problems.append(f"{where}: {SAMPLES} holds timed repeats {sorted(timed)}, expected 0..{(c.repeats or 0) - 1}"
-                            " (missing samples, or two processes wrote this run)")  # fmt: skip
+        mine = [s for s in samples if s.input_tokens == c.input_tokens]
+        host = [s.repeat for s in mine if s.kind == "timed"]
+        expected = {"timed": c.repeats or 0, "timed-device": c.device_repeats}
+        if c.device_repeats is not None and not host:  # the device loop alone: its repeats are the cell's
+            expected["timed"] = 0
+        for kind, count in expected.items():
+            if count is None:
+                continue
+            timed = [s.repeat for s in mine if s.kind == kind]
+            if c.partial and c.stopped_by == "interrupted" and manifest_status(files) != "complete":
+                timed = timed[:count]  # a resume that completes it may have been cut too, after more repeats
+            if sorted(timed) != list(range(count)):
+                problems.append(f"{where}: {SAMPLES} holds {kind} repeats {sorted(timed)}, expected 0..{count - 1}"
+                                " (missing samples, or two processes wrote this run)")  # fmt: skip
     return problems

@@ -5,6 +5,8 @@ Order of work (../shared/measurement.md "Per cell"):
 2. the first request of the fresh engine is recorded separately as `cold` (it compiles, or restores from the
    persistent compilation cache, the programs of the first shape);
 3. per cell: one warm-up request at the exact compiled shape (bucket, max_new_tokens), then `repeats` timed ones;
+   per decode loop of `SweepConfig.decode_loops`, in order (host, then device: each loop its own warm-up at its
+   compiled shape (bucket, max_new_tokens, loop, block) and its own timed repeats, kinds `LOOP_KINDS`);
 4. the cell's samples and summary row are written to the run folder as soon as the cell ends (atomically), so an
    interrupted sweep keeps every finished cell; a cell that fails (e.g. out of memory) is recorded as failed and
    the sweep goes on.
@@ -22,7 +24,7 @@ from bench.errors import InputError
 from bench.measure.prompts import Prompt, exact_prompt, min_prompt_tokens
 from bench.measure.request import Measured, measure_request
 from bench.runs import RunFolder
-from bench.runs.records import CellRow, Sample, failed_cell, summarize_cell
+from bench.runs.records import LOOP_KINDS, CellRow, Sample, failed_cell, summarize_cell
 from bench.signals import stop_now, stop_signals_handled
 
 
@@ -30,13 +32,17 @@ from bench.signals import stop_now, stop_signals_handled
 class SweepConfig:
     """What a sweep measures: input sizes (tokens, BOS and chat template included), new tokens per request
     (exactly this many; EOS ignored), timed repeats per cell, and the durations that lengthen or bound them
-    (seconds of timed requests per cell; `timed_more`)."""
+    (seconds of timed requests per cell; `timed_more`: each decode loop's repeats count on their own). The decode
+    loops each cell is timed with (`DECODE_LOOP_CHOICES`: host, device or both, in that order), and the device
+    loop's `block` (steps per device call; None: all the tokens after the first in one)."""
 
     inputs: tuple[int, ...]
     max_new_tokens: int = 64
     repeats: int = 3
     min_duration_s: float = 0.0
     max_duration_s: float | None = None
+    decode_loops: tuple[str, ...] = ("host",)
+    block: int | None = None
 
     def timed_more(self, done: int, spent_s: float) -> bool:
         """Whether a cell with `done` timed repeats taking `spent_s` seconds (the sum of their whole-request times)
@@ -65,6 +71,23 @@ class SweepConfig:
         if self.max_duration_s is not None and self.max_duration_s < self.min_duration_s:
             raise InputError(f"--max-duration {self.max_duration_s:g} is below --min-duration {self.min_duration_s:g}; "
                              "the bound must allow the minimum")  # fmt: skip
+        if self.decode_loops not in DECODE_LOOP_CHOICES.values():
+            raise InputError(f"--decode-loop: loops {self.decode_loops} are not one of host, device, both")
+        if self.block is not None and (self.block < 1 or "device" not in self.decode_loops):
+            raise InputError(f"--decode-block {self.block}: expected steps >= 1 with --decode-loop device or both")
+
+
+DECODE_LOOP_CHOICES = {"host": ("host",), "device": ("device",), "both": ("host", "device")}
+"""`--decode-loop` values and the loops each times a cell with, in order."""
+
+
+def parse_decode_loop(text: str) -> tuple[str, ...]:
+    """'host' | 'device' | 'both' -> the loops (`DECODE_LOOP_CHOICES`). Raises InputError (one line) otherwise."""
+    loops = DECODE_LOOP_CHOICES.get(text.strip().lower())
+    if loops is None:
+        raise InputError(f"--decode-loop {text!r}: expected host (per-step times), device (one sync per block) or "
+                         "both (the host overhead per step), e.g. --decode-loop both")  # fmt: skip
+    return loops
 
 
 def parse_inputs(text: str) -> tuple[int, ...]:
@@ -172,7 +195,9 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
         prompts = build_prompts(engine, config)
 
     def measure(prompt: Prompt, kind: str, repeat: int) -> Measured:
-        return measure_request(engine, prompt, config.max_new_tokens, kind=kind, repeat=repeat)
+        loop = next((k for k, kinds in LOOP_KINDS.items() if kind in kinds), config.decode_loops[0])  # cold: the first
+        return measure_request(engine, prompt, config.max_new_tokens, kind=kind, repeat=repeat, decode_loop=loop,
+                               block=config.block if loop == "device" else None)  # fmt: skip
 
     return sweep_cells(config, run, prompts, measure=measure, progress=progress, skip=skip, should_stop=should_stop)
 
@@ -255,8 +280,8 @@ class _Cell:
     def label(self) -> str:
         return f"{self.where}: {self.n} input tokens" + (f" (bucket {self.known()})" if self.known() else "")
 
-    def timed(self) -> list[Sample]:
-        return [s for s in self.samples if s.kind == "timed"]
+    def timed(self, kind: str = "timed") -> list[Sample]:
+        return [s for s in self.samples if s.kind == kind]
 
     def one(self, kind: str, repeat: int, what: str) -> Sample:
         if self._should_stop():
@@ -270,25 +295,33 @@ class _Cell:
 
     def measure_all(self, cold_kind: str | None) -> CellRow:
         """The cell's requests (the cold one first when `cold_kind` is given), then its row."""
-        config = self.config
         if cold_kind is not None:
             self.one(cold_kind, 0, COLD_NOTES[cold_kind])
             self.cold_done = True
-        done = len(self.timed())
+        bounded = [self._loop(loop) for loop in self.config.decode_loops]
+        return self._row("max-duration" if any(bounded) else None)
+
+    def _loop(self, loop: str) -> bool:
+        """One decode loop's warm-up and timed repeats (continuing those measured before a resume); True when
+        `--max-duration` stopped them before the planned repeats."""
+        config = self.config
+        warmup, kind = LOOP_KINDS[loop]
+        what = "" if config.decode_loops == ("host",) else f"{loop} loop "
+        shape = f"({self.known() or 'its bucket'}, {config.max_new_tokens}" + (f", {loop} loop)" if what else ")")
+        done = len(self.timed(kind))
         if done:
-            self._progress(f"{self.label()}: continuing its {done} timed repeat(s) measured before the resume")
-        warm = self.one("warmup", 0, f"warm-up at ({self.known() or 'its bucket'}, {config.max_new_tokens})")
-        if needs_estimate(config, warm.e2e_ms, self.timed()):
-            self._progress(f"{self.label()}: {estimate_line(config, warm.e2e_ms, self.timed())}")
+            self._progress(f"{self.label()}: continuing its {done} {what}timed repeat(s) measured before the resume")
+        warm = self.one(warmup, 0, f"warm-up at {shape}")
+        if needs_estimate(config, warm.e2e_ms, self.timed(kind)):
+            self._progress(f"{self.label()}: {what}{estimate_line(config, warm.e2e_ms, self.timed(kind))}")
         r = done
-        while config.timed_more(r, _timed_s(self.timed())):
-            self.one("timed", r, f"repeat {r + 1}/{config.repeats}")
+        while config.timed_more(r, _timed_s(self.timed(kind))):
+            self.one(kind, r, f"{what}repeat {r + 1}/{config.repeats}")
             r += 1
-        bounded = r < config.repeats  # stopped by --max-duration before the planned repeats
-        if bounded:
+        if r < config.repeats:
             self._progress(f"{self.label()}: --max-duration {config.max_duration_s:g} s reached after {r} of "
-                           f"{config.repeats} timed repeats; the cell is kept as partial")  # fmt: skip
-        return self._row("max-duration" if bounded else None)
+                           f"{config.repeats} {what}timed repeats; the cell is kept as partial")  # fmt: skip
+        return r < config.repeats
 
     def _row(self, stopped_by: str | None) -> CellRow:
         return summarize_cell(self.samples, max_new_tokens=self.config.max_new_tokens, bucket=_one_bucket(self.ran),
@@ -300,8 +333,11 @@ class _Cell:
         samples are in the run already); `--resume` completes it."""
         if self.samples:
             self.run.append_cell(self._row("interrupted"))
-            self.run.log(f"{self.label()}: stopped after {len(self.timed())} of {self.config.repeats} timed "
-                         "repeats; kept as a partial cell (--resume completes it)")  # fmt: skip
+            loops = self.config.decode_loops
+            done = " and ".join(f"{len(self.timed(LOOP_KINDS[loop][1]))} of {self.config.repeats}"
+                                + ("" if loops == ("host",) else f" {loop}-loop") for loop in loops)  # fmt: skip
+            self.run.log(f"{self.label()}: stopped after {done} timed repeats; kept as a partial cell (--resume "
+                         "completes it)")  # fmt: skip
 
 
 COLD_NOTES = {
