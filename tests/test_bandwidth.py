@@ -67,3 +67,23 @@ def test_roofline_share_is_bytes_times_rate_over_bandwidth():
     assert roofline_share(0, 10.0, 1e9) == 0.0
     with pytest.raises(InputError):
         roofline_share(1, 1.0, 0.0)
+
+
+def test_matmul_rate_counts_2mnk_flop_over_the_median():
+    from bench.profile.matmul import measure_matmul_rate
+
+    result = measure_matmul_rate((64, 48, 32), repeats=3)
+    assert (result.m, result.n, result.k, result.dtype) == (64, 48, 32, "float32")
+    assert result.flops == 2 * 64 * 48 * 32 and len(result.times_s) == 3 == result.repeats
+    assert min(result.times_s) <= result.median_s <= max(result.times_s)
+    assert result.flop_s > 0 and result.flop_s == pytest.approx(result.flops / result.median_s)
+    assert result.gflop_s == pytest.approx(result.flop_s / 1e9)
+    assert result.platform == "cpu" and result.to_json()["flops"] == result.flops
+
+
+@pytest.mark.parametrize(("size", "repeats", "dtype"), [(8, 3, "float32"), (64, 0, "float32"), (64, 3, "float99")])
+def test_bad_matmul_settings_are_input_errors(size, repeats, dtype):
+    from bench.profile.matmul import measure_matmul_rate
+
+    with pytest.raises(InputError):
+        measure_matmul_rate(size, repeats=repeats, dtype=dtype)

@@ -24,6 +24,7 @@ from bench.cli.common import (
 from bench.errors import InputError, RunFolderError
 from bench.runs import writing_run
 from bench.sweep.local import DECODE_LOOP_CHOICES, StopSignals, parse_decode_loop, parse_inputs
+from bench.sweep.rates import RATES_KEY
 
 
 def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
@@ -250,9 +251,10 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     counts0 = CompileCounter.snapshot()
     decode_bytes = {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs}
     # derived from the configuration, so outside it (and outside the build id): bytes a decode step reads
+    rates, rates_new = _sweep_rates(engine, resumed, log)
     workload = sweep_workload(config, **duration_notes(config), **loop_notes(config))
     manifest = engine_manifest("sweep", engine, report, checkpoint, cache_dir, workload,
-                               extra={"decode_bytes": decode_bytes})  # fmt: skip
+                               extra={"decode_bytes": decode_bytes, RATES_KEY: dict(rates.measured)})  # fmt: skip
     if resumed is not None:
         check_same_build(resumed, manifest)
     t0 = time.perf_counter()
@@ -270,9 +272,28 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     ):  # fmt: skip
         log.info(f"run folder: {run.path}")
         run.log(engine.policy.line())
+        run.log(rates.line)
+        if resumed is not None and rates_new:  # a run begun before sweeps measured rates: record this process's
+            run.update_manifest(**{RATES_KEY: dict(rates.measured)})
         run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)),
-                  skip=run.finished_inputs(), should_stop=stop, prompts=prompts)  # fmt: skip
+                  skip=run.finished_inputs(), should_stop=stop, prompts=prompts, rates=rates)  # fmt: skip
     _print_table(run, log)
+
+
+def _sweep_rates(engine, resumed, log):
+    """(the rates the sweep's rows are divided by, whether they were measured now): a resumed run's recorded
+    rates (one run, one denominator), else the copy bandwidth and matrix-product rate measured now on the live
+    device (`bench.sweep.rates.measure_rates`), once, before the first cell. Logs their line."""
+    from bench.sweep.rates import measure_rates, rates_of
+
+    stored = rates_of(resumed.typed_manifest.extra) if resumed is not None else None
+    if stored is not None:
+        log.info(f"{stored.line} (the resumed run's)")
+        return stored, False
+    log.info("measuring the device's copy bandwidth and matrix-product rate (measurement.md, Rooflines)")
+    rates = measure_rates(engine.policy.compute_dtype)
+    log.info(rates.line)
+    return rates, True
 
 
 def _run_starter(resumed, runs_dir: Path, name: str | None, manifest):
@@ -309,11 +330,18 @@ def _print_table(run, log) -> None:
     (measured, but not quotable: the table says why) and one naming failed cells (an error: nothing measured).
     Raises typer.Exit(1) when any cell failed, so a script can tell; the run folder keeps every cell. Invalid
     cells alone keep exit code 0: against a server that does not report compile events every cell is invalid by
-    rule (bench/sweep/remote.py), and the numbers are still recorded."""
+    rule (bench/sweep/remote.py), and the numbers are still recorded. Into a pipe or log the console is as wide as
+    the table (a sweep of both loops with its rooflines is wider than 200 columns), so nothing is truncated."""
     from bench.cli.common import make_console
 
+    from rich.console import Console
+    from rich.measure import Measurement
+
     cells = run.cells()
-    make_console().print(sweep_table(cells))
+    table, console = sweep_table(cells), make_console()
+    need = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    wider = not console.is_terminal and need > console.width  # a pipe or log: nothing truncated
+    (Console(width=need) if wider else console).print(table)
     failed = [r.input_tokens for r in cells if r.status == "failed"]
     invalid = [r.input_tokens for r in cells if not r.valid and r.status != "failed"]
     for r in (r for r in cells if r.partial):

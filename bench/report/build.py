@@ -61,6 +61,7 @@ from bench.report.views import (
     device_views,
     history_series,
     history_tables,
+    roofline_tables,
     runs_table,
 )
 from bench.runs import resolve_run
@@ -388,6 +389,7 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
     if any(v.cells for v in dev):
         blocks += device_tables(group, dev)
         blocks += decode_loop_tables(dev)
+        blocks += roofline_tables(dev)
         blocks += _published_notes([v for v in dev if v.published])
         png = plot_sweep([(v.label, v.published, list(v.cells.values())) for v in dev], out / f"sweep_tok_s_{gid}.png")
         files.append(png)

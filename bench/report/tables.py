@@ -39,6 +39,7 @@ from bench.runs.columns import (
     E2E,
     GAUGE,
     INPUT_TOKENS,
+    ROOFLINE_COLUMNS,
     TTFT,
     fmt_num,
     present,
@@ -254,12 +255,12 @@ def sweep_report_table(
 
     Markdown: per run its gauge and end-to-end columns (`rate_text`); its bucket and TTFT columns when any of its
     cells has one (and `extras`); headers are the run's label and the column's header. CSV: `input_tokens`, then per run
-    `<run>:<field>` for every field of `CSV_COLUMNS` (and of the device-loop columns where a run has them), numbers
-    unrounded.
+    `<run>:<field>` for every field of `CSV_COLUMNS` (and of the device-loop and roofline columns where a run has
+    them), numbers unrounded.
     """
     sizes = sorted({s for v in views for s in v.cells})
-    device = present(DEVICE_LOOP_COLUMNS, [c for v in views for c in v.cells.values()])  # where a run has them
-    fields = [f for col in (*CSV_COLUMNS, *device) for f in col.csv_fields]
+    optional = present(DEVICE_LOOP_COLUMNS + ROOFLINE_COLUMNS, [c for v in views for c in v.cells.values()])
+    fields = [f for col in (*CSV_COLUMNS, *optional) for f in col.csv_fields]  # the optional ones where a run has them
     csv_header = [INPUT_TOKENS.key, *(f"{v.name}:{f}" for v in views for f in fields)]
     csv_rows = [[s, *(getattr(v.cells.get(s), f, None) for v in views for f in fields)] for s in sizes]
     md_header = [INPUT_TOKENS.header]

@@ -24,7 +24,17 @@ from typing import Any
 from bench.report.groups import Group
 from bench.report.rows import RowColumn, columns
 from bench.report.tables import rate_text, sweep_report_table
-from bench.runs.columns import DEVICE_GAUGE, HOST_OVERHEAD, fmt_num
+from bench.runs.columns import (
+    BYTES_PER_STEP,
+    DEVICE_GAUGE,
+    DEVICE_ROOFLINE_SHARE,
+    HOST_OVERHEAD,
+    PREFILL_GFLOP_S,
+    PREFILL_MATMUL_SHARE,
+    ROOFLINE_SHARE,
+    fmt_num,
+    present,
+)
 
 MAX_COLUMNS = 12
 MAX_ROWS = 40
@@ -100,6 +110,29 @@ def decode_loop_tables(views: Sequence[Any]) -> list[Table]:
                  "loop's (each decode time / (generated - 1), median over its repeats), same cell, same session."]
         out.append(Table(title="decode loop: host-synced vs on the device", header=header, rows=rows, notes=notes,
                          kind="decode-loop"))  # fmt: skip
+    return out
+
+
+ROOFLINE_RUNS_PER_TABLE = 1  # 1 + up to 5 columns per run <= 10
+
+
+def roofline_tables(views: Sequence[Any]) -> list[Table]:
+    """The rooflines (measurement.md, "Rooflines"; bench/runs/records.py `CellRow`) of those of `views` whose cells
+    have them, one run per table: bytes per decode step, the bandwidth roofline share of each loop's gauge, the
+    prefill's GFLOP/s and its share of the measured matrix-product rate, each column where a cell has it. [] when
+    no run has them (runs measured before the sweep measured its rates)."""
+    wanted = (BYTES_PER_STEP, ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_GFLOP_S, PREFILL_MATMUL_SHARE)
+    out = []
+    for v in views:
+        cols = present(wanted, v.cells.values())  # each optional: only those some cell has
+        if not cols:
+            continue
+        sizes = sorted(v.cells)[:MAX_ROWS]
+        rows = [[fmt_num(s, 0), *(c.text(v.cells[s]) for c in cols)] for s in sizes]
+        notes = ["roofline % = bytes per step x gauge tok/s / the run's measured copy bandwidth; prefill matmul % = "
+                 "prefill FLOP / median prefill time / the run's measured matrix-product rate (same session)."]
+        out.append(Table(title=f"rooflines: {v.label}", header=["input tokens", *(c.header for c in cols)],
+                         rows=rows, notes=notes, kind="rooflines"))  # fmt: skip
     return out
 
 

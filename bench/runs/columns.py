@@ -15,7 +15,9 @@ Formats:
 - completeness (`COMPLETENESS_COLUMNS`): `partial`, `repeats`, `repeats_planned`, `stopped_by`, the same fact as
   fields, in every CSV and JSONL;
 - the device decode loop (`DEVICE_LOOP_COLUMNS`: its gauge, ms per step, the host overhead per step, its repeats):
-  optional fields, shown only where a row has them (`present`), so a run without the device loop prints as it did.
+  optional fields, shown only where a row has them (`present`), so a run without the device loop prints as it did;
+- the rooflines (`ROOFLINE_COLUMNS`: bytes per decode step with thousands separators, the bandwidth roofline
+  shares in %, the prefill's GFLOP/s and its share of the measured matrix-product rate in %): optional the same way.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Column:
     spread: the median is followed by "(min–max)" from the `<name>_min` and `<name>_max` fields where both exist.
     align: "right" (numbers) or "left" (text), for the terminal and plain-text tables.
     text_of: the text of a non-numeric field from its row (None: the value as given).
+    scale: the tables print value / scale (1e9: FLOP/s as GFLOP/s); CSVs keep the value as stored.
     """
 
     key: str
@@ -60,6 +63,7 @@ class Column:
     spread: bool = False
     align: str = "right"
     text_of: Callable[[CellRow], str] | None = None
+    scale: float = 1.0
 
     @property
     def table_header(self) -> str:
@@ -85,7 +89,7 @@ class Column:
         value = self.value(row)
         if value is None or self.digits is None:
             return DASH if value is None else str(value)
-        text = fmt_num(value, self.digits)
+        text = fmt_num(value / self.scale if self.scale != 1.0 else value, self.digits)
         if self.spread:
             lo, hi = (getattr(row, f) for f in self.csv_fields[1:])
             if lo is not None and hi is not None:
@@ -118,6 +122,13 @@ DEVICE_GAUGE = Column(key="device_gauge_tok_s_median", header="device-loop gauge
 DEVICE_STEP = Column(key="device_step_ms_median", header="device-loop ms/step", unit="ms", digits=3)
 HOST_OVERHEAD = Column(key="host_overhead_ms", header="host overhead ms/step", unit="ms", digits=3)
 DEVICE_REPEATS = Column(key="device_repeats", header="device-loop repeats", unit="", digits=0)
+BYTES_PER_STEP = Column(key="bytes_per_step", header="bytes/step", unit="bytes", digits=0)
+ROOFLINE_SHARE = Column(key="roofline_share_pct", header="roofline %", unit="%", digits=1)
+DEVICE_ROOFLINE_SHARE = Column(key="device_roofline_share_pct", header="device-loop roofline %", unit="%",
+                               digits=1)  # fmt: skip
+PREFILL_FLOPS = Column(key="prefill_flops", header="prefill FLOP", unit="FLOP", digits=0)
+PREFILL_GFLOP_S = Column(key="prefill_flop_s", header="prefill GFLOP/s", unit="GFLOP/s", digits=1, scale=1e9)
+PREFILL_MATMUL_SHARE = Column(key="prefill_matmul_share_pct", header="prefill matmul %", unit="%", digits=1)
 
 CELL_COLUMNS: tuple[Column, ...] = (
     INPUT_TOKENS, BUCKET, GAUGE, E2E, TTFT, TPOT, COLD_WARM_REQUEST, COLD_WARM_TTFT, VALID, STATUS,
@@ -131,6 +142,18 @@ DEVICE_LOOP_COLUMNS: tuple[Column, ...] = (DEVICE_GAUGE, DEVICE_STEP, HOST_OVERH
 """The device decode loop's figures (`--decode-loop device|both`): its gauge (median, min–max), its ms per step
 (decode time / (generated - 1)), the host overhead per step (host-loop ms per step - device-loop ms per step, same
 cell; `CellRow`) and its timed repeats. Optional: every printer shows them only where a row has them (`present`)."""
+ROOFLINE_COLUMNS: tuple[Column, ...] = (
+    BYTES_PER_STEP, ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_FLOPS, PREFILL_GFLOP_S, PREFILL_MATMUL_SHARE,
+)  # fmt: skip
+"""The rooflines of an in-process sweep (`CellRow`; measurement.md, "Rooflines"): bytes one decode step reads,
+the bandwidth roofline share of each loop's gauge (bytes/step x gauge / the run's measured copy bandwidth), the
+prefill's matrix-product FLOP, its FLOP/s (printed as GFLOP/s) and their share of the run's measured
+matrix-product rate. Optional, like the device-loop columns (`present`)."""
+OPTIONAL_COLUMNS: tuple[Column, ...] = DEVICE_LOOP_COLUMNS + ROOFLINE_COLUMNS
+"""The columns of optional `CellRow` fields: a printer shows each only where some row has a value (`present`)."""
+TABLE_ROOFLINE_COLUMNS: tuple[Column, ...] = (ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_MATMUL_SHARE)
+"""The rooflines the terminal's sweep table shows: the three shares, so that a sweep of both loops fits 200
+columns (bytes per step, prefill FLOP and GFLOP/s are in the run's cells.csv and the report's rows)."""
 TABLE_COLUMNS: tuple[Column, ...] = CELL_COLUMNS[:-1]
 """The sweep table of the terminal (`bench sweep`) and of the gpu-run summary: one row per input size (plus the
 device-loop columns where a row has them: `table_columns`)."""
@@ -139,17 +162,17 @@ CSV_COLUMNS: tuple[Column, ...] = (GAUGE, E2E, BUCKET, TTFT, VALID, STATUS, *COM
 
 
 def present(columns: Sequence[Column], rows: Iterable[CellRow | None]) -> tuple[Column, ...]:
-    """The device-loop columns of `columns` (`DEVICE_LOOP_COLUMNS`) that some row has a value of, and every other
-    column: what a printer shows, so that rows without the device loop print as they always did."""
+    """The optional columns of `columns` (`OPTIONAL_COLUMNS`: device loop, rooflines) that some row has a value of,
+    and every other column: what a printer shows, so that rows without them print as they always did."""
     rows = [r for r in rows if r is not None]
-    return tuple(c for c in columns if c not in DEVICE_LOOP_COLUMNS or any(c.value(r) is not None for r in rows))
+    return tuple(c for c in columns if c not in OPTIONAL_COLUMNS or any(c.value(r) is not None for r in rows))
 
 
 def table_columns(rows: Iterable[CellRow]) -> tuple[Column, ...]:
     """The terminal's and the gpu-run summary's sweep-table columns for `rows`: `TABLE_COLUMNS`, then (before
-    `valid`) the device-loop columns where a row has them."""
+    `valid`) the device-loop columns and the rooflines (`TABLE_ROOFLINE_COLUMNS`) where a row has them."""
     rows = list(rows)
-    extra = present(DEVICE_LOOP_COLUMNS, rows)
+    extra = present(DEVICE_LOOP_COLUMNS + TABLE_ROOFLINE_COLUMNS, rows)
     cut = TABLE_COLUMNS.index(VALID)
     return (*TABLE_COLUMNS[:cut], *extra, *TABLE_COLUMNS[cut:])
 

@@ -50,6 +50,14 @@ class CellRow:
     sides (a pooled per-step median would leave out the host's hiccups, which the device loop's mean keeps). The
     other figures are the host loop's repeats, or, when only the device loop ran, the device loop's (no per-step
     median or p99 then: it has no per-step times).
+
+    The **rooflines** (measurement.md, "Rooflines"; an in-process sweep, `bench.sweep.rates`) add optional fields,
+    absent from rows without them (older runs, `--target` sweeps): `bytes_per_step` (bytes one decode step reads at
+    the compiled shape: weights + KV cache), `roofline_share_pct` = bytes_per_step x gauge tok/s (median) / the
+    run's measured copy bandwidth (bytes/s) x 100, `device_roofline_share_pct` the same with the device loop's
+    gauge; `prefill_flops` (matrix-product FLOP of the prefill of the real prompt), `prefill_flop_s` =
+    prefill_flops / median prefill time (s), `prefill_matmul_share_pct` = prefill_flop_s / the run's measured
+    matrix-product rate (FLOP/s) x 100.
     """
 
     input_tokens: int
@@ -89,6 +97,12 @@ class CellRow:
     device_gauge_tok_s_max: float | None = None
     device_step_ms_median: float | None = None
     host_overhead_ms: float | None = None  # host-loop ms per step - device-loop ms per step, same cell
+    bytes_per_step: int | None = None
+    roofline_share_pct: float | None = None
+    device_roofline_share_pct: float | None = None
+    prefill_flops: int | None = None
+    prefill_flop_s: float | None = None
+    prefill_matmul_share_pct: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON row; the optional fields only where they differ from their defaults (a partial cell), so that a

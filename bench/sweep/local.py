@@ -26,6 +26,7 @@ from bench.measure.request import Measured, measure_request
 from bench.runs import RunFolder
 from bench.runs.records import LOOP_KINDS, CellRow, Sample, failed_cell, summarize_cell
 from bench.signals import stop_now, stop_signals_handled
+from bench.sweep.rates import DeviceRates, roofline_rows
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -185,10 +186,12 @@ Progress = Callable[[str], None]
 
 def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress = lambda _: None,
               skip: Sequence[int] = (), should_stop: Callable[[], bool] = lambda: False,
-              prompts: dict[int, Prompt] | None = None) -> list[CellRow]:  # fmt: skip
+              prompts: dict[int, Prompt] | None = None, rates: DeviceRates | None = None) -> list[CellRow]:  # fmt: skip
     """Measure every cell not in `skip` into `run` with the in-process engine; returns the rows measured now.
 
-    `prompts` (from `build_prompts`) are built here when not given. The rest is `sweep_cells`.
+    `prompts` (from `build_prompts`) are built here when not given. `rates` (the device's measured rates,
+    `bench.sweep.rates.measure_rates`) give every row its roofline fields (`bench.sweep.rates.with_rooflines`);
+    None leaves them out. The rest is `sweep_cells`.
     """
     if prompts is None:  # callers that already built (and so checked) them pass them in
         config.check()
@@ -199,13 +202,16 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
         return measure_request(engine, prompt, config.max_new_tokens, kind=kind, repeat=repeat, decode_loop=loop,
                                block=config.block if loop == "device" else None)  # fmt: skip
 
-    return sweep_cells(config, run, prompts, measure=measure, progress=progress, skip=skip, should_stop=should_stop)
+    finish = roofline_rows(engine, rates, config.max_new_tokens) if rates is not None else None
+    return sweep_cells(config, run, prompts, measure=measure, progress=progress, skip=skip, should_stop=should_stop,
+                       finish_row=finish)  # fmt: skip
 
 
 def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], *,
                 measure: Callable[[Prompt, str, int], Measured], progress: Progress = lambda _: None,
                 skip: Sequence[int] = (), should_stop: Callable[[], bool] = lambda: False,
-                after_cell: Callable[[int, CellRow], str] | None = None) -> list[CellRow]:  # fmt: skip
+                after_cell: Callable[[int, CellRow], str] | None = None,
+                finish_row: Callable[[CellRow], CellRow] | None = None) -> list[CellRow]:  # fmt: skip
     """The order of work of every sweep (in-process or through a server): the first request of the sweep is
     recorded as `cold` ("cold-resume" when the run already holds its cold start: a resumed run's fresh engine);
     then per cell one `warmup` and the timed requests (`config.timed_more` says when to stop: `repeats`, the
@@ -219,7 +225,8 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
     raises KeyboardInterrupt there, after writing the cell in progress as a partial row ("interrupted"), so
     every measured request stays. Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed
     cell (with the bucket of any request of the cell that came back), and the sweep goes on. `after_cell(n,
-    row)` may add text to the cell's log line. The caller marks the run complete / incomplete.
+    row)` may add text to the cell's log line; `finish_row(row)` completes each measured (or partial) row before it
+    is written (the in-process sweep's roofline fields). The caller marks the run complete / incomplete.
     """
     rows: list[CellRow] = []
     earlier, buckets = _earlier_samples(run), {r.input_tokens: r.bucket for r in run.cells()}
@@ -228,7 +235,7 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
     todo = [n for n in config.inputs if n not in set(skip)]
     for index, n in enumerate(todo, 1):
         cell = _Cell(config, run, n, prompts[n], measure, earlier.get(n, []), earlier_bucket=buckets.get(n),
-                     where=f"cell {index}/{len(todo)}", should_stop=should_stop,
+                     where=f"cell {index}/{len(todo)}", should_stop=should_stop, finish_row=finish_row,
                      progress=lambda line: progress(f"{line} [{time.perf_counter() - t0:.1f} s]"))  # fmt: skip
         try:
             try:
@@ -266,12 +273,13 @@ class _Cell:
 
     def __init__(self, config: SweepConfig, run: RunFolder, n: int, prompt: Prompt, measure, earlier: list[Sample],
                  *, earlier_bucket: int | None, where: str, progress: Progress,
-                 should_stop: Callable[[], bool]):  # fmt: skip
+                 should_stop: Callable[[], bool], finish_row: Callable[[CellRow], CellRow] | None = None):  # fmt: skip
         self.config, self.run, self.n, self.prompt, self._measure = config, run, n, prompt, measure
         self.samples = list(earlier)
         self.ran: list[int | None] = [earlier_bucket] if earlier_bucket is not None else []  # buckets as reported
         self.cold_done = False
         self.where, self._progress, self._should_stop = where, progress, should_stop
+        self._finish = finish_row or (lambda row: row)
 
     def known(self) -> int | None:
         """The cell's bucket once one of its requests reported it."""
@@ -324,9 +332,9 @@ class _Cell:
         return r < config.repeats
 
     def _row(self, stopped_by: str | None) -> CellRow:
-        return summarize_cell(self.samples, max_new_tokens=self.config.max_new_tokens, bucket=_one_bucket(self.ran),
-                              input_tokens=self.n, stopped_by=stopped_by,
-                              repeats_planned=self.config.repeats)  # fmt: skip
+        row = summarize_cell(self.samples, max_new_tokens=self.config.max_new_tokens, bucket=_one_bucket(self.ran),
+                             input_tokens=self.n, stopped_by=stopped_by, repeats_planned=self.config.repeats)  # fmt: skip
+        return self._finish(row)
 
     def write_partial(self) -> None:
         """After a stop: the cell's row as partial ("interrupted"), when any of its requests came back (its

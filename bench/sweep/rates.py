@@ -1,0 +1,119 @@
+"""The device's measured rates for one in-process sweep, and the roofline fields they give each cell row
+(../shared/measurement.md, "Rooflines").
+
+An in-process sweep measures two rates once, on the live device, after the engine is loaded and before its first
+cell (`measure_rates`), and records them in the run manifest under `RATES_KEY`:
+- `copy_bandwidth`: `bench.profile.bandwidth.measure_bandwidth` (bytes read + written / median time of a large
+  donated device-to-device copy), bytes/s;
+- `matmul`: `bench.profile.matmul.measure_matmul_rate` (a jitted [M,K]x[K,N] product in the policy's compute
+  dtype, 2*M*N*K FLOP / median time), FLOP/s.
+
+Each measured cell row then gets (`with_rooflines`, fields of `bench.runs.CellRow`):
+- `bytes_per_step` = `Engine.decode_bytes(n, max_new_tokens)["total"]`: weights + KV cache at the compiled shape;
+- `roofline_share_pct` = bytes_per_step x host-loop gauge tok/s (median) / copy bandwidth x 100, and
+  `device_roofline_share_pct` the same with the device loop's gauge, where the cell has one;
+- `prefill_flops` (`model.flops.prefill_flops(cfg, n, chunk)`, where the engine has it), `prefill_flop_s` =
+  prefill_flops / median prefill time, `prefill_matmul_share_pct` = prefill_flop_s / matmul rate x 100.
+`--target` sweeps measure no rates: the server's device is not this process's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bench.profile.roofline import roofline_share
+from bench.runs.records import CellRow
+
+RATES_KEY = "rates"
+"""The run manifest's top-level key (in `Manifest.extra`) that holds the sweep's measured rates."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeviceRates:
+    """The two rates a sweep's rows are divided by: `bandwidth_bytes_s` (bytes/s, the copy's read + written bytes
+    per second) and `matmul_flop_s` (FLOP/s). `measured` holds the measurements as the manifest records them
+    (`{"copy_bandwidth": BandwidthResult.to_json(), "matmul": MatmulRateResult.to_json()}`)."""
+
+    bandwidth_bytes_s: float
+    matmul_flop_s: float
+    measured: Mapping[str, Any]
+
+    @property
+    def line(self) -> str:
+        """One line for a person: both rates, in GiB/s and GFLOP/s, and how they were measured."""
+        bw, mm = self.measured["copy_bandwidth"], self.measured["matmul"]
+        return (f"device rates: copy bandwidth {self.bandwidth_bytes_s / 2**30:,.2f} GiB/s "
+                f"({bw['n_bytes'] / 2**20:,.0f} MiB device copy), matrix product {self.matmul_flop_s / 1e9:,.1f} "
+                f"GFLOP/s ({mm['m']}x{mm['k']}x{mm['n']} {mm['dtype']})")  # fmt: skip
+
+
+def measure_rates(compute_dtype: str, *, device=None) -> DeviceRates:
+    """Measure the copy bandwidth and the matrix-product rate (in `compute_dtype`, e.g. "float32") on `device`
+    (default: jax's first device, where the engine lives). Imports jax; about 2-3 s on a 2-core CPU."""
+    from bench.profile.bandwidth import measure_bandwidth
+    from bench.profile.matmul import measure_matmul_rate
+
+    bw = measure_bandwidth(device=device)
+    mm = measure_matmul_rate(dtype=compute_dtype, device=device)
+    return DeviceRates(bandwidth_bytes_s=bw.bytes_per_s, matmul_flop_s=mm.flop_s,
+                       measured={"copy_bandwidth": bw.to_json(), "matmul": mm.to_json()})  # fmt: skip
+
+
+def rates_of(extra: Mapping[str, Any]) -> DeviceRates | None:
+    """The rates a run manifest's `extra` records under `RATES_KEY`; None when it has none (an older run) or
+    they are not positive numbers."""
+    measured = extra.get(RATES_KEY)
+    try:
+        bw, mm = float(measured["copy_bandwidth"]["bytes_per_s"]), float(measured["matmul"]["flop_s"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    return DeviceRates(bandwidth_bytes_s=bw, matmul_flop_s=mm, measured=measured) if bw > 0 and mm > 0 else None
+
+
+def with_rooflines(row: CellRow, *, bytes_per_step: int, prefill_flops: int | None, rates: DeviceRates) -> CellRow:
+    """`row` with its roofline fields (module docstring): each None where its inputs are (no gauge, no device
+    loop, no prefill time, no FLOP count). A failed cell is returned as it is. Pure arithmetic."""
+    if row.status == "failed":
+        return row
+
+    def share(tok_s: float | None) -> float | None:
+        return None if tok_s is None else 100.0 * roofline_share(bytes_per_step, tok_s, rates.bandwidth_bytes_s)
+
+    flop_s = prefill_flops / (row.prefill_ms_median / 1000.0) if prefill_flops and row.prefill_ms_median else None
+    return dataclasses.replace(
+        row, bytes_per_step=bytes_per_step, roofline_share_pct=share(row.gauge_tok_s_median),
+        device_roofline_share_pct=share(row.device_gauge_tok_s_median), prefill_flops=prefill_flops,
+        prefill_flop_s=flop_s, prefill_matmul_share_pct=None if flop_s is None else 100.0 * flop_s / rates.matmul_flop_s,
+    )  # fmt: skip
+
+
+def roofline_rows(engine, rates: DeviceRates, max_new_tokens: int) -> Callable[[CellRow], CellRow]:
+    """The function that gives a cell row of `engine` (at `max_new_tokens`) its roofline fields: bytes per step
+    from `engine.decode_bytes`, prefill FLOP from `model.flops` where the engine has it (`prefill_flops_of`)."""
+
+    def finish(row: CellRow) -> CellRow:
+        n = row.input_tokens
+        return with_rooflines(row, bytes_per_step=engine.decode_bytes(n, max_new_tokens)["total"],
+                              prefill_flops=prefill_flops_of(engine, n), rates=rates)  # fmt: skip
+
+    return finish
+
+
+def prefill_flops_of(engine, n_tokens: int) -> int | None:
+    """Matrix-product FLOP of `engine`'s prefill of `n_tokens` real positions: `model.flops.prefill_flops(cfg,
+    n_tokens, chunk)` with chunk = `prefill_chunk(cfg, bucket)` from `model.flops` (or `model.forward`). None when
+    the engine has no `model.flops` module or no `prefill_chunk` (an engine without a chunked prefill)."""
+    try:
+        flops = importlib.import_module("model.flops")
+    except ModuleNotFoundError as exc:
+        if exc.name != "model.flops":
+            raise
+        return None
+    chunk_of = getattr(flops, "prefill_chunk", None) or getattr(importlib.import_module("model.forward"),
+                                                                "prefill_chunk", None)  # fmt: skip
+    if chunk_of is None or not hasattr(flops, "prefill_flops"):
+        return None
+    return int(flops.prefill_flops(engine.cfg, n_tokens, chunk_of(engine.cfg, engine.bucket_for(n_tokens))))

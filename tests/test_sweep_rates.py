@@ -1,0 +1,125 @@
+"""The sweep's rooflines (measurement.md, "Rooflines"): the copy bandwidth and matrix-product rate measured once per
+in-process sweep and recorded in the manifest; each row's bytes per step, bandwidth roofline shares and prefill
+FLOP/s against the matrix-product rate, recomputed here from the row's own numbers; rows without them (archived
+runs) print as they did. No speed is asserted."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from conftest import bench_captured
+from rich.console import Console
+from runfolders import cell_samples, make_measured_run
+
+from bench.cli.sweep_cmds import sweep_table
+from bench.report import build_report
+from bench.runs import failed_cell, open_run, summarize_cell
+from bench.runs.columns import ROOFLINE_COLUMNS, TABLE_COLUMNS, table_columns
+from bench.sweep.rates import RATES_KEY, DeviceRates, prefill_flops_of, rates_of, with_rooflines
+
+RATES = DeviceRates(bandwidth_bytes_s=2.0 * 2**30, matmul_flop_s=5e9, measured={})
+
+
+def _fake_flops(calls: list) -> types.ModuleType:
+    """A stand-in for `model.flops` (written on another branch) with its signatures: the sweep's plumbing is what
+    is tested, not the FLOP count."""
+    module = types.ModuleType("model.flops")
+    module.prefill_chunk = lambda cfg, bucket: min(16, bucket)
+
+    def prefill_flops(cfg, n_tokens: int, chunk: int) -> int:
+        calls.append((n_tokens, chunk))
+        return 1_000_000 * n_tokens + chunk
+
+    module.prefill_flops = prefill_flops
+    return module
+
+
+def test_an_in_process_sweep_records_its_rates_and_every_row_its_rooflines(tiny_checkpoint, tmp_path, monkeypatch,
+                                                                           capsys):  # fmt: skip
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "model.flops", _fake_flops(calls))
+    runs = tmp_path / "runs"
+    code, out, _ = bench_captured(["sweep", "--inputs", "20,41", "--max-new-tokens", "4", "--repeats", "1",
+                                   "--checkpoint", str(tiny_checkpoint), "--runs-dir", str(runs), "--name", "r",
+                                   "--compile-cache", "off"], capsys)  # fmt: skip
+    assert code == 0
+    (folder,) = runs.iterdir()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    bw, mm = manifest[RATES_KEY]["copy_bandwidth"], manifest[RATES_KEY]["matmul"]
+    assert bw["bytes_per_s"] > 0 and bw["bytes_per_s"] == pytest.approx(bw["bytes_moved"] / bw["median_s"])
+    assert mm["flop_s"] > 0 and mm["flop_s"] == pytest.approx(2 * mm["m"] * mm["n"] * mm["k"] / mm["median_s"])
+    assert mm["dtype"] == manifest["dtype_policy"]["compute_dtype"] == "float32"
+    rates = rates_of(open_run(folder).typed_manifest.extra)
+    assert rates is not None and rates.bandwidth_bytes_s == bw["bytes_per_s"] and rates.matmul_flop_s == mm["flop_s"]
+    assert rates.line in (folder / "run.log").read_text()  # printed once, before the first cell
+    assert "GiB/s" in rates.line and "GFLOP/s" in rates.line
+    cells = open_run(folder).cells()
+    for c in cells:
+        assert c.bytes_per_step == manifest["decode_bytes"][str(c.input_tokens)]["total"]
+        assert c.roofline_share_pct == pytest.approx(c.bytes_per_step * c.gauge_tok_s_median / bw["bytes_per_s"] * 100)
+        assert c.device_roofline_share_pct == pytest.approx(
+            c.bytes_per_step * c.device_gauge_tok_s_median / bw["bytes_per_s"] * 100)
+        assert c.prefill_flops == 1_000_000 * c.input_tokens + min(16, c.bucket)  # the chunk of the cell's bucket
+        assert c.prefill_flop_s == pytest.approx(c.prefill_flops / (c.prefill_ms_median / 1000))
+        assert c.prefill_matmul_share_pct == pytest.approx(c.prefill_flop_s / mm["flop_s"] * 100)
+    assert {n for n, _ in calls} == {20, 41}
+    assert "device-loop roofline %" in out and "prefill matmul %" in out  # the printed table, whole (a pipe)
+    assert f"{cells[0].roofline_share_pct:,.1f}" in out and "…" not in out
+
+
+def test_without_model_flops_the_prefill_fields_are_absent(monkeypatch):
+    monkeypatch.setitem(sys.modules, "model.flops", None)  # the module missing: importing it fails
+    assert prefill_flops_of(object(), 41) is None
+
+
+def test_the_arithmetic_and_its_gaps():
+    row = summarize_cell(cell_samples(41), max_new_tokens=8, bucket=64)
+    done = with_rooflines(row, bytes_per_step=3 * 2**20, prefill_flops=10**9, rates=RATES)
+    assert done.roofline_share_pct == pytest.approx(3 * 2**20 * row.gauge_tok_s_median / (2.0 * 2**30) * 100)
+    assert done.device_roofline_share_pct is None  # no device loop in this cell
+    assert done.prefill_flop_s == pytest.approx(1e9 / (row.prefill_ms_median / 1000))
+    assert done.prefill_matmul_share_pct == pytest.approx(done.prefill_flop_s / 5e9 * 100)
+    no_flops = with_rooflines(row, bytes_per_step=100, prefill_flops=None, rates=RATES)
+    assert no_flops.prefill_flop_s is None and no_flops.prefill_matmul_share_pct is None
+    failed = failed_cell(41, "out of memory")
+    assert with_rooflines(failed, bytes_per_step=100, prefill_flops=10, rates=RATES) == failed
+    assert rates_of({}) is None and rates_of({RATES_KEY: {"copy_bandwidth": {"bytes_per_s": 0}}}) is None
+
+
+def _terminal(rows) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=300).print(sweep_table(rows))
+    return buf.getvalue()
+
+
+def test_rows_without_rooflines_print_as_before_and_rows_with_them_show_them(tmp_path: Path):
+    runs = tmp_path / "runs"
+    old = make_measured_run(runs, "old", inputs=(41, 521))
+    rows = old.cells()
+    assert not any(k in r.to_dict() for r in rows for k in (c.key for c in ROOFLINE_COLUMNS))  # absent, not null
+    assert table_columns(rows) == TABLE_COLUMNS and "roofline" not in _terminal(rows)
+    new = make_measured_run(runs, "new", inputs=(41, 521))
+    for r in new.cells():
+        new.append_cell(with_rooflines(r, bytes_per_step=1_234_567, prefill_flops=2 * 10**9, rates=RATES))
+    done = new.cells()
+    text = _terminal(done)
+    assert "roofline %" in text and "prefill matmul %" in text
+    share = f"{done[0].roofline_share_pct:,.1f}"
+    assert share in text and "device-loop roofline" not in text  # shown only where a row has it
+    md = build_report([new.path], tmp_path / "out", runs_dir=runs).markdown.read_text()
+    rooflines = md.split("**rooflines: ")[1]  # the run's own table
+    header = next(line for line in rooflines.splitlines() if line.startswith("| input tokens"))
+    assert header == "| input tokens | bytes/step | roofline % | prefill GFLOP/s | prefill matmul % |"
+    assert f"| 41 | 1,234,567 | {share} |" in rooflines  # no device-loop column: no cell has one
+    rows_csv = (tmp_path / "out" / "rows.csv").read_text()
+    assert "bytes_per_step" in rows_csv.splitlines()[0] and "1234567" in rows_csv
+    old_md = build_report([old.path], tmp_path / "out-old", runs_dir=runs).markdown.read_text()
+    assert "rooflines: " not in old_md  # an archived run's report is what it was
+    assert "bytes_per_step" not in (tmp_path / "out-old" / "rows.csv").read_text()
+    assert "bytes_per_step" not in dataclasses.replace(done[0], bytes_per_step=None).to_dict()
