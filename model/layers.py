@@ -93,6 +93,18 @@ def project_kv(
     return jnp.swapaxes(k_BTKH, 1, 2), jnp.swapaxes(v_BTKH, 1, 2)
 
 
+def project_qkv(
+    lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, pos_BT: jax.Array
+) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+    """Queries [B,T,N,H] and, for a layer that owns K/V, keys and values [B,K,T,H] (head-major); (q, None, None)
+    for a KV-shared layer. Norms and RoPE as `project_q` / `project_kv`."""
+    q_BTNH = project_q(lp, cfg, layer, a_BTD, pos_BT)
+    if cfg.is_kv_shared(layer):
+        return q_BTNH, None, None
+    k_BKTH, v_BKTH = project_kv(lp, cfg, layer, a_BTD, pos_BT)
+    return q_BTNH, k_BKTH, v_BKTH
+
+
 def attend(q_BTNH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BTS: jax.Array) -> jax.Array:
     """Masked softmax attention with the K kv heads broadcast over G = N/K query heads (MQA/GQA); scale 1.0.
 
