@@ -119,9 +119,10 @@ def _cache_visible(cfg: ModelConfig, layer: int, p: jax.Array, s: int) -> jax.Ar
 
 
 def _prefill_chunk(params: Params, cfg: ModelConfig, ids_BC: jax.Array, start: jax.Array, length: jax.Array,
-                   ks: tuple, vs: tuple, dtype):  # fmt: skip
+                   ks: tuple, vs: tuple, dtype, *, only: bool):  # fmt: skip
     """One chunk (positions start .. start+C-1) through the cache layers: attend over the cache as it was
-    before the chunk, then write the chunk's real positions (< length) into their slots.
+    before the chunk, then write the chunk's real positions (< length) into their slots. `only`: this is the
+    prompt's only chunk (start 0), so the cache before it is empty and is not read.
     Returns (h [B,C,D] after the last cache layer, per-layer inputs [B,C,L,P] or None, new k, new v)."""
     b, c = ids_BC.shape
     pos_BC = jnp.broadcast_to(start + jnp.arange(c, dtype=jnp.int32), (b, c))
@@ -135,7 +136,8 @@ def _prefill_chunk(params: Params, cfg: ModelConfig, ids_BC: jax.Array, start: j
             a_BCD = rms_norm(h_BCD, lp.attn_norm_D, cfg.rms_norm_eps)
             q_BCNH, k_BKCH, v_BKCH = project_qkv(lp, cfg, i, a_BCD, pos_BC)
             if cfg.is_sliding(i):
-                o_BCNH = attend_ring_chunk(q_BCNH, k_BKCH, v_BKCH, ks[i], vs[i], start, length, cfg.sliding_window)
+                ring_k, ring_v = (None, None) if only else (ks[i], vs[i])
+                o_BCNH = attend_ring_chunk(q_BCNH, k_BKCH, v_BKCH, ring_k, ring_v, start, length, cfg.sliding_window)
                 slot_C = jnp.mod(pos_BC[0], ks[i].shape[2])  # ring slot p mod R: distinct, as C <= R
             else:
                 o_BCNH = attend_full_chunk(q_BCNH, k_BKCH, v_BKCH, ks[i], vs[i], start, length)
@@ -190,17 +192,20 @@ def prefill(
     ids_BT = jnp.pad(ids_BT, ((0, 0), (0, -(-t // c) * c - t)), constant_values=cfg.pad_token_id)
     n_chunks = (length + c - 1) // c
 
+    only = ids_BT.shape[1] == c  # one chunk holds the whole bucket: no loop, and an empty cache before it
+
     def body(index, carry):
         ks, vs, _, _ = carry
         start = index * c
         ids_BC = jax.lax.dynamic_slice_in_dim(ids_BT, start, c, axis=1)
-        h_BCD, ple_BCLP, ks, vs = _prefill_chunk(params, cfg, ids_BC, start, length, ks, vs, dtype)
+        h_BCD, ple_BCLP, ks, vs = _prefill_chunk(params, cfg, ids_BC, start, length, ks, vs, dtype, only=only)
         return ks, vs, h_BCD, ple_BCLP
 
     h0_BCD = jnp.zeros((b, c, cfg.hidden_size), dtype)
     ple0_BCLP = jnp.zeros((b, c, cfg.num_layers, cfg.ple_dim), dtype) if cfg.ple_dim else None
+    carry = (cache.k, cache.v, h0_BCD, ple0_BCLP)
     with jax.named_scope("prefill_chunks"):
-        ks, vs, h_BCD, ple_BCLP = jax.lax.fori_loop(0, n_chunks, body, (cache.k, cache.v, h0_BCD, ple0_BCLP))
+        ks, vs, h_BCD, ple_BCLP = body(0, carry) if only else jax.lax.fori_loop(0, n_chunks, body, carry)
     # From here on only the last real position matters; it lies in the last chunk.
     last = length - 1
     offset = last - (n_chunks - 1) * c

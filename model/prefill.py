@@ -36,28 +36,30 @@ def attend_ring_chunk(
     q_BCNH: jax.Array,
     k_BKCH: jax.Array,
     v_BKCH: jax.Array,
-    ring_k_BKRH: jax.Array,
-    ring_v_BKRH: jax.Array,
+    ring_k_BKRH: jax.Array | None,
+    ring_v_BKRH: jax.Array | None,
     start: jax.Array,
     length: jax.Array,
     window: int,
 ) -> jax.Array:
     """Sliding-window attention of the chunk at positions start .. start+C-1 (C <= R) over the ring as it was
-    before the chunk (slot s holds `ring_positions(start, R)[s]`, -1 when empty) and the chunk's own keys.
+    before the chunk (slot s holds `ring_positions(start, R)[s]`, -1 when empty) and the chunk's own keys; a
+    ring of None is an empty one (the prompt's only chunk), then only the chunk's C keys are read.
 
     Key j is visible from query i iff j is a held position, j <= i, j > i - window and j < length (padding
     never visible). A query's window lies inside these R + C keys, as the ring holds the R >= C positions just
     before the chunk. Returns [B,C,N,H] in q's dtype.
     """
     b, c = q_BCNH.shape[:2]
-    r = ring_k_BKRH.shape[2]
     qpos_C = start + jnp.arange(c, dtype=jnp.int32)
-    kpos_U = jnp.concatenate([ring_positions(start, r), qpos_C])
+    kpos_U, k_BKUH, v_BKUH = qpos_C, k_BKCH, v_BKCH
+    if ring_k_BKRH is not None and ring_v_BKRH is not None:
+        kpos_U = jnp.concatenate([ring_positions(start, ring_k_BKRH.shape[2]), qpos_C])
+        k_BKUH = jnp.concatenate([ring_k_BKRH.astype(k_BKCH.dtype), k_BKCH], axis=2)
+        v_BKUH = jnp.concatenate([ring_v_BKRH.astype(v_BKCH.dtype), v_BKCH], axis=2)
     i, j = qpos_C[:, None], kpos_U[None, :]
     vis_CU = (j >= 0) & (j <= i) & (j > i - window) & (j < length)
-    k_BKUH = jnp.concatenate([ring_k_BKRH.astype(k_BKCH.dtype), k_BKCH], axis=2)
-    v_BKUH = jnp.concatenate([ring_v_BKRH.astype(v_BKCH.dtype), v_BKCH], axis=2)
-    return attend(q_BCNH, k_BKUH, v_BKUH, jnp.broadcast_to(vis_CU[None], (b, c, r + c)))
+    return attend(q_BCNH, k_BKUH, v_BKUH, jnp.broadcast_to(vis_CU[None], (b, c, kpos_U.shape[0])))
 
 
 def _kv_major(q_BCNH: jax.Array, kv_heads: int) -> jax.Array:

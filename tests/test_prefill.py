@@ -140,5 +140,9 @@ def test_prefill_flops_equal_a_hand_count_on_tiny():
     assert want == 2_959_360
     assert prefill_flops(TINY, 10, 4, cache_len=16) == want
     assert prefill_flops(TINY, 10, 4, cache_len=16) < prefill_flops(TINY, 11, 4, cache_len=16)
+    # A bucket of one chunk reads no ring: 2 sliding layers x 3 queries x 8 ring keys fewer.
+    one_chunk = prefill_flops(TINY, 3, 4, cache_len=8)
+    assert prefill_flops(TINY, 3, 4, cache_len=8, bucket=8) - one_chunk == 2 * 3 * 8 * 4 * 4 * 16
+    assert prefill_flops(TINY, 3, 4, cache_len=8, bucket=4) == one_chunk
     with pytest.raises(ValueError, match="at least 1"):
         prefill_flops(TINY, 0, 4)
