@@ -1,10 +1,12 @@
 """The generation engine: jitted prefill and decode programs per compiled shape, buckets, the token loop.
 
 Compiled shape = (bucket, max_new_tokens, decode loop, block): a prompt of n tokens is right-padded to the smallest
-bucket of the ladder that holds it, and its KV cache holds bucket + max_new_tokens positions. The decode loop is
-"host" (one jitted step per token, each token synced to the host: per-step times) or "device" (`DECODE_LOOPS`: the
-first token from prefill on the host, then the other max_new_tokens - 1 in jitted loops of `block` steps each, one
-host sync per block; no block: one loop of them all).
+bucket of the ladder that holds it, and its KV cache holds bucket + max_new_tokens positions. The bucket fixes shapes
+only: prefill runs ceil(n / C) chunks of C positions (`model.forward.prefill`, C = `model.flops.prefill_chunk`), so
+its cost follows the real prompt, not the bucket; the padding past the last real chunk is never computed. The
+decode loop is "host" (one jitted step per token, each token synced to the host: per-step times) or "device"
+(`DECODE_LOOPS`: the first token from prefill on the host, then the other max_new_tokens - 1 in jitted loops of
+`block` steps each, one host sync per block; no block: one loop of them all).
 
 Recompilation triggers (everything else is an array argument and never recompiles):
 1. a new bucket (the prefill program's input shape);
@@ -162,6 +164,8 @@ def _choose(logits_BV: jax.Array, position: jax.Array, args, greedy: bool) -> ja
 
 @functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype", "greedy"))
 def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, act_dtype, greedy):
+    """The chunked prefill of padded ids [B, bucket] with `length` real tokens into a fresh cache of
+    `cache_len` slots, then the first token [B] (int32); one program per (bucket, cache_len)."""
     cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
     logits_BV, cache = prefill(params, cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
     return _choose(logits_BV, length - 1, args, greedy), cache

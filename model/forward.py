@@ -13,10 +13,9 @@ import jax.numpy as jnp
 
 from model.cache import KVCache, ring_positions
 from model.config import ModelConfig
+from model.flops import PREFILL_CHUNK, prefill_chunk
 from model.layers import (
     attend,
-    attend_causal,
-    attend_windowed,
     attn_output,
     dense,
     layer_tail,
@@ -24,26 +23,7 @@ from model.layers import (
     rms_norm,
 )
 from model.params import Params
-
-PREFILL_Q_CHUNK = 512
-"""Queries per block in prefill's causal full attention (`attend_causal`). Measured on the default preset at the
-4096 bucket with 3593 real tokens (2-core CPU, float32, median of 3 jitted prefills): one dense block 19.1 s,
-blocks of 1024 13.5 s, 512 11.8 s, 256 11.7 s; compile time also fell (22.8 s to 18.8 s). The blocks are unrolled, so the prefill
-program grows with the bucket: T/512 attentions per full layer (8 at 4096; at E2B's 131072 positions, 256 per
-layer, and lowering alone took about 11 s in review), against a dense [G*T, T] float32 score block per layer."""
-
-
-PREFILL_WINDOW_Q_BLOCK = 128
-"""Queries per block in prefill's sliding-window attention (`attend_windowed`), when it divides the window (else
-the window itself): a block of Q queries reads W + Q keys, 640 instead of 1024 at E2B's W = 512. Measured on the
-default preset (2-core CPU, float32, median of 3 jitted prefills): 3593 tokens at bucket 4096, 10.8 s with blocks
-of 512 (the window), 9.3 s with 128 or 64, 10.4 s with 256; 521 tokens at bucket 1024, 1.94 s -> 1.53 s."""
-
-
-def window_q_block(cfg: ModelConfig) -> int:
-    """`PREFILL_WINDOW_Q_BLOCK` when it divides the sliding window, else the window (e.g. the tiny preset's 8)."""
-    w = cfg.sliding_window
-    return PREFILL_WINDOW_Q_BLOCK if PREFILL_WINDOW_Q_BLOCK <= w and w % PREFILL_WINDOW_Q_BLOCK == 0 else w
+from model.prefill import attend_full_chunk, attend_ring_chunk, write_slots
 
 
 def embed(params: Params, cfg: ModelConfig, ids_BT: jax.Array, dtype) -> jax.Array:
@@ -127,19 +107,62 @@ def forward_full(
     return (out, jnp.stack(hidden)) if return_hidden else out
 
 
-def _write_prefill(cfg: ModelConfig, layer: int, buf_BKSH: jax.Array, x_BKTH: jax.Array, length: jax.Array):
-    """Prefill K or V [B,K,T,H] written into a layer's cache buffer [B,K,S,H], keeping the invariant: only real
-    positions (< length) are written; a sliding ring receives the last R real positions, position p in slot
-    p mod R."""
-    t = x_BKTH.shape[2]
-    x_BKTH = x_BKTH.astype(buf_BKSH.dtype)
+def _cache_visible(cfg: ModelConfig, layer: int, p: jax.Array, s: int) -> jax.Array:
+    """Which of the `s` slots of `layer`'s KV source a query at position p sees once positions 0..p are
+    written [S] (bool): full layers slots 0..p; sliding layers the held ring positions inside p's window."""
     if cfg.is_sliding(layer):
-        r = buf_BKSH.shape[2]
-        pos_R = ring_positions(length, r)  # absolute position each slot must hold
-        gathered = jnp.take(x_BKTH, jnp.clip(pos_R, 0, t - 1), axis=2)
-        return jnp.where((pos_R >= 0)[None, None, :, None], gathered, jnp.zeros_like(gathered))
-    real_BKTH = jnp.where((jnp.arange(t) < length)[None, None, :, None], x_BKTH, jnp.zeros_like(x_BKTH))
-    return jax.lax.dynamic_update_slice(buf_BKSH, real_BKTH, (0, 0, 0, 0))
+        kpos_S = ring_positions(p + 1, s)
+        return (kpos_S >= 0) & _visible(cfg, layer, p, kpos_S)
+    return jnp.arange(s) <= p
+
+
+def _prefill_chunk(params: Params, cfg: ModelConfig, ids_BC: jax.Array, start: jax.Array, length: jax.Array,
+                   ks: tuple, vs: tuple, dtype, *, only: bool):  # fmt: skip
+    """One chunk (positions start .. start+C-1) through the cache layers: attend over the cache as it was
+    before the chunk, then write the chunk's real positions (< length) into their slots. `only`: this is the
+    prompt's only chunk (start 0), so the cache before it is empty and is not read.
+    Returns (h [B,C,D] after the last cache layer, per-layer inputs [B,C,L,P] or None, new k, new v)."""
+    b, c = ids_BC.shape
+    pos_BC = jnp.broadcast_to(start + jnp.arange(c, dtype=jnp.int32), (b, c))
+    real_C = pos_BC[0] < length
+    h_BCD = embed(params, cfg, ids_BC, dtype)
+    ple_BCLP = per_layer_inputs(params, cfg, ids_BC, h_BCD)
+    ks, vs = list(ks), list(vs)
+    for i in cfg.cache_layers:
+        lp = params.layers[i]
+        with jax.named_scope(f"layer_{i}"):
+            a_BCD = rms_norm(h_BCD, lp.attn_norm_D, cfg.rms_norm_eps)
+            q_BCNH, k_BKCH, v_BKCH = project_qkv(lp, cfg, i, a_BCD, pos_BC)
+            if cfg.is_sliding(i):
+                ring_k, ring_v = (None, None) if only else (ks[i], vs[i])
+                o_BCNH = attend_ring_chunk(q_BCNH, k_BKCH, v_BKCH, ring_k, ring_v, start, length, cfg.sliding_window)
+                slot_C = jnp.mod(pos_BC[0], ks[i].shape[2])  # ring slot p mod R: distinct, as C <= R
+            else:
+                o_BCNH = attend_full_chunk(q_BCNH, k_BKCH, v_BKCH, ks[i], vs[i], start, length)
+                slot_C = pos_BC[0]
+            ks[i] = write_slots(ks[i], k_BKCH, slot_C, real_C)
+            vs[i] = write_slots(vs[i], v_BKCH, slot_C, real_C)
+            h_BCD = layer_tail(lp, cfg, h_BCD, attn_output(lp, o_BCNH), _ple(ple_BCLP, i))
+    return h_BCD, ple_BCLP, tuple(ks), tuple(vs)
+
+
+def _last_position(params: Params, cfg: ModelConfig, h_B1D: jax.Array, ple_B1LP: jax.Array | None,
+                   last: jax.Array, ks: tuple, vs: tuple) -> jax.Array:  # fmt: skip
+    """The KV-shared layers and the logits for the last real position only (the only logits prefill returns),
+    attending over their producers' filled caches: a ring holds the last R prompt positions, which is all the
+    last position's window needs. Returns float32 logits [B,V]."""
+    b = h_B1D.shape[0]
+    qpos_B1 = jnp.full((b, 1), last, jnp.int32)
+    for i in range(cfg.first_shared_layer, cfg.num_layers):
+        lp = params.layers[i]
+        with jax.named_scope(f"layer_{i}"):
+            a_B1D = rms_norm(h_B1D, lp.attn_norm_D, cfg.rms_norm_eps)
+            q_B1NH, _, _ = project_qkv(lp, cfg, i, a_B1D, qpos_B1)
+            k_BKSH, v_BKSH = ks[cfg.kv_source(i)], vs[cfg.kv_source(i)]
+            vis_S = _cache_visible(cfg, i, last, k_BKSH.shape[2])
+            o_B1NH = attend(q_B1NH, k_BKSH, v_BKSH, jnp.broadcast_to(vis_S[None, None, :], (b, 1, vis_S.shape[0])))
+            h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
+    return logits(params, cfg, h_B1D)[:, 0]
 
 
 def prefill(
@@ -150,59 +173,44 @@ def prefill(
     cache: KVCache,
     *,
     dtype=None,
-    q_chunk: int = PREFILL_Q_CHUNK,
-    window_block: int | None = None,
+    chunk: int = PREFILL_CHUNK,
 ) -> tuple[jax.Array, KVCache]:
-    """Process a right-padded prompt (bucket length T, `length` real tokens) into an empty cache.
+    """Process a right-padded prompt (bucket length T, `length` real tokens, 1 <= length <= T) into an empty
+    cache. Returns the float32 logits [B,V] at the last real position and the filled cache (length = `length`).
 
-    Returns the float32 logits [B,V] at the last real position and the filled cache (length = `length`).
-    Exact shortcuts: sliding layers attend in blocks of `window_block` queries (default `window_q_block(cfg)`),
-    each reading W + block keys (O(T*W)); full layers attend in causal blocks of
-    `q_chunk` queries (`attend_causal`: about half of dense T^2); the KV-shared layers, which write no
-    cache, run only for the last real position (the only one whose logits are needed), attending over their
-    producer's prompt K/V (architecture notes §2.4). `dtype` is the activation dtype (default: the cache's).
+    Chunked: the cache layers run on C = `prefill_chunk(cfg, T, chunk)` positions at a time in a loop of
+    ceil(length / C) trips (a traced count), so the cost grows with the real prompt, not with the bucket
+    (`model.prefill`: sliding layers read R + C keys per query, full layers about n^2 / 2 pairs in all). The
+    KV-shared layers, which write no cache, run only for the last real position, attending over their
+    producer's filled cache (architecture notes §2.4). `dtype` is the activation dtype (default: the cache's).
     """
     b, t = ids_BT.shape
     dtype = dtype or (cache.k[0].dtype if cache.k else jnp.float32)
-    pos_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    h_BTD = embed(params, cfg, ids_BT, dtype)
-    ple_BTLP = per_layer_inputs(params, cfg, ids_BT, h_BTD)
-    kv: dict[int, tuple[jax.Array, jax.Array]] = {}
-    new_k, new_v = list(cache.k), list(cache.v)
-    kpos_T = jnp.arange(t)
-    for i in cfg.cache_layers:
-        lp = params.layers[i]
-        with jax.named_scope(f"layer_{i}"):
-            a_BTD = rms_norm(h_BTD, lp.attn_norm_D, cfg.rms_norm_eps)
-            q_BTNH, k_BKTH, v_BKTH = project_qkv(lp, cfg, i, a_BTD, pos_BT)
-            kv[i] = (k_BKTH, v_BKTH)
-            if cfg.is_sliding(i) and t > cfg.sliding_window:
-                block = window_block or window_q_block(cfg)
-                o_BTNH = attend_windowed(q_BTNH, k_BKTH, v_BKTH, cfg.sliding_window, length, block)
-            elif not cfg.is_sliding(i) and t > q_chunk:
-                o_BTNH = attend_causal(q_BTNH, k_BKTH, v_BKTH, length, q_chunk)
-            else:
-                mask_TT = _visible(cfg, i, kpos_T[:, None], kpos_T[None, :]) & (kpos_T[None, :] < length)
-                o_BTNH = attend(q_BTNH, k_BKTH, v_BKTH, jnp.broadcast_to(mask_TT, (b, t, t)))
-            h_BTD = layer_tail(lp, cfg, h_BTD, attn_output(lp, o_BTNH), _ple(ple_BTLP, i))
-            new_k[i] = _write_prefill(cfg, i, cache.k[i], k_BKTH, length)
-            new_v[i] = _write_prefill(cfg, i, cache.v[i], v_BKTH, length)
-    # From here on only the last real position matters.
+    c = prefill_chunk(cfg, t, chunk)
+    ids_BT = jnp.pad(ids_BT, ((0, 0), (0, -(-t // c) * c - t)), constant_values=cfg.pad_token_id)
+    n_chunks = (length + c - 1) // c
+
+    only = ids_BT.shape[1] == c  # one chunk holds the whole bucket: no loop, and an empty cache before it
+
+    def body(index, carry):
+        ks, vs, _, _ = carry
+        start = index * c
+        ids_BC = jax.lax.dynamic_slice_in_dim(ids_BT, start, c, axis=1)
+        h_BCD, ple_BCLP, ks, vs = _prefill_chunk(params, cfg, ids_BC, start, length, ks, vs, dtype, only=only)
+        return ks, vs, h_BCD, ple_BCLP
+
+    h0_BCD = jnp.zeros((b, c, cfg.hidden_size), dtype)
+    ple0_BCLP = jnp.zeros((b, c, cfg.num_layers, cfg.ple_dim), dtype) if cfg.ple_dim else None
+    carry = (cache.k, cache.v, h0_BCD, ple0_BCLP)
+    with jax.named_scope("prefill_chunks"):
+        ks, vs, h_BCD, ple_BCLP = body(0, carry) if only else jax.lax.fori_loop(0, n_chunks, body, carry)
+    # From here on only the last real position matters; it lies in the last chunk.
     last = length - 1
-    h_B1D = jax.lax.dynamic_slice_in_dim(h_BTD, last, 1, axis=1)
-    ple_B1LP = None if ple_BTLP is None else jax.lax.dynamic_slice_in_dim(ple_BTLP, last, 1, axis=1)
-    qpos_B1 = jnp.full((b, 1), last, jnp.int32)
-    for i in range(cfg.first_shared_layer, cfg.num_layers):
-        lp = params.layers[i]
-        with jax.named_scope(f"layer_{i}"):
-            a_B1D = rms_norm(h_B1D, lp.attn_norm_D, cfg.rms_norm_eps)
-            q_B1NH, _, _ = project_qkv(lp, cfg, i, a_B1D, qpos_B1)
-            k_BKTH, v_BKTH = kv[cfg.kv_source(i)]
-            mask_1T = _visible(cfg, i, last, kpos_T)[None, :]
-            o_B1NH = attend(q_B1NH, k_BKTH, v_BKTH, jnp.broadcast_to(mask_1T, (b, 1, t)))
-            h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
-    out_BV = logits(params, cfg, h_B1D)[:, 0]
-    return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=jnp.asarray(length, jnp.int32))
+    offset = last - (n_chunks - 1) * c
+    h_B1D = jax.lax.dynamic_slice_in_dim(h_BCD, offset, 1, axis=1)
+    ple_B1LP = None if ple_BCLP is None else jax.lax.dynamic_slice_in_dim(ple_BCLP, offset, 1, axis=1)
+    out_BV = _last_position(params, cfg, h_B1D, ple_B1LP, last, ks, vs)
+    return out_BV, KVCache(k=ks, v=vs, length=jnp.asarray(length, jnp.int32))
 
 
 def decode_step(
@@ -234,16 +242,11 @@ def decode_step(
                 new_k[i], new_v[i] = jax.lax.optimization_barrier((k_new, v_new))
             k_BKSH, v_BKSH = new_k[src], new_v[src]
             s = k_BKSH.shape[2]
-            if cfg.is_sliding(i):
-                kpos_S = ring_positions(p + 1, s)
-                vis_S = (kpos_S >= 0) & _visible(cfg, i, p, kpos_S)
-            else:
-                vis_S = jnp.arange(s) <= p
+            vis_S = _cache_visible(cfg, i, p, s)
             o_B1NH = attend(q_B1NH, k_BKSH, v_BKSH, jnp.broadcast_to(vis_S[None, None, :], (b, 1, s)))
             h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
     out_BV = logits(params, cfg, h_B1D)[:, 0]
     return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=p + 1)
 
 
-__all__ = ["PREFILL_Q_CHUNK", "PREFILL_WINDOW_Q_BLOCK", "window_q_block", "embed", "per_layer_inputs", "logits",
-           "forward_full", "prefill", "decode_step"]
+__all__ = ["decode_step", "embed", "forward_full", "logits", "per_layer_inputs", "prefill"]

@@ -1,5 +1,6 @@
 """Engine invariants on tiny configs: cached decode equals one full forward, padding never changes tokens,
-the sliding ring wraps correctly, positions are absolute, prefill's shortcuts are exact, compiles are counted."""
+the sliding ring wraps correctly, positions are absolute, prefill's chunks and blocked attention are exact,
+compiles are counted."""
 
 from __future__ import annotations
 
@@ -152,14 +153,9 @@ def _assert_prefills_agree(params, ids, variants: list[dict]) -> None:
             np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_prefill_with_smaller_window_blocks_equals_window_blocks(params, ids):
-    """Sliding layers of TINY (window 8): blocks of 2 and 4 against 8."""
-    _assert_prefills_agree(params, ids, [{"window_block": w} for w in (8, 2, 4)])
-
-
-def test_prefill_in_query_blocks_equals_dense_prefill(params, ids):
-    """Full layers of TINY (2 and 5): blocks of 4 and of 7 against one block of 32."""
-    _assert_prefills_agree(params, ids, [{"q_chunk": q} for q in (32, 4, 7)])
+def test_prefill_in_smaller_chunks_equals_one_window_chunk(params, ids):
+    """TINY (window 8): chunks of 2, 3 (not dividing the ring) and 5 against chunks of the window."""
+    _assert_prefills_agree(params, ids, [{"chunk": c} for c in (8, 2, 3, 5)])
 
 
 def test_no_compile_after_warmup_and_sampling_is_deterministic(params):

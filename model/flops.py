@@ -1,0 +1,82 @@
+"""The prefill's work as arithmetic: its chunk size and the FLOPs it computes for a prompt.
+
+Pure functions of a `ModelConfig` on Python ints: no jax and no numpy, so the report can put a prefill's achieved
+FLOP/s beside the measured matrix-product rate on archived runs (measurement.md, "Rooflines": prefill is
+compute-bound). `model.forward.prefill` takes its chunk from `prefill_chunk`, so both count the same program.
+
+Key: D model width, N query heads, K kv heads, H head dim, F feed-forward width, P per-layer-input (PLE) width,
+L layers, V vocab, W sliding window, C chunk positions, R ring slots, S cache slots.
+"""
+
+from __future__ import annotations
+
+from model.config import ModelConfig
+
+PREFILL_CHUNK = 128
+"""Prompt positions per prefill chunk (`model.forward.prefill`), capped by the bucket and the sliding window.
+Measured on the default preset (2-core CPU shared with other jobs, float32, random weights, jitted prefill into a
+cache of bucket + 64 slots; chunk sizes interleaved round by round, median of 3, [min..max]): 521 tokens (bucket
+1024) 2.60 s [2.41..2.64] with 128, 3.04 s [2.84..3.08] with 256, 4.61 s [4.56..4.78] with 512; 3593 tokens
+(bucket 4096) 19.4 s [19.1..21.2], 21.8 s [19.4..22.7], 27.9 s [26.9..28.3]. A second pair of runs: 64 and 128
+equal within noise (2.42 vs 2.59 s at 521, 21.9 vs 22.0 s at 3593), so 128, with half the loop trips. Against
+the unrolled whole-bucket prefill it replaced, interleaved in one session (old -> chunks of 128): 41 tokens
+178 -> 162 ms, 521 tokens 4.31 -> 2.52 s, 2057 tokens 13.2 -> 10.7 s, 3593 tokens 30.8 -> 19.6 s; compile 14-19 s
+either way. Smaller chunks win here because a sliding layer's chunk reads R + C keys per query (W = 512) and the
+full layers waste only C / 2 per query; a GPU, where larger matrix products pay, was not measured."""
+
+
+def prefill_chunk(cfg: ModelConfig, bucket: int, chunk: int = PREFILL_CHUNK) -> int:
+    """Positions per chunk C = min(chunk, bucket, sliding window): C <= W keeps one chunk's ring slots distinct,
+    C <= bucket keeps the padded prompt within one chunk of the bucket. Raises ValueError for chunk < 1."""
+    if chunk < 1:
+        raise ValueError(f"prefill chunk must be at least 1 position, got {chunk}")
+    return min(chunk, bucket, cfg.sliding_window)
+
+
+def _layer_matmul_flops(cfg: ModelConfig, i: int) -> int:
+    """FLOPs of layer i's projections for one position: 2 x (the weight scalars a position multiplies), i.e.
+    q (D*N*H), k and v when the layer owns them (2*D*K*H), o (N*H*D), gate/up/down (3*D*F), PLE gate and
+    projection (2*D*P)."""
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.kv_heads(i), cfg.layer_head_dim(i)
+    f, p = cfg.ffw_dim(i), cfg.ple_dim
+    kv = 0 if cfg.is_kv_shared(i) else 2 * d * k * h
+    return 2 * (2 * d * n * h + kv + 3 * d * f + 2 * d * p)
+
+
+def _attention_flops_per_key(cfg: ModelConfig, i: int) -> int:
+    """FLOPs of one query position against one key in layer i: q.k and p.v, 2*H each, for N query heads."""
+    return 4 * cfg.num_heads * cfg.layer_head_dim(i)
+
+
+def prefill_flops(
+    cfg: ModelConfig, n_tokens: int, chunk: int, *, cache_len: int | None = None, bucket: int | None = None
+) -> int:
+    """Matrix-product FLOPs a chunked prefill of `n_tokens` real positions computes (multiply-add = 2 FLOPs).
+
+    - projections of the cache layers (`cfg.cache_layers`) and the PLE input projection (2*D*L*P) for the
+      n real positions (the padded tail of the last chunk, computed but useless, is not counted);
+    - attention of the cache layers as the chunking computes it, for each real query position of chunk c
+      (positions c*C .. c*C+C-1, C = `chunk`): 4*N*H per key, over R + C keys on a sliding layer (the whole
+      ring, R = min(W, S), and the chunk's own keys; only C when the bucket is one chunk, as the program
+      then reads no ring) and (c + 1) * C keys on a full layer;
+    - the KV-shared layers for the last position only: their projections and attention over their producer's
+      buffer (R slots when sliding, S when full); then the logits, 2*D*V.
+    Not counted: norms, RoPE, softmax, GELU and other elementwise work, the embedding gathers.
+    `cache_len`: the cache's slots S (bucket + max_new_tokens; default n_tokens). `bucket`: the padded prompt
+    length (default: one chunk exactly when n_tokens <= chunk, as on the default ladder). Raises ValueError for
+    n_tokens or chunk below 1.
+    """
+    if n_tokens < 1 or chunk < 1:
+        raise ValueError(f"n_tokens and chunk must be at least 1, got n_tokens={n_tokens}, chunk={chunk}")
+    s = n_tokens if cache_len is None else cache_len
+    only = (n_tokens if bucket is None else bucket) <= chunk  # `model.forward.prefill` then reads no ring
+    r = 0 if only else min(cfg.sliding_window, s)
+    full_keys = sum(min(chunk, n_tokens - c0) * (c0 + chunk) for c0 in range(0, n_tokens, chunk))
+    total = n_tokens * 2 * cfg.hidden_size * cfg.num_layers * cfg.ple_dim
+    for i in cfg.cache_layers:
+        keys = n_tokens * (r + chunk) if cfg.is_sliding(i) else full_keys
+        total += n_tokens * _layer_matmul_flops(cfg, i) + keys * _attention_flops_per_key(cfg, i)
+    for i in range(cfg.first_shared_layer, cfg.num_layers):
+        slots = min(cfg.sliding_window, s) if cfg.is_sliding(i) else s
+        total += _layer_matmul_flops(cfg, i) + slots * _attention_flops_per_key(cfg, i)
+    return total + 2 * cfg.hidden_size * cfg.vocab_size

@@ -1,0 +1,121 @@
+"""Chunked prefill's pieces: one chunk of C prompt positions attending over the cache, and its K/V written in.
+
+Key: B batch, C positions per chunk, N query heads, K kv heads, G = N // K query heads per kv head, Q = G*C query
+rows per kv head, H head dim, R ring slots, S full-cache slots, U = R + C keys of a sliding chunk.
+
+`model.forward.prefill` runs the prompt through the cache layers one chunk at a time, in a loop whose trip count
+is the number of REAL chunks: chunk c holds positions cC .. cC+C-1, and every chunk but the last is all real. Each
+chunk attends before it writes, so the cache these functions read holds exactly the positions before the chunk
+(the invariant of `model.cache`: a slot holds one real position or its old content, never padding):
+- sliding layers read the whole ring (the R positions before the chunk) and the chunk's own keys: R + C keys;
+- full layers read the chunk's own keys, then the c blocks of C slots before it, merged by an online softmax:
+  about n^2 / 2 query-key pairs for n positions, not n * S.
+Both equal `model.layers.attend` with the causal (and window) mask up to float summation order.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from model.cache import ring_positions
+from model.layers import attend
+
+
+def write_slots(buf_BKSH: jax.Array, x_BKCH: jax.Array, slot_C: jax.Array, real_C: jax.Array) -> jax.Array:
+    """A chunk's K or V [B,K,C,H] written into slots `slot_C` [C] (int32) of a cache buffer [B,K,S,H] where
+    `real_C` [C] (bool: position < length) holds; every other slot keeps its content, and a slot index >= S
+    (a padding position past the cache's end) is dropped. The slots of one chunk must be distinct."""
+    x_BKCH = x_BKCH.astype(buf_BKSH.dtype)
+    old_BKCH = jnp.take(buf_BKSH, slot_C, axis=2, mode="clip")  # a clipped index is never real: dropped below
+    new_BKCH = jnp.where(real_C[None, None, :, None], x_BKCH, old_BKCH)
+    return buf_BKSH.at[:, :, slot_C].set(new_BKCH, mode="drop")
+
+
+def attend_ring_chunk(
+    q_BCNH: jax.Array,
+    k_BKCH: jax.Array,
+    v_BKCH: jax.Array,
+    ring_k_BKRH: jax.Array | None,
+    ring_v_BKRH: jax.Array | None,
+    start: jax.Array,
+    length: jax.Array,
+    window: int,
+) -> jax.Array:
+    """Sliding-window attention of the chunk at positions start .. start+C-1 (C <= R) over the ring as it was
+    before the chunk (slot s holds `ring_positions(start, R)[s]`, -1 when empty) and the chunk's own keys; a
+    ring of None is an empty one (the prompt's only chunk), then only the chunk's C keys are read.
+
+    Key j is visible from query i iff j is a held position, j <= i, j > i - window and j < length (padding
+    never visible). A query's window lies inside these R + C keys, as the ring holds the R >= C positions just
+    before the chunk. Returns [B,C,N,H] in q's dtype.
+    """
+    b, c = q_BCNH.shape[:2]
+    qpos_C = start + jnp.arange(c, dtype=jnp.int32)
+    kpos_U, k_BKUH, v_BKUH = qpos_C, k_BKCH, v_BKCH
+    if ring_k_BKRH is not None and ring_v_BKRH is not None:
+        kpos_U = jnp.concatenate([ring_positions(start, ring_k_BKRH.shape[2]), qpos_C])
+        k_BKUH = jnp.concatenate([ring_k_BKRH.astype(k_BKCH.dtype), k_BKCH], axis=2)
+        v_BKUH = jnp.concatenate([ring_v_BKRH.astype(v_BKCH.dtype), v_BKCH], axis=2)
+    i, j = qpos_C[:, None], kpos_U[None, :]
+    vis_CU = (j >= 0) & (j <= i) & (j > i - window) & (j < length)
+    return attend(q_BCNH, k_BKUH, v_BKUH, jnp.broadcast_to(vis_CU[None], (b, c, kpos_U.shape[0])))
+
+
+def _kv_major(q_BCNH: jax.Array, kv_heads: int) -> jax.Array:
+    """[B,C,N,H] -> [B,K,Q,H] with the G query heads of a kv head side by side (row g*C + t), as `attend`."""
+    b, c, n, h = q_BCNH.shape
+    q_BCKGH = q_BCNH.reshape(b, c, kv_heads, n // kv_heads, h)
+    return jnp.transpose(q_BCKGH, (0, 2, 3, 1, 4)).reshape(b, kv_heads, n // kv_heads * c, h)
+
+
+def _block(q_BKQH, k_BKCH, v_BKCH, vis_QC=None):
+    """Scores of one key block (float32, masked to -inf where not visible): (row max m, sum of exp l, exp @ v)."""
+    s_BKQC = jnp.einsum("BKQH,BKCH->BKQC", q_BKQH, k_BKCH, preferred_element_type=jnp.float32)
+    if vis_QC is not None:
+        s_BKQC = jnp.where(vis_QC, s_BKQC, -jnp.inf)
+    m_BKQ1 = jnp.max(s_BKQC, axis=-1, keepdims=True)
+    p_BKQC = jnp.exp(s_BKQC - m_BKQ1)
+    acc_BKQH = jnp.einsum("BKQC,BKCH->BKQH", p_BKQC.astype(v_BKCH.dtype), v_BKCH, preferred_element_type=jnp.float32)
+    return m_BKQ1, jnp.sum(p_BKQC, axis=-1, keepdims=True), acc_BKQH
+
+
+def attend_full_chunk(
+    q_BCNH: jax.Array,
+    k_BKCH: jax.Array,
+    v_BKCH: jax.Array,
+    cache_k_BKSH: jax.Array,
+    cache_v_BKSH: jax.Array,
+    start: jax.Array,
+    length: jax.Array,
+) -> jax.Array:
+    """Causal full attention of the chunk at positions start .. start+C-1 (start a multiple of C, start <
+    length) over every position up to its own: its own keys (j <= i, j < length), then the start // C blocks of
+    C cache slots before it (all real and visible), in a loop of start // C trips.
+
+    The blocks are merged by the online softmax of flash attention (Dao et al. 2022, "FlashAttention", §3.1), in
+    float32: running row max m, denominator l and numerator acc; a block with max m' rescales them by
+    exp(m - max(m, m')). Every row sees at least its chunk's first key (position start < length), so m stays
+    finite and the -inf of masked scores contributes exp(-inf) = 0. Returns [B,C,N,H] in q's dtype.
+    """
+    b, c, n, h = q_BCNH.shape
+    kh = k_BKCH.shape[1]
+    q_BKQH = _kv_major(q_BCNH, kh)
+    pos_C = start + jnp.arange(c, dtype=jnp.int32)
+    vis_CC = (pos_C[None, :] <= pos_C[:, None]) & (pos_C[None, :] < length)
+    state = _block(q_BKQH, k_BKCH, v_BKCH, jnp.tile(vis_CC, (n // kh, 1)))
+
+    def merge(j, state):
+        m_BKQ1, l_BKQ1, acc_BKQH = state
+        kb_BKCH = jax.lax.dynamic_slice_in_dim(cache_k_BKSH, j * c, c, axis=2).astype(k_BKCH.dtype)
+        vb_BKCH = jax.lax.dynamic_slice_in_dim(cache_v_BKSH, j * c, c, axis=2).astype(v_BKCH.dtype)
+        mb_BKQ1, lb_BKQ1, accb_BKQH = _block(q_BKQH, kb_BKCH, vb_BKCH)
+        m_new = jnp.maximum(m_BKQ1, mb_BKQ1)
+        old, new = jnp.exp(m_BKQ1 - m_new), jnp.exp(mb_BKQ1 - m_new)
+        return m_new, l_BKQ1 * old + lb_BKQ1 * new, acc_BKQH * old + accb_BKQH * new
+
+    with jax.named_scope("attention"):
+        _, l_BKQ1, acc_BKQH = jax.lax.fori_loop(0, start // c, merge, state)
+        o_BKQH = (acc_BKQH / l_BKQ1).astype(q_BCNH.dtype)
+    o_BCKGH = jnp.transpose(o_BKQH.reshape(b, kh, n // kh, c, h), (0, 3, 1, 2, 4))
+    return o_BCKGH.reshape(b, c, n, h)

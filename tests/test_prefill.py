@@ -1,0 +1,148 @@
+"""Chunked prefill on tiny configs: the last-position logits equal one full forward and the cache equals the
+invariant's (model/cache.py) at chunk edges, padding is never written, and the FLOP count matches a hand count."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model.cache import init_cache, ring_positions
+from model.config import TINY
+from model.flops import prefill_chunk, prefill_flops
+from model.forward import forward_full
+from model.forward import prefill as _prefill
+from model.layers import project_qkv, rms_norm
+from model.params import init_params
+
+WIDE = dataclasses.replace(TINY, sliding_window=24)  # a window larger than the chunks below
+CONFIGS = {"tiny": TINY, "wide": WIDE}
+prefill = jax.jit(_prefill, static_argnums=1, static_argnames=("chunk",))
+
+
+@pytest.fixture(scope="module")
+def params():
+    return {name: jax.tree_util.tree_map(jnp.asarray, init_params(cfg, seed=0)) for name, cfg in CONFIGS.items()}
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return jnp.asarray(np.random.default_rng(3).integers(5, TINY.vocab_size, size=(1, 48)), jnp.int32)
+
+
+def _expected_cache(params, cfg, ids_BN, cache_len):
+    """K/V of every cache layer as the invariant places them: full layers slot p = position p < n, zeros after;
+    sliding layers slot s = `ring_positions(n, R)[s]`, zeros for an empty slot. From forward_full's residuals."""
+    b, n = ids_BN.shape
+    _, hidden = forward_full(params, cfg, ids_BN, return_hidden=True)
+    pos_BN = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+    ks, vs = [], []
+    for i in cfg.cache_layers:
+        lp = params.layers[i]
+        _, k, v = project_qkv(lp, cfg, i, rms_norm(hidden[i], lp.attn_norm_D, cfg.rms_norm_eps), pos_BN)
+        slots = min(cfg.sliding_window, cache_len) if cfg.is_sliding(i) else cache_len
+        pos_S = np.asarray(ring_positions(jnp.int32(n), slots)) if cfg.is_sliding(i) else np.arange(slots)
+        held = (pos_S >= 0) & (pos_S < n)
+        for x, out in ((k, ks), (v, vs)):
+            gathered = np.asarray(x)[:, :, np.clip(pos_S, 0, n - 1)]
+            out.append(np.where(held[None, None, :, None], gathered, 0.0))
+    return ks, vs
+
+
+def _run(params, cfg, ids, n, bucket, chunk, extra=3, fill=0.0):
+    """Prefill n real tokens of `ids` right-padded to `bucket` with the tokens after them (not the pad id),
+    into a cache of bucket + extra slots that starts filled with `fill`."""
+    padded = ids[:, :bucket]
+    cache = init_cache(cfg, bucket + extra, jnp.float32)
+    cache = jax.tree_util.tree_map(lambda x: jnp.full_like(x, fill), cache)
+    return prefill(params, cfg, padded, jnp.int32(n), cache, chunk=chunk)
+
+
+CASES = [
+    # (config, chunk, n, bucket, extra); C = min(chunk, bucket, window)
+    ("tiny", 256, 1, 8, 3),  # C = 8 (the window): one position
+    ("tiny", 256, 7, 8, 3),  # C - 1
+    ("tiny", 256, 8, 8, 3),  # C, the whole bucket
+    ("tiny", 256, 9, 16, 3),  # C + 1: a second chunk of one real position
+    ("tiny", 256, 16, 32, 3),  # exactly two chunks, padding after the boundary
+    ("tiny", 256, 29, 32, 3),  # several chunks, the ring wraps
+    ("tiny", 256, 32, 32, 3),  # the bucket itself
+    ("tiny", 3, 20, 32, 3),  # chunks that do not divide the ring (scattered ring slots)
+    ("wide", 5, 1, 40, 3),  # window 24 > C = 5
+    ("wide", 5, 4, 40, 3),  # C - 1
+    ("wide", 5, 5, 40, 3),  # C
+    ("wide", 5, 6, 40, 3),  # C + 1
+    ("wide", 5, 30, 40, 3),  # exactly six chunks: a chunk boundary
+    ("wide", 5, 37, 40, 3),  # several chunks, the ring wraps
+    ("wide", 5, 40, 40, 3),  # the bucket itself
+    ("wide", 8, 33, 40, 3),  # C divides the ring of 24
+    ("wide", 5, 13, 13, 1),  # the last chunk runs past the cache's 14 slots (position 14 dropped)
+]
+
+
+@pytest.mark.parametrize("name,chunk,n,bucket,extra", CASES)
+def test_chunked_prefill_equals_full_forward_and_the_invariant_cache(params, ids, name, chunk, n, bucket, extra):
+    cfg, p = CONFIGS[name], params[name]
+    out, cache = _run(p, cfg, ids, n, bucket, chunk, extra)
+    full = forward_full(p, cfg, ids[:, :n])[:, -1]
+    np.testing.assert_allclose(out, full, rtol=0, atol=2e-5 * float(jnp.max(jnp.abs(full))))
+    assert int(cache.length) == n
+    ks, vs = _expected_cache(p, cfg, ids[:, :n], bucket + extra)
+    for got, want in zip(cache.k + cache.v, ks + vs, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,chunk,n", [("tiny", 256, 5), ("tiny", 3, 13), ("wide", 5, 13), ("wide", 5, 20)])
+def test_padding_is_never_written_and_unwritten_slots_are_never_read(params, ids, name, chunk, n):
+    """A cache that starts full of 7.0: every slot without a real position keeps it (padding wrote nothing), and
+    the logits still equal a full forward (nothing read it)."""
+    cfg, p = CONFIGS[name], params[name]
+    out, cache = _run(p, cfg, ids, n, 32, chunk, fill=7.0)
+    full = forward_full(p, cfg, ids[:, :n])[:, -1]
+    np.testing.assert_allclose(out, full, rtol=0, atol=2e-5 * float(jnp.max(jnp.abs(full))))
+    unheld = 0
+    for j, i in enumerate(cfg.cache_layers):
+        for buf in (np.asarray(cache.k[j]), np.asarray(cache.v[j])):
+            slots = buf.shape[2]
+            pos_S = np.asarray(ring_positions(jnp.int32(n), slots)) if cfg.is_sliding(i) else np.arange(slots)
+            held = (pos_S >= 0) & (pos_S < n)
+            assert np.all(buf[:, :, ~held] == 7.0) and not np.any(buf[:, :, held] == 7.0)
+            unheld += int((~held).sum())
+    assert unheld > 0  # the case has slots to check
+
+
+def test_prefill_chunk_is_capped_by_bucket_and_window():
+    assert prefill_chunk(TINY, 32) == 8 and prefill_chunk(TINY, 5) == 5 and prefill_chunk(WIDE, 40, 5) == 5
+    assert prefill_chunk(WIDE, 40, 256) == 24
+    with pytest.raises(ValueError, match="at least 1"):
+        prefill_chunk(TINY, 32, 0)
+
+
+def test_prefill_flops_equal_a_hand_count_on_tiny():
+    """TINY (D 64, N 4, K 1, H 16/32, F 128/256, P 8, L 6, V 512, W 8), 10 tokens in chunks of 4, 16 slots."""
+    per_position = (
+        2 * 2 * (64 * 4 * 16 + 2 * 64 * 16 + 4 * 16 * 64 + 3 * 64 * 128 + 2 * 64 * 8)  # layers 0, 1 (sliding)
+        + 2 * (64 * 4 * 32 + 2 * 64 * 32 + 4 * 32 * 64 + 3 * 64 * 128 + 2 * 64 * 8)  # layer 2 (full)
+        + 2 * 64 * 6 * 8  # the PLE input projection
+    )
+    sliding_attention = 2 * 10 * (8 + 4) * 4 * 4 * 16  # 2 layers, 10 queries x (ring 8 + chunk 4) keys
+    full_attention = (4 * 4 + 4 * 8 + 2 * 12) * 4 * 4 * 32  # chunks 0, 1, 2 (2 real queries) x their keys
+    shared = (
+        2 * (2 * (64 * 4 * 16 + 4 * 16 * 64 + 3 * 64 * 256 + 2 * 64 * 8) + 8 * 4 * 4 * 16)  # layers 3, 4: ring 8
+        + 2 * (64 * 4 * 32 + 4 * 32 * 64 + 3 * 64 * 256 + 2 * 64 * 8) + 16 * 4 * 4 * 32  # layer 5: 16 slots
+    )
+    logits = 2 * 64 * 512
+    want = 10 * per_position + sliding_attention + full_attention + shared + logits
+    assert want == 2_959_360
+    assert prefill_flops(TINY, 10, 4, cache_len=16) == want
+    assert prefill_flops(TINY, 10, 4, cache_len=16) < prefill_flops(TINY, 11, 4, cache_len=16)
+    # A bucket of one chunk reads no ring: 2 sliding layers x 3 queries x 8 ring keys fewer.
+    one_chunk = prefill_flops(TINY, 3, 4, cache_len=8)
+    assert prefill_flops(TINY, 3, 4, cache_len=8, bucket=8) - one_chunk == 2 * 3 * 8 * 4 * 4 * 16
+    assert prefill_flops(TINY, 3, 4, cache_len=8, bucket=4) == one_chunk
+    with pytest.raises(ValueError, match="at least 1"):
+        prefill_flops(TINY, 0, 4)
