@@ -8,8 +8,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -21,29 +19,15 @@ from bench.cli.sweep_cmds import sweep_table
 from bench.report import build_report
 from bench.runs import failed_cell, open_run, summarize_cell
 from bench.runs.columns import ROOFLINE_COLUMNS, TABLE_COLUMNS, table_columns
-from bench.sweep.rates import RATES_KEY, DeviceRates, prefill_flops_of, rates_of, with_rooflines
+from bench.sweep.rates import RATES_KEY, DeviceRates, rates_of, with_rooflines
+from model.config import TINY
+from model.flops import prefill_chunk, prefill_flops
 
 RATES = DeviceRates(bandwidth_bytes_s=2.0 * 2**30, matmul_flop_s=5e9, measured={})
 
 
-def _fake_flops(calls: list) -> types.ModuleType:
-    """A stand-in for `model.flops` (written on another branch) with its signatures: the sweep's plumbing is what
-    is tested, not the FLOP count."""
-    module = types.ModuleType("model.flops")
-    module.prefill_chunk = lambda cfg, bucket: min(16, bucket)
-
-    def prefill_flops(cfg, n_tokens: int, chunk: int) -> int:
-        calls.append((n_tokens, chunk))
-        return 1_000_000 * n_tokens + chunk
-
-    module.prefill_flops = prefill_flops
-    return module
-
-
 def test_an_in_process_sweep_records_its_rates_and_every_row_its_rooflines(tiny_checkpoint, tmp_path, monkeypatch,
                                                                            capsys):  # fmt: skip
-    calls: list = []
-    monkeypatch.setitem(sys.modules, "model.flops", _fake_flops(calls))
     runs = tmp_path / "runs"
     code, out, _ = bench_captured(["sweep", "--inputs", "20,41", "--max-new-tokens", "4", "--repeats", "1",
                                    "--checkpoint", str(tiny_checkpoint), "--runs-dir", str(runs), "--name", "r",
@@ -65,17 +49,13 @@ def test_an_in_process_sweep_records_its_rates_and_every_row_its_rooflines(tiny_
         assert c.roofline_share_pct == pytest.approx(c.bytes_per_step * c.gauge_tok_s_median / bw["bytes_per_s"] * 100)
         assert c.device_roofline_share_pct == pytest.approx(
             c.bytes_per_step * c.device_gauge_tok_s_median / bw["bytes_per_s"] * 100)
-        assert c.prefill_flops == 1_000_000 * c.input_tokens + min(16, c.bucket)  # the chunk of the cell's bucket
+        chunk = prefill_chunk(TINY, c.bucket)  # the chunk the engine's prefill ran at the cell's bucket
+        assert c.prefill_flops == prefill_flops(TINY, c.input_tokens, chunk, cache_len=c.bucket + 4, bucket=c.bucket)
         assert c.prefill_flop_s == pytest.approx(c.prefill_flops / (c.prefill_ms_median / 1000))
         assert c.prefill_matmul_share_pct == pytest.approx(c.prefill_flop_s / mm["flop_s"] * 100)
-    assert {n for n, _ in calls} == {20, 41}
+    assert {c.input_tokens for c in cells} == {20, 41} and all(c.prefill_flops > 0 for c in cells)
     assert "device-loop roofline %" in out and "prefill matmul %" in out  # the printed table, whole (a pipe)
     assert f"{cells[0].roofline_share_pct:,.1f}" in out and "…" not in out
-
-
-def test_without_model_flops_the_prefill_fields_are_absent(monkeypatch):
-    monkeypatch.setitem(sys.modules, "model.flops", None)  # the module missing: importing it fails
-    assert prefill_flops_of(object(), 41) is None
 
 
 def test_the_arithmetic_and_its_gaps():

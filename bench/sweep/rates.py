@@ -12,7 +12,7 @@ Each measured cell row then gets (`with_rooflines`, fields of `bench.runs.CellRo
 - `bytes_per_step` = `Engine.decode_bytes(n, max_new_tokens)["total"]`: weights + KV cache at the compiled shape;
 - `roofline_share_pct` = bytes_per_step x host-loop gauge tok/s (median) / copy bandwidth x 100, and
   `device_roofline_share_pct` the same with the device loop's gauge, where the cell has one;
-- `prefill_flops` (`model.flops.prefill_flops(cfg, n, chunk)`, where the engine has it), `prefill_flop_s` =
+- `prefill_flops` (`prefill_flops_of`: `model.flops.prefill_flops` at the cell's compiled shape), `prefill_flop_s` =
   prefill_flops / median prefill time, `prefill_matmul_share_pct` = prefill_flop_s / matmul rate x 100.
 `--target` sweeps measure no rates: the server's device is not this process's.
 """
@@ -20,7 +20,6 @@ Each measured cell row then gets (`with_rooflines`, fields of `bench.runs.CellRo
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -92,28 +91,23 @@ def with_rooflines(row: CellRow, *, bytes_per_step: int, prefill_flops: int | No
 
 def roofline_rows(engine, rates: DeviceRates, max_new_tokens: int) -> Callable[[CellRow], CellRow]:
     """The function that gives a cell row of `engine` (at `max_new_tokens`) its roofline fields: bytes per step
-    from `engine.decode_bytes`, prefill FLOP from `model.flops` where the engine has it (`prefill_flops_of`)."""
+    from `engine.decode_bytes`, prefill FLOP from `model.flops` (`prefill_flops_of`)."""
 
     def finish(row: CellRow) -> CellRow:
         n = row.input_tokens
         return with_rooflines(row, bytes_per_step=engine.decode_bytes(n, max_new_tokens)["total"],
-                              prefill_flops=prefill_flops_of(engine, n), rates=rates)  # fmt: skip
+                              prefill_flops=prefill_flops_of(engine, n, max_new_tokens), rates=rates)  # fmt: skip
 
     return finish
 
 
-def prefill_flops_of(engine, n_tokens: int) -> int | None:
-    """Matrix-product FLOP of `engine`'s prefill of `n_tokens` real positions: `model.flops.prefill_flops(cfg,
-    n_tokens, chunk)` with chunk = `prefill_chunk(cfg, bucket)` from `model.flops` (or `model.forward`). None when
-    the engine has no `model.flops` module or no `prefill_chunk` (an engine without a chunked prefill)."""
-    try:
-        flops = importlib.import_module("model.flops")
-    except ModuleNotFoundError as exc:
-        if exc.name != "model.flops":
-            raise
-        return None
-    chunk_of = getattr(flops, "prefill_chunk", None) or getattr(importlib.import_module("model.forward"),
-                                                                "prefill_chunk", None)  # fmt: skip
-    if chunk_of is None or not hasattr(flops, "prefill_flops"):
-        return None
-    return int(flops.prefill_flops(engine.cfg, n_tokens, chunk_of(engine.cfg, engine.bucket_for(n_tokens))))
+def prefill_flops_of(engine, n_tokens: int, max_new_tokens: int) -> int:
+    """Matrix-product FLOP of `engine`'s chunked prefill of `n_tokens` real positions at its compiled shape:
+    `model.flops.prefill_flops(cfg, n, C, cache_len=bucket + max_new_tokens, bucket=bucket)` with C =
+    `model.flops.prefill_chunk(cfg, bucket)`, the chunk the engine's prefill runs (see model/flops.py for what is
+    counted)."""
+    from model.flops import prefill_chunk, prefill_flops
+
+    bucket = engine.bucket_for(n_tokens)
+    return int(prefill_flops(engine.cfg, n_tokens, prefill_chunk(engine.cfg, bucket),
+                             cache_len=bucket + max_new_tokens, bucket=bucket))  # fmt: skip
