@@ -2,7 +2,7 @@
 
 Key: B batch, T query positions, S key positions, Q = G*T query rows per kv head, D model width, N query heads,
 K kv heads, G = N // K query heads per kv head, H head dim, F feed-forward width, P per-layer-input width,
-W window; blocked attention: C query blocks, A queries per block, U keys per block.
+W window.
 Formulas: ../shared/gemma4-architecture.md §2 (transformers 5.23 `modeling_gemma4.py`).
 Every block sits under a `jax.named_scope`, so profiles map device time back to this code.
 """
@@ -120,76 +120,6 @@ def attend(q_BTNH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BTS: ja
         o_BKQH = jnp.einsum("BKQS,BKSH->BKQH", p_BKQS, v_BKSH)
         o_BTKGH = jnp.transpose(o_BKQH.reshape(b, k, g, t, h), (0, 3, 1, 2, 4))
         return o_BTKGH.reshape(b, t, n, h).astype(q_BTNH.dtype)
-
-
-def attend_windowed(
-    q_BTNH: jax.Array, k_BKTH: jax.Array, v_BKTH: jax.Array, window: int, length: jax.Array, block: int | None = None
-) -> jax.Array:
-    """Causal sliding-window self-attention over one sequence, in blocks of `block` queries (default: the window):
-    O(T * (W + block)) instead of O(T^2).
-
-    Query block c (positions c*A .. c*A+A-1, A = block, which must divide W = window) sees the W/A + 1 key blocks
-    that end with its own: keys c*A - W .. c*A+A-1, every key any of its queries can see. The mask keeps j <= i,
-    j > i - W and j < length (right padding never visible). Equals `attend` with the full sliding mask.
-    Smaller blocks read fewer keys per query (W + A) but copy K/V into W/A + 1 shifted views.
-    Raises ValueError when `block` does not divide `window`.
-    """
-    q_len = window if block is None else block
-    if q_len < 1 or window % q_len:
-        raise ValueError(f"block {block} must be a positive divisor of the window {window}")
-    m = window // q_len  # key blocks before the query's own
-    b, t, n, h = q_BTNH.shape
-    kh = k_BKTH.shape[1]
-    c = -(-t // q_len)
-    tp = c * q_len
-    q_BCANH = jnp.pad(q_BTNH, [(0, 0), (0, tp - t), (0, 0), (0, 0)]).reshape(b, c, q_len, n, h)
-    lead = [(0, 0), (0, 0), (window, tp - t), (0, 0)]  # W zeros before position 0
-
-    def blocks(x_BKTH):  # [B,K,T,H] -> [B*C, K, U=W+A, H]: key blocks c-m .. c for each query block c
-        x_BKcAH = jnp.pad(x_BKTH, lead).reshape(b, kh, c + m, q_len, h)
-        x_BKCUH = jnp.concatenate([x_BKcAH[:, :, o : o + c] for o in range(m + 1)], axis=3)
-        return jnp.swapaxes(x_BKCUH, 1, 2).reshape(b * c, kh, window + q_len, h)
-
-    qpos_CA = jnp.arange(tp).reshape(c, q_len)
-    kpos_CU = jnp.arange(c)[:, None] * q_len - window + jnp.arange(window + q_len)[None, :]
-    i, j = qpos_CA[:, :, None], kpos_CU[:, None, :]
-    mask_CAU = (j <= i) & (j > i - window) & (j >= 0) & (j < length)
-    # Fold the blocks into the batch axis and reuse the plain kernel.
-    out = attend(
-        q_BCANH.reshape(b * c, q_len, n, h),
-        blocks(k_BKTH),
-        blocks(v_BKTH),
-        jnp.broadcast_to(mask_CAU[None], (b, c, q_len, window + q_len)).reshape(b * c, q_len, window + q_len),
-    )
-    return out.reshape(b, tp, n, h)[:, :t]
-
-
-def attend_causal(
-    q_BTNH: jax.Array, k_BKTH: jax.Array, v_BKTH: jax.Array, length: jax.Array, chunk: int
-) -> jax.Array:
-    """Causal full self-attention over one right-padded sequence, one block of `chunk` queries at a time.
-
-    Query block c (positions cC .. cC+C-1, C = chunk) attends only keys 0 .. cC+C-1, the ones it can see, so the
-    two products cost T^2/2 * (1 + C/T) multiply-adds per head instead of T^2, and the float32 score block is
-    [B,K,G*C,<=T] instead of [B,K,G*T,T]. The mask keeps j <= i and j < length (right padding never visible).
-    Equals `attend` with the full causal mask up to float summation order. Returns [B,T,N,H] in q's dtype.
-    """
-    b, t = q_BTNH.shape[:2]
-    kpos_T = jnp.arange(t)
-    outs = []
-    for start in range(0, t, chunk):
-        stop = min(start + chunk, t)
-        qpos_C = jnp.arange(start, stop)
-        mask_CS = (kpos_T[None, :stop] <= qpos_C[:, None]) & (kpos_T[None, :stop] < length)
-        outs.append(
-            attend(
-                q_BTNH[:, start:stop],
-                k_BKTH[:, :, :stop],
-                v_BKTH[:, :, :stop],
-                jnp.broadcast_to(mask_CS[None], (b, stop - start, stop)),
-            )
-        )
-    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
 def attn_output(lp: LayerParams, o_BTNH: jax.Array) -> jax.Array:

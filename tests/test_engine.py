@@ -17,7 +17,6 @@ from model.engine import CompileCounter, Engine, Sampling
 from model.forward import decode_step as _decode_step
 from model.forward import forward_full
 from model.forward import prefill as _prefill
-from model.layers import attend, attend_causal, attend_windowed
 from model.params import init_params
 from model.policy import decide_policy
 
@@ -107,37 +106,6 @@ def test_positions_are_absolute_not_bucket_relative(params, ids):
         caches.append(prefill(params, CFG, padded, jnp.int32(12), cache)[1])
     for a, b in zip(caches[0].k, caches[1].k, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
-
-
-@pytest.mark.parametrize("block", [None, 1, 2, 4, 8])  # None: the window; 8 == the window
-def test_windowed_attention_equals_dense_masked_attention(block):
-    rng = np.random.default_rng(0)
-    b, t, n, k, h, w, length = 1, 37, 4, 2, 8, 8, 30
-    q, kk, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((b, t, n, h), (b, k, t, h), (b, k, t, h)))
-    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
-    mask = jnp.asarray((j <= i) & (j > i - w) & (j < length))[None]
-    dense = attend(q, kk, v, mask)
-    blocked = attend_windowed(q, kk, v, w, jnp.int32(length), block)
-    np.testing.assert_allclose(blocked[:, :length], dense[:, :length], atol=1e-5)
-
-
-@pytest.mark.parametrize("chunk", [1, 5, 16, 64])  # ragged last block, exact blocks, one block, chunk > T
-def test_causal_blocked_attention_equals_dense_masked_attention(chunk):
-    rng = np.random.default_rng(1)
-    b, t, n, k, h, length = 1, 37, 4, 2, 8, 30
-    q, kk, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((b, t, n, h), (b, k, t, h), (b, k, t, h)))
-    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
-    dense = attend(q, kk, v, jnp.asarray((j <= i) & (j < length))[None])
-    blocked = attend_causal(q, kk, v, jnp.int32(length), chunk)
-    assert blocked.shape == dense.shape
-    np.testing.assert_allclose(blocked[:, :length], dense[:, :length], atol=1e-5)
-
-
-def test_windowed_blocks_must_divide_the_window():
-    x = jnp.zeros((1, 10, 4, 8), jnp.float32)
-    kv = jnp.zeros((1, 2, 10, 8), jnp.float32)
-    with pytest.raises(ValueError, match="divisor of the window 8"):
-        attend_windowed(x, kv, kv, 8, jnp.int32(10), 3)
 
 
 def _assert_prefills_agree(params, ids, variants: list[dict]) -> None:
