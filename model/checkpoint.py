@@ -29,6 +29,7 @@ from model.accounting import global_shapes, layer_shapes
 from model.config import ModelConfig, load_config
 from model.errors import CheckpointError
 from model.params import LayerParams, Params, fuse_layer, unfuse_layer
+from model.quantspec import NO_QUANT, QuantSpec
 
 PREFIXES = ("model.language_model.", "model.")
 _IGNORED_PREFIXES = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
@@ -343,7 +344,8 @@ def read_checkpoint_shapes(path: str | os.PathLike) -> CheckpointShapes:
                             stored_dtypes=tuple(sorted(stored)), stored_bytes=stored_bytes)  # fmt: skip
 
 
-def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtype=np.float32, device_put=None):
+def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtype=np.float32, device_put=None,
+                quant: QuantSpec = NO_QUANT, scale_dtype=None):  # fmt: skip
     """Load a checkpoint's text-decoder weights as `Params`, converted to `dtype`.
 
     Returns (params, report) where report is a dict: path, prefixes used, tensors loaded, ignored keys, the
@@ -352,6 +354,9 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     `device_put` (e.g. `jax.device_put`) is applied to each global array as it is converted and to each layer's
     fused arrays once its last tensor has arrived (`model.params.fuse_layer`), so the host holds at most one
     layer's tensors (twice, while fusing) or one global tensor at a time; None keeps numpy arrays.
+    `quant` (`model.quantspec.QuantSpec`) quantizes the leaves it names (`model.quant.quantize_params`, scales of
+    `scale_dtype`, default bfloat16); the result then holds `model.quant.QuantArray` leaves and, with
+    `int8_lm_head`, the head copy `lm_head_VD`.
     Raises CheckpointError for a missing/unexpected/duplicate/mis-shaped tensor (naming it and both shapes) or an
     unreadable file; ConfigError for a bad config.json.
     """
@@ -391,6 +396,10 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
             layers[spec.layer] = {}
     _check_complete(path, table, seen)
     params = Params(**glob, layers=tuple(fused))
+    if quant != NO_QUANT:
+        from model.quant import quantize_params
+
+        params = quantize_params(params, quant, **({} if scale_dtype is None else {"scale_dtype": scale_dtype}))
     report = {"path": str(path), "prefixes": sorted(prefix_used), "tensors": len(seen), "ignored": ignored,
               "stored_dtypes": sorted(stored), "content_hash": h.hexdigest()}  # fmt: skip
     return params, report

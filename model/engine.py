@@ -42,6 +42,7 @@ from model.errors import EngineError
 from model.forward import decode_step, prefill
 from model.params import Params, param_bytes
 from model.policy import DTYPES, DevicePolicy
+from model.quantspec import NO_QUANT, QuantSpec
 
 DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192)
 """Default prompt-length ladder: powers of two up to the sliding window, then steps of 512 (a window) to 4096,
@@ -263,15 +264,20 @@ class Generation:
 class Engine:
     """A loaded model on the live device, with its policy, bucket ladder and compiled programs.
 
-    `params` must already be in the policy's weight dtype on the device. Raises EngineError for a prompt that
-    no bucket holds or a max_new_tokens below 1.
+    `params` must already be in the policy's weight dtype on the device, and quantized as `quant` says (a
+    `model.quantspec.QuantSpec`, scales of `scale_dtype`; `model.quant.quantize_params` or a quantizing
+    `model.checkpoint.load_params`). Raises EngineError for a prompt that no bucket holds or a max_new_tokens
+    below 1.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, policy: DevicePolicy, *, max_length: int | None = None,
-                 buckets: Sequence[int] | None = None, tokenizer=None):  # fmt: skip
+                 buckets: Sequence[int] | None = None, tokenizer=None, quant: QuantSpec = NO_QUANT,
+                 scale_dtype: str = "bfloat16"):  # fmt: skip
         self.params = params
         self.cfg = cfg
         self.policy = policy
+        self.quant = quant
+        self.scale_dtype = scale_dtype
         self.tokenizer = tokenizer
         if buckets and max_length and max(buckets) > max_length:
             raise EngineError(f"bucket {max(buckets)} is above --max-length {max_length}; drop it or raise the limit")
@@ -288,16 +294,20 @@ class Engine:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of the loaded parameters at their stored dtypes."""
+        """The weight-bytes gauge: bytes of the parameters as placed on the device, dense leaves at their dtype and
+        quantized leaves at their packed values plus scales (`model.quant.tree_bytes`; int4 counts two values per
+        byte, not `nbytes`). Equals `model.accounting.weight_bytes` of the config, policy and quantization."""
         return param_bytes(self.params)
 
     def decode_bytes(self, n_tokens: int, max_new_tokens: int) -> dict[str, int]:
         """Bytes one decode step reads at the compiled shape of `n_tokens` (roofline numerator, measurement.md):
         `weights` (every weight the step touches at its stored size: one row of each embedding table, the whole
-        tied table for the logits) and `kv_cache` (K and V read by the attention of every layer: the whole buffer
-        of bucket + max_new_tokens positions of its KV source, masked slots included), and their `total`; both
-        from `model.accounting` (`decode_weight_bytes`, `kv_read_bytes`)."""
-        weights = decode_weight_bytes(self.cfg, np.dtype(DTYPES[self.policy.weight_dtype]).itemsize)
+        tied table for the logits; quantized leaves at their packed size plus scales: one PLE row, the int8 head
+        whole) and `kv_cache` (K and V read by the attention of every layer: the whole buffer of bucket +
+        max_new_tokens positions of its KV source, masked slots included), and their `total`; both from
+        `model.accounting` (`decode_weight_bytes`, `kv_read_bytes`)."""
+        weights = decode_weight_bytes(self.cfg, np.dtype(DTYPES[self.policy.weight_dtype]).itemsize,
+                                      scale_itemsize=np.dtype(DTYPES[self.scale_dtype]).itemsize, quant=self.quant)
         cache_len = self.bucket_for(n_tokens) + max_new_tokens
         kv = kv_read_bytes(self.cfg, cache_len, np.dtype(DTYPES[self.policy.kv_dtype]).itemsize)
         return {"weights": weights, "kv_cache": kv, "total": weights + kv}
@@ -444,12 +454,15 @@ def _check_loop(decode_loop: str, block: int | None, *, stop_at_eos: bool, on_to
 
 
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,
-                buckets: Sequence[int] | None = None, log_policy: bool = True) -> tuple[Engine, dict]:  # fmt: skip
+                buckets: Sequence[int] | None = None, log_policy: bool = True, quant: QuantSpec = NO_QUANT,
+                scale_dtype: str = "bfloat16") -> tuple[Engine, dict]:  # fmt: skip
     """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under a dtype policy.
 
     `policy` defaults to `decide_policy()` for the live device; its weight dtype is the dtype the weights are
     converted to once, at load (so no decode step converts weights unless the policy asks for it). The policy
-    is logged first (logger "model.engine"), then any emulation warning. Returns (engine, load report: path,
+    is logged first (logger "model.engine"), then any emulation warning. `quant` (`model.quantspec.QuantSpec`)
+    quantizes the weights it names as they load, with scales of `scale_dtype` (a `model.policy.DTYPES` name).
+    Returns (engine, load report: path,
     prefixes, tensors, ignored keys, stored dtypes, content_hash (computed while loading, `load_params`), load_s
     (seconds, hashing included)). Raises CheckpointError / ConfigError / TokenizerError.
     """
@@ -467,13 +480,16 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
     t0 = time.perf_counter()
-    params, report = load_params(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put)
+    params, report = load_params(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put,
+                                 quant=quant, scale_dtype=DTYPES[scale_dtype])  # fmt: skip
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
     log.info(f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
-             f"converted once at load to {policy.weight_dtype}) in {report['load_s']:.1f} s")  # fmt: skip
+             f"converted once at load to {policy.weight_dtype}, quant {quant.canonical}) in {report['load_s']:.1f} s")  # fmt: skip
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
-    return Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer), report
+    engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
+                    scale_dtype=scale_dtype)  # fmt: skip
+    return engine, report
 
 
 def log_policy_line(policy: DevicePolicy) -> None:

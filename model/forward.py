@@ -23,13 +23,14 @@ from model.layers import (
     rms_norm,
 )
 from model.params import Params
+from model.quant import take_rows
 from model.prefill import attend_full_chunk, attend_ring_chunk, write_slots
 
 
 def embed(params: Params, cfg: ModelConfig, ids_BT: jax.Array, dtype) -> jax.Array:
     """Input embeddings [B,T,D] in `dtype`: E[ids] * sqrt(D), the scale cast to the table's dtype first (as HF)."""
     with jax.named_scope("embed"):
-        e_BTD = jnp.take(params.embed_VD, ids_BT, axis=0)
+        e_BTD = take_rows(params.embed_VD, ids_BT)
         e_BTD = e_BTD * jnp.asarray(cfg.embed_scale, params.embed_VD.dtype)
         return e_BTD.astype(dtype)
 
@@ -46,8 +47,8 @@ def per_layer_inputs(params: Params, cfg: ModelConfig, ids_BT: jax.Array, h_BTD:
         b, t = ids_BT.shape
         l, p = cfg.num_layers, cfg.ple_dim
         valid_BT = (ids_BT >= 0) & (ids_BT < cfg.ple_vocab)
-        tok_BTX = jnp.take(params.ple_embed_VX, jnp.where(valid_BT, ids_BT, 0), axis=0)
-        tok_BTX = tok_BTX * jnp.asarray(p**0.5, params.ple_embed_VX.dtype)
+        tok_BTX = take_rows(params.ple_embed_VX, jnp.where(valid_BT, ids_BT, 0), h_BTD.dtype)  # only these rows unpacked
+        tok_BTX = tok_BTX * jnp.asarray(p**0.5, tok_BTX.dtype)
         tok_BTLP = jnp.where(valid_BT[..., None], tok_BTX, 0).astype(h_BTD.dtype).reshape(b, t, l, p)
         proj_BTX = dense(h_BTD, params.ple_proj_DX, "BTD,DX->BTX") * jnp.asarray(
             cfg.hidden_size**-0.5, h_BTD.dtype
@@ -57,10 +58,13 @@ def per_layer_inputs(params: Params, cfg: ModelConfig, ids_BT: jax.Array, h_BTD:
 
 
 def logits(params: Params, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
-    """Final norm, tied output projection and softcap: float32 logits [B,T,V] = cap * tanh((h E^T) / cap)."""
+    """Final norm, tied output projection and softcap: float32 logits [B,T,V] = cap * tanh((h E^T) / cap).
+
+    E is `params.lm_head_VD` when the load made a separate (int8) copy of the tied table, else `embed_VD`."""
     with jax.named_scope("logits"):
         h_BTD = rms_norm(h_BTD, params.final_norm_D, cfg.rms_norm_eps)
-        z_BTV = dense(h_BTD, params.embed_VD, "BTD,VD->BTV").astype(jnp.float32)
+        head_VD = params.embed_VD if params.lm_head_VD is None else params.lm_head_VD
+        z_BTV = dense(h_BTD, head_VD, "BTD,VD->BTV").astype(jnp.float32)
         if cfg.final_logit_softcap:
             z_BTV = cfg.final_logit_softcap * jnp.tanh(z_BTV / cfg.final_logit_softcap)
         return z_BTV

@@ -13,19 +13,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model import quant
 from model.config import ModelConfig
 from model.params import LayerParams
 
 _MASKED = -1e30  # finite, so a fully masked row (a padding query) softmaxes to a uniform row instead of NaN
 
 
-def dense(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
-    """`einsum(spec, x, w)` with the weight converted to the activation dtype first.
+def dense(x: jax.Array, w, spec: str) -> jax.Array:
+    """`einsum(spec, x, w)` in the activation dtype: `model.quant.matmul`, for a dense weight (converted to x's
+    dtype first) or a `model.quant.QuantArray` (integer values converted, scales applied after the product).
 
-    The one place where stored weights meet activations: when the stored dtype differs from the compute dtype
-    this convert is what a profile shows as dtype-conversion time (the published report's "leak one").
+    The one place where stored weights meet activations, so the layers never branch on quantization: when the
+    stored dtype differs from the compute dtype this convert is what a profile shows as dtype-conversion time
+    (the published report's "leak one").
     """
-    return jnp.einsum(spec, x, w.astype(x.dtype))
+    return quant.matmul(x, w, spec)
 
 
 def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:

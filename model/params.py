@@ -127,7 +127,10 @@ def unfuse_layer(cfg: ModelConfig, i: int, lp: LayerParams) -> dict[str, Any]:
 @_pytree
 @dataclasses.dataclass(frozen=True)
 class Params:
-    """The whole text decoder. The output projection is tied to `embed_VD` (Gemma 4 stores no lm_head)."""
+    """The whole text decoder. The output projection is tied to `embed_VD` (Gemma 4 stores no lm_head): it reads
+    `embed_VD` itself, or `lm_head_VD` when the load made a separate (quantized) copy of it (`--quant
+    int8_lm_head`, `model.quant.quantize_params`). Any weight leaf may be a `model.quant.QuantArray`; the layers
+    read them through `model.layers.dense` and `model.quant.take_rows`, which dispatch on the leaf."""
 
     embed_VD: jax.Array  # embed_tokens
     ple_embed_VX: jax.Array | None  # embed_tokens_per_layer, X = L * P, layer-major columns
@@ -135,6 +138,7 @@ class Params:
     ple_norm_P: jax.Array | None  # per_layer_projection_norm
     final_norm_D: jax.Array  # norm
     layers: tuple[LayerParams, ...]
+    lm_head_VD: Any = None  # [V, D] copy of embed_VD for the output projection (a QuantArray), or None: tied
 
 
 def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
@@ -156,8 +160,11 @@ def count_params(params: Params) -> int:
 
 
 def param_bytes(params: Params) -> int:
-    """Bytes of a (real or abstract) parameter tree at its stored dtypes."""
-    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(params))
+    """Bytes of a (real or abstract) parameter tree as stored: `model.quant.tree_bytes` (dense leaves at their
+    dtype, quantized leaves at their packed values plus scales)."""
+    from model.quant import tree_bytes
+
+    return tree_bytes(params)
 
 
 INIT_BLOCK = 1 << 24

@@ -239,7 +239,8 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
 
 
 def take_rows(table, ids: jax.Array, dtype=None) -> jax.Array:
-    """Rows `ids` (int [...]) of a table [R, n]: `jnp.take(table, ids, axis=0)` for a dense table; for a
+    """Rows `ids` (int [...]) of a table [R, n]: `jnp.take(table, ids, axis=0)` for a dense table (in its own
+    dtype; `dtype` applies to quantized tables only, so the dense path is unchanged); for a
     `QuantArray` with one scale block per row, only the rows read are gathered (values and scales) and only those
     are unpacked and scaled, in float32, then cast to `dtype` (default: the scales' dtype). Returns [..., n].
     Raises ValueError for a quantized table whose scale blocks span rows (a program error)."""
@@ -290,20 +291,22 @@ def tree_bytes(tree) -> int:
 # ---- a whole parameter tree ----------------------------------------------------------------------------------------
 def quantize_params(params, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
     """Quantize an in-memory `model.params.Params` tree as `spec` says (`model.quantspec.leaf_layout`, the same
-    rule the byte accounting uses). Returns (params with those leaves replaced by `QuantArray`s, the int8 LM head
-    copy of `embed_VD` or None without `int8_lm_head`); `embed_VD` itself stays dense for the input lookup.
-    Works under `jax.eval_shape` on an abstract tree (full E2B size without memory)."""
+    rule the byte accounting uses): those leaves become `QuantArray`s, and with `int8_lm_head` the tree gains
+    `lm_head_VD`, an int8 copy of the tied `embed_VD` (which itself stays dense for the input lookup). Returns the
+    new tree. Works under `jax.eval_shape` on an abstract tree (full E2B size without memory). A checkpoint is
+    quantized while it streams by `model.checkpoint.load_params(quant=...)`, with the same layouts."""
 
     def leaf(field: str, x):
         layout = None if x is None else leaf_layout(field, tuple(x.shape), spec)
         return x if layout is None else quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype)
 
     def fields(node) -> dict:
-        return {f.name: leaf(f.name, getattr(node, f.name)) for f in dataclasses.fields(node) if f.name != "layers"}
+        skip = ("layers", LM_HEAD)
+        return {f.name: leaf(f.name, getattr(node, f.name)) for f in dataclasses.fields(node) if f.name not in skip}
 
     layers = tuple(dataclasses.replace(lp, **fields(lp)) for lp in params.layers)
     head = None
     if spec.int8_lm_head:
         layout = leaf_layout(LM_HEAD, tuple(params.embed_VD.shape), spec)
         head = quantize(params.embed_VD, layout.bits, layout.block, scale_dtype=scale_dtype)
-    return dataclasses.replace(params, **fields(params), layers=layers), head
+    return dataclasses.replace(params, **fields(params), layers=layers, lm_head_VD=head)
