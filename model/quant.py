@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model.qreduce import MATVEC_ROWS, fits_reduce, reduce_matmul
 from model.quantspec import (
     LM_HEAD,
     QuantSpec,
@@ -211,6 +212,9 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
         return jnp.einsum(spec, x, w.astype(x.dtype))
     lhs, rest = spec.replace(" ", "").split(",")
     rhs, out = rest.split("->")
+    reduced = _reduce_form(x, w, lhs, rhs, out)
+    if reduced is not None:
+        return reduced
     assert len(rhs) == w.ndim and "." not in spec, (spec, w.shape)
     free = (c for c in "abcdefghijklmnopqrstuvwxyz" if c not in spec)
     wv, s = _int_values(w).astype(x.dtype), w.scales.astype(x.dtype)
@@ -236,6 +240,28 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
     s = s.reshape(s_shape)
     prod = jnp.einsum(f"{''.join(x_l)},{''.join(w_l)}->{out}{''.join(kept)}", x, wv)
     return jnp.einsum(f"{out}{''.join(kept)},{''.join(s_l)}->{out}", prod, s)
+
+
+def _reduce_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
+    """The product in `model.qreduce`'s multiply-and-sum form when it applies: on CPU, a 2-D weight with one
+    contracted and one output axis, at most `MATVEC_ROWS` activation rows, a layout `fits_reduce` accepts; else
+    None (the caller takes the dot form). GPUs keep the dot form: that is the form XLA fuses into the GEMM."""
+    if w.ndim != 2 or jax.default_backend() != "cpu":
+        return None
+    contracted = [c for c in rhs if c not in out]
+    if len(contracted) != 1 or contracted[0] not in lhs:
+        return None
+    c = contracted[0]
+    axis = rhs.index(c)
+    free = "".join(ch for ch in lhs if ch != c)
+    rows = math.prod(x.shape[lhs.index(ch)] for ch in free)
+    if rows > MATVEC_ROWS or not fits_reduce(w.shape, w.bits, w.block, axis):
+        return None
+    x_RK = jnp.einsum(f"{lhs}->{free}{c}", x).reshape(rows, w.shape[axis])
+    y_RN = reduce_matmul(x_RK, w.values, w.scales, w.bits, w.block, axis)
+    o = rhs[1 - axis]
+    y = y_RN.reshape(tuple(x.shape[lhs.index(ch)] for ch in free) + (w.shape[1 - axis],)).astype(x.dtype)
+    return jnp.einsum(f"{free}{o}->{out}", y)
 
 
 def take_rows(table, ids: jax.Array, dtype=None) -> jax.Array:
