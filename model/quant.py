@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Iterable
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +58,8 @@ from model.quantspec import (
 )
 
 __all__ = ["QuantArray", "QuantSpec", "parse_quant", "quantize", "quantize_rows", "quantize_channels", "dequantize",
-           "matmul", "take_rows", "packed_bytes", "tree_bytes", "quantize_params"]  # fmt: skip
+           "matmul", "take_rows", "packed_bytes", "tree_bytes", "quantize_blocks", "quantize_fields",
+           "quantize_params"]  # fmt: skip
 
 QMAX = {8: 127, 4: 7}
 """Largest integer magnitude per bit width (symmetric range [-qmax, qmax])."""
@@ -166,6 +168,42 @@ def _quantize_arrays(x: jax.Array, bits: int, block: Shape, scale_dtype) -> tupl
     s = _expand(scales.astype(jnp.float32), block, shape)
     q = jnp.clip(jnp.round(x / jnp.where(s == 0, 1.0, s)), -QMAX[bits], QMAX[bits]).astype(jnp.int8)
     return (q if bits == 8 else _pack_int4(q)), scales
+
+
+def quantize_blocks(blocks: Iterable[tuple[int, np.ndarray]], shape: Shape, bits: int, block: Shape, *,
+                    scale_dtype=jnp.bfloat16, empty=np.empty) -> QuantArray:  # fmt: skip
+    """`quantize` of an array of `shape` given as blocks of rows, never whole: the same arithmetic
+    (`_quantize_arrays` on each block), so the result equals `quantize` of the whole array bit for bit.
+
+    blocks: (first row, x [r, *shape[1:]]) covering axis 0 in order; each first row and each r but the last's a
+    multiple of block[0], so that no scale block spans two of them (a block may be reused by the caller once the
+    next is drawn). The values (int8 [*shape], or uint8 [*shape[:-1], ceil(shape[-1] / 2)] at 4 bits) and scales
+    (`scale_dtype` [ceil(shape[i] / block[i])]) are preallocated host arrays from `empty(shape, dtype)` (e.g. an
+    aligned allocator) and filled block by block: host memory is the result plus one block's float32 work.
+    Returns a `QuantArray` with numpy values and scales. Raises ValueError for a bits value other than 8 or 4, a
+    block that does not fit the shape, or blocks that are misaligned, out of order or do not cover axis 0.
+    """
+    shape, block = tuple(shape), tuple(int(b) for b in block)
+    if bits not in QMAX:
+        raise ValueError(f"bits must be 8 or 4, got {bits}")
+    if not shape or len(block) != len(shape) or any(not 1 <= b <= max(n, 1) for b, n in zip(block, shape, strict=True)):
+        raise ValueError(f"block {block} does not fit shape {shape}")
+    value_shape = shape if bits == 8 else (*shape[:-1], -(-shape[-1] // 2))
+    values = empty(value_shape, np.int8 if bits == 8 else np.uint8)
+    scales = empty(scale_shape(shape, block), scale_dtype)
+    row = 0
+    for r0, x in blocks:
+        r = x.shape[0]
+        if r0 != row or tuple(x.shape[1:]) != shape[1:] or (r % block[0] and r0 + r != shape[0]):
+            raise ValueError(f"block of rows {r0}:{r0 + r} (shape {tuple(x.shape)}) does not continue rows 0:{row} "
+                             f"of {shape} in whole scale blocks of {block[0]}")  # fmt: skip
+        v, s = _quantize_arrays(jnp.asarray(x), bits, (min(block[0], r), *block[1:]), scale_dtype)
+        values[r0 : r0 + r] = np.asarray(v)
+        scales[r0 // block[0] : r0 // block[0] + s.shape[0]] = np.asarray(s)
+        row = r0 + r
+    if row != shape[0]:
+        raise ValueError(f"blocks covered rows 0:{row} of {shape}")
+    return QuantArray(values=values, scales=scales, shape=shape, bits=bits, block=block)
 
 
 def quantize_rows(x, bits: int, group: int, *, scale_dtype=jnp.bfloat16) -> QuantArray:
@@ -315,24 +353,31 @@ def tree_bytes(tree) -> int:
 
 
 # ---- a whole parameter tree ----------------------------------------------------------------------------------------
+def quantize_fields(node, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
+    """`node` (a `model.params.Params` or `LayerParams`) with each field that `leaf_layout` quantizes under `spec`
+    replaced by its `quantize`d `QuantArray`; the other fields, `layers` and `lm_head_VD` as they are. A field
+    that is already a `QuantArray` (quantized while it streamed) is kept. Returns the new node."""
+
+    def leaf(field: str, x):
+        if x is None or isinstance(x, QuantArray):
+            return x
+        layout = leaf_layout(field, tuple(x.shape), spec)
+        return x if layout is None else quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype)
+
+    skip = ("layers", LM_HEAD)
+    changed = {f.name: leaf(f.name, getattr(node, f.name)) for f in dataclasses.fields(node) if f.name not in skip}
+    return dataclasses.replace(node, **changed)
+
+
 def quantize_params(params, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
     """Quantize an in-memory `model.params.Params` tree as `spec` says (`model.quantspec.leaf_layout`, the same
     rule the byte accounting uses): those leaves become `QuantArray`s, and with `int8_lm_head` the tree gains
     `lm_head_VD`, an int8 copy of the tied `embed_VD` (which itself stays dense for the input lookup). Returns the
     new tree. Works under `jax.eval_shape` on an abstract tree (full E2B size without memory). A checkpoint is
-    quantized while it streams by `model.checkpoint.load_params(quant=...)`, with the same layouts."""
-
-    def leaf(field: str, x):
-        layout = None if x is None else leaf_layout(field, tuple(x.shape), spec)
-        return x if layout is None else quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype)
-
-    def fields(node) -> dict:
-        skip = ("layers", LM_HEAD)
-        return {f.name: leaf(f.name, getattr(node, f.name)) for f in dataclasses.fields(node) if f.name not in skip}
-
-    layers = tuple(dataclasses.replace(lp, **fields(lp)) for lp in params.layers)
+    quantized while it streams by `model.checkpoint.load_params(quant=...)`, with the same layouts and results."""
+    layers = tuple(quantize_fields(lp, spec, scale_dtype=scale_dtype) for lp in params.layers)
     head = None
     if spec.int8_lm_head:
         layout = leaf_layout(LM_HEAD, tuple(params.embed_VD.shape), spec)
         head = quantize(params.embed_VD, layout.bits, layout.block, scale_dtype=scale_dtype)
-    return dataclasses.replace(params, **fields(params), layers=layers, lm_head_VD=head)
+    return dataclasses.replace(quantize_fields(params, spec, scale_dtype=scale_dtype), layers=layers, lm_head_VD=head)
