@@ -169,8 +169,8 @@ def test_each_quant_set_is_its_own_sweep_and_profile(env):
     its own valid run folder with its profile, in the order given, the manifest and profile naming the set."""
     root, e = env
     out = root / "quant"
-    proc, _ = _run(e, out, "--budget-s", "200", "--inputs", "41", "--max-new-tokens", "8", "--repeats", "1",
-                   "--steps", "3", "--decode-loop", "host", "--quant", "none", "--quant", "ple4,int8_lm_head")  # fmt: skip
+    proc, _ = _run(e, out, "--budget-s", "200", "--inputs", "41", "--max-new-tokens", "8", "--repeats", "1", "--steps",
+                   "3", "--decode-loop", "host", "--quant", "none", "--quant", "ple4,int8_lm_head")  # fmt: skip
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     starts = [ln.split()[1] for ln in lines if ln.startswith("== sweep-") or ln.startswith("== profile-")]

@@ -332,8 +332,8 @@ def _check_quant_sets(sets: Sequence[str]) -> None:
         except QuantError as exc:
             raise InputError(f"{exc} (each --quant flag of gpu-run is one option set)") from None
         if canonical in seen:
-            raise InputError(f"--quant {text}: the same option set as --quant {seen[canonical]}; expected each set "
-                             "once, one --quant flag per set (e.g. --quant none --quant ple4,int8_lm_head)")  # fmt: skip
+            raise InputError(f"--quant {text}: the same option set as --quant {seen[canonical]}; expected each "
+                             "set once, one --quant flag per set (e.g. --quant none --quant ple4,int8_lm_head)")  # fmt: skip
         seen[canonical] = text
 
 

@@ -146,7 +146,8 @@ def quant_variable(base: Manifest, cand: Manifest) -> str | None:
     diffs = [d for d in manifest_differences(base.to_dict(), cand.to_dict()) if d.single_variable_key]
     if any(d.field not in QUANT_CONSEQUENCES for d in diffs):
         return None
-    return "quantization " + " vs ".join(q + (f" ({s} scales)" if s not in (None, "bfloat16") else "") for q, s in (qa, qb))
+    shown = (q + (f" ({s} scales)" if s not in (None, "bfloat16") else "") for q, s in (qa, qb))
+    return "quantization " + " vs ".join(shown)
 
 
 def single_variable(base: dict[str, Any], cand: dict[str, Any]) -> tuple[bool | None, list[Difference]]:

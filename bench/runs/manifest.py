@@ -342,7 +342,8 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
     state, package versions and host are gathered here (a peer's package versions, and its Python in `host`,
     are the peer process's); `device` and `dtype_policy` come from the caller (jax's, the server's or the
     peer's). `extra`: other top-level keys (e.g. decode_bytes); the target's description goes under `target`,
-    the peer under `peer`; a payload run here also records `dense_build_id` (`Manifest.dense_build_id`). Raises InputError when a source folder is missing (environment.build_id); ValueError
+    the peer under `peer`; a payload run here also records `dense_build_id` (`Manifest.dense_build_id`).
+    Raises InputError when a source folder is missing (environment.build_id); ValueError
     for both a target and a peer.
     """
     if target is not None and peer is not None:
