@@ -6,7 +6,8 @@
 #      repository from PYTHONPATH). Cached by a hash of its inputs under $GEMMA4_BENCH_CACHE (else
 #      $XDG_CACHE_HOME/gemma4-bench, else ~/.cache/gemma4-bench)/gpu-rehearsal/.
 #   2. the carried wheels (scripts/gpu-wheels.sh), installed by scripts/gpu-run.sh --wheels as on the machine;
-#   3. scripts/gpu-run.sh OUT --tiny --wheels DIR to the end: exit 0, summary last, every run folder valid;
+#   3. scripts/gpu-run.sh OUT --tiny --wheels DIR --quant none --quant ple4,int8_lm_head to the end: exit 0, summary
+#      last, two valid run folders (dense and the published configuration, quantized on load on jax 0.11.2);
 #   4. `bench serve` on loopback with the tiny checkpoint: /health ready, one completion, then stopped.
 # Proves: every module the run and serve import is in the image or carried, and the code runs on jax 0.11.2 and the
 # image's numpy/tokenizers/huggingface_hub. Cannot prove: anything about CUDA, the GPU plan, kernel names, timings.
@@ -79,7 +80,7 @@ out=$work/out
 step "scripts/gpu-run.sh OUT --tiny --wheels DIR"
 rc=0
 scripts/gpu-run.sh "$out" --tiny --wheels "$wheels" --budget-s 200 --inputs 41 --max-new-tokens 8 --repeats 1 \
-  --steps 5 --pack "$work/pack" >"$work/gpu-run.out" 2>&1 || rc=$?
+  --steps 5 --quant none --quant ple4,int8_lm_head --pack "$work/pack" >"$work/gpu-run.out" 2>&1 || rc=$?
 (( rc == 0 )) || fail "scripts/gpu-run.sh exited $rc" "$work/gpu-run.out"
 last=$(tail -n 1 "$work/gpu-run.out")
 [[ $last == "gpu-run: exit 0"* ]] || fail "the summary is not the last output (last line: $last)" "$work/gpu-run.out"
@@ -89,7 +90,9 @@ for run in "$out"/runs/*/; do
   "$PYTHON" -m bench runs validate "$run" >"$work/validate.log" 2>&1 || fail "bench runs validate $run" "$work/validate.log"
   nruns=$((nruns + 1))
 done
-(( nruns > 0 )) || fail "gpu-run left no run folder under $out/runs"
+(( nruns == 2 )) || fail "gpu-run left $nruns run folder(s) under $out/runs, expected 2 (--quant none, --quant ple4,int8_lm_head)"
+grep -q '"quantization": "int8_lm_head,ple4"' "$out"/runs/*-tiny-int8_lm_head.ple4-*/manifest.json \
+  || fail "no run folder of --quant ple4,int8_lm_head under $out/runs" "$work/gpu-run.out"
 step "gpu-run passed: exit 0, $nruns valid run folder(s)"
 
 port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

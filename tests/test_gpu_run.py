@@ -13,6 +13,7 @@ the run's parent process starts without the server, the sweep or the profile cod
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import signal
 import subprocess
@@ -162,6 +163,31 @@ def test_pilot_plan_sweeps_pilot_and_big_into_two_valid_runs(env, monkeypatch):
     assert (out / "gpu-run.log").read_text().splitlines()[-1] == lines[-1]
 
 
+@pytest.mark.slow
+def test_each_quant_set_is_its_own_sweep_and_profile(env):
+    """`--quant none --quant ple4,int8_lm_head`: one lease measures dense beside the published configuration, each
+    its own valid run folder with its profile, in the order given, the manifest and profile naming the set."""
+    root, e = env
+    out = root / "quant"
+    proc, _ = _run(e, out, "--budget-s", "200", "--inputs", "41", "--max-new-tokens", "8", "--repeats", "1", "--steps",
+                   "3", "--decode-loop", "host", "--quant", "none", "--quant", "ple4,int8_lm_head")  # fmt: skip
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    starts = [ln.split()[1] for ln in lines if ln.startswith("== sweep-") or ln.startswith("== profile-")]
+    assert starts == ["sweep-tiny-none", "profile-tiny-none", "sweep-tiny-int8_lm_head.ple4",
+                      "profile-tiny-int8_lm_head.ple4"]  # fmt: skip
+    runs = {open_run(p).typed_manifest.engine.quantization: p for p in _runs(out)}
+    assert set(runs) == {"none", "int8_lm_head,ple4"}
+    for quant, path in runs.items():
+        assert validate_run(path) == [] and open_run(path).status == "complete"
+        profile = json.loads((path / "profile.json").read_text())
+        assert profile["config"]["quant"] == quant and "run folder differs" not in " ".join(profile["notes"])
+    dense, quantized = (open_run(runs[q]).typed_manifest for q in ("none", "int8_lm_head,ple4"))
+    assert quantized.checkpoint.weight_bytes < dense.checkpoint.weight_bytes
+    assert quantized.dense_build_id == dense.build_id != quantized.build_id
+    assert lines[-1].startswith("gpu-run: exit 0")
+
+
 # ---- one line, exit code 2, nothing run ----------------------------------------------------------------------------
 def test_missing_package_is_one_line_before_anything_runs(env, tmp_path):
     """A `REQUIRED` package absent: the standard-library check of `python -m bench.gpurun` says so before typer or
@@ -236,6 +262,8 @@ def test_the_probe_reports_a_module_only_the_steps_import(env, tmp_path):
     (["--checkpoint", "/nonexist"], "--checkpoint /nonexist"),
     (["--wheels", ""], "--wheels"),
     (["--wheels="], "--wheels"),
+    (["--quant", "w9"], "--quant w9"),
+    (["--quant", "w8", "--quant", "none", "--quant", "w8"], "--quant w8: the same option set"),
 ])  # fmt: skip
 def test_a_bad_option_is_one_line(env, tmp_path, args, names):
     _, e = env

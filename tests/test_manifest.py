@@ -59,7 +59,37 @@ def payloads(tiny_checkpoint):
     remote = remote_manifest(target, sweep_cfg, spec)
     engine16, report16, _, cache16 = open_engine(spec, "bfloat16", None, "off")
     bf16 = engine_manifest("sweep", engine16, report16, spec, cache16, sweep_workload(sweep_cfg))
-    return SimpleNamespace(served=served, sweep=sweep, profile=profile, remote=remote, bf16=bf16, path=spec)
+    engine8, report8, _, cache8 = open_engine(spec, "float32", None, "off", quant="ple4,w8")
+    w8 = engine_manifest("sweep", engine8, report8, spec, cache8, sweep_workload(sweep_cfg))
+    served8 = load_served_model(spec, "float32", None, "off", quant="w8,ple4")
+    return SimpleNamespace(served=served, sweep=sweep, profile=profile, remote=remote, bf16=bf16, w8=w8,
+                           served8=served8, path=spec)  # fmt: skip
+
+
+def test_a_quantized_payload_is_another_build_with_the_dense_one_named(payloads):
+    w8, dense = payloads.w8, payloads.sweep
+    assert (w8.engine.quantization, w8.engine.scale_dtype) == ("ple4,w8", "bfloat16")
+    assert (dense.engine.quantization, dense.engine.scale_dtype) == ("none", None)
+    assert w8.build_id != dense.build_id and w8.checkpoint.content_hash == dense.checkpoint.content_hash
+    assert w8.dense_build_id == dense.build_id == dense.dense_build_id
+    assert w8.checkpoint.weight_bytes < dense.checkpoint.weight_bytes
+    # bench serve of the same quantized payload: the same build id, and /health's facts say so
+    assert payloads.served8.build_id == w8.build_id and payloads.served8.quantization == "ple4,w8"
+    assert payloads.served8.scale_dtype == "bfloat16" and payloads.served.scale_dtype is None
+    assert payloads.served8.checkpoint["weight_bytes"] == w8.checkpoint.weight_bytes
+    again = Manifest.from_dict(json.loads(json.dumps({**w8.to_dict(), "name": "q", "started_at": "2026-12-03"})))
+    assert again.engine == w8.engine and again.dense_build_id == w8.dense_build_id  # through manifest.json
+
+
+def test_a_manifest_from_before_quant_reads_as_dense(payloads):
+    d = {**payloads.sweep.to_dict(), "name": "old", "started_at": "2026-12-03"}
+    d.pop("dense_build_id")
+    d["engine_config"].pop("scale_dtype")
+    old = Manifest.from_dict(d)
+    assert old.engine.quantization == "none" and old.engine.scale_dtype is None
+    assert old.dense_build_id == old.build_id  # a dense run is its own dense build
+    d["engine_config"]["quantization"] = "w8"
+    assert Manifest.from_dict(d).dense_build_id is None  # a quantized one without the key: unknown
 
 
 def test_sweep_profile_serve_and_a_remote_sweep_of_that_server_give_one_build_id(payloads):

@@ -291,3 +291,20 @@ def test_a_profile_written_by_bench_profile_is_read(tmp_path: Path) -> None:
         assert line in md
     rows = {r["metric"]: r for r in _csv(tmp_path / "out" / "profile.csv")}
     assert rows["tensor_core_pct"][run.name] == "absent" and rows["fp32_matmul_pct"][run.name] == "70.25"
+
+
+@pytest.mark.parametrize("quant", ["none", "w8", "w4:64,ple8", "ple4,int8_lm_head"])
+def test_a_runs_layout_counts_what_the_engine_accounting_counts(quant) -> None:
+    """`run_layout` (a run's manifest quantization and dtypes) gives the bytes of `model.accounting`: the roofline
+    module keeps no arithmetic of its own."""
+    from bench.profile.roofline import run_layout
+    from model.accounting import decode_weight_bytes, weight_bytes
+    from model.quantspec import parse_quant
+
+    layout = run_layout(quant, "bfloat16", "float32")
+    spec = parse_quant(quant)
+    assert decode_step_bytes(E2B, layout).weight_bytes == decode_weight_bytes(E2B, 2, scale_itemsize=4, quant=spec)
+    assert stored_weight_bytes(E2B, layout) == weight_bytes(E2B, 2, scale_itemsize=4, quant=spec)
+    if spec.layer_bits:  # the layer projections are packed: the body term reads fewer bytes than dense
+        dense = decode_step_bytes(E2B, run_layout(None, "bfloat16"))
+        assert decode_step_bytes(E2B, layout).terms[0].bytes < dense.terms[0].bytes

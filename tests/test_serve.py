@@ -132,6 +132,7 @@ def test_health_is_503_loading_until_ready_then_200_with_facts(server):
     assert {"weights", "activations", "kv_cache", "pre_ampere"} <= set(h["dtype_policy"])
     assert h["dtype_policy"]["weights"] == "float32" and h["dtype_policy"]["pre_ampere"] is False
     assert h["quantization"] == "none" and "enabled" in h["compile_cache"] and "traces" in h["compile_cache"]
+    assert h["weight_bytes"] == h["checkpoint"]["weight_bytes"] > 0 and h["scale_dtype"] is None
     assert h["warmup_shapes"] == [[20, MAX_TOKENS]]
     models = server.client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]

@@ -97,12 +97,33 @@ def parse_buckets(text: str | None) -> tuple[int, ...] | None:
     return tuple(rungs)
 
 
+SCALE_DTYPES = ("bfloat16", "float16", "float32")
+"""The dtypes `--scale-dtype` accepts for quantization scales (16-bit by default: the published layout)."""
+DEFAULT_SCALE_DTYPE = "bfloat16"
+
+
+def parse_quant_flags(quant: str | None, scale_dtype: str | None = None):
+    """`--quant` and `--scale-dtype` -> (model.quantspec.QuantSpec, scale dtype name). Raises QuantError (one line,
+    from `model.quantspec.parse_quant`) for a bad option set and InputError for a scale dtype not in
+    `SCALE_DTYPES`; None -> no quantization, bfloat16 scales."""
+    from model.quantspec import parse_quant
+
+    spec = parse_quant(quant)
+    scale = DEFAULT_SCALE_DTYPE if scale_dtype is None else scale_dtype
+    if scale not in SCALE_DTYPES:
+        raise InputError(f"--scale-dtype {scale_dtype}: unknown dtype; expected one of {', '.join(SCALE_DTYPES)}")
+    return spec, scale
+
+
 def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | None, compile_cache: str | None,
-                weight_dtype: str | None = None, buckets: str | None = None):  # fmt: skip
+                weight_dtype: str | None = None, buckets: str | None = None, quant: str | None = None,
+                scale_dtype: str | None = None):  # fmt: skip
     """Decide and log the dtype policy (the first line), enable the compile cache, resolve and load the
     checkpoint. `weight_dtype` stores the weights in another dtype than the compute dtype (default: the same, so no
-    step converts weights); `buckets` is the `--buckets` text (default: the engine's ladder up to max_length).
-    Returns (engine, load report, checkpoint path, compile cache folder or None)."""
+    step converts weights); `buckets` is the `--buckets` text (default: the engine's ladder up to max_length);
+    `quant` / `scale_dtype` are the `--quant` / `--scale-dtype` texts (`parse_quant_flags`; default: dense).
+    Returns (engine, load report, checkpoint path, compile cache folder or None). Raises InputError or QuantError
+    for a bad flag, before anything loads."""
     from model.engine import enable_compile_cache, load_engine, log_policy_line
     from model.policy import DTYPES, decide_policy
 
@@ -110,6 +131,7 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
         raise InputError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
     if weight_dtype is not None and weight_dtype not in DTYPES:
         raise InputError(f"--weight-dtype {weight_dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
+    spec, scale = parse_quant_flags(quant, scale_dtype)
     if max_length is not None and max_length < 1:
         raise InputError(f"--max-length {max_length}: must be a positive number of tokens, at most the model's "
                          "positions (max_position_embeddings)")  # fmt: skip
@@ -127,7 +149,8 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
         if max_length > positions:
             raise InputError(f"--max-length {max_length}: above the model's {positions} positions "
                              f"(max_position_embeddings); expected --max-length 1..{positions}")  # fmt: skip
-    engine, report = load_engine(path, policy=policy, max_length=max_length, buckets=ladder, log_policy=False)
+    engine, report = load_engine(path, policy=policy, max_length=max_length, buckets=ladder, log_policy=False,
+                                 quant=spec, scale_dtype=scale)  # fmt: skip
     return engine, report, Path(report["path"]), cache
 
 
@@ -146,6 +169,8 @@ QUANT_HELP = ("Quantization, a comma-separated set: ple8 or ple4 (the per-layer-
               "layer projections: per output channel, or GROUP-value groups along the contraction axis, default "
               "128). Default: none.")
 QuantOpt = typer.Option(None, "--quant", help=QUANT_HELP)
+ScaleDtypeOpt = typer.Option(None, "--scale-dtype", help="Dtype of the quantization scales with --quant: bfloat16 "
+                             "(default), float16 or float32.")
 BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens, increasing), e.g. 64,512,1024,4096: a "
                           "prompt is padded to the smallest rung that holds it. Default: powers of two to 512, then "
                           "steps of 512 to 4096, then of 1024 up to --max-length.")

@@ -31,6 +31,10 @@ def gpu_run(
     steps: int | None = typer.Option(None, "--steps", help="Override the profiled decode steps."),
     decode_loop: str | None = typer.Option(None, "--decode-loop", help="Override the sweep's decode loop: host, "
                                            "device or both (default both: the host overhead per step)."),
+    quant: list[str] | None = typer.Option(
+        None, "--quant", help="One --quant option set (e.g. none, w8, ple4,int8_lm_head), repeatable: each set is "
+        "swept and profiled as its own run per checkpoint, in the order given (--quant none --quant "
+        "ple4,int8_lm_head: dense beside the published configuration). Default: one dense run, no --quant."),
 ) -> None:
     """Bandwidth, sweep and profile into run folders under OUTDIR within a time budget; the summary is printed last.
 
@@ -44,7 +48,7 @@ def gpu_run(
     check_packages()  # a module missing: one line, exit 2, before anything is written
     options = Options(outdir=outdir, budget_s=budget_s, checkpoint=checkpoint, tiny=tiny, pack=pack, inputs=inputs,
                       max_new_tokens=max_new_tokens, repeats=repeats, steps=steps,
-                      decode_loop=decode_loop)  # fmt: skip
+                      decode_loop=decode_loop, quant=tuple(quant or ()))  # fmt: skip
     outcome = run(options, emit=typer.echo)
     if outcome.code:
         raise typer.Exit(outcome.code)

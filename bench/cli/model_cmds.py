@@ -14,8 +14,10 @@ from bench.cli.common import (
     DtypeOpt,
     MaxLengthOpt,
     QuantOpt,
+    ScaleDtypeOpt,
     make_console,
     open_engine,
+    parse_quant_flags,
     setup_logging,
 )
 from bench.errors import InputError
@@ -49,6 +51,8 @@ def generate(
     dtype: str | None = DtypeOpt,
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
+    quant: str | None = QuantOpt,
+    scale_dtype: str | None = ScaleDtypeOpt,
     decode_loop: str = typer.Option(
         "host", "--decode-loop", help="host (default: one step per token, stops at EOS) or device (the tokens "
         "after the first in one device loop, or blocks of --decode-block steps: exactly --max-new-tokens are "
@@ -56,7 +60,8 @@ def generate(
     decode_block: int | None = typer.Option(None, "--decode-block", help="With --decode-loop device: steps per "
                                             "device call (default: all in one)."),
 ) -> None:
-    """Generate a completion for one prompt and print it."""
+    """Generate a completion for one prompt and print it (with --json: the ids, and the quantization and weight
+    bytes (packed values + scales, as placed on the device) of the engine that generated them)."""
     from model.engine import Sampling
 
     if max_new_tokens < 1:
@@ -67,8 +72,9 @@ def generate(
         raise InputError(f"--decode-block {decode_block}: expected steps >= 1, with --decode-loop device")
     if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
         raise InputError("sampling: expected --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1")
+    parse_quant_flags(quant, scale_dtype)  # one line for a bad value, before anything loads
     setup_logging()
-    engine, _, path, _ = open_engine(checkpoint, dtype, max_length, compile_cache)
+    engine, _, path, _ = open_engine(checkpoint, dtype, max_length, compile_cache, quant=quant, scale_dtype=scale_dtype)
     tok = engine.tokenizer
     if tok is None:
         raise InputError(f"{path}: has no tokenizer.json; bench generate needs one to read --prompt")
@@ -82,7 +88,9 @@ def generate(
     if not on_host:
         typer.echo(_device_timing_line(gen), err=True)
     if as_json:
-        out = {"prompt": prompt, "prompt_ids": ids, "generated_ids": shown, "text": text}
+        out = {"prompt": prompt, "prompt_ids": ids, "generated_ids": shown, "text": text,
+               "quant": engine.quant.canonical, "scale_dtype": engine.scale_dtype if engine.quant.names else None,
+               "weight_bytes": engine.weight_bytes}  # fmt: skip
         if not on_host:
             out["decode_loop"] = {"loop": "device", "block": decode_block, "generated": len(gen.token_ids),
                                   "prefill_ms": gen.prefill_ms, "decode_ms": gen.decode_ms,
@@ -196,11 +204,8 @@ def checkpoint_inspect(
     import dataclasses
 
     from model.accounting import weight_bytes_by_component
-    from model.quantspec import parse_quant
 
-    spec = parse_quant(quant)
-    if scale_dtype not in ("bfloat16", "float16", "float32"):
-        raise InputError(f"--scale-dtype {scale_dtype}: unknown dtype; expected bfloat16, float16 or float32")
+    spec, scale_dtype = parse_quant_flags(quant, scale_dtype)
     source, cfg, body = _inspect_source(checkpoint, preset, dtype)
     wb = weight_bytes_by_component(cfg, _ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype], quant=spec)
     if not as_json:

@@ -29,9 +29,12 @@ from bench.cli.common import (
     CompileCacheOpt,
     DtypeOpt,
     MaxLengthOpt,
+    QuantOpt,
+    ScaleDtypeOpt,
     WeightDtypeOpt,
     make_console,
     open_engine,
+    parse_quant_flags,
     setup_logging,
 )
 from bench.errors import InputError
@@ -48,6 +51,7 @@ app.add_typer(profile_app, name="profile")
 
 WARMUP_STEPS = 2
 TOP_ROWS = 15
+QUANT_HELP_PROFILE = QuantOpt.help + " With --run: default the run's quantization."
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------
@@ -283,6 +287,8 @@ def profile(
     python_tracer: bool = typer.Option(False, "--python-tracer", help="Also trace Python calls (large traces)."),
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
+    quant: str | None = typer.Option(None, "--quant", help=QUANT_HELP_PROFILE),
+    scale_dtype: str | None = ScaleDtypeOpt,
 ) -> None:
     """Trace exactly N decode steps into <run>/profile/, analyse them, measure bandwidth, write profile.json.
 
@@ -300,6 +306,7 @@ def profile(
                          "template included), e.g. --input-tokens 41")  # fmt: skip
     from bench.runs import open_run, resolve_run, writing_run
 
+    parse_quant_flags(quant, scale_dtype)  # one line for a bad value, before any run is opened
     if run_ref is not None and name is not None:
         raise InputError("--run and --name: a profile joins an existing run (--run) or starts one (--name), not both")
     if replace and run_ref is None:
@@ -308,12 +315,16 @@ def profile(
     if run_ref is not None:
         joined = open_run(resolve_run(run_ref, runs_dir))  # RunFolderError names the folder
         _refuse_to_overwrite(joined, replace)  # before anything, even the lock, is written into it
+        if quant is None:  # profile the payload the run measured
+            ran = joined.typed_manifest.engine
+            quant, scale_dtype = ran.quantization or "none", scale_dtype or ran.scale_dtype
     elif runs_dir.exists() and not runs_dir.is_dir():
         raise InputError(f"--runs-dir {runs_dir} is a file; pass a folder")
 
     opts = SimpleNamespace(steps=steps, input_tokens=input_tokens, checkpoint=checkpoint, dtype=dtype,
                            weight_dtype=weight_dtype, name=name, runs_dir=runs_dir, python_tracer=python_tracer,
-                           max_length=max_length, compile_cache=compile_cache, capturing=False)  # fmt: skip
+                           max_length=max_length, compile_cache=compile_cache, quant=quant, scale_dtype=scale_dtype,
+                           capturing=False)  # fmt: skip
 
     def log_joined_end(run, status: str) -> None:  # a refused flag (before the capture) leaves the run as it was
         if status != "complete" and opts.capturing:
@@ -343,7 +354,8 @@ def _profile(joined, opts):
     flags_info = _set_gpu_flags()  # before anything initialises jax
     setup_logging()
     engine, report, ckpt, cache_dir = open_engine(opts.checkpoint, opts.dtype, opts.max_length, opts.compile_cache,
-                                                  opts.weight_dtype)  # fmt: skip
+                                                  opts.weight_dtype, quant=opts.quant,
+                                                  scale_dtype=opts.scale_dtype)  # fmt: skip
     cell = _sweep_gauge(joined, opts.input_tokens) if joined is not None else None
     # One shape whatever --steps: joining a sweep cell, its compiled shape (the same KV buffer), so the categories,
     # ms per step and the cell's gauge describe one program; every traced position stays inside the model's.
@@ -423,6 +435,9 @@ def _run_mismatches(run, setup) -> list[str]:
     for key, mine in (("compute_dtype", pol.compute_dtype), ("weights", pol.weight_dtype)):
         if run_pol.get(key) not in (None, mine):
             mismatch.append(f"{key} {run_pol[key]} (run) vs {mine} (profile)")
+    quant = setup.engine.quant.canonical
+    if (ran.engine.quantization or "none") != quant:
+        mismatch.append(f"quantization {ran.engine.quantization or 'none'} (run) vs {quant} (profile)")
     return mismatch
 
 
@@ -457,7 +472,8 @@ def _capture_notes(capture, flags_info: dict, steps: int, max_new_tokens: int) -
 
 def _profile_config(setup, opts, bucket: int, decode_bytes: dict) -> dict:
     """profile.json's `config`: the prompt, the profiled shape (bucket, max_new_tokens, KV positions), the steps,
-    the checkpoint id, the dtype policy and the bytes a step reads."""
+    the checkpoint id, the dtype policy, the quantization (canonical `--quant` text), the weight bytes as placed
+    and the bytes a step reads."""
     from bench.runs.manifest import checkpoint_id
 
     pol, prompt, max_new_tokens = setup.engine.policy, setup.prompt, setup.max_new_tokens
@@ -468,6 +484,7 @@ def _profile_config(setup, opts, bucket: int, decode_bytes: dict) -> dict:
         "steps": opts.steps, "warmup": WARMUP_STEPS, "checkpoint": checkpoint_id(setup.ckpt), "policy": pol.line(),
         "compute_dtype": pol.compute_dtype,
         "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "decode_bytes": decode_bytes,
+        "quant": setup.engine.quant.canonical, "weight_bytes": setup.engine.weight_bytes,
     }  # fmt: skip
 
 

@@ -124,7 +124,8 @@ def compare_cmd(
     if any(cell.has_device_loop for cell in result.cells):
         console.print(_device_loop_table(result))
     verdict = {True: "single-variable", False: "NOT single-variable", None: "single-variable not established"}
-    console.print(f"comparison: {verdict[result.single_variable]}")
+    variable = f" ({result.variable})" if result.variable else ""
+    console.print(f"comparison: {verdict[result.single_variable]}{variable}", markup=False)
     if result.differences:
         from bench.report.compare import describe_differences
 

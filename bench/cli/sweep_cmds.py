@@ -16,9 +16,12 @@ from bench.cli.common import (
     CompileCacheOpt,
     DtypeOpt,
     MaxLengthOpt,
+    QuantOpt,
+    ScaleDtypeOpt,
     compile_cache_dir,
     engine_manifest,
     open_engine,
+    parse_quant_flags,
     setup_logging,
 )
 from bench.errors import InputError, RunFolderError
@@ -101,6 +104,21 @@ def _resumed_loop(run, decode_loop: str | None, block: int | None) -> tuple[str,
     return stored
 
 
+def _resumed_quant(run, quant: str | None, scale_dtype: str | None) -> tuple[str, str | None]:
+    """With --resume, --quant / --scale-dtype not given take the run's (a run that records none is dense); a given
+    one that differs is an InputError (compared in canonical form: `--quant ple4,int8_lm_head` is the run's
+    `int8_lm_head,ple4`)."""
+    engine = run.typed_manifest.engine
+    stored = (engine.quantization or "none", engine.scale_dtype)
+    if quant is not None and parse_quant_flags(quant)[0].canonical != stored[0]:
+        raise InputError(f"--quant {quant} differs from the resumed run's {stored[0]}; drop the flag to continue "
+                         f"{run.path} as it started")  # fmt: skip
+    if scale_dtype is not None and stored[1] is not None and scale_dtype != stored[1]:
+        raise InputError(f"--scale-dtype {scale_dtype} differs from the resumed run's {stored[1]}; drop the flag to "
+                         f"continue {run.path} as it started")  # fmt: skip
+    return stored[0], scale_dtype if stored[1] is None else stored[1]
+
+
 def _resumed_durations(run, min_duration: float | None, max_duration: float | None) -> tuple[float, float | None]:
     """With --resume, --min-duration / --max-duration not given take the run's (none: 0 and no bound); a given
     one that differs is an InputError, as for the other workload flags."""
@@ -149,8 +167,8 @@ def check_same_build(run, manifest) -> None:
              "current one)" if ran.schema_version < SCHEMA_VERSION else "")  # fmt: skip
     raise RunFolderError(
         f"run {run.path} was measured with build id {ran.build_id}, this command's build is {manifest.build_id}{older} "
-        "(the code, checkpoint, dtype or engine configuration differ); finish it with the same code and flags, or "
-        "start a new run"
+        "(the code, checkpoint, dtype, quantization or engine configuration differ); finish it with the same code "
+        "and flags, or start a new run"
     )
 
 
@@ -179,6 +197,8 @@ def sweep(
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
     buckets: str | None = BucketsOpt,
+    quant: str | None = QuantOpt,
+    scale_dtype: str | None = ScaleDtypeOpt,
     target: str | None = typer.Option(
         None, "--target", help="Measure an OpenAI-compatible server instead, e.g. http://127.0.0.1:8000/v1 "
         "(prompts sized with --checkpoint's tokenizer; see bench/sweep/remote.py)."),
@@ -217,6 +237,12 @@ def sweep(
         min_duration, max_duration = _resumed_durations(run, min_duration, max_duration)
         compile_cache = _resumed_cache(run, compile_cache)
         decode_loop, decode_block = _resumed_loop(run, decode_loop, decode_block)
+        quant, scale_dtype = _resumed_quant(run, quant, scale_dtype)
+    if target is not None and (quant is not None or scale_dtype is not None):
+        raise InputError(f"--quant {quant or ''}{' --scale-dtype ' + scale_dtype if scale_dtype else ''}: with "
+                         "--target the server's weights are measured as it placed them, which a client cannot "
+                         "quantize; drop the flag (start the server with `bench serve --quant ...`)")  # fmt: skip
+    parse_quant_flags(quant, scale_dtype)  # bad values: one line, before anything loads or is measured
     loops = parse_decode_loop(decode_loop) if decode_loop is not None else None  # bad values: one line first
     if target is not None and (loops not in (None, ("host",)) or decode_block is not None):
         raise InputError(f"--decode-loop {decode_loop or 'host'}{' --decode-block' if decode_block else ''}: with "
@@ -228,7 +254,7 @@ def sweep(
                          max_duration_s=max_duration, block=decode_block,
                          decode_loops=loops or DECODE_LOOP_CHOICES["host" if target else DEFAULT_DECODE_LOOP])  # fmt: skip
     config.check()
-    engine_flags = (dtype, max_length, compile_cache, buckets)
+    engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype)
     if target is not None:
         _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, engine_flags, api_key)
     else:
@@ -245,8 +271,9 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
         raise RunFolderError(f"--runs-dir {runs_dir} is a file; pass a folder")
     setup_logging()
     log = logging.getLogger("bench")
-    dtype, max_length, compile_cache, buckets = engine_flags
-    engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets)
+    dtype, max_length, compile_cache, buckets, quant, scale_dtype = engine_flags
+    engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
+                                                   quant=quant, scale_dtype=scale_dtype)  # fmt: skip
     prompts = build_prompts(engine, config)  # every size checked before a folder is created or anything measured
     counts0 = CompileCounter.snapshot()
     decode_bytes = {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs}

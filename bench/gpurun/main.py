@@ -2,7 +2,7 @@
 
 Usage (from the repository root; the shell script sets PYTHONPATH and calls `python3 -m bench.gpurun`):
 
-    scripts/gpu-run.sh OUTDIR [--budget-s 420] [--checkpoint DIR|builtin:NAME] [--tiny] [--pack DIR]
+    scripts/gpu-run.sh OUTDIR [--budget-s 420] [--checkpoint DIR|builtin:NAME] [--tiny] [--pack DIR] [--quant SET ...]
 
 (`bench gpu-run OUTDIR ...` is the same command where the project is installed.) Nothing is installed: the machine's python3 runs the repository as is. `python3 -m bench.gpurun`
 (bench/gpurun/__main__.py) runs the package check (`REQUIRED`, `check_packages`) with the standard library alone,
@@ -23,6 +23,13 @@ Plans (chosen after the device probe; "remaining" is always the budget left minu
   generator is stopped and the log says how long it had run (so the next task can size its budget).
 - --checkpoint given, or --tiny, or no GPU found ("single"): checkpoint (created first, as its own step, when it is
   `builtin:NAME` and not cached), bandwidth, sweep, profile --run <that sweep's folder>.
+
+Quantization: each `--quant SET` flag (repeatable; SET is one comma-separated option set, as `bench sweep --quant`
+takes it) adds a sweep + profile pair per checkpoint, in the order given, into its own run folder (its steps and
+label carry the set: `quant_tag`), so one lease measures dense (`--quant none`) beside `--quant ple4,int8_lm_head`.
+Without the flag each checkpoint gets one dense pair and no --quant is passed: the default run is unchanged. The
+pairs of one checkpoint share its time: each sweep but the last is capped at an equal share of what is left
+(`_share_cap`), the pilot sweeps together at `pilot_share`, and each E2B pair needs `e2b_min` left to start.
 
 Budget: each step gets a limit from what remains. A sweep gets all of it minus a reserve for the profile that
 follows (minus a grace period); when the reserve would leave it less than its minimum it gets everything, since a
@@ -98,7 +105,10 @@ class Options:
     the plan the probe chooses); `tiny`: CPU mode (the built-in tiny checkpoint, small inputs); `pack`: also write the
     results as <= 8 flat files into this folder. Overrides of the mode's workload (None: the mode's own): `inputs`
     (sweep input sizes, comma-separated tokens), `max_new_tokens` (per request), `repeats` (timed repeats per
-    cell), `steps` (profiled decode steps), `decode_loop` (the sweep's --decode-loop: host, device or both)."""
+    cell), `steps` (profiled decode steps), `decode_loop` (the sweep's --decode-loop: host, device or both).
+    `quant`: the `--quant` option sets, one per `--quant` flag (e.g. ("none", "ple4,int8_lm_head")): each is swept
+    and profiled as its own run, in the order given, wherever the plan sweeps a checkpoint; () (the default): one
+    run per checkpoint, no --quant passed (dense), exactly as before."""
 
     outdir: Path
     budget_s: float = 420.0
@@ -110,6 +120,12 @@ class Options:
     repeats: int | None = None
     steps: int | None = None
     decode_loop: str | None = None
+    quant: tuple[str, ...] = ()
+
+    @property
+    def quant_sets(self) -> tuple[str | None, ...]:
+        """The option set of each run per checkpoint: `quant`, or (None,) (one run, no --quant flag) when empty."""
+        return self.quant or (None,)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,42 +176,80 @@ def check_packages(names: Sequence[str] = REQUIRED) -> None:
 
 
 # ---- plans -------------------------------------------------------------------------------------------------------
-def plan_single(ctx: Context, spec: str, work: Workload, gpu: bool, tag: str) -> None:
+def quant_tag(tag: str, quant: str | None) -> str:
+    """The step and run-label tag of `tag` measured with option set `quant`: `tag` itself for None (no --quant),
+    else TAG-SET with the set in run-label characters ("ple4,int8_lm_head" -> "pilot-int8_lm_head.ple4", canonical
+    order; "w4:64" -> "w4-64")."""
+    if quant is None:
+        return tag
+    from model.quantspec import parse_quant  # standard library only (no jax, no numpy)
+
+    return f"{tag}-{parse_quant(quant).canonical.replace(',', '.').replace(':', '-')}"
+
+
+def _share_cap(ctx: Context, runs_left: int) -> float | None:
+    """The cap of one sweep of `runs_left` sweep + profile pairs still to run on one checkpoint: an equal share of
+    the time left, less the profile's reserve and the grace period (at least `Timing.sweep_min`); None for the last
+    pair (the sweep's own rule: all that is left but the reserve)."""
+    if runs_left <= 1:
+        return None
+    t = ctx.timing
+    return max(t.sweep_min, ctx.remaining() / runs_left - t.profile_reserve - t.grace)
+
+
+def plan_single(ctx: Context, spec: str, work: Workload, gpu: bool, tag: str,
+                quants: Sequence[str | None] = (None,)) -> None:  # fmt: skip
     """The "single" plan: checkpoint `spec` (a folder or `builtin:NAME`, created first when needed), bandwidth,
-    sweep, then profile into that sweep's run folder. `tag` names the steps (sweep-TAG, profile-TAG) and the run
-    label (gpurun-TAG-HHMMSS); `gpu` gives the profile the GPU profiling flags. Stops after a failed checkpoint."""
+    then per option set of `quants` (`Options.quant_sets`) a sweep and a profile into that sweep's run folder, each
+    sweep but the last capped at its share of the time left (`_share_cap`). `tag` names the steps (sweep-TAG,
+    profile-TAG, with the set: `quant_tag`) and the run label (gpurun-TAG-HHMMSS); `gpu` gives the profile the GPU
+    profiling flags. Stops after a failed checkpoint."""
     if not checkpoint_step(ctx, spec):
         return
     bandwidth(ctx, work)
-    run = sweep(ctx, f"sweep-{tag}", f"gpurun-{tag}-{stamp()}", spec, work)
-    profile(ctx, f"profile-{tag}", run, spec, work, gpu)
+    for i, q in enumerate(quants):
+        qtag = quant_tag(tag, q)
+        run = sweep(ctx, f"sweep-{qtag}", f"gpurun-{qtag}-{stamp()}", spec, work, cap=_share_cap(ctx, len(quants) - i),
+                    quant=q)  # fmt: skip
+        profile(ctx, f"profile-{qtag}", run, spec, work, gpu, quant=q)
 
 
-def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, plan: PilotPlan = PilotPlan()) -> None:
+def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, plan: PilotPlan = PilotPlan(),
+                   quants: Sequence[str | None] = (None,)) -> None:  # fmt: skip
     """The "pilot + E2B" plan (module docstring): checkpoint `plan.big` is generated in a background CPU process
-    while bandwidth and the `plan.pilot` sweep (capped at `Timing.pilot_share` of the budget) run, then the pilot's
-    profile while `big` is still being written (else after the E2B steps). `big` is swept and profiled when it is
-    ready with at least `Timing.e2b_min` s left, else the generator is stopped and the log says how long it ran (s).
-    `gpu` gives the profiles the GPU profiling flags. The generator's output goes to logs/checkpoint-BIG.log."""
+    while bandwidth and the `plan.pilot` sweeps (one per option set of `quants`, together capped at
+    `Timing.pilot_share` of the budget) run, each pilot's profile while `big` is still being written (else after
+    the E2B steps). `big` is swept and profiled per option set when it is ready with at least `Timing.e2b_min` s
+    left for that set (its sweeps but the last capped at their share, `_share_cap`), else the generator is stopped
+    and the log says how long it ran (s). `gpu` gives the profiles the GPU profiling flags. The generator's output
+    goes to logs/checkpoint-BIG.log."""
     t, big, pilot_spec = ctx.timing, plan.big, f"builtin:{plan.pilot}"
     gen_t0 = time.monotonic()
     gen_log = _start_generator(ctx, big)
     bandwidth(ctx, work)
-    pilot_cap = max(t.sweep_min, t.pilot_share * ctx.budget)
-    pilot = sweep(ctx, "sweep-pilot", f"gpurun-pilot-{plan.pilot}-{stamp()}", pilot_spec, work, cap=pilot_cap)
-    pilot_profiled = ctx.background.poll() is None and not ctx.stopping
-    if pilot_profiled:  # the GPU is idle otherwise: profile the pilot while the big checkpoint is written
-        profile(ctx, "profile-pilot", pilot, pilot_spec, work, gpu)
-    if _settle_generator(ctx, big, gen_t0):
-        if ctx.remaining() >= t.e2b_min:
-            run = sweep(ctx, f"sweep-{big}", f"gpurun-{big}-{stamp()}", f"builtin:{big}", work)
-            profile(ctx, f"profile-{big}", run, f"builtin:{big}", work, gpu)
+    pilot_cap = max(t.sweep_min, t.pilot_share * ctx.budget / len(quants))
+    unprofiled = []
+    for q in quants:
+        tag = quant_tag("pilot", q)
+        pilot = sweep(ctx, f"sweep-{tag}", f"gpurun-{quant_tag(f'pilot-{plan.pilot}', q)}-{stamp()}", pilot_spec,
+                      work, cap=pilot_cap, quant=q)  # fmt: skip
+        if ctx.background.poll() is None and not ctx.stopping:  # the GPU is idle otherwise: profile meanwhile
+            profile(ctx, f"profile-{tag}", pilot, pilot_spec, work, gpu, quant=q)
         else:
-            skip(ctx, f"sweep-{big}", f"{ctx.remaining():.0f} s left, needs {t.e2b_min:.0f} s")
+            unprofiled.append((tag, pilot, q))
+    if _settle_generator(ctx, big, gen_t0):
+        for i, q in enumerate(quants):
+            tag = quant_tag(big, q)
+            if ctx.remaining() < t.e2b_min:
+                skip(ctx, f"sweep-{tag}", f"{ctx.remaining():.0f} s left, needs {t.e2b_min:.0f} s")
+                continue
+            run = sweep(ctx, f"sweep-{tag}", f"gpurun-{tag}-{stamp()}", f"builtin:{big}", work,
+                        cap=_share_cap(ctx, len(quants) - i), quant=q)  # fmt: skip
+            profile(ctx, f"profile-{tag}", run, f"builtin:{big}", work, gpu, quant=q)
     gen_log.close()
     ctx.background = None
-    if not pilot_profiled:
-        profile(ctx, "profile-pilot", pilot, pilot_spec, work, gpu)
+    for tag, pilot, q in unprofiled:
+        profile(ctx, f"profile-{tag}", pilot, pilot_spec, work, gpu, quant=q)
 
 
 def _start_generator(ctx: Context, big: str):
@@ -256,12 +310,31 @@ def check_options(options: Options) -> None:
             raise InputError(f"{flag} {value}: expected a positive whole number")
     if options.decode_loop is not None and options.decode_loop not in ("host", "device", "both"):
         raise InputError(f"--decode-loop {options.decode_loop}: expected host, device or both")
+    _check_quant_sets(options.quant)
     spec = options.checkpoint
     if spec is not None:
         if spec.startswith("builtin:") and not spec.split(":", 1)[1]:
             raise InputError(f"--checkpoint {spec}: expected builtin:NAME (e.g. builtin:tiny)")
         if not spec.startswith("builtin:") and not Path(spec).expanduser().is_dir():
             raise InputError(f"--checkpoint {spec}: no such folder; pass a checkpoint folder or builtin:NAME")
+
+
+def _check_quant_sets(sets: Sequence[str]) -> None:
+    """InputError (one line) for a `--quant` option set that `model.quantspec.parse_quant` refuses, or one given
+    twice (in canonical form: "ple4,int8_lm_head" and "int8_lm_head,ple4" are the same set)."""
+    from model.errors import QuantError
+    from model.quantspec import parse_quant  # standard library only (no jax, no numpy)
+
+    seen: dict[str, str] = {}
+    for text in sets:
+        try:
+            canonical = parse_quant(text).canonical
+        except QuantError as exc:
+            raise InputError(f"{exc} (each --quant flag of gpu-run is one option set)") from None
+        if canonical in seen:
+            raise InputError(f"--quant {text}: the same option set as --quant {seen[canonical]}; expected each "
+                             "set once, one --quant flag per set (e.g. --quant none --quant ple4,int8_lm_head)")  # fmt: skip
+        seen[canonical] = text
 
 
 def run(options: Options, *, emit: Callable[[str], None], plan: PilotPlan | None = None) -> Outcome:
@@ -304,16 +377,17 @@ def _measure(ctx: Context, options: Options, plan: PilotPlan | None) -> int:
         work = _workload(options, GPU_WORK if gpu else TINY_WORK)
         ctx.say(f"gpu-run: budget {ctx.budget:.0f} s ({ctx.remaining():.0f} s left after the probe); mode "
                 f"{'gpu' if gpu else 'tiny'}; inputs {work.inputs}, {work.max_new_tokens} new tokens, {work.repeats} "
-                f"repeats, decode loop {work.decode_loop}, profile {work.steps} steps; out {ctx.outdir}")  # fmt: skip
+                f"repeats, decode loop {work.decode_loop}, profile {work.steps} steps"
+                f"{'; quant ' + ' | '.join(options.quant) if options.quant else ''}; out {ctx.outdir}")  # fmt: skip
         spec = _checkpoint_spec(options.checkpoint)
         if plan is None and gpu:
             plan = PilotPlan()
         if spec is None and plan is not None:
-            plan_pilot_e2b(ctx, work, gpu, plan)
+            plan_pilot_e2b(ctx, work, gpu, plan, options.quant_sets)
         else:
             spec = spec or "builtin:tiny"
             tag = "tiny" if spec == "builtin:tiny" else re.sub(r"[^A-Za-z0-9._-]", "-", Path(spec.split(":")[-1]).name)
-            plan_single(ctx, spec, work, gpu, tag)
+            plan_single(ctx, spec, work, gpu, tag, options.quant_sets)
         return exit_code(ctx)
     except MissingModuleError as exc:
         ctx.say(f"error: {exc}")

@@ -4,10 +4,11 @@ measurement.md (Rooflines): bytes per decode step = every weight the step touche
 (quantized tables at their packed size), plus the KV cache read at that context; roofline share = bytes per
 step x decode tok/s / bandwidth.
 
-Pure arithmetic, no jax: the model's facts come from `model.config` and `model.accounting`, which import no jax
-(architecture.md, wall 5: one fact, one place). This module adds only what the published runs stored differently:
-the quantized layouts (`WeightLayout`), applied group by group to `model.accounting`'s counts (`param_counts`:
-body, tied embedding, PLE table; `decode_reads`: body, one embedding row, one PLE row, the lm_head).
+Pure arithmetic, no jax: the model's facts come from `model.config`, `model.accounting` and `model.quantspec`,
+which import no jax (architecture.md, wall 5: one fact, one place). A layout (`WeightLayout`) is a `--quant`
+option set plus the widths of what it leaves dense; every byte count is `model.accounting.weight_bytes_by_component`
+in that layout (the engine's own accounting, so the published layout and our quantized runs are counted alike).
+`run_layout` builds the layout of one of our runs from its manifest's quantization and dtypes.
 Measured runs use the engine's own bytes (`model.engine.Engine.decode_bytes`: weights as loaded, plus the whole KV
 buffer that every layer's decode attention reads). The KV term here (`kv_cache_bytes`) reads the same
 `model.accounting.kv_read_elements` over the positions up to the context instead of the whole buffer, and only
@@ -18,12 +19,12 @@ The published runs measured google/gemma-4-E2B-it's text decoder, `model.config.
 full attention every 5th, 8 query heads, 1 KV head, head dims 256 (sliding) / 512 (full), feed-forward 6144
 (12288 on the 20 KV-shared layers 15-34), PLE width 256, sliding window 512. Its parameter count is 4,628,569,379.
 
-Layouts (`WeightLayout`): `PLE4_INT8_LM_HEAD` is the published runs' "ple4 + int8_lm_head": every weight at
-16 bits except the per-layer-embedding (PLE) table, packed at 4 bits with one 16-bit scale per (row, layer), and
-a separate int8 copy of the tied embedding for the output projection with one 16-bit scale per row. The scale
-layout is inferred, not published: it is the simple layout that reproduces the published weight total,
-6,155,450,950 bytes, to the byte (the test checks it), and it matches the published parameter dtypes
-{float16: 541, uint8: 1, int8: 1}.
+Layouts (`WeightLayout`): `PLE4_INT8_LM_HEAD` is the published runs' "ple4 + int8_lm_head" (`--quant
+ple4,int8_lm_head`): every weight at 16 bits except the per-layer-embedding (PLE) table, packed at 4 bits with one
+16-bit scale per (row, 256 values) (for E2B: per (row, layer)), and a separate int8 copy of the tied embedding for
+the output projection with one 16-bit scale per row. The scale layout is inferred, not published: it is the simple
+layout that reproduces the published weight total, 6,155,450,950 bytes, to the byte (the test checks it), and it
+matches the published parameter dtypes {float16: 541, uint8: 1, int8: 1}.
 
 Units: bytes; bandwidth in GiB/s (2^30 bytes/s); shares in %.
 """
@@ -32,8 +33,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from model.accounting import decode_reads, kv_read_elements, param_counts
+from model.accounting import (
+    WeightBytes,
+    decode_reads,
+    global_shapes,
+    kv_read_elements,
+    param_counts,
+    weight_bytes_by_component,
+)
 from model.config import ModelConfig
+from model.quantspec import QuantSpec, parse_quant
 
 from bench.errors import InputError
 
@@ -43,25 +52,48 @@ GIB = 2**30
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WeightLayout:
-    """How weights are stored. Bits per element; scales in bytes.
+    """How weights are stored: the `--quant` option set and the widths of what it leaves dense.
 
-    dense_bits: every weight not listed below (16: float16 / bfloat16).
-    ple_bits: the PLE table's packed width (None = dense), with `ple_scale_bytes` per (vocab row, layer).
-    lm_head_bits: a separate quantized copy of the tied embedding used by the output projection (None = the
-        projection reads the dense tied table), with `lm_head_scale_bytes` per vocab row.
+    name: the layout's label ("ple4 + int8_lm_head", or a run's canonical `--quant` text).
+    quant: the option set as `--quant` takes it (`model.quantspec.parse_quant`; "none": every weight dense).
+    dense_bits: every weight the option set leaves dense (16: float16 / bfloat16; 32: float32).
+    scale_bytes: bytes per quantization scale (2: 16-bit scales).
     kv_bits: the KV cache element width.
+    Byte counts come from `model.accounting.weight_bytes_by_component` under `spec` (the engine's own accounting).
     """
 
     name: str
+    quant: str = "none"
     dense_bits: int = 16
-    ple_bits: int | None = None
-    ple_scale_bytes: int = 2
-    lm_head_bits: int | None = None
-    lm_head_scale_bytes: int = 2
+    scale_bytes: int = 2
     kv_bits: int = 16
 
+    @property
+    def spec(self) -> QuantSpec:
+        """The parsed option set. Raises QuantError for one `parse_quant` refuses."""
+        return parse_quant(self.quant)
 
-PLE4_INT8_LM_HEAD = WeightLayout(name="ple4 + int8_lm_head", ple_bits=4, lm_head_bits=8)
+    def components(self, cfg: ModelConfig) -> WeightBytes:
+        """`model.accounting.weight_bytes_by_component` of `cfg` in this layout."""
+        return weight_bytes_by_component(cfg, self.dense_bits // 8, scale_itemsize=self.scale_bytes, quant=self.spec)
+
+
+PLE4_INT8_LM_HEAD = WeightLayout(name="ple4 + int8_lm_head", quant="ple4,int8_lm_head")
+
+_ITEM_BITS = {"float32": 32, "bfloat16": 16, "float16": 16}
+
+
+def run_layout(quantization: str | None, weight_dtype: str | None, scale_dtype: str | None = None) -> WeightLayout:
+    """The layout of one of our runs from its manifest's engine configuration (`bench.runs.EngineConfig`):
+    `quantization` (canonical `--quant` text; None: dense, as a manifest from before `--quant` reads),
+    `weight_dtype` (the dense weights' dtype name), `scale_dtype` (None: 16-bit). Raises InputError for a dtype
+    name it does not know, QuantError for an option set `parse_quant` refuses."""
+    for what, name in (("weight dtype", weight_dtype), ("scale dtype", scale_dtype or "bfloat16")):
+        if name not in _ITEM_BITS:
+            raise InputError(f"{what} {name!r}: expected one of {', '.join(_ITEM_BITS)}")
+    quant = parse_quant(quantization).canonical
+    return WeightLayout(name=quant, quant=quant, dense_bits=_ITEM_BITS[weight_dtype],
+                        scale_bytes=_ITEM_BITS[scale_dtype or "bfloat16"] // 8)  # fmt: skip
 
 
 def total_params(cfg: ModelConfig) -> int:
@@ -74,24 +106,11 @@ def _bits_to_bytes(count: int, bits: int) -> int:
 
 
 def stored_weight_bytes(cfg: ModelConfig, layout: WeightLayout) -> int:
-    """Bytes of every stored weight tensor (what a loader reports as weight bytes). 6,155,450,950 for E2B in
-    `PLE4_INT8_LM_HEAD`: body and input embedding at 16 bits, PLE packed + scales, int8 lm_head copy + scales.
-    Counts: `model.accounting.param_counts`."""
-    counts = param_counts(cfg)
-    total = _bits_to_bytes(counts.body + counts.embedding, layout.dense_bits)
-    if layout.ple_bits is None:
-        total += _bits_to_bytes(counts.ple_table, layout.dense_bits)
-    elif counts.ple_table:
-        scales = _ple_scales(cfg, cfg.ple_vocab)
-        total += _bits_to_bytes(counts.ple_table, layout.ple_bits) + scales * layout.ple_scale_bytes
-    if layout.lm_head_bits is not None:
-        total += _bits_to_bytes(counts.embedding, layout.lm_head_bits) + cfg.vocab_size * layout.lm_head_scale_bytes
-    return total
-
-
-def _ple_scales(cfg: ModelConfig, rows: int) -> int:
-    """Scales of `rows` rows of a quantized PLE table: one per (row, layer)."""
-    return rows * cfg.num_layers
+    """Bytes of every stored weight tensor (what a loader reports as weight bytes): the weight-bytes gauge of
+    `model.accounting` in `layout`. 6,155,450,950 for E2B in `PLE4_INT8_LM_HEAD`: body and input embedding at 16
+    bits, the PLE table packed at 4 bits + one 16-bit scale per (row, 256 values), an int8 lm_head copy + one
+    scale per row."""
+    return layout.components(cfg).bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,41 +161,33 @@ def kv_cache_bytes(cfg: ModelConfig, layout: WeightLayout, context_tokens: int) 
 
 
 def decode_step_bytes(cfg: ModelConfig, layout: WeightLayout, context_tokens: int = 0) -> ByteAccount:
-    """Bytes one decode step (one new token, batch 1) reads, as a `ByteAccount`.
+    """Bytes one decode step (one new token, batch 1) reads, as a `ByteAccount` of `model.accounting`'s components
+    in `layout` (`weight_bytes_by_component(...).decode_bytes`, term by term; the weight terms add up to
+    `model.accounting.decode_weight_bytes`).
 
-    Terms (counts: `model.accounting.decode_reads`): the body (every non-embedding weight: all are touched once
-    per step) at dense bits; one row (D) of the input embedding; one row (L x P) of the PLE table, at its packed
-    width plus its L scales; the output projection: the whole int8 lm_head copy plus its scales, or the whole
-    dense tied table when the layout has no lm_head copy; the KV cache at `context_tokens` (0 leaves it out).
+    Terms: the body (the layers, the PLE projection and norm, the final norm: all read whole, the layer projections
+    at their packed size where `layout` quantizes them); one row (D) of the input embedding; one row (L x P) of the
+    PLE table, at its packed width plus its scales; the output projection: the whole int8 lm_head copy plus its
+    scales, or the whole dense tied table when the layout has no lm_head copy; the KV cache at `context_tokens`
+    (0 leaves it out).
     """
-    reads, v, d, dense = decode_reads(cfg), cfg.vocab_size, cfg.hidden_size, layout.dense_bits
+    parts = {c.name: c for c in layout.components(cfg).components}
+    spec, reads, v, d, dense = layout.spec, decode_reads(cfg), cfg.vocab_size, cfg.hidden_size, layout.dense_bits
+    body = sum(parts[n].decode_bytes for n in ("layers", "PLE projection+norm", "other"))
+    layers = (f": the layer projections at {spec.layer_bits} bits + scales, the rest" if spec.layer_bits else "")
+    ple_table = global_shapes(cfg)["ple_embed_VX"]
+    ple_scales = parts["PLE table"].scales // ple_table[0] if ple_table and spec.ple_bits else 0
+    ple_width = f"{spec.ple_bits} bits + {ple_scales} scales" if spec.ple_bits else f"{dense} bits"
     terms = [
-        ByteTerm("body", _bits_to_bytes(reads.body, dense),
-                 f"all {reads.body:,} non-embedding parameters at {dense} bits"),
-        ByteTerm("input_embedding_row", _bits_to_bytes(reads.input_embedding_row, dense),
+        ByteTerm("body", body, f"all {reads.body:,} non-embedding parameters{layers} at {dense} bits"),
+        ByteTerm("input_embedding_row", parts["input embedding"].decode_bytes,
                  f"one row of the {v:,} x {d} input embedding at {dense} bits"),
+        ByteTerm("ple_row", parts["PLE table"].decode_bytes,
+                 f"one row ({reads.ple_row} values) of the PLE table at {ple_width}"),
+        ByteTerm("lm_head", parts["LM head"].decode_bytes,
+                 f"the whole {v:,} x {d} lm_head copy at 8 bits + one scale per row" if spec.int8_lm_head
+                 else f"the whole tied {v:,} x {d} embedding at {dense} bits (output projection)"),
     ]  # fmt: skip
-    if layout.ple_bits is None:
-        terms.append(ByteTerm(
-            "ple_row", _bits_to_bytes(reads.ple_row, dense),
-            f"one row ({reads.ple_row} values) of the PLE table at {dense} bits",
-        ))  # fmt: skip
-    else:
-        scales = _ple_scales(cfg, 1) if reads.ple_row else 0
-        terms.append(ByteTerm(
-            "ple_row", _bits_to_bytes(reads.ple_row, layout.ple_bits) + scales * layout.ple_scale_bytes,
-            f"one row ({reads.ple_row} values) of the PLE table at {layout.ple_bits} bits + {scales} scales",
-        ))  # fmt: skip
-    if layout.lm_head_bits is None:
-        terms.append(ByteTerm(
-            "lm_head", _bits_to_bytes(reads.lm_head, dense),
-            f"the whole tied {v:,} x {d} embedding at {dense} bits (output projection)",
-        ))  # fmt: skip
-    else:
-        terms.append(ByteTerm(
-            "lm_head", _bits_to_bytes(reads.lm_head, layout.lm_head_bits) + v * layout.lm_head_scale_bytes,
-            f"the whole {v:,} x {d} lm_head copy at {layout.lm_head_bits} bits + one scale per row",
-        ))  # fmt: skip
     if context_tokens:
         terms.append(ByteTerm(
             "kv_cache", kv_cache_bytes(cfg, layout, context_tokens),

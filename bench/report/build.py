@@ -61,6 +61,8 @@ from bench.report.views import (
     device_views,
     history_series,
     history_tables,
+    quant_families,
+    quant_tables,
     roofline_tables,
     runs_table,
 )
@@ -292,7 +294,7 @@ def build_report(
     views = [v for g in groups for v in sorted(g.views, key=lambda v: v is not bases[g.gid])]
     out = _out_dir(out_dir)
     rows, files = _write_data_files(out, views)
-    sections = [_groups_section(groups)]
+    sections = [_groups_section(groups), *_quant_section(groups)]
     findings: list[str] = []
     for g in groups:
         section, plots, found = group_section(g, bases[g.gid], out)
@@ -372,6 +374,18 @@ def _groups_section(groups: list[Group]) -> Section:
     table = Table(title="", header=header, rows=rows, kind="groups",
                   notes=["runs: shown of those that passed the selection's filters (the history view uses all)."])
     return Section(title="Comparison groups", anchor="groups", blocks=[table, *([Bullets(items=splits)] if splits else [])])
+
+
+def _quant_section(groups: list[Group]) -> list[Section]:
+    """The quantization options side by side (`bench.report.views.quant_tables`), one section for every family of
+    groups that differ only in quantization; [] when there is none."""
+    tables = [t for family in quant_families(groups) for t in quant_tables(family)]
+    if not tables:
+        return []
+    intro = ("Groups that differ only in quantization (`--quant`), side by side: each option is its own comparison "
+             "group (its weights, weight bytes and build differ), so speedups and findings stay within each group; "
+             "`bench compare DENSE QUANTIZED` treats the quantization as the single variable.")  # fmt: skip
+    return [Section(title="Quantization options", anchor="quant", blocks=[intro, *tables])]
 
 
 def _chunks(views: list[RunView], n: int) -> list[list[RunView]]:

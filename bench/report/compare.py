@@ -19,7 +19,9 @@ Partial cells (fewer timed repeats than planned: a stopped sweep, or `--max-dura
 the verdict like any cell: their medians are of the repeats they have, which is a real but thinner measurement.
 They are never silent: `Comparison.partial` names each one (side, run, input size, k of N repeats, what stopped
 it) and `Comparison.verdict` reads "PASS with partial cells: ..." (or FAIL). A single-variable comparison needs equal build id, checkpoint hash,
-configuration and weight bytes (measurement.md, "Comparisons"); `manifest_differences` says which differ.
+configuration and weight bytes (measurement.md, "Comparisons"); `manifest_differences` says which differ. Two runs
+that differ only in quantization (`quant_variable`: the quantization and what it changes by itself, with equal
+dense build ids) are a single-variable comparison in it (`Comparison.variable`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from bench.runs import CellRow, RunFolder, Sample, open_complete_run
+from bench.runs import CellRow, Manifest, RunFolder, Sample, open_complete_run
 
 SINGLE_VARIABLE_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("build id", ("build_id",)),
@@ -129,6 +131,25 @@ def describe_differences(diffs: list[Difference]) -> str:
     return "; ".join(parts)
 
 
+QUANT_CONSEQUENCES = ("build id", "weight bytes", "configuration.quantization", "configuration.scale_dtype")
+"""The single-variable keys a change of `--quant` changes by itself: its build, weight bytes and the two fields."""
+
+
+def quant_variable(base: Manifest, cand: Manifest) -> str | None:
+    """"quantization A vs B" when two runs differ in their quantization (option set or scale dtype) and in nothing
+    else a single-variable comparison needs equal: every other differing single-variable key is one of
+    `QUANT_CONSEQUENCES`, and their dense build ids (`Manifest.dense_build_id`: the same code, checkpoint and
+    engine configuration without quantization) are equal and known. None otherwise."""
+    qa, qb = ((m.engine.quantization or "none", m.engine.scale_dtype) for m in (base, cand))
+    if qa == qb or base.dense_build_id is None or base.dense_build_id != cand.dense_build_id:
+        return None
+    diffs = [d for d in manifest_differences(base.to_dict(), cand.to_dict()) if d.single_variable_key]
+    if any(d.field not in QUANT_CONSEQUENCES for d in diffs):
+        return None
+    shown = (q + (f" ({s} scales)" if s not in (None, "bfloat16") else "") for q, s in (qa, qb))
+    return "quantization " + " vs ".join(shown)
+
+
 def single_variable(base: dict[str, Any], cand: dict[str, Any]) -> tuple[bool | None, list[Difference]]:
     """(True, []) when build id, checkpoint hash, configuration and weight bytes are equal and known;
     (False, diffs) when a known value differs; (None, diffs) when nothing known differs but some are unknown."""
@@ -195,6 +216,9 @@ class Comparison:
     notes: list[str]
     partial: list[str] = dataclasses.field(default_factory=list)
     """Each partial cell of either run, as "candidate RUN, N input tokens: k of M repeats (stopped_by)"."""
+    variable: str | None = None
+    """The single variable when it is the quantization (`quant_variable`, e.g. "quantization none vs w8"), else
+    None; `single_variable` is then True."""
 
     @property
     def passed(self) -> bool:
@@ -319,8 +343,9 @@ def compare_runs(
             elif t.status == "unknown":
                 failures.append(f"{t.input_tokens} input tokens: token agreement cannot be checked ({t.note})")
     same, _ = single_variable(base.manifest, cand.manifest)
+    variable = quant_variable(base.typed_manifest, cand.typed_manifest)
     return Comparison(
         baseline=base.name, candidate=cand.name, max_slowdown_pct=max_slowdown_pct, cells=deltas, tokens=tokens,
-        differences=manifest_differences(base.manifest, cand.manifest), single_variable=same, failures=failures,
-        notes=notes, partial=partial,
+        differences=manifest_differences(base.manifest, cand.manifest), single_variable=same or variable is not None,
+        failures=failures, notes=notes, partial=partial, variable=variable,
     )  # fmt: skip

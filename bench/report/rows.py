@@ -42,6 +42,7 @@ _DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})")
 DEFAULT_BATCH = 1
 DEFAULT_CONCURRENCY = 1
 DEFAULT_QUANTIZATION = "none"
+DEFAULT_SCALE_DTYPE = "bfloat16"
 
 
 METHOD_IN_PROCESS = "in-process"
@@ -124,6 +125,16 @@ def _int_or(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
+def quantization_label(quantization: str | None, scale_dtype: str | None) -> str:
+    """A run's quantization as its key: the recorded option set ("none" when unrecorded: a manifest from before
+    `--quant` is dense), with its scale dtype named when not the default bfloat16 ("w8 (float16 scales)"), so runs
+    whose weights differ never share a key."""
+    quant = quantization or DEFAULT_QUANTIZATION
+    if quant == DEFAULT_QUANTIZATION or scale_dtype in (None, DEFAULT_SCALE_DTYPE):
+        return quant
+    return f"{quant} ({scale_dtype} scales)"
+
+
 def run_keys(view: Any) -> RunKeys:
     """The identity keys of a `bench.report.tables.RunView` (from its typed manifest; defaults as the module
     docstring says). Raises RunFolderError when the manifest breaks its schema (it was validated on loading)."""
@@ -134,7 +145,7 @@ def run_keys(view: Any) -> RunKeys:
         run=view.name, label=view.label, device=chip_name(dict(m.device)),
         host=m.host.get("description") or m.host.get("cpu_model"), checkpoint_id=m.checkpoint.id,
         checkpoint_hash=m.checkpoint.content_hash, weight_bytes=m.checkpoint.weight_bytes,
-        quantization=m.engine.quantization or DEFAULT_QUANTIZATION,
+        quantization=quantization_label(m.engine.quantization, m.engine.scale_dtype),
         weight_dtype=m.engine.weight_dtype or policy.get("weights"),
         compute_dtype=m.engine.compute_dtype or policy.get("compute_dtype"),
         kv_cache_dtype=m.engine.kv_cache_dtype or policy.get("kv_cache"),

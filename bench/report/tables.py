@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
-from bench.report.rows import chip_name
+from bench.report.rows import chip_name, quantization_label
 from bench.runs import CellRow, RunFolder, Sample, load_complete_run, resolve_run, run_folders
 from bench.runs.columns import (
     BUCKET,
@@ -215,6 +215,8 @@ def environment_table(views: list[RunView]) -> tuple[list[str], list[list[Any]],
         ("build id", lambda v: g(v, "build_id")),
         ("checkpoint", lambda v: g(v, "checkpoint", "id")),
         ("checkpoint hash", lambda v: g(v, "checkpoint", "content_hash")),
+        ("quantization", lambda v: quantization_label(g(v, "engine_config", "quantization"),
+                                                      g(v, "engine_config", "scale_dtype"))),
         ("weight bytes", lambda v: g(v, "checkpoint", "weight_bytes")),
         ("configuration", lambda v: _config_text(g(v, "engine_config"))),
         ("git commit", lambda v: g(v, "git", "commit")),

@@ -11,6 +11,11 @@
 - `history_tables`: one configuration over time (device, batch, concurrency fixed), one line per run with each
   cell's median and (min–max), the last `MAX_HISTORY_ROWS` runs.
 
+Across groups, `quant_families` finds groups that differ only in quantization (each option is a comparison group
+of its own: its weights, weight bytes and build differ), and `quant_tables` shows them side by side per device:
+one row per option (the latest run of its group on that device), its weight bytes, gauge, bytes per step and
+roofline share per input size.
+
 A table is at most `MAX_COLUMNS` columns and `MAX_ROWS` rows. Numbers print as bench.runs.columns prints them
 (`rate_text`). No jax, no engine.
 """
@@ -213,4 +218,53 @@ def history_tables(group: Group) -> list[Table]:
         if len(shown) < len(runs):
             notes.append(f"{len(runs) - len(shown)} earlier run(s) left out here; rows.csv holds them all.")
         out.append(Table(title=f"{group.gid} history: {name}", header=header, rows=rows, notes=notes, kind="history"))
+    return out
+
+
+# ---- quantization options side by side, across groups ---------------------------------------------------------------
+def _without_quant(group: Group) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, v) for k, v in group.key if k != "quantization")
+
+
+def quant_families(groups: Sequence[Group]) -> list[list[Group]]:
+    """The measured groups that share every identity key but quantization, two or more at a time: one list per
+    such family, dense ("none") first, then by option text; families in the order of their first group."""
+    families: dict[Any, list[Group]] = {}
+    for g in groups:
+        if not g.published:
+            families.setdefault(_without_quant(g), []).append(g)
+    return [sorted(f, key=lambda g: (dict(g.key)["quantization"] != "none", str(dict(g.key)["quantization"])))
+            for f in families.values() if len(f) > 1]  # fmt: skip
+
+
+def quant_tables(family: Sequence[Group]) -> list[Table]:
+    """Per device that two or more groups of `family` (`quant_families`) measured: the options side by side, one
+    row per option (its group's latest run there, `device_views`). Two tables: weight bytes (as placed: packed
+    values + scales) and gauge tok/s per input size; bytes per step and roofline % per input size."""
+    out = []
+    per_group = [(g, {g.keys[v.name].device: v for v in device_views(g)}) for g in family]
+    devices = sorted({d for _, by_dev in per_group for d in by_dev})
+    gids = ", ".join(g.gid for g in family)
+    for device in devices:
+        rows = [(g, by_dev[device]) for g, by_dev in per_group if device in by_dev]
+        if len(rows) < 2:
+            continue
+        sizes = _sizes([v for _, v in rows])
+        quant = [(dict(g.key)["quantization"], g.gid) for g, _ in rows]
+        weights = [fmt_num(g.keys[v.name].weight_bytes, 0) for g, v in rows]
+        gauge = Table(title=f"{gids}, {device}: decode by quantization", kind="quant",
+                      header=["quant", "group", "weight bytes", *(f"{s:,} gauge" for s in sizes)],
+                      rows=[[q, gid, w, *(rate_text(v.cells.get(s), "gauge") for s in sizes)]
+                            for (q, gid), w, (_, v) in zip(quant, weights, rows)],
+                      notes=["gauge tok/s, median (min–max); weight bytes as placed on the device (packed values + "
+                             "scales; 4-bit values two per byte). Each option is its own comparison group: the "
+                             "row is its latest run on this device."])  # fmt: skip
+        roof = Table(title=f"{gids}, {device}: bytes per step by quantization", kind="quant",
+                     header=["quant", *(f"{s:,} {h}" for s in sizes for h in ("bytes/step", "roofline %"))],
+                     rows=[[q, *(c.text(v.cells.get(s)) for s in sizes for c in (BYTES_PER_STEP, ROOFLINE_SHARE))]
+                           for (q, _), (_, v) in zip(quant, rows)],
+                     notes=["bytes/step: the weights one decode step reads at their packed size plus the KV cache "
+                            "at the cell's compiled shape; roofline % = bytes/step x gauge / the run's measured "
+                            "copy bandwidth (— where a run has no rooflines)."])  # fmt: skip
+        out += [gauge, roof]
     return out

@@ -91,22 +91,37 @@ class EngineConfig:
     """The engine configuration that decides what runs: with the code and the checkpoint, the build payload.
 
     `buckets`: the prompt-length ladder (tokens); `max_length`: the largest prompt (tokens); `batch`: sequences
-    decoded together; `quantization`: "none" or a scheme; dtypes by name ("float32", "bfloat16", ...).
+    decoded together; `quantization`: "none" or the `--quant` option set in its canonical text
+    (`model.quantspec.QuantSpec.canonical`, e.g. "int8_lm_head,ple4"); `scale_dtype`: the dtype of the
+    quantization scales, None when nothing is quantized (a dense run has no scales: its build does not depend on
+    `--scale-dtype`); dtypes by name ("float32", "bfloat16", ...). A manifest written before `--quant` existed
+    records quantization "none" (or nothing) and no scale dtype: it reads as dense.
     """
 
     buckets: tuple[int, ...] | None = None
     max_length: int | None = None
     batch: int | None = None
     quantization: str | None = None
+    scale_dtype: str | None = None
     weight_dtype: str | None = None
     activation_dtype: str | None = None
     kv_cache_dtype: str | None = None
     compute_dtype: str | None = None
 
+    @property
+    def quantized(self) -> bool:
+        """True when the run quantized some weights (`quantization` recorded and not "none")."""
+        return self.quantization not in (None, "none")
+
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON values (the build id's configuration payload)."""
         d = dataclasses.asdict(self)
         return {**d, "buckets": list(self.buckets) if self.buckets is not None else None}
+
+    def dense(self) -> EngineConfig:
+        """The same configuration without quantization (quantization "none", no scale dtype): the payload whose
+        build id `dense_build_id` names."""
+        return dataclasses.replace(self, quantization="none", scale_dtype=None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -230,6 +245,17 @@ class Manifest:
         return PeerEngine.from_dict(self.extra.get("peer"))
 
     @property
+    def dense_build_id(self) -> str | None:
+        """The build id of this run's payload without quantization (`DENSE_BUILD_ID_KEY`, written by
+        `build_manifest`): equal in a dense run and a quantized run of the same code, checkpoint and engine
+        configuration, so `bench compare` can tell a quantization that is the only difference. A run written
+        before the key existed: its own build id when it was dense, else None (unknown)."""
+        recorded = self.extra.get(DENSE_BUILD_ID_KEY)
+        if isinstance(recorded, str):
+            return recorded
+        return None if self.engine.quantized or self.peer is not None else self.build_id
+
+    @property
     def slug(self) -> str | None:
         """The device's short name for run-folder names (device.slug), None when unknown."""
         return self.device.get("slug")
@@ -293,6 +319,10 @@ def _split_engine_config(cfg: Mapping[str, Any]) -> tuple[EngineConfig, Workload
 
 
 # ---- the one build id and the one builder ---------------------------------------------------------------------
+DENSE_BUILD_ID_KEY = "dense_build_id"
+"""The manifest key of `Manifest.dense_build_id`: the build id of the same payload unquantized."""
+
+
 def payload_build_id(engine: EngineConfig, checkpoint_hash: str | None) -> str:
     """The build id of a payload (12 hex chars): `bench.runs.environment.build_id` over the `.py` sources of
     `SOURCE_ROOTS`, the checkpoint content hash and `engine.to_dict()`. Nothing per command enters it."""
@@ -312,7 +342,8 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
     state, package versions and host are gathered here (a peer's package versions, and its Python in `host`,
     are the peer process's); `device` and `dtype_policy` come from the caller (jax's, the server's or the
     peer's). `extra`: other top-level keys (e.g. decode_bytes); the target's description goes under `target`,
-    the peer under `peer`. Raises InputError when a source folder is missing (environment.build_id); ValueError
+    the peer under `peer`; a payload run here also records `dense_build_id` (`Manifest.dense_build_id`).
+    Raises InputError when a source folder is missing (environment.build_id); ValueError
     for both a target and a peer.
     """
     if target is not None and peer is not None:
@@ -328,6 +359,8 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
         host["python"] = peer.versions.get("python")
     else:
         payload_id = payload_build_id(engine, checkpoint.content_hash)
+        more[DENSE_BUILD_ID_KEY] = (payload_build_id(engine.dense(), checkpoint.content_hash) if engine.quantized
+                                    else payload_id)  # fmt: skip
     return Manifest(
         command=command, command_line=tuple(python_command_line()), build_id=payload_id, git=_typed(GitState, git_state(REPO)),
         versions=versions, device=dict(device), host=host, dtype_policy=dtype_policy,
@@ -336,12 +369,18 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
 
 
 # ---- facts of a loaded engine, without jax (duck-typed) ---------------------------------------------------------
-def engine_config_of(engine: Any, *, batch: int = 1, quantization: str = "none") -> EngineConfig:
-    """The `EngineConfig` of a loaded `model.engine.Engine` (its buckets, max_length and policy's dtypes)."""
+def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
+    """The `EngineConfig` of a loaded `model.engine.Engine`: its buckets, max_length, policy's dtypes and
+    quantization (`engine.quant.canonical`, "none" for dense or an engine without `quant`; `engine.scale_dtype`
+    only when something is quantized)."""
     pol = engine.policy
+    quant = getattr(engine, "quant", None)
+    quantization = quant.canonical if quant is not None else "none"
+    scale = getattr(engine, "scale_dtype", None) if quantization != "none" else None
     return EngineConfig(buckets=tuple(engine.buckets), max_length=engine.max_length, batch=batch,
-                        quantization=quantization, weight_dtype=pol.weight_dtype, activation_dtype=pol.activation_dtype,
-                        kv_cache_dtype=pol.kv_dtype, compute_dtype=pol.compute_dtype)  # fmt: skip
+                        quantization=quantization, scale_dtype=scale, weight_dtype=pol.weight_dtype,
+                        activation_dtype=pol.activation_dtype, kv_cache_dtype=pol.kv_dtype,
+                        compute_dtype=pol.compute_dtype)  # fmt: skip
 
 
 def policy_facts(pol: Any) -> dict[str, Any]:

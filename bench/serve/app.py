@@ -106,7 +106,8 @@ class LoadedModel:
     "content_hash": hash of the weight files or None, "weight_bytes": size of the weights in bytes, "load_s"}: never a
     local path. build_id: `bench.runs.payload_build_id` of the served payload, the one a sweep of the same code,
     checkpoint and engine configuration records (None when unknown). compile_cache: {"dir": persistent compilation cache folder, or None when
-    off}. quantization: "none" or a scheme name.
+    off}. quantization: "none" or the `--quant` option set (canonical text); scale_dtype: the dtype of its scales
+    (None when nothing is quantized).
     """
 
     engine: Any  # model.engine.Engine (or anything with its generate/bucket_for/tokenizer/policy/cfg)
@@ -114,6 +115,7 @@ class LoadedModel:
     build_id: str | None = None
     compile_cache: dict[str, Any] = dataclasses.field(default_factory=lambda: {"dir": None})
     quantization: str = "none"
+    scale_dtype: str | None = None
 
 
 def parse_warmup_shapes(text: str | None) -> tuple[tuple[int, int], ...]:
@@ -321,7 +323,8 @@ def _require_ready(state: _State) -> None:
 
 
 def _health_body(state: _State) -> dict[str, Any]:
-    """GET /health once ready: build id, checkpoint (weight_bytes in bytes), device, dtype policy, quantization,
+    """GET /health once ready: build id, checkpoint (weight_bytes in bytes), device, dtype policy, quantization
+    (and its scale dtype) with `weight_bytes` beside it (the gauge: packed values + scales as placed),
     compile cache (dir, and this process's trace/compile/cache-hit counts), max_length and buckets (tokens),
     warm-up shapes ((prompt tokens, max_tokens) pairs) and warmup_s (seconds spent compiling them)."""
     loaded, eng = state.loaded, state.loaded.engine
@@ -334,7 +337,8 @@ def _health_body(state: _State) -> dict[str, Any]:
         "dtype_policy": {"compute": pol.compute_dtype, "weights": pol.weight_dtype,
                          "activations": pol.activation_dtype, "kv_cache": pol.kv_dtype, "pre_ampere": pol.pre_ampere,
                          "line": pol.line()},
-        "quantization": loaded.quantization,
+        "quantization": loaded.quantization, "scale_dtype": loaded.scale_dtype,
+        "weight_bytes": loaded.checkpoint.get("weight_bytes"),
         "compile_cache": {"dir": loaded.compile_cache.get("dir"), "enabled": loaded.compile_cache.get("dir") is not None,
                           **counts},
         "max_length": eng.max_length, "buckets": list(eng.buckets),

@@ -313,7 +313,7 @@ def remote_manifest(target: Target, config, tokenizer_source: str):
     dev, pol, ck, cc = h.get("device") or {}, h.get("dtype_policy"), h.get("checkpoint") or {}, h.get("compile_cache") or {}
     slug = ("cpu" if dev.get("platform") == "cpu" else device_slug(dev.get("device_kind"))) if dev else "remote"
     engine = EngineConfig(buckets=tuple(h["buckets"]) if h.get("buckets") else None, max_length=h.get("max_length"),
-                          batch=1, quantization=h.get("quantization"),
+                          batch=1, quantization=h.get("quantization"), scale_dtype=h.get("scale_dtype"),
                           weight_dtype=(pol or {}).get("weights"), activation_dtype=(pol or {}).get("activations"),
                           kv_cache_dtype=(pol or {}).get("kv_cache"), compute_dtype=(pol or {}).get("compute"))  # fmt: skip
     observed = "from the server's /metrics" if target.ours else "not observable: recorded as null (cells invalid)"
