@@ -60,7 +60,8 @@ def test_bad_logits_are_refused(tmp_path: Path) -> None:
     (folder / "3.npy").write_bytes(b"not an npy file")
     cut = write_logits(tmp_path, 4, _vector(2))
     cut.write_bytes(cut.read_bytes()[:-4])
-    for name, needle in (("1.npy", "not a float32"), ("2.npy", "not a float32"), ("3.npy", "not a float32"), ("4.npy", "holds 252 bytes")):
+    cases = [("1.npy", "not a float32"), ("2.npy", "not a float32"), ("3.npy", "not a float32"), ("4.npy", "holds 252")]
+    for name, needle in cases:
         with pytest.raises(RunFolderError, match=needle):
             read_logits_file(folder / name)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import ast
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -40,7 +41,7 @@ def logits_path(run_path: str | Path, input_tokens: int) -> Path:
 
 def _npy_bytes(values: array.array) -> bytes:
     """The .npy 1.0 encoding of a float32 vector (see the module docstring)."""
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % len(values)
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({len(values)},), }}"
     text = header.ljust(_HEADER_BYTES - len(_MAGIC) - 2 - 1) + "\n"
     assert len(text) + len(_MAGIC) + 2 == _HEADER_BYTES, len(text)
     little = array.array("f", values)
@@ -54,7 +55,7 @@ def write_logits(run_path: str | Path, input_tokens: int, values: Sequence[float
     to `logits/<input_tokens>.npy`, atomically; returns the path. Raises ValueError for an empty or non-finite
     vector (a program error) and RunFolderError when the folder cannot be written."""
     vector = array.array("f", values)
-    if not vector or any(v != v or v in (float("inf"), float("-inf")) for v in vector):
+    if not vector or not all(map(math.isfinite, vector)):
         raise ValueError(f"write_logits: {input_tokens} input tokens: expected V finite values, got {len(vector)} "
                          "values with a NaN or infinity, or none")  # fmt: skip
     path = logits_path(run_path, input_tokens)

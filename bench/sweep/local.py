@@ -258,7 +258,7 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
         if cell_logits is not None and row.error is None:  # not timed: after the cell's requests, before its row
             try:
                 write_logits(run.path, n, cell_logits(prompts[n]))
-            except Exception as exc:  # the cell is measured: a missing record of its logits must not lose it
+            except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed record must not lose it
                 run.log(f"{cell.label()}: next-token logits not recorded ({type(exc).__name__}: {exc})"[:500])
         run.append_cell(row)
         extra = after_cell(n, row) if after_cell else ""
