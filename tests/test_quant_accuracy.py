@@ -257,7 +257,7 @@ def test_every_option_on_the_tiny_preset(tiny_checkpoint, capsys) -> None:
 @pytest.mark.slow
 def test_every_option_on_the_default_preset(capsys) -> None:
     """The default preset (the built-in checkpoint every sweep runs) on the sweep's two shorter prompts, 41 and
-    521 tokens (the longer two, 2057 and 3593, would add minutes of prefill; their figures are in the README)."""
+    521 tokens (the longer two, 2057 and 3593, would add minutes of prefill; the README has ple8 at all four)."""
     from model.builtin import ensure_builtin
 
     setup, params = _setup_and_params(ensure_builtin("default"), (41, 521), bucket=640)
