@@ -17,6 +17,8 @@ Recompilation triggers (everything else is an array argument and never recompile
 6. the device decode loop: its program per (cache length, steps per call), steps = min(block, max_new_tokens - 1)
    (no block: max_new_tokens - 1). A last block shorter than `block` runs the same program with a smaller trip
    count (a traced value), so a block size that does not divide max_new_tokens - 1 adds no program.
+7. `Engine.next_token_logits` (the prefill's logits, for accuracy records): its own program per (bucket, cache
+   length), compiled on its first call at that shape, outside any timed request.
 Prompt length, position, temperature, top-k, top-p, seed and a block's trip count are traced values: changing them compiles nothing.
 `CompileCounter` counts every trace/compile (jax.monitoring), so a timed region can prove it compiled nothing.
 """
@@ -170,6 +172,15 @@ def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, 
     cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
     logits_BV, cache = prefill(params, cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
     return _choose(logits_BV, length - 1, args, greedy), cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype"))
+def _prefill_logits_program(params, ids_BT, length, *, cfg, cache_len, kv_dtype, act_dtype):
+    """`_prefill_program`'s prefill at the same shape, returning its float32 logits [B, V] at the last real
+    position instead of the token chosen from them (the cache is dropped)."""
+    cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
+    logits_BV, _ = prefill(params, cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
+    return logits_BV
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "act_dtype", "greedy"), donate_argnames=("cache",))
@@ -398,6 +409,19 @@ class Engine:
             arrived.append(len(tokens) - 1)
             left -= trips
         return arrived
+
+    def next_token_logits(self, prompt_ids: Sequence[int], max_new_tokens: int) -> np.ndarray:
+        """The next-token logits of a prompt: float32 numpy [V], the prefill's logits at the last real position,
+        computed at the request's compiled shape (bucket, bucket + max_new_tokens) by the same prefill as
+        `generate`, so a greedy `generate` of the same prompt starts with their argmax. For accuracy records
+        (a quantized run against a dense one); not timed. Its own program per shape (recompilation trigger 7).
+        Raises EngineError as `check_request`."""
+        ids, bucket = self._padded(prompt_ids, max_new_tokens)
+        logits_BV = _prefill_logits_program(
+            self.params, jnp.asarray(ids), jnp.int32(len(prompt_ids)), cfg=self.cfg, cache_len=bucket + max_new_tokens,
+            kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype,
+        )  # fmt: skip
+        return np.asarray(logits_BV[0], np.float32)
 
     def warmup(self, n_tokens: int, max_new_tokens: int, sampling: Sampling = GREEDY, *, decode_loop: str = "host",
                block: int | None = None) -> Generation:  # fmt: skip

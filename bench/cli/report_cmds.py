@@ -123,6 +123,8 @@ def compare_cmd(
     console.print(table)
     if any(cell.has_device_loop for cell in result.cells):
         console.print(_device_loop_table(result))
+    if result.tokens:
+        console.print(_accuracy_table(result))
     verdict = {True: "single-variable", False: "NOT single-variable", None: "single-variable not established"}
     variable = f" ({result.variable})" if result.variable else ""
     console.print(f"comparison: {verdict[result.single_variable]}{variable}", markup=False)
@@ -159,6 +161,31 @@ def _device_loop_table(result) -> "rich.table.Table":  # noqa: F821
         table.add_row(f"{cell.input_tokens:,}", DEVICE_GAUGE.text(cell.baseline), DEVICE_GAUGE.text(cell.candidate),
                       "—" if delta is None else f"{delta:+.1f}%", HOST_OVERHEAD.text(cell.baseline),
                       HOST_OVERHEAD.text(cell.candidate))  # fmt: skip
+    return table
+
+
+def _accuracy_table(result) -> "rich.table.Table":  # noqa: F821
+    """Per shared cell of a comparison: greedy-token agreement (`bench.report.compare.TokenAgreement`: equal
+    positions of the compared ones, the first differing index) and the next-token logit error
+    (`LogitAgreement`: max and mean |Δlogit|, same argmax), or why a figure is missing."""
+    from rich.table import Table
+
+    table = Table(title="accuracy: candidate vs baseline (shown, not a threshold)")
+    for col in ("input tokens", "tokens equal", "first divergence", "max |Δlogit|", "mean |Δlogit|", "same argmax"):
+        table.add_column(col, justify="right")
+    logits = {g.input_tokens: g for g in result.logits}
+    for t in result.tokens:
+        if t.status == "unknown":
+            equal, first = t.note or "unknown", "—"
+        else:
+            equal = f"{t.equal_tokens}/{t.compared_tokens} ({100 * t.equal_share:.1f}%)"
+            first = "none" if t.first_divergence is None else str(t.first_divergence)
+        g = logits.get(t.input_tokens)
+        if g is None or g.max_abs is None:
+            worst, mean, same = (g.note if g else "no logits recorded"), "—", "—"
+        else:
+            worst, mean, same = f"{g.max_abs:.4g}", f"{g.mean_abs:.4g}", "yes" if g.argmax_equal else "no"
+        table.add_row(f"{t.input_tokens:,}", equal, first, worst, mean, same)
     return table
 
 

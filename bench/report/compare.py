@@ -10,6 +10,15 @@ Thresholds (each a reason in `Comparison.failures`):
 
 Token agreement compares the first timed repeat's generated ids (greedy decoding makes every repeat equal; a run
 whose own repeats disagree gets a note): the host loop's, or the device loop's in a run that timed only that.
+`TokenAgreement` gives the index of the first differing token and the share of the compared positions (all
+`max_new_tokens` of them, 64 by default) whose ids are equal, position by position.
+
+Accuracy (a quantized run against a dense one, measurement.md "Quantized weights"): where both runs recorded the
+next-token logits of a cell (`bench.runs.logits`: float32 [V], the prefill's logits at the prompt's last position,
+softcap applied), `LogitAgreement` gives max_v |a_v - b_v| and mean_v |a_v - b_v| in logit units over the V
+vocabulary entries, and whether their argmax (the first greedy token) agrees. Over the sweep's prompts means one
+figure per cell (input size); nothing is pooled. A run without logits says "no logits recorded", never fails; these
+figures are shown, never a threshold.
 
 The device decode loop's figures (`--decode-loop device|both`) are compared where both runs have them
 (`CellDelta.device_gauge_delta_pct`, each side's host overhead per step): shown, never a threshold, so a run
@@ -31,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.runs import CellRow, Manifest, RunFolder, Sample, open_complete_run
+from bench.runs.logits import read_logits
 
 SINGLE_VARIABLE_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("build id", ("build_id",)),
@@ -199,6 +209,27 @@ class TokenAgreement:
     first_divergence: int | None
     compared_tokens: int
     note: str | None = None
+    equal_tokens: int = 0
+    """Positions i < compared_tokens whose ids are equal in both runs (after a divergence too)."""
+
+    @property
+    def equal_share(self) -> float | None:
+        """equal_tokens / compared_tokens, in [0, 1]; None when nothing was compared."""
+        return self.equal_tokens / self.compared_tokens if self.compared_tokens else None
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitAgreement:
+    """The next-token logits of one input size in both runs (see the module docstring): `max_abs` and `mean_abs`
+    of |candidate - baseline| in logit units over the `vocab` entries, `argmax_equal` whether both pick the same
+    first greedy token; all None with a `note` ("no logits recorded ...", or vocabularies that differ)."""
+
+    input_tokens: int
+    max_abs: float | None
+    mean_abs: float | None
+    argmax_equal: bool | None
+    vocab: int | None
+    note: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +250,8 @@ class Comparison:
     variable: str | None = None
     """The single variable when it is the quantization (`quant_variable`, e.g. "quantization none vs w8"), else
     None; `single_variable` is then True."""
+    logits: list[LogitAgreement] = dataclasses.field(default_factory=list)
+    """Per input size both runs have, the next-token logit error (`LogitAgreement`)."""
 
     @property
     def passed(self) -> bool:
@@ -277,8 +310,40 @@ def _token_agreement(base: RunFolder, cand: RunFolder, sizes: list[int]) -> tupl
         n = min(len(a[0]), len(b[0]))
         note = None if len(a[0]) == len(b[0]) else (
             f"compared the first {n} tokens: the runs generated {len(a[0])} and {len(b[0])}")  # fmt: skip
-        out.append(TokenAgreement(size, status, div, n, note))
+        equal = sum(x == y for x, y in zip(a[0], b[0]))
+        out.append(TokenAgreement(size, status, div, n, note, equal))
     return out, notes
+
+
+def logit_error(a, b) -> tuple[float, float]:
+    """(max_v |a_v - b_v|, mean_v |a_v - b_v|) of two equal-length float sequences [V] (logit units). Raises
+    ValueError when the lengths differ or are 0."""
+    if len(a) != len(b) or not len(a):
+        raise ValueError(f"logit_error: expected two vectors of one length >= 1, got {len(a)} and {len(b)}")
+    diffs = [abs(x - y) for x, y in zip(a, b)]
+    return max(diffs), sum(diffs) / len(diffs)
+
+
+def _argmax(values) -> int:
+    return max(range(len(values)), key=values.__getitem__)
+
+
+def _logit_agreement(base: RunFolder, cand: RunFolder, sizes: list[int]) -> list[LogitAgreement]:
+    """`LogitAgreement` per input size of `sizes` from the runs' recorded logits (`bench.runs.logits`)."""
+    a_all, b_all = read_logits(base.path), read_logits(cand.path)
+    out = []
+    for size in sizes:
+        a, b = a_all.get(size), b_all.get(size)
+        if a is None or b is None:
+            missing = " and ".join(n for n, x in (("baseline", a), ("candidate", b)) if x is None)
+            out.append(LogitAgreement(size, None, None, None, None, f"no logits recorded in the {missing}"))
+        elif len(a) != len(b):
+            out.append(LogitAgreement(size, None, None, None, None,
+                                      f"vocabularies differ: {len(a):,} and {len(b):,} logits"))  # fmt: skip
+        else:
+            worst, mean = logit_error(a, b)
+            out.append(LogitAgreement(size, worst, mean, _argmax(a) == _argmax(b), len(a)))
+    return out
 
 
 def _delta(base: float | None, cand: float | None) -> float | None:
@@ -334,7 +399,8 @@ def compare_runs(
     partial = [f"{side} {run.name}, {c.input_tokens:,} input tokens: {c.repeats} of {c.repeats_planned} repeats "
                f"({c.stopped_by})" for side, run, cells in (("baseline", base, base_cells), ("candidate", cand, cand_cells))
                for c in cells.values() if c.partial]  # fmt: skip
-    tokens, token_notes = _token_agreement(base, cand, [s for s in sizes if s in base_cells and s in cand_cells])
+    shared = [s for s in sizes if s in base_cells and s in cand_cells]
+    tokens, token_notes = _token_agreement(base, cand, shared)
     notes += token_notes
     if require_same_tokens:
         for t in tokens:
@@ -347,5 +413,5 @@ def compare_runs(
     return Comparison(
         baseline=base.name, candidate=cand.name, max_slowdown_pct=max_slowdown_pct, cells=deltas, tokens=tokens,
         differences=manifest_differences(base.manifest, cand.manifest), single_variable=same or variable is not None,
-        failures=failures, notes=notes, partial=partial, variable=variable,
+        failures=failures, notes=notes, partial=partial, variable=variable, logits=_logit_agreement(base, cand, shared),
     )  # fmt: skip

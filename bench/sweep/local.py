@@ -24,6 +24,7 @@ from bench.errors import InputError
 from bench.measure.prompts import Prompt, exact_prompt, min_prompt_tokens
 from bench.measure.request import Measured, measure_request
 from bench.runs import RunFolder
+from bench.runs.logits import write_logits
 from bench.runs.records import LOOP_KINDS, CellRow, Sample, failed_cell, summarize_cell
 from bench.signals import stop_now, stop_signals_handled
 from bench.sweep.rates import DeviceRates, roofline_rows
@@ -204,14 +205,16 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
 
     finish = roofline_rows(engine, rates, config.max_new_tokens) if rates is not None else None
     return sweep_cells(config, run, prompts, measure=measure, progress=progress, skip=skip, should_stop=should_stop,
-                       finish_row=finish)  # fmt: skip
+                       finish_row=finish,
+                       cell_logits=lambda prompt: engine.next_token_logits(prompt.ids, config.max_new_tokens))  # fmt: skip
 
 
 def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], *,
                 measure: Callable[[Prompt, str, int], Measured], progress: Progress = lambda _: None,
                 skip: Sequence[int] = (), should_stop: Callable[[], bool] = lambda: False,
                 after_cell: Callable[[int, CellRow], str] | None = None,
-                finish_row: Callable[[CellRow], CellRow] | None = None) -> list[CellRow]:  # fmt: skip
+                finish_row: Callable[[CellRow], CellRow] | None = None,
+                cell_logits: Callable[[Prompt], Sequence[float]] | None = None) -> list[CellRow]:  # fmt: skip
     """The order of work of every sweep (in-process or through a server): the first request of the sweep is
     recorded as `cold` ("cold-resume" when the run already holds its cold start: a resumed run's fresh engine);
     then per cell one `warmup` and the timed requests (`config.timed_more` says when to stop: `repeats`, the
@@ -226,7 +229,9 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
     every measured request stays. Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed
     cell (with the bucket of any request of the cell that came back), and the sweep goes on. `after_cell(n,
     row)` may add text to the cell's log line; `finish_row(row)` completes each measured (or partial) row before it
-    is written (the in-process sweep's roofline fields). The caller marks the run complete / incomplete.
+    is written (the in-process sweep's roofline fields); `cell_logits(prompt)` (the in-process sweep's: float32 [V],
+    the prompt's next-token logits) is recorded for every cell that did not fail, after its timed repeats and
+    before its row (`bench.runs.logits`). The caller marks the run complete / incomplete.
     """
     rows: list[CellRow] = []
     earlier, buckets = _earlier_samples(run), {r.input_tokens: r.bucket for r in run.cells()}
@@ -250,6 +255,11 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
             progress(f"{cell.label()}: FAILED ({message})")
             row = failed_cell(n, message, bucket=cell.known(), max_new_tokens=config.max_new_tokens,
                               repeats=config.repeats)  # fmt: skip
+        if cell_logits is not None and row.error is None:  # not timed: after the cell's requests, before its row
+            try:
+                write_logits(run.path, n, cell_logits(prompts[n]))
+            except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed record must not lose it
+                run.log(f"{cell.label()}: next-token logits not recorded ({type(exc).__name__}: {exc})"[:500])
         run.append_cell(row)
         extra = after_cell(n, row) if after_cell else ""
         run.log(f"{cell.label()}: {'valid' if row.valid else 'INVALID: ' + str(row.invalid_reason)}; "
