@@ -15,11 +15,12 @@ PEER_DIR     := .cache/peer
 PEER_THREADS ?= 2
 PEER_NAME    ?=
 
-.PHONY: help venv test test-fast gpu-rehearsal sweep peer profile report generate lock clean
+.PHONY: help venv test test-fast test-heavy gpu-rehearsal sweep peer profile report generate lock clean
 
 help:
 	@echo "make sweep    run the default sweep (inputs $(INPUTS)) on the built-in checkpoint; writes runs/<name>/"
 	@echo "make test     run the test suite"
+	@echo "make test-heavy  the tests marked heavy (minutes each: every --quant option's accuracy on the default preset)"
 	@echo "make peer     transformers on the same checkpoint, prompts and token counts (its own .venv-peer); writes runs/<name>/"
 	@echo "make profile  xprof trace of 20 decode steps + device-time breakdown, added to the latest sweep run"
 	@echo "make report   tables and plots comparing the archived runs in runs/ -> reports/latest/"
@@ -41,11 +42,15 @@ venv: $(STAMP)
 # lint-imports: the import contracts in pyproject.toml (the house plan's walls) before the tests.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -m "not heavy" $(ARGS)
+
+# The tests marked heavy: minutes each on 2 cores (e.g. every --quant option's accuracy on the default preset).
+test-heavy: $(STAMP)
+	$(PY) -m pytest -q -m heavy $(ARGS)
 
 test-fast: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow and not heavy" $(ARGS)
 
 # Needs no .venv: it builds (and caches) its own venv of the GPU image's versions; see scripts/gpu-rehearsal.sh.
 gpu-rehearsal:

@@ -73,6 +73,8 @@ def _row_axis0(x_GB: jax.Array, values: jax.Array, s_GN: jax.Array, bits: int) -
     """One row against a [K, N] weight (K = G B): [N]. int4 values are packed along N: the low nibbles are the
     even outputs, the high ones the odd outputs, interleaved only at the end ([N] values, not the weight)."""
     g, b = x_GB.shape
+    if bits == 8 and g == 1:  # one scale per output channel: the plain 2-D form (see `_row_axis1`)
+        return jnp.sum(x_GB[0][:, None] * values.astype(jnp.float32), axis=0) * s_GN[0]
     if bits == 8:
         q_GBN = values.reshape(g, b, -1).astype(jnp.float32)
         return _sum_groups(jnp.sum(x_GB[..., None] * q_GBN, axis=1), s_GN)
@@ -87,6 +89,8 @@ def _row_axis1(x_GB: jax.Array, values: jax.Array, s_NG: jax.Array, bits: int) -
     even positions of x, the high ones the odd positions."""
     g, b = x_GB.shape
     n = values.shape[0]
+    if bits == 8 and g == 1:  # 2-D: XLA:CPU ran the [N, 1, K] form of this at 0.3 GB/s (4 ms for [256, 4096])
+        return jnp.sum(values.astype(jnp.float32) * x_GB[0][None, :], axis=1) * s_NG[:, 0]
     if bits == 8:
         q_NGB = values.reshape(n, g, b).astype(jnp.float32)
         return _sum_groups(jnp.sum(q_NGB * x_GB[None], axis=2).T, s_NG.T)

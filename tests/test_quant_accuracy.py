@@ -254,7 +254,7 @@ def test_every_option_on_the_tiny_preset(tiny_checkpoint, capsys) -> None:
         print("\n" + "\n".join(lines))
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # about 8 minutes on 2 idle cores: `make test-heavy`
 def test_every_option_on_the_default_preset(capsys) -> None:
     """The default preset (the built-in checkpoint every sweep runs) on the sweep's two shorter prompts, 41 and
     521 tokens (the longer two, 2057 and 3593, would add minutes of prefill; the README has ple8 at all four)."""
