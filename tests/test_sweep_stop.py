@@ -248,3 +248,15 @@ def test_an_empty_name_and_resume_latest_of_nothing_are_one_clear_line(tmp_path:
     assert code == 2 and "--name ''" in err and "empty" in err and len(err.splitlines()) == 1
     code, err = _cli(["sweep", "--resume", "latest", "--runs-dir", str(tmp_path)], capsys)
     assert code == 2 and "--resume latest" in err and "--run " not in err and "drop --resume" in err
+
+
+def test_a_label_that_cannot_name_a_folder_is_refused_before_loading(tmp_path: Path, capsys, monkeypatch) -> None:
+    import model.engine
+
+    def no_load(*_a, **_k):
+        raise AssertionError("the checkpoint was loaded before the label was checked")
+
+    monkeypatch.setattr(model.engine, "load_engine", no_load)
+    code, err = _cli(["sweep", "--name", "ple4+int8_lm_head", "--runs-dir", str(tmp_path)], capsys)
+    assert code == 2 and "'ple4+int8_lm_head'" in err and "letters, digits" in err and len(err.splitlines()) == 1
+    assert not any(tmp_path.iterdir())

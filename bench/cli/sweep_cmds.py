@@ -226,6 +226,10 @@ def sweep(
     if name is not None and not name.strip():
         raise InputError(f"--name {name!r}: an empty run label; pass one such as --name my-test, or drop --name for "
                          "the default 'sweep'")  # fmt: skip
+    if name is not None:  # a label that cannot name a folder is refused before anything loads
+        from bench.runs import run_name
+
+        run_name(name, "device")
     run = None
     if resume is not None:  # a path, a name in --runs-dir, or "latest"; RunFolderError if none
         resume = resolve_run(resume, runs_dir, flag="--resume")
