@@ -96,7 +96,9 @@ def test_tiny_run_completes_with_valid_folder_and_summary(env):
 @pytest.mark.slow
 def test_budget_too_small_stops_cleanly(env):
     root, e = env
-    out, budget = root / "short", 25
+    # 40 s: enough for the steps before the sweep's run folder exists (bandwidth, load, rate measurement) on a
+    # busy 2-core machine (25 s was not, with other work running), far too little for 1000 repeats of 4 cells.
+    out, budget = root / "short", 40
     proc, took = _run(e, out, "--budget-s", str(budget), "--inputs", "20,41,100,200", "--max-new-tokens", "16",
                       "--repeats", "1000")  # fmt: skip
     lines = proc.stdout.strip().splitlines()
