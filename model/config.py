@@ -474,7 +474,9 @@ def config_from_dict(raw: dict[str, Any], *, where: str = "config.json") -> Mode
 
 
 def load_config(path: str | Path) -> ModelConfig:
-    """Read `config.json` (a file, or a directory holding one). Raises ConfigError naming the path."""
+    """Read `config.json` (a file, or a directory holding one). Raises ConfigError naming the path, also for a
+    config that declares the checkpoint already quantized (`quantization_config`, top level or in `text_config`):
+    the engine loads dense weights and quantizes them itself (`--quant`)."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
@@ -484,6 +486,12 @@ def load_config(path: str | Path) -> ModelConfig:
         raw = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{p}: not valid JSON ({exc})") from None
+    for where in (raw, raw.get("text_config") if isinstance(raw, dict) else None):
+        if isinstance(where, dict) and "quantization_config" in where:
+            method = (where["quantization_config"] or {}).get("quant_method", "?") if isinstance(
+                where["quantization_config"], dict) else "?"  # fmt: skip
+            raise ConfigError(f"{p}: has quantization_config (quant_method {method}): this checkpoint is already "
+                              "quantized; load the dense checkpoint and quantize on load with --quant")  # fmt: skip
     return config_from_dict(raw, where=str(p))
 
 

@@ -120,6 +120,19 @@ def test_integer_weights_are_refused(ckpt):
         load_params(ckpt)
 
 
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_config_that_declares_quantization_is_refused(ckpt, nested):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    qc = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    if nested:
+        cfg.setdefault("text_config", {})["quantization_config"] = qc
+    else:
+        cfg["quantization_config"] = qc
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="quantization_config \\(quant_method bitsandbytes\\).*already quantized"):
+        load_params(ckpt)
+
+
 def test_the_hash_computed_while_loading_is_the_content_hash(ckpt, tmp_path):
     import ml_dtypes
 
