@@ -124,3 +124,25 @@ def test_a_resumed_sweep_takes_the_runs_quantization_and_refuses_another():
         _resumed_quant(run, None, "bfloat16")
     dense = SimpleNamespace(path=Path("runs/y"), typed_manifest=SimpleNamespace(engine=EngineConfig()))
     assert _resumed_quant(dense, None, None) == ("none", None)  # a run from before --quant is dense
+
+
+def test_a_profile_joined_to_a_run_refuses_other_weights():
+    from bench.cli.profile_cmds import _refuse_other_quant
+    from bench.errors import InputError
+    from bench.runs import EngineConfig
+
+    ran = EngineConfig(quantization="int8_lm_head,ple4", scale_dtype="bfloat16")
+    _refuse_other_quant(ran, "ple4,int8_lm_head", None)  # the same set, another order: fine
+    with pytest.raises(InputError, match="--quant w8: the run was swept with quantization int8_lm_head,ple4"):
+        _refuse_other_quant(ran, "w8", None)
+    with pytest.raises(InputError, match="--scale-dtype float32: the run was swept with bfloat16 scales"):
+        _refuse_other_quant(ran, "int8_lm_head,ple4", "float32")
+    with pytest.raises(InputError, match="--quant w8: the run was swept with quantization none"):
+        _refuse_other_quant(EngineConfig(), "w8", None)  # a run from before --quant is dense
+
+
+def test_profile_run_with_another_quant_is_one_line_before_loading(sweeps, env):
+    _, folders = sweeps
+    proc = run_cli(["profile", "--run", str(folders["w8"]), "--quant", "none", "--steps", "2"], env=env)
+    assert_one_line_error(proc, "--quant none", "swept with quantization w8")
+    assert not (folders["w8"] / "profile.json").exists()

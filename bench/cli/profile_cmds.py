@@ -315,9 +315,10 @@ def profile(
     if run_ref is not None:
         joined = open_run(resolve_run(run_ref, runs_dir))  # RunFolderError names the folder
         _refuse_to_overwrite(joined, replace)  # before anything, even the lock, is written into it
+        ran = joined.typed_manifest.engine
         if quant is None:  # profile the payload the run measured
-            ran = joined.typed_manifest.engine
             quant, scale_dtype = ran.quantization or "none", scale_dtype or ran.scale_dtype
+        _refuse_other_quant(ran, quant, scale_dtype)
     elif runs_dir.exists() and not runs_dir.is_dir():
         raise InputError(f"--runs-dir {runs_dir} is a file; pass a folder")
 
@@ -421,6 +422,19 @@ def _capture_into(run, setup, opts):
     for note in notes:
         run.log(f"profile note: {note}")
     return data, capture, path
+
+
+def _refuse_other_quant(ran, quant: str, scale_dtype: str | None) -> None:
+    """InputError (one line) when `--quant` / `--scale-dtype` would profile other weights than the joined run
+    swept (`ran`: its manifest's engine config): its roofline would pair the run's gauge with other bytes per step."""
+    spec, scale = parse_quant_flags(quant, scale_dtype)
+    run_quant = parse_quant_flags(ran.quantization or "none")[0].canonical
+    if spec.canonical != run_quant:
+        raise InputError(f"--quant {quant}: the run was swept with quantization {run_quant}; drop --quant to profile "
+                         "the run's weights, or profile into a new run (--name)")  # fmt: skip
+    if spec.canonical != "none" and ran.scale_dtype not in (None, scale):
+        raise InputError(f"--scale-dtype {scale}: the run was swept with {ran.scale_dtype} scales; drop "
+                         "--scale-dtype, or profile into a new run (--name)")  # fmt: skip
 
 
 def _run_mismatches(run, setup) -> list[str]:
