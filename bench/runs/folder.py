@@ -82,12 +82,13 @@ def now_iso() -> str:
 
 
 # ---- atomic files ----------------------------------------------------------------------------------------------
-def _atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` via a temporary file in the same folder and `os.replace` (RunFolderError on OSError)."""
+def _atomic_write(path: Path, data: str | bytes) -> None:
+    """Write `data` (text as UTF-8, or bytes) to `path` via a temporary file in the same folder and `os.replace`
+    (RunFolderError on OSError)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
+        with open(tmp, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

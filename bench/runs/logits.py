@@ -20,12 +20,12 @@ from __future__ import annotations
 import array
 import ast
 import math
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from bench.errors import RunFolderError
+from bench.runs.folder import _atomic_write
 
 LOGITS_DIR = "logits"
 """The run-folder subfolder that holds one `<input_tokens>.npy` per cell."""
@@ -59,17 +59,11 @@ def write_logits(run_path: str | Path, input_tokens: int, values: Sequence[float
         raise ValueError(f"write_logits: {input_tokens} input tokens: expected V finite values, got {len(vector)} "
                          "values with a NaN or infinity, or none")  # fmt: skip
     path = logits_path(run_path, input_tokens)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(exist_ok=True)
-        with open(tmp, "wb") as fh:
-            fh.write(_npy_bytes(vector))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise RunFolderError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        raise RunFolderError(f"{path.parent}: cannot create ({exc.strerror or exc})") from None
+    _atomic_write(path, _npy_bytes(vector))
     return path
 
 
