@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -175,18 +176,23 @@ def _lock_joined(run, replace: bool):
     return run
 
 
-def _raise_interrupt(_signum, _frame) -> None:
-    raise KeyboardInterrupt
+def _stop_at_once(signum, _frame) -> None:
+    from bench.signals import stop_now
+
+    stop_now(f"bench profile: stopped by {signal.Signals(signum).name}; no profile written")
 
 
 @contextlib.contextmanager
 def _signals_interrupt():
-    """SIGTERM stops `bench profile` as Ctrl-C does, at once (KeyboardInterrupt): a trace cut short is worth
-    nothing, so there is nothing to finish first. The run then ends as `bench.runs.writing_run` says (a run this
-    command created: incomplete; a joined one: as it was, unlocked) and the exit code is 130."""
+    """SIGTERM and Ctrl-C end `bench profile` at once (`bench.signals.stop_now`, exit 130): a trace cut short is
+    worth nothing, so there is nothing to finish first, and raising KeyboardInterrupt from the handler is not
+    safe: landing inside a garbage-collection callback (jax registers one) it is printed and discarded, and the
+    profile would run on to "complete". The run ends as `bench.runs.writing_run` says for a hard stop: a run this
+    command created is marked incomplete; a joined one keeps its status and is unlocked. A signal that arrives
+    while a run's manifest or lock is being written is held until that write is done."""
     from bench.signals import stop_signals_handled
 
-    with stop_signals_handled(_raise_interrupt):
+    with stop_signals_handled(_stop_at_once):
         yield
 
 

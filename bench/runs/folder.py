@@ -64,7 +64,7 @@ from bench.runs.schema import (
     read_json,
     read_jsonl,
 )
-from bench.runs.lock import release_lock, take_lock, writer_state
+from bench.runs.lock import LOCK, release_lock, take_lock, writer_state
 from bench.signals import on_hard_stop, stop_signals_handled
 
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -271,6 +271,16 @@ class RunFolder:
         except BaseException:  # noqa: BLE001 -- on the way out: nothing can be done about a failed write here
             pass
 
+    def leave_at_once(self) -> None:
+        """The end of a run this process only joined (`writing_run(joined=True)`) when the process must end now
+        (`bench.signals.stop_now`): the run keeps its status and files as they were; `.lock` is removed (the flock
+        goes with the process). Never raises (it runs in a signal handler, on the way out)."""
+        if self._ended or self._lock_file is None:  # unlocked already: the .lock may be another writer's now
+            return
+        self._ended = True
+        with contextlib.suppress(BaseException):  # on the way out: nothing can be done about a failed unlink here
+            (self.path / LOCK).unlink(missing_ok=True)
+
     def unlock(self) -> None:
         """Release the writer lock and remove `.lock` (a process that dies leaves a stale, unheld `.lock`)."""
         if self._lock_file is None:
@@ -388,15 +398,17 @@ def writing_run(start: Callable[[], RunFolder], *, joined: bool = False,
     interrupts it (an error there turns "complete" into "failed", a KeyboardInterrupt into "incomplete"), and
     the final write holds signals off until done. Exceptions propagate. If `start()` raises, nothing is ended:
     `create_run` and `resume` leave nothing half-done. A process ended at once from inside (`bench.signals.stop_now`:
-    a second stop signal) marks a run it created or resumed incomplete on the way out (`RunFolder.end_at_once`)."""
+    a second stop signal, or `bench profile`'s first) marks a run it created or resumed incomplete on the way out
+    (`RunFolder.end_at_once`) and leaves a joined one with its status, unlocked (`RunFolder.leave_at_once`)."""
     run: RunFolder | None = None
     status = "complete"
     with contextlib.ExitStack() as hard_stop:  # left last: until then a hard stop marks the run incomplete
         try:
             with _signals_deferred():
                 run = start()
-                if not joined:  # a second stop signal ends the process at once (bench.signals.stop_now)
-                    hard_stop.enter_context(on_hard_stop(run.end_at_once))
+                # a process ended at once (bench.signals.stop_now) marks a run it started incomplete and leaves a
+                # joined one as it was, unlocked
+                hard_stop.enter_context(on_hard_stop(run.leave_at_once if joined else run.end_at_once))
             yield run
         except BaseException as exc:
             status = outcome_of(exc)
