@@ -506,3 +506,33 @@ def test_resume_refuses_a_corrupt_cells_file_and_leaves_the_run_as_it_was(tmp_pa
         open_run(run.path).resume()
     assert (run.path / "manifest.json").read_bytes() == manifest_before
     assert _ended(run.path) == ("incomplete", False)
+
+
+def _hard_stop_actions() -> None:
+    """What `bench.signals.stop_now` runs before `os._exit`: the registered last actions, last first."""
+    import bench.signals
+
+    for action in reversed(list(bench.signals._LAST_ACTIONS)):
+        action()
+
+
+def test_a_hard_stop_marks_a_created_run_incomplete_and_removes_its_lock_file(tmp_path: Path) -> None:
+    with runs_mod.writing_run(lambda: create_run(tmp_path, "hard", "cpu", manifest())) as run:
+        _hard_stop_actions()
+        assert _ended(run.path) == ("incomplete", False)
+        assert "stopped at once" in (run.path / "run.log").read_text()
+
+
+def test_a_hard_stop_leaves_a_joined_run_its_status_and_removes_its_lock_file(tmp_path: Path) -> None:
+    joined = open_run(make_measured_run(tmp_path, "joined", inputs=(41,)).path)
+    log_before = (joined.path / "run.log").read_text()
+
+    def start():
+        joined.lock()
+        return joined
+
+    with runs_mod.writing_run(start, joined=True):
+        assert (joined.path / ".lock").exists()
+        _hard_stop_actions()
+        assert _ended(joined.path) == ("complete", False)
+        assert (joined.path / "run.log").read_text() == log_before

@@ -258,7 +258,8 @@ class RunFolder:
     def end_at_once(self) -> None:
         """The run's end when the process must end now (a second stop signal, `bench.signals.stop_now`): mark a
         run that is not yet settled incomplete, in one atomic manifest write and a log line; the lock goes with the
-        process. Never raises (it runs in a signal handler, on the way out); a run already finished is left."""
+        process, and `.lock` is removed while this process still holds it. Never raises (it runs in a signal
+        handler, on the way out); a run already finished is left."""
         if self._ended:
             return
         self._ended = True
@@ -267,19 +268,26 @@ class RunFolder:
             if self.provenance == "measured":
                 self.manifest["ended_at"] = now_iso()
             self._write_manifest()
-            self.log("run incomplete (a second stop signal: stopped at once, the request in flight dropped)")
+            self.log("run incomplete (stopped at once by a signal: the work in flight dropped)")
         except BaseException:  # noqa: BLE001 -- on the way out: nothing can be done about a failed write here
             pass
+        self._drop_lock_file()
+
+    def _drop_lock_file(self) -> None:
+        """Remove `.lock` if this process holds the lock (the flock itself goes with the process); never raises."""
+        if self._lock_file is None:  # unlocked already: the .lock may be another writer's now
+            return
+        with contextlib.suppress(BaseException):  # on the way out: nothing can be done about a failed unlink here
+            (self.path / LOCK).unlink(missing_ok=True)
 
     def leave_at_once(self) -> None:
         """The end of a run this process only joined (`writing_run(joined=True)`) when the process must end now
         (`bench.signals.stop_now`): the run keeps its status and files as they were; `.lock` is removed (the flock
         goes with the process). Never raises (it runs in a signal handler, on the way out)."""
-        if self._ended or self._lock_file is None:  # unlocked already: the .lock may be another writer's now
+        if self._ended:
             return
         self._ended = True
-        with contextlib.suppress(BaseException):  # on the way out: nothing can be done about a failed unlink here
-            (self.path / LOCK).unlink(missing_ok=True)
+        self._drop_lock_file()
 
     def unlock(self) -> None:
         """Release the writer lock and remove `.lock` (a process that dies leaves a stale, unheld `.lock`)."""
