@@ -395,3 +395,12 @@ def test_the_plan_record_roundtrips(tmp_path):
     (folder / "fleet.json").write_text("{}")
     with pytest.raises(FleetError, match="not a fleet plan"):
         read_plan(folder)
+
+
+def test_importing_the_fleet_imports_neither_skypilot_nor_jax():
+    import subprocess
+
+    code = ("import sys, bench.fleet, bench.cli.fleet_cmds; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('sky', 'jax', 'jaxlib')]; assert not bad, bad")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

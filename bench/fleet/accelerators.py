@@ -4,8 +4,9 @@ SkyPilot's catalog (the table of instance types, accelerators and prices per clo
 its first use, so a plan made offline cannot ask it whether a name exists. `KNOWN` is the project's own short list
 of catalog names, with the instance families each maps to (from the clouds' instance-type pages: AWS g5g = T4G,
 g6 = L4, p4d = A100 40 GB, p4de = A100 80 GB, p5 = H100, p5e / p5en = H200; GCP g2 = L4, a2 = A100, a3 = H100,
-a3-ultra = H200). A name outside it is accepted (SkyPilot decides at launch) and `is_known` says so, so the CLI can
-warn. Standard library only.
+a3-ultra = H200; SkyPilot matches a count of 1 exactly, so an 8-GPU-only type is not picked for `NAME:1`). A name
+outside it is accepted (SkyPilot decides at launch) and `is_known` says so, so the CLI can say it. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ KNOWN: dict[str, Accelerator] = {
         Accelerator("L4", "AWS g6.* (the published study's g6.2xlarge), GCP g2-standard-*", 24),
         Accelerator("A10G", "AWS g5.*", 24),
         Accelerator("L40S", "AWS g6e.*", 48),
-        Accelerator("A100", "AWS p4d.24xlarge (8 GPUs), GCP a2-highgpu-*", 40),
-        Accelerator("A100-80GB", "AWS p4de.24xlarge (8 GPUs), GCP a2-ultragpu-*", 80),
-        Accelerator("H100", "AWS p5.* (p5.48xlarge: 8 GPUs), GCP a3-highgpu-*", 80),
-        Accelerator("H200", "AWS p5e / p5en.48xlarge (8 GPUs), GCP a3-ultragpu-8g", 141),
+        Accelerator("A100", "GCP a2-highgpu-1g; AWS only as p4d.24xlarge, 8 GPUs", 40),
+        Accelerator("A100-80GB", "GCP a2-ultragpu-1g; AWS only as p4de.24xlarge, 8 GPUs", 80),
+        Accelerator("H100", "GCP a3-highgpu-1g; AWS p5.48xlarge has 8", 80),
+        Accelerator("H200", "8-GPU machines on AWS (p5e / p5en) and GCP (a3-ultragpu-8g)", 141),
     )
 }
 """The project's catalog names (lower-cased key -> Accelerator): the GPUs the published study used and the usual
