@@ -404,3 +404,31 @@ def test_importing_the_fleet_imports_neither_skypilot_nor_jax():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('sky', 'jax', 'jaxlib')]; assert not bad, bad")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("gpu_rc,task_rc", [(0, 0), (3, 0), (1, 1)])
+def test_the_run_script_restores_the_cache_before_and_saves_it_after(tmp_path, gpu_rc, task_rc):
+    """The task's `run`, executed by bash in a stand-in workdir whose scripts/gpu-run.sh is a fake (it checks the
+    restored cache entry, adds one, writes a run folder and exits `gpu_rc`); the bucket mount is a local folder."""
+    import subprocess
+
+    mount = tmp_path / "mount"
+    folder = make_plan(tmp_path / "cmp", checkpoint="builtin:default")
+    run = load_yaml(folder / "l4.yaml")["run"].replace("/g4b-fleet", str(mount))
+    work = tmp_path / "work"
+    (work / "scripts").mkdir(parents=True)
+    (work / "scripts" / "gpu-run.sh").write_text(
+        '#!/usr/bin/env bash\nout=$1\n[ -f "$out/xla-cache/old-entry" ] || exit 9\n'
+        f'echo new > "$out/xla-cache/new-entry"; mkdir -p "$out/runs/r1"; echo "$*" > "$out/args"; exit {gpu_rc}\n')
+    (work / "scripts" / "gpu-run.sh").chmod(0o755)
+    (mount / "xla-cache" / "l4").mkdir(parents=True)
+    (mount / "xla-cache" / "l4" / "old-entry").write_text("old")
+    proc = subprocess.run(["bash", "-c", run], cwd=work, capture_output=True, text=True, timeout=60)
+    out = mount / "cmp" / "l4"
+    assert proc.returncode == task_rc, proc.stderr
+    assert (out / "exit-code").read_text().strip() == str(gpu_rc)
+    assert (mount / "xla-cache" / "l4" / "new-entry").read_text() == "new\n"  # saved for the next fleet
+    assert (out / "args").read_text().split()[1:] == ["--budget-s", "1800", "--checkpoint", "builtin:default",
+                                                      "--inputs", "41,521", "--repeats", "2", "--quant", "none",
+                                                      "--quant", "ple4,int8_lm_head"]  # fmt: skip
+    assert f"gpu-run exit code {gpu_rc}" in proc.stdout
