@@ -22,3 +22,8 @@ class TraceError(BenchError):
 
 class MissingModuleError(BenchError):
     """A Python module a command needs that this interpreter cannot import (e.g. one the GPU image lacks)."""
+
+
+class FleetError(BenchError):
+    """A fleet plan, task file, bucket or cloud call that cannot go on (`bench fleet ...`): one line saying what was
+    found, what was expected and what to do."""

@@ -42,6 +42,7 @@ def _register(argv: list[str]) -> None:
 
         return
     from bench.cli import (
+        fleet_cmds,  # noqa: F401
         gpurun_cmds,  # noqa: F401
         model_cmds,  # noqa: F401
         peer_cmds,  # noqa: F401

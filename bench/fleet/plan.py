@@ -1,0 +1,400 @@
+"""A fleet plan: one SkyPilot task per accelerator, each running the prepared GPU run (`scripts/gpu-run.sh`), written
+as task YAML files plus `fleet.json` into the plan folder (`bench fleet plan ... --out fleet/NAME/`).
+
+What one task does (its YAML, `task_config`):
+- `resources`: one GPU of the accelerator (`accelerators: NAME:1`), `use_spot`, `disk_size` (GB), `infra` when
+  given, and with a bucket `job_recovery` (managed jobs: a preempted spot machine is replaced and the run command
+  starts again; `max_restarts_on_errors: 0`, so a failing run is not retried).
+- `workdir`: the repository root (SkyPilot uploads it, leaving out what .gitignore lists); `setup` makes `.venv`
+  there with a Python >= 3.12 (`scripts/find-python.sh`, else one `uv` installs) and installs the project with
+  the `cuda13` extra from `constraints.txt`; `run` runs `scripts/gpu-run.sh OUT` with the sweep and profile flags
+  the plan was given (`gpu_run_args`: only flags gpu-run.sh accepts today).
+- With `--bucket URI`: the bucket is mounted at `MOUNT` (`mode: MOUNT_CACHED`: writes land on the local disk first
+  and are uploaded in the background, so the run folders' appends and atomic renames work as on a disk). OUT is
+  `MOUNT/NAME/SLUG` (run folders in `OUT/runs`, logs, summary.txt, the exit code in `OUT/exit-code`); the
+  accelerator kind's compilation cache `MOUNT/xla-cache/SLUG` is copied into `OUT/xla-cache` before the run and
+  the new entries copied back after it (gpu-run.sh records hits and misses in each manifest), so a later fleet on
+  the same bucket compiles nothing it compiled before. Launched as managed jobs.
+  Without a bucket: OUT is `fleet-out/NAME/SLUG` under the cluster's workdir and its cache starts empty; launched
+  as clusters that `bench fleet collect` copies from with rsync and `bench fleet down` deletes (no spot: a spot
+  machine cannot be stopped and keeps nothing once preempted).
+- A checkpoint that is a hub repo id (owner/name) is downloaded on the machine first (huggingface_hub, reading the
+  token from the environment); the task then declares `secrets: {HF_TOKEN: null}`, a secret by name only whose
+  value `bench fleet launch` passes from its own environment. No file the plan writes holds a token.
+
+gpu-run.sh exit codes 0 (every step ran) and 3 (the budget stopped a step; the folders are valid) end the task
+with 0; 1 and 2 end it with that code. Standard library and PyYAML only; nothing here imports SkyPilot (schema
+validation is `bench.fleet.sdk.validate_task`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.errors import FleetError, InputError
+from bench.fleet.accelerators import slug
+
+PLAN_FILE = "fleet.json"
+"""The plan folder's record of the plan (what launch, status, collect and down read)."""
+PLAN_VERSION = 1
+MOUNT = "/g4b-fleet"
+"""Where each machine mounts the bucket."""
+WORKDIR_OUT = "fleet-out"
+"""Without a bucket: the folder under the cluster's workdir (~/sky_workdir) that the run writes into."""
+REMOTE_WORKDIR = "~/sky_workdir"
+"""SkyPilot's workdir on a cluster (sky.skylet.constants.SKY_REMOTE_WORKDIR, 0.14)."""
+HF_TOKEN = "HF_TOKEN"
+"""The secret's name (the environment variable huggingface_hub reads)."""
+DEFAULT_BUDGET_S = 1800.0
+"""gpu-run.sh's --budget-s on a fleet machine (s): room for the pilot + E2B plan with its E2B checkpoint generated."""
+DEFAULT_DISK_GB = 100
+"""Disk per machine (GB): the CUDA wheels (a few GB), the E2B checkpoint (9.3 GB) or a hub copy, the caches."""
+RECOVERY = {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 0}
+"""Managed-job recovery (SkyPilot 0.14's default strategy; a run that fails is not restarted, a preemption is)."""
+BUCKET_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "nebius", "cw")
+"""Bucket URI schemes SkyPilot's storage takes as a `source` (sky/data/storage.py, 0.14); Azure is https://..."""
+_NAME = re.compile(r"[a-z][a-z0-9-]{0,23}")
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetOptions:
+    """What `bench fleet plan` was asked for.
+
+    `name`: the fleet's name (the plan folder's name; lower-case letters, digits, hyphens, <= 24 characters: it is
+    part of each job and cluster name); `accelerators`: SkyPilot catalog names, one task each
+    (`bench.fleet.accelerators.parse_accelerators`); `spot`: spot instances (needs `bucket`); `bucket`: a bucket URI
+    (s3://NAME, gs://NAME, ...) or None (clusters, results fetched by rsync); `checkpoint`: builtin:PRESET or a hub
+    repo id (None: gpu-run's own plan, pilot + E2B); the gpu-run overrides `inputs` (comma-separated tokens),
+    `max_new_tokens`, `repeats`, `steps`, `decode_loop`, `quant` (one option set per entry) and `budget_s` (s);
+    `infra` (SkyPilot's `resources.infra`, e.g. aws or aws/us-east-1; None: any); `disk_size` (GB)."""
+
+    name: str
+    accelerators: tuple[str, ...]
+    spot: bool = False
+    bucket: str | None = None
+    checkpoint: str | None = None
+    inputs: str | None = None
+    max_new_tokens: int | None = None
+    repeats: int | None = None
+    steps: int | None = None
+    decode_loop: str | None = None
+    quant: tuple[str, ...] = ()
+    budget_s: float = DEFAULT_BUDGET_S
+    infra: str | None = None
+    disk_size: int = DEFAULT_DISK_GB
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetTask:
+    """One accelerator's task: `accelerator` (catalog name), `slug` (its folder name), `task_name` (the managed
+    job's or cluster's name: g4b-NAME-SLUG), `yaml_file` (file name in the plan folder), `out` (the run's OUTDIR on
+    the machine, as the run script spells it)."""
+
+    accelerator: str
+    slug: str
+    task_name: str
+    yaml_file: str
+    out: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetPlan:
+    """A fleet plan as `fleet.json` records it: `name`, `bucket` (None: clusters and rsync), `spot`, `hf_token`
+    (whether the tasks declare the HF_TOKEN secret), `gpu_run_args` (the flags after OUTDIR, the same for every
+    task; "$ckpt" stands for the downloaded hub checkpoint), `tasks`, `created_at` (ISO 8601, UTC) and `options`
+    (the FleetOptions, for the record)."""
+
+    name: str
+    bucket: str | None
+    spot: bool
+    hf_token: bool
+    gpu_run_args: tuple[str, ...]
+    tasks: tuple[FleetTask, ...]
+    created_at: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def managed(self) -> bool:
+        """True when the tasks run as managed jobs (a bucket holds the results), False for plain clusters."""
+        return self.bucket is not None
+
+    def to_json(self) -> str:
+        """fleet.json's text."""
+        data = {"plan_version": PLAN_VERSION, **asdict(self)}
+        return json.dumps(data, indent=2) + "\n"
+
+    @staticmethod
+    def from_json(text: str, where: str) -> FleetPlan:
+        """The plan in fleet.json's `text`; FleetError naming `where` when it is not a plan of this version."""
+        try:
+            data = json.loads(text)
+            if data.pop("plan_version", None) != PLAN_VERSION:
+                raise ValueError(f"plan_version is not {PLAN_VERSION}")
+            tasks = tuple(FleetTask(**t) for t in data.pop("tasks"))
+            return FleetPlan(tasks=tasks, gpu_run_args=tuple(data.pop("gpu_run_args")), **data)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise FleetError(f"{where}: not a fleet plan ({exc}); make one with `bench fleet plan`") from None
+
+
+# ---- checks ------------------------------------------------------------------------------------------------------
+def fleet_name(out: Path) -> str:
+    """The fleet's name: the plan folder's name (`--out fleet/NAME/`). InputError unless it is lower-case letters,
+    digits and hyphens, starting with a letter, at most 24 characters (it goes into job and cluster names)."""
+    name = Path(out).name
+    if not _NAME.fullmatch(name):
+        raise InputError(f"--out {out}: the folder's name {name!r} names the fleet; expected lower-case letters, "
+                         "digits and hyphens, starting with a letter, at most 24 characters (e.g. fleet/l4-vs-t4g)")
+    return name
+
+
+def check_bucket(uri: str) -> str:
+    """`--bucket URI` without a trailing slash: SCHEME://NAME[/PATH] with a scheme of `BUCKET_SCHEMES`, or an Azure
+    https://ACCOUNT.blob.core.windows.net/CONTAINER. InputError (one line) otherwise."""
+    text = uri.rstrip("/")
+    m = re.fullmatch(r"([a-z0-9]+)://([^/\s]+)(/[^\s]*)?", text)
+    azure = m is not None and m.group(1) == "https" and m.group(2).endswith(".blob.core.windows.net") and m.group(3)
+    if m is None or not (m.group(1) in BUCKET_SCHEMES or azure):
+        raise InputError(f"--bucket {uri!r}: expected a bucket URI such as s3://my-bucket or gs://my-bucket "
+                         f"(schemes: {', '.join(BUCKET_SCHEMES)}, or https://ACCOUNT.blob.core.windows.net/CONTAINER)")
+    return text
+
+
+def is_hub_id(spec: str) -> bool:
+    """Whether a --checkpoint is a hub repo id (owner/name), as opposed to builtin:PRESET."""
+    return not spec.startswith("builtin:") and _HUB_ID.fullmatch(spec) is not None
+
+
+def check_checkpoint(spec: str | None) -> None:
+    """--checkpoint on a fleet: builtin:PRESET (a preset of `model.config.PRESETS`) or a hub repo id. A local folder
+    is refused (it is not on the cloud machine). InputError (one line)."""
+    if spec is None:
+        return
+    if spec.startswith("builtin:"):
+        from model.config import PRESETS  # no jax (wall 5)
+
+        if spec.split(":", 1)[1] not in PRESETS:
+            raise InputError(f"--checkpoint {spec}: unknown built-in preset; expected builtin:{{{','.join(PRESETS)}}}")
+        return
+    if not is_hub_id(spec):
+        raise InputError(f"--checkpoint {spec}: on a fleet expected builtin:PRESET or a hub repo id (owner/name); "
+                         "a local folder is not on the cloud machine")
+
+
+def check_options(options: FleetOptions) -> None:
+    """Refuse what no task could run, before anything is written: no accelerator, spot without a bucket, a bad
+    bucket URI, checkpoint or disk size. Raises InputError (one line). The gpu-run flags are gpu-run's to check:
+    `bench fleet plan` runs `bench.gpurun.main.check_options` on them (`gpu_run_check_fields`) before this, so that
+    this package imports nothing of bench.gpurun (whose steps import jax)."""
+    if not options.accelerators:
+        raise InputError("--accelerators: expected at least one catalog name, e.g. T4g,L4")
+    if options.spot and options.bucket is None:
+        raise InputError("--spot needs --bucket URI: a preempted spot machine keeps nothing, so its run folders and "
+                         "compilation cache must be written to a bucket (managed jobs recover onto a new machine)")
+    if options.bucket is not None:
+        check_bucket(options.bucket)
+    check_checkpoint(options.checkpoint)
+    if options.disk_size < 1:
+        raise InputError(f"--disk-size {options.disk_size}: expected a positive number of GB")
+
+
+def gpu_run_check_fields(options: FleetOptions) -> dict[str, Any]:
+    """The fields of `bench.gpurun.main.Options` that the plan's gpu-run flags set (a builtin checkpoint included;
+    a hub checkpoint is a folder only on the machine), for gpu-run's own `check_options`."""
+    spec = options.checkpoint if (options.checkpoint or "").startswith("builtin:") else None
+    return {"budget_s": options.budget_s, "inputs": options.inputs, "max_new_tokens": options.max_new_tokens,
+            "repeats": options.repeats, "steps": options.steps, "decode_loop": options.decode_loop,
+            "quant": options.quant, "checkpoint": spec}  # fmt: skip
+
+
+# ---- the tasks ---------------------------------------------------------------------------------------------------
+def gpu_run_args(options: FleetOptions) -> tuple[str, ...]:
+    """The flags after OUTDIR on each task's gpu-run.sh line: --budget-s always, then each override given, in
+    gpu-run.sh's own spelling (`bench gpu-run --help`); a hub checkpoint is "$ckpt" (the folder the run script
+    downloads it to). Every flag here is one gpu-run.sh accepts today; there is no --batch (gpu-run has none)."""
+    args = ["--budget-s", f"{options.budget_s:g}"]
+    if options.checkpoint is not None:
+        args += ["--checkpoint", "$ckpt" if is_hub_id(options.checkpoint) else options.checkpoint]
+    for flag, value in (("--inputs", options.inputs), ("--max-new-tokens", options.max_new_tokens),
+                        ("--repeats", options.repeats), ("--steps", options.steps),
+                        ("--decode-loop", options.decode_loop)):  # fmt: skip
+        if value is not None:
+            args += [flag, str(value)]
+    for q in options.quant:
+        args += ["--quant", q]
+    return tuple(args)
+
+
+def _sh(token: str) -> str:
+    """One shell word: the run script's variables as "$var", anything else quoted as needed."""
+    return f'"{token}"' if token in ("$out", "$ckpt") else shlex.quote(token)
+
+
+SETUP = """\
+set -euo pipefail
+if [ ! -x .venv/bin/python ]; then
+  py=$(scripts/find-python.sh 2>/dev/null) || {
+    python3 -m pip install --user --quiet uv
+    python3 -m uv python install 3.12
+    py=$(python3 -m uv python find 3.12)
+  }
+  "$py" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -c constraints.txt -e '.[cuda13]'
+"""
+"""The setup of every task (run in the workdir): `.venv` with Python >= 3.12, the project with the cuda13 extra."""
+
+_DOWNLOAD = ('import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], '
+             'allow_patterns=["*.json", "*.safetensors", "*.model", "*.jinja", "*.txt"]))')  # fmt: skip
+"""The hub download on the machine (huggingface_hub reads HF_TOKEN from the environment): prints the folder."""
+
+
+def run_script(plan_name: str, task_slug: str, out: str, args: tuple[str, ...], *, bucket: bool,
+               hub_checkpoint: str | None) -> str:  # fmt: skip
+    """The `run` of one task (bash, run in the workdir): restore the accelerator kind's compilation cache (with a
+    bucket), download a hub checkpoint, run gpu-run.sh into `out` with `args`, save the cache's new entries, write
+    gpu-run's exit code to OUT/exit-code, and exit 0 for its 0 and 3 (the folders are valid), else its code."""
+    lines = ["set -uo pipefail", f"out={out}", 'mkdir -p "$out/xla-cache"']
+    if bucket:
+        lines += [f"cache={MOUNT}/xla-cache/{task_slug}",
+                  'mkdir -p "$cache"',
+                  'cp -R "$cache/." "$out/xla-cache/" 2>/dev/null || true  # restore this accelerator kind\'s cache']  # fmt: skip
+    if hub_checkpoint is not None:
+        lines += [f"ckpt=$(.venv/bin/python -c {shlex.quote(_DOWNLOAD)} {shlex.quote(hub_checkpoint)}) || "
+                  f"{{ echo 'error: could not download {hub_checkpoint} (is the {HF_TOKEN} secret set?)' >&2; exit 2; }}"]  # fmt: skip
+    lines.append("PYTHON=.venv/bin/python scripts/gpu-run.sh " + " ".join(_sh(t) for t in ("$out", *args)))
+    lines.append("rc=$?")
+    if bucket:
+        lines.append('cp -R -n "$out/xla-cache/." "$cache/" 2>/dev/null || true  # save its new entries')
+    lines += ['echo "$rc" > "$out/exit-code"',
+              f'echo "fleet {plan_name} {task_slug}: gpu-run exit code $rc"',
+              'if [ "$rc" = 0 ] || [ "$rc" = 3 ]; then exit 0; fi',
+              'exit "$rc"']  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def task_out(name: str, task_slug: str, bucket: bool) -> str:
+    """The run's OUTDIR on the machine: MOUNT/NAME/SLUG in the bucket, else fleet-out/NAME/SLUG in the workdir."""
+    return f"{MOUNT}/{name}/{task_slug}" if bucket else f"{WORKDIR_OUT}/{name}/{task_slug}"
+
+
+def _hub(options: FleetOptions) -> str | None:
+    """The hub repo id of --checkpoint, None for builtin:PRESET or no checkpoint."""
+    return options.checkpoint if options.checkpoint and is_hub_id(options.checkpoint) else None
+
+
+def task_config(options: FleetOptions, accelerator: str, workdir: Path) -> dict[str, Any]:
+    """The SkyPilot task YAML of `accelerator` (module docstring), as the dict that is written."""
+    s = slug(accelerator)
+    bucket = options.bucket is not None
+    out = task_out(options.name, s, bucket)
+    resources: dict[str, Any] = {"accelerators": f"{accelerator}:1", "use_spot": options.spot,
+                                 "disk_size": options.disk_size}  # fmt: skip
+    if options.infra:
+        resources["infra"] = options.infra
+    if bucket:
+        resources["job_recovery"] = dict(RECOVERY)
+    hub = _hub(options)
+    config: dict[str, Any] = {"name": f"g4b-{options.name}-{s}", "workdir": str(workdir), "resources": resources}
+    if hub is not None:
+        config["secrets"] = {HF_TOKEN: None}
+    if bucket:
+        config["file_mounts"] = {MOUNT: {"source": options.bucket.rstrip("/"), "mode": "MOUNT_CACHED"}}
+    config["setup"] = SETUP
+    config["run"] = run_script(options.name, s, out, gpu_run_args(options), bucket=bucket, hub_checkpoint=hub)
+    return config
+
+
+def build_plan(options: FleetOptions, workdir: Path) -> tuple[FleetPlan, dict[str, dict[str, Any]]]:
+    """The plan of `options` (checked first: `check_options`) and each task's YAML content by file name. `workdir`
+    is the repository root the tasks upload. Raises InputError (one line) for options no task could run."""
+    check_options(options)
+    configs: dict[str, dict[str, Any]] = {}
+    tasks = []
+    for acc in options.accelerators:
+        s = slug(acc)
+        config = task_config(options, acc, workdir)
+        configs[f"{s}.yaml"] = config
+        tasks.append(FleetTask(accelerator=acc, slug=s, task_name=config["name"], yaml_file=f"{s}.yaml",
+                               out=task_out(options.name, s, options.bucket is not None)))
+    opts = asdict(options)
+    plan = FleetPlan(name=options.name, bucket=options.bucket.rstrip("/") if options.bucket else None,
+                     spot=options.spot, hf_token=_hub(options) is not None,
+                     gpu_run_args=gpu_run_args(options), tasks=tuple(tasks),
+                     created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), options=opts)  # fmt: skip
+    return plan, configs
+
+
+# ---- files -------------------------------------------------------------------------------------------------------
+def dump_yaml(config: dict[str, Any]) -> str:
+    """The task YAML text of `config`: keys in the order given, multi-line scripts as literal blocks (|)."""
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    def _str(dumper: yaml.SafeDumper, value: str):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    _Dumper.add_representer(str, _str)
+    return yaml.dump(config, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=200)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A task YAML file as a dict; FleetError naming the file when it is missing or not a YAML mapping."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FleetError(f"{path}: missing; make the plan again with `bench fleet plan`") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise FleetError(f"{path}: not a readable task YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise FleetError(f"{path}: expected a task YAML (a mapping), got {type(data).__name__}")
+    return data
+
+
+def write_plan(plan: FleetPlan, configs: dict[str, dict[str, Any]], folder: Path, *, replace: bool = False) -> list[Path]:
+    """Write each task YAML and fleet.json into `folder` (created); returns the files written, fleet.json last.
+    FleetError when `folder` already holds a plan and `replace` is False, or cannot be written."""
+    folder = Path(folder)
+    if (folder / PLAN_FILE).exists() and not replace:
+        raise FleetError(f"{folder} already holds a fleet plan; pass --replace to write over it, or another --out")
+    written = []
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, config in configs.items():
+            (folder / name).write_text(dump_yaml(config), encoding="utf-8")
+            written.append(folder / name)
+        (folder / PLAN_FILE).write_text(plan.to_json(), encoding="utf-8")
+    except OSError as exc:
+        raise FleetError(f"{folder}: cannot write the plan ({exc.strerror or exc}); pass another --out") from None
+    written.append(folder / PLAN_FILE)
+    return written
+
+
+def read_plan(folder: Path) -> FleetPlan:
+    """The plan in `folder` (its fleet.json). FleetError when there is none or it is not a plan."""
+    path = Path(folder) / PLAN_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FleetError(f"{folder}: no fleet plan there ({PLAN_FILE} missing); make one with "
+                         f"`bench fleet plan --accelerators ... --out {folder}`") from None  # fmt: skip
+    except OSError as exc:
+        raise FleetError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    return FleetPlan.from_json(text, str(path))
+
+
+def task_configs(folder: Path, plan: FleetPlan) -> dict[str, dict[str, Any]]:
+    """Each task's YAML as it is in the plan folder now (edits included), by task name."""
+    return {t.task_name: load_yaml(Path(folder) / t.yaml_file) for t in plan.tasks}
