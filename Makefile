@@ -15,7 +15,7 @@ PEER_DIR     := .cache/peer
 PEER_THREADS ?= 2
 PEER_NAME    ?=
 
-.PHONY: help venv test test-fast test-heavy gpu-rehearsal sweep peer profile report generate lock clean
+.PHONY: help venv fleet-venv test-fleet test test-fast test-heavy gpu-rehearsal sweep peer profile report generate lock clean
 
 help:
 	@echo "make sweep    run the default sweep (inputs $(INPUTS)) on the built-in checkpoint; writes runs/<name>/"
@@ -24,6 +24,7 @@ help:
 	@echo "make peer     transformers on the same checkpoint, prompts and token counts (its own .venv-peer); writes runs/<name>/"
 	@echo "make profile  xprof trace of 20 decode steps + device-time breakdown, added to the latest sweep run"
 	@echo "make report   tables and plots comparing the archived runs in runs/ -> reports/latest/"
+	@echo "make test-fleet  the bench fleet tests in .venv-fleet (SkyPilot installed: its schema checks run)"
 	@echo "make gpu-rehearsal  scripts/gpu-run.sh --tiny on this CPU with the GPU image's packages + carried wheels"
 	@echo "make lock     re-pin constraints.txt from the current .venv"
 
@@ -51,6 +52,25 @@ test-heavy: $(STAMP)
 test-fast: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -m "not slow and not heavy" $(ARGS)
+
+# bench fleet (SkyPilot) in its own venv: skypilot 0.14.1 pins click < 8.2 and uvicorn < 0.36, which constraints.txt
+# refuses; constraints-fleet.txt lowers those pins (README, "On a fleet").
+FLEET_VENV  := .venv-fleet
+FLEET_STAMP := $(FLEET_VENV)/.installed
+$(FLEET_STAMP): pyproject.toml constraints-fleet.txt
+	@if [ ! -x $(FLEET_VENV)/bin/python ]; then \
+	  py=$$(scripts/find-python.sh) || exit 1; \
+	  echo "creating $(FLEET_VENV) with $$py"; \
+	  "$$py" -m venv $(FLEET_VENV) || exit 1; \
+	fi
+	$(FLEET_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FLEET_VENV)/bin/python -m pip install -qq -c constraints-fleet.txt -e '.[dev,fleet]'
+	@touch $(FLEET_STAMP)
+
+fleet-venv: $(FLEET_STAMP)
+
+test-fleet: $(FLEET_STAMP)
+	$(FLEET_VENV)/bin/python -m pytest -q tests/test_fleet.py tests/test_fleet_schema.py $(ARGS)
 
 # Needs no .venv: it builds (and caches) its own venv of the GPU image's versions; see scripts/gpu-rehearsal.sh.
 gpu-rehearsal:

@@ -28,7 +28,7 @@ from typing import Any
 from bench.errors import FleetError, MissingModuleError
 
 SKY_MISSING = ("bench fleet needs SkyPilot (the fleet extra), which {python} cannot import: "
-               "pip install -c constraints-fleet.txt -e '.[fleet]' (in its own venv; see README \"On a fleet\")")  # fmt: skip
+               "run it from .venv-fleet (make fleet-venv; README \"On a fleet\")")  # fmt: skip
 """The one line when `sky` cannot be imported ({python}: this interpreter)."""
 
 IDLE_MINUTES = 60
