@@ -377,13 +377,13 @@ def test_a_sky_error_is_one_line(tmp_path, fake_sky, capsys):
 
 @pytest.mark.parametrize("cmd", [["plan", "--accelerators", "L4", "--out", "{tmp}/x"], ["launch", "{plan}"],
                                  ["status", "{plan}"], ["down", "{plan}"]])  # fmt: skip
-def test_without_skypilot_each_command_says_how_to_install_it(cmd, tmp_path, monkeypatch, capsys):
+def test_without_skypilot_each_command_names_the_fleet_venv(cmd, tmp_path, monkeypatch, capsys):
     folder = make_plan(tmp_path / "cmp", spot=False, bucket=None, checkpoint=None)
     monkeypatch.setitem(sys.modules, "sky", None)  # `import sky` raises ImportError
     args = [a.format(tmp=tmp_path, plan=folder) for a in cmd]
     code, out, err = bench_captured(["fleet", *args], capsys)
     lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "pip install" in lines[0] and "'.[fleet]'" in lines[0], err
+    assert code == 2 and len(lines) == 1 and "make fleet-venv" in lines[0], err
     assert "Traceback" not in err and not (tmp_path / "x").exists()
 
 
