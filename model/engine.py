@@ -502,8 +502,10 @@ class Engine:
         ignored: every row does the same number of steps). Rows have their own lengths: each is right-padded to the
         bucket of the longest, prefilled with its own length (`model.forward.prefill` with lengths [B]) and decoded
         at its own positions. Greedy, a row's tokens are those of `generate` of its prompt alone, up to float
-        summation order (another bucket or batch size can sum in another order; the tests measure how often a
-        token differs). Sampled, row b at position p draws with the key `generate` uses at p.
+        summation order (another bucket, chunk size or batch size can sum in another order): measured equal on
+        every row so far (tests/test_batch.py on the tiny preset, dense and quantized, B up to 10; the default
+        preset, float32 CPU, 32 new tokens: 16 rows of 41 tokens and rows of 5, 41, 100, 300 tokens, 0 rows
+        differ). Sampled, row b at position p draws with the key `generate` uses at p.
 
         `decode_loop` / `block` as in `generate`. Raises EngineError for no prompts, a prompt `check_request`
         refuses, a batch whose KV cache does not fit in memory (`check_batch`, before anything is allocated), and a

@@ -16,8 +16,12 @@ from model.config import TINY
 from model.engine import BatchGeneration, CompileCounter, Engine, Sampling, memory_capacity
 from model.errors import EngineError
 from model.flops import decode_flops
+from model.forward import forward_full
+from model.forward import prefill as _prefill
 from model.params import init_params
 from model.policy import decide_policy
+from model.quant import quantize_params
+from model.quantspec import parse_quant
 
 CFG = TINY  # sliding window 8, layers [S,S,F,S,S,F], 3 KV-shared layers
 MAX_NEW = 12  # every row below wraps its ring of 8 while decoding (length + 12 > 8)
@@ -69,6 +73,39 @@ def test_the_device_loop_and_sampling_give_each_row_its_single_sequence_tokens(e
     sampled = engine.generate_batch(rows, MAX_NEW, sampling)
     assert sampled.token_ids == [engine.generate(p, MAX_NEW, sampling).token_ids for p in rows]
     assert sampled.token_ids != host.token_ids
+
+
+@pytest.mark.parametrize("bucket,lengths", [pytest.param(8, (3, 8, 1), marks=pytest.mark.slow), (32, (3, 20, 13, 32))])
+def test_a_batch_prefill_gives_each_row_the_logits_of_its_prompt_in_one_full_forward(params, bucket, lengths):
+    """Bucket 8 is one chunk (no loop, no ring read); bucket 32 is 4 chunks of 8, rows ending in different chunks
+    (the 3-token row's last position in chunk 0, read back after 3 more chunks ran)."""
+    rng = np.random.default_rng(5)
+    ids = np.zeros((len(lengths), bucket), np.int32)
+    for b, n in enumerate(lengths):
+        ids[b, :n] = rng.integers(5, CFG.vocab_size, size=n)
+    cache = init_cache(CFG, bucket + 2, jnp.float32, batch=len(lengths))
+    out_BV, cache = jax.jit(_prefill, static_argnums=1)(params, CFG, jnp.asarray(ids), jnp.asarray(lengths), cache)
+    assert np.asarray(cache.length).tolist() == list(lengths)
+    full_BTV = jax.jit(forward_full, static_argnums=1)(params, CFG, jnp.asarray(ids))  # causal: padding comes after
+    for b, n in enumerate(lengths):
+        full = full_BTV[b, n - 1]
+        np.testing.assert_allclose(out_BV[b], full, rtol=0, atol=2e-5 * float(jnp.max(jnp.abs(full))))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quant", ["w8", "w4,ple4,int8_lm_head"])
+def test_quantized_rows_decode_their_tokens_alone_in_both_product_forms(params, quant):
+    """On CPU a quantized product takes the multiply-and-sum form up to `MATVEC_ROWS` (8) activation rows and the
+    dot form above: B = 3 decodes in the first, B = 10 in the second, B = 1 always in the first."""
+    spec = parse_quant(quant)
+    engine = Engine(quantize_params(params, spec, scale_dtype=jnp.float32), CFG, decide_policy("float32"),
+                    buckets=(32,), quant=spec, scale_dtype="float32")  # fmt: skip
+    rng = np.random.default_rng(2)
+    rows = [rng.integers(5, CFG.vocab_size, size=n).tolist() for n in (3, 20, 13, 9, 1, 32, 7, 16, 25, 11)]
+    alone = [engine.generate(p, MAX_NEW).token_ids for p in rows]
+    for batch in (3, 10):
+        gen = engine.generate_batch(rows[:batch], MAX_NEW)
+        assert [b for b in range(batch) if gen.token_ids[b] != alone[b]] == [], batch
 
 
 def _held(cfg, layer: int, length: int, slots: int) -> np.ndarray:
