@@ -320,3 +320,76 @@ def kv_read_elements(cfg: ModelConfig, max_len: int) -> int:
 def kv_read_bytes(cfg: ModelConfig, max_len: int, itemsize: int) -> int:
     """Bytes of `kv_read_elements` at `itemsize` bytes per cached scalar."""
     return kv_read_elements(cfg, max_len) * itemsize
+
+
+def kv_cache_elements(cfg: ModelConfig, max_len: int) -> int:
+    """K and V scalars one row's cache of `max_len` positions holds (`model.cache.init_cache`'s buffers): every
+    layer that owns K/V (`cfg.cache_layers`), 2 (K, V) x slots x K heads x H. Unlike `kv_read_elements`, a
+    producer's buffer counts once however many layers read it."""
+    return sum(2 * slots(cfg, i, max_len) * cfg.kv_heads(i) * cfg.layer_head_dim(i) for i in cfg.cache_layers)
+
+
+def kv_cache_bytes(cfg: ModelConfig, max_len: int, itemsize: int, batch: int = 1) -> int:
+    """Bytes of the KV cache buffers of `batch` rows of `max_len` positions (bucket + max_new_tokens) at
+    `itemsize` bytes per cached scalar: batch x `kv_cache_elements` x itemsize."""
+    return batch * kv_cache_elements(cfg, max_len) * itemsize
+
+
+MEMORY_RESERVE = 0.10
+"""Share of the memory capacity a batch may not plan to use: left for activations (a prefill chunk's [B, C, 2F]
+feed-forward, the [B, V] logits), the compiled programs and the runtime. A stated margin, not a measurement."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BatchMemory:
+    """Whether a batch's KV cache fits beside the weights: the arithmetic `Engine.generate_batch` checks before it
+    allocates anything, and the refusal it raises otherwise (`refusal`).
+
+    batch: rows; cache_len: positions per row (bucket + max_new_tokens); weight_bytes: the parameters as placed
+    on the device (`weight_bytes`); kv_bytes_per_row: one row's cache (`kv_cache_bytes`); capacity: bytes the
+    device (or host) holds for this process, `where` says which figure; reserve: `MEMORY_RESERVE`.
+    """
+
+    batch: int
+    cache_len: int
+    weight_bytes: int
+    kv_bytes_per_row: int
+    capacity: int
+    where: str
+    reserve: float = MEMORY_RESERVE
+
+    @property
+    def kv_bytes(self) -> int:
+        """The whole batch's KV cache: batch x kv_bytes_per_row."""
+        return self.batch * self.kv_bytes_per_row
+
+    @property
+    def needed(self) -> int:
+        """Weights + the batch's KV cache."""
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def usable(self) -> int:
+        """The capacity less the reserve: floor(capacity x (1 - reserve))."""
+        return math.floor(self.capacity * (1 - self.reserve))
+
+    @property
+    def fits(self) -> bool:
+        """needed <= usable."""
+        return self.needed <= self.usable
+
+    @property
+    def largest_batch(self) -> int:
+        """The most rows whose cache fits beside the weights: floor((usable - weights) / kv_bytes_per_row), >= 0."""
+        return max(0, (self.usable - self.weight_bytes) // max(1, self.kv_bytes_per_row))
+
+    def refusal(self) -> str:
+        """One line: what was asked, the arithmetic, what fits and how to fix it."""
+        gb = 1e9
+        fit = (f"at most {self.largest_batch} rows fit at this length: lower --batch, --max-new-tokens or the input "
+               "tokens" if self.largest_batch else
+               "not even one row fits at this length: lower --max-new-tokens or the input tokens")  # fmt: skip
+        return (f"batch {self.batch} does not fit: {self.batch} rows x {self.kv_bytes_per_row / gb:.3f} GB of KV "
+                f"cache ({self.cache_len} positions per row) + {self.weight_bytes / gb:.3f} GB of weights = "
+                f"{self.needed / gb:.3f} GB, above the {self.usable / gb:.3f} GB usable ({self.capacity / gb:.3f} GB "
+                f"{self.where}, less {self.reserve:.0%} reserved for activations); {fit}")

@@ -8,10 +8,14 @@ producer's. Full-attention layers keep one slot per absolute position (slot p ho
 keep a ring of R = min(sliding_window, S) slots: position p lives in slot p mod R. The slot counts, and the bytes
 a decode step reads from this cache, are `model.accounting.slots` / `kv_read_bytes` (jax-free).
 
-THE INVARIANT (enforced by `model.forward.prefill` and `model.forward.decode_step`, the only writers):
-a slot holds exactly one absolute REAL position or nothing (zeros); padding never occupies a slot.
-Positions are written in order 0, 1, 2, ... so the position a ring slot holds is derivable from the cache length
-alone, and no slot-position table is stored (`ring_positions`).
+THE INVARIANT (enforced by `model.forward.prefill` and `model.forward.decode_step`, the only writers), per row:
+a slot of row b holds exactly one absolute REAL position of row b or nothing (zeros); padding never occupies a
+slot. Positions are written in order 0, 1, 2, ... so the position a ring slot holds is derivable from the row's
+length alone, and no slot-position table is stored (`ring_positions`).
+
+One length or one per row: the single-sequence engine (`model.engine.Engine.generate`) keeps one scalar `length`
+for all rows; a batch of prompts of different lengths (`Engine.generate_batch`) keeps `length` [B], each row its
+own count of real positions, its own ring (row b's position p in slot p mod R of row b) and its own next slot.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from model.config import ModelConfig
 class KVCache:
     """Per cache layer (in `cfg.cache_layers` order): k and v of shape [B, K, S or R, H] in the KV dtype.
 
-    `length` (int32 scalar) is the number of real positions written so far.
+    `length` (int32) is the number of real positions written so far: a scalar shared by every row (the
+    single-sequence engine), or [B], one count per row (a batch of prompts of different lengths). The two are
+    different compiled shapes.
     """
 
     k: tuple[jax.Array, ...]
@@ -39,7 +45,9 @@ class KVCache:
 
 
 def init_cache(cfg: ModelConfig, max_len: int, dtype, batch: int = 1) -> KVCache:
-    """An empty cache (zeros, length 0) able to hold `max_len` positions (prompt bucket + max_new_tokens)."""
+    """An empty cache of `batch` rows (zeros, scalar length 0) able to hold `max_len` positions per row (prompt
+    bucket + max_new_tokens); its bytes are `model.accounting.kv_cache_bytes`. Prefill replaces the length
+    with the one it is given (scalar or per row)."""
     shapes = [(batch, cfg.kv_heads(i), slots(cfg, i, max_len), cfg.layer_head_dim(i)) for i in cfg.cache_layers]
     return KVCache(
         k=tuple(jnp.zeros(s, dtype) for s in shapes),
@@ -49,9 +57,12 @@ def init_cache(cfg: ModelConfig, max_len: int, dtype, batch: int = 1) -> KVCache
 
 
 def ring_positions(length: jax.Array, ring: int) -> jax.Array:
-    """Absolute position held by each of the `ring` slots [R] (int32) once `length` positions are written;
-    -1 for an empty slot. Slot s holds the latest p < length with p = s (mod R)."""
+    """Absolute position held by each of the `ring` slots once `length` positions are written: [R] (int32) for a
+    scalar length, [B,R] for per-row lengths [B]; -1 for an empty slot. Slot s holds the latest p < length with
+    p = s (mod R)."""
     last = length - 1
+    if jnp.ndim(last):  # per row: each row's last position against every slot
+        last = last[..., None]
     s_R = jnp.arange(ring, dtype=jnp.int32)
     pos_R = last - jnp.mod(last - s_R, ring)
     return jnp.where(pos_R >= 0, pos_R, -1)

@@ -8,12 +8,20 @@ decode loop is "host" (one jitted step per token, each token synced to the host:
 (`DECODE_LOOPS`: the first token from prefill on the host, then the other max_new_tokens - 1 in jitted loops of
 `block` steps each, one host sync per block; no block: one loop of them all).
 
+Batches: `Engine.generate_batch` decodes B prompts of their own lengths together: rows right-padded to the bucket
+of the longest, one length per row (`KVCache.length` [B]), each row at its own positions and slots
+(`model.forward`), greedy or sampled (row b's key of a position is the one `generate` uses for it). Its KV cache
+bytes are checked against the device's (or host's) memory before anything is allocated (`check_batch`).
+`generate` keeps its single-sequence programs (one scalar length) and their tokens.
+
 Recompilation triggers (everything else is an array argument and never recompiles):
 1. a new bucket (the prefill program's input shape);
 2. a new bucket + max_new_tokens (the cache length: prefill's output and decode's input shapes);
 3. greedy vs sampling (sampling sorts the vocabulary; greedy programs do not);
 4. another ModelConfig, or parameters / KV cache of other dtypes (a new dtype policy);
-5. another batch size (the engine uses 1);
+5. another batch size B, and batch vs single sequence: `generate` compiles B = 1 with one scalar length;
+   `generate_batch` compiles per B with a length per row (even at B = 1, another program than `generate`'s), its
+   bucket that of the longest row;
 6. the device decode loop: its program per (cache length, steps per call), steps = min(block, max_new_tokens - 1)
    (no block: max_new_tokens - 1). A last block shorter than `block` runs the same program with a smaller trip
    count (a traced value), so a block size that does not divide max_new_tokens - 1 adds no program.
@@ -37,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model.accounting import decode_weight_bytes, kv_read_bytes
+from model.accounting import BatchMemory, decode_weight_bytes, kv_cache_bytes, kv_read_bytes
 from model.cache import init_cache
 from model.config import ModelConfig
 from model.errors import EngineError
@@ -148,7 +156,9 @@ GREEDY = Sampling()
 
 
 def _choose(logits_BV: jax.Array, position: jax.Array, args, greedy: bool) -> jax.Array:
-    """Next token ids [B] (int32) from float32 logits [B,V]."""
+    """Next token ids [B] (int32) from float32 logits [B,V]. `position` (the position decoded, for the sampling
+    key): an int32 scalar for every row, or [B] per row, row b then drawn with row b's own key exactly as a
+    single sequence at that position is."""
     if greedy:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
     temperature, top_k, top_p, seed = args
@@ -161,6 +171,13 @@ def _choose(logits_BV: jax.Array, position: jax.Array, args, greedy: bool) -> ja
     keep_BV = (jnp.cumsum(probs_BV, axis=-1) - probs_BV) < top_p  # smallest prefix reaching top_p
     cut_B1 = jnp.min(jnp.where(keep_BV, jnp.sort(z_BV, axis=-1)[:, ::-1], jnp.inf), axis=-1, keepdims=True)
     z_BV = jnp.where(z_BV < cut_B1, -jnp.inf, z_BV)
+    if jnp.ndim(position):  # per row: row b's draw is a single sequence's [1, V] draw with its key
+        base = jax.random.PRNGKey(seed)
+
+        def row(p, z_V):
+            return jax.random.categorical(jax.random.fold_in(base, p), z_V[None], axis=-1)[0]
+
+        return jax.vmap(row)(position, z_BV).astype(jnp.int32)
     key = jax.random.fold_in(jax.random.PRNGKey(seed), position)
     return jax.random.categorical(key, z_BV, axis=-1).astype(jnp.int32)
 
@@ -272,6 +289,74 @@ class Generation:
         return [(b - a) / 1e6 for a, b in zip(self.t_token_ns, self.t_token_ns[1:])]
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BatchGeneration:
+    """B sequences generated together (`Engine.generate_batch`), what the engine ran for them, and their host-side
+    timings, which every row shares: the rows run in lockstep, so each step's B tokens arrive on the host at once.
+
+    `prompt_ids[b]` / `token_ids[b]`: row b's prompt and its max_new_tokens generated ids. `bucket`: the padded
+    prefill length of the batch (that of the longest row); the compiled shape is (B, bucket, max_new_tokens,
+    decode_loop, block). Times and `arrived` as in `Generation`; `compile_traces`: jit traces during the batch.
+    `row(b)` is row b as a `Generation` (its tokens with the shared times).
+    """
+
+    prompt_ids: list[list[int]]
+    token_ids: list[list[int]]
+    bucket: int
+    max_new_tokens: int
+    t_prefill_start_ns: int
+    t_token_ns: list[int]
+    compile_traces: int
+    decode_loop: str = "host"
+    block: int | None = None
+    arrived: list[int] | None = None
+
+    @property
+    def batch(self) -> int:
+        """B, the rows."""
+        return len(self.token_ids)
+
+    def row(self, b: int) -> Generation:
+        """Row b as a `Generation`: its prompt and tokens, the batch's bucket, times and compile count."""
+        return Generation(prompt_ids=self.prompt_ids[b], token_ids=self.token_ids[b], bucket=self.bucket,
+                          max_new_tokens=self.max_new_tokens, t_prefill_start_ns=self.t_prefill_start_ns,
+                          t_token_ns=self.t_token_ns, compile_traces=self.compile_traces,
+                          decode_loop=self.decode_loop, block=self.block, arrived=self.arrived)  # fmt: skip
+
+    @property
+    def prefill_ms(self) -> float:
+        """The batch prefill, device-synced: dispatch to the first tokens of all rows on the host (ms)."""
+        return self.row(0).prefill_ms
+
+    @property
+    def decode_ms(self) -> float | None:
+        """Decode time (ms) of the batch, first tokens to last tokens on the host; None with one token."""
+        return self.row(0).decode_ms
+
+    @property
+    def ms_per_step(self) -> float | None:
+        """Mean decode step of the batch (ms): decode time / (max_new_tokens - 1); None with one token."""
+        return self.row(0).ms_per_step
+
+    @property
+    def step_ms(self) -> list[float]:
+        """Per-step times (ms) of the host loop (each step decodes one token of every row); empty for the device
+        loop."""
+        return self.row(0).step_ms
+
+    @property
+    def sequence_tok_s(self) -> float | None:
+        """Per-sequence gauge (tok/s): one row's (generated - 1) / decode time (measurement.md, "Batches")."""
+        decode = self.decode_ms
+        return None if not decode else (self.max_new_tokens - 1) / (decode / 1e3)
+
+    @property
+    def aggregate_tok_s(self) -> float | None:
+        """Aggregate throughput (tok/s): all rows' tokens after the first / decode time = B x `sequence_tok_s`."""
+        gauge = self.sequence_tok_s
+        return None if gauge is None else self.batch * gauge
+
+
 class Engine:
     """A loaded model on the live device, with its policy, bucket ladder and compiled programs.
 
@@ -310,18 +395,39 @@ class Engine:
         byte, not `nbytes`). Equals `model.accounting.weight_bytes` of the config, policy and quantization."""
         return param_bytes(self.params)
 
-    def decode_bytes(self, n_tokens: int, max_new_tokens: int) -> dict[str, int]:
+    def decode_bytes(self, n_tokens: int, max_new_tokens: int, batch: int = 1) -> dict[str, int]:
         """Bytes one decode step reads at the compiled shape of `n_tokens` (roofline numerator, measurement.md):
         `weights` (every weight the step touches at its stored size: one row of each embedding table, the whole
         tied table for the logits; quantized leaves at their packed size plus scales: one PLE row, the int8 head
         whole) and `kv_cache` (K and V read by the attention of every layer: the whole buffer of bucket +
         max_new_tokens positions of its KV source, masked slots included), and their `total`; both from
-        `model.accounting` (`decode_weight_bytes`, `kv_read_bytes`)."""
+        `model.accounting` (`decode_weight_bytes`, `kv_read_bytes`). A step of `batch` rows reads the weights
+        once and every row's cache (measurement.md, "Batches"), the gathered rows (one embedding and one PLE row
+        per row) counted once, as their bytes are negligible (D + X values a row)."""
         weights = decode_weight_bytes(self.cfg, np.dtype(DTYPES[self.policy.weight_dtype]).itemsize,
                                       scale_itemsize=np.dtype(DTYPES[self.scale_dtype]).itemsize, quant=self.quant)
         cache_len = self.bucket_for(n_tokens) + max_new_tokens
-        kv = kv_read_bytes(self.cfg, cache_len, np.dtype(DTYPES[self.policy.kv_dtype]).itemsize)
+        kv = batch * kv_read_bytes(self.cfg, cache_len, np.dtype(DTYPES[self.policy.kv_dtype]).itemsize)
         return {"weights": weights, "kv_cache": kv, "total": weights + kv}
+
+    def check_batch(self, batch: int, n_tokens: int, max_new_tokens: int) -> BatchMemory:
+        """The memory arithmetic of a batch of `batch` prompts of at most `n_tokens` tokens (`BatchMemory`: the
+        KV cache of (batch, bucket + max_new_tokens) at the policy's KV dtype beside the weights, against the
+        device's memory, else the host's: `memory_capacity`). Computed before anything is allocated. Raises
+        EngineError for a batch below 1 (or not a whole number), as `check_request`, and with the arithmetic
+        (needed, usable, the largest batch that fits) when the batch does not fit."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise EngineError(f"batch {batch!r}: expected a whole number of rows >= 1")
+        bucket = self.check_request(n_tokens, max_new_tokens)
+        cache_len = bucket + max_new_tokens
+        capacity, where = memory_capacity(self.weight_bytes)
+        mem = BatchMemory(batch=batch, cache_len=cache_len, weight_bytes=self.weight_bytes,
+                          kv_bytes_per_row=kv_cache_bytes(self.cfg, cache_len,
+                                                          np.dtype(DTYPES[self.policy.kv_dtype]).itemsize),
+                          capacity=capacity, where=where)  # fmt: skip
+        if not mem.fits:
+            raise EngineError(mem.refusal())
+        return mem
 
     def bucket_for(self, n_tokens: int) -> int:
         """The smallest bucket >= n_tokens. Raises EngineError naming the limit and a fix that can work: the flag
@@ -390,11 +496,52 @@ class Engine:
                           t_prefill_start_ns=t0, t_token_ns=times, compile_traces=CompileCounter.traces - traces0,
                           decode_loop=decode_loop, block=block, arrived=arrived)  # fmt: skip
 
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, sampling: Sampling = GREEDY, *,
+                       decode_loop: str = "host", block: int | None = None) -> BatchGeneration:  # fmt: skip
+        """Generate exactly `max_new_tokens` ids after each of the B = len(prompts) prompts, decoded together (EOS
+        ignored: every row does the same number of steps). Rows have their own lengths: each is right-padded to the
+        bucket of the longest, prefilled with its own length (`model.forward.prefill` with lengths [B]) and decoded
+        at its own positions. Greedy, a row's tokens are those of `generate` of its prompt alone, up to float
+        summation order (another bucket, chunk size or batch size can sum in another order): measured equal on
+        every row so far (tests/test_batch.py on the tiny preset, dense and quantized, B up to 10; the default
+        preset, float32 CPU, 32 new tokens: 16 rows of 41 tokens and rows of 5, 41, 100, 300 tokens, 0 rows
+        differ). Sampled, row b at position p draws with the key `generate` uses at p.
+
+        `decode_loop` / `block` as in `generate`. Raises EngineError for no prompts, a prompt `check_request`
+        refuses, a batch whose KV cache does not fit in memory (`check_batch`, before anything is allocated), and a
+        decode loop `generate` refuses."""
+        _check_loop(decode_loop, block, stop_at_eos=False, on_token=False)
+        ids, lengths, bucket = self._padded_batch(prompts, max_new_tokens)
+        args = sampling.args()
+        traces0 = CompileCounter.traces
+        t0 = time.perf_counter_ns()  # from here: the ids' copy to the device, prefill, first tokens on the host
+        token_B, cache = _prefill_program(
+            self.params, jnp.asarray(ids), jnp.asarray(lengths, jnp.int32), args, cfg=self.cfg,
+            cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype,
+            greedy=sampling.greedy,
+        )  # fmt: skip
+        rows = [[t] for t in np.asarray(token_B).tolist()]
+        times = [time.perf_counter_ns()]
+        arrived = None
+        if decode_loop == "device":
+            arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, rows, times)
+        for _ in range(len(rows[0]), max_new_tokens):
+            token_B, cache = _decode_program(self.params, cache, token_B, args, cfg=self.cfg,
+                                             act_dtype=self.policy.activation_dtype, greedy=sampling.greedy)  # fmt: skip
+            for row, t in zip(rows, np.asarray(token_B).tolist(), strict=True):
+                row.append(t)
+            times.append(time.perf_counter_ns())
+        return BatchGeneration(prompt_ids=[list(p) for p in prompts], token_ids=rows, bucket=bucket,
+                               max_new_tokens=max_new_tokens, t_prefill_start_ns=t0, t_token_ns=times,
+                               compile_traces=CompileCounter.traces - traces0, decode_loop=decode_loop, block=block,
+                               arrived=arrived)  # fmt: skip
+
     def _decode_on_device(self, token_B, cache, args, greedy: bool, max_new_tokens: int, block: int | None,
-                          tokens: list[int], times: list[int]) -> list[int]:  # fmt: skip
+                          tokens: list, times: list[int]) -> list[int]:  # fmt: skip
         """The device loop after the first token: max_new_tokens - 1 steps in calls of `steps` = min(block, that)
-        steps (the last call's trip count the rest), appending each block's ids to `tokens` and its arrival on the
-        host to `times`. Returns the token indices `times` mark (0, then each block's last)."""
+        steps (the last call's trip count the rest), appending each block's ids to `tokens` (a list of ids: row 0's;
+        a list of B lists: every row's) and its arrival on the host to `times`. Returns the token indices `times`
+        mark (0, then each block's last)."""
         left = max_new_tokens - 1
         steps = min(block or left, left)
         arrived = [0]
@@ -404,9 +551,15 @@ class Engine:
                 self.params, cache, token_B, args, jnp.int32(trips), cfg=self.cfg,
                 act_dtype=self.policy.activation_dtype, greedy=greedy, steps=steps,
             )  # fmt: skip
-            tokens.extend(int(t) for t in np.asarray(ids_SB)[:trips, 0])  # the copy to the host waits for the block
+            if tokens and isinstance(tokens[0], list):  # a batch: every row's ids
+                for row, ids in zip(tokens, np.asarray(ids_SB)[:trips].T.tolist(), strict=True):
+                    row.extend(ids)
+                done = len(tokens[0])
+            else:
+                tokens.extend(int(t) for t in np.asarray(ids_SB)[:trips, 0])  # the copy to the host waits for the block
+                done = len(tokens)
             times.append(time.perf_counter_ns())
-            arrived.append(len(tokens) - 1)
+            arrived.append(done - 1)
             left -= trips
         return arrived
 
@@ -445,6 +598,38 @@ class Engine:
 
         return state, step
 
+    def step_fn_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int):
+        """`step_fn` for a batch: (state, step), state = (tokens [B] int32, cache with lengths [B]) after the greedy
+        batch prefill of `prompts` (as `generate_batch` pads them), step(state) one greedy decode step of all rows.
+        The same jitted programs as `generate_batch`. Raises EngineError as `generate_batch`."""
+        ids, lengths, bucket = self._padded_batch(prompts, max_new_tokens)
+        args = GREEDY.args()
+        act_dtype = self.policy.activation_dtype
+        state = _prefill_program(self.params, jnp.asarray(ids), jnp.asarray(lengths, jnp.int32), args, cfg=self.cfg,
+                                 cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype,
+                                 act_dtype=act_dtype, greedy=True)  # fmt: skip
+
+        def step(state):
+            token_B, cache = state
+            return _decode_program(self.params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True)
+
+        return state, step
+
+    def _padded_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int
+                      ) -> tuple[np.ndarray, list[int], int]:  # fmt: skip
+        """(ids [B, bucket] int32, each row right-padded with the pad id, lengths [B], bucket of the longest row).
+        EngineError for no prompts, a prompt `check_request` refuses, or a batch `check_batch` refuses."""
+        if not prompts:
+            raise EngineError("a batch needs at least 1 prompt, got none")
+        lengths = [len(p) for p in prompts]
+        for n in lengths:
+            self.check_request(n, max_new_tokens)
+        bucket = self.check_batch(len(prompts), max(lengths), max_new_tokens).cache_len - max_new_tokens
+        ids = np.full((len(prompts), bucket), self.cfg.pad_token_id, np.int32)
+        for b, prompt in enumerate(prompts):
+            ids[b, : lengths[b]] = np.asarray(prompt, np.int32)
+        return ids, lengths, bucket
+
     def _padded(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[np.ndarray, int]:
         """(ids [1, bucket] int32 right-padded with the pad id, bucket); EngineError as `check_request`."""
         n = len(prompt_ids)
@@ -475,6 +660,43 @@ def _check_loop(decode_loop: str, block: int | None, *, stop_at_eos: bool, on_to
         what = "stop_at_eos" if stop_at_eos else "on_token (streaming, stop strings, cancellation)"
         raise EngineError(f"the device decode loop cannot run with {what}: that decides after every token on the "
                           "host; use the host loop (decode_loop='host')")  # fmt: skip
+
+
+def _host_available_bytes() -> int | None:
+    """Host memory available to a new allocation (bytes): MemAvailable of /proc/meminfo, else the available
+    physical pages (os.sysconf); None when neither can be read."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def memory_capacity(weight_bytes: int, device=None) -> tuple[int, str]:
+    """(bytes, where) the live device (default: jax's first) can hold for this process, weights included: the
+    allocator's `bytes_limit` of `device.memory_stats()` where the device reports it (GPUs), else the host's
+    available memory plus `weight_bytes` (the weights are already loaded there, so no longer "available").
+    Raises EngineError when neither can be read."""
+    device = device or jax.devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # backends without the call raise, others return None
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"of {device.platform} memory (bytes_limit)"
+    host = _host_available_bytes()
+    if host is None:
+        raise EngineError("cannot tell how much memory a batch may use: the device reports no memory_stats and "
+                          "the host neither /proc/meminfo nor os.sysconf pages")  # fmt: skip
+    return host + weight_bytes, "of host memory (MemAvailable + the weights already loaded)"
 
 
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,

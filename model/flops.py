@@ -80,3 +80,23 @@ def prefill_flops(
         slots = min(cfg.sliding_window, s) if cfg.is_sliding(i) else s
         total += _layer_matmul_flops(cfg, i) + slots * _attention_flops_per_key(cfg, i)
     return total + 2 * cfg.hidden_size * cfg.vocab_size
+
+
+def decode_flops(cfg: ModelConfig, cache_len: int, batch: int = 1) -> int:
+    """Matrix-product FLOPs of one decode step of `batch` rows over caches of `cache_len` slots (bucket +
+    max_new_tokens; multiply-add = 2 FLOPs), for the arithmetic intensity of a step (measurement.md, "Batches").
+
+    Per row: every layer's projections (as `prefill_flops` counts them), its attention over the whole buffer of
+    its KV source as the step computes it (masked slots included, as `model.accounting.kv_read_elements` counts
+    their bytes: R = min(W, S) slots on a sliding layer, S on a full one), the PLE input projection (2*D*L*P) and
+    the logits (2*D*V); times `batch`. Not counted: norms, RoPE, softmax, GELU, the embedding gathers. Raises
+    ValueError for cache_len or batch below 1.
+    """
+    if cache_len < 1 or batch < 1:
+        raise ValueError(f"cache_len and batch must be at least 1, got cache_len={cache_len}, batch={batch}")
+    row = 2 * cfg.hidden_size * cfg.num_layers * cfg.ple_dim + 2 * cfg.hidden_size * cfg.vocab_size
+    for i in range(cfg.num_layers):
+        src = cfg.kv_source(i)
+        keys = min(cfg.sliding_window, cache_len) if cfg.is_sliding(src) else cache_len
+        row += _layer_matmul_flops(cfg, i) + keys * _attention_flops_per_key(cfg, i)
+    return batch * row

@@ -4,6 +4,13 @@ Key: B batch, T positions, D model width, V vocab, L layers, P per-layer-input w
 S cache slots, R ring slots. K/V arrays are head-major, [B,K,T,H] / [B,K,S,H], as the cache stores them.
 All three compute the same function (tests prove it): `forward_full` is the reference form and the public
 full-sequence logits; `prefill` + `decode_step` are what the engine jits. Formulas: architecture notes §2.
+
+Lengths: `prefill` takes one `length` for every row (int32 scalar: the single-sequence engine) or one per row
+(int32 [B]: a batch of right-padded prompts of different lengths), and the cache it returns carries that length;
+`decode_step` then decodes each row at its own position. A scalar length traces exactly the program it did
+before per-row lengths existed. Per row, each row's positions are absolute (row b's token p at position p, RoPE
+and masks alike), only row b's real positions are written into row b's slots, and each row's logits come from
+its own last real position.
 """
 
 from __future__ import annotations
@@ -113,11 +120,27 @@ def forward_full(
 
 def _cache_visible(cfg: ModelConfig, layer: int, p: jax.Array, s: int) -> jax.Array:
     """Which of the `s` slots of `layer`'s KV source a query at position p sees once positions 0..p are
-    written [S] (bool): full layers slots 0..p; sliding layers the held ring positions inside p's window."""
+    written (bool): full layers slots 0..p; sliding layers the held ring positions inside p's window. [S] for a
+    scalar p, [B,S] for one position per row p [B]."""
+    q = p if jnp.ndim(p) == 0 else p[:, None]
     if cfg.is_sliding(layer):
         kpos_S = ring_positions(p + 1, s)
-        return (kpos_S >= 0) & _visible(cfg, layer, p, kpos_S)
-    return jnp.arange(s) <= p
+        return (kpos_S >= 0) & _visible(cfg, layer, q, kpos_S)
+    return jnp.arange(s) <= q
+
+
+def _query_mask(vis: jax.Array, b: int) -> jax.Array:
+    """One query per row against the slots: [S] (every row alike) or [B,S] (per row) -> mask [B,1,S]."""
+    if vis.ndim == 1:
+        return jnp.broadcast_to(vis[None, None, :], (b, 1, vis.shape[0]))
+    return vis[:, None, :]
+
+
+def _positions_B1(p: jax.Array, b: int) -> jax.Array:
+    """One position per row [B,1] (int32) from a scalar position (every row alike) or one per row [B]."""
+    if jnp.ndim(p) == 0:
+        return jnp.full((b, 1), p, jnp.int32)
+    return p[:, None].astype(jnp.int32)
 
 
 def _prefill_chunk(params: Params, cfg: ModelConfig, ids_BC: jax.Array, start: jax.Array, length: jax.Array,
@@ -125,10 +148,18 @@ def _prefill_chunk(params: Params, cfg: ModelConfig, ids_BC: jax.Array, start: j
     """One chunk (positions start .. start+C-1) through the cache layers: attend over the cache as it was
     before the chunk, then write the chunk's real positions (< length) into their slots. `only`: this is the
     prompt's only chunk (start 0), so the cache before it is empty and is not read.
+
+    `length`: int32 scalar, or [B] per row. Per row, a row writes only its own real positions, and the attention
+    masks use the longest row's length: a real query of row b (position i < length_b) sees only keys j <= i, all
+    real positions of row b either way, while a padded query (never written, never read by a real one) sees at
+    least its own key, so no score row is empty and nothing turns NaN.
     Returns (h [B,C,D] after the last cache layer, per-layer inputs [B,C,L,P] or None, new k, new v)."""
     b, c = ids_BC.shape
     pos_BC = jnp.broadcast_to(start + jnp.arange(c, dtype=jnp.int32), (b, c))
-    real_C = pos_BC[0] < length
+    if jnp.ndim(length) == 0:
+        real_C = pos_BC[0] < length
+    else:
+        real_C, length = pos_BC < length[:, None], jnp.max(length)  # real per row [B,C]; masks: the longest row
     h_BCD = embed(params, cfg, ids_BC, dtype)
     ple_BCLP = per_layer_inputs(params, cfg, ids_BC, h_BCD)
     ks, vs = list(ks), list(vs)
@@ -154,9 +185,10 @@ def _last_position(params: Params, cfg: ModelConfig, h_B1D: jax.Array, ple_B1LP:
                    last: jax.Array, ks: tuple, vs: tuple) -> jax.Array:  # fmt: skip
     """The KV-shared layers and the logits for the last real position only (the only logits prefill returns),
     attending over their producers' filled caches: a ring holds the last R prompt positions, which is all the
-    last position's window needs. Returns float32 logits [B,V]."""
+    last position's window needs. `last`: int32 scalar, or [B] per row (`h_B1D` then holds each row's own last
+    position). Returns float32 logits [B,V]."""
     b = h_B1D.shape[0]
-    qpos_B1 = jnp.full((b, 1), last, jnp.int32)
+    qpos_B1 = _positions_B1(last, b)
     for i in range(cfg.first_shared_layer, cfg.num_layers):
         lp = params.layers[i]
         with jax.named_scope(f"layer_{i}"):
@@ -164,7 +196,7 @@ def _last_position(params: Params, cfg: ModelConfig, h_B1D: jax.Array, ple_B1LP:
             q_B1NH, _, _ = project_qkv(lp, cfg, i, a_B1D, qpos_B1)
             k_BKSH, v_BKSH = ks[cfg.kv_source(i)], vs[cfg.kv_source(i)]
             vis_S = _cache_visible(cfg, i, last, k_BKSH.shape[2])
-            o_B1NH = attend(q_B1NH, k_BKSH, v_BKSH, jnp.broadcast_to(vis_S[None, None, :], (b, 1, vis_S.shape[0])))
+            o_B1NH = attend(q_B1NH, k_BKSH, v_BKSH, _query_mask(vis_S, b))
             h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
     return logits(params, cfg, h_B1D)[:, 0]
 
@@ -179,15 +211,20 @@ def prefill(
     dtype=None,
     chunk: int = PREFILL_CHUNK,
 ) -> tuple[jax.Array, KVCache]:
-    """Process a right-padded prompt (bucket length T, `length` real tokens, 1 <= length <= T) into an empty
+    """Process right-padded prompts (bucket length T, `length` real tokens, 1 <= length <= T) into an empty
     cache. Returns the float32 logits [B,V] at the last real position and the filled cache (length = `length`).
+    `length` is an int32 scalar (every row alike) or [B] (each row its own: rows right-padded to T, row b's
+    logits from its position length_b - 1, row b's slots holding only its positions < length_b).
 
     Chunked: the cache layers run on C = `prefill_chunk(cfg, T, chunk)` positions at a time in a loop of
-    ceil(length / C) trips (a traced count), so the cost grows with the real prompt, not with the bucket
-    (`model.prefill`: sliding layers read R + C keys per query, full layers about n^2 / 2 pairs in all). The
-    KV-shared layers, which write no cache, run only for the last real position, attending over their
-    producer's filled cache (architecture notes §2.4). `dtype` is the activation dtype (default: the cache's).
+    ceil(max(length) / C) trips (a traced count: the longest row's real chunks), so the cost grows with the real
+    prompt, not with the bucket (`model.prefill`: sliding layers read R + C keys per query, full layers about
+    n^2 / 2 pairs in all). The KV-shared layers, which write no cache, run only for the last real position,
+    attending over their producer's filled cache (architecture notes §2.4). `dtype` is the activation dtype
+    (default: the cache's).
     """
+    if jnp.ndim(length):
+        return _prefill_rows(params, cfg, ids_BT, length, cache, dtype=dtype, chunk=chunk)
     b, t = ids_BT.shape
     dtype = dtype or (cache.k[0].dtype if cache.k else jnp.float32)
     c = prefill_chunk(cfg, t, chunk)
@@ -217,18 +254,62 @@ def prefill(
     return out_BV, KVCache(k=ks, v=vs, length=jnp.asarray(length, jnp.int32))
 
 
+def _at_rows(x_BC_: jax.Array, offset_B: jax.Array) -> jax.Array:
+    """Row b's entry at chunk offset `offset_B[b]`: [B,C,...] -> [B,1,...]."""
+    index = offset_B.reshape((-1, 1) + (1,) * (x_BC_.ndim - 2))
+    return jnp.take_along_axis(x_BC_, index, axis=1)
+
+
+def _prefill_rows(params: Params, cfg: ModelConfig, ids_BT: jax.Array, length_B: jax.Array, cache: KVCache, *,
+                  dtype, chunk: int) -> tuple[jax.Array, KVCache]:  # fmt: skip
+    """`prefill` with one length per row [B] (int32): the same chunks, each row's real positions written per row
+    (`_prefill_chunk`), and each row's last real position (which may lie in an earlier chunk than the longest
+    row's) kept as the loop passes it: h [B,1,D] and per-layer inputs [B,1,L,P] carried, row b's replaced in the
+    chunk that holds its position length_b - 1."""
+    b, t = ids_BT.shape
+    dtype = dtype or (cache.k[0].dtype if cache.k else jnp.float32)
+    c = prefill_chunk(cfg, t, chunk)
+    ids_BT = jnp.pad(ids_BT, ((0, 0), (0, -(-t // c) * c - t)), constant_values=cfg.pad_token_id)
+    length_B = length_B.astype(jnp.int32)
+    last_B = length_B - 1
+    n_chunks = (jnp.max(length_B) + c - 1) // c
+    only = ids_BT.shape[1] == c
+
+    def body(index, carry):
+        ks, vs, h_B1D, ple_B1LP = carry
+        start = index * c
+        ids_BC = jax.lax.dynamic_slice_in_dim(ids_BT, start, c, axis=1)
+        h_BCD, ple_BCLP, ks, vs = _prefill_chunk(params, cfg, ids_BC, start, length_B, ks, vs, dtype, only=only)
+        offset_B = jnp.clip(last_B - start, 0, c - 1)
+        here_B = (last_B >= start) & (last_B < start + c)  # row b's last position is in this chunk
+        h_B1D = jnp.where(here_B[:, None, None], _at_rows(h_BCD, offset_B), h_B1D)
+        if ple_BCLP is not None:
+            ple_B1LP = jnp.where(here_B[:, None, None, None], _at_rows(ple_BCLP, offset_B), ple_B1LP)
+        return ks, vs, h_B1D, ple_B1LP
+
+    h0_B1D = jnp.zeros((b, 1, cfg.hidden_size), dtype)
+    ple0_B1LP = jnp.zeros((b, 1, cfg.num_layers, cfg.ple_dim), dtype) if cfg.ple_dim else None
+    carry = (cache.k, cache.v, h0_B1D, ple0_B1LP)
+    with jax.named_scope("prefill_chunks"):
+        ks, vs, h_B1D, ple_B1LP = body(0, carry) if only else jax.lax.fori_loop(0, n_chunks, body, carry)
+    out_BV = _last_position(params, cfg, h_B1D, ple_B1LP, last_B, ks, vs)
+    return out_BV, KVCache(k=ks, v=vs, length=length_B)
+
+
 def decode_step(
     params: Params, cfg: ModelConfig, token_B: jax.Array, cache: KVCache, *, dtype=None
 ) -> tuple[jax.Array, KVCache]:
     """One token per row at absolute position `cache.length`: returns float32 logits [B,V] and the cache with
     that position written (full layers: slot p; sliding layers: ring slot p mod R) and length + 1.
+    A per-row length [B] decodes row b at its own position p_b: its own RoPE angle, its own slot (written by a
+    scatter of one slot per row instead of one slice for all rows), its own visible slots.
     `dtype` is the activation dtype (default: the cache's); K/V are stored in the cache's dtype."""
     b = token_B.shape[0]
     kv_dtype = cache.k[0].dtype if cache.k else jnp.float32
     dtype = dtype or kv_dtype
     p = cache.length
     ids_B1 = token_B[:, None]
-    pos_B1 = jnp.full((b, 1), p, jnp.int32)
+    pos_B1 = _positions_B1(p, b)
     h_B1D = embed(params, cfg, ids_B1, dtype)
     ple_B1LP = per_layer_inputs(params, cfg, ids_B1, h_B1D)
     new_k, new_v = list(cache.k), list(cache.v)
@@ -239,18 +320,27 @@ def decode_step(
             src = cfg.kv_source(i)
             if not cfg.is_kv_shared(i):
                 slot = jnp.mod(p, new_k[i].shape[2]) if cfg.is_sliding(i) else p
-                k_new = jax.lax.dynamic_update_slice(new_k[i], k_BK1H.astype(kv_dtype), (0, 0, slot, 0))
-                v_new = jax.lax.dynamic_update_slice(new_v[i], v_BK1H.astype(kv_dtype), (0, 0, slot, 0))
+                k_new = _write_position(new_k[i], k_BK1H.astype(kv_dtype), slot)
+                v_new = _write_position(new_v[i], v_BK1H.astype(kv_dtype), slot)
                 # The barrier keeps XLA from duplicating each update into its readers (the step's output and the
                 # attention below), which made XLA:CPU copy every cache buffer several times per decode step.
                 new_k[i], new_v[i] = jax.lax.optimization_barrier((k_new, v_new))
             k_BKSH, v_BKSH = new_k[src], new_v[src]
             s = k_BKSH.shape[2]
             vis_S = _cache_visible(cfg, i, p, s)
-            o_B1NH = attend(q_B1NH, k_BKSH, v_BKSH, jnp.broadcast_to(vis_S[None, None, :], (b, 1, s)))
+            o_B1NH = attend(q_B1NH, k_BKSH, v_BKSH, _query_mask(vis_S, b))
             h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
     out_BV = logits(params, cfg, h_B1D)[:, 0]
     return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=p + 1)
+
+
+def _write_position(buf_BKSH: jax.Array, x_BK1H: jax.Array, slot: jax.Array) -> jax.Array:
+    """One decode position per row [B,K,1,H] written into the cache buffer [B,K,S,H] at `slot`: an int32 scalar
+    (every row the same slot: one slice) or [B] (row b at slot_b: a scatter of B rows)."""
+    if jnp.ndim(slot) == 0:
+        return jax.lax.dynamic_update_slice(buf_BKSH, x_BK1H, (0, 0, slot, 0))
+    rows_B = jnp.arange(buf_BKSH.shape[0])
+    return buf_BKSH.at[rows_B, :, slot].set(x_BK1H[:, :, 0], unique_indices=True)
 
 
 __all__ = ["decode_step", "embed", "forward_full", "logits", "per_layer_inputs", "prefill"]

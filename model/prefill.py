@@ -24,11 +24,13 @@ from model.layers import attend
 
 def write_slots(buf_BKSH: jax.Array, x_BKCH: jax.Array, slot_C: jax.Array, real_C: jax.Array) -> jax.Array:
     """A chunk's K or V [B,K,C,H] written into slots `slot_C` [C] (int32) of a cache buffer [B,K,S,H] where
-    `real_C` [C] (bool: position < length) holds; every other slot keeps its content, and a slot index >= S
-    (a padding position past the cache's end) is dropped. The slots of one chunk must be distinct."""
+    `real_C` (bool: position < length) holds: [C] for every row alike, or [B,C] per row (rows of different
+    lengths); every other slot keeps its content, and a slot index >= S (a padding position past the cache's end)
+    is dropped. The slots of one chunk must be distinct."""
     x_BKCH = x_BKCH.astype(buf_BKSH.dtype)
     old_BKCH = jnp.take(buf_BKSH, slot_C, axis=2, mode="clip")  # a clipped index is never real: dropped below
-    new_BKCH = jnp.where(real_C[None, None, :, None], x_BKCH, old_BKCH)
+    real_BKCH = real_C[None, None, :, None] if real_C.ndim == 1 else real_C[:, None, :, None]
+    new_BKCH = jnp.where(real_BKCH, x_BKCH, old_BKCH)
     return buf_BKSH.at[:, :, slot_C].set(new_BKCH, mode="drop")
 
 

@@ -10,6 +10,7 @@ from bench.measure.prompts import (
     default_prompt_text,
     exact_prompt,
     min_prompt_tokens,
+    row_prompts,
 )
 from model.tokenizer import GemmaTokenizer, default_training_texts, train_tokenizer
 
@@ -100,3 +101,24 @@ def test_non_integer_n_is_an_input_error(tok, bad):
 def test_blank_text_is_an_input_error(tok):
     with pytest.raises(InputError):
         exact_prompt(tok, 100, text="  \n ")
+
+
+def test_the_rows_of_a_batch_get_different_prompts_of_the_same_exact_length(tokenizers_by_vocab):
+    tok = tokenizers_by_vocab[8192]
+    rows = row_prompts(tok, 41, 16)
+    assert len(rows) == 16 and all(p.n_tokens == len(p.ids) == 41 for p in rows)
+    assert all(tuple(tok.chat_ids(p.text)) == p.ids for p in rows)
+    assert len({p.ids for p in rows}) == 16  # different work
+    assert rows[0] == exact_prompt(tok, 41)  # row 0 is the B = 1 cell's prompt
+    assert row_prompts(tok, 41, 4) == rows[:4]  # deterministic, and a smaller batch is a prefix
+
+
+@pytest.mark.parametrize("batch", [0, -2, True])
+def test_a_bad_batch_of_prompts_is_an_input_error(tok, batch):
+    with pytest.raises(InputError, match="whole number of rows"):
+        row_prompts(tok, 41, batch)
+
+
+def test_a_batch_larger_than_the_distinct_prompts_is_an_input_error(tok):
+    with pytest.raises(InputError, match="different prompts of exactly"):
+        row_prompts(tok, min_prompt_tokens(tok) + 1, 4, text="One. One. One. One. One.")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import re
 
 from bench.errors import InputError
 from model.tokenizer import GemmaTokenizer, default_training_texts
@@ -90,6 +91,35 @@ def exact_prompt(tokenizer: GemmaTokenizer, n_tokens: int, *, text: str | None =
     ids = tuple(tokenizer.chat_ids(found))
     assert len(ids) == n_tokens, (len(ids), n_tokens)
     return Prompt(text=found, ids=ids, n_tokens=n_tokens)
+
+
+def row_prompts(tokenizer: GemmaTokenizer, n_tokens: int, batch: int, *, text: str | None = None) -> list[Prompt]:
+    """`batch` different prompts of exactly `n_tokens` ids each, for the rows of a batch (measurement.md,
+    "Batches": the rows do equal work, on different text). Row 0 is `exact_prompt(tokenizer, n_tokens, text=text)`,
+    the B = 1 cell's prompt; row r is the exact prompt of the source rotated to start at its r-th sentence (the
+    text from there on, then the text before it), skipping a start whose prompt equals an earlier row's.
+    Deterministic. Raises InputError as `exact_prompt`, for a batch below 1, or when the source has fewer
+    sentence starts giving distinct prompts than `batch` (at tiny sizes few words fit)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InputError(f"batch {batch!r}: expected a whole number of rows >= 1")
+    source = (default_prompt_text() if text is None else text).strip()
+    if not source:
+        raise InputError("the prompt source text is empty; pass natural text to build prompts from")
+    starts = [0] + [m.end() for m in re.finditer(r"(?<=[.!?])\s+", source)]
+    prompts: list[Prompt] = []
+    seen: set[tuple[int, ...]] = set()
+    for start in starts:
+        if len(prompts) == batch:
+            break
+        rotated = source[start:] + _CHUNK_SEPARATOR + source[:start] if start else source
+        p = exact_prompt(tokenizer, n_tokens, text=rotated)
+        if p.ids not in seen:
+            seen.add(p.ids)
+            prompts.append(p)
+    if len(prompts) < batch:
+        raise InputError(f"--batch {batch} at {n_tokens} input tokens: the prompt text gives only {len(prompts)} "
+                         f"different prompts of exactly {n_tokens} tokens; use more input tokens or a smaller batch")
+    return prompts
 
 
 def _long_enough(source: str, n_tokens: int, count) -> str:
