@@ -43,6 +43,7 @@ def _register(argv: list[str]) -> None:
         return
     from bench.cli import (
         gpurun_cmds,  # noqa: F401
+        kernel_cmds,  # noqa: F401
         model_cmds,  # noqa: F401
         peer_cmds,  # noqa: F401
         profile_cmds,  # noqa: F401

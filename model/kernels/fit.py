@@ -216,14 +216,15 @@ def candidates(p: Projection) -> list[Tiling]:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Fit:
     """The fit check of one projection: the tiling chosen (None where none fits or the shape cannot be tiled),
-    its `need` (bytes; of the smallest tiling where none fits), the `limit` (bytes) and `problem` (why not, or
-    None)."""
+    `tried` (the tiling whose `need` is given: the chosen one, the one asked for, or the smallest candidate where
+    none fits), its `need` (bytes), the `limit` (bytes) and `problem` (why not, or None)."""
 
     projection: Projection
     tiling: Tiling | None
     need: Need | None
     limit: int
     problem: str | None = None
+    tried: Tiling | None = None
 
     @property
     def fits(self) -> bool:
@@ -239,7 +240,7 @@ def choose(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: int = 
     if tiling is not None:
         n = nb(tiling)
         return Fit(projection=p, tiling=tiling if n.total <= limit else None, need=n, limit=limit,
-                   problem=None if n.total <= limit else "over the limit")  # fmt: skip
+                   problem=None if n.total <= limit else "over the limit", tried=tiling)  # fmt: skip
     problem = shape_problem(p)
     if problem:
         return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem)
@@ -247,9 +248,9 @@ def choose(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: int = 
     for t in tried:
         n = nb(t)
         if n.total <= limit:
-            return Fit(projection=p, tiling=t, need=n, limit=limit)
+            return Fit(projection=p, tiling=t, need=n, limit=limit, tried=t)
     smallest = min(tried, key=lambda t: nb(t).total)
-    return Fit(projection=p, tiling=None, need=nb(smallest), limit=limit, problem="over the limit")
+    return Fit(projection=p, tiling=None, need=nb(smallest), limit=limit, problem="over the limit", tried=smallest)
 
 
 def plan(projs: Iterable[Projection], limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
@@ -279,7 +280,7 @@ def refusal(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) ->
     would = (f"{fit.tiling.text} would fit ({fit.need.total:,} B)" if fit.fits
              else "no tiling of this kernel fits (the smallest needs "
                   f"{fit.need.total if fit.need else 0:,} B); use --kernel w4a16=xla")  # fmt: skip
-    tiles = f.tiling.text if f.tiling else "the smallest tiling"
+    tiles = f.tried.text if f.tried else "the smallest tiling"
     return (f"w4a16 kernel: {p.label} on {device}: {tiles} needs {n.total:,} B ({n.total / KIB:,.0f} KiB) of "
             f"scratch per block, over the limit of {f.limit:,} B ({f.limit / KIB:,.0f} KiB); the largest term is the "
             f"{name} at {b:,} B; {would}")  # fmt: skip

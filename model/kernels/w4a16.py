@@ -57,7 +57,7 @@ from model.kernels import fit
 from model.kernels.fit import Tiling
 
 __all__ = ["KERNEL_NAME", "MIN_CAPABILITY", "KERNEL_MAX_ROWS", "KernelPlan", "w4a16_matmul", "fits_kernel",
-           "decide_mode", "plan_kernel", "with_tilings", "device_limit"]  # fmt: skip
+           "decide_mode", "with_kernel_mode", "plan_kernel", "log_plan", "with_tilings", "device_limit"]  # fmt: skip
 
 KERNEL_NAME = "w4a16_pallas_kernel"
 """The kernel's name: the Triton kernel and the named scope around the call carry it, so a profile can tell it
@@ -222,6 +222,14 @@ def decide_mode(platform: str, compute_capability: str | None, w4: bool, request
     if requested == "pallas":
         raise KernelError(f"--kernel w4a16=pallas: cannot run here ({why}); use --kernel w4a16=xla or drop --kernel")
     return "xla", why
+
+
+def with_kernel_mode(policy, quant, requested: str | None):
+    """`policy` (a `model.policy.DevicePolicy`) with its w4a16 fields set by `decide_mode` for its device, the
+    quantization `quant` (a `model.quantspec.QuantSpec`) and the `--kernel` choice `requested` (None, "pallas",
+    "xla"). Raises KernelError as `decide_mode`."""
+    impl, why = decide_mode(policy.platform, policy.compute_capability, quant.layer_bits == 4, requested)
+    return dataclasses.replace(policy, w4a16_kernel=impl, w4a16_reason=why)
 
 
 def device_limit(device=None) -> tuple[int | None, str]:
