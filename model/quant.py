@@ -29,6 +29,11 @@ s)`) puts a multiply between the convert and the dot. Two caveats, to be settled
 int4 values are unpacked here with shifts on uint8 (not XLA's native s4 type, which `jnp.int4` would give), and
 XLA:CPU may materialize the converted weight in every step.
 
+Three forms of the one product, chosen per leaf and call (layers never branch on them): the fused W4A16 Pallas
+kernel (`model.kernels.w4a16`) for an int4 2-D leaf whose static `tiling` was set at load (the engine's
+`--kernel` choice and fit check), with at most `model.kernels.w4a16.KERNEL_MAX_ROWS` activation rows; on CPU the
+multiply-and-sum of `model.qreduce` for a few rows; otherwise the dot form above.
+
 Bytes: `packed_bytes` counts the arrays as stored: values (already packed: 1 byte holds two int4 values) plus
 scales, and a dense leaf of a sub-byte dtype (e.g. jnp.int4, whose `nbytes` counts one byte per value) at
 ceil(size x bits / 8).

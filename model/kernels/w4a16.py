@@ -7,10 +7,12 @@ along K), G = K / g groups; bm, bn, bk, stages, splits: the `model.kernels.fit.T
 
 Lowering: Pallas's Triton lowering, selected by passing `jax.experimental.pallas.triton.CompilerParams`
 (num_warps, num_stages). The choice, and why:
-- a bare `pallas_call` on an NVIDIA GPU lowers through Mosaic GPU where `jax_pallas_use_mosaic_gpu` is on (the
-  default of jax 0.10-0.11); jax 0.12 dispatches on the type of `compiler_params` and defaults to Triton's. Passing
-  Triton's `CompilerParams` selects the Triton lowering on both, so the kernel lowers the same way on the GPU
-  machine's jax 0.11.2 as on 0.12.
+- which lowering a `pallas_call` on an NVIDIA GPU takes: jax 0.10 had a flag, `jax_pallas_use_mosaic_gpu`, for a
+  call without `compiler_params`. The sources of jax 0.11.2 (the GPU machine's) and 0.12.0.1 (ours), read for
+  this module, no longer have it: `gpu_lowering` dispatches on the type of `compiler_params`, a bare call takes
+  Triton's, and Mosaic GPU is chosen by passing `jax.experimental.pallas.mosaic_gpu.CompilerParams`. Passing
+  Triton's `CompilerParams` explicitly keeps the lowering the same on every version that has it, and carries
+  `num_warps` / `num_stages` (the fit check's stages).
 - Mosaic GPU is Hopper-first (Ampere experimental) and is programmed differently (explicit shared memory,
   warpgroup products): a kernel for it would not run on the Ampere/Ada cards (8.0, 8.6, 8.9: the L4 of the
   published report) that the Triton lowering serves.
