@@ -362,18 +362,20 @@ class Engine:
 
     `params` must already be in the policy's weight dtype on the device, and quantized as `quant` says (a
     `model.quantspec.QuantSpec`, scales of `scale_dtype`; `model.quant.quantize_params` or a quantizing
-    `model.checkpoint.load_params`). Raises EngineError for a prompt that no bucket holds or a max_new_tokens
-    below 1.
+    `model.checkpoint.load_params`). `kernel`: the `model.kernels.w4a16.KernelPlan` the w4 projections' tilings
+    come from (None without w4 weights), recorded in the manifest. Raises EngineError for a prompt that no bucket
+    holds or a max_new_tokens below 1.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, policy: DevicePolicy, *, max_length: int | None = None,
                  buckets: Sequence[int] | None = None, tokenizer=None, quant: QuantSpec = NO_QUANT,
-                 scale_dtype: str = "bfloat16"):  # fmt: skip
+                 scale_dtype: str = "bfloat16", kernel=None):  # fmt: skip
         self.params = params
         self.cfg = cfg
         self.policy = policy
         self.quant = quant
         self.scale_dtype = scale_dtype
+        self.kernel = kernel  # model.kernels.w4a16.KernelPlan of the w4 product; None without w4 weights
         self.tokenizer = tokenizer
         if buckets and max_length and max(buckets) > max_length:
             raise EngineError(f"bucket {max(buckets)} is above --max-length {max_length}; drop it or raise the limit")
@@ -701,40 +703,55 @@ def memory_capacity(weight_bytes: int, device=None) -> tuple[int, str]:
 
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,
                 buckets: Sequence[int] | None = None, log_policy: bool = True, quant: QuantSpec = NO_QUANT,
-                scale_dtype: str = "bfloat16") -> tuple[Engine, dict]:  # fmt: skip
+                scale_dtype: str = "bfloat16", kernel: str | None = None) -> tuple[Engine, dict]:  # fmt: skip
     """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under a dtype policy.
 
     `policy` defaults to `decide_policy()` for the live device; its weight dtype is the dtype the weights are
     converted to once, at load (so no decode step converts weights unless the policy asks for it). The policy
     is logged first (logger "model.engine"), then any emulation warning. `quant` (`model.quantspec.QuantSpec`)
     quantizes the weights it names as they load, with scales of `scale_dtype` (a `model.policy.DTYPES` name).
-    Returns (engine, load report: path,
+    `kernel` ("pallas", "xla" or None: decide; `--kernel w4a16=...`) chooses how w4 weights are multiplied: the
+    fused Pallas kernel where the device runs it, with the tiles `model.kernels.fit` chooses for each projection
+    at this config's shapes before anything compiles (logged, and recorded in the engine's `kernel` plan), or
+    XLA's product. Returns (engine, load report: path,
     prefixes, tensors, ignored keys, stored dtypes, content_hash (computed while loading, `load_params`), load_s
-    (seconds, hashing included)). Raises CheckpointError / ConfigError / TokenizerError.
+    (seconds, hashing included)). Raises CheckpointError / ConfigError / TokenizerError, and KernelError for a
+    forced kernel the device cannot run or whose tiles do not fit (before the weights load).
     """
     import logging
 
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
+    from model.kernels.w4a16 import log_plan, plan_kernel, with_kernel_mode, with_tilings
     from model.policy import decide_policy
     from model.tokenizer import GemmaTokenizer
 
-    policy = policy or decide_policy()
+    policy = with_kernel_mode(policy or decide_policy(), quant, kernel)
     log = logging.getLogger("model.engine")
     if log_policy:  # callers that log it themselves, first thing, pass False
         log_policy_line(policy)
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
+    plan = None
+    if quant.layer_bits == 4:  # the fit check, at this config's shapes, before anything loads or compiles
+        plan = plan_kernel(cfg, quant, impl=policy.w4a16_kernel, reason=policy.w4a16_reason,
+                           act_bytes=np.dtype(DTYPES[policy.activation_dtype]).itemsize,
+                           scale_bytes=np.dtype(DTYPES[scale_dtype]).itemsize, forced=kernel == "pallas")  # fmt: skip
+        log_plan(plan, log)
+        if plan.impl != policy.w4a16_kernel:  # nothing fits: XLA's product, and the policy says so from here on
+            policy = dataclasses.replace(policy, w4a16_kernel=plan.impl, w4a16_reason=plan.reason)
     t0 = time.perf_counter()
     params, report = load_params(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put,
                                  quant=quant, scale_dtype=DTYPES[scale_dtype])  # fmt: skip
+    if plan is not None and plan.impl == "pallas":
+        params = with_tilings(params, plan)
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
     log.info(f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
              f"converted once at load to {policy.weight_dtype}, quant {quant.canonical}) in {report['load_s']:.1f} s")  # fmt: skip
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
-                    scale_dtype=scale_dtype)  # fmt: skip
+                    scale_dtype=scale_dtype, kernel=plan)  # fmt: skip
     return engine, report
 
 

@@ -29,3 +29,9 @@ class EngineError(ModelError):
 class QuantError(ModelError):
     """A quantization option set (`--quant`) that names an unknown option, repeats one, or combines two that
     exclude each other (ple8 with ple4, w8 with w4)."""
+
+
+class KernelError(ModelError):
+    """A kernel choice the device cannot run (`--kernel w4a16=pallas` on CPU, below compute capability 8.0, or
+    without w4 weights), or a kernel whose tiles do not fit the device's scratch memory (names the bytes needed,
+    the limit, the largest term and a tiling that fits)."""

@@ -7,6 +7,11 @@ Rules (the published T4G/L4 report, "Leak One"; measurement.md "Facts measured o
 - NVIDIA compute capability >= 8.0 (Ampere, Ada, Hopper, ...) -> bfloat16;
 - TPU -> bfloat16.
 An explicit override is honoured; one the device can only emulate is flagged (`emulated`, and a warning line).
+
+The line also says how w4 weights are multiplied (`w4a16_kernel`: "pallas", the fused kernel of
+`model.kernels.w4a16`, or "xla", and why), decided by `model.kernels.w4a16.with_kernel_mode`; and whether a
+Pallas kernel would run in interpret mode here (`pallas_interpret`: true on CPU, where only the tests run the
+kernel, as a simulator).
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ class DevicePolicy:
     weight_dtype: str
     activation_dtype: str
     kv_dtype: str
-    pallas_interpret: bool  # a Pallas kernel would run in interpret mode here (the engine ships none)
+    pallas_interpret: bool  # a Pallas kernel would run in interpret mode here (CPU: the tests run the w4a16 kernel so)
     overridden: bool = False
     emulated: bool = False  # the compute dtype has no native datapath on this device
+    w4a16_kernel: str = "xla"  # how w4 weights are multiplied: "pallas" (the fused kernel) or "xla"
+    w4a16_reason: str = "no w4 weights"  # why (`model.kernels.w4a16.decide_mode`)
 
     @property
     def pre_ampere(self) -> bool:
@@ -47,6 +54,7 @@ class DevicePolicy:
             f"weights={self.weight_dtype} activations={self.activation_dtype} kv_cache={self.kv_dtype} "
             f"pre_ampere={str(self.pre_ampere).lower()} pallas_interpret={self.pallas_interpret}"
             + (" (override)" if self.overridden else "")
+            + f" w4a16_kernel={self.w4a16_kernel} ({self.w4a16_reason})"
         )
 
     def warning(self) -> str | None:

@@ -29,6 +29,11 @@ s)`) puts a multiply between the convert and the dot. Two caveats, to be settled
 int4 values are unpacked here with shifts on uint8 (not XLA's native s4 type, which `jnp.int4` would give), and
 XLA:CPU may materialize the converted weight in every step.
 
+Three forms of the one product, chosen per leaf and call (layers never branch on them): the fused W4A16 Pallas
+kernel (`model.kernels.w4a16`) for an int4 2-D leaf whose static `tiling` was set at load (the engine's
+`--kernel` choice and fit check), with at most `model.kernels.w4a16.KERNEL_MAX_ROWS` activation rows; on CPU the
+multiply-and-sum of `model.qreduce` for a few rows; otherwise the dot form above.
+
 Bytes: `packed_bytes` counts the arrays as stored: values (already packed: 1 byte holds two int4 values) plus
 scales, and a dense leaf of a sub-byte dtype (e.g. jnp.int4, whose `nbytes` counts one byte per value) at
 ceil(size x bits / 8).
@@ -45,6 +50,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model.kernels.fit import Tiling
+from model.kernels.w4a16 import KERNEL_MAX_ROWS, fits_kernel, w4a16_matmul
 from model.qreduce import MATVEC_ROWS, fits_reduce, reduce_matmul
 from model.quantspec import (
     LM_HEAD,
@@ -73,6 +80,8 @@ class QuantArray:
         last axis). scales: float [ceil(shape[i] / block[i]) per axis] (bfloat16 by default).
     shape: the logical (dequantized) shape; bits: 8 or 4; block: values per scale along each axis
         (`model.quantspec.QuantLayout`). The packed axis is always the last one (`packed_axis`).
+    tiling: how `matmul` multiplies it: None for XLA's product, a `model.kernels.fit.Tiling` for the fused W4A16
+        kernel (`model.kernels.w4a16`; set at load by `model.kernels.w4a16.with_tilings`). Static, like the layout.
     """
 
     values: jax.Array
@@ -80,6 +89,7 @@ class QuantArray:
     shape: Shape
     bits: int
     block: Shape
+    tiling: Tiling | None = None
 
     packed_axis = -1
 
@@ -94,7 +104,8 @@ class QuantArray:
         return tuple(i for i, b in enumerate(self.block) if b > 1)
 
 
-jax.tree_util.register_dataclass(QuantArray, data_fields=["values", "scales"], meta_fields=["shape", "bits", "block"])
+jax.tree_util.register_dataclass(QuantArray, data_fields=["values", "scales"],
+                                 meta_fields=["shape", "bits", "block", "tiling"])  # fmt: skip
 
 
 # ---- int4 packing ----------------------------------------------------------------------------------------------
@@ -250,9 +261,10 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
         return jnp.einsum(spec, x, w.astype(x.dtype))
     lhs, rest = spec.replace(" ", "").split(",")
     rhs, out = rest.split("->")
-    reduced = _reduce_form(x, w, lhs, rhs, out)
-    if reduced is not None:
-        return reduced
+    for form in (_kernel_form, _reduce_form):
+        y = form(x, w, lhs, rhs, out)
+        if y is not None:
+            return y
     assert len(rhs) == w.ndim and "." not in spec, (spec, w.shape)
     free = (c for c in "abcdefghijklmnopqrstuvwxyz" if c not in spec)
     wv, s = _int_values(w).astype(x.dtype), w.scales.astype(x.dtype)
@@ -280,11 +292,10 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
     return jnp.einsum(f"{out}{''.join(kept)},{''.join(s_l)}->{out}", prod, s)
 
 
-def _reduce_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
-    """The product in `model.qreduce`'s multiply-and-sum form when it applies: on CPU, a 2-D weight with one
-    contracted and one output axis, at most `MATVEC_ROWS` activation rows, a layout `fits_reduce` accepts; else
-    None (the caller takes the dot form). GPUs keep the dot form: that is the form XLA fuses into the GEMM."""
-    if w.ndim != 2 or jax.default_backend() != "cpu":
+def _matrix_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> tuple[jax.Array, int, str] | None:
+    """(x as [R, K], the weight's contraction axis, the free letters of x) when the product is a 2-D weight with
+    one contracted and one output axis; else None."""
+    if w.ndim != 2:
         return None
     contracted = [c for c in rhs if c not in out]
     if len(contracted) != 1 or contracted[0] not in lhs:
@@ -293,13 +304,49 @@ def _reduce_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     axis = rhs.index(c)
     free = "".join(ch for ch in lhs if ch != c)
     rows = math.prod(x.shape[lhs.index(ch)] for ch in free)
-    if rows > MATVEC_ROWS or not fits_reduce(w.shape, w.bits, w.block, axis):
-        return None
-    x_RK = jnp.einsum(f"{lhs}->{free}{c}", x).reshape(rows, w.shape[axis])
-    y_RN = reduce_matmul(x_RK, w.values, w.scales, w.bits, w.block, axis)
+    return jnp.einsum(f"{lhs}->{free}{c}", x).reshape(rows, w.shape[axis]), axis, free
+
+
+def _unrows(y_RN: jax.Array, x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str, axis: int, free: str):
+    """[R, N] back to the spec's output axes."""
     o = rhs[1 - axis]
     y = y_RN.reshape(tuple(x.shape[lhs.index(ch)] for ch in free) + (w.shape[1 - axis],)).astype(x.dtype)
     return jnp.einsum(f"{free}{o}->{out}", y)
+
+
+def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
+    """The product through the fused W4A16 kernel (`model.kernels.w4a16`) when `w` carries a tiling, is int4 with
+    groups along its contraction axis and one scale per output, the tiling tiles it, and there are at most
+    `KERNEL_MAX_ROWS` activation rows; else None. On CPU the kernel runs in interpret mode (tests set a tiling;
+    the engine never does there)."""
+    if w.tiling is None or w.bits != 4:
+        return None
+    form = _matrix_form(x, w, lhs, rhs, out)
+    if form is None:
+        return None
+    x_RK, axis, free = form
+    k, n, group = w.shape[axis], w.shape[1 - axis], w.block[axis]
+    if x_RK.shape[0] > KERNEL_MAX_ROWS or w.block[1 - axis] != 1 or not fits_kernel(k, n, group, w.tiling):
+        return None
+    y_RN = w4a16_matmul(x_RK, w.values, w.scales, k=k, n=n, group=group, axis=axis, tiling=w.tiling,
+                        interpret=jax.default_backend() == "cpu")  # fmt: skip
+    return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
+
+
+def _reduce_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
+    """The product in `model.qreduce`'s multiply-and-sum form when it applies: on CPU, a 2-D weight with one
+    contracted and one output axis, at most `MATVEC_ROWS` activation rows, a layout `fits_reduce` accepts; else
+    None (the caller takes the dot form). GPUs keep the dot form: that is the form XLA fuses into the GEMM."""
+    if jax.default_backend() != "cpu":
+        return None
+    form = _matrix_form(x, w, lhs, rhs, out)
+    if form is None:
+        return None
+    x_RK, axis, free = form
+    if x_RK.shape[0] > MATVEC_ROWS or not fits_reduce(w.shape, w.bits, w.block, axis):
+        return None
+    y_RN = reduce_matmul(x_RK, w.values, w.scales, w.bits, w.block, axis)
+    return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
 
 
 def take_rows(table, ids: jax.Array, dtype=None) -> jax.Array:

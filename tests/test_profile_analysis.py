@@ -197,7 +197,7 @@ def test_gpu_shaped_trace_categories_from_kernel_names():
     assert analysis.device["platform"] == "gpu" and analysis.steps == 3
     assert analysis.totals["device_ms"] == pytest.approx(3 * 100e-3)  # the "XLA Ops" copy is not counted twice
     expected = {"dtype_conversion": 50, "matmul_fp32": 30, "tensor_core": 10, "copies_transfers": 5,
-                "other_fusions": 5, "attention": 0, "matmul_16bit": 0, "other": 0}  # fmt: skip
+                "other_fusions": 5, "attention": 0, "matmul_16bit": 0, "other": 0, "w4a16_kernel": 0}  # fmt: skip
     assert {name: pytest.approx(pct) for name, (pct, _) in analysis.categories.items()} == expected
     assert analysis.totals["distinct_ops"] == 5
     assert any("no HLO" in note for note in analysis.notes)

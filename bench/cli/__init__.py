@@ -44,6 +44,7 @@ def _register(argv: list[str]) -> None:
     from bench.cli import (
         fleet_cmds,  # noqa: F401
         gpurun_cmds,  # noqa: F401
+        kernel_cmds,  # noqa: F401
         model_cmds,  # noqa: F401
         peer_cmds,  # noqa: F401
         profile_cmds,  # noqa: F401

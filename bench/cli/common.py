@@ -115,16 +115,34 @@ def parse_quant_flags(quant: str | None, scale_dtype: str | None = None):
     return spec, scale
 
 
+def parse_kernel_flag(kernel: str | None, quant: str | None = None) -> str | None:
+    """`--kernel` text -> "pallas", "xla" or None (not given). Raises InputError (one line) for another value, and
+    for a kernel with a `--quant` set that has no w4 (the kernel multiplies w4 weights)."""
+    from model.kernels.fit import parse_kernel
+    from model.quantspec import parse_quant
+
+    try:
+        impl = parse_kernel(kernel)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    if impl is not None and parse_quant(quant).layer_bits != 4:
+        raise InputError(f"--kernel {kernel}: chooses how w4 weights are multiplied, and --quant "
+                         f"{parse_quant(quant).canonical} has none; add w4 to --quant or drop --kernel")  # fmt: skip
+    return impl
+
+
 def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | None, compile_cache: str | None,
                 weight_dtype: str | None = None, buckets: str | None = None, quant: str | None = None,
-                scale_dtype: str | None = None):  # fmt: skip
+                scale_dtype: str | None = None, kernel: str | None = None):  # fmt: skip
     """Decide and log the dtype policy (the first line), enable the compile cache, resolve and load the
     checkpoint. `weight_dtype` stores the weights in another dtype than the compute dtype (default: the same, so no
     step converts weights); `buckets` is the `--buckets` text (default: the engine's ladder up to max_length);
-    `quant` / `scale_dtype` are the `--quant` / `--scale-dtype` texts (`parse_quant_flags`; default: dense).
+    `quant` / `scale_dtype` are the `--quant` / `--scale-dtype` texts (`parse_quant_flags`; default: dense);
+    `kernel` the `--kernel` text (`parse_kernel_flag`; default: the fused W4A16 kernel where it runs and fits).
     Returns (engine, load report, checkpoint path, compile cache folder or None). Raises InputError or QuantError
-    for a bad flag, before anything loads."""
+    for a bad flag, and KernelError for a forced kernel this device cannot run, before anything loads."""
     from model.engine import enable_compile_cache, load_engine, log_policy_line
+    from model.kernels.w4a16 import with_kernel_mode
     from model.policy import DTYPES, decide_policy
 
     if dtype is not None and dtype not in DTYPES:
@@ -136,7 +154,8 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
         raise InputError(f"--max-length {max_length}: must be a positive number of tokens, at most the model's "
                          "positions (max_position_embeddings)")  # fmt: skip
     ladder = parse_buckets(buckets)
-    policy = decide_policy(dtype, weight_dtype=weight_dtype)
+    impl = parse_kernel_flag(kernel, quant)
+    policy = with_kernel_mode(decide_policy(dtype, weight_dtype=weight_dtype), spec, impl)
     log_policy_line(policy)  # the first line, before a built-in checkpoint is created or anything loads
     cache = enable_compile_cache(compile_cache_dir(compile_cache))
     path = checkpoint_path(checkpoint)
@@ -150,7 +169,7 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
             raise InputError(f"--max-length {max_length}: above the model's {positions} positions "
                              f"(max_position_embeddings); expected --max-length 1..{positions}")  # fmt: skip
     engine, report = load_engine(path, policy=policy, max_length=max_length, buckets=ladder, log_policy=False,
-                                 quant=spec, scale_dtype=scale)  # fmt: skip
+                                 quant=spec, scale_dtype=scale, kernel=impl)  # fmt: skip
     return engine, report, Path(report["path"]), cache
 
 
@@ -171,6 +190,11 @@ QUANT_HELP = ("Quantization, a comma-separated set: ple8 or ple4 (the per-layer-
 QuantOpt = typer.Option(None, "--quant", help=QUANT_HELP)
 ScaleDtypeOpt = typer.Option(None, "--scale-dtype", help="Dtype of the quantization scales with --quant: bfloat16 "
                              "(default), float16 or float32.")
+KERNEL_HELP = ("How w4 weights (--quant w4) are multiplied: w4a16=pallas (the fused W4A16 Pallas kernel, NVIDIA GPUs "
+               "of compute capability 8.0 and above, tiles chosen to fit the device's shared memory) or w4a16=xla "
+               "(XLA's dequantize-and-dot). Default: pallas where it runs and fits, else xla; the policy line says "
+               "which and why.")
+KernelOpt = typer.Option(None, "--kernel", help=KERNEL_HELP)
 BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens, increasing), e.g. 64,512,1024,4096: a "
                           "prompt is padded to the smallest rung that holds it. Default: powers of two to 512, then "
                           "steps of 512 to 4096, then of 1024 up to --max-length.")

@@ -12,11 +12,13 @@ from bench.cli.common import (
     CheckpointOpt,
     CompileCacheOpt,
     DtypeOpt,
+    KernelOpt,
     MaxLengthOpt,
     QuantOpt,
     ScaleDtypeOpt,
     make_console,
     open_engine,
+    parse_kernel_flag,
     parse_quant_flags,
     setup_logging,
 )
@@ -53,6 +55,7 @@ def generate(
     compile_cache: str | None = CompileCacheOpt,
     quant: str | None = QuantOpt,
     scale_dtype: str | None = ScaleDtypeOpt,
+    kernel: str | None = KernelOpt,
     decode_loop: str = typer.Option(
         "host", "--decode-loop", help="host (default: one step per token, stops at EOS) or device (the tokens "
         "after the first in one device loop, or blocks of --decode-block steps: exactly --max-new-tokens are "
@@ -73,8 +76,10 @@ def generate(
     if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
         raise InputError("sampling: expected --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1")
     parse_quant_flags(quant, scale_dtype)  # one line for a bad value, before anything loads
+    parse_kernel_flag(kernel, quant)
     setup_logging()
-    engine, _, path, _ = open_engine(checkpoint, dtype, max_length, compile_cache, quant=quant, scale_dtype=scale_dtype)
+    engine, _, path, _ = open_engine(checkpoint, dtype, max_length, compile_cache, quant=quant, scale_dtype=scale_dtype,
+                                     kernel=kernel)  # fmt: skip
     tok = engine.tokenizer
     if tok is None:
         raise InputError(f"{path}: has no tokenizer.json; bench generate needs one to read --prompt")

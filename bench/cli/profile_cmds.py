@@ -26,6 +26,7 @@ import typer
 
 from bench.cli import app
 from bench.cli.common import (
+    KERNEL_HELP,
     CheckpointOpt,
     CompileCacheOpt,
     DtypeOpt,
@@ -35,6 +36,7 @@ from bench.cli.common import (
     WeightDtypeOpt,
     make_console,
     open_engine,
+    parse_kernel_flag,
     parse_quant_flags,
     setup_logging,
 )
@@ -295,6 +297,7 @@ def profile(
     compile_cache: str | None = CompileCacheOpt,
     quant: str | None = typer.Option(None, "--quant", help=QUANT_HELP_PROFILE),
     scale_dtype: str | None = ScaleDtypeOpt,
+    kernel: str | None = typer.Option(None, "--kernel", help=KERNEL_HELP + " With --run: default the run's."),
 ) -> None:
     """Trace exactly N decode steps into <run>/profile/, analyse them, measure bandwidth, write profile.json.
 
@@ -325,13 +328,16 @@ def profile(
         if quant is None:  # profile the payload the run measured
             quant, scale_dtype = ran.quantization or "none", scale_dtype or ran.scale_dtype
         _refuse_other_quant(ran, quant, scale_dtype)
+        if kernel is None and ran.kernel is not None:  # the run's w4 product, not this machine's default
+            kernel = ran.kernel
     elif runs_dir.exists() and not runs_dir.is_dir():
         raise InputError(f"--runs-dir {runs_dir} is a file; pass a folder")
+    parse_kernel_flag(kernel, quant)  # one line for a bad value, before anything loads
 
     opts = SimpleNamespace(steps=steps, input_tokens=input_tokens, checkpoint=checkpoint, dtype=dtype,
                            weight_dtype=weight_dtype, name=name, runs_dir=runs_dir, python_tracer=python_tracer,
                            max_length=max_length, compile_cache=compile_cache, quant=quant, scale_dtype=scale_dtype,
-                           capturing=False)  # fmt: skip
+                           kernel=kernel, capturing=False)  # fmt: skip
 
     def log_joined_end(run, status: str) -> None:  # a refused flag (before the capture) leaves the run as it was
         if status != "complete" and opts.capturing:
@@ -362,7 +368,7 @@ def _profile(joined, opts):
     setup_logging()
     engine, report, ckpt, cache_dir = open_engine(opts.checkpoint, opts.dtype, opts.max_length, opts.compile_cache,
                                                   opts.weight_dtype, quant=opts.quant,
-                                                  scale_dtype=opts.scale_dtype)  # fmt: skip
+                                                  scale_dtype=opts.scale_dtype, kernel=opts.kernel)  # fmt: skip
     cell = _sweep_gauge(joined, opts.input_tokens) if joined is not None else None
     # One shape whatever --steps: joining a sweep cell, its compiled shape (the same KV buffer), so the categories,
     # ms per step and the cell's gauge describe one program; every traced position stays inside the model's.
@@ -458,6 +464,11 @@ def _run_mismatches(run, setup) -> list[str]:
     quant = setup.engine.quant.canonical
     if (ran.engine.quantization or "none") != quant:
         mismatch.append(f"quantization {ran.engine.quantization or 'none'} (run) vs {quant} (profile)")
+    plan = getattr(setup.engine, "kernel", None)
+    mine = (plan.option, plan.tiles) if plan is not None else (None, None)
+    if (ran.engine.kernel, ran.engine.kernel_tiles) != mine and ran.engine.kernel is not None:
+        mismatch.append(f"w4 kernel {ran.engine.kernel} {ran.engine.kernel_tiles or ''} (run) vs {mine[0]} "
+                        f"{mine[1] or ''} (profile)")  # fmt: skip
     return mismatch
 
 

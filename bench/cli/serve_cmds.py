@@ -14,12 +14,14 @@ from bench.cli.common import (
     CheckpointOpt,
     CompileCacheOpt,
     DtypeOpt,
+    KernelOpt,
     MaxLengthOpt,
     QuantOpt,
     ScaleDtypeOpt,
     engine_manifest,
     open_engine,
     parse_buckets,
+    parse_kernel_flag,
     parse_quant_flags,
     setup_logging,
 )
@@ -76,18 +78,19 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
 
 def load_served_model(checkpoint: str | None, dtype: str | None, max_length: int | None,
                       compile_cache: str | None, buckets: str | None = None, quant: str | None = None,
-                      scale_dtype: str | None = None):  # fmt: skip
+                      scale_dtype: str | None = None, kernel: str | None = None):  # fmt: skip
     """Load the engine as `bench sweep` does and gather what /health reports from the same manifest a sweep of it
     would record (`bench.cli.common.engine_manifest`, command "serve"): checkpoint id, source, content hash
     (computed while loading), weight bytes (packed, as placed: `--quant` counts) and load time, build id (code +
     checkpoint + engine configuration, quantization included: a sweep's on the same payload), quantization and
-    scale dtype, compile cache folder (relative to the cache root). No local path is published.
+    scale dtype, compile cache folder (relative to the cache root). No local path is published. `kernel`: the
+    `--kernel` text (the w4 product; in the build id).
     Returns a LoadedModel."""
     from bench.runs.manifest import Workload
     from bench.serve import LoadedModel
 
     engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
-                                                   quant=quant, scale_dtype=scale_dtype)  # fmt: skip
+                                                   quant=quant, scale_dtype=scale_dtype, kernel=kernel)  # fmt: skip
     manifest = engine_manifest("serve", engine, report, checkpoint, cache_dir, Workload(notes={"server": "bench serve"}))
     ck = manifest.checkpoint
     return LoadedModel(
@@ -117,6 +120,7 @@ def serve(
     buckets: str | None = BucketsOpt,
     quant: str | None = QuantOpt,
     scale_dtype: str | None = ScaleDtypeOpt,
+    kernel: str | None = KernelOpt,
     api_key: str | None = typer.Option(
         None, "--api-key", envvar=API_KEY_ENV, show_envvar=True,
         help="Require 'Authorization: Bearer KEY' on every route but /health and /metrics (401 otherwise).",
@@ -140,6 +144,7 @@ def serve(
     max_body_bytes = DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes
     _check_options(checkpoint, port, dtype, max_length, buckets, max_body_bytes, api_key)
     parse_quant_flags(quant, scale_dtype)  # a bad option set fails here, before the port opens
+    parse_kernel_flag(kernel, quant)
     try:  # the address must be bindable now: uvicorn would only say so after "startup complete"
         with socket.create_server((host, port)):
             pass
@@ -156,7 +161,7 @@ def serve(
         server.should_exit = True
 
     application = create_app(lambda: load_served_model(checkpoint, dtype, max_length, compile_cache, buckets, quant,
-                                                       scale_dtype),
+                                                       scale_dtype, kernel),
                              model_name=model_name, warmup_shapes=shapes, on_load_failure=stop_on_failure,
                              api_key=api_key, max_body_bytes=max_body_bytes)  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(application, host=host, port=port, log_level="info", access_log=False))

@@ -15,12 +15,14 @@ from bench.cli.common import (
     CheckpointOpt,
     CompileCacheOpt,
     DtypeOpt,
+    KernelOpt,
     MaxLengthOpt,
     QuantOpt,
     ScaleDtypeOpt,
     compile_cache_dir,
     engine_manifest,
     open_engine,
+    parse_kernel_flag,
     parse_quant_flags,
     setup_logging,
 )
@@ -199,6 +201,7 @@ def sweep(
     buckets: str | None = BucketsOpt,
     quant: str | None = QuantOpt,
     scale_dtype: str | None = ScaleDtypeOpt,
+    kernel: str | None = KernelOpt,
     target: str | None = typer.Option(
         None, "--target", help="Measure an OpenAI-compatible server instead, e.g. http://127.0.0.1:8000/v1 "
         "(prompts sized with --checkpoint's tokenizer; see bench/sweep/remote.py)."),
@@ -242,11 +245,17 @@ def sweep(
         compile_cache = _resumed_cache(run, compile_cache)
         decode_loop, decode_block = _resumed_loop(run, decode_loop, decode_block)
         quant, scale_dtype = _resumed_quant(run, quant, scale_dtype)
+        if kernel is None and run.typed_manifest.engine.kernel is not None:  # the run's w4 product
+            kernel = run.typed_manifest.engine.kernel
+    if target is not None and kernel is not None:
+        raise InputError(f"--kernel {kernel}: with --target the server multiplies its weights as it was started; "
+                         "drop the flag (start the server with `bench serve --kernel ...`)")  # fmt: skip
     if target is not None and (quant is not None or scale_dtype is not None):
         raise InputError(f"--quant {quant or ''}{' --scale-dtype ' + scale_dtype if scale_dtype else ''}: with "
                          "--target the server's weights are measured as it placed them, which a client cannot "
                          "quantize; drop the flag (start the server with `bench serve --quant ...`)")  # fmt: skip
     parse_quant_flags(quant, scale_dtype)  # bad values: one line, before anything loads or is measured
+    parse_kernel_flag(kernel, quant)
     loops = parse_decode_loop(decode_loop) if decode_loop is not None else None  # bad values: one line first
     if target is not None and (loops not in (None, ("host",)) or decode_block is not None):
         raise InputError(f"--decode-loop {decode_loop or 'host'}{' --decode-block' if decode_block else ''}: with "
@@ -258,7 +267,7 @@ def sweep(
                          max_duration_s=max_duration, block=decode_block,
                          decode_loops=loops or DECODE_LOOP_CHOICES["host" if target else DEFAULT_DECODE_LOOP])  # fmt: skip
     config.check()
-    engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype)
+    engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel)
     if target is not None:
         _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, engine_flags, api_key)
     else:
@@ -275,9 +284,9 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
         raise RunFolderError(f"--runs-dir {runs_dir} is a file; pass a folder")
     setup_logging()
     log = logging.getLogger("bench")
-    dtype, max_length, compile_cache, buckets, quant, scale_dtype = engine_flags
+    dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel = engine_flags
     engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
-                                                   quant=quant, scale_dtype=scale_dtype)  # fmt: skip
+                                                   quant=quant, scale_dtype=scale_dtype, kernel=kernel)  # fmt: skip
     prompts = build_prompts(engine, config)  # every size checked before a folder is created or anything measured
     counts0 = CompileCounter.snapshot()
     decode_bytes = {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs}

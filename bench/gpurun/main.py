@@ -27,7 +27,10 @@ Plans (chosen after the device probe; "remaining" is always the budget left minu
 Quantization: each `--quant SET` flag (repeatable; SET is one comma-separated option set, as `bench sweep --quant`
 takes it) adds a sweep + profile pair per checkpoint, in the order given, into its own run folder (its steps and
 label carry the set: `quant_tag`), so one lease measures dense (`--quant none`) beside `--quant ple4,int8_lm_head`.
-Without the flag each checkpoint gets one dense pair and no --quant is passed: the default run is unchanged. The
+Without the flag each checkpoint gets one dense pair and no --quant is passed: the default run is unchanged.
+Each `--kernel w4a16=pallas|xla` flag (repeatable) splits every option set with w4 weights into one pair per
+value (`Options.quant_sets`; label and steps tagged -pallas / -xla), so one lease measures the fused W4A16 kernel
+on and off (`--quant w4 --kernel w4a16=pallas --kernel w4a16=xla`); sets without w4 get no --kernel. The
 pairs of one checkpoint share its time: each sweep but the last is capped at an equal share of what is left
 (`_share_cap`), the pilot sweeps together at `pilot_share`, and each E2B pair needs `e2b_min` left to start.
 
@@ -121,11 +124,20 @@ class Options:
     steps: int | None = None
     decode_loop: str | None = None
     quant: tuple[str, ...] = ()
+    kernel: tuple[str, ...] = ()
 
     @property
-    def quant_sets(self) -> tuple[str | None, ...]:
-        """The option set of each run per checkpoint: `quant`, or (None,) (one run, no --quant flag) when empty."""
-        return self.quant or (None,)
+    def quant_sets(self) -> tuple[tuple[str | None, str | None], ...]:
+        """The (option set, --kernel) of each run per checkpoint: each set of `quant` (or None: one run, no --quant
+        flag, when empty), and for a set with w4 weights one run per `kernel` value (e.g. w4a16=pallas, w4a16=xla:
+        the fused kernel on and off); None: no --kernel flag (the engine decides)."""
+        from model.quantspec import parse_quant  # standard library only (no jax, no numpy)
+
+        out: list[tuple[str | None, str | None]] = []
+        for q in self.quant or (None,):
+            w4 = q is not None and parse_quant(q).layer_bits == 4
+            out += [(q, k) for k in (self.kernel if w4 and self.kernel else (None,))]
+        return tuple(out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,15 +188,17 @@ def check_packages(names: Sequence[str] = REQUIRED) -> None:
 
 
 # ---- plans -------------------------------------------------------------------------------------------------------
-def quant_tag(tag: str, quant: str | None) -> str:
-    """The step and run-label tag of `tag` measured with option set `quant`: `tag` itself for None (no --quant),
-    else TAG-SET with the set in run-label characters ("ple4,int8_lm_head" -> "pilot-int8_lm_head.ple4", canonical
-    order; "w4:64" -> "w4-64")."""
+def quant_tag(tag: str, quant: str | None, kernel: str | None = None) -> str:
+    """The step and run-label tag of `tag` measured with option set `quant` and `--kernel kernel`: `tag` itself for
+    None (no --quant), else TAG-SET with the set in run-label characters ("ple4,int8_lm_head" ->
+    "pilot-int8_lm_head.ple4", canonical order; "w4:64" -> "w4-64"), then -IMPL for a kernel ("w4a16=pallas" ->
+    "pilot-w4-128-pallas")."""
     if quant is None:
         return tag
     from model.quantspec import parse_quant  # standard library only (no jax, no numpy)
 
-    return f"{tag}-{parse_quant(quant).canonical.replace(',', '.').replace(':', '-')}"
+    out = f"{tag}-{parse_quant(quant).canonical.replace(',', '.').replace(':', '-')}"
+    return out if kernel is None else f"{out}-{kernel.partition('=')[2]}"
 
 
 def _share_cap(ctx: Context, runs_left: int) -> float | None:
@@ -198,7 +212,7 @@ def _share_cap(ctx: Context, runs_left: int) -> float | None:
 
 
 def plan_single(ctx: Context, spec: str, work: Workload, gpu: bool, tag: str,
-                quants: Sequence[str | None] = (None,)) -> None:  # fmt: skip
+                quants: Sequence[tuple[str | None, str | None]] = ((None, None),)) -> None:  # fmt: skip
     """The "single" plan: checkpoint `spec` (a folder or `builtin:NAME`, created first when needed), bandwidth,
     then per option set of `quants` (`Options.quant_sets`) a sweep and a profile into that sweep's run folder, each
     sweep but the last capped at its share of the time left (`_share_cap`). `tag` names the steps (sweep-TAG,
@@ -207,15 +221,15 @@ def plan_single(ctx: Context, spec: str, work: Workload, gpu: bool, tag: str,
     if not checkpoint_step(ctx, spec):
         return
     bandwidth(ctx, work)
-    for i, q in enumerate(quants):
-        qtag = quant_tag(tag, q)
+    for i, (q, k) in enumerate(quants):
+        qtag = quant_tag(tag, q, k)
         run = sweep(ctx, f"sweep-{qtag}", f"gpurun-{qtag}-{stamp()}", spec, work, cap=_share_cap(ctx, len(quants) - i),
-                    quant=q)  # fmt: skip
-        profile(ctx, f"profile-{qtag}", run, spec, work, gpu, quant=q)
+                    quant=q, kernel=k)  # fmt: skip
+        profile(ctx, f"profile-{qtag}", run, spec, work, gpu, quant=q, kernel=k)
 
 
 def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, plan: PilotPlan = PilotPlan(),
-                   quants: Sequence[str | None] = (None,)) -> None:  # fmt: skip
+                   quants: Sequence[tuple[str | None, str | None]] = ((None, None),)) -> None:  # fmt: skip
     """The "pilot + E2B" plan (module docstring): checkpoint `plan.big` is generated in a background CPU process
     while bandwidth and the `plan.pilot` sweeps (one per option set of `quants`, together capped at
     `Timing.pilot_share` of the budget) run, each pilot's profile while `big` is still being written (else after
@@ -229,27 +243,27 @@ def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, plan: PilotPl
     bandwidth(ctx, work)
     pilot_cap = max(t.sweep_min, t.pilot_share * ctx.budget / len(quants))
     unprofiled = []
-    for q in quants:
-        tag = quant_tag("pilot", q)
-        pilot = sweep(ctx, f"sweep-{tag}", f"gpurun-{quant_tag(f'pilot-{plan.pilot}', q)}-{stamp()}", pilot_spec,
-                      work, cap=pilot_cap, quant=q)  # fmt: skip
+    for q, k in quants:
+        tag = quant_tag("pilot", q, k)
+        pilot = sweep(ctx, f"sweep-{tag}", f"gpurun-{quant_tag(f'pilot-{plan.pilot}', q, k)}-{stamp()}", pilot_spec,
+                      work, cap=pilot_cap, quant=q, kernel=k)  # fmt: skip
         if ctx.background.poll() is None and not ctx.stopping:  # the GPU is idle otherwise: profile meanwhile
-            profile(ctx, f"profile-{tag}", pilot, pilot_spec, work, gpu, quant=q)
+            profile(ctx, f"profile-{tag}", pilot, pilot_spec, work, gpu, quant=q, kernel=k)
         else:
-            unprofiled.append((tag, pilot, q))
+            unprofiled.append((tag, pilot, q, k))
     if _settle_generator(ctx, big, gen_t0):
-        for i, q in enumerate(quants):
-            tag = quant_tag(big, q)
+        for i, (q, k) in enumerate(quants):
+            tag = quant_tag(big, q, k)
             if ctx.remaining() < t.e2b_min:
                 skip(ctx, f"sweep-{tag}", f"{ctx.remaining():.0f} s left, needs {t.e2b_min:.0f} s")
                 continue
             run = sweep(ctx, f"sweep-{tag}", f"gpurun-{tag}-{stamp()}", f"builtin:{big}", work,
-                        cap=_share_cap(ctx, len(quants) - i), quant=q)  # fmt: skip
-            profile(ctx, f"profile-{tag}", run, f"builtin:{big}", work, gpu, quant=q)
+                        cap=_share_cap(ctx, len(quants) - i), quant=q, kernel=k)  # fmt: skip
+            profile(ctx, f"profile-{tag}", run, f"builtin:{big}", work, gpu, quant=q, kernel=k)
     gen_log.close()
     ctx.background = None
-    for tag, pilot, q in unprofiled:
-        profile(ctx, f"profile-{tag}", pilot, pilot_spec, work, gpu, quant=q)
+    for tag, pilot, q, k in unprofiled:
+        profile(ctx, f"profile-{tag}", pilot, pilot_spec, work, gpu, quant=q, kernel=k)
 
 
 def _start_generator(ctx: Context, big: str):
@@ -311,12 +325,27 @@ def check_options(options: Options) -> None:
     if options.decode_loop is not None and options.decode_loop not in ("host", "device", "both"):
         raise InputError(f"--decode-loop {options.decode_loop}: expected host, device or both")
     _check_quant_sets(options.quant)
+    _check_kernels(options.kernel)
     spec = options.checkpoint
     if spec is not None:
         if spec.startswith("builtin:") and not spec.split(":", 1)[1]:
             raise InputError(f"--checkpoint {spec}: expected builtin:NAME (e.g. builtin:tiny)")
         if not spec.startswith("builtin:") and not Path(spec).expanduser().is_dir():
             raise InputError(f"--checkpoint {spec}: no such folder; pass a checkpoint folder or builtin:NAME")
+
+
+def _check_kernels(kernels: Sequence[str]) -> None:
+    """InputError (one line) for a `--kernel` value other than w4a16=pallas / w4a16=xla, or one given twice."""
+    from model.kernels.fit import parse_kernel  # standard library only (no jax)
+
+    for i, text in enumerate(kernels):
+        try:
+            parse_kernel(text)
+        except ValueError as exc:
+            raise InputError(f"{exc} (each --kernel flag of gpu-run is one run per w4 option set)") from None
+        if text in kernels[:i]:
+            raise InputError(f"--kernel {text}: given twice; expected each value once (e.g. --kernel w4a16=pallas "
+                             "--kernel w4a16=xla: the kernel on and off)")  # fmt: skip
 
 
 def _check_quant_sets(sets: Sequence[str]) -> None:
@@ -378,7 +407,8 @@ def _measure(ctx: Context, options: Options, plan: PilotPlan | None) -> int:
         ctx.say(f"gpu-run: budget {ctx.budget:.0f} s ({ctx.remaining():.0f} s left after the probe); mode "
                 f"{'gpu' if gpu else 'tiny'}; inputs {work.inputs}, {work.max_new_tokens} new tokens, {work.repeats} "
                 f"repeats, decode loop {work.decode_loop}, profile {work.steps} steps"
-                f"{'; quant ' + ' | '.join(options.quant) if options.quant else ''}; out {ctx.outdir}")  # fmt: skip
+                f"{'; quant ' + ' | '.join(options.quant) if options.quant else ''}"
+                f"{'; kernel ' + ' | '.join(options.kernel) if options.kernel else ''}; out {ctx.outdir}")  # fmt: skip
         spec = _checkpoint_spec(options.checkpoint)
         if plan is None and gpu:
             plan = PilotPlan()

@@ -345,15 +345,17 @@ def checkpoint_step(ctx: Context, spec: str) -> bool:
     return res.status == "ok"
 
 
-def quant_argv(quant: str | None) -> list[str]:
-    """`["--quant", SET]` for a step of one `--quant` option set, [] for None (the command's default: dense)."""
-    return [] if quant is None else ["--quant", quant]
+def quant_argv(quant: str | None, kernel: str | None = None) -> list[str]:
+    """`["--quant", SET]` for a step of one `--quant` option set, [] for None (the command's default: dense); then
+    `["--kernel", KERNEL]` when a kernel is given (w4a16=pallas or w4a16=xla)."""
+    return ([] if quant is None else ["--quant", quant]) + ([] if kernel is None else ["--kernel", kernel])
 
 
 def sweep(ctx: Context, name: str, label: str, spec: str, work: Workload, *, cap: float | None = None,
-          reserve: float | None = None, quant: str | None = None) -> Path | None:  # fmt: skip
+          reserve: float | None = None, quant: str | None = None, kernel: str | None = None) -> Path | None:  # fmt: skip
     """The `bench sweep` step `name` of checkpoint `spec` into the run folder named by `label`, with `--quant
-    quant` when given (one option set, e.g. "ple4,int8_lm_head"; None: dense, no flag).
+    quant` when given (one option set, e.g. "ple4,int8_lm_head"; None: dense, no flag) and `--kernel kernel`
+    when given (w4a16=pallas or w4a16=xla; None: the engine decides).
 
     Its limit is the time left minus `reserve` (s; default `Timing.profile_reserve`, kept for the profile after
     it) minus the grace period, or everything left minus the grace period when that would be under
@@ -374,7 +376,7 @@ def sweep(ctx: Context, name: str, label: str, spec: str, work: Workload, *, cap
     res = run_step(ctx, name, bench_argv(
         "sweep", "--inputs", work.inputs, "--max-new-tokens", str(work.max_new_tokens), "--repeats",
         str(work.repeats), "--decode-loop", work.decode_loop, "--checkpoint", spec, "--name", label, "--runs-dir",
-        str(ctx.outdir / "runs"), "--compile-cache", str(ctx.outdir / "xla-cache"), *quant_argv(quant)),
+        str(ctx.outdir / "runs"), "--compile-cache", str(ctx.outdir / "xla-cache"), *quant_argv(quant, kernel)),
         limit)  # fmt: skip
     path = find_run(ctx, label)
     if res.status in ("interrupted", "killed", "stopped", "failed"):
@@ -385,9 +387,9 @@ def sweep(ctx: Context, name: str, label: str, spec: str, work: Workload, *, cap
 
 
 def profile(ctx: Context, name: str, run: Path | None, spec: str, work: Workload, gpu: bool, *,
-            quant: str | None = None) -> None:  # fmt: skip
+            quant: str | None = None, kernel: str | None = None) -> None:  # fmt: skip
     """The `bench profile --run RUN` step `name`: adds a profile of checkpoint `spec` to the sweep's run folder,
-    with `--quant quant` when given (the sweep's option set; None: no flag, the run's own).
+    with `--quant quant` and `--kernel kernel` when given (the sweep's; None: no flag, the run's own).
 
     Gets all the time left minus the grace period; skipped when `run` is None or under `Timing.profile_min +
     grace` left. `gpu` gives this process alone the GPU profiling XLA_FLAGS. A profile that did not end "ok" has
@@ -408,7 +410,7 @@ def profile(ctx: Context, name: str, run: Path | None, spec: str, work: Workload
     res = run_step(ctx, name, bench_argv(
         "profile", "--steps", str(work.steps), "--input-tokens", str(work.profile_input), "--checkpoint", spec,
         "--run", str(run), "--runs-dir", str(ctx.outdir / "runs"), "--compile-cache", str(ctx.outdir / "xla-cache"),
-        *quant_argv(quant),
+        *quant_argv(quant, kernel),
     ), left - t.grace, env_extra=env)  # fmt: skip
     if res.status != "ok":
         settle_run(ctx, run, res)

@@ -22,6 +22,9 @@ Where device time lives in a jax 0.12 trace (found by reading traces written on 
   metadata of `dot` instructions, so an op without `op_name` takes its fusion root's, else its first user's.
 
 Categories, each device nanosecond in exactly one, decided in this order (first match wins):
+0. w4a16_kernel: the fused W4A16 Pallas kernel (`model.kernels.w4a16`): a kernel named, or an op under a named
+   scope, containing "w4a16_pallas" (`bench.profile.classify.is_w4a16_kernel`); its own category, so the
+   kernel's share is read directly (not "other", nor a matrix product of unknown dtype).
 1. dtype_conversion: HLO `convert`, or a fusion doing only converts plus data movement; without HLO, a name
    containing "convert" (`wrapped_convert`, `loop_convert_fusion`).
 2. tensor_core: a GPU kernel `bench.profile.classify.is_tensor_core_kernel` accepts. Absent (None) on CPU.
@@ -55,7 +58,7 @@ from bench.profile.xspace import HloInstruction, HloModule, hlo_modules
 from bench.runs.schema import PROFILE_SCHEMA_VERSION  # profile.json's layout version, defined with the run folder's
 
 CATEGORIES = (
-    "dtype_conversion", "tensor_core", "attention", "matmul_fp32", "matmul_16bit",
+    "w4a16_kernel", "dtype_conversion", "tensor_core", "attention", "matmul_fp32", "matmul_16bit",
     "copies_transfers", "other_fusions", "other",
 )  # fmt: skip
 TOP_OPS_IN_JSON = 40

@@ -21,6 +21,14 @@ _MOVE = {
     "collective-permute-start", "collective-permute-done", "send", "recv", "send-done", "recv-done",
 }  # fmt: skip
 _CONTROL_FLOW = {"while", "call", "conditional"}
+_W4A16_KERNEL = re.compile(r"w4a16_pallas", re.IGNORECASE)
+"""The fused W4A16 kernel's name (`model.kernels.w4a16.KERNEL_NAME`, "w4a16_pallas_kernel"): the Triton kernel's
+name on a GPU, and the named scope around its call (so an interpreted run's ops carry it in their op_name)."""
+
+
+def is_w4a16_kernel(name: str) -> bool:
+    """True when a kernel name or an op's scope names the fused W4A16 kernel."""
+    return bool(_W4A16_KERNEL.search(name))
 _MATMUL_TARGET = re.compile(r"gemm|matmul|conv", re.IGNORECASE)
 
 
@@ -106,6 +114,8 @@ def _in_attention(op_name: str) -> bool:
 
 def classify_hlo(instr: HloInstruction, module: HloModule, kernel: str, platform: str) -> tuple[str, str]:
     """(category, detail) of an op whose HLO instruction is known; detail is "control_flow", "unknown_dtype" or ""."""
+    if is_w4a16_kernel(kernel) or is_w4a16_kernel(_scope(instr, module)):
+        return "w4a16_kernel", ""
     inner = _fused(instr, module) if instr.opcode == "fusion" else []
     work = [i.opcode for i in inner if i.opcode not in ("parameter", "constant", "tuple", "get-tuple-element")]
     if instr.opcode == "convert" or ("convert" in work and all(op == "convert" or op in _MOVE for op in work)):
@@ -144,6 +154,8 @@ def _name_dtype_group(kernel: str) -> str | None:
 
 def classify_name(kernel: str, platform: str) -> tuple[str, str]:
     """(category, detail) from an event name alone, for ops whose HLO instruction the trace does not hold."""
+    if is_w4a16_kernel(kernel):
+        return "w4a16_kernel", ""
     if "convert" in kernel.lower():
         return "dtype_conversion", ""
     if platform == "gpu" and is_tensor_core_kernel(kernel):

@@ -141,8 +141,10 @@ def describe_differences(diffs: list[Difference]) -> str:
     return "; ".join(parts)
 
 
-QUANT_CONSEQUENCES = ("build id", "weight bytes", "configuration.quantization", "configuration.scale_dtype")
-"""The single-variable keys a change of `--quant` changes by itself: its build, weight bytes and the two fields."""
+QUANT_CONSEQUENCES = ("build id", "weight bytes", "configuration.quantization", "configuration.scale_dtype",
+                      "configuration.kernel", "configuration.kernel_tiles")  # fmt: skip
+"""The single-variable keys a change of `--quant` changes by itself: its build, weight bytes, the two fields, and
+the w4 kernel fields (recorded with w4 weights only)."""
 
 
 def quant_variable(base: Manifest, cand: Manifest) -> str | None:
@@ -154,7 +156,7 @@ def quant_variable(base: Manifest, cand: Manifest) -> str | None:
     if qa == qb or base.dense_build_id is None or base.dense_build_id != cand.dense_build_id:
         return None
     diffs = [d for d in manifest_differences(base.to_dict(), cand.to_dict()) if d.single_variable_key]
-    if any(d.field not in QUANT_CONSEQUENCES for d in diffs):
+    if any(d.field not in QUANT_CONSEQUENCES and not d.field.startswith("configuration.kernel_tiles.") for d in diffs):
         return None
     shown = (q + (f" ({s} scales)" if s not in (None, "bfloat16") else "") for q, s in (qa, qb))
     return "quantization " + " vs ".join(shown)

@@ -96,6 +96,10 @@ class EngineConfig:
     quantization scales, None when nothing is quantized (a dense run has no scales: its build does not depend on
     `--scale-dtype`); dtypes by name ("float32", "bfloat16", ...). A manifest written before `--quant` existed
     records quantization "none" (or nothing) and no scale dtype: it reads as dense.
+    `kernel`: how w4 weights were multiplied, "w4a16=pallas" (the fused kernel) or "w4a16=xla", None without w4
+    weights (and in manifests from before the kernel); `kernel_tiles`: with pallas, the tiling of each projection
+    ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...}, "xla (why)" for one the kernel
+    does not take; `model.kernels.w4a16.KernelPlan.tiles`). Both enter the build id: other tiles, another build.
     """
 
     buckets: tuple[int, ...] | None = None
@@ -107,6 +111,8 @@ class EngineConfig:
     activation_dtype: str | None = None
     kv_cache_dtype: str | None = None
     compute_dtype: str | None = None
+    kernel: str | None = None
+    kernel_tiles: Mapping[str, str] | None = None
 
     @property
     def quantized(self) -> bool:
@@ -116,12 +122,13 @@ class EngineConfig:
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON values (the build id's configuration payload)."""
         d = dataclasses.asdict(self)
+        d["kernel_tiles"] = dict(self.kernel_tiles) if self.kernel_tiles is not None else None
         return {**d, "buckets": list(self.buckets) if self.buckets is not None else None}
 
     def dense(self) -> EngineConfig:
-        """The same configuration without quantization (quantization "none", no scale dtype): the payload whose
-        build id `dense_build_id` names."""
-        return dataclasses.replace(self, quantization="none", scale_dtype=None)
+        """The same configuration without quantization (quantization "none", no scale dtype, no w4 kernel): the
+        payload whose build id `dense_build_id` names."""
+        return dataclasses.replace(self, quantization="none", scale_dtype=None, kernel=None, kernel_tiles=None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -372,22 +379,26 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
 def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
     """The `EngineConfig` of a loaded `model.engine.Engine`: its buckets, max_length, policy's dtypes and
     quantization (`engine.quant.canonical`, "none" for dense or an engine without `quant`; `engine.scale_dtype`
-    only when something is quantized)."""
+    only when something is quantized) and w4 kernel (`engine.kernel`, a `model.kernels.w4a16.KernelPlan`: its
+    option and tiles; None without one)."""
     pol = engine.policy
     quant = getattr(engine, "quant", None)
     quantization = quant.canonical if quant is not None else "none"
     scale = getattr(engine, "scale_dtype", None) if quantization != "none" else None
+    plan = getattr(engine, "kernel", None)
     return EngineConfig(buckets=tuple(engine.buckets), max_length=engine.max_length, batch=batch,
                         quantization=quantization, scale_dtype=scale, weight_dtype=pol.weight_dtype,
                         activation_dtype=pol.activation_dtype, kv_cache_dtype=pol.kv_dtype,
-                        compute_dtype=pol.compute_dtype)  # fmt: skip
+                        compute_dtype=pol.compute_dtype, kernel=plan.option if plan is not None else None,
+                        kernel_tiles=plan.tiles if plan is not None else None)  # fmt: skip
 
 
 def policy_facts(pol: Any) -> dict[str, Any]:
     """The manifest's `dtype_policy` object of a `model.policy.DevicePolicy`."""
     return {"line": pol.line(), "compute_dtype": pol.compute_dtype, "weights": pol.weight_dtype,
             "activations": pol.activation_dtype, "kv_cache": pol.kv_dtype, "pre_ampere": pol.pre_ampere,
-            "pallas_interpret": pol.pallas_interpret, "overridden": pol.overridden, "emulated": pol.emulated}  # fmt: skip
+            "pallas_interpret": pol.pallas_interpret, "overridden": pol.overridden, "emulated": pol.emulated,
+            "w4a16_kernel": getattr(pol, "w4a16_kernel", None), "w4a16_reason": getattr(pol, "w4a16_reason", None)}  # fmt: skip
 
 
 def checkpoint_id(path: str | Path) -> str:

@@ -1,0 +1,122 @@
+"""`bench kernels fit`: the fit check of the fused W4A16 kernel per projection, without a device (no jax)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from bench.cli import app
+from bench.cli.common import make_console
+from bench.errors import InputError
+
+kernels_app = typer.Typer(help="The engine's hand-written kernels: whether their tiles fit a device.",
+                          no_args_is_help=True)  # fmt: skip
+app.add_typer(kernels_app, name="kernels")
+
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _capabilities(given: list[str] | None) -> list[str]:
+    """The devices to check: the `--device-capability` values (validated), default every capability of the table."""
+    from model.kernels.fit import LIMITS, limit_for
+
+    if not given:
+        return list(LIMITS)
+    for cc in given:
+        if limit_for(cc) is None:
+            raise InputError(f"--device-capability {cc}: no shared-memory limit known for it; expected one of "
+                             f"{', '.join(LIMITS)} or tpu")  # fmt: skip
+    return list(given)
+
+
+def fit_rows(preset: str, capability: str, group: int, act: str, scale: str, tiling: str | None) -> dict:
+    """The fit check of preset `preset` on a device of `capability` as a JSON-able dict: device, limit (bytes),
+    rows (projection, layers, K, N, axis, tiling, need, fits, dominant term, problem) and refusal lines. `tiling`:
+    None (the largest that fits), "published" (`model.kernels.fit.published_tiling`) or a tiling text.
+    Raises InputError for an unknown preset or a bad tiling text."""
+    from model.config import PRESETS
+    from model.kernels import fit
+
+    if preset not in PRESETS:
+        raise InputError(f"--preset {preset}: unknown preset; expected one of {', '.join(PRESETS)}")
+    fixed = None
+    if tiling not in (None, "published"):
+        try:
+            fixed = fit.parse_tiling(tiling)
+        except ValueError as exc:
+            raise InputError(f"--tiling {exc}") from None
+    limit = fit.limit_for(capability)
+    device = "TPU (scoped VMEM)" if capability.lower() == "tpu" else f"compute capability {capability}"
+    sizes = {"act_bytes": _ITEMSIZE[act], "scale_bytes": _ITEMSIZE[scale]}
+    rows, refusals = [], []
+    for p in fit.projections(PRESETS[preset], group):
+        t = fit.published_tiling(p) if tiling == "published" else fixed
+        f = fit.choose(p, limit, tiling=t, **sizes)
+        shown = f.tried
+        rows.append({"projection": p.field, "layers": p.layers, "k": p.k, "n": p.n, "axis": p.axis,
+                     "tiling": shown.text if shown else None, "need": f.need.total if f.need else None,
+                     "limit": limit, "fits": f.fits, "dominant": f.need.dominant[0] if f.need else None,
+                     "problem": f.problem})  # fmt: skip
+        if not f.fits:
+            refusals.append(fit.refusal(f, device, **sizes))
+    return {"preset": preset, "device": device, "capability": capability, "limit": limit, "group": group,
+            "activation_dtype": act, "scale_dtype": scale, "tiling": tiling or "largest that fits", "rows": rows,
+            "refusals": refusals}  # fmt: skip
+
+
+def _print(result: dict) -> None:
+    from rich.table import Table
+
+    from model.kernels.fit import KIB
+
+    limit = result["limit"]
+    table = Table(title=f"w4a16 kernel fit: preset {result['preset']}, w4:{result['group']}, {result['device']}: "
+                  f"limit {limit:,} B ({limit / KIB:,.0f} KiB) per block; tiling: {result['tiling']}")  # fmt: skip
+    for col in ("projection", "layers", "K", "N", "tiling", "bytes needed", "limit", "fits"):
+        table.add_column(col, justify="left" if col in ("projection", "tiling") else "right")
+    for r in result["rows"]:
+        need = "—" if r["need"] is None else f"{r['need']:,} ({r['need'] / KIB:,.0f} KiB)"
+        fits = "yes" if r["fits"] else ("no: " + (r["problem"] or ""))
+        table.add_row(r["projection"], str(r["layers"]), str(r["k"]), str(r["n"]), r["tiling"] or "—", need,
+                      f"{limit:,}", fits)  # fmt: skip
+    console = make_console()
+    console.print(table)
+    needs = [r["need"] for r in result["rows"] if r["need"] is not None]
+    if needs:
+        over = sum(1 for r in result["rows"] if not r["fits"])
+        console.print(f"bytes needed per block: {min(needs):,} to {max(needs):,} ({min(needs) / KIB:,.0f} to "
+                      f"{max(needs) / KIB:,.0f} KiB; {min(needs) / limit:.1f}x to {max(needs) / limit:.1f}x the limit); "
+                      f"{over} of {len(result['rows'])} projections over the limit", soft_wrap=True)  # fmt: skip
+    for line in result["refusals"]:
+        console.print(line, soft_wrap=True, markup=False)
+
+
+@kernels_app.command("fit")
+def kernels_fit(
+    device_capability: list[str] | None = typer.Option(
+        None, "--device-capability", help="NVIDIA compute capability (7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 12.0) or "
+        "tpu; repeatable. Default: every capability of the table."),
+    preset: str = typer.Option("e2b", "--preset", help="Model preset whose w4 projections are checked (tiny, "
+                               "default, e2b, e4b)."),
+    group: int = typer.Option(128, "--group", help="w4 group size (values per scale along K), as --quant w4:GROUP."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype: bfloat16, float16 or float32."),
+    scale_dtype: str = typer.Option("bfloat16", "--scale-dtype", help="Scale dtype: bfloat16, float16 or float32."),
+    tiling: str | None = typer.Option(
+        None, "--tiling", help="Check one tiling instead of choosing: 'published' (the published TPU-sized tiles, "
+        "reconstructed: bm8 bn128 bk=K stages2) or e.g. 'bm16 bn128 bk256 stages3'."),
+    as_json: bool = typer.Option(False, "--json", help="Print the tables as JSON (one object per device)."),
+) -> None:
+    """Per projection: K, N, the tiling chosen (the largest that fits), the scratch bytes one block needs and the
+    device's limit; where nothing fits, the refusal with the arithmetic. No GPU needed (and no jax imported)."""
+    if group < 1:
+        raise InputError(f"--group {group}: expected a whole number >= 1, e.g. 128")
+    for flag, value in (("--dtype", dtype), ("--scale-dtype", scale_dtype)):
+        if value not in _ITEMSIZE:
+            raise InputError(f"{flag} {value}: unknown dtype; expected one of {', '.join(_ITEMSIZE)}")
+    results = [fit_rows(preset, cc, group, dtype, scale_dtype, tiling) for cc in _capabilities(device_capability)]
+    if as_json:
+        typer.echo(json.dumps(results if len(results) > 1 else results[0]))
+        return
+    for result in results:
+        _print(result)

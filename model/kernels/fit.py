@@ -1,0 +1,318 @@
+"""The fit check of the fused W4A16 kernel (`model.kernels.w4a16`): the scratch memory one block (one program of
+the grid) needs for a tiling at a projection's shape, against the device's limit, before anything compiles; the
+tiling chosen for each projection; and the refusal, with the arithmetic, where nothing fits.
+
+Key: K contraction length, N output length of one projection; g the w4 group (values per scale along K);
+a bytes per activation value (2 for bfloat16 / float16), s bytes per scale (2 for 16-bit scales).
+A tiling (`Tiling`) is bm rows x bn outputs x bk contraction values per step, `stages` pipeline stages (Triton's
+`num_stages`: how many steps' loads are in flight at once), `splits` programs along K (a split-K grid, whose
+float32 partial sums are added after the kernel) and `warps` (Triton's `num_warps`, registers only).
+
+Scratch bytes of one block (`need`), the formula:
+
+    need = stages x (bm bk a  +  bk bn / 2  +  (bk / g) bn s)   # input block, packed int4 tile, scales: staged
+         + bk bn a                                              # the dequantized tile fed to the matrix unit
+         + bm bn 4                                              # float32 accumulator
+         + bm bn 4                                              # output tile (float32 partial sums)
+
+Why these terms: Triton pipelines the loads of a loop over K through shared memory, one buffer per stage, so
+each loaded operand of one step counts `stages` times; the dequantized weight tile is computed in registers and
+handed to the matrix-multiply unit through shared memory (a layout conversion on Ampere/Ada, a shared-memory
+operand on Hopper's wgmma), once; the accumulator and the output tile live in registers and are staged through
+shared memory for the store. Counting the last three is conservative (registers may hold them), so a tiling
+that passes leaves room; a tiling over the limit fails to launch (Triton's OutOfResources), which is what this
+check prevents. This is a model of the kernel's buffers, not Triton's own allocator: on a GPU the compiled
+kernel's `shared` size is the figure to compare it with.
+
+Limits (`LIMITS`): the device's `shared_memory_per_block_optin` where the jax device exposes it, else the maximum
+shared memory per thread block (opt-in) by compute capability, from NVIDIA's CUDA C++ Programming Guide,
+"Compute Capabilities", table "Technical Specifications per Compute Capability" (and the tuning guides of each
+architecture): 7.5 (Turing) 64 KiB; 8.0 (A100) and 8.7 (Orin) 163 KiB; 8.6, 8.9 (Ada, L4) and 12.0 99 KiB;
+9.0 (Hopper) and 10.0 (Blackwell) 227 KiB. A TPU core's VMEM is counted at 16 MiB, the scoped VMEM the published
+kernel was tiled for ("16 MB of scratchpad per core", seeds/002).
+
+The published kernel's tiles (`PUBLISHED_TILING`): the report gives only their size, "550 KiB to 1.1 MiB per
+block" at E2B's shapes, not the block sizes. Our reconstruction is TPU-natural: the whole contraction in one step
+(bk = K, what a 16 MiB scratchpad allows), 128 outputs (one lane width), 8 rows (one sublane group), two stages
+(Pallas TPU double-buffers every input). `bench kernels fit --tiling published` prints what it needs at each
+projection; at E2B's shapes with bfloat16 activations and scales and w4:128 that is 636 KiB (K = 1536) to 4.8 MiB
+(K = 12288), 10x to 77x a Turing block's 64 KiB and 6x to 50x an Ada block's 99 KiB: the published refusal.
+
+Pure Python on ints (no jax): `bench kernels fit` and the report use it without a device (wall 5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+__all__ = ["KIB", "LIMITS", "TPU_VMEM", "PUBLISHED_TILING", "Tiling", "Projection", "Fit", "Need", "limit_for",
+           "need", "projections", "choose", "plan", "refusal", "parse_tiling", "KERNEL_OPTIONS", "parse_kernel"]
+
+KIB = 1024
+
+LIMITS: dict[str, int] = {
+    "7.5": 64 * KIB,
+    "8.0": 163 * KIB, "8.7": 163 * KIB,
+    "8.6": 99 * KIB, "8.9": 99 * KIB, "12.0": 99 * KIB,
+    "9.0": 227 * KIB, "10.0": 227 * KIB,
+}  # fmt: skip
+"""Shared memory per thread block, opt-in maximum, bytes, by NVIDIA compute capability (the module docstring
+cites the source)."""
+
+TPU_VMEM = 16 * 2**20
+"""A TPU core's scoped VMEM the published kernel was tiled for (bytes)."""
+
+MIN_GROUP = 32
+"""Smallest w4 group the kernel takes: a step's products contract g (or g / 2) values, and the matrix unit needs
+at least 16."""
+
+DOT_ROWS = 16
+"""Rows of one block (bm): the matrix unit's smallest M. Fewer rows (a decode step has 1) are padded."""
+
+MIN_PROGRAMS = 256
+"""Programs the split-K grid aims for (about two per streaming multiprocessor on the largest GPUs): a decode
+product has few output blocks (E2B's o_proj: 1536 outputs), too few to keep every multiprocessor reading."""
+
+BLOCK_N = (256, 128, 64, 32)
+"""Output block sizes tried, largest first (powers of two: Triton's tensors are)."""
+GROUPS_PER_STEP = (4, 2, 1)
+"""Contraction step sizes tried, in w4 groups, largest first."""
+STAGES = (4, 3, 2, 1)
+"""Pipeline stages tried."""
+WARPS = 4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Tiling:
+    """One tiling of the kernel: block sizes bm (rows), bn (outputs), bk (contraction values per step), pipeline
+    `stages`, `splits` programs along K and Triton `warps`. Hashable: it is a static field of a quantized leaf
+    (`model.quant.QuantArray.tiling`). `text` is its manifest form, e.g. "bm16 bn256 bk512 stages3 splits2 warps4"."""
+
+    bm: int
+    bn: int
+    bk: int
+    stages: int
+    splits: int = 1
+    warps: int = WARPS
+
+    @property
+    def text(self) -> str:
+        return (f"bm{self.bm} bn{self.bn} bk{self.bk} stages{self.stages} splits{self.splits} "
+                f"warps{self.warps}")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Projection:
+    """One quantized projection shape: `field` (a `model.params.LayerParams` field), K, N, `axis` (the weight's
+    contraction axis: 0 for [K, N], 1 for [N, K]), `group` (w4 values per scale along K) and `layers` (how many
+    layers have it)."""
+
+    field: str
+    k: int
+    n: int
+    axis: int
+    group: int
+    layers: int = 1
+
+    @property
+    def label(self) -> str:
+        """"qkv_DX K=1536 N=2560": the projection as tables and manifests name it."""
+        return f"{self.field} K={self.k} N={self.n}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Need:
+    """The scratch bytes of one block, term by term (the module docstring's formula) and their total."""
+
+    terms: tuple[tuple[str, int], ...]
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b in self.terms)
+
+    @property
+    def dominant(self) -> tuple[str, int]:
+        """The largest term (name, bytes)."""
+        return max(self.terms, key=lambda t: t[1])
+
+
+def need(t: Tiling, *, group: int, act_bytes: int = 2, scale_bytes: int = 2) -> Need:
+    """`Need` of tiling `t` for w4 groups of `group` values, activations of `act_bytes` and scales of `scale_bytes`
+    bytes (the module docstring's formula; bytes)."""
+    st = t.stages
+    return Need(terms=(
+        (f"input block ({st} x {t.bm}x{t.bk} x {act_bytes} B)", st * t.bm * t.bk * act_bytes),
+        (f"packed int4 tile ({st} x {t.bk}x{t.bn} / 2 B)", st * t.bk * t.bn // 2),
+        (f"scales ({st} x {-(-t.bk // group)}x{t.bn} x {scale_bytes} B)", st * -(-t.bk // group) * t.bn * scale_bytes),
+        (f"dequantized tile ({t.bk}x{t.bn} x {act_bytes} B)", t.bk * t.bn * act_bytes),
+        (f"accumulator ({t.bm}x{t.bn} x 4 B)", t.bm * t.bn * 4),
+        (f"output ({t.bm}x{t.bn} x 4 B)", t.bm * t.bn * 4),
+    ))  # fmt: skip
+
+
+def limit_for(capability: str) -> int | None:
+    """The scratch limit (bytes) of a device named by NVIDIA compute capability ("7.5", "9.0"; "9" reads "9.0")
+    or "tpu"; None when the table has no entry for it."""
+    if capability.lower() == "tpu":
+        return TPU_VMEM
+    major, _, minor = capability.partition(".")
+    return LIMITS.get(f"{major}.{minor or 0}")
+
+
+def projections(cfg, group: int) -> tuple[Projection, ...]:
+    """The distinct w4 projection shapes of a `model.config.ModelConfig` (the layer projections `w4` quantizes:
+    `model.quantspec.LAYER_PROJECTIONS`, in the compute layout), first-seen order, with their layer counts."""
+    from model.accounting import compute_layer_shapes  # jax-free
+    from model.quantspec import LAYER_PROJECTIONS
+
+    seen: dict[tuple[str, int, int, int], int] = {}
+    for i in range(cfg.num_layers):
+        shapes = compute_layer_shapes(cfg, i)
+        for field, (axis,) in LAYER_PROJECTIONS.items():
+            shape = shapes[field]
+            if shape is not None:
+                key = (field, shape[axis], shape[1 - axis], axis)
+                seen[key] = seen.get(key, 0) + 1
+    return tuple(Projection(field=f, k=k, n=n, axis=a, group=min(group, k), layers=c)
+                 for (f, k, n, a), c in seen.items())  # fmt: skip
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def shape_problem(p: Projection) -> str | None:
+    """Why the kernel cannot tile projection `p` at all (whatever the memory), or None: the group must be a power
+    of two of at least `MIN_GROUP` dividing K, and N a multiple of the smallest output block."""
+    if not _pow2(p.group) or p.group < MIN_GROUP:
+        return f"group {p.group} is not a power of two >= {MIN_GROUP}"
+    if p.k % p.group:
+        return f"K={p.k} is not a multiple of the group {p.group}"
+    if p.n % min(BLOCK_N):
+        return f"N={p.n} is not a multiple of {min(BLOCK_N)}"
+    return None
+
+
+def candidates(p: Projection) -> list[Tiling]:
+    """Every tiling of projection `p` the kernel can run (blocks dividing K and N), largest first: pipelined
+    (2+ stages) before not, then by weight tile (bn x bk), then stages, then bn. Splits: as many as K allows, up
+    to what brings the grid to `MIN_PROGRAMS` programs."""
+    if shape_problem(p):
+        return []
+    out = []
+    for bn in BLOCK_N:
+        for per in GROUPS_PER_STEP:
+            bk = per * p.group
+            if p.n % bn or p.k % bk:
+                continue
+            steps = p.k // bk
+            want = -(-MIN_PROGRAMS // (p.n // bn))
+            splits = max(d for d in range(1, steps + 1) if steps % d == 0 and d <= want)
+            out += [Tiling(bm=DOT_ROWS, bn=bn, bk=bk, stages=s, splits=splits) for s in STAGES]
+    return sorted(out, key=lambda t: (t.stages >= 2, t.bn * t.bk, t.stages, t.bn), reverse=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fit:
+    """The fit check of one projection: the tiling chosen (None where none fits or the shape cannot be tiled),
+    `tried` (the tiling whose `need` is given: the chosen one, the one asked for, or the smallest candidate where
+    none fits), its `need` (bytes), the `limit` (bytes) and `problem` (why not, or None)."""
+
+    projection: Projection
+    tiling: Tiling | None
+    need: Need | None
+    limit: int
+    problem: str | None = None
+    tried: Tiling | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.tiling is not None
+
+
+def choose(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
+           tiling: Tiling | None = None) -> Fit:  # fmt: skip
+    """The largest tiling of `candidates(p)` whose `need` is within `limit` bytes; with `tiling` given, that tiling
+    alone (fits or not). A `Fit` whose tiling is None says why (shape, or the need of the smallest one over the
+    limit)."""
+    nb = lambda t: need(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes)  # noqa: E731
+    if tiling is not None:
+        n = nb(tiling)
+        return Fit(projection=p, tiling=tiling if n.total <= limit else None, need=n, limit=limit,
+                   problem=None if n.total <= limit else "over the limit", tried=tiling)  # fmt: skip
+    problem = shape_problem(p)
+    if problem:
+        return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem)
+    tried = candidates(p)
+    for t in tried:
+        n = nb(t)
+        if n.total <= limit:
+            return Fit(projection=p, tiling=t, need=n, limit=limit, tried=t)
+    smallest = min(tried, key=lambda t: nb(t).total)
+    return Fit(projection=p, tiling=None, need=nb(smallest), limit=limit, problem="over the limit", tried=smallest)
+
+
+def plan(projs: Iterable[Projection], limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
+         tiling: Tiling | None = None) -> tuple[Fit, ...]:  # fmt: skip
+    """`choose` for every projection."""
+    return tuple(choose(p, limit, act_bytes=act_bytes, scale_bytes=scale_bytes, tiling=tiling) for p in projs)
+
+
+def published_tiling(p: Projection) -> Tiling:
+    """The reconstructed published TPU tiling at projection `p` (module docstring): bm 8, bn 128, bk = K, 2
+    stages."""
+    return Tiling(bm=8, bn=128, bk=p.k, stages=2)
+
+
+PUBLISHED_TILING = "bm8 bn128 bk=K stages2"
+"""The reconstructed published tiling, as text (`published_tiling` gives it at a projection)."""
+
+
+def refusal(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) -> str:
+    """The one-line refusal of a projection where nothing fits: need, limit, the dominating term, and the tiling
+    that would fit (the largest candidate within the limit), or that none would."""
+    p, n = f.projection, f.need
+    if n is None:
+        return f"w4a16 kernel: {p.label} on {device}: cannot be tiled ({f.problem})"
+    name, b = n.dominant
+    fit = choose(p, f.limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
+    would = (f"{fit.tiling.text} would fit ({fit.need.total:,} B)" if fit.fits
+             else "no tiling of this kernel fits (the smallest needs "
+                  f"{fit.need.total if fit.need else 0:,} B); use --kernel w4a16=xla")  # fmt: skip
+    tiles = f.tried.text if f.tried else "the smallest tiling"
+    return (f"w4a16 kernel: {p.label} on {device}: {tiles} needs {n.total:,} B ({n.total / KIB:,.0f} KiB) of "
+            f"scratch per block, over the limit of {f.limit:,} B ({f.limit / KIB:,.0f} KiB); the largest term is the "
+            f"{name} at {b:,} B; {would}")  # fmt: skip
+
+
+def parse_tiling(text: str) -> Tiling:
+    """"bm16 bn128 bk256 stages3 [splits2] [warps4]" (spaces or commas) -> `Tiling`. Raises ValueError naming the
+    text and the expected form."""
+    fields = {}
+    for part in text.replace(",", " ").split():
+        key = part.rstrip("0123456789")
+        value = part[len(key):]
+        if key not in ("bm", "bn", "bk", "stages", "splits", "warps") or not value or int(value) < 1:
+            raise ValueError(f"tiling {text!r}: expected e.g. 'bm16 bn128 bk256 stages3' (splits, warps optional)")
+        fields[key] = int(value)
+    if not {"bm", "bn", "bk", "stages"} <= set(fields):
+        raise ValueError(f"tiling {text!r}: needs bm, bn, bk and stages, e.g. 'bm16 bn128 bk256 stages3'")
+    return Tiling(**fields)
+
+
+# ---- the --kernel option -----------------------------------------------------------------------------------------
+KERNEL_OPTIONS = ("pallas", "xla")
+"""The implementations of the w4 product `--kernel w4a16=IMPL` chooses."""
+
+
+def parse_kernel(text: str | None) -> str | None:
+    """`--kernel` text -> "pallas", "xla", or None (not given: the engine decides). Raises ValueError (one line:
+    received, expected) for anything but w4a16=pallas or w4a16=xla."""
+    if text is None:
+        return None
+    name, sep, impl = text.strip().partition("=")
+    if name != "w4a16" or not sep or impl not in KERNEL_OPTIONS:
+        raise ValueError(f"--kernel {text}: expected w4a16=pallas (the fused Pallas kernel) or w4a16=xla (XLA's "
+                         "dequantize-and-dot)")  # fmt: skip
+    return impl
