@@ -268,7 +268,8 @@ class RunFolder:
             if self.provenance == "measured":
                 self.manifest["ended_at"] = now_iso()
             self._write_manifest()
-            self.log("run incomplete (stopped at once by a signal: the work in flight dropped)")
+            self.log("run incomplete (stopped at once: a second stop signal, or bench profile's first; "
+                     "the work in flight dropped)")
         except BaseException:  # noqa: BLE001 -- on the way out: nothing can be done about a failed write here
             pass
         self._drop_lock_file()
