@@ -184,12 +184,12 @@ class Scheduler:
         kept: collections.deque[Job] = collections.deque()
         for job in self._waiting:
             if job.cancel.is_set():
-                job.post("skipped")
                 self.on_outcome("cancelled")
+                job.post("skipped")
             elif job.past_deadline(now):
                 job.expired = True
-                job.post("expired")
                 self.on_outcome("expired")
+                job.post("expired")
             else:
                 kept.append(job)
         self._waiting = kept
@@ -213,8 +213,8 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001  (reported to the request; the scheduler keeps serving)
             with self._cond:
                 self._running.pop(slot, None)
-            job.post("error", exc)
             self.on_outcome("error")
+            job.post("error", exc)
             return
         self._deliver(slot, token)
 
@@ -247,10 +247,9 @@ class Scheduler:
         with self._cond:
             job = self._running.pop(slot)
         if error is not None:
+            self.on_outcome("error")  # counted before the request hears of it: its answer finds the metrics current
             job.post("error", error)
-            self.on_outcome("error")
             return
-        job.post("done", result)
         if job.expired:
             outcome = "expired"
         elif job.cancel.is_set() and not job.stopped_by_text:
@@ -258,6 +257,7 @@ class Scheduler:
         else:
             outcome = "finished"
         self.on_outcome(outcome)
+        job.post("done", result)
 
     def _shutdown(self) -> None:
         """End everything still in the server (the thread is leaving)."""
@@ -265,8 +265,8 @@ class Scheduler:
             self._stopping = True
             waiting, self._waiting = list(self._waiting), collections.deque()
         for job in waiting:
-            job.post("skipped")
             self.on_outcome("cancelled")
+            job.post("skipped")
         for slot in list(self._running):
             try:
                 self._end(slot)
