@@ -215,3 +215,34 @@ def test_a_run_folder_with_load_rows_validates_and_a_broken_row_is_named(tmp_pat
         fh.write(json.dumps(row.to_dict() | {"concurrency": "two"}) + "\n")
     problems = validate_run(run.path)
     assert any(p.startswith("load.jsonl line 2: field 'concurrency'") for p in problems), problems
+
+
+def test_the_report_plots_throughput_against_latency_and_compare_shows_the_shared_levels(endpoint, tiny_checkpoint,
+                                                                                          tmp_path, capsys):  # fmt: skip
+    from bench.report import build_report
+    from bench.report.compare import compare_runs
+    from bench.sweep.remote import sweep_target
+
+    fake = endpoint(chunk_delay_s=0.005)
+    runs = tmp_path / "runs"
+    a = sweep_target(fake.url, MODEL, _load(num_requests=3), checkpoint=str(tiny_checkpoint), runs_dir=runs,
+                     name="a", load=True)  # fmt: skip
+    b = sweep_target(fake.url, MODEL, _load(concurrency=(3, 2), num_requests=3), checkpoint=str(tiny_checkpoint),
+                     runs_dir=runs, name="b", load=True)  # fmt: skip
+    report = build_report(None, tmp_path / "report", runs_dir=runs)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert set(report.runs) == {a.name, b.name}
+    assert "Serving under load (per level)" in text and "load_" in text
+    pngs = list((tmp_path / "report").glob("load_*.png"))
+    assert len(pngs) == 1 and pngs[0].stat().st_size > 1000
+    load_csv = (tmp_path / "report" / "load.csv").read_text().splitlines()
+    assert len(load_csv) == 1 + 2 + 2 and load_csv[0].startswith("run,input tokens,concurrency")
+    result = compare_runs(a.path, b.path, max_slowdown_pct=1000.0)
+    assert [d.key for d in result.levels] == [(20, 3, None)]  # the one level both runs have
+    assert any("in one run only" in n and "(20, 1, None)" in n and "(20, 2, None)" in n for n in result.notes)
+    assert result.passed and result.levels[0].output_delta_pct is not None
+    from bench.cli import main
+
+    main(["compare", str(a.path), str(b.path), "--max-slowdown", "1000%"])  # PASS: returns
+    out = capsys.readouterr().out
+    assert "load levels both runs have" in out and "verdict: PASS" in out

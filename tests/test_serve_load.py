@@ -291,3 +291,25 @@ def test_a_bounded_load_leaves_the_server_healthy_correct_and_its_metrics_consis
     assert finished["cancelled"] >= 1 or len(outcomes["left"]) < 3  # leaving mid-stream cancels (15 tokens to go)
     assert finished["finished"] >= len(outcomes["ok"]) + 1
     assert m["gemma4_bench_slot_occupancy"] == 0
+
+
+def test_the_load_sweep_measures_the_server_with_its_queue_times(batched, tiny_checkpoint, tmp_path):
+    """`bench sweep --target --concurrency` against this project's server: valid levels, nothing compiled, the
+    server's queue time in every sample, its /v1/models and /health (with the scheduler's settings) recorded."""
+    from bench.cli import main
+    from bench.runs import open_run, validate_run
+
+    main(["sweep", "--target", f"{batched.url}/v1", "--model", MODEL, "--checkpoint", str(tiny_checkpoint),
+          "--inputs", "20", "--max-new-tokens", str(MAX_TOKENS), "--concurrency", "1,4", "--num-requests", "8",
+          "--runs-dir", str(tmp_path), "--name", "load"])  # fmt: skip
+    (folder,) = list(tmp_path.iterdir())
+    assert validate_run(folder) == []
+    run = open_run(folder)
+    rows = run.load_rows()
+    assert [r.concurrency for r in rows] == [1, 4] and all(r.valid and r.compile_events == 0 for r in rows), rows
+    timed = [s for s in run.load_samples() if s.kind == "timed"]
+    assert all(s.queue_ms is not None and s.content_chunks == s.generated_tokens == MAX_TOKENS for s in timed)
+    assert rows[1].queue_ms_p99 >= rows[0].queue_ms_median  # 8 requests for 4 slots: some waited
+    notes = run.manifest["engine_config"]
+    assert notes["serving"]["max_batch"] == 4 and notes["load"]["num_requests"] == 8
+    assert run.manifest["target"]["models"]["data"][0]["root"] == MODEL
