@@ -313,3 +313,46 @@ def test_the_load_sweep_measures_the_server_with_its_queue_times(batched, tiny_c
     notes = run.manifest["engine_config"]
     assert notes["serving"]["max_batch"] == 4 and notes["load"]["num_requests"] == 8
     assert run.manifest["target"]["models"]["data"][0]["root"] == MODEL
+
+
+def test_a_deadline_stops_a_running_request_and_refuses_a_waiting_one(tiny_checkpoint):
+    """--request-deadline 0.3 s with one slot and 0.4 s per token: the running request is stopped after its first
+    token (200, finish_reason "length"); the one waiting behind it is refused, 503 "deadline_exceeded"."""
+    s, _ = _serve(tiny_checkpoint, 0.4, max_batch=1, max_queue=4, request_deadline_s=0.3)
+    try:
+        answers = {}
+        body = {"model": MODEL, "prompt": "Tides", "max_tokens": MAX_TOKENS, "temperature": 0}
+
+        def send(name):
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                answers[name] = c.post("/v1/completions", json=body)
+
+        first = threading.Thread(target=send, args=("first",))
+        first.start()
+        deadline = time.monotonic() + 30
+        while _metrics(s)["gemma4_bench_running_requests"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        send("second")
+        first.join(timeout=30)
+        ran, waited = answers["first"], answers["second"]
+        assert ran.status_code == 200 and ran.json()["usage"]["completion_tokens"] < MAX_TOKENS
+        assert ran.json()["choices"][0]["finish_reason"] == "length"
+        assert waited.status_code == 503 and waited.json()["error"]["code"] == "deadline_exceeded"
+        assert waited.headers["Retry-After"] == "1"
+        assert _metrics(s)['gemma4_bench_finished_requests_total{outcome="expired"}'] == 2
+    finally:
+        s.stop()
+
+
+def test_bad_scheduler_options_are_refused_in_one_line_before_the_port_opens():
+    from conftest import assert_one_line_error, run_cli
+
+    from bench.cli.serve_cmds import _check_options
+    from bench.errors import InputError
+
+    for kw, flag in (({"max_batch": 0}, "--max-batch 0"), ({"max_queue": -1}, "--max-queue -1"),
+                     ({"request_deadline": 0.0}, "--request-deadline 0.0")):  # fmt: skip
+        with pytest.raises(InputError, match=flag):
+            _check_options(None, 8000, None, None, None, 1024, None, **kw)
+    assert_one_line_error(run_cli(["serve", "--max-batch", "0"]), "--max-batch 0", "decode slots")
