@@ -120,7 +120,10 @@ def compare_cmd(
             rate_text(cell.baseline, "e2e"), rate_text(cell.candidate, "e2e"),
             "—" if cell.e2e_delta_pct is None else f"{cell.e2e_delta_pct:+.1f}%", agree,
         )  # fmt: skip
-    console.print(table)
+    if result.cells or not result.levels:
+        console.print(table)
+    if result.levels:
+        console.print(_load_table(result))
     if any(cell.has_device_loop for cell in result.cells):
         console.print(_device_loop_table(result))
     if result.tokens:
@@ -143,6 +146,31 @@ def compare_cmd(
     console.print(f"verdict: {result.verdict} (max slowdown {limit:g}%)", markup=False)
     if result.exit_code:
         raise SystemExit(result.exit_code)  # not typer.Exit: in non-standalone mode click returns its code unseen
+
+
+def _load_table(result) -> "rich.table.Table":  # noqa: F821
+    """The load levels both runs have (`bench.report.compare.LevelDelta`): output tok/s and its change, p99
+    inter-token latency (ms) and its change, median TTFT (ms), per side, and validity."""
+    from rich.table import Table
+
+    from bench.runs.columns import DASH, fmt_num
+
+    table = Table(title="load levels both runs have (candidate vs baseline)")
+    for col in ("input tokens", "concurrency", "rate req/s", "output base", "output cand", "Δ output", "ITL p99 base",
+                "ITL p99 cand", "Δ ITL p99", "TTFT p50 base", "TTFT p50 cand", "valid"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "valid" else "right")
+
+    def pct(x):
+        return DASH if x is None else f"{x:+.1f}%"
+
+    for d in result.levels:
+        b, c = d.baseline, d.candidate
+        valid = "yes" if b.valid and c.valid else "base no" if c.valid else "cand no" if b.valid else "no"
+        table.add_row(f"{d.key[0]:,}", str(d.key[1]), DASH if d.key[2] is None else f"{d.key[2]:g}",
+                      fmt_num(b.output_tok_s, 1), fmt_num(c.output_tok_s, 1), pct(d.output_delta_pct),
+                      fmt_num(b.itl_ms_p99, 1), fmt_num(c.itl_ms_p99, 1), pct(d.itl_p99_delta_pct),
+                      fmt_num(b.ttft_ms_median, 1), fmt_num(c.ttft_ms_median, 1), valid)  # fmt: skip
+    return table
 
 
 def _device_loop_table(result) -> "rich.table.Table":  # noqa: F821

@@ -42,12 +42,21 @@ def _is_loopback(host: str) -> bool:
 
 
 def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_length: int | None, buckets: str | None,
-                   max_body_bytes: int, api_key: str | None) -> None:  # fmt: skip
+                   max_body_bytes: int, api_key: str | None, max_batch: int = 1, max_queue: int = 0,
+                   request_deadline: float | None = None) -> None:  # fmt: skip
     """Refuse bad `bench serve` options before the port opens. Raises InputError (or the checkpoint's error)."""
+    import math
+
     from model.policy import DTYPES
 
     if not 0 < port < 65536:
         raise InputError(f"--port {port}: expected 1..65535")
+    if max_batch < 1:
+        raise InputError(f"--max-batch {max_batch}: expected a number of decode slots >= 1")
+    if max_queue < 0:
+        raise InputError(f"--max-queue {max_queue}: expected a number of waiting requests >= 0 (0: no waiting)")
+    if request_deadline is not None and not (math.isfinite(request_deadline) and request_deadline > 0):
+        raise InputError(f"--request-deadline {request_deadline}: expected seconds > 0, or leave it out (no deadline)")
     if dtype is not None and dtype not in DTYPES:
         raise InputError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
     parse_buckets(buckets)  # a malformed ladder fails here, before the port opens
@@ -128,6 +137,17 @@ def serve(
     max_body_bytes: int | None = typer.Option(
         None, "--max-body-bytes", help="Largest request body accepted, in bytes (413 above it); default 1 MiB.",
     ),  # fmt: skip
+    max_batch: int = typer.Option(
+        1, "--max-batch", help="Decode slots: requests generating together (continuous batching; 1: one at a "
+        "time). Today's engine steps the slots one after another (fair, not faster).",
+    ),  # fmt: skip
+    max_queue: int = typer.Option(
+        64, "--max-queue", help="Requests that may wait for a free slot; one more is answered 429 with Retry-After.",
+    ),  # fmt: skip
+    request_deadline: float | None = typer.Option(
+        None, "--request-deadline", help="Seconds a request may spend in the server: still waiting then, it is a "
+        "503 (deadline_exceeded); still generating, it is stopped. Default: no deadline.",
+    ),  # fmt: skip
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /v1/models/ID, /health, /metrics). The port opens at once; /health answers 503 until the model is loaded and
@@ -142,7 +162,8 @@ def serve(
 
     shapes = parse_warmup_shapes(warmup_shapes)
     max_body_bytes = DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes
-    _check_options(checkpoint, port, dtype, max_length, buckets, max_body_bytes, api_key)
+    _check_options(checkpoint, port, dtype, max_length, buckets, max_body_bytes, api_key, max_batch, max_queue,
+                   request_deadline)  # fmt: skip
     parse_quant_flags(quant, scale_dtype)  # a bad option set fails here, before the port opens
     parse_kernel_flag(kernel, quant)
     try:  # the address must be bindable now: uvicorn would only say so after "startup complete"
@@ -163,7 +184,8 @@ def serve(
     application = create_app(lambda: load_served_model(checkpoint, dtype, max_length, compile_cache, buckets, quant,
                                                        scale_dtype, kernel),
                              model_name=model_name, warmup_shapes=shapes, on_load_failure=stop_on_failure,
-                             api_key=api_key, max_body_bytes=max_body_bytes)  # fmt: skip
+                             api_key=api_key, max_body_bytes=max_body_bytes, max_batch=max_batch,
+                             max_queue=max_queue, request_deadline_s=request_deadline)  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(application, host=host, port=port, log_level="info", access_log=False))
     server.run()
     if failure:

@@ -219,6 +219,17 @@ def sweep(
                                        help=f"With --target: sent as `Authorization: Bearer KEY` (default: ${API_KEY_ENV}, "
                                        "the variable `bench serve` reads); never recorded in the run folder. Unused "
                                        "without --target."),
+    concurrency: str | None = typer.Option(
+        None, "--concurrency", help="With --target: measure under load instead, one level per value, e.g. 1,4,16: "
+        "--num-requests requests per level, at most that many in flight (see bench/sweep/load.py)."),
+    request_rate: float | None = typer.Option(
+        None, "--request-rate", help="With --concurrency: Poisson arrivals at this many requests per second (each "
+        "still waits for a place). Default: each request sent as soon as a place is free."),
+    num_requests: int | None = typer.Option(
+        None, "--num-requests", help="With --concurrency: timed requests per level. Default: 4 x the largest "
+        "level, at least 16."),
+    seed: int | None = typer.Option(None, "--seed", help="With --request-rate: the seed of the Poisson arrivals "
+                                    "(recorded). Default 0."),
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     from bench.runs import open_run, resolve_run
@@ -226,6 +237,18 @@ def sweep(
 
     if model is not None and target is None:
         raise InputError("--model names a model on a server: it needs --target http://HOST:PORT/v1")
+    load_flags = {"--request-rate": request_rate, "--num-requests": num_requests, "--seed": seed}
+    if concurrency is None and any(v is not None for v in load_flags.values()):
+        flag = next(f for f, v in load_flags.items() if v is not None)
+        raise InputError(f"{flag} sets a sweep under load: it needs --target URL --concurrency LEVELS (e.g. 1,4,16)")
+    if concurrency is not None and target is None:
+        raise InputError(f"--concurrency {concurrency} measures a server under load: it needs --target "
+                         "http://HOST:PORT/v1 (start one with `bench serve`)")  # fmt: skip
+    if concurrency is not None:
+        for flag, value in (("--repeats", repeats), ("--min-duration", min_duration), ("--max-duration", max_duration)):
+            if value is not None:
+                raise InputError(f"{flag} {value:g} belongs to the one-at-a-time sweep; under load each level "
+                                 "sends --num-requests requests: drop it (or drop --concurrency)")  # fmt: skip
     if name is not None and not name.strip():
         raise InputError(f"--name {name!r}: an empty run label; pass one such as --name my-test, or drop --name for "
                          "the default 'sweep'")  # fmt: skip
@@ -268,7 +291,16 @@ def sweep(
                          decode_loops=loops or DECODE_LOOP_CHOICES["host" if target else DEFAULT_DECODE_LOOP])  # fmt: skip
     config.check()
     engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel)
-    if target is not None:
+    if target is not None and concurrency is not None:
+        from bench.sweep.load import LoadConfig, default_num_requests, parse_concurrency
+
+        levels = parse_concurrency(concurrency)
+        load = LoadConfig(inputs=config.inputs, max_new_tokens=config.max_new_tokens, concurrency=levels,
+                          num_requests=default_num_requests(levels) if num_requests is None else num_requests,
+                          request_rate=request_rate, seed=0 if seed is None else seed)  # fmt: skip
+        load.check()
+        _sweep_target(target, model, load, checkpoint, name, runs_dir, resume, engine_flags, api_key, load=True)
+    elif target is not None:
         _sweep_target(target, model, config, checkpoint, name, runs_dir, resume, engine_flags, api_key)
     else:
         _sweep_local(config, run, checkpoint, name, runs_dir, engine_flags)
@@ -396,8 +428,9 @@ def _print_table(run, log) -> None:
 
 
 def _sweep_target(target: str, model: str | None, config, checkpoint: str | None, name: str | None, runs_dir: Path,
-                  resume: Path | None, engine_flags: tuple, api_key: str | None) -> None:  # fmt: skip
-    """`bench sweep --target`: the same sweep through an OpenAI-compatible server (bench/sweep/remote.py)."""
+                  resume: Path | None, engine_flags: tuple, api_key: str | None, load: bool = False) -> None:  # fmt: skip
+    """`bench sweep --target`: the same sweep through an OpenAI-compatible server (bench/sweep/remote.py); with
+    `load` (`config` a LoadConfig), its load levels (bench/sweep/load.py) and their table."""
     from bench.cli.common import checkpoint_path
     from bench.sweep.remote import sweep_target
 
@@ -409,5 +442,46 @@ def _sweep_target(target: str, model: str | None, config, checkpoint: str | None
     log = logging.getLogger("bench")
     run = sweep_target(target, model, config, checkpoint=checkpoint_path(checkpoint) if checkpoint else None,
                        runs_dir=runs_dir, name=name, resume=resume, progress=log.info,
-                       stop=StopSignals(log.info), api_key=api_key)  # fmt: skip
-    _print_table(run, log)
+                       stop=StopSignals(log.info), api_key=api_key, load=load)  # fmt: skip
+    if load:
+        _print_load_table(run, log)
+    else:
+        _print_table(run, log)
+
+
+def load_table(rows) -> "rich.table.Table":  # noqa: F821
+    """The printed table of a sweep under load: one row per level (input size, concurrency, rate): requests,
+    output tok/s, req/s, TTFT / ITL / TPOT / e2e median and p99 (ms), queue median (ms), valid."""
+    from rich.table import Table
+
+    from bench.runs.columns import DASH, fmt_num
+
+    table = Table(title="sweep under load (per level; latencies median / p99, ms)")
+    for header in ("input tokens", "concurrency", "rate req/s", "requests", "output tok/s", "req/s", "TTFT",
+                   "ITL", "TPOT", "e2e", "queue", "valid"):  # fmt: skip
+        table.add_column(header, justify="left" if header == "valid" else "right")
+
+    def pair(row, name: str) -> str:
+        return f"{fmt_num(getattr(row, f'{name}_ms_median'), 1)} / {fmt_num(getattr(row, f'{name}_ms_p99'), 1)}"
+
+    for r in rows:
+        table.add_row(str(r.input_tokens), str(r.concurrency), DASH if r.request_rate is None else f"{r.request_rate:g}",
+                      f"{r.completed}/{r.num_requests}", fmt_num(r.output_tok_s, 1), fmt_num(r.request_s, 2),
+                      pair(r, "ttft"), pair(r, "itl"), pair(r, "tpot"), pair(r, "e2e"), fmt_num(r.queue_ms_median, 1),
+                      "yes" if r.valid else f"no: {r.invalid_reason}")  # fmt: skip
+    return table
+
+
+def _print_load_table(run, log) -> None:
+    """The load table of `run` on stdout, a warning naming invalid levels; typer.Exit(1) when a level failed."""
+    from bench.cli.common import make_console
+
+    rows = run.load_rows()
+    make_console().print(load_table(rows))
+    invalid = [(r.input_tokens, r.concurrency) for r in rows if not r.valid and r.status != "failed"]
+    failed = [(r.input_tokens, r.concurrency) for r in rows if r.status == "failed"]
+    if invalid:
+        log.warning(f"warning: level(s) (input tokens, concurrency) {invalid} are invalid (reasons in the table)")
+    if failed:
+        log.warning(f"warning: level(s) {failed} failed (errors in {run.path / 'run.log'}); nothing was measured there")
+        raise typer.Exit(1)

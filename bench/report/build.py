@@ -10,7 +10,9 @@ and the bad ones are skipped with a warning naming the folder and the reason (`R
 Outputs in `out_dir`: `report.md` and `report.html` (one document, bench/report/document.py and page.py); the long
 format `rows.csv` and `rows.jsonl` (bench/report/rows.py); `environment.csv` (one column per run), `sweep.csv` (one
 row per input size, per run `<run>:<field>` columns), `profile.csv` (one row per metric, one column per run with a
-profile); per group `sweep_tok_s_<G>.png`, `batch_<G>.png` / `concurrency_<G>.png` where those axes exist,
+profile), `load.csv` (one row per load level of a sweep under load, per run); per group `sweep_tok_s_<G>.png`,
+`batch_<G>.png` / `concurrency_<G>.png` where those axes exist, `load_<G>.png` (throughput against latency per
+concurrency level, one line per run and input size, where a run of the group was measured under load),
 `history_<G>.png` and `profile_categories_<G>.png`. Published figures are labelled "(published)"; a null is "—".
 
 profile.json keys read: see bench/report/tables.py, which holds the loading and the tables; this module holds the
@@ -36,7 +38,7 @@ from bench.report.compare import (
 from bench.report.document import Bullets, Plot, Section, to_markdown
 from bench.report.groups import Group, Selection, group_runs, nearest_splits, select_runs
 from bench.report.page import render_page
-from bench.report.plots import plot_axis, plot_history, plot_profile, plot_sweep
+from bench.report.plots import plot_axis, plot_history, plot_load, plot_profile, plot_sweep
 from bench.report.rows import ReportRow, report_rows, row_columns, rows_csv, rows_jsonl, run_keys
 from bench.report.tables import (
     DASH,
@@ -45,6 +47,7 @@ from bench.report.tables import (
     environment_table,
     fmt_num,
     fmt_pct,
+    load_report_table,
     load_runs,
     profile_table,
     run_view,
@@ -352,7 +355,9 @@ def _write_data_files(out: Path, views: list[RunView]) -> tuple[list[ReportRow],
     write_csv(out / "sweep.csv", sw_csv_h, sw_csv)
     pr_csv_h, pr_csv, *_ = profile_table(views)
     write_csv(out / "profile.csv", pr_csv_h, pr_csv)
-    names = ("rows.csv", "rows.jsonl", "environment.csv", "sweep.csv", "profile.csv")
+    load_h, load_raw, _ = load_report_table(views)
+    write_csv(out / "load.csv", load_h, load_raw)
+    names = ("rows.csv", "rows.jsonl", "environment.csv", "sweep.csv", "profile.csv", "load.csv")
     return rows, [out / n for n in names]
 
 
@@ -408,8 +413,11 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
         png = plot_sweep([(v.label, v.published, list(v.cells.values())) for v in dev], out / f"sweep_tok_s_{gid}.png")
         files.append(png)
         blocks.append(Plot(file=png.name, alt=f"{gid}: decode and end-to-end tok/s vs input tokens"))
-    else:
+    elif not any(v.load for v in group.views):
         blocks.append("No sweep cells in this group (profile-only runs).")
+    load_blocks, load_files = _load_blocks(group, base, out)
+    blocks += load_blocks
+    files += load_files
     blocks.append(runs_table(group))
     for axis in ("batch", "concurrency"):
         series = axis_series(group, axis)
@@ -450,6 +458,28 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
         subs.append(Section(title=f"{gid} profile", level=3, anchor=f"{gid}-profile", blocks=prof))
     section.blocks.extend(subs)
     return section, files + prof_files, decode + cold + comp
+
+
+def _load_blocks(group: Group, base: RunView, out: Path) -> tuple[list[Any], list[Path]]:
+    """The group's serving-under-load view (runs measured with `--concurrency`): the levels' table and the
+    throughput-against-latency plot, one line per run and input size. ([], []) when no run of the group has one."""
+    views = sorted((v for v in group.views if v.load), key=lambda v: v is not base)
+    if not views:
+        return [], []
+    header, _, text = load_report_table(views)
+    table = Table(title="Serving under load (per level)", header=header, rows=text, kind="load",
+                  notes=["measurement.md, \"Serving under load\": output tok/s = generated tokens of the level / its "
+                         "wall time; TTFT, TPOT, e2e over its requests, ITL over every gap between tokens; queue "
+                         "where the server reports it; valid: every request succeeded with exactly max_new_tokens."])  # fmt: skip
+    lines = []
+    for v in views:
+        for n, rate in sorted({(r.input_tokens, r.request_rate) for r in v.load}, key=lambda k: (k[0], k[1] or 0.0)):
+            label = f"{v.label} {n:,} tokens" + (f", {rate:g} req/s" if rate else "")
+            lines.append((label, [r for r in v.load if (r.input_tokens, r.request_rate) == (n, rate)]))
+    png = plot_load(lines, out / f"load_{group.gid}.png")
+    if png is None:
+        return [table], []
+    return [table, Plot(file=png.name, alt=f"{group.gid}: output throughput against latency per concurrency level")], [png]
 
 
 def _published_notes(published: list[RunView]) -> list[Any]:

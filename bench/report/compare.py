@@ -6,7 +6,10 @@ gate a deployment: `Comparison.exit_code` is 1 when a threshold is crossed, else
 Thresholds (each a reason in `Comparison.failures`):
 - a candidate's median gauge or end-to-end tok/s more than `max_slowdown_pct` below the baseline's at a cell;
 - a candidate cell that is invalid or failed, or missing where the baseline has one;
-- with `require_same_tokens`, generated ids that differ at a cell, or that cannot be checked (no raw samples).
+- with `require_same_tokens`, generated ids that differ at a cell, or that cannot be checked (no raw samples);
+- at a load level both runs have (a sweep under load, `LevelDelta`): a candidate's output throughput more than
+  `max_slowdown_pct` below the baseline's, or a candidate level that is invalid. Levels of one run only are named
+  in the notes, not compared.
 
 Token agreement compares the first timed repeat's generated ids (greedy decoding makes every repeat equal; a run
 whose own repeats disagree gets a note): the host loop's, or the device loop's in a run that timed only that.
@@ -39,7 +42,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from bench.runs import CellRow, Manifest, RunFolder, Sample, open_complete_run
+from bench.runs import CellRow, LoadRow, Manifest, RunFolder, Sample, open_complete_run
 from bench.runs.logits import read_logits
 
 SINGLE_VARIABLE_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -235,6 +238,19 @@ class LogitAgreement:
 
 
 @dataclasses.dataclass(frozen=True)
+class LevelDelta:
+    """One load level both runs have (`bench.runs.LoadRow`, same input size, concurrency and request rate):
+    each side's row and the candidate's change against the baseline (%): output throughput (tok/s; negative is
+    slower) and p99 inter-token latency (ms; positive is slower)."""
+
+    key: tuple[int, int, float | None]
+    baseline: LoadRow
+    candidate: LoadRow
+    output_delta_pct: float | None
+    itl_p99_delta_pct: float | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Comparison:
     """The outcome of `compare_runs`. `failures` are thresholds crossed; `notes` are facts that do not fail."""
 
@@ -254,6 +270,8 @@ class Comparison:
     None; `single_variable` is then True."""
     logits: list[LogitAgreement] = dataclasses.field(default_factory=list)
     """Per input size both runs have, the next-token logit error (`LogitAgreement`)."""
+    levels: list[LevelDelta] = dataclasses.field(default_factory=list)
+    """The load levels (a sweep under load) both runs have, in order (`LevelDelta`)."""
 
     @property
     def passed(self) -> bool:
@@ -410,10 +428,36 @@ def compare_runs(
                 failures.append(f"{t.input_tokens} input tokens: generated ids differ from token {t.first_divergence}")
             elif t.status == "unknown":
                 failures.append(f"{t.input_tokens} input tokens: token agreement cannot be checked ({t.note})")
+    levels = _level_deltas(base, cand, max_slowdown_pct, failures, notes)
     same, _ = single_variable(base.manifest, cand.manifest)
     variable = quant_variable(base.typed_manifest, cand.typed_manifest)
     return Comparison(
         baseline=base.name, candidate=cand.name, max_slowdown_pct=max_slowdown_pct, cells=deltas, tokens=tokens,
         differences=manifest_differences(base.manifest, cand.manifest), single_variable=same or variable is not None,
         failures=failures, notes=notes, partial=partial, variable=variable, logits=_logit_agreement(base, cand, shared),
+        levels=levels,
     )  # fmt: skip
+
+
+def _level_deltas(base: RunFolder, cand: RunFolder, max_slowdown_pct: float, failures: list[str],
+                  notes: list[str]) -> list[LevelDelta]:  # fmt: skip
+    """The load levels both runs have (others are named in `notes`); a candidate level that is invalid, or whose
+    output throughput fell by more than `max_slowdown_pct`, is added to `failures`."""
+    b_rows, c_rows = ({r.key: r for r in run.load_rows()} for run in (base, cand))
+    out = []
+    for key in sorted(set(b_rows) & set(c_rows), key=lambda k: (k[0], k[2] or 0.0, k[1])):
+        b, c = b_rows[key], c_rows[key]
+        where = f"load {key[0]} tokens, concurrency {key[1]}" + (f", {key[2]:g} req/s" if key[2] else "")
+        delta = LevelDelta(key, b, c, _delta(b.output_tok_s, c.output_tok_s), _delta(b.itl_ms_p99, c.itl_ms_p99))
+        out.append(delta)
+        if not c.valid:
+            failures.append(f"{where}: candidate level invalid ({c.invalid_reason or c.error})")
+        if not b.valid:
+            notes.append(f"{where}: baseline level invalid ({b.invalid_reason or b.error})")
+        if delta.output_delta_pct is not None and delta.output_delta_pct < -max_slowdown_pct:
+            failures.append(f"{where}: output tok/s {delta.output_delta_pct:+.1f}% vs baseline "
+                            f"(limit -{max_slowdown_pct:g}%)")  # fmt: skip
+    only = sorted(set(b_rows) ^ set(c_rows), key=lambda k: (k[0], k[2] or 0.0, k[1]))
+    if only:
+        notes.append(f"load levels (input tokens, concurrency, rate) in one run only, not compared: {only}")
+    return out

@@ -1,7 +1,8 @@
 """The report's PNG plots (matplotlib, Agg canvas; no pyplot state, no display needed).
 
 Inputs are plain data, so the plots know nothing of run folders: `plot_sweep` takes (label, published, cells)
-per run, `plot_profile` takes (label, {category: % of device time}) per run.
+per run, `plot_profile` takes (label, {category: % of device time}) per run, `plot_load` takes (label, load
+levels) per line.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.runs.records import CellRow
+from bench.runs.records import CellRow, LoadRow
 
 
 def _figure(width: float, height: float) -> Any:
@@ -129,6 +130,41 @@ def plot_history(series: Sequence[tuple[str, Sequence[tuple[str, CellRow | None]
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_load(lines: Sequence[tuple[str, Sequence[LoadRow]]], path: Path) -> Path | None:
+    """Serving under load: output throughput (tok/s) against latency, one point per concurrency level (labelled
+    with it), one line per (label, levels) in concurrency order: left against the median inter-token latency,
+    right against the median TTFT (ms). Invalid levels crossed out in red. Returns `path`, or None (nothing
+    written) when no line has a level with figures."""
+    drawn = [(label, sorted((r for r in rows if r.output_tok_s is not None and r.itl_ms_median is not None),
+                            key=lambda r: r.concurrency)) for label, rows in lines]  # fmt: skip
+    drawn = [(label, rows) for label, rows in drawn if rows]
+    if not drawn:
+        return None
+    fig = _figure(11, 4.2)
+    axes = fig.subplots(1, 2)
+    for ax, metric, xlabel in zip(axes, ("itl_ms_median", "ttft_ms_median"),
+                                  ("inter-token latency, median (ms)", "TTFT, median (ms)")):  # fmt: skip
+        for label, rows in drawn:
+            pts = [(getattr(r, metric), r.output_tok_s, r) for r in rows if getattr(r, metric) is not None]
+            if not pts:
+                continue
+            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=label)
+            for x, y, r in pts:
+                ax.annotate(f"C={r.concurrency}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            bad = [(x, y) for x, y, r in pts if not r.valid]
+            if bad:
+                ax.scatter(*zip(*bad), marker="x", s=80, color="red", zorder=5)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("output throughput (tok/s)")
+        ax.set_title("throughput vs latency per concurrency level")
+        ax.grid(alpha=0.3)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path

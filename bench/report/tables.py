@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.errors import InputError, RunFolderError
 from bench.report.rows import chip_name, quantization_label
-from bench.runs import CellRow, RunFolder, Sample, load_complete_run, resolve_run, run_folders
+from bench.runs import CellRow, LoadRow, RunFolder, Sample, load_complete_run, resolve_run, run_folders
 from bench.runs.columns import (
     BUCKET,
     CSV_COLUMNS,
@@ -64,7 +64,8 @@ class RunView:
     around: the folder and its manifest, its cells by input size, its raw samples (empty for published runs), its
     profile.json and the report's figures of it (`profile_figures`; None without a profile), the other published
     figures of a published run (`other_published_figures` of published-source.json; {} when none), and the short
-    label of its table columns (`assign_labels`)."""
+    label of its table columns (`assign_labels`), and the load levels of a sweep under load (`load`; empty for any
+    other run)."""
 
     run: RunFolder
     cells: dict[int, CellRow]
@@ -73,6 +74,7 @@ class RunView:
     figures: dict[str, Any] | None
     other_published: dict[str, Any]
     label: str = ""
+    load: tuple[LoadRow, ...] = ()
 
     @property
     def name(self) -> str:
@@ -106,7 +108,7 @@ def run_view(path: str | Path) -> RunView:
     return RunView(
         run=run, cells={c.input_tokens: c for c in files.cells}, samples=tuple(files.samples), profile=files.profile,
         figures=None if files.profile is None else profile_figures(files.profile),
-        other_published=_other_published(run.path / "published-source.json"),
+        other_published=_other_published(run.path / "published-source.json"), load=tuple(files.load_rows),
     )  # fmt: skip
 
 
@@ -376,3 +378,23 @@ def profile_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], lis
         csv_rows.append([key, *("absent" if f.get(f"{raw_key}_absent") else f[raw_key] for f in figs)])
         md_rows.append([label, *(text(f) for f in figs)])
     return csv_header, csv_rows, md_header, md_rows
+
+
+def load_report_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[list[str]]]:
+    """(header, raw rows, text rows) of the load levels of `views` (sweeps under load): one row per run and level
+    (input tokens, concurrency, request rate): requests completed, output tok/s, req/s, TTFT / ITL / TPOT / e2e
+    median and p99 (ms), queue median (ms), valid (or why not)."""
+    header = ["run", "input tokens", "concurrency", "rate req/s", "requests", "output tok/s", "req/s",
+              "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "TPOT p50 ms", "e2e p50 ms", "e2e p99 ms",
+              "queue p50 ms", "valid"]  # fmt: skip
+    raw, text = [], []
+    for v in views:
+        for r in v.load:
+            values = [r.output_tok_s, r.request_s, r.ttft_ms_median, r.ttft_ms_p99, r.itl_ms_median, r.itl_ms_p99,
+                      r.tpot_ms_median, r.e2e_ms_median, r.e2e_ms_p99, r.queue_ms_median]  # fmt: skip
+            valid = "yes" if r.valid else f"no: {r.invalid_reason}"
+            raw.append([v.name, r.input_tokens, r.concurrency, r.request_rate, r.completed, *values, r.valid])
+            text.append([v.label, f"{r.input_tokens:,}", str(r.concurrency),
+                         DASH if r.request_rate is None else f"{r.request_rate:g}", f"{r.completed}/{r.num_requests}",
+                         *(fmt_num(x, 2 if i == 1 else 1) for i, x in enumerate(values)), valid])  # fmt: skip
+    return header, raw, text

@@ -7,6 +7,8 @@ A run folder `runs/<YYYY-MM-DD>-<label>-<device_slug>/` holds:
 | `manifest.json` | at creation, on updates, at the end | who/what/where: `bench.runs.manifest.Manifest` |
 | `cells.jsonl`, `cells.csv` | rewritten whole as each cell ends | one `CellRow` per input size (two formats) |
 | `samples.jsonl` | appended as each request is measured | one `Sample` per request (cold, cold-resume, warmup, timed) |
+| `load.jsonl` | rewritten whole as each load level ends | one `LoadRow` per level (`--concurrency` sweeps only) |
+| `load_samples.jsonl` | appended as each request of a level ends | one `LoadSample` per request (`--concurrency`) |
 | `profile.json` | by `bench profile` / the importer | device-time categories, totals, roofline |
 | `run.log` | appended line by line | the human log of the run |
 
@@ -49,10 +51,12 @@ from typing import Any
 
 from bench.errors import InputError, RunFolderError
 from bench.runs.manifest import Manifest
-from bench.runs.records import OPTIONAL_FIELDS, CellRow, Sample, as_sample, row_problems
+from bench.runs.records import OPTIONAL_FIELDS, CellRow, LoadRow, LoadSample, Sample, as_sample, row_problems
 from bench.runs.schema import (
     CELLS_CSV,
     CELLS_JSONL,
+    LOAD_JSONL,
+    LOAD_SAMPLES,
     LOG,
     MANIFEST,
     PROFILE,
@@ -214,12 +218,34 @@ class RunFolder:
         written) for a row that breaks the schema."""
         if self.provenance == "published":
             raise RunFolderError(f"{self.path}: a published run holds no raw samples")
-        new = [as_sample(r).to_dict() for r in rows]
+        self._append_rows(SAMPLES, Sample, [as_sample(r).to_dict() for r in rows], "append_samples")
+
+    def append_load_samples(self, rows: Iterable[LoadSample]) -> None:
+        """Append requests of a load level to load_samples.jsonl in one `write`, as `append_samples` does
+        (RunFolderError for a published run or an unwritable file; ValueError for a row that breaks the schema)."""
+        if self.provenance == "published":
+            raise RunFolderError(f"{self.path}: a published run holds no raw samples")
+        self._append_rows(LOAD_SAMPLES, LoadSample, [r.to_dict() for r in rows], "append_load_samples")
+
+    def append_load(self, row: LoadRow) -> None:
+        """Add (or replace, same level key) one load level row; rewrites load.jsonl whole, atomically.
+        ValueError (and nothing written) when the row breaks the schema."""
+        problems = row_problems(LoadRow, row.to_dict())
+        if problems:
+            raise ValueError(f"append_load: {problems[0]}")
+        rows = {r.key: r for r in self.load_rows()}
+        rows[row.key] = row
+        ordered = sorted(rows.values(), key=lambda r: (r.input_tokens, r.request_rate or 0.0, r.concurrency))
+        _atomic_write(self.path / LOAD_JSONL, _jsonl(r.to_dict() for r in ordered))
+
+    def _append_rows(self, name: str, cls: type, new: list[dict[str, Any]], caller: str) -> None:
+        """Append `new` rows (checked against `cls` first: ValueError naming `caller`) to the JSONL file `name` in one
+        `write` (RunFolderError when it cannot be written)."""
         for row in new:
-            problems = row_problems(Sample, row)
+            problems = row_problems(cls, row)
             if problems:
-                raise ValueError(f"append_samples: {problems[0]}")
-        path = self.path / SAMPLES
+                raise ValueError(f"{caller}: {problems[0]}")
+        path = self.path / name
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -340,6 +366,14 @@ class RunFolder:
     def samples(self) -> list[Sample]:
         """Every recorded request (empty for published runs, which hold none)."""
         return read_jsonl(self.path / SAMPLES, Sample)
+
+    def load_rows(self) -> list[LoadRow]:
+        """The load levels of a `--concurrency` sweep ([] for any other run; RunFolderError on a bad row)."""
+        return read_jsonl(self.path / LOAD_JSONL, LoadRow)
+
+    def load_samples(self) -> list[LoadSample]:
+        """Every recorded request of the load levels ([] for any other run)."""
+        return read_jsonl(self.path / LOAD_SAMPLES, LoadSample)
 
     def finished_inputs(self) -> list[int]:
         """Input sizes whose cell needs no more measuring, what `--resume` skips: a row that is whole, failed, or

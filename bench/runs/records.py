@@ -1,8 +1,11 @@
-"""The typed records a run folder stores: `CellRow` (one per input size) and `Sample` (one per request).
+"""The typed records a run folder stores: `CellRow` (one per input size) and `Sample` (one per request); for a
+sweep under load (`bench sweep --target URL --concurrency ...`), `LoadRow` (one per load level: input size x
+concurrency x request rate) and `LoadSample` (one per request of a level).
 
 `summarize_cell` turns one input size's raw samples into its `CellRow`, following `../shared/measurement.md`
-("Per request", "Per cell"); `failed_cell` records a cell that could not be measured. `row_problems` checks a
-parsed JSON object against a record's fields and types (the run-folder validator uses it).
+("Per request", "Per cell"); `failed_cell` records a cell that could not be measured; `summarize_level` and
+`failed_level` do the same for a load level ("Serving under load"). `row_problems` checks a parsed JSON object
+against a record's fields and types (the run-folder validator uses it).
 
 Units: times in ms (except `cold_request_s`, seconds), rates in tok/s, ratios unitless (cold / warm median).
 """
@@ -146,6 +149,113 @@ class Sample:
         return {k: v for k, v in _plain(dataclasses.asdict(self)).items() if not (k == "block_ms" and v is None)}
 
 
+LOAD_SAMPLE_KINDS = ("warmup", "timed")
+LEVEL_STATUSES = ("ok", "failed")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoadSample:
+    """One request of a load level (measurement.md, "Serving under load"), client-side, `time.perf_counter_ns`
+    read as each streamed chunk arrives.
+
+    `kind`: "warmup" (one per input size, alone, before its levels; not in any level's figures) or "timed".
+    `index`: the request's number in its level (send order, from 0). `concurrency`: the level's cap on requests in
+    flight; `request_rate`: its Poisson arrival rate (req/s; None: each request sent as soon as a slot of the cap
+    is free). `t_sent_ms`: when it was sent, from the level's start (ms). `ok`: a 200 stream that ended with
+    `[DONE]` or its usage; else `error` says what went wrong. `ttft_ms`: sent -> first chunk with content;
+    `itl_ms`: the gaps between consecutive content chunks (ms; one per token where the server streams one token
+    per chunk: `content_chunks` == `generated_tokens` says so); `tpot_ms` = (e2e - TTFT) / (generated - 1);
+    `e2e_ms`: sent -> end of the stream; `generated_tokens`: the server's usage.completion_tokens (None without
+    usage); `queue_ms`: the time the server says it queued the request (this project's `server_timing.queue_ms`;
+    None where the server does not report it); degeneracy as `Sample`'s; `token_ids`: the generated ids where the
+    server streams them (this project's), else the re-tokenized text.
+    """
+
+    input_tokens: int
+    concurrency: int
+    request_rate: float | None
+    kind: str
+    index: int
+    ok: bool
+    error: str | None
+    t_sent_ms: float
+    ttft_ms: float | None
+    itl_ms: list[float]
+    tpot_ms: float | None
+    e2e_ms: float | None
+    generated_tokens: int | None
+    content_chunks: int
+    queue_ms: float | None
+    degenerate: bool | None
+    degenerate_reason: str | None
+    token_ids: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON row."""
+        return _plain(dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoadRow:
+    """One load level summarised (measurement.md, "Serving under load"): `num_requests` timed requests of exactly
+    `input_tokens` tokens and `max_new_tokens` new ones (EOS ignored), at most `concurrency` in flight, arriving
+    as a Poisson process of `request_rate` req/s (None: as fast as the cap allows; `seed` seeds the arrivals).
+
+    `duration_s`: the level's wall time, first request sent to last response ended (s). `output_tok_s` = generated
+    tokens of the level's successful requests / duration; `request_s` = successful requests / duration.
+    Latencies in ms, each as median / p90 / p99 (linear interpolation): `ttft`, `tpot`, `e2e`, `queue` (None where
+    the server reports no queue time) over the successful requests; `itl` over every inter-token gap of the level,
+    pooled. `completed` / `failed`: requests that succeeded / failed. `compile_events`: jit traces on the server
+    during the level (this project's /metrics; None where not observable). `degenerate_requests`: successful
+    requests whose output failed the degeneracy check (recorded, not a validity rule of a load level).
+    `valid`: every request succeeded with exactly max_new_tokens and nothing was seen to compile; else
+    `invalid_reason` says why. `status` "failed" (`error`): the level could not run at all.
+    """
+
+    input_tokens: int
+    concurrency: int
+    request_rate: float | None
+    seed: int | None
+    max_new_tokens: int
+    num_requests: int
+    completed: int
+    failed: int
+    valid: bool
+    invalid_reason: str | None
+    status: str  # one of LEVEL_STATUSES
+    error: str | None
+    duration_s: float | None
+    generated_tokens: int
+    output_tok_s: float | None
+    request_s: float | None
+    ttft_ms_median: float | None
+    ttft_ms_p90: float | None
+    ttft_ms_p99: float | None
+    itl_ms_median: float | None
+    itl_ms_p90: float | None
+    itl_ms_p99: float | None
+    tpot_ms_median: float | None
+    tpot_ms_p90: float | None
+    tpot_ms_p99: float | None
+    e2e_ms_median: float | None
+    e2e_ms_p90: float | None
+    e2e_ms_p99: float | None
+    queue_ms_median: float | None
+    queue_ms_p90: float | None
+    queue_ms_p99: float | None
+    compile_events: int | None
+    degenerate_requests: int
+
+    @property
+    def key(self) -> tuple[int, int, float | None]:
+        """(input_tokens, concurrency, request_rate): what names a level in its run."""
+        return (self.input_tokens, self.concurrency, self.request_rate)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON row."""
+        return _plain(dataclasses.asdict(self))
+
+
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
     """Tuples as lists, so that a row built with tuples validates and serialises like one read back from JSON."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
@@ -169,11 +279,13 @@ def conforms(value: Any, tp: Any) -> bool:
     return isinstance(value, tp)
 
 
-_HINTS = {cls: typing.get_type_hints(cls) for cls in (CellRow, Sample)}
-_CHOICES = {(CellRow, "status"): CELL_STATUSES, (Sample, "kind"): SAMPLE_KINDS, (CellRow, "stopped_by"): STOPPED_BY}
+_ROW_CLASSES = (CellRow, Sample, LoadRow, LoadSample)
+_HINTS = {cls: typing.get_type_hints(cls) for cls in _ROW_CLASSES}
+_CHOICES = {(CellRow, "status"): CELL_STATUSES, (Sample, "kind"): SAMPLE_KINDS, (CellRow, "stopped_by"): STOPPED_BY,
+            (LoadRow, "status"): LEVEL_STATUSES, (LoadSample, "kind"): LOAD_SAMPLE_KINDS}  # fmt: skip
 OPTIONAL_FIELDS: dict[type, dict[str, Any]] = {
     cls: {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-    for cls in (CellRow, Sample)
+    for cls in _ROW_CLASSES
 }
 """Per row class, the fields a row may lack (added after rows were first written) and their values when absent."""
 
@@ -364,3 +476,61 @@ def failed_cell(
         invalid_reason=f"failed: {error}", status="failed", error=error, generated_tokens_per_repeat=[],
     )  # fmt: skip
     return CellRow(**empty)
+
+
+# ---- summarising one load level ----------------------------------------------------------------------------------
+def _spread(values: list[float]) -> tuple[float | None, float | None, float | None]:
+    """(median, p90, p99) of `values` (linear interpolation); Nones when empty."""
+    if not values:
+        return (None, None, None)
+    return (statistics.median(values), _percentile(values, 90), _percentile(values, 99))
+
+
+def summarize_level(samples: Iterable[LoadSample], *, input_tokens: int, concurrency: int,
+                    request_rate: float | None, seed: int | None, max_new_tokens: int, num_requests: int,
+                    duration_s: float, compile_events: int | None) -> LoadRow:  # fmt: skip
+    """The `LoadRow` of one level from its timed `LoadSample`s (others, and other levels', are left out), following
+    measurement.md "Serving under load" (see `LoadRow`). `duration_s`: the level's wall time (s), > 0.
+    Validity: exactly `num_requests` timed requests, each ok with `generated_tokens` == `max_new_tokens`, and
+    `compile_events` not > 0. Raises ValueError for a duration <= 0."""
+    if not duration_s > 0:
+        raise ValueError(f"summarize_level: duration_s must be > 0, got {duration_s}")
+    mine = sorted((s for s in samples if s.kind == "timed" and (s.input_tokens, s.concurrency, s.request_rate)
+                   == (input_tokens, concurrency, request_rate)), key=lambda s: s.index)  # fmt: skip
+    good = [s for s in mine if s.ok]
+    reasons = []
+    if len(mine) != num_requests:
+        reasons.append(f"{len(mine)} of {num_requests} requests measured")
+    failed = [s for s in mine if not s.ok]
+    if failed:
+        reasons.append(f"{len(failed)} request(s) failed (first: #{failed[0].index}: {failed[0].error})")
+    wrong = [s for s in good if s.generated_tokens != max_new_tokens]
+    if wrong:
+        reasons.append(f"{len(wrong)} request(s) generated a token count other than {max_new_tokens} (first: "
+                       f"#{wrong[0].index}: {wrong[0].generated_tokens})")  # fmt: skip
+    if compile_events:
+        reasons.append(f"{compile_events} compile event(s) on the server during the level")
+    generated = sum(s.generated_tokens or 0 for s in good)
+    spreads = {name: _spread([getattr(s, f"{name}_ms") for s in good if getattr(s, f"{name}_ms") is not None])
+               for name in ("ttft", "tpot", "e2e", "queue")}  # fmt: skip
+    spreads["itl"] = _spread([x for s in good for x in s.itl_ms])
+    fields = {f"{name}_ms_{stat}": value for name, trio in spreads.items()
+              for stat, value in zip(("median", "p90", "p99"), trio)}  # fmt: skip
+    return LoadRow(
+        input_tokens=input_tokens, concurrency=concurrency, request_rate=request_rate, seed=seed,
+        max_new_tokens=max_new_tokens, num_requests=num_requests, completed=len(good), failed=len(failed),
+        valid=not reasons, invalid_reason="; ".join(reasons) or None, status="ok", error=None, duration_s=duration_s,
+        generated_tokens=generated, output_tok_s=generated / duration_s, request_s=len(good) / duration_s,
+        compile_events=compile_events, degenerate_requests=sum(1 for s in good if s.degenerate), **fields,
+    )  # fmt: skip
+
+
+def failed_level(input_tokens: int, concurrency: int, request_rate: float | None, error: str, *, seed: int | None,
+                 max_new_tokens: int, num_requests: int) -> LoadRow:  # fmt: skip
+    """The row of a level that could not run at all: status "failed", invalid, no numbers."""
+    empty = {f.name: None for f in dataclasses.fields(LoadRow)}
+    empty.update(input_tokens=input_tokens, concurrency=concurrency, request_rate=request_rate, seed=seed,
+                 max_new_tokens=max_new_tokens, num_requests=num_requests, completed=0, failed=0, valid=False,
+                 invalid_reason=f"failed: {error}", status="failed", error=error, generated_tokens=0,
+                 degenerate_requests=0)  # fmt: skip
+    return LoadRow(**empty)

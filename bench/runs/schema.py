@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import RunFolderError
-from bench.runs.records import CellRow, Sample, conforms, row_from_dict, row_problems
+from bench.runs.records import CellRow, LoadRow, LoadSample, Sample, conforms, row_from_dict, row_problems
 
 SCHEMA_VERSION = 2
 """The manifest schema version this harness writes."""
@@ -35,6 +35,10 @@ PROVENANCES = ("measured", "published")
 MANIFEST, CELLS_JSONL, CELLS_CSV, SAMPLES, PROFILE, LOG = (
     "manifest.json", "cells.jsonl", "cells.csv", "samples.jsonl", "profile.json", "run.log",
 )  # fmt: skip
+LOAD_JSONL, LOAD_SAMPLES = "load.jsonl", "load_samples.jsonl"
+"""A sweep under load (`--concurrency`): one `LoadRow` per level, one `LoadSample` per request. Older folders have
+neither file and read as before."""
+_JSONL_FILES = ((CELLS_JSONL, CellRow), (SAMPLES, Sample), (LOAD_JSONL, LoadRow), (LOAD_SAMPLES, LoadSample))
 
 
 # ---- manifest schema -------------------------------------------------------------------------------------------
@@ -215,6 +219,16 @@ class RunFiles:
         """The requests of samples.jsonl ([] when it does not exist)."""
         return _typed_rows(self.path / SAMPLES, self.lines.get(SAMPLES, ()), Sample)
 
+    @functools.cached_property
+    def load_rows(self) -> list[LoadRow]:
+        """The load levels of load.jsonl ([] when it does not exist)."""
+        return _typed_rows(self.path / LOAD_JSONL, self.lines.get(LOAD_JSONL, ()), LoadRow)
+
+    @functools.cached_property
+    def load_samples(self) -> list[LoadSample]:
+        """The requests of load_samples.jsonl ([] when it does not exist)."""
+        return _typed_rows(self.path / LOAD_SAMPLES, self.lines.get(LOAD_SAMPLES, ()), LoadSample)
+
 
 def read_run_files(path: str | Path) -> RunFiles:
     """Read and parse every file of the run folder `path` once. Never raises for a missing or corrupt file (the
@@ -225,7 +239,7 @@ def read_run_files(path: str | Path) -> RunFiles:
     except RunFolderError as exc:
         manifest, manifest_error = None, str(exc)
     lines = {name: _parse_lines((p / name).read_text(encoding="utf-8", errors="replace"))
-             for name in (CELLS_JSONL, SAMPLES) if (p / name).exists()}  # fmt: skip
+             for name, _cls in _JSONL_FILES if (p / name).exists()}  # fmt: skip
     csv_rows = None
     if (p / CELLS_CSV).exists():
         with open(p / CELLS_CSV, encoding="utf-8", newline="") as fh:
@@ -265,7 +279,7 @@ def run_files_problems(files: RunFiles) -> list[str]:
         return problems
     published = isinstance(manifest.get("provenance"), dict) and manifest["provenance"].get("kind") == "published"
 
-    for fname, cls in ((CELLS_JSONL, CellRow), (SAMPLES, Sample)):
+    for fname, cls in _JSONL_FILES:
         if fname not in files.lines:
             continue
         seen: set[Any] = set()
@@ -278,6 +292,12 @@ def run_files_problems(files: RunFiles) -> list[str]:
                 if obj.get("input_tokens") in seen:
                     problems.append(f"{fname} line {lineno}: duplicate cell for input_tokens={obj['input_tokens']}")
                 seen.add(obj.get("input_tokens"))
+            if cls is LoadRow and isinstance(obj, dict):
+                key = (obj.get("input_tokens"), obj.get("concurrency"), obj.get("request_rate"))
+                if key in seen:
+                    problems.append(f"{fname} line {lineno}: duplicate level for input_tokens={key[0]}, "
+                                    f"concurrency={key[1]}, request_rate={key[2]}")  # fmt: skip
+                seen.add(key)
         if cls is CellRow:
             if files.csv_rows is None:
                 problems.append(f"{CELLS_CSV}: missing (it mirrors {CELLS_JSONL})")
@@ -285,9 +305,10 @@ def run_files_problems(files: RunFiles) -> list[str]:
                 problems.append(f"{CELLS_CSV}: {files.csv_rows} rows but {CELLS_JSONL} has {len(seen)}")
     if not problems and not published:
         problems += _consistency_problems(files)
-    if manifest.get("status") == "complete" and CELLS_JSONL not in files.lines and not files.has_profile:
-        problems.append(f"{CELLS_JSONL}: missing in a complete run (and no {PROFILE} either)")
-    if published and SAMPLES in files.lines:
+    measured = CELLS_JSONL in files.lines or LOAD_JSONL in files.lines or files.has_profile
+    if manifest.get("status") == "complete" and not measured:
+        problems.append(f"{CELLS_JSONL}: missing in a complete run (and no {LOAD_JSONL} or {PROFILE} either)")
+    if published and (SAMPLES in files.lines or LOAD_SAMPLES in files.lines):
         problems.append(f"{SAMPLES}: a published run must not hold raw samples (it never had any)")
     if files.profile_error is not None:
         problems.append(files.profile_error.replace(f"{p}/", ""))

@@ -1,9 +1,19 @@
-"""One request's answer in `bench serve`: consume a worker job's events, build OpenAI's bodies (one JSON body, or
+"""One request's answer in `bench serve`: consume a scheduler job's events, build OpenAI's bodies (one JSON body, or
 server-sent events), judge degeneracy, record metrics, and notice a client that left.
 
 A client that disconnects is noticed at once: a non-streamed request watches the connection (`_watch_disconnect`),
 and a streamed one is closed by the framework when the connection drops. Either way the job is cancelled: dropped
-before it starts when it still waits in the queue, stopped at its next token when it runs (`bench.serve.worker`).
+before it starts when it still waits in the queue, its slot freed at the next step boundary when it runs
+(`bench.serve.scheduler`).
+
+Streams carry one generated token per chunk (`choices[0].token_ids` holds its id; the text may be "" while an
+incomplete character or a possible stop string is held back), so inter-token latency means the same in every
+client. `stream_options.include_usage`: a last chunk with `"choices": []` and `usage` comes before `[DONE]`;
+`stream_options.continuous_usage_stats`: every chunk carries `usage` so far as well.
+
+Every answer carries `server_timing` (an extension; on the chunk with `finish_reason` in a stream):
+`queue_ms` (submitted to given a decode slot) and `ttft_ms` (arrival at the handler to the first token on the
+host), milliseconds on the server's monotonic clock; null when not reached.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from bench.measure.request import request_times
 from bench.serve.metrics import Metrics
 from bench.serve.schema import APIError
 from bench.serve.text import TextAssembler
-from bench.serve.worker import Job
+from bench.serve.scheduler import Job
 
 log = logging.getLogger("bench.serve")
 
@@ -52,10 +62,12 @@ class Answer:
         self.tokens: list[int] = []
         self.times: list[int] = []
         self.gen = None
+        self.t_admitted: int | None = None
 
     async def events(self) -> AsyncIterator[tuple[str, list[int]]]:
         """Yields (text delta, ids it came from) per generated token; the last yield is the final flush. Ends
-        early when the job was skipped or its client left. Raises the engine's exception."""
+        early when the job was skipped or its client left. Raises the engine's exception, and APIError (503,
+        code "deadline_exceeded") when the request's deadline passed before it got a slot."""
         job = self.job
         while True:
             item = await job.events.get()
@@ -64,16 +76,36 @@ class Answer:
                 self.times.append(item[2])
                 delta = self.text.push(item[1])
                 if self.text.stopped:
+                    job.stopped_by_text = True
                     job.cancel.set()
                 yield delta, [item[1]]
+            elif item[0] == "admitted":
+                self.t_admitted = item[1]
             elif item[0] == "done":
                 self.gen = item[1]
                 break
             elif item[0] in ("skipped", "disconnected"):
                 break
+            elif item[0] == "expired":
+                raise APIError(503, "the request's deadline passed while it waited for a decode slot; retry later "
+                               "or with a later deadline", type="service_unavailable", code="deadline_exceeded",
+                               headers={"Retry-After": "1"})  # fmt: skip
             else:
                 raise item[1]
         yield self.text.finish(), []
+
+    def server_timing(self) -> dict[str, float | None]:
+        """{"queue_ms": submitted -> given a slot, "ttft_ms": handler arrival -> first token on the host} (ms;
+        None when not reached)."""
+        queued = self.job.t_queued_ns
+        queue_ms = (self.t_admitted - queued) / 1e6 if self.t_admitted is not None and queued is not None else None
+        ttft_ms = (self.times[0] - self.t_arrival) / 1e6 if self.times else None
+        return {"queue_ms": queue_ms, "ttft_ms": ttft_ms}
+
+    def usage_so_far(self) -> dict[str, int]:
+        """OpenAI's usage of the tokens generated so far (continuous usage stats)."""
+        n_prompt, n = len(self.job.prompt_ids), len(self.tokens)
+        return {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n}
 
     def finalize(self) -> dict[str, Any]:
         """Degeneracy verdict, finish reason, usage; logs and records metrics (TTFT in s, decode gauge in tok/s).
@@ -87,9 +119,13 @@ class Answer:
         t = request_times(self.t_arrival, times, None, len(times)) if times else {}
         ttft = t["ttft_ms"] / 1e3 if times else None
         gauge = t.get("gauge_tok_s")
+        timing = self.server_timing()
         self.metrics.record_generation(
             prompt_tokens=len(self.job.prompt_ids), completion_tokens=n, ttft_s=ttft, gauge_tok_s=gauge,
-            degenerate=verdict.degenerate, cancelled=cancelled, compile_traces=self.gen.compile_traces if self.gen else 0,
+            degenerate=verdict.degenerate, cancelled=cancelled,
+            compile_traces=(self.gen.compile_traces or 0) if self.gen else 0, generated_tokens=len(times),
+            queue_s=None if timing["queue_ms"] is None else timing["queue_ms"] / 1e3,
+            itl_s=[ms / 1e3 for ms in t.get("step_ms", [])],
         )  # fmt: skip
         if verdict.degenerate:
             log.warning(f"degenerate response {self.id}: {verdict.reason}")
@@ -98,6 +134,7 @@ class Answer:
             "usage": {"prompt_tokens": len(self.job.prompt_ids), "completion_tokens": n,
                       "total_tokens": len(self.job.prompt_ids) + n},
             "degenerate": verdict.to_dict(),
+            "server_timing": timing,
         }  # fmt: skip
 
     def _choice(self, text: str, finish: str | None, ids: list[int] | None, *, stream: bool) -> dict[str, Any]:
@@ -134,15 +171,18 @@ class Answer:
         extra = self.finalize()
         body = self._envelope(stream=False) | {
             "choices": [self._choice("".join(parts), extra["finish_reason"], None, stream=False)],
-            "usage": extra["usage"], "degenerate": extra["degenerate"],
+            "usage": extra["usage"], "degenerate": extra["degenerate"], "server_timing": extra["server_timing"],
         }  # fmt: skip
         headers = {"X-Request-Id": self.id, "X-Degenerate": "true" if extra["degenerate"]["degenerate"] else "false"}
         return JSONResponse(body, headers=headers)
 
-    async def sse(self, include_usage: bool) -> AsyncIterator[str]:
-        """The streamed answer as `data: {json}` lines ending with `data: [DONE]`; closing it (the client left)
-        cancels the job."""
+    async def sse(self, include_usage: bool, continuous_usage: bool = False) -> AsyncIterator[str]:
+        """The streamed answer as `data: {json}` lines ending with `data: [DONE]`, one generated token per content
+        chunk; `include_usage`: a usage chunk (`"choices": []`) before `[DONE]`; `continuous_usage`: usage so far
+        on every chunk. Closing it (the client left) cancels the job."""
         def data(obj: dict[str, Any]) -> str:
+            if continuous_usage and "choices" in obj and "usage" not in obj:
+                obj["usage"] = self.usage_so_far()
             return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
         done = False
@@ -156,10 +196,15 @@ class Answer:
             done = True
             extra = self.finalize()
             last = self._choice("", extra["finish_reason"], [], stream=True)
-            yield data(self._envelope(stream=True) | {"choices": [last], "degenerate": extra["degenerate"]})
+            yield data(self._envelope(stream=True) | {"choices": [last], "degenerate": extra["degenerate"],
+                                                      "server_timing": extra["server_timing"]})  # fmt: skip
             if include_usage:
                 yield data(self._envelope(stream=True) | {"choices": [], "usage": extra["usage"]})
             yield "data: [DONE]\n\n"
+        except APIError as exc:  # e.g. the deadline passed in the queue: the status line is gone, report in-band
+            done = True
+            self.metrics.count_error(exc.type)
+            yield data(exc.body())
         except Exception as exc:  # noqa: BLE001  (the status line is gone: report in-band, as OpenAI does)
             log.exception("error during a streamed generation")
             self.metrics.count_error("server_error")

@@ -1,18 +1,21 @@
-"""`bench serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) for the engine, one request at a time.
+"""`bench serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) for the engine, with continuous batching.
 
 Endpoints:
 - `POST /v1/completions`, `POST /v1/chat/completions` (Gemma's chat turn format), non-streaming and streaming
   (server-sent events, `data: {json}` lines ending with `data: [DONE]`). Fields: `model`, `prompt` / `messages`,
   `max_tokens` (or its newer name `max_completion_tokens`), `temperature` (default 1.0, 0 = greedy), `top_p`,
   `top_k` (0 or -1 = off; above the vocabulary size, clamped to it), `seed`, `stop` (a string or a list of up to 4,
-  each up to 1,000 characters), `stream`, `stream_options.include_usage`, and two vLLM-style extensions:
+  each up to 1,000 characters), `stream`, `stream_options.include_usage` and `.continuous_usage_stats` (vLLM's),
+  and two vLLM-style extensions:
   `ignore_eos` (generate exactly `max_tokens`, what a benchmark needs) and `skip_special_tokens` (default true).
   `n` must be 1. Fields that would change the output but are not implemented (echo, logprobs, penalties, logit_bias,
   tools, a response_format other than text, ...) are refused unless neutral (`bench.serve.schema.UNSUPPORTED`).
   `bench.serve.schema` holds the request models (each field's meaning and unit) and the response fields.
-- `GET /v1/models`, `GET /v1/models/{id}` (the one model this server serves, else 404), `GET /health`
+- `GET /v1/models`, `GET /v1/models/{id}` (the one model this server serves, else 404; OpenAI's `id`, `object`,
+  `created`, `owned_by`, and vLLM's `root` and `parent`), `GET /health`
   (503 `{"status": "loading"}` until the model is loaded and every warm-up shape
-  compiled; then 200 with build id, checkpoint, device, dtype policy, quantization, compile cache state),
+  compiled; then 200 with build id, checkpoint, device, dtype policy, quantization, compile cache state, and the
+  scheduler's settings under `serving`),
   `GET /metrics` (Prometheus text format; names start with `gemma4_bench_`).
 
 Every response is judged by `bench.measure.degeneracy.check_degenerate` on its generated ids. A degenerate one is still
@@ -32,10 +35,17 @@ Tokenization runs on a small thread pool, never on the event loop, after a bound
 C characters has at least C / `max_chars_per_token` tokens) has refused prompts too long to fit; the event loop only
 parses the (size-limited) JSON, so /health answers at once while a large prompt is tokenized.
 
-Concurrency: the engine is not thread-safe and serves one request at a time. Requests wait in a FIFO queue served
-by one worker thread (`bench.serve.worker`); tokens reach the event loop through `call_soon_threadsafe`, so
-streaming never blocks it. A request whose client disconnects is cancelled at once (`bench.serve.answer`): dropped
-before it starts when it is still queued, stopped at its next token (within one decode step) when it runs.
+Concurrency (`bench.serve.scheduler`): one scheduler thread owns the engine and `max_batch` decode slots.
+Requests wait in a bounded FIFO queue; between decode steps they join free slots (their prefill runs, then they
+decode with the others) and leave when finished, stopped or disconnected, their slot freed at once. At most
+`max_batch + max_queue` requests are in the server: one more is a 429 (code "queue_full", header `Retry-After`)
+at once, never a hang. With `request_deadline_s`, a request still waiting that long is refused (503, code
+"deadline_exceeded") and one still generating is stopped (finish_reason "length"). The slots are a `SlotEngine`
+(`bench.serve.slots`); today's is `SequentialSlots`: N independent batch-1 sequences stepped one after another
+(correct, not faster than one at a time; `max_batch` 1 is the former one-request-at-a-time server). Tokens reach
+the event loop through `call_soon_threadsafe`, so neither streaming nor a slow client ever blocks the engine. A
+request whose client disconnects is cancelled at once (`bench.serve.answer`): dropped before it starts when it is
+still queued, its slot freed at the next step boundary when it runs.
 
 Timing definitions (../shared/measurement.md): server-side TTFT runs from the arrival of the request at its handler
 (queue wait included) to the first generated id on the host; the decode gauge is (generated - 1) / (last id - first
@@ -45,8 +55,9 @@ will use in `--warmup-shapes` so that no client request pays a compile.
 Errors follow OpenAI's body, `{"error": {"message", "type", "param", "code"}}`, and are counted in /metrics by type:
 400 for a malformed body or a bad field (code `invalid_value`, `invalid_json`, `unsupported_parameter`,
 `context_length_exceeded` with `param` the field to change, ...), 401 without the API key, 404 for an unknown model
-or route, 405 for a method a route does not take, 413 for a body over the limit, 503 while loading, 500 for
-anything unexpected (logged; the server keeps serving).
+or route, 405 for a method a route does not take, 413 for a body over the limit, 429 when the queue is full, 503
+while loading or stopping (or a deadline passed in the queue), 500 for anything unexpected (logged; the server
+keeps serving).
 (GET /health's 503 while loading is its status body, not an error body.) JSON types are checked strictly: a field
 of the wrong type (`"max_tokens": "5"`, `"stream": "true"`) is a 400 naming the field, what was received and what
 was expected (`max_tokens must be an integer, got a string: "5"`); an integer where a number is expected is
@@ -73,6 +84,8 @@ from bench.errors import InputError
 from bench.serve.answer import Answer
 from bench.serve.guard import DEFAULT_MAX_BODY_BYTES, ApiKeyGuard, BodyLimit, CountRequests
 from bench.serve.metrics import CONTENT_TYPE, Metrics
+from bench.serve.scheduler import Job, QueueFull, Scheduler, Stopping, describe
+from bench.serve.slots import SequentialSlots, SlotEngine
 from bench.serve.schema import (
     APIError,
     ChatRequest,
@@ -88,12 +101,14 @@ from bench.serve.schema import (
     validation_error,
 )
 from bench.serve.text import TextAssembler
-from bench.serve.worker import Job, Worker
 from model.errors import ModelError
 
 log = logging.getLogger("bench.serve")
 
 TOKENIZE_THREADS = 2  # tokenization's thread pool: a few large prompts at once cannot take every core
+DEFAULT_MAX_BATCH = 1  # decode slots: 1 is the one-request-at-a-time server
+DEFAULT_MAX_QUEUE = 64  # requests that may wait for a slot; one more is a 429
+RETRY_AFTER_S = 1  # the Retry-After of a 429 (s): a slot frees within a request's time, usually far less
 
 
 # ---- what the loader hands the server -----------------------------------------------------------------------------
@@ -136,15 +151,17 @@ def parse_warmup_shapes(text: str | None) -> tuple[tuple[int, int], ...]:
 
 # ---- the server's state -------------------------------------------------------------------------------------------
 class _State:
-    """The server's state: "loading" -> "ok" (loaded, warm-up shapes compiled, worker started) or "failed" (with
+    """The server's state: "loading" -> "ok" (loaded, warm-up shapes compiled, scheduler started) or "failed" (with
     `error`, one line). `warmup_s`: seconds spent compiling the warm-up shapes; `created`: Unix time (s);
-    `tokenize`: the thread pool prompts are tokenized on (never the event loop)."""
+    `tokenize`: the thread pool prompts are tokenized on (never the event loop); `serving`: the scheduler's
+    settings (max_batch, max_queue, request_deadline_s, slot_engine)."""
 
-    def __init__(self, provider, model_name, warmup_shapes):
+    def __init__(self, provider, model_name, warmup_shapes, serving: dict[str, Any], slots_factory):
         self.provider, self.model_name, self.warmup_shapes = provider, model_name, tuple(warmup_shapes)
+        self.serving, self.slots_factory = serving, slots_factory
         self.status, self.error = "loading", None
         self.loaded: LoadedModel | None = None
-        self.worker: Worker | None = None
+        self.scheduler: Scheduler | None = None
         self.metrics = Metrics(_compile_counts)
         self.warmup_s: float | None = None
         self.on_load_failure: Callable[[Exception], None] | None = None
@@ -162,7 +179,11 @@ class _State:
             self.warmup_s = time.perf_counter() - t0
             self.loaded = loaded
             self.model_name = self.model_name or str(loaded.checkpoint.get("id") or "gemma4")
-            self.worker = Worker(loaded.engine)
+            slots = self.slots_factory(loaded.engine, self.serving["max_batch"])
+            self.serving["slot_engine"] = describe(slots)
+            self.scheduler = Scheduler(slots, max_queue=self.serving["max_queue"],
+                                       eos_ids=getattr(loaded.engine.cfg, "eos_token_ids", ()),
+                                       on_outcome=self.metrics.count_outcome)  # fmt: skip
             self.status = "ok"
             log.info(f"ready: serving model {self.model_name!r}")
         except Exception as exc:  # noqa: BLE001  (reported by /health, and to on_load_failure)
@@ -193,22 +214,32 @@ def _state_of(request: Request) -> _State:
 def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | None = None,
                warmup_shapes: Sequence[tuple[int, int]] = (),
                on_load_failure: Callable[[Exception], None] | None = None, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:  # fmt: skip
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_batch: int = DEFAULT_MAX_BATCH,
+               max_queue: int = DEFAULT_MAX_QUEUE, request_deadline_s: float | None = None,
+               slots_factory: Callable[[Any, int], SlotEngine] = SequentialSlots) -> FastAPI:  # fmt: skip
     """The FastAPI app. `engine_provider()` is called once, in a background thread started with the server; it
     returns a `LoadedModel` (or raises: /health then answers 503 with status "failed" and the reason, and
     `on_load_failure(exc)` is called, e.g. to stop the server). `model_name`: the id clients must send (default:
     the checkpoint id). `warmup_shapes`: (prompt tokens, max_tokens) pairs compiled (greedy) before /health
     reports ready. `api_key`: when set, every route but /health and /metrics needs `Authorization: Bearer
-    <api_key>`. `max_body_bytes`: the largest request body accepted (bytes; larger is a 413). Raises nothing
-    itself; requests are refused with `APIError` bodies (see the module docstring)."""
-    state = _State(engine_provider, model_name, warmup_shapes)
+    <api_key>`. `max_body_bytes`: the largest request body accepted (bytes; larger is a 413). `max_batch`: decode
+    slots (>= 1); `max_queue`: requests that may wait for a slot (>= 0); `request_deadline_s`: seconds a request
+    may spend in the server, queue and generation (None: no limit); `slots_factory(engine, max_batch)`: the
+    `SlotEngine` over the loaded engine (default `SequentialSlots`). Raises ValueError for a max_batch < 1, a
+    max_queue < 0 or a deadline <= 0; requests are refused with `APIError` bodies (see the module docstring)."""
+    if max_batch < 1 or max_queue < 0 or (request_deadline_s is not None and not request_deadline_s > 0):
+        raise ValueError(f"create_app: max_batch {max_batch} (>= 1), max_queue {max_queue} (>= 0), "
+                         f"request_deadline_s {request_deadline_s} (> 0 or None)")  # fmt: skip
+    serving = {"max_batch": max_batch, "max_queue": max_queue, "request_deadline_s": request_deadline_s,
+               "slot_engine": None}  # fmt: skip
+    state = _State(engine_provider, model_name, warmup_shapes, serving, slots_factory)
     state.on_load_failure = on_load_failure
 
     async def lifespan(_app: FastAPI):
         threading.Thread(target=state.load, name="model-loader", daemon=True).start()
         yield
-        if state.worker is not None:
-            await asyncio.to_thread(state.worker.stop)
+        if state.scheduler is not None:
+            await asyncio.to_thread(state.scheduler.stop)
         state.tokenize.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="gemma4-bench", lifespan=lifespan)
@@ -246,7 +277,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _error_response(request: Request, exc: APIError) -> JSONResponse:
     _state_of(request).metrics.count_error(exc.type)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
 
 
 async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -287,10 +318,13 @@ async def _health(request: Request) -> JSONResponse:
 
 
 def _model_card(state: _State) -> dict[str, Any]:
-    """The served model as OpenAI's model object, with max_model_len (tokens), checkpoint and build id."""
+    """The served model as OpenAI's model object (`id`, `object`, `created` in Unix s, `owned_by`), with vLLM's
+    `root` (the checkpoint's id: what the served name stands for) and `parent` (null: no adapter), and
+    max_model_len (tokens), checkpoint and build id."""
+    root = str(state.loaded.checkpoint.get("id") or state.model_name)
     return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "gemma4-bench",
-            "max_model_len": state.loaded.engine.max_length, "checkpoint": state.loaded.checkpoint,
-            "build_id": state.loaded.build_id}  # fmt: skip
+            "root": root, "parent": None, "max_model_len": state.loaded.engine.max_length,
+            "checkpoint": state.loaded.checkpoint, "build_id": state.loaded.build_id}  # fmt: skip
 
 
 async def _models(request: Request) -> JSONResponse:
@@ -311,8 +345,9 @@ async def _model(model_id: str, request: Request) -> JSONResponse:
 
 async def _metrics(request: Request) -> PlainTextResponse:
     state = _state_of(request)
-    depth = state.worker.jobs.qsize() if state.worker else 0
-    text = state.metrics.render(ready=state.status == "ok", queue_depth=depth)
+    sched = state.scheduler
+    text = state.metrics.render(ready=state.status == "ok", queue_depth=sched.waiting if sched else 0,
+                                running=sched.running if sched else 0, max_batch=sched.max_batch if sched else None)  # fmt: skip
     return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
 
@@ -326,7 +361,9 @@ def _health_body(state: _State) -> dict[str, Any]:
     """GET /health once ready: build id, checkpoint (weight_bytes in bytes), device, dtype policy, quantization
     (and its scale dtype) with `weight_bytes` beside it (the gauge: packed values + scales as placed),
     compile cache (dir, and this process's trace/compile/cache-hit counts), max_length and buckets (tokens),
-    warm-up shapes ((prompt tokens, max_tokens) pairs) and warmup_s (seconds spent compiling them)."""
+    warm-up shapes ((prompt tokens, max_tokens) pairs) and warmup_s (seconds spent compiling them), and `serving`:
+    max_batch (decode slots), max_queue (requests that may wait), request_deadline_s (s or null), slot_engine (how
+    the slots are stepped, in words)."""
     loaded, eng = state.loaded, state.loaded.engine
     pol = eng.policy
     counts = _compile_counts()
@@ -343,6 +380,7 @@ def _health_body(state: _State) -> dict[str, Any]:
                           **counts},
         "max_length": eng.max_length, "buckets": list(eng.buckets),
         "warmup_shapes": [list(s) for s in state.warmup_shapes], "warmup_s": state.warmup_s,
+        "serving": dict(state.serving),
     }  # fmt: skip
 
 
@@ -378,7 +416,8 @@ def _admit(state: _State, body: GenerationRequest, kind: str) -> tuple[Any, int]
 
 async def _serve(state: _State, request: Request, body: GenerationRequest, ids: list[int], sampling: Any,
                  max_tokens: int, kind: str, t_arrival: int):  # fmt: skip
-    """Check the prompt's length, queue the job, and answer (JSON, or an SSE stream)."""
+    """Check the prompt's length, queue the job (or refuse it: 429 when the queue is full, 503 when stopping), and
+    answer (JSON, or an SSE stream)."""
     from model.errors import EngineError
 
     engine = state.loaded.engine
@@ -392,13 +431,34 @@ async def _serve(state: _State, request: Request, body: GenerationRequest, ids: 
     except EngineError as exc:
         raise APIError(400, f"the request does not fit this server: {exc}", param=prompt_param,
                        code="context_length_exceeded") from exc  # fmt: skip
-    job = Job(ids, max_tokens, sampling, not body.ignore_eos, asyncio.get_running_loop())
+    deadline_s = state.serving["request_deadline_s"]
+    deadline_ns = t_arrival + int(deadline_s * 1e9) if deadline_s is not None else None
+    job = Job(ids, max_tokens, sampling, not body.ignore_eos, asyncio.get_running_loop(), deadline_ns=deadline_ns)
     text = TextAssembler(engine.tokenizer, stop_strings(body), body.skip_special_tokens)
     answer = Answer(job, text, kind=kind, model=body.model, t_arrival=t_arrival, metrics=state.metrics,
                     eos_ids=getattr(engine.cfg, "eos_token_ids", ()))  # fmt: skip
-    state.worker.jobs.put(job)
+    _submit(state, job)
     if body.stream:
-        usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(answer.sse(usage), media_type="text/event-stream",
+        options = body.stream_options
+        usage = options is not None and options.include_usage
+        continuous = options is not None and options.continuous_usage_stats
+        return StreamingResponse(answer.sse(usage, continuous), media_type="text/event-stream",
                                  headers={"X-Request-Id": answer.id, "Cache-Control": "no-cache"})  # fmt: skip
     return await answer.whole(request)
+
+
+def _submit(state: _State, job: Job) -> None:
+    """Queue `job`, counting it admitted; a full queue is a 429 with Retry-After (code "queue_full"), a stopping
+    server a 503 (code "server_stopping"), each counted as rejected. Raises APIError."""
+    try:
+        state.scheduler.submit(job)
+    except QueueFull as exc:
+        state.metrics.count_rejected("queue_full")
+        raise APIError(429, f"the server is at capacity ({exc.running} requests running, {exc.waiting} waiting, at "
+                       f"most {exc.capacity}); retry after {RETRY_AFTER_S} s", type="rate_limit_exceeded",
+                       code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None  # fmt: skip
+    except Stopping:
+        state.metrics.count_rejected("stopping")
+        raise APIError(503, "the server is stopping; retry on another server", type="service_unavailable",
+                       code="server_stopping") from None  # fmt: skip
+    state.metrics.admitted.inc()

@@ -49,15 +49,17 @@ DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # tokens; OpenAI's legacy 
 
 # ---- OpenAI-style errors ------------------------------------------------------------------------------------------
 class APIError(Exception):
-    """A request the server refuses: HTTP `status` (400 bad input, 404 unknown model, 503 loading, 500 unexpected)
-    with an OpenAI-style error body. `type`: OpenAI's error type ("invalid_request_error", "service_unavailable",
+    """A request the server refuses: HTTP `status` (400 bad input, 404 unknown model, 429 queue full, 503 loading,
+    stopping or a deadline passed in the queue, 500 unexpected) with an OpenAI-style error body and `headers`.
+    `type`: OpenAI's error type ("invalid_request_error", "rate_limit_exceeded", "service_unavailable",
     "server_error"); `param`: the offending field as a dotted path ("max_tokens", "messages.0.content") or None;
     `code`: a machine-readable reason ("invalid_value", "invalid_json", "context_length_exceeded", ...) or None."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):  # fmt: skip
+                 code: str | None = None, headers: dict[str, str] | None = None):  # fmt: skip
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = dict(headers or {})  # sent with the error response (e.g. Retry-After on a 429)
 
     def body(self) -> dict[str, Any]:
         """The JSON body: `{"error": {"message", "type", "param", "code"}}`."""
@@ -66,11 +68,13 @@ class APIError(Exception):
 
 # ---- request bodies -----------------------------------------------------------------------------------------------
 class StreamOptions(BaseModel):
-    """`stream_options`: `include_usage` (true: a last chunk, before `[DONE]`, carries `usage` in tokens)."""
+    """`stream_options`: `include_usage` (true: a last chunk, `"choices": []`, before `[DONE]`, carries `usage` in
+    tokens); `continuous_usage_stats` (vLLM's extension; true: every chunk carries `usage` so far)."""
 
     model_config = ConfigDict(extra="allow")
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
 class GenerationRequest(BaseModel):

@@ -3,10 +3,12 @@
 - `SweepConfig`, `run_sweep`, `sweep_cells`, `build_prompts`, `parse_inputs`, `StopSignals`
                                                          (bench.sweep.local: the in-process engine)
 - `sweep_target`, `TargetError`                         (bench.sweep.remote: any OpenAI-compatible server)
+- `LoadConfig`, `run_load_sweep`, `run_level`, `parse_concurrency`, `poisson_offsets`
+                                                         (bench.sweep.load: a server under load, `--concurrency`)
 - `build_plan`, `write_plan`, `read_requests`, `import_peer`, `PeerRequests`, `PeerError`
                                                          (bench.sweep.peer: the transformers peer's plan and import)
 
-The remote sweep never imports the server (an import contract).
+The remote sweeps (one at a time, and under load) never import the server (an import contract).
 """
 
 from bench.sweep.local import (
@@ -19,7 +21,9 @@ from bench.sweep.local import (
 )
 from bench.sweep.peer import PeerError, PeerRequests, build_plan, import_peer, read_requests, write_plan
 from bench.sweep.remote import TargetError, sweep_target
+from bench.sweep.load import LoadConfig, parse_concurrency, poisson_offsets, run_level, run_load_sweep  # noqa: E402
 
 __all__ = ["StopSignals", "SweepConfig", "build_prompts", "parse_inputs", "run_sweep", "sweep_cells",
-           "TargetError", "sweep_target", "PeerError", "PeerRequests", "build_plan", "import_peer", "read_requests",
+           "TargetError", "sweep_target", "LoadConfig", "parse_concurrency", "poisson_offsets", "run_level",
+           "run_load_sweep", "PeerError", "PeerRequests", "build_plan", "import_peer", "read_requests",
            "write_plan"]  # fmt: skip

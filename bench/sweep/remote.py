@@ -295,10 +295,13 @@ def served_bucket(target: Target, n_tokens: int) -> int | None:
     return next((b for b in buckets if b >= n_tokens), None)
 
 
-def remote_manifest(target: Target, config, tokenizer_source: str):
+def remote_manifest(target: Target, config, tokenizer_source: str, load: dict[str, Any] | None = None):
     """The run's manifest (`bench.runs.manifest.build_manifest`, command "sweep --target"): this client's host and
     versions; the server's build id, device, dtype policy, checkpoint and engine configuration where it reports
-    them (this project's /health), else nulls; the target under key `target`. Returns a `bench.runs.Manifest`."""
+    them (this project's /health), else nulls; the target under key `target` (its /v1/models and /health answers).
+    `load`: a sweep under load's settings (`bench.sweep.load.LoadConfig.notes()`), recorded as workload note
+    "load" (and the server's `serving` settings, where its /health reports them, as note "serving"). Returns a
+    `bench.runs.Manifest`."""
     from bench.runs.environment import device_slug
     from bench.runs.manifest import (
         CheckpointFacts,
@@ -319,6 +322,12 @@ def remote_manifest(target: Target, config, tokenizer_source: str):
     observed = "from the server's /metrics" if target.ours else "not observable: recorded as null (cells invalid)"
     notes = {"target": target.base, "model": target.model, "server": target.kind, "prompt_tokenizer": tokenizer_source,
              "timing": "client-side, streamed; TTFT to the first content chunk", "compile_events": observed}  # fmt: skip
+    if load is not None:
+        notes["load"] = load
+        notes["timing"] = ("client-side, streamed, concurrent (asyncio); TTFT to the first content chunk, ITL between "
+                           "content chunks, at each chunk's arrival")  # fmt: skip
+        if isinstance(h.get("serving"), dict):
+            notes["serving"] = h["serving"]
     workload = Workload(inputs=tuple(config.inputs), max_new_tokens=config.max_new_tokens, repeats=config.repeats,
                         sampling="greedy (temperature 0)", eos="ignored while benchmarking (ignore_eos sent)",
                         notes=notes)  # fmt: skip
@@ -347,7 +356,7 @@ def _stored_gauges(run) -> dict[str, Any]:
 
 def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None, runs_dir: Path, name: str | None,
                  resume: Path | None = None, progress: Callable[[str], None] = lambda _: None,
-                 stop: StopSignals | None = None, api_key: str | None = None):  # fmt: skip
+                 stop: StopSignals | None = None, api_key: str | None = None, load: bool = False):  # fmt: skip
     """The whole `bench sweep --target` job: describe the target, size every prompt, create (or resume) the run
     folder (label `name`; None: "sweep", suffixed -2, -3, ... when taken), measure, mark it complete or
     incomplete, and say so through `progress` ("sweep STATUS in S s; run folder PATH"). Returns the RunFolder.
@@ -361,6 +370,9 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
     (`bench.runs.writing_run`): complete, incomplete (a signal) or failed (an error), its lock released.
     With `resume`, target.json is read before the run is touched: a corrupt one is refused, the run left as it was.
     `api_key`, when given, goes with every request as `Authorization: Bearer KEY` and is recorded nowhere.
+    `load`: `config` is a `bench.sweep.load.LoadConfig` and the sweep runs its load levels (`run_load_sweep`)
+    instead of the one-at-a-time cells; resuming one needs the run's own load settings (num_requests,
+    request_rate, seed, max_new_tokens), else RunFolderError.
     """
     from bench.runs import create_run, free_label, open_run, writing_run
     from bench.sweep.local import sized_prompt
@@ -373,12 +385,13 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
         if limit is not None and max(config.inputs) > limit:
             raise TargetError(f"--inputs {max(config.inputs)}: above the server's maximum prompt length {limit}")
         prompts = {n: sized_prompt(tokenizer, n) for n in config.inputs}  # as the in-process sweep's
-        manifest = remote_manifest(target, config, source)
+        manifest = remote_manifest(target, config, source, load=config.notes() if load else None)
         gauges: dict[str, Any] = {}
         resumed = open_run(resume) if resume is not None else None
         if resumed is not None:
             if resumed.status == "complete":
                 raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
+            _check_resumed_load(resumed, config if load else None)
             if (resumed.path / "target.json").is_file():  # read (and so checked) before the run is touched
                 gauges.update(_stored_gauges(resumed))
 
@@ -415,7 +428,34 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
             progress(f"run folder: {run.path}; target {target.base} ({target.kind}), model {target.model}")
             if target.ours:
                 metrics0.update(scrape_metrics(client, target.root))
-            run_remote_sweep(client, target, tokenizer, config, run, prompts, progress=progress,
-                             skip=run.finished_inputs(), should_stop=stop if stop is not None else (lambda: False),
-                             server_gauges=gauges)  # fmt: skip
+            should_stop = stop if stop is not None else (lambda: False)
+            if load:
+                from bench.sweep.load import run_load_sweep
+
+                run_load_sweep(target, tokenizer, config, run, prompts, headers=headers, progress=progress,
+                               should_stop=should_stop)  # fmt: skip
+            else:
+                run_remote_sweep(client, target, tokenizer, config, run, prompts, progress=progress,
+                                 skip=run.finished_inputs(), should_stop=should_stop, server_gauges=gauges)  # fmt: skip
     return run
+
+
+def _check_resumed_load(run, config) -> None:
+    """RunFolderError unless the resumed `run` is the same kind of sweep as this one (`config`: a LoadConfig, or
+    None for the one-at-a-time sweep) with the same load settings (all but the concurrency levels, which may grow)."""
+    stored = (run.typed_manifest.workload.notes or {}).get("load")
+    if config is None and stored is None:
+        return
+    if config is None or stored is None:
+        was, now = ("a sweep under load" if stored else "a one-at-a-time sweep"), ("--concurrency" if config else
+                                                                                 "no --concurrency")  # fmt: skip
+        raise RunFolderError(f"run {run.path} is {was}; resuming it with {now} would mix two kinds of sweep; "
+                             "give the flags it was started with, or start a new run")  # fmt: skip
+    given = config.notes()
+    for key, flag in (("num_requests", "--num-requests"), ("request_rate", "--request-rate"), ("seed", "--seed")):
+        if stored.get(key) != given[key]:
+            raise RunFolderError(f"{flag} {given[key]} differs from the resumed run's {stored.get(key)}; give "
+                                 f"{flag} {stored.get(key)} to continue {run.path}")  # fmt: skip
+    if run.typed_manifest.workload.max_new_tokens not in (None, config.max_new_tokens):
+        raise RunFolderError(f"--max-new-tokens {config.max_new_tokens} differs from the resumed run's "
+                             f"{run.typed_manifest.workload.max_new_tokens}; give it to continue {run.path}")  # fmt: skip

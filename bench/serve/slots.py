@@ -1,0 +1,178 @@
+"""The engine as the scheduler of `bench serve` sees it: a fixed number of decode slots (`SlotEngine`).
+
+The scheduler (`bench.serve.scheduler`) owns `max_batch` slots, numbered 0 .. max_batch - 1. A request joins a
+free slot between decode steps (`prefill_into`: its prefill runs and gives its first token), then advances with
+every other occupied slot one token per `step`, and leaves with `release` (finished, stopped, or its client gone),
+which frees the slot at once. The scheduler alone decides when a sequence ends (max_tokens reached, EOS, a stop
+string, a disconnect, a deadline): a slot engine never ends one by itself.
+
+`SequentialSlots` implements the interface with today's single-sequence engine (`model.engine.Engine.generate`,
+batch 1): each occupied slot is an independent B=1 generation, and a `step` advances them **one after another**,
+one jitted B=1 decode step each. That is correct (every sequence gets exactly the tokens it would get alone: same
+programs, same shapes, same sampling keys), fair (sequences interleave token by token) and **not faster** than
+serving them one at a time: N slots cost N decode steps per scheduler step. With `max_batch` 1 it is exactly the
+server's former one-request-at-a-time behaviour. The batched engine (one jitted step for all slots, per-row
+positions) plugs into the same `SlotEngine` protocol when it exists.
+
+How `SequentialSlots` steps a generation it does not own the loop of: each slot's `Engine.generate` runs on its own
+thread, and its `on_token` callback hands the token to the scheduler and waits for the next command ("go": one more
+decode step; "stop": return now). The scheduler waits for each slot's answer before commanding the next, so exactly
+one thread touches the engine at any moment (the engine is not thread-safe) and the threads only take turns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SlotResult:
+    """What the engine reports about a released sequence: `compile_traces` (jit traces while it occupied its slot:
+    0 proves nothing compiled meanwhile; None when unknown) and `bucket` (its padded prefill length in tokens;
+    None when unknown)."""
+
+    compile_traces: int | None = None
+    bucket: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Token:
+    """One generated token id of a slot and its arrival on the host (`t_ns`: time.perf_counter_ns)."""
+
+    token_id: int
+    t_ns: int
+
+
+class SlotEngine(Protocol):
+    """The engine-facing interface of the scheduler: `max_batch` slots of one sequence each.
+
+    Slots are ints in [0, max_batch). Only one thread (the scheduler's) calls these methods. `sampling` is a
+    `model.engine.Sampling`. Exceptions: `prefill_into` raises the engine's error for that request (the slot stays
+    free); `step` reports a failure per slot (the exception as that slot's value), after which the scheduler
+    releases the slot."""
+
+    max_batch: int
+
+    def prefill_into(self, slot: int, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Any, *,
+                     stop_at_eos: bool) -> Token:  # fmt: skip
+        """Start the sequence of `prompt_ids` (ids, BOS included) in the free `slot`, room for `max_new_tokens`
+        new tokens: run its prefill and return its first generated token."""
+        ...
+
+    def step(self, slots: Sequence[int]) -> dict[int, Token | BaseException]:
+        """One decode step of every slot in `slots` (occupied, none released): slot -> its next token, or the
+        exception that ended it."""
+        ...
+
+    def release(self, slot: int) -> SlotResult:
+        """End the sequence in `slot` (wherever it is) and free the slot at once. Never raises."""
+        ...
+
+    def close(self) -> None:
+        """Release every occupied slot (the server is stopping)."""
+        ...
+
+
+class _Running:
+    """One slot's generation on its own thread: `commands` (scheduler -> thread: "go" | "stop"), `answers`
+    (thread -> scheduler: ("token", Token) | ("done", Generation) | ("error", exception))."""
+
+    def __init__(self, engine, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Any, stop_at_eos: bool,
+                 slot: int):  # fmt: skip
+        self.commands: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.answers: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.ended = False  # generate returned (or raised): nothing more will come
+        self.generation = None
+        self.thread = threading.Thread(
+            target=self._run, args=(engine, list(prompt_ids), max_new_tokens, sampling, stop_at_eos),
+            name=f"slot-{slot}", daemon=True,
+        )  # fmt: skip
+        self.thread.start()
+
+    def _run(self, engine, prompt_ids, max_new_tokens, sampling, stop_at_eos) -> None:
+        def on_token(token_id: int) -> bool:
+            self.answers.put(("token", Token(int(token_id), time.perf_counter_ns())))
+            return self.commands.get() == "stop"  # True stops the engine before its next decode step
+
+        try:
+            gen = engine.generate(prompt_ids, max_new_tokens, sampling, stop_at_eos=stop_at_eos, on_token=on_token)
+            self.answers.put(("done", gen))
+        except BaseException as exc:  # noqa: BLE001  (handed to the scheduler, which reports it to the request)
+            self.answers.put(("error", exc))
+
+    def next(self) -> Token | BaseException | None:
+        """The thread's next answer: a token, the exception that ended it, or None when it ended normally."""
+        kind, value = self.answers.get()
+        if kind == "token":
+            return value
+        self.ended = True
+        if kind == "done":
+            self.generation = value
+            return None
+        return value
+
+
+class SequentialSlots:
+    """`SlotEngine` over the single-sequence engine: N independent B=1 generations, stepped one after another in
+    each scheduler step (correct, not faster; see the module docstring). `engine`: `model.engine.Engine` (or
+    anything with its `generate(prompt_ids, max_new_tokens, sampling, *, stop_at_eos, on_token)`).
+    Raises ValueError for max_batch < 1."""
+
+    def __init__(self, engine, max_batch: int):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.engine, self.max_batch = engine, max_batch
+        self._slots: dict[int, _Running] = {}
+
+    def prefill_into(self, slot: int, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Any, *,
+                     stop_at_eos: bool) -> Token:  # fmt: skip
+        """See `SlotEngine.prefill_into`. Raises ValueError for a slot out of range or occupied, and whatever the
+        engine raised for this request (the slot stays free)."""
+        if not 0 <= slot < self.max_batch or slot in self._slots:
+            raise ValueError(f"slot {slot} is not a free slot of {self.max_batch}")
+        running = _Running(self.engine, prompt_ids, max_new_tokens, sampling, stop_at_eos, slot)
+        first = running.next()
+        if isinstance(first, Token):
+            self._slots[slot] = running
+            return first
+        running.thread.join(timeout=10)
+        if first is None:  # generate returned without a token: cannot happen with max_new_tokens >= 1
+            raise RuntimeError("the engine returned no token")
+        raise first
+
+    def step(self, slots: Sequence[int]) -> dict[int, Token | BaseException]:
+        """See `SlotEngine.step`: each slot's B=1 decode step in turn. A slot whose generation ended by itself
+        (it never should: the scheduler releases first) answers RuntimeError."""
+        out: dict[int, Token | BaseException] = {}
+        for slot in slots:
+            running = self._slots[slot]
+            if running.ended:
+                out[slot] = RuntimeError(f"slot {slot}: the sequence has ended")
+                continue
+            running.commands.put("go")
+            answer = running.next()
+            out[slot] = RuntimeError(f"slot {slot}: the sequence ended early") if answer is None else answer
+        return out
+
+    def release(self, slot: int) -> SlotResult:
+        """See `SlotEngine.release`: stop the slot's generation at its next step (it waits there) and join it."""
+        running = self._slots.pop(slot, None)
+        if running is None:
+            return SlotResult()
+        if not running.ended:
+            running.commands.put("stop")
+            while not running.ended:
+                running.next()
+        running.thread.join(timeout=10)
+        gen = running.generation
+        return SlotResult(compile_traces=getattr(gen, "compile_traces", None), bucket=getattr(gen, "bucket", None))
+
+    def close(self) -> None:
+        """Release every occupied slot."""
+        for slot in list(self._slots):
+            self.release(slot)
