@@ -35,6 +35,9 @@ def gpu_run(
         None, "--quant", help="One --quant option set (e.g. none, w8, ple4,int8_lm_head), repeatable: each set is "
         "swept and profiled as its own run per checkpoint, in the order given (--quant none --quant "
         "ple4,int8_lm_head: dense beside the published configuration). Default: one dense run, no --quant."),
+    batch: str | None = typer.Option(
+        None, "--batch", help="Batch sizes passed to every sweep (bench sweep --batch), e.g. 1,8,32,128; the largest is "
+        "also profiled, into its own run. Pair large batches with small --inputs (e.g. --inputs 41). Default: none."),
 ) -> None:
     """Bandwidth, sweep and profile into run folders under OUTDIR within a time budget; the summary is printed last.
 
@@ -48,7 +51,7 @@ def gpu_run(
     check_packages()  # a module missing: one line, exit 2, before anything is written
     options = Options(outdir=outdir, budget_s=budget_s, checkpoint=checkpoint, tiny=tiny, pack=pack, inputs=inputs,
                       max_new_tokens=max_new_tokens, repeats=repeats, steps=steps,
-                      decode_loop=decode_loop, quant=tuple(quant or ()))  # fmt: skip
+                      decode_loop=decode_loop, quant=tuple(quant or ()), batch=batch)  # fmt: skip
     outcome = run(options, emit=typer.echo)
     if outcome.code:
         raise typer.Exit(outcome.code)
