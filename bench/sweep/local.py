@@ -333,7 +333,7 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
     t0 = time.perf_counter()
     skipped = {(k, 1) if isinstance(k, int) else tuple(k) for k in skip}
     todo = [key for key in config.cells if key not in skipped]
-    references = _references(earlier, prompts)  # prompt ids -> greedy ids at B = 1
+    references = _references(earlier, prompts) if config.batches else {}  # prompt ids -> greedy ids at B = 1
     for index, (n, b) in enumerate(todo, 1):
         work = prompts[n] if b == 1 else batch_prompts[(n, b)]
         cell = _Cell(config, run, n, work, measure, earlier.get((n, b), []), earlier_bucket=buckets.get((n, b)),
