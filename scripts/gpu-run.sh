@@ -2,6 +2,7 @@
 # The prepared GPU run (issue 7): bandwidth, sweep and profile into run folders under OUTDIR, within a time budget.
 #   scripts/gpu-run.sh OUTDIR [--wheels DIR] [--budget-s 420] [--checkpoint DIR|builtin:NAME] [--tiny] [--pack DIR]
 #     [--quant SET ...]   (repeatable: one sweep + profile per option set, e.g. --quant none --quant ple4,int8_lm_head)
+#     [--batch 1,8,32,128]   (passed to every sweep; the largest batch is profiled too, into its own run)
 # Uses the machine's python3 and its packages as they are: the repository goes on PYTHONPATH. $PYTHON picks another
 # interpreter. --wheels DIR (made by scripts/gpu-wheels.sh; OUTDIR must then come first) installs DIR's wheels
 # with `pip install --no-index --no-deps --target OUTDIR/site` and puts that folder on PYTHONPATH after the

@@ -32,7 +32,7 @@ from bench.fleet import (
     write_plan,
 )
 from bench.fleet.collect import download_argv, rsync_argv
-from bench.fleet.plan import check_bucket, gpu_run_check_fields
+from bench.fleet.plan import check_bucket, gpu_run_args, gpu_run_check_fields
 from bench.fleet.sdk import SkySDK
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,11 +115,12 @@ def test_bucket_uris():
 
 def test_the_run_line_is_accepted_by_gpu_run_own_parser_and_checks(tmp_path):
     """The exact gpu-run.sh arguments of a task, parsed by `bench gpu-run`'s own click command (what gpu-run.sh
-    runs after taking --wheels), then checked by bench.gpurun's check_options: nothing gpu-run lacks (no --batch)."""
+    runs after taking --wheels), then checked by bench.gpurun's check_options: nothing gpu-run lacks; --batch goes
+    through as given."""
     from bench.cli import _register, app
     from bench.gpurun.main import Options, check_options
 
-    folder = make_plan(tmp_path / "cmp", steps=5, max_new_tokens=32, decode_loop="host")
+    folder = make_plan(tmp_path / "cmp", steps=5, max_new_tokens=32, decode_loop="host", batch="1,8,32")
     run = load_yaml(folder / "t4g.yaml")["run"]
     words = shlex.split(next(ln for ln in run.splitlines() if "scripts/gpu-run.sh" in ln))
     assert words[:2] == ["PYTHON=.venv/bin/python", "scripts/gpu-run.sh"] and "--wheels" not in words
@@ -131,9 +132,19 @@ def test_the_run_line_is_accepted_by_gpu_run_own_parser_and_checks(tmp_path):
     ctx = group.make_context("bench", ["gpu-run", *args])
     params = group.get_command(ctx, "gpu-run").make_context("gpu-run", args, parent=ctx).params
     assert params["quant"] == ["none", "ple4,int8_lm_head"] and params["steps"] == 5 and params["repeats"] == 2
+    assert params["batch"] == "1,8,32" and words.count("--batch") == 1
     check_options(Options(**{**params, "quant": tuple(params["quant"])}))
-    with pytest.raises(Exception, match="--batch"):  # the parser refuses what gpu-run does not take
-        group.get_command(ctx, "gpu-run").make_context("gpu-run", [*args, "--batch", "2"], parent=ctx)
+    with pytest.raises(Exception, match="--sideways"):  # the parser refuses what gpu-run does not take
+        group.get_command(ctx, "gpu-run").make_context("gpu-run", [*args, "--sideways", "2"], parent=ctx)
+
+
+@pytest.mark.parametrize("batch", ["0", "x", "4,4", "1,,2"])
+def test_a_bad_batch_is_refused_by_gpu_run_checks_before_a_plan_is_written(batch):
+    from bench.gpurun.main import Options, check_options
+
+    with pytest.raises(InputError, match="--batch"):
+        check_options(Options(outdir=Path("."), **gpu_run_check_fields(options(batch=batch))))
+    assert "--batch" not in gpu_run_args(options())  # without it, no flag: the run is as before
 
 
 def test_gpu_run_refusals_reach_the_plan_command(capsys):

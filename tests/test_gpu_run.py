@@ -190,6 +190,29 @@ def test_each_quant_set_is_its_own_sweep_and_profile(env):
     assert lines[-1].startswith("gpu-run: exit 0")
 
 
+@pytest.mark.slow
+def test_batch_is_passed_to_the_sweep_and_the_largest_batch_is_profiled_into_its_own_run(env):
+    """`--batch 1,2`: the sweep measures each input size at each batch (its table and the knee in the summary), its
+    profile joins it at B = 1 as before, and a second profile at B = 2 goes into its own valid run folder."""
+    root, e = env
+    out = root / "batch"
+    proc, _ = _run(e, out, "--budget-s", "200", "--inputs", "41", "--max-new-tokens", "8", "--repeats", "1", "--steps",
+                   "3", "--decode-loop", "host", "--batch", "1,2")  # fmt: skip
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    starts = [ln.split()[1] for ln in lines if ln.startswith("== sweep-") or ln.startswith("== profile-")]
+    assert starts == ["sweep-tiny", "profile-tiny", "profile-tiny-b2"]
+    runs = {open_run(p).typed_manifest.command: p for p in _runs(out)}
+    sweep, prof = runs["sweep"], runs["profile"]
+    assert validate_run(sweep) == [] == validate_run(prof)
+    assert [(c.input_tokens, c.batch) for c in open_run(sweep).cells()] == [(41, 1), (41, 2)]
+    assert json.loads((sweep / "profile.json").read_text())["config"]["batch"] == 1
+    assert json.loads((prof / "profile.json").read_text())["config"]["batch"] == 2
+    tail = lines[lines.index("==== gpu-run summary ===="):]
+    assert any("knee" in ln and "41 input tokens" in ln for ln in tail)
+    assert any(ln.strip().startswith("profile (3 steps, batch 2") for ln in tail)
+
+
 # ---- one line, exit code 2, nothing run ----------------------------------------------------------------------------
 def test_missing_package_is_one_line_before_anything_runs(env, tmp_path):
     """A `REQUIRED` package absent: the standard-library check of `python -m bench.gpurun` says so before typer or
@@ -266,6 +289,9 @@ def test_the_probe_reports_a_module_only_the_steps_import(env, tmp_path):
     (["--wheels="], "--wheels"),
     (["--quant", "w9"], "--quant w9"),
     (["--quant", "w8", "--quant", "none", "--quant", "w8"], "--quant w8: the same option set"),
+    (["--batch", "0"], "--batch 0"),
+    (["--batch", "x"], "--batch x"),
+    (["--batch", "2,2"], "--batch 2,2"),
 ])  # fmt: skip
 def test_a_bad_option_is_one_line(env, tmp_path, args, names):
     _, e = env

@@ -45,6 +45,8 @@ def plan_cmd(
                                            "both)."),
     quant: list[str] | None = typer.Option(None, "--quant", help="One --quant option set per flag, repeatable "
                                            "(gpu-run.sh's --quant)."),
+    batch: str | None = typer.Option(None, "--batch", help="Batch sizes, comma-separated, e.g. 1,8,32,128 (gpu-run.sh's "
+                                     "--batch: every sweep at each; the largest also profiled)."),
     budget_s: float = typer.Option(1800.0, "--budget-s", help="gpu-run.sh's budget on each machine (s)."),
     infra: str | None = typer.Option(None, "--infra", help="SkyPilot's resources.infra, e.g. aws or aws/us-east-1 "
                                      "(default: any cloud the credentials allow)."),
@@ -61,8 +63,8 @@ def plan_cmd(
     names = parse_accelerators(accelerators)
     options = FleetOptions(name=fleet_name(out), accelerators=names, spot=spot, bucket=bucket, checkpoint=checkpoint,
                            inputs=inputs, max_new_tokens=max_new_tokens, repeats=repeats, steps=steps,
-                           decode_loop=decode_loop, quant=tuple(quant or ()), budget_s=budget_s, infra=infra,
-                           disk_size=disk_size)  # fmt: skip
+                           decode_loop=decode_loop, quant=tuple(quant or ()), batch=batch, budget_s=budget_s,
+                           infra=infra, disk_size=disk_size)  # fmt: skip
     from bench.fleet.plan import gpu_run_check_fields
     from bench.gpurun.main import Options as GpuRunOptions
     from bench.gpurun.main import check_options as check_gpu_run  # gpu-run.sh's own checks, on the same values

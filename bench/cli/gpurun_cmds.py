@@ -39,6 +39,9 @@ def gpu_run(
         None, "--kernel", help="w4a16=pallas or w4a16=xla, repeatable: each option set with w4 weights is swept and "
         "profiled once per value (--quant w4 --kernel w4a16=pallas --kernel w4a16=xla: the fused kernel on and "
         "off). Default: no --kernel (the engine decides)."),
+    batch: str | None = typer.Option(
+        None, "--batch", help="Batch sizes passed to every sweep (bench sweep --batch), e.g. 1,8,32,128; the largest is "
+        "also profiled, into its own run. Pair large batches with small --inputs (e.g. --inputs 41). Default: none."),
 ) -> None:
     """Bandwidth, sweep and profile into run folders under OUTDIR within a time budget; the summary is printed last.
 
@@ -52,7 +55,8 @@ def gpu_run(
     check_packages()  # a module missing: one line, exit 2, before anything is written
     options = Options(outdir=outdir, budget_s=budget_s, checkpoint=checkpoint, tiny=tiny, pack=pack, inputs=inputs,
                       max_new_tokens=max_new_tokens, repeats=repeats, steps=steps,
-                      decode_loop=decode_loop, quant=tuple(quant or ()), kernel=tuple(kernel or ()))  # fmt: skip
+                      decode_loop=decode_loop, quant=tuple(quant or ()), kernel=tuple(kernel or ()),
+                      batch=batch)  # fmt: skip
     outcome = run(options, emit=typer.echo)
     if outcome.code:
         raise typer.Exit(outcome.code)

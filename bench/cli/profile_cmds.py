@@ -86,10 +86,11 @@ def _set_gpu_flags() -> dict[str, Any]:
     return info
 
 
-def _sweep_gauge(run, n_tokens: int):
-    """The run's valid sweep cell for `n_tokens` with a gauge, or None."""
+def _sweep_gauge(run, n_tokens: int, batch: int = 1):
+    """The run's valid sweep cell for `n_tokens` at `batch` rows (a cell of a sweep without --batch is B = 1) with
+    a gauge, or None."""
     for cell in run.cells():
-        if cell.input_tokens == n_tokens and cell.valid and cell.gauge_tok_s_median is not None:
+        if (cell.input_tokens, cell.batch or 1) == (n_tokens, batch) and cell.valid and cell.gauge_tok_s_median is not None:
             return cell
     return None
 
@@ -142,13 +143,20 @@ def _profile_shape(engine, input_tokens: int, cell) -> int:
                      "expected " + " or ".join(fits or ["a smaller --input-tokens"]))  # fmt: skip
 
 
-def _profile_prompt(engine, input_tokens: int, max_new_tokens: int):
+def _profile_prompt(engine, input_tokens: int, max_new_tokens: int, batch: int = 1):
     """The sweep's prompt of exactly `input_tokens` tokens (natural text in the chat template), built as the sweep
-    builds its cells (InputError without a tokenizer); `_profile_shape` has checked the size first."""
-    from bench.sweep.local import SweepConfig, build_prompts
+    builds its cells (InputError without a tokenizer); `_profile_shape` has checked the size first. With `batch`
+    B > 1: the rows' prompts of the sweep's (input_tokens, B) cell, a tuple (`build_batch_prompts`), after the
+    batch was checked to fit in memory (EngineError: one line, the largest batch that fits)."""
+    from bench.sweep.local import SweepConfig, build_batch_prompts, build_prompts, check_batches
 
-    config = SweepConfig(inputs=(input_tokens,), max_new_tokens=max_new_tokens, repeats=1)
-    return build_prompts(engine, config, flag="--input-tokens")[input_tokens]
+    config = SweepConfig(inputs=(input_tokens,), max_new_tokens=max_new_tokens, repeats=1,
+                         batches=(batch,) if batch > 1 else ())  # fmt: skip
+    prompt = build_prompts(engine, config, flag="--input-tokens")[input_tokens]
+    if batch == 1:
+        return prompt
+    check_batches(engine, config)
+    return build_batch_prompts(engine, config)[(input_tokens, batch)]
 
 
 def _refuse_to_overwrite(run, replace: bool) -> None:
@@ -223,6 +231,8 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
     if totals.get("typical_step_ms") is not None:
         summary.add_row("typical step (device)", f"{totals['typical_step_ms']:.3f} ms (each op at its median)")
     config = data.get("config") or {}
+    if (config.get("batch") or 1) > 1:
+        summary.add_row("batch", f"{config['batch']} rows per decode step (the sweep's batch cell)")
     if config.get("kv_cache_positions") is not None:
         summary.add_row("profiled shape", f"bucket {config['bucket']} + {config['max_new_tokens']} new tokens = KV "
                         f"cache of {config['kv_cache_positions']} positions")  # fmt: skip
@@ -298,6 +308,9 @@ def profile(
     quant: str | None = typer.Option(None, "--quant", help=QUANT_HELP_PROFILE),
     scale_dtype: str | None = ScaleDtypeOpt,
     kernel: str | None = typer.Option(None, "--kernel", help=KERNEL_HELP + " With --run: default the run's."),
+    batch: int = typer.Option(1, "--batch", help="Rows decoded per step: B different prompts of --input-tokens each "
+                              "(the sweep's batch cell), so the device-time categories can be read per batch size. "
+                              "With --run the roofline uses the run's (input tokens, B) cell. Default 1."),
 ) -> None:
     """Trace exactly N decode steps into <run>/profile/, analyse them, measure bandwidth, write profile.json.
 
@@ -313,6 +326,8 @@ def profile(
     if input_tokens < 1:
         raise InputError(f"--input-tokens {input_tokens}: expected a positive prompt size in tokens (BOS and chat "
                          "template included), e.g. --input-tokens 41")  # fmt: skip
+    if batch < 1:
+        raise InputError(f"--batch {batch}: expected a whole number of rows >= 1, e.g. --batch 16")
     from bench.runs import open_run, resolve_run, writing_run
 
     parse_quant_flags(quant, scale_dtype)  # one line for a bad value, before any run is opened
@@ -337,7 +352,7 @@ def profile(
     opts = SimpleNamespace(steps=steps, input_tokens=input_tokens, checkpoint=checkpoint, dtype=dtype,
                            weight_dtype=weight_dtype, name=name, runs_dir=runs_dir, python_tracer=python_tracer,
                            max_length=max_length, compile_cache=compile_cache, quant=quant, scale_dtype=scale_dtype,
-                           kernel=kernel, capturing=False)  # fmt: skip
+                           kernel=kernel, batch=batch, capturing=False)  # fmt: skip
 
     def log_joined_end(run, status: str) -> None:  # a refused flag (before the capture) leaves the run as it was
         if status != "complete" and opts.capturing:
@@ -369,19 +384,20 @@ def _profile(joined, opts):
     engine, report, ckpt, cache_dir = open_engine(opts.checkpoint, opts.dtype, opts.max_length, opts.compile_cache,
                                                   opts.weight_dtype, quant=opts.quant,
                                                   scale_dtype=opts.scale_dtype, kernel=opts.kernel)  # fmt: skip
-    cell = _sweep_gauge(joined, opts.input_tokens) if joined is not None else None
+    cell = _sweep_gauge(joined, opts.input_tokens, opts.batch) if joined is not None else None
     # One shape whatever --steps: joining a sweep cell, its compiled shape (the same KV buffer), so the categories,
     # ms per step and the cell's gauge describe one program; every traced position stays inside the model's.
     max_new_tokens = _profile_shape(engine, opts.input_tokens, cell)
-    prompt = _profile_prompt(engine, opts.input_tokens, max_new_tokens)
+    prompt = _profile_prompt(engine, opts.input_tokens, max_new_tokens, opts.batch)
     setup = SimpleNamespace(engine=engine, ckpt=ckpt, cell=cell, max_new_tokens=max_new_tokens, prompt=prompt,
                             flags_info=flags_info, content_hash=report.get("content_hash"))  # fmt: skip
     if joined is not None:
         return _capture_into(joined, setup, opts)
 
     config = SimpleNamespace(inputs=(opts.input_tokens,), max_new_tokens=max_new_tokens, repeats=None)
-    decode_bytes = {str(opts.input_tokens): engine.decode_bytes(opts.input_tokens, max_new_tokens)}
-    workload = sweep_workload(config, profile_steps=opts.steps, profile_warmup=WARMUP_STEPS)
+    decode_bytes = {str(opts.input_tokens): engine.decode_bytes(opts.input_tokens, max_new_tokens, batch=opts.batch)}
+    batch_note = {"profile_batch": opts.batch} if opts.batch > 1 else {}
+    workload = sweep_workload(config, profile_steps=opts.steps, profile_warmup=WARMUP_STEPS, **batch_note)
     manifest = engine_manifest("profile", engine, report, opts.checkpoint, cache_dir, workload,
                                extra={"decode_bytes": decode_bytes})  # fmt: skip
     slug = manifest.slug or "unknown"
@@ -397,7 +413,7 @@ def _capture_into(run, setup, opts):
     """Trace, analyse, measure bandwidth, write `run`/profile.json (the caller ends the run)."""
     from bench.profile.analysis import analyze_trace, attach_roofline
     from bench.profile.bandwidth import measure_bandwidth
-    from bench.profile.capture import capture_steps, prompt_decode_steps
+    from bench.profile.capture import batch_decode_steps, capture_steps, prompt_decode_steps
 
     opts.capturing = True
     log = logging.getLogger("bench")
@@ -407,8 +423,12 @@ def _capture_into(run, setup, opts):
     run.log(engine.policy.line())
     mismatch = _run_mismatches(run, setup)
 
-    state, step = prompt_decode_steps(engine, setup.prompt.ids, max_new_tokens)
-    log.info(f"profiling {opts.steps} decode steps after a prompt of {opts.input_tokens} input tokens "
+    if opts.batch == 1:
+        state, step = prompt_decode_steps(engine, setup.prompt.ids, max_new_tokens)
+    else:
+        state, step = batch_decode_steps(engine, [p.ids for p in setup.prompt], max_new_tokens)
+    rows = f" x {opts.batch} rows (the sweep's batch cell prompts)" if opts.batch > 1 else ""
+    log.info(f"profiling {opts.steps} decode steps after a prompt of {opts.input_tokens} input tokens{rows} "
              f"(bucket {bucket}) and {WARMUP_STEPS} warm-up steps")  # fmt: skip
     capture = capture_steps(step, state, opts.steps, run.path / "profile", warmup=WARMUP_STEPS,
                             python_tracer=opts.python_tracer,
@@ -419,7 +439,8 @@ def _capture_into(run, setup, opts):
 
     log.info("measuring device bandwidth (device-to-device copy)")
     bw = measure_bandwidth()
-    decode_bytes, gauge, gauge_note = _roofline_inputs(engine, setup.cell, opts.input_tokens, max_new_tokens)
+    decode_bytes, gauge, gauge_note = _roofline_inputs(engine, setup.cell, opts.input_tokens, max_new_tokens,
+                                                       opts.batch)  # fmt: skip
     analysis = attach_roofline(analysis, bytes_per_step=decode_bytes["total"], bandwidth_bytes_s=bw.bytes_per_s,
                                bandwidth_n_bytes=bw.n_bytes, gauge_tok_s=gauge)  # fmt: skip
     notes = [gauge_note, *_capture_notes(capture, setup.flags_info, opts.steps, max_new_tokens)]
@@ -472,17 +493,21 @@ def _run_mismatches(run, setup) -> list[str]:
     return mismatch
 
 
-def _roofline_inputs(engine, cell, input_tokens: int, max_new_tokens: int) -> tuple[dict, float | None, str]:
-    """(bytes one decode step reads (the engine's accounting), the gauge tok/s to use or None, the note saying
-    which): a joined sweep cell's gauge at its own shape, else None (the profile's own rate is used)."""
+def _roofline_inputs(engine, cell, input_tokens: int, max_new_tokens: int,
+                     batch: int = 1) -> tuple[dict, float | None, str]:  # fmt: skip
+    """(bytes one decode step of `batch` rows reads (the engine's accounting: the weights once, every row's KV
+    cache), the gauge tok/s to use or None, the note saying which): a joined sweep cell's gauge (at B > 1 the
+    per-sequence gauge: steps per second) at its own shape, else None (the profile's own rate is used)."""
+    at = f"{input_tokens} input tokens" + (f" x {batch} rows" if batch > 1 else "")
     if cell is not None:
-        decode_bytes = engine.decode_bytes(input_tokens, cell.max_new_tokens or max_new_tokens)
+        decode_bytes = engine.decode_bytes(input_tokens, cell.max_new_tokens or max_new_tokens, batch=batch)
         return decode_bytes, cell.gauge_tok_s_median, (
-            f"roofline uses the run's sweep gauge at {input_tokens} input tokens ({cell.gauge_tok_s_median:.2f} tok/s, "
-            f"bytes per step at its shape, max_new_tokens {cell.max_new_tokens})")  # fmt: skip
-    return engine.decode_bytes(input_tokens, max_new_tokens), None, (
+            f"roofline uses the run's sweep gauge at {at} ({cell.gauge_tok_s_median:.2f} tok/s"
+            f"{' per sequence' if batch > 1 else ''}, bytes per step at its shape, max_new_tokens "
+            f"{cell.max_new_tokens})")  # fmt: skip
+    return engine.decode_bytes(input_tokens, max_new_tokens, batch=batch), None, (
         f"roofline uses the profile's own rate (1000 / device ms per step, which leaves out host time between "
-        f"ops), not a gauge: this run has no sweep cell at {input_tokens} input tokens")  # fmt: skip
+        f"ops), not a gauge: this run has no sweep cell at {at}")  # fmt: skip
 
 
 def _capture_notes(capture, flags_info: dict, steps: int, max_new_tokens: int) -> list[str]:
@@ -502,15 +527,19 @@ def _capture_notes(capture, flags_info: dict, steps: int, max_new_tokens: int) -
 
 
 def _profile_config(setup, opts, bucket: int, decode_bytes: dict) -> dict:
-    """profile.json's `config`: the prompt, the profiled shape (bucket, max_new_tokens, KV positions), the steps,
+    """profile.json's `config`: the prompt, the batch (rows decoded per step: 1, or `--batch B`), the profiled
+    shape (bucket, max_new_tokens, KV positions), the steps,
     the checkpoint id, the dtype policy, the quantization (canonical `--quant` text), the weight bytes as placed
     and the bytes a step reads."""
     from bench.runs.manifest import checkpoint_id
 
-    pol, prompt, max_new_tokens = setup.engine.policy, setup.prompt, setup.max_new_tokens
+    pol, max_new_tokens = setup.engine.policy, setup.max_new_tokens
+    prompt = setup.prompt if opts.batch == 1 else setup.prompt[0]
+    built_by = ("bench.sweep.local.build_prompts (the sweep's prompt)" if opts.batch == 1 else
+                "bench.sweep.local.build_batch_prompts (the sweep's batch cell: row 0 shown)")  # fmt: skip
     return {
-        "input_tokens": opts.input_tokens, "prompt": {"tokens": len(prompt.ids), "text_chars": len(prompt.text),
-                                                      "built_by": "bench.sweep.local.build_prompts (the sweep's prompt)"},
+        "input_tokens": opts.input_tokens, "batch": opts.batch,
+        "prompt": {"tokens": len(prompt.ids), "text_chars": len(prompt.text), "built_by": built_by},
         "bucket": bucket, "max_new_tokens": max_new_tokens, "kv_cache_positions": bucket + max_new_tokens,
         "steps": opts.steps, "warmup": WARMUP_STEPS, "checkpoint": checkpoint_id(setup.ckpt), "policy": pol.line(),
         "compute_dtype": pol.compute_dtype,

@@ -110,12 +110,13 @@ def compare_cmd(
         table.add_column(col, justify="left" if col == "tokens" else "right")
     tokens = {t.input_tokens: t for t in result.tokens}
     for cell in result.cells:
-        t = tokens.get(cell.input_tokens)
+        t = tokens.get(cell.input_tokens) if cell.batch == 1 else None
         agree = "—" if t is None else t.status if t.status != "differ" else f"differ from token {t.first_divergence}"
         if t is not None and t.note and t.status != "unknown":
             agree += f" ({t.note})"
         table.add_row(
-            f"{cell.input_tokens:,}", rate_text(cell.baseline, "gauge"), rate_text(cell.candidate, "gauge"),
+            f"{cell.input_tokens:,}" + (f" x{cell.batch}" if cell.batch != 1 else ""), rate_text(cell.baseline, "gauge"),
+            rate_text(cell.candidate, "gauge"),
             "—" if cell.gauge_delta_pct is None else f"{cell.gauge_delta_pct:+.1f}%",
             rate_text(cell.baseline, "e2e"), rate_text(cell.candidate, "e2e"),
             "—" if cell.e2e_delta_pct is None else f"{cell.e2e_delta_pct:+.1f}%", agree,
@@ -186,7 +187,8 @@ def _device_loop_table(result) -> "rich.table.Table":  # noqa: F821
         table.add_column(col, justify="right")
     for cell in result.cells:
         delta = cell.device_gauge_delta_pct
-        table.add_row(f"{cell.input_tokens:,}", DEVICE_GAUGE.text(cell.baseline), DEVICE_GAUGE.text(cell.candidate),
+        table.add_row(f"{cell.input_tokens:,}" + (f" x{cell.batch}" if cell.batch != 1 else ""),
+                      DEVICE_GAUGE.text(cell.baseline), DEVICE_GAUGE.text(cell.candidate),
                       "—" if delta is None else f"{delta:+.1f}%", HOST_OVERHEAD.text(cell.baseline),
                       HOST_OVERHEAD.text(cell.candidate))  # fmt: skip
     return table

@@ -28,7 +28,7 @@ from bench.cli.common import (
 )
 from bench.errors import InputError, RunFolderError
 from bench.runs import writing_run
-from bench.sweep.local import DECODE_LOOP_CHOICES, StopSignals, parse_decode_loop, parse_inputs
+from bench.sweep.local import DECODE_LOOP_CHOICES, StopSignals, parse_batches, parse_decode_loop, parse_inputs
 from bench.sweep.rates import RATES_KEY
 
 
@@ -47,6 +47,19 @@ def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
     for line in text_rows(columns, rows):
         table.add_row(*line)
     return table
+
+
+def knee_lines(cells) -> list[str]:
+    """The lines printed under a `--batch` sweep's table: what the knee is (`bench.measure.batches`), then one line
+    per input size (`Knee.line`); [] for a sweep without --batch."""
+    from bench.measure.batches import KNEE_FRACTION, knees
+
+    found = knees(cells)
+    if not found:
+        return []
+    head = (f"knee: the smallest batch whose median decode step exceeds B = 1's by more than {100 * KNEE_FRACTION:.0f}% "
+            "(measurement.md, Batches); beyond it decode is no longer bound by reading the weights")  # fmt: skip
+    return [head, *(f"  {k.line}" for k in found)]
 
 
 def sweep_workload(config, **notes):
@@ -92,6 +105,23 @@ def loop_notes(config) -> dict:
     """The workload notes of the decode loops a sweep times (`SweepConfig.decode_loops`, `block`)."""
     name = next(k for k, v in DECODE_LOOP_CHOICES.items() if v == config.decode_loops)
     return {"decode_loop": name, **({"decode_block": config.block} if config.block is not None else {})}
+
+
+def batch_notes(config) -> dict:
+    """The workload note of a `--batch` sweep (`SweepConfig.batches`): {"batches": [B, ...]}; {} without --batch,
+    so that a sweep without it records what it always did."""
+    return {"batches": list(config.batches)} if config.batches else {}
+
+
+def _resumed_batch(run, batch: str | None) -> str | None:
+    """With --resume, --batch not given takes the run's (none: a sweep without --batch); a given one that differs
+    is an InputError, as for the other workload flags."""
+    stored = run.typed_manifest.workload.notes.get("batches")
+    stored_text = ",".join(map(str, stored)) if stored else None
+    if batch is not None and parse_batches(batch) != tuple(stored or ()):
+        raise InputError(f"--batch {batch} differs from the resumed run's {stored_text or 'none'}; drop the flag to "
+                         f"continue {run.path} as it started")  # fmt: skip
+    return stored_text if batch is None else batch
 
 
 def _resumed_loop(run, decode_loop: str | None, block: int | None) -> tuple[str, int | None]:
@@ -230,6 +260,11 @@ def sweep(
         "level, at least 16."),
     seed: int | None = typer.Option(None, "--seed", help="With --request-rate: the seed of the Poisson arrivals "
                                     "(recorded). Default 0."),
+    batch: str | None = typer.Option(
+        None, "--batch", help="Batch sizes, comma-separated (e.g. 1,4,16,64): each input size is measured at each, "
+        "B different prompts of the exact size decoded together; per cell the per-sequence gauge, the aggregate "
+        "throughput, step times, bytes per step and arithmetic intensity, and the knee under the table. B = 1 is the "
+        "cell without --batch. Default: one sequence per request (with --resume: the run's). Not with --target."),
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     from bench.runs import open_run, resolve_run
@@ -237,6 +272,10 @@ def sweep(
 
     if model is not None and target is None:
         raise InputError("--model names a model on a server: it needs --target http://HOST:PORT/v1")
+    if batch is not None and target is not None:
+        raise InputError(f"--batch {batch}: batches are decoded by the in-process engine; a server batches its own "
+                         "requests, which a client cannot set: drop --batch (or --target)")  # fmt: skip
+    batches = parse_batches(batch) if batch is not None else None  # bad values: one line before anything loads
     load_flags = {"--request-rate": request_rate, "--num-requests": num_requests, "--seed": seed}
     if concurrency is None and any(v is not None for v in load_flags.values()):
         flag = next(f for f, v in load_flags.items() if v is not None)
@@ -270,6 +309,8 @@ def sweep(
         quant, scale_dtype = _resumed_quant(run, quant, scale_dtype)
         if kernel is None and run.typed_manifest.engine.kernel is not None:  # the run's w4 product
             kernel = run.typed_manifest.engine.kernel
+        batch = _resumed_batch(run, batch)
+        batches = parse_batches(batch) if batch is not None else None
     if target is not None and kernel is not None:
         raise InputError(f"--kernel {kernel}: with --target the server multiplies its weights as it was started; "
                          "drop the flag (start the server with `bench serve --kernel ...`)")  # fmt: skip
@@ -287,7 +328,7 @@ def sweep(
     config = SweepConfig(inputs=parse_inputs(inputs or "41,521,2057,3593"),
                          max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                          repeats=3 if repeats is None else repeats, min_duration_s=min_duration or 0.0,
-                         max_duration_s=max_duration, block=decode_block,
+                         max_duration_s=max_duration, block=decode_block, batches=batches or (),
                          decode_loops=loops or DECODE_LOOP_CHOICES["host" if target else DEFAULT_DECODE_LOOP])  # fmt: skip
     config.check()
     engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel)
@@ -309,7 +350,7 @@ def sweep(
 def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs_dir: Path, engine_flags: tuple) -> None:
     """`bench sweep` in process: load the engine, check every prompt, build the manifest (and, resuming, check it is
     the run's build), then measure into a new or the resumed run folder and print the table."""
-    from bench.sweep.local import build_prompts, run_sweep
+    from bench.sweep.local import build_batch_prompts, build_prompts, check_batches, run_sweep
     from model.engine import CompileCounter
 
     if resumed is None and runs_dir.exists() and not runs_dir.is_dir():
@@ -320,11 +361,13 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
                                                    quant=quant, scale_dtype=scale_dtype, kernel=kernel)  # fmt: skip
     prompts = build_prompts(engine, config)  # every size checked before a folder is created or anything measured
+    check_batches(engine, config)  # every batch must fit in memory: one line, exit 2, before anything is timed
+    batch_prompts = build_batch_prompts(engine, config) if any(b > 1 for b in config.batches) else None
     counts0 = CompileCounter.snapshot()
     decode_bytes = {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs}
     # derived from the configuration, so outside it (and outside the build id): bytes a decode step reads
     rates, rates_new = _sweep_rates(engine, resumed, log)
-    workload = sweep_workload(config, **duration_notes(config), **loop_notes(config))
+    workload = sweep_workload(config, **duration_notes(config), **loop_notes(config), **batch_notes(config))
     manifest = engine_manifest("sweep", engine, report, checkpoint, cache_dir, workload,
                                extra={"decode_bytes": decode_bytes, RATES_KEY: dict(rates.measured)})  # fmt: skip
     if resumed is not None:
@@ -348,7 +391,8 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
         if resumed is not None and rates_new:  # a run begun before sweeps measured rates: record this process's
             run.update_manifest(**{RATES_KEY: dict(rates.measured)})
         run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)),
-                  skip=run.finished_inputs(), should_stop=stop, prompts=prompts, rates=rates)  # fmt: skip
+                  skip=run.finished_cells() if config.batches else run.finished_inputs(), should_stop=stop,
+                  prompts=prompts, rates=rates, batch_prompts=batch_prompts)  # fmt: skip
     _print_table(run, log)
 
 
@@ -414,10 +458,16 @@ def _print_table(run, log) -> None:
     need = Measurement.get(console, console.options.update_width(10_000), table).maximum
     wider = not console.is_terminal and need > console.width  # a pipe or log: nothing truncated
     (Console(width=need) if wider else console).print(table)
-    failed = [r.input_tokens for r in cells if r.status == "failed"]
-    invalid = [r.input_tokens for r in cells if not r.valid and r.status != "failed"]
+    for line in knee_lines(cells):
+        console.print(line, markup=False, soft_wrap=True)
+
+    def name(r):  # a cell: its input size, with its batch in a --batch sweep
+        return r.input_tokens if r.batch is None else f"{r.input_tokens}x{r.batch}"
+
+    failed = [name(r) for r in cells if r.status == "failed"]
+    invalid = [name(r) for r in cells if not r.valid and r.status != "failed"]
     for r in (r for r in cells if r.partial):
-        log.warning(f"note: cell {r.input_tokens} is partial: {r.repeats} of {r.repeats_planned} timed repeats "
+        log.warning(f"note: cell {name(r)} is partial: {r.repeats} of {r.repeats_planned} timed repeats "
                     f"({'--max-duration reached' if r.stopped_by == 'max-duration' else 'interrupted'})")  # fmt: skip
     if invalid:
         log.warning(f"warning: cell(s) {invalid} are invalid (reasons in the table); their numbers are not quotable")

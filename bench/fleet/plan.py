@@ -72,7 +72,8 @@ class FleetOptions:
     (`bench.fleet.accelerators.parse_accelerators`); `spot`: spot instances (needs `bucket`); `bucket`: a bucket URI
     (s3://NAME, gs://NAME, ...) or None (clusters, results fetched by rsync); `checkpoint`: builtin:PRESET or a hub
     repo id (None: gpu-run's own plan, pilot + E2B); the gpu-run overrides `inputs` (comma-separated tokens),
-    `max_new_tokens`, `repeats`, `steps`, `decode_loop`, `quant` (one option set per entry) and `budget_s` (s);
+    `max_new_tokens`, `repeats`, `steps`, `decode_loop`, `quant` (one option set per entry), `batch` (batch sizes,
+    comma-separated: gpu-run's --batch) and `budget_s` (s);
     `infra` (SkyPilot's `resources.infra`, e.g. aws or aws/us-east-1; None: any); `disk_size` (GB)."""
 
     name: str
@@ -86,6 +87,7 @@ class FleetOptions:
     steps: int | None = None
     decode_loop: str | None = None
     quant: tuple[str, ...] = ()
+    batch: str | None = None
     budget_s: float = DEFAULT_BUDGET_S
     infra: str | None = None
     disk_size: int = DEFAULT_DISK_GB
@@ -210,20 +212,20 @@ def gpu_run_check_fields(options: FleetOptions) -> dict[str, Any]:
     spec = options.checkpoint if (options.checkpoint or "").startswith("builtin:") else None
     return {"budget_s": options.budget_s, "inputs": options.inputs, "max_new_tokens": options.max_new_tokens,
             "repeats": options.repeats, "steps": options.steps, "decode_loop": options.decode_loop,
-            "quant": options.quant, "checkpoint": spec}  # fmt: skip
+            "quant": options.quant, "batch": options.batch, "checkpoint": spec}  # fmt: skip
 
 
 # ---- the tasks ---------------------------------------------------------------------------------------------------
 def gpu_run_args(options: FleetOptions) -> tuple[str, ...]:
     """The flags after OUTDIR on each task's gpu-run.sh line: --budget-s always, then each override given, in
     gpu-run.sh's own spelling (`bench gpu-run --help`); a hub checkpoint is "$ckpt" (the folder the run script
-    downloads it to). Every flag here is one gpu-run.sh accepts today; there is no --batch (gpu-run has none)."""
+    downloads it to). Every flag here is one gpu-run.sh accepts (its --batch included)."""
     args = ["--budget-s", f"{options.budget_s:g}"]
     if options.checkpoint is not None:
         args += ["--checkpoint", "$ckpt" if is_hub_id(options.checkpoint) else options.checkpoint]
     for flag, value in (("--inputs", options.inputs), ("--max-new-tokens", options.max_new_tokens),
                         ("--repeats", options.repeats), ("--steps", options.steps),
-                        ("--decode-loop", options.decode_loop)):  # fmt: skip
+                        ("--decode-loop", options.decode_loop), ("--batch", options.batch)):  # fmt: skip
         if value is not None:
             args += [flag, str(value)]
     for q in options.quant:

@@ -3,6 +3,7 @@
 Usage (from the repository root; the shell script sets PYTHONPATH and calls `python3 -m bench.gpurun`):
 
     scripts/gpu-run.sh OUTDIR [--budget-s 420] [--checkpoint DIR|builtin:NAME] [--tiny] [--pack DIR] [--quant SET ...]
+        [--batch 1,8,32,128]
 
 (`bench gpu-run OUTDIR ...` is the same command where the project is installed.) Nothing is installed: the machine's python3 runs the repository as is. `python3 -m bench.gpurun`
 (bench/gpurun/__main__.py) runs the package check (`REQUIRED`, `check_packages`) with the standard library alone,
@@ -33,6 +34,13 @@ value (`Options.quant_sets`; label and steps tagged -pallas / -xla), so one leas
 on and off (`--quant w4 --kernel w4a16=pallas --kernel w4a16=xla`); sets without w4 get no --kernel. The
 pairs of one checkpoint share its time: each sweep but the last is capped at an equal share of what is left
 (`_share_cap`), the pilot sweeps together at `pilot_share`, and each E2B pair needs `e2b_min` left to start.
+
+Batches: `--batch LIST` (e.g. 1,8,32,128) is passed to every sweep (`bench sweep --batch`: each input size at each
+batch; a batch that does not fit in the device's memory fails that sweep with one line, so pair large batches with
+small --inputs, e.g. --inputs 41), and after each sweep's own profile (B = 1, joined to the sweep's run) the largest
+batch is profiled into its own run folder (`profile-TAG-bB`, `bench profile --batch B`), so the report sets the
+device-time categories (tensor cores included) of B = 1 and the largest B side by side. The sweep then keeps back
+two profiles' reserve.
 
 Budget: each step gets a limit from what remains. A sweep gets all of it minus a reserve for the profile that
 follows (minus a grace period); when the reserve would leave it less than its minimum it gets everything, since a
@@ -77,6 +85,7 @@ from bench.gpurun.steps import (
     StepResult,
     Workload,
     bandwidth,
+    batch_profile,
     checkpoint_step,
     child_argv,
     child_env,
@@ -108,7 +117,9 @@ class Options:
     the plan the probe chooses); `tiny`: CPU mode (the built-in tiny checkpoint, small inputs); `pack`: also write the
     results as <= 8 flat files into this folder. Overrides of the mode's workload (None: the mode's own): `inputs`
     (sweep input sizes, comma-separated tokens), `max_new_tokens` (per request), `repeats` (timed repeats per
-    cell), `steps` (profiled decode steps), `decode_loop` (the sweep's --decode-loop: host, device or both).
+    cell), `steps` (profiled decode steps), `decode_loop` (the sweep's --decode-loop: host, device or both),
+    `batch` (the sweep's --batch sizes, comma-separated, e.g. "1,8,32,128": passed to every sweep, and the largest
+    is profiled too, into its own run, `bench.gpurun.steps.batch_profile`; None: no --batch).
     `quant`: the `--quant` option sets, one per `--quant` flag (e.g. ("none", "ple4,int8_lm_head")): each is swept
     and profiled as its own run, in the order given, wherever the plan sweeps a checkpoint; () (the default): one
     run per checkpoint, no --quant passed (dense), exactly as before."""
@@ -125,6 +136,7 @@ class Options:
     decode_loop: str | None = None
     quant: tuple[str, ...] = ()
     kernel: tuple[str, ...] = ()
+    batch: str | None = None
 
     @property
     def quant_sets(self) -> tuple[tuple[str | None, str | None], ...]:
@@ -225,7 +237,7 @@ def plan_single(ctx: Context, spec: str, work: Workload, gpu: bool, tag: str,
         qtag = quant_tag(tag, q, k)
         run = sweep(ctx, f"sweep-{qtag}", f"gpurun-{qtag}-{stamp()}", spec, work, cap=_share_cap(ctx, len(quants) - i),
                     quant=q, kernel=k)  # fmt: skip
-        profile(ctx, f"profile-{qtag}", run, spec, work, gpu, quant=q, kernel=k)
+        profiles(ctx, qtag, run, spec, work, gpu, quant=q, kernel=k)
 
 
 def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, plan: PilotPlan = PilotPlan(),
@@ -248,7 +260,7 @@ def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, plan: PilotPl
         pilot = sweep(ctx, f"sweep-{tag}", f"gpurun-{quant_tag(f'pilot-{plan.pilot}', q, k)}-{stamp()}", pilot_spec,
                       work, cap=pilot_cap, quant=q, kernel=k)  # fmt: skip
         if ctx.background.poll() is None and not ctx.stopping:  # the GPU is idle otherwise: profile meanwhile
-            profile(ctx, f"profile-{tag}", pilot, pilot_spec, work, gpu, quant=q, kernel=k)
+            profiles(ctx, tag, pilot, pilot_spec, work, gpu, quant=q, kernel=k)
         else:
             unprofiled.append((tag, pilot, q, k))
     if _settle_generator(ctx, big, gen_t0):
@@ -259,11 +271,24 @@ def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, plan: PilotPl
                 continue
             run = sweep(ctx, f"sweep-{tag}", f"gpurun-{tag}-{stamp()}", f"builtin:{big}", work,
                         cap=_share_cap(ctx, len(quants) - i), quant=q, kernel=k)  # fmt: skip
-            profile(ctx, f"profile-{tag}", run, f"builtin:{big}", work, gpu, quant=q, kernel=k)
+            profiles(ctx, tag, run, f"builtin:{big}", work, gpu, quant=q, kernel=k)
     gen_log.close()
     ctx.background = None
     for tag, pilot, q, k in unprofiled:
-        profile(ctx, f"profile-{tag}", pilot, pilot_spec, work, gpu, quant=q, kernel=k)
+        profiles(ctx, tag, pilot, pilot_spec, work, gpu, quant=q, kernel=k)
+
+
+def profiles(ctx: Context, tag: str, run: Path | None, spec: str, work: Workload, gpu: bool,
+             quant: str | None = None, kernel: str | None = None) -> None:  # fmt: skip
+    """The profile step(s) after the sweep `run` of `spec` (steps named after `tag`): `profile-TAG` joined to the
+    sweep's run (B = 1, as without --batch), then, with a `work.batch` above 1, `profile-TAG-bB` at the largest
+    batch into its own run folder (`batch_profile`: gpurun-TAG-profile-bB-HHMMSS). `quant` / `kernel`: the
+    sweep's `--quant` / `--kernel` (None: no flag)."""
+    profile(ctx, f"profile-{tag}", run, spec, work, gpu, quant=quant, kernel=kernel)
+    b = work.largest_batch
+    if b > 1:
+        batch_profile(ctx, f"profile-{tag}-b{b}", f"gpurun-{tag}-profile-b{b}-{stamp()}", spec, work, gpu,
+                      quant=quant, kernel=kernel)  # fmt: skip
 
 
 def _start_generator(ctx: Context, big: str):
@@ -310,7 +335,8 @@ def _settle_generator(ctx: Context, big: str, gen_t0: float) -> bool:
 # ---- the run -----------------------------------------------------------------------------------------------------
 def check_options(options: Options) -> None:
     """Refuse bad `options` before any step runs: a budget that is not positive, --inputs that are not positive
-    comma-separated token counts, --max-new-tokens / --repeats / --steps below 1, a --checkpoint that is neither
+    comma-separated token counts, --max-new-tokens / --repeats / --steps below 1, --batch sizes that are not
+    distinct whole numbers >= 1, a --checkpoint that is neither
     builtin:NAME nor an existing folder. Raises InputError (one line: received, expected)."""
     if not options.budget_s > 0:
         raise InputError(f"--budget-s {options.budget_s}: expected a positive number of seconds")
@@ -324,6 +350,11 @@ def check_options(options: Options) -> None:
             raise InputError(f"{flag} {value}: expected a positive whole number")
     if options.decode_loop is not None and options.decode_loop not in ("host", "device", "both"):
         raise InputError(f"--decode-loop {options.decode_loop}: expected host, device or both")
+    if options.batch is not None:
+        sizes = [b.strip() for b in options.batch.split(",")]
+        if not all(b.isdigit() and int(b) > 0 for b in sizes) or len(set(map(int, sizes))) != len(sizes):
+            raise InputError(f"--batch {options.batch}: expected distinct batch sizes >= 1, comma-separated, e.g. "
+                             "--batch 1,8,32,128")  # fmt: skip
     _check_quant_sets(options.quant)
     _check_kernels(options.kernel)
     spec = options.checkpoint
@@ -407,6 +438,7 @@ def _measure(ctx: Context, options: Options, plan: PilotPlan | None) -> int:
         ctx.say(f"gpu-run: budget {ctx.budget:.0f} s ({ctx.remaining():.0f} s left after the probe); mode "
                 f"{'gpu' if gpu else 'tiny'}; inputs {work.inputs}, {work.max_new_tokens} new tokens, {work.repeats} "
                 f"repeats, decode loop {work.decode_loop}, profile {work.steps} steps"
+                f"{'; batch ' + work.batch if work.batch else ''}"
                 f"{'; quant ' + ' | '.join(options.quant) if options.quant else ''}"
                 f"{'; kernel ' + ' | '.join(options.kernel) if options.kernel else ''}; out {ctx.outdir}")  # fmt: skip
         spec = _checkpoint_spec(options.checkpoint)
@@ -438,7 +470,8 @@ def _workload(options: Options, base: Workload) -> Workload:
 
     return Workload(given(options.inputs, base.inputs), given(options.max_new_tokens, base.max_new_tokens),
                     given(options.repeats, base.repeats), given(options.steps, base.steps), base.profile_input,
-                    base.bandwidth_args, given(options.decode_loop, base.decode_loop))  # fmt: skip
+                    base.bandwidth_args, given(options.decode_loop, base.decode_loop),
+                    batch=",".join(b.strip() for b in options.batch.split(",")) if options.batch else None)  # fmt: skip
 
 
 def _checkpoint_spec(spec: str | None) -> str | None:

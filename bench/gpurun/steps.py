@@ -51,7 +51,9 @@ class Workload:
     `repeats`: timed repeats per sweep cell; `steps`: decode steps the profile records; `profile_input`: input size
     of the profiled request (tokens); `bandwidth_args`: extra arguments of `bench bandwidth` (empty: its defaults);
     `decode_loop`: the sweep's `--decode-loop` ("both": each cell timed with the host loop and the device loop, so
-    the run reports the host overhead per step, which at about 1 ms per step on a GPU decides the roofline share).
+    the run reports the host overhead per step, which at about 1 ms per step on a GPU decides the roofline share);
+    `batch`: the sweep's `--batch` sizes, comma-separated (None: no --batch, one sequence per request); with a
+    batch above 1 the largest is also profiled (`batch_profile`).
     """
 
     inputs: str
@@ -61,6 +63,12 @@ class Workload:
     profile_input: int
     bandwidth_args: tuple[str, ...]
     decode_loop: str = "both"
+    batch: str | None = None
+
+    @property
+    def largest_batch(self) -> int:
+        """The largest batch of `batch` (1 without --batch)."""
+        return max((int(b) for b in self.batch.split(",")), default=1) if self.batch else 1
 
 
 @dataclass(frozen=True)
@@ -357,8 +365,9 @@ def sweep(ctx: Context, name: str, label: str, spec: str, work: Workload, *, cap
     quant` when given (one option set, e.g. "ple4,int8_lm_head"; None: dense, no flag) and `--kernel kernel`
     when given (w4a16=pallas or w4a16=xla; None: the engine decides).
 
-    Its limit is the time left minus `reserve` (s; default `Timing.profile_reserve`, kept for the profile after
-    it) minus the grace period, or everything left minus the grace period when that would be under
+    With `work.batch`, `--batch` is passed on. Its limit is the time left minus `reserve` (s; default
+    `Timing.profile_reserve`, twice that with a batch above 1: kept for the profile(s) after it) minus the grace
+    period, or everything left minus the grace period when that would be under
     `Timing.sweep_min`; `cap` (s) bounds it further. Skipped under `sweep_min + grace` left. A sweep that did not
     end "ok" has its folder settled (`settle_run`). Returns the run folder (added to `ctx.runs`), or None when
     there is none (skipped, or it failed before creating one)."""
@@ -367,7 +376,8 @@ def sweep(ctx: Context, name: str, label: str, spec: str, work: Workload, *, cap
     if left < t.sweep_min + t.grace:
         skip(ctx, name, f"{left:.0f} s left, needs {t.sweep_min + t.grace:.0f} s")
         return None
-    reserve = t.profile_reserve if reserve is None else reserve
+    if reserve is None:
+        reserve = t.profile_reserve * (2 if work.largest_batch > 1 else 1)
     limit = left - reserve - t.grace
     if limit < t.sweep_min:  # a partial sweep is worth more than the profile
         limit = left - t.grace
@@ -376,8 +386,8 @@ def sweep(ctx: Context, name: str, label: str, spec: str, work: Workload, *, cap
     res = run_step(ctx, name, bench_argv(
         "sweep", "--inputs", work.inputs, "--max-new-tokens", str(work.max_new_tokens), "--repeats",
         str(work.repeats), "--decode-loop", work.decode_loop, "--checkpoint", spec, "--name", label, "--runs-dir",
-        str(ctx.outdir / "runs"), "--compile-cache", str(ctx.outdir / "xla-cache"), *quant_argv(quant, kernel)),
-        limit)  # fmt: skip
+        str(ctx.outdir / "runs"), "--compile-cache", str(ctx.outdir / "xla-cache"), *quant_argv(quant, kernel),
+        *(["--batch", work.batch] if work.batch else [])), limit)  # fmt: skip
     path = find_run(ctx, label)
     if res.status in ("interrupted", "killed", "stopped", "failed"):
         settle_run(ctx, path, res)
@@ -414,3 +424,37 @@ def profile(ctx: Context, name: str, run: Path | None, spec: str, work: Workload
     ), left - t.grace, env_extra=env)  # fmt: skip
     if res.status != "ok":
         settle_run(ctx, run, res)
+
+
+def batch_profile(ctx: Context, name: str, label: str, spec: str, work: Workload, gpu: bool, *,
+                  quant: str | None = None, kernel: str | None = None) -> Path | None:  # fmt: skip
+    """With a `work.batch` above 1, the `bench profile --batch B` step `name` at the largest batch B, at
+    `work.profile_input` tokens, into a new run folder named by `label` (a run holds one profile: the B = 1 profile
+    joined the sweep's run), so that the device-time categories can be read per batch size (the report sets them
+    side by side when the shapes match: `bench profile` without --run profiles max_new_tokens 64, the GPU
+    workload's). Nothing without a batch above 1; skipped under `Timing.profile_min + grace` left. Gets all the
+    time left minus the grace period; `gpu` gives it the GPU profiling XLA_FLAGS. Returns its run folder (added to
+    `ctx.runs`), or None. `quant` / `kernel`: as `profile`'s."""
+    b, t = work.largest_batch, ctx.timing
+    if b <= 1:
+        return None
+    left = ctx.remaining()
+    if left < t.profile_min + t.grace:
+        skip(ctx, name, f"{left:.0f} s left, needs {t.profile_min + t.grace:.0f} s")
+        return None
+    env = {}
+    if gpu:
+        from bench.profile.capture import gpu_profile_flags, merge_xla_flags
+
+        env["XLA_FLAGS"] = merge_xla_flags(os.environ.get("XLA_FLAGS", ""), gpu_profile_flags())
+    res = run_step(ctx, name, bench_argv(
+        "profile", "--batch", str(b), "--steps", str(work.steps), "--input-tokens", str(work.profile_input),
+        "--checkpoint", spec, "--name", label, "--runs-dir", str(ctx.outdir / "runs"), "--compile-cache",
+        str(ctx.outdir / "xla-cache"), *quant_argv(quant, kernel),
+    ), left - t.grace, env_extra=env)  # fmt: skip
+    path = find_run(ctx, label)
+    if res.status != "ok":
+        settle_run(ctx, path, res)
+    if path is not None and path not in ctx.runs:
+        ctx.runs.append(path)
+    return path

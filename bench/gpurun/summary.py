@@ -26,7 +26,8 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
     """The summary of the run ending with exit code `code`, as lines: a blank line, a title, the device and policy
     lines, the steps with their status and seconds (and notes), the bandwidth lines, then per run folder its
     status, checkpoint, compile-cache hits, validity, sweep table (the terminal's columns,
-    `bench.runs.columns.table_columns`, as plain text) and profile. The last line is the exit line
+    `bench.runs.columns.table_columns`, as plain text; a `--batch` sweep's knee per input size under it) and
+    profile (with its batch when above 1). The last line is the exit line
     ("gpu-run: exit N (...)"). A run folder that cannot be read is one line saying why; never raises for one."""
     from bench.runs import open_run, validate_run
     from bench.runs.columns import plain_table, table_columns
@@ -52,6 +53,7 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
         cells = run.cells()
         if cells:
             out += plain_table(table_columns(cells), cells, indent="  ")
+            out += _knee_lines(cells)
         else:
             out.append("  no finished sweep cells")
         try:
@@ -62,7 +64,9 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
             from bench.profile.analysis import format_profile_table
 
             rows = format_profile_table(prof)
-            out.append(f"  profile ({prof.get('steps')} steps, {prof['totals']['ms_per_step']:.3f} ms/step device): "
+            rows_b = (prof.get("config") or {}).get("batch") or 1
+            at = f", batch {rows_b}" if rows_b > 1 else ""
+            out.append(f"  profile ({prof.get('steps')} steps{at}, {prof['totals']['ms_per_step']:.3f} ms/step device): "
                        + "; ".join(f"{k} {v}" for k, v in rows))  # fmt: skip
             cats = sorted(((n, c["pct"]) for n, c in prof["categories"].items() if c.get("pct")), key=lambda x: -x[1])
             out.append("  device time: " + ", ".join(f"{n} {p:.1f}%" for n, p in cats[:6]))
@@ -73,6 +77,13 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
     out.append(f"gpu-run: exit {code} ({meaning}); {ctx.elapsed():.0f} s of a {ctx.budget:.0f} s budget; "
                f"output in {ctx.outdir}")  # fmt: skip
     return out
+
+
+def _knee_lines(cells) -> list[str]:
+    """Under a `--batch` sweep's table: the knee per input size (`bench.measure.batches.knees`); [] otherwise."""
+    from bench.measure.batches import KNEE_FRACTION, knees
+
+    return [f"  knee (step > {1 + KNEE_FRACTION:g} x B = 1's): {k.line}" for k in knees(cells)]
 
 
 def exit_code(ctx: Context) -> int:

@@ -6,13 +6,16 @@
   `model.engine.Engine.decode_bytes(..., batch=B)`: the weights once plus every row's KV cache);
 - the knee: the smallest B whose median step time exceeds B = 1's by more than a stated fraction: beyond it a step
   no longer costs about the same as reading the weights once, i.e. decode has left the bandwidth roofline.
-Pure functions on Python numbers: no jax, no engine.
+`knees` applies `knee` to the cells of a `--batch` sweep, per input size (what the sweep table, the gpu-run summary
+and the report print under their tables). Pure functions on Python numbers: no jax, no engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 KNEE_FRACTION = 0.25
 """The default fraction for `knee`: a step 25% slower than at B = 1. A stated choice, not a measured constant."""
@@ -47,3 +50,58 @@ def knee(step_ms_by_batch: Mapping[int, float], fraction: float = KNEE_FRACTION)
         raise ValueError(f"knee: step times must be finite and > 0 ms, got {bad}")
     limit = (1 + fraction) * step_ms_by_batch[1]
     return next((b for b in sorted(step_ms_by_batch) if b > 1 and step_ms_by_batch[b] > limit), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Knee:
+    """The knee of one input size of a `--batch` sweep (`knees`): `step_ms` the median decode step (ms) of each
+    valid batch cell, by B; `fraction` the stated fraction; `batch` the knee (`knee`), None when no batch passed
+    it or it could not be computed (`note` says why: no valid B = 1 cell)."""
+
+    input_tokens: int
+    step_ms: dict[int, float]
+    fraction: float
+    batch: int | None
+    note: str | None = None
+
+    @property
+    def line(self) -> str:
+        """One line for a person: the knee (or none) with the step times it was decided from."""
+        steps = ", ".join(f"B={b}: {t:,.2f}" for b, t in sorted(self.step_ms.items()))
+        head = f"{self.input_tokens:,} input tokens: "
+        if self.note is not None:
+            return head + f"knee not computed ({self.note}); step ms {steps or 'none'}"
+        base, top = self.step_ms[1], max(self.step_ms)
+        if self.batch is None:
+            return (head + f"no knee up to B = {top} (step {100 * (self.step_ms[top] / base - 1):+.0f}% over B = 1, "
+                    f"within {100 * self.fraction:.0f}%): decode stayed bound by reading the weights; step ms {steps}")
+        grown = 100 * (self.step_ms[self.batch] / base - 1)
+        return (head + f"knee at B = {self.batch} (step {self.step_ms[self.batch]:,.2f} ms vs {base:,.2f} ms at B = 1, "
+                f"{grown:+.0f}% > {100 * self.fraction:.0f}%); step ms {steps}")
+
+
+def step_of(row: Any) -> float | None:
+    """The median decode step (ms) of a cell row (`bench.runs.CellRow`) the knee uses: the host loop's pooled
+    per-step median (`step_ms_median`), else the device loop's ms per step (a sweep of the device loop alone)."""
+    return row.step_ms_median if row.step_ms_median is not None else row.device_step_ms_median
+
+
+def knees(rows: Iterable[Any], fraction: float = KNEE_FRACTION) -> list[Knee]:
+    """Per input size of the `--batch` cells among `rows` (`bench.runs.CellRow`s whose `batch` is set), in order:
+    its `Knee` from the valid cells' step times (`step_of`). [] when no row has a batch. Raises ValueError for a
+    fraction that is not finite and > 0 (as `knee`)."""
+    by_size: dict[int, dict[int, float]] = {}
+    for r in rows:
+        if r.batch is None:
+            continue
+        steps = by_size.setdefault(r.input_tokens, {})
+        step = step_of(r)
+        if r.valid and r.status == "ok" and step is not None and step > 0:
+            steps[r.batch] = step
+    out = []
+    for n, steps in sorted(by_size.items()):
+        if 1 not in steps:
+            out.append(Knee(n, steps, fraction, None, "no valid B = 1 cell to compare with"))
+        else:
+            out.append(Knee(n, steps, fraction, knee(steps, fraction)))
+    return out

@@ -89,3 +89,49 @@ def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, r
         **times,
     )
     return Measured(sample=sample, bucket=gen.bucket)
+
+
+def measure_batch_request(engine, prompts, max_new_tokens: int, *, kind: str, repeat: int,
+                          decode_loop: str = "host", block: int | None = None) -> Measured:  # fmt: skip
+    """Run and time one batch request (measurement.md, "Batches"): the B = len(prompts) prompts (`Prompt`s of one
+    exact size, e.g. `bench.measure.prompts.row_prompts`) tokenized inside the timed region, decoded together by
+    `engine.generate_batch` (exactly `max_new_tokens` per row, EOS ignored), every row detokenized. The times are
+    the batch's, which every row shares (its rows run in lockstep): TTFT = request start -> the first tokens of all
+    rows on the host (tokenization of every row and the batch prefill), the gauge = one row's (generated - 1) /
+    decode time (the per-sequence gauge; the aggregate throughput is B x it), end-to-end and TPOT one row's.
+
+    Returns the `Sample` (`batch` B, `row_token_ids` every row's ids, `token_ids` row 0's, `degenerate` True when any
+    row fails the degeneracy check, its reason naming the rows) and the bucket the engine ran (the longest row's).
+    Raises InputError when a prompt no longer tokenizes to its exact ids, the engine's EngineError as
+    `generate_batch` (a batch that does not fit, a loop it cannot run)."""
+    tok = engine.tokenizer
+    t_start = time.perf_counter_ns()
+    rows = [tok.chat_ids(p.text) for p in prompts]
+    for p, ids in zip(prompts, rows, strict=True):
+        if tuple(ids) != p.ids:
+            raise InputError(f"prompt of {p.n_tokens} tokens tokenized to {len(ids)} ids inside the timed request")
+    gen = engine.generate_batch(rows, max_new_tokens, decode_loop=decode_loop, block=block)  # EOS ignored
+    for ids in gen.token_ids:
+        tok.decode(ids)
+    t_end = time.perf_counter_ns()
+
+    times = request_times(t_start, gen.t_token_ns, t_end, len(gen.token_ids[0]))
+    if decode_loop != "host":  # arrivals per block, not per step
+        times["step_ms"], times["block_ms"] = [], times["step_ms"]
+    verdicts = [check_degenerate(ids) for ids in gen.token_ids]
+    bad = [(b, v) for b, v in enumerate(verdicts) if v.degenerate]
+    sample = Sample(
+        input_tokens=len(rows[0]),
+        kind=kind,
+        repeat=repeat,
+        prefill_ms=gen.prefill_ms,
+        generated_tokens=len(gen.token_ids[0]),
+        compile_events=gen.compile_traces,
+        degenerate=bool(bad),
+        degenerate_reason="; ".join(f"row {b}: {v.reason}" for b, v in bad) or None,
+        token_ids=gen.token_ids[0],
+        batch=gen.batch,
+        row_token_ids=[list(ids) for ids in gen.token_ids],
+        **times,
+    )
+    return Measured(sample=sample, bucket=gen.bucket)

@@ -139,6 +139,14 @@ def prompt_decode_steps(engine, prompt_ids: Sequence[int], max_new_tokens: int) 
     return engine.step_fn(prompt_ids, max_new_tokens)
 
 
+def batch_decode_steps(engine, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> tuple[Any, Callable[[Any], Any]]:
+    """`prompt_decode_steps` for a batch (`bench profile --batch B`): `Engine.step_fn_batch` (the greedy batch
+    prefill of the B `prompts`, padded as `Engine.generate_batch` pads them, then one greedy decode step of every
+    row per call), so the traced steps are the programs of the sweep's batch cell. Raises EngineError as
+    `generate_batch` (a batch that does not fit in memory included)."""
+    return engine.step_fn_batch(prompts, max_new_tokens)
+
+
 def _profile_options(python_tracer: bool, host_tracer_level: int) -> tuple[Any, dict[str, Any]]:
     """A `jax.profiler.ProfileOptions` (or None on a jax without it) and what was set on it."""
     import jax

@@ -10,8 +10,10 @@ and the bad ones are skipped with a warning naming the folder and the reason (`R
 Outputs in `out_dir`: `report.md` and `report.html` (one document, bench/report/document.py and page.py); the long
 format `rows.csv` and `rows.jsonl` (bench/report/rows.py); `environment.csv` (one column per run), `sweep.csv` (one
 row per input size, per run `<run>:<field>` columns), `profile.csv` (one row per metric, one column per run with a
-profile), `load.csv` (one row per load level of a sweep under load, per run); per group `sweep_tok_s_<G>.png`,
-`batch_<G>.png` / `concurrency_<G>.png` where those axes exist, `load_<G>.png` (throughput against latency per
+profile), `load.csv` (one row per load level of a sweep under load, per run); `batches.csv` (one row per cell of
+every `--batch` sweep, only when a run has them); per group `sweep_tok_s_<G>.png`, `batch_<G>.png` /
+`concurrency_<G>.png` where those axes exist (runs of another batch or concurrency), `batches_<G>.png` (throughput
+and step time against batch of `--batch` sweeps, the knee marked), `load_<G>.png` (throughput against latency per
 concurrency level, one line per run and input size, where a run of the group was measured under load),
 `history_<G>.png` and `profile_categories_<G>.png`. Published figures are labelled "(published)"; a null is "—".
 
@@ -38,7 +40,7 @@ from bench.report.compare import (
 from bench.report.document import Bullets, Plot, Section, to_markdown
 from bench.report.groups import Group, Selection, group_runs, nearest_splits, select_runs
 from bench.report.page import render_page
-from bench.report.plots import plot_axis, plot_history, plot_load, plot_profile, plot_sweep
+from bench.report.plots import plot_axis, plot_batches, plot_history, plot_load, plot_profile, plot_sweep
 from bench.report.rows import ReportRow, report_rows, row_columns, rows_csv, rows_jsonl, run_keys
 from bench.report.tables import (
     DASH,
@@ -59,6 +61,8 @@ from bench.report.views import (
     Table,
     axis_series,
     axis_tables,
+    batch_profile_table,
+    batch_tables,
     decode_loop_tables,
     device_tables,
     device_views,
@@ -357,8 +361,28 @@ def _write_data_files(out: Path, views: list[RunView]) -> tuple[list[ReportRow],
     write_csv(out / "profile.csv", pr_csv_h, pr_csv)
     load_h, load_raw, _ = load_report_table(views)
     write_csv(out / "load.csv", load_h, load_raw)
-    names = ("rows.csv", "rows.jsonl", "environment.csv", "sweep.csv", "profile.csv", "load.csv")
+    names = ["rows.csv", "rows.jsonl", "environment.csv", "sweep.csv", "profile.csv", "load.csv"]
+    if any(v.batch_cells for v in views):
+        batch_h, batch_rows = batches_csv(views)
+        write_csv(out / "batches.csv", batch_h, batch_rows)
+        names.append("batches.csv")
     return rows, [out / n for n in names]
+
+
+def batches_csv(views: list[RunView]) -> tuple[list[str], list[list[Any]]]:
+    """(header, rows) of batches.csv: one row per cell of every `--batch` sweep of `views` (run, input tokens,
+    batch, then every `BATCH_CSV_FIELDS` field as stored, numbers unrounded)."""
+    header = ["run", "input_tokens", "batch", *BATCH_CSV_FIELDS]
+    rows = [[v.name, n, b, *(getattr(c, f) for f in BATCH_CSV_FIELDS)]
+            for v in views for (n, b), c in sorted(v.batch_cells.items())]  # fmt: skip
+    return header, rows
+
+
+BATCH_CSV_FIELDS = ("gauge_tok_s_median", "gauge_tok_s_min", "gauge_tok_s_max", "aggregate_tok_s_median",
+                    "aggregate_tok_s_min", "aggregate_tok_s_max", "ttft_ms_median", "step_ms_median", "step_ms_p99",
+                    "bytes_per_step", "roofline_share_pct", "flops_per_step", "arithmetic_intensity", "rows_differ",
+                    "device_gauge_tok_s_median", "valid", "invalid_reason", "status", "partial")  # fmt: skip
+"""The `CellRow` fields of batches.csv after run, input tokens and batch."""
 
 
 def _groups_section(groups: list[Group]) -> Section:
@@ -413,11 +437,12 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
         png = plot_sweep([(v.label, v.published, list(v.cells.values())) for v in dev], out / f"sweep_tok_s_{gid}.png")
         files.append(png)
         blocks.append(Plot(file=png.name, alt=f"{gid}: decode and end-to-end tok/s vs input tokens"))
-    elif not any(v.load for v in group.views):
+    elif not any(v.load for v in group.views) and not any(v.batch_cells for v in dev):
         blocks.append("No sweep cells in this group (profile-only runs).")
+    batch_blocks, batch_files = _batch_blocks(dev, out, gid)
     load_blocks, load_files = _load_blocks(group, base, out)
-    blocks += load_blocks
-    files += load_files
+    blocks += batch_blocks + load_blocks
+    files += batch_files + load_files
     blocks.append(runs_table(group))
     for axis in ("batch", "concurrency"):
         series = axis_series(group, axis)
@@ -480,6 +505,26 @@ def _load_blocks(group: Group, base: RunView, out: Path) -> tuple[list[Any], lis
     if png is None:
         return [table], []
     return [table, Plot(file=png.name, alt=f"{group.gid}: output throughput against latency per concurrency level")], [png]
+def _batch_blocks(views: list[RunView], out: Path, gid: str) -> tuple[list[Any], list[Path]]:
+    """The batch tables of `views` (`bench.report.views.batch_tables`) and their plot `batches_<gid>.png`
+    (`plot_batches`: per run its first three input sizes, the knee of each marked); ([], []) without batch cells."""
+    from bench.measure.batches import knees
+
+    tables = batch_tables(views)
+    if not tables:
+        return [], []
+    series, marks = [], {}
+    for v in views:
+        by_size: dict[int, list[Any]] = {}
+        for (n, _b), c in sorted(v.batch_cells.items()):
+            by_size.setdefault(n, []).append(c)
+        found = {k.input_tokens: k.batch for k in knees(v.batch_cells.values())}
+        for n in sorted(by_size)[:3]:
+            label = f"{v.label} {n:,} tokens"
+            series.append((label, by_size[n]))
+            marks[label] = found.get(n)
+    png = plot_batches(series, out / f"batches_{gid}.png", marks)
+    return [*tables, Plot(file=png.name, alt=f"{gid}: throughput and step time against batch size")], [png]
 
 
 def _published_notes(published: list[RunView]) -> list[Any]:
@@ -501,6 +546,8 @@ def _profile_blocks(group: Group, views: list[RunView], out: Path) -> tuple[list
     for chunk in _chunks(with_prof, 6):
         _, _, header, rows = profile_table(chunk)
         blocks.append(Table(title="", header=header, rows=rows, kind="profile"))
+    per_batch = batch_profile_table(with_prof)
+    blocks += [per_batch] if per_batch is not None else []
     notes = roofline_notes(with_prof)
     blocks += [Bullets(items=notes)] if notes else []
     blocks += _roofline_method(with_prof)

@@ -27,6 +27,10 @@ The device decode loop's figures (`--decode-loop device|both`) are compared wher
 (`CellDelta.device_gauge_delta_pct`, each side's host overhead per step): shown, never a threshold, so a run
 without them compares as it always did.
 
+A cell is (input tokens, batch) (`bench.runs.cell_key`): `--batch` sweeps are matched batch by batch (a run without
+--batch has B = 1 cells only); greedy ids and logits are compared at B = 1 (each batch cell's rows are compared with
+B = 1 inside its own run, `CellRow.rows_differ`).
+
 Partial cells (fewer timed repeats than planned: a stopped sweep, or `--max-duration`) are compared and count toward
 the verdict like any cell: their medians are of the repeats they have, which is a real but thinner measurement.
 They are never silent: `Comparison.partial` names each one (side, run, input size, k of N repeats, what stopped
@@ -42,7 +46,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from bench.runs import CellRow, LoadRow, Manifest, RunFolder, Sample, open_complete_run
+from bench.runs import CellRow, LoadRow, Manifest, RunFolder, Sample, cell_key, open_complete_run
 from bench.runs.logits import read_logits
 
 SINGLE_VARIABLE_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -185,6 +189,12 @@ class CellDelta:
     gauge_delta_pct: float | None
     e2e_delta_pct: float | None
     device_gauge_delta_pct: float | None = None  # the device loop's gauge, where both runs timed it
+    batch: int = 1  # rows decoded together (`--batch` sweeps; a cell is (input_tokens, batch))
+
+    @property
+    def name(self) -> str:
+        """How lines name the cell: "41 input tokens", with "x 16 rows" for a batch cell."""
+        return f"{self.input_tokens} input tokens" + (f" x {self.batch} rows" if self.batch != 1 else "")
 
     @property
     def has_device_loop(self) -> bool:
@@ -302,10 +312,11 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 def _timed_ids(samples: list[Sample]) -> dict[int, list[list[int]]]:
-    """Per input size, the generated ids of its timed repeats: the host loop's, else the device loop's."""
+    """Per input size, the generated ids of its timed repeats of one sequence (B = 1; a batch cell's rows are
+    compared with B = 1 in their own run: `CellRow.rows_differ`): the host loop's, else the device loop's."""
     by_kind: dict[str, dict[int, list[list[int]]]] = {"timed": {}, "timed-device": {}}
     for s in sorted(samples, key=lambda s: (s.input_tokens, s.repeat)):
-        if s.kind in by_kind:
+        if s.kind in by_kind and (s.batch or 1) == 1:
             by_kind[s.kind].setdefault(s.input_tokens, []).append(s.token_ids)
     return {**by_kind["timed-device"], **by_kind["timed"]}
 
@@ -366,6 +377,11 @@ def _logit_agreement(base: RunFolder, cand: RunFolder, sizes: list[int]) -> list
     return out
 
 
+def _rows(batch: int | None) -> str:
+    """" x B rows" for a batch cell (B > 1), else ""."""
+    return f" x {batch} rows" if (batch or 1) != 1 else ""
+
+
 def _delta(base: float | None, cand: float | None) -> float | None:
     return None if base in (None, 0) or cand is None else 100.0 * (cand - base) / base
 
@@ -385,41 +401,43 @@ def compare_runs(
         raise ValueError(f"max_slowdown_pct must be >= 0, got {max_slowdown_pct}")
     base = baseline if isinstance(baseline, RunFolder) else open_complete_run(baseline)
     cand = candidate if isinstance(candidate, RunFolder) else open_complete_run(candidate)
-    base_cells = {c.input_tokens: c for c in base.cells()}
-    cand_cells = {c.input_tokens: c for c in cand.cells()}
-    sizes = sorted(set(base_cells) | set(cand_cells))
+    base_cells = {cell_key(c): c for c in base.cells()}  # a cell is (input tokens, batch): `--batch` sweeps
+    cand_cells = {cell_key(c): c for c in cand.cells()}
+    keys = sorted(set(base_cells) | set(cand_cells))
     failures: list[str] = []
     notes: list[str] = []
     deltas = []
-    for size in sizes:
-        b, c = base_cells.get(size), cand_cells.get(size)
+    for key in keys:
+        b, c = base_cells.get(key), cand_cells.get(key)
         delta = CellDelta(
-            size, b, c,
+            key[0], b, c,
             _delta(b and b.gauge_tok_s_median, c and c.gauge_tok_s_median),
             _delta(b and b.e2e_tok_s_median, c and c.e2e_tok_s_median),
-            _delta(b and b.device_gauge_tok_s_median, c and c.device_gauge_tok_s_median),
+            _delta(b and b.device_gauge_tok_s_median, c and c.device_gauge_tok_s_median), batch=key[1],
         )  # fmt: skip
         deltas.append(delta)
+        where = delta.name
         if c is None:
-            failures.append(f"{size} input tokens: the candidate has no cell (the baseline has one)")
+            failures.append(f"{where}: the candidate has no cell (the baseline has one)")
             continue
         if not c.valid:
-            failures.append(f"{size} input tokens: candidate cell invalid ({c.invalid_reason or c.error})")
+            failures.append(f"{where}: candidate cell invalid ({c.invalid_reason or c.error})")
         if b is None:
-            notes.append(f"{size} input tokens: only the candidate has this cell")
+            notes.append(f"{where}: only the candidate has this cell")
             continue
         if not b.valid:
-            notes.append(f"{size} input tokens: baseline cell invalid ({b.invalid_reason or b.error})")
+            notes.append(f"{where}: baseline cell invalid ({b.invalid_reason or b.error})")
         for metric, value in (("gauge", delta.gauge_delta_pct), ("end-to-end", delta.e2e_delta_pct)):
             if value is not None and value < -max_slowdown_pct:
                 noise = delta.within_noise("gauge" if metric == "gauge" else "e2e")
                 extra = " (inside both runs' min-max spread)" if noise else ""
                 limit = f"limit -{max_slowdown_pct:g}%"
-                failures.append(f"{size} input tokens: {metric} tok/s {value:+.1f}% vs baseline ({limit}){extra}")
-    partial = [f"{side} {run.name}, {c.input_tokens:,} input tokens: {c.repeats} of {c.repeats_planned} repeats "
-               f"({c.stopped_by})" for side, run, cells in (("baseline", base, base_cells), ("candidate", cand, cand_cells))
+                failures.append(f"{where}: {metric} tok/s {value:+.1f}% vs baseline ({limit}){extra}")
+    partial = [f"{side} {run.name}, {c.input_tokens:,} input tokens{_rows(c.batch)}: {c.repeats} of "
+               f"{c.repeats_planned} repeats ({c.stopped_by})"
+               for side, run, cells in (("baseline", base, base_cells), ("candidate", cand, cand_cells))
                for c in cells.values() if c.partial]  # fmt: skip
-    shared = [s for s in sizes if s in base_cells and s in cand_cells]
+    shared = [k[0] for k in keys if k in base_cells and k in cand_cells and k[1] == 1]
     tokens, token_notes = _token_agreement(base, cand, shared)
     notes += token_notes
     if require_same_tokens:

@@ -168,3 +168,41 @@ def plot_load(lines: Sequence[tuple[str, Sequence[LoadRow]]], path: Path) -> Pat
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
+def plot_batches(series: Sequence[tuple[str, Sequence[CellRow]]], path: Path, knees: dict[str, int | None] | None = None) -> Path:
+    """Throughput and step time against batch size (log2 x), one line per (label, cells of one input size of one
+    run): left the aggregate throughput (solid) and the per-sequence gauge (dotted) in tok/s, right the median
+    decode step in ms with its p99 as the bar's top; a knee (`knees[label]`) is a vertical dashed line on the right
+    panel; invalid cells are crossed out in red. Returns `path`."""
+    fig = _figure(11, 4.2)
+    left, right = fig.subplots(1, 2)
+    for label, cells in series:
+        cells = sorted((c for c in cells if c.batch is not None), key=lambda c: c.batch)
+        agg = [(c.batch, c.aggregate_tok_s_median) for c in cells if c.aggregate_tok_s_median is not None]
+        seq = [(c.batch, c.gauge_tok_s_median) for c in cells if c.gauge_tok_s_median is not None]
+        if agg:
+            line = left.plot(*zip(*agg), marker="o", label=f"{label} aggregate")[0]
+            if seq:
+                left.plot(*zip(*seq), marker=".", linestyle=":", color=line.get_color(), label=f"{label} per sequence")
+        steps = [(c.batch, c.step_ms_median, c.step_ms_p99) for c in cells if c.step_ms_median is not None]
+        if steps:
+            xs, ys, p99 = zip(*steps)
+            hi = [max(0.0, (p or y) - y) for y, p in zip(ys, p99)]
+            right.errorbar(xs, ys, yerr=[[0.0] * len(ys), hi], marker="o", capsize=3, label=label)
+        bad = [(c.batch, c.aggregate_tok_s_median) for c in cells if not c.valid and c.aggregate_tok_s_median is not None]
+        if bad:
+            left.scatter(*zip(*bad), marker="x", s=80, color="red", zorder=5)
+        if knees and knees.get(label) is not None:
+            right.axvline(knees[label], linestyle="--", color="grey", alpha=0.7)
+    _label_rate_axes(left, "throughput against batch (tok/s)", "batch (rows)", log_base=2)
+    right.set_xscale("log", base=2)
+    ticks = sorted({c.batch for _, cells in series for c in cells if c.batch is not None})
+    for ax in (left, right):  # the batch sizes themselves, not powers of two
+        ax.set_xticks(ticks, [str(b) for b in ticks])
+        ax.minorticks_off()
+    right.set_xlabel("batch (rows)")
+    right.set_ylabel("ms per decode step (median; bar to p99)")
+    right.set_title("step time against batch (dashed: the knee)")
+    right.grid(alpha=0.3)
+    if right.get_legend_handles_labels()[0]:
+        right.legend(fontsize=8)
+    return _save_rate_figure(fig, [left, right], path)

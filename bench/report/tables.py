@@ -17,6 +17,7 @@ profile.json keys read (other keys are ignored; the first alias present wins):
   bandwidth_roofline_share_pct (%),
   `roofline.share_approx` (bool); `roofline.bytes_per_step` (bytes); `roofline.derived.share_pct`,
   `.bytes_per_step`, `.account.terms` (the derived byte accounting, bench/profile/roofline.py).
+- `config.batch` (rows per profiled decode step, `bench profile --batch`; 1 when absent).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 from bench.errors import InputError, RunFolderError
 from bench.report.rows import chip_name, quantization_label
-from bench.runs import CellRow, LoadRow, RunFolder, Sample, load_complete_run, resolve_run, run_folders
+from bench.runs import CellRow, LoadRow, RunFolder, Sample, cell_key, load_complete_run, resolve_run, run_folders
 from bench.runs.columns import (
     BUCKET,
     CSV_COLUMNS,
@@ -65,7 +66,9 @@ class RunView:
     profile.json and the report's figures of it (`profile_figures`; None without a profile), the other published
     figures of a published run (`other_published_figures` of published-source.json; {} when none), and the short
     label of its table columns (`assign_labels`), and the load levels of a sweep under load (`load`; empty for any
-    other run)."""
+    other run). A `--batch` sweep's `cells` are its B = 1 cells (every view that is not about batches reads them as
+    a sweep without --batch); `batch_cells` holds every cell by (input tokens, batch) ({} for a run without
+    --batch)."""
 
     run: RunFolder
     cells: dict[int, CellRow]
@@ -75,6 +78,7 @@ class RunView:
     other_published: dict[str, Any]
     label: str = ""
     load: tuple[LoadRow, ...] = ()
+    batch_cells: dict[tuple[int, int], CellRow] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -105,10 +109,12 @@ def run_view(path: str | Path) -> RunView:
     """The view of the complete run folder `path`, each of its files parsed once (`load_complete_run`).
     Raises RunFolderError as `open_complete_run` does (missing, incomplete, corrupt, unknown schema version)."""
     run, files = load_complete_run(path)
+    batched = {cell_key(c): c for c in files.cells if c.batch is not None}
     return RunView(
-        run=run, cells={c.input_tokens: c for c in files.cells}, samples=tuple(files.samples), profile=files.profile,
-        figures=None if files.profile is None else profile_figures(files.profile),
+        run=run, cells={c.input_tokens: c for c in files.cells if (c.batch or 1) == 1}, samples=tuple(files.samples),
+        profile=files.profile, figures=None if files.profile is None else profile_figures(files.profile),
         other_published=_other_published(run.path / "published-source.json"), load=tuple(files.load_rows),
+        batch_cells=batched,
     )  # fmt: skip
 
 
@@ -301,7 +307,8 @@ def profile_figures(prof: dict[str, Any]) -> dict[str, Any]:
     """The figures the report uses from one profile.json (the module docstring lists the keys read).
 
     Returns a flat dict: per category its pct (%) and `<name>_absent`; device_ms (ms), distinct_kernels,
-    decode_tok_s (and whether it came from the profile itself); bandwidth_gib_s (GiB/s), bandwidth_kind,
+    decode_tok_s (and whether it came from the profile itself); `batch` (rows per profiled step: `config.batch`, 1
+    when the profile records none); bandwidth_gib_s (GiB/s), bandwidth_kind,
     bytes_per_step (bytes), share_pct (%), share_approx; the derived share, bytes per step and accounting terms;
     `categories` {name: pct} of every category with a share."""
     cats = prof.get("categories") or {}
@@ -330,6 +337,7 @@ def profile_figures(prof: dict[str, Any]) -> dict[str, Any]:
         derived_share_pct=derived.get("share_pct"), derived_bytes_per_step=derived.get("bytes_per_step"),
         derived_terms=(derived.get("account") or {}).get("terms"),
         categories={n: c.get("pct") for n, c in cats.items() if isinstance(c, dict) and c.get("pct") is not None},
+        batch=(prof.get("config") or {}).get("batch") or 1,
     )  # fmt: skip
     return out
 

@@ -11,6 +11,12 @@
 - `history_tables`: one configuration over time (device, batch, concurrency fixed), one line per run with each
   cell's median and (min–max), the last `MAX_HISTORY_ROWS` runs.
 
+Batches (`bench sweep --batch`; measurement.md "Batches"): `batch_tables`, per run with batch cells, input tokens
+and batch down, the per-sequence gauge, aggregate throughput, TTFT of the batch prefill, step time (median, p99),
+bytes per step, roofline share, FLOP per byte and rows differing from B = 1 across, the knee per input size under
+it; `batch_profile_table`, where the group's profiles were taken at more than one batch (`bench profile --batch`),
+the device-time categories per batch side by side.
+
 Across groups, `quant_families` finds groups that differ only in quantization (each option is a comparison group
 of its own: its weights, weight bytes and build differ), and `quant_tables` shows them side by side per device:
 one row per option (the latest run of its group on that device), its weight bytes, gauge, bytes per step and
@@ -30,7 +36,16 @@ from bench.report.groups import Group
 from bench.report.rows import RowColumn, columns
 from bench.report.tables import rate_text, sweep_report_table
 from bench.runs.columns import (
+    AGGREGATE,
+    BATCH,
     BYTES_PER_STEP,
+    GAUGE,
+    INTENSITY,
+    ROWS_DIFFER,
+    STEP,
+    STEP_P99,
+    TTFT,
+    VALID,
     DEVICE_GAUGE,
     DEVICE_ROOFLINE_SHARE,
     HOST_OVERHEAD,
@@ -41,6 +56,7 @@ from bench.runs.columns import (
     present,
 )
 
+DASH_TEXT = "—"
 MAX_COLUMNS = 12
 MAX_ROWS = 40
 MAX_DEVICES_PER_TABLE = 5  # 1 + 2 columns per device <= 11
@@ -139,6 +155,58 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
         out.append(Table(title=f"rooflines: {v.label}", header=["input tokens", *(c.header for c in cols)],
                          rows=rows, notes=notes, kind="rooflines"))  # fmt: skip
     return out
+
+
+BATCH_TABLE_COLUMNS = (GAUGE, AGGREGATE, TTFT, STEP, STEP_P99, BYTES_PER_STEP, ROOFLINE_SHARE, INTENSITY, ROWS_DIFFER,
+                       VALID)  # fmt: skip
+"""The batch table's columns after input tokens and batch (2 + 10 <= `MAX_COLUMNS`)."""
+
+
+def batch_tables(views: Sequence[Any]) -> list[Table]:
+    """Per view with batch cells (`RunView.batch_cells`, a `--batch` sweep), one table: (input tokens, batch)
+    down, `BATCH_TABLE_COLUMNS` across (each optional one where a cell has it), and under it the knee per input
+    size (`bench.measure.batches.knees`, its stated fraction) and what the gauge and aggregate mean. [] when no
+    view has batch cells."""
+    from bench.measure.batches import KNEE_FRACTION, knees
+
+    out = []
+    for v in views:
+        if not v.batch_cells:
+            continue
+        cells = [v.batch_cells[k] for k in sorted(v.batch_cells)][:MAX_ROWS]
+        cols = [c for c in BATCH_TABLE_COLUMNS if c is VALID or c.digits is None or any(c.value(x) is not None for x in cells)]
+        rows = [[fmt_num(c.input_tokens, 0), BATCH.text(c), *(col.text(c) for col in cols)] for c in cells]
+        notes = [f"gauge = one row's (generated - 1) / decode time (per sequence); aggregate = B x gauge (every row's "
+                 "tokens per second of decode); bytes/step = the weights once plus every row's KV cache; roofline % = "
+                 "bytes/step x gauge / the run's measured copy bandwidth; FLOP/byte = matrix-product FLOP of one "
+                 "step / bytes/step; rows ≠ B=1 = rows whose greedy tokens differ from their prompt's alone."]
+        notes += [f"knee (median step > {1 + KNEE_FRACTION:g} x B = 1's): {k.line}" for k in knees(cells)]
+        out.append(Table(title=f"batches: {v.label}", header=["input tokens", BATCH.header, *(c.header for c in cols)],
+                         rows=rows, notes=notes, kind="batches"))  # fmt: skip
+    return out
+
+
+def batch_profile_table(views: Sequence[Any]) -> Table | None:
+    """The device-time categories per batch size side by side: one column per profile of `views` (sorted by its
+    batch, `profile_figures`' `batch`), one row per category (% of device time; "absent" where the device cannot
+    have it) and the device ms per step. None unless the profiles were taken at two or more batch sizes."""
+    profiled = sorted((v for v in views if v.figures is not None), key=lambda v: (v.figures["batch"], v.name))
+    if len({v.figures["batch"] for v in profiled}) < 2:
+        return None
+    profiled = profiled[: MAX_COLUMNS - 1]
+    names = list(dict.fromkeys(n for v in profiled for n in v.profile.get("categories") or {}))
+    rows = []
+    for name in names:
+        row = [name.replace("_", " ")]
+        for v in profiled:
+            cat = (v.profile.get("categories") or {}).get(name)
+            row.append(DASH_TEXT if not isinstance(cat, dict) else "absent" if cat.get("pct") is None else f"{cat['pct']:.1f}%")
+        rows.append(row)
+    rows.append(["device ms per step", *(fmt_num((v.profile.get("totals") or {}).get("ms_per_step"), 3) for v in profiled)])
+    return Table(title="device time by category per batch size", kind="profile-batches",
+                 header=["category", *(f"B = {v.figures['batch']} ({v.label})" for v in profiled)], rows=rows,
+                 notes=["% of device (kernel) time over the profiled decode steps (`bench profile --batch B`); at "
+                        "B = 1 every matrix product is a matrix-vector product, which no tensor core runs."])
 
 
 RUN_COLUMNS: tuple[RowColumn, ...] = columns("device", "date", "build_id", "batch", "concurrency", "host", "run")

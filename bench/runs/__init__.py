@@ -1,8 +1,8 @@
 """Run folders: the schema (typed rows, typed manifest), atomic writes, reading, validation, listing, resuming.
 
 Standard library only (no jax): the report and `bench runs` read archived runs of machines you no longer have.
-- `CellRow`, `Sample`, `summarize_cell`, `failed_cell`, `as_sample`; `LoadRow`, `LoadSample`, `summarize_level`,
-  `failed_level` (a sweep under load)                                 (bench.runs.records: the typed rows)
+- `CellRow`, `Sample`, `summarize_cell`, `failed_cell`, `as_sample`, `cell_key`; `LoadRow`, `LoadSample`,
+  `summarize_level`, `failed_level` (a sweep under load)              (bench.runs.records: the typed rows)
 - file names, `MANIFEST_FIELDS`, `SCHEMA_VERSION`, `READABLE_VERSIONS`, `PROFILE_SCHEMA_VERSION`, `validate_run`,
   `manifest_problems`, `profile_problems`, `read_json`, `read_jsonl`, `RunFiles`, `read_run_files` (each file
   parsed once)                                                        (bench.runs.schema)
@@ -64,6 +64,7 @@ from bench.runs.records import (
     LoadSample,
     Sample,
     as_sample,
+    cell_key,
     failed_cell,
     failed_level,
     summarize_cell,
@@ -97,8 +98,8 @@ __all__ = [
     "RunFolder", "RunSummary", "create_run", "free_label", "latest_measured_run", "list_runs", "load_complete_run",
     "now_iso", "open_complete_run", "open_run", "outcome_of", "resolve_run", "run_folders", "run_name", "writing_run",
     "run_note", "WriterState", "writer_state",
-    "CellRow", "Sample", "as_sample", "failed_cell", "summarize_cell", "LoadRow", "LoadSample", "failed_level",
-    "summarize_level",
+    "CellRow", "Sample", "as_sample", "cell_key", "failed_cell", "summarize_cell", "LoadRow", "LoadSample",
+    "failed_level", "summarize_level",
     "CheckpointFacts", "CompileCacheFacts", "EngineConfig", "GitState", "Manifest", "PeerEngine", "Provenance",
     "TargetFacts",
     "Workload", "build_manifest", "checkpoint_facts", "checkpoint_id", "checkpoint_source", "engine_config_of",

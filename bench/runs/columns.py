@@ -17,7 +17,10 @@ Formats:
 - the device decode loop (`DEVICE_LOOP_COLUMNS`: its gauge, ms per step, the host overhead per step, its repeats):
   optional fields, shown only where a row has them (`present`), so a run without the device loop prints as it did;
 - the rooflines (`ROOFLINE_COLUMNS`: bytes per decode step with thousands separators, the bandwidth roofline
-  shares in %, the prefill's GFLOP/s and its share of the measured matrix-product rate in %): optional the same way.
+  shares in %, the prefill's GFLOP/s and its share of the measured matrix-product rate in %): optional the same way;
+- batches (`BATCH`, `BATCH_COLUMNS`: a `--batch` sweep's batch, aggregate throughput, step time median and p99,
+  bytes per step, FLOP per byte, rows differing from B = 1): shown only for the rows of a `--batch` sweep (some row
+  has `batch`), so every other run prints as it did.
 """
 
 from __future__ import annotations
@@ -129,6 +132,13 @@ DEVICE_ROOFLINE_SHARE = Column(key="device_roofline_share_pct", header="device-l
 PREFILL_FLOPS = Column(key="prefill_flops", header="prefill FLOP", unit="FLOP", digits=0)
 PREFILL_GFLOP_S = Column(key="prefill_flop_s", header="prefill GFLOP/s", unit="GFLOP/s", digits=1, scale=1e9)
 PREFILL_MATMUL_SHARE = Column(key="prefill_matmul_share_pct", header="prefill matmul %", unit="%", digits=1)
+BATCH = Column(key="batch", header="batch", unit="rows", digits=0)
+AGGREGATE = Column(key="aggregate_tok_s_median", header="aggregate tok/s", unit="tok/s", digits=2, spread=True)
+STEP = Column(key="step_ms_median", header="step ms", unit="ms", digits=3)
+STEP_P99 = Column(key="step_ms_p99", header="step p99 ms", unit="ms", digits=3)
+FLOPS_PER_STEP = Column(key="flops_per_step", header="FLOP/step", unit="FLOP", digits=0)
+INTENSITY = Column(key="arithmetic_intensity", header="FLOP/byte", unit="FLOP/byte", digits=2)
+ROWS_DIFFER = Column(key="rows_differ", header="rows ≠ B=1", unit="rows", digits=0)
 
 CELL_COLUMNS: tuple[Column, ...] = (
     INPUT_TOKENS, BUCKET, GAUGE, E2E, TTFT, TPOT, COLD_WARM_REQUEST, COLD_WARM_TTFT, VALID, STATUS,
@@ -151,6 +161,12 @@ prefill's matrix-product FLOP, its FLOP/s (printed as GFLOP/s) and their share o
 matrix-product rate. Optional, like the device-loop columns (`present`)."""
 OPTIONAL_COLUMNS: tuple[Column, ...] = DEVICE_LOOP_COLUMNS + ROOFLINE_COLUMNS
 """The columns of optional `CellRow` fields: a printer shows each only where some row has a value (`present`)."""
+BATCH_COLUMNS: tuple[Column, ...] = (AGGREGATE, STEP, STEP_P99, BYTES_PER_STEP, INTENSITY, ROWS_DIFFER)
+"""A `--batch` sweep's cell figures (`CellRow`; measurement.md, "Batches") beside the per-sequence gauge: the
+aggregate throughput (B x the gauge: median, min–max), the decode step's median and p99 (ms, host loop), the
+bytes one step reads (weights once, every row's KV cache), the arithmetic intensity (FLOP per byte of a step) and
+how many rows' greedy tokens differ from their prompt's at B = 1. Shown only where a row has `batch`
+(`is_batch_sweep`)."""
 TABLE_ROOFLINE_COLUMNS: tuple[Column, ...] = (ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_MATMUL_SHARE)
 """The rooflines the terminal's sweep table shows: the three shares, so that a sweep of both loops fits 200
 columns (bytes per step, prefill FLOP and GFLOP/s are in the run's cells.csv and the report's rows)."""
@@ -168,13 +184,21 @@ def present(columns: Sequence[Column], rows: Iterable[CellRow | None]) -> tuple[
     return tuple(c for c in columns if c not in OPTIONAL_COLUMNS or any(c.value(r) is not None for r in rows))
 
 
+def is_batch_sweep(rows: Iterable[CellRow | None]) -> bool:
+    """True when some row is a cell of a `--batch` sweep (has `batch`)."""
+    return any(r is not None and r.batch is not None for r in rows)
+
+
 def table_columns(rows: Iterable[CellRow]) -> tuple[Column, ...]:
     """The terminal's and the gpu-run summary's sweep-table columns for `rows`: `TABLE_COLUMNS`, then (before
-    `valid`) the device-loop columns and the rooflines (`TABLE_ROOFLINE_COLUMNS`) where a row has them."""
+    `valid`) the device-loop columns and the rooflines (`TABLE_ROOFLINE_COLUMNS`) where a row has them; a `--batch`
+    sweep's rows add `BATCH` after the input tokens and `BATCH_COLUMNS` before the device-loop columns."""
     rows = list(rows)
-    extra = present(DEVICE_LOOP_COLUMNS + TABLE_ROOFLINE_COLUMNS, rows)
+    batched = is_batch_sweep(rows)
+    extra = (*(BATCH_COLUMNS if batched else ()), *present(DEVICE_LOOP_COLUMNS + TABLE_ROOFLINE_COLUMNS, rows))
     cut = TABLE_COLUMNS.index(VALID)
-    return (*TABLE_COLUMNS[:cut], *extra, *TABLE_COLUMNS[cut:])
+    head = (TABLE_COLUMNS[0], BATCH, *TABLE_COLUMNS[1:cut]) if batched else TABLE_COLUMNS[:cut]
+    return (*head, *extra, *TABLE_COLUMNS[cut:])
 
 
 def text_rows(columns: Sequence[Column], rows: Iterable[CellRow]) -> list[list[str]]:

@@ -51,7 +51,7 @@ from typing import Any
 
 from bench.errors import InputError, RunFolderError
 from bench.runs.manifest import Manifest
-from bench.runs.records import OPTIONAL_FIELDS, CellRow, LoadRow, LoadSample, Sample, as_sample, row_problems
+from bench.runs.records import OPTIONAL_FIELDS, CellRow, LoadRow, LoadSample, Sample, as_sample, cell_key, row_problems
 from bench.runs.schema import (
     CELLS_CSV,
     CELLS_JSONL,
@@ -199,13 +199,14 @@ class RunFolder:
         return path
 
     def append_cell(self, row: CellRow) -> None:
-        """Add (or replace, same input_tokens) one cell row; rewrites cells.jsonl and cells.csv whole, atomically.
-        ValueError (and nothing written) when the row breaks the schema."""
+        """Add (or replace, same cell: input_tokens and batch, `cell_key`) one cell row; rewrites cells.jsonl and
+        cells.csv whole, atomically, ordered by (input_tokens, batch). ValueError (and nothing written) when the
+        row breaks the schema."""
         problems = row_problems(CellRow, row.to_dict())
         if problems:
             raise ValueError(f"append_cell: {problems[0]}")
-        rows = {r.input_tokens: r for r in self.cells()}
-        rows[row.input_tokens] = row
+        rows = {cell_key(r): r for r in self.cells()}
+        rows[cell_key(row)] = row
         ordered = [rows[k] for k in sorted(rows)]
         _atomic_write(self.path / CELLS_JSONL, _jsonl(r.to_dict() for r in ordered))
         _atomic_write(self.path / CELLS_CSV, _cells_csv(ordered))
@@ -346,9 +347,13 @@ class RunFolder:
             written = True
             if cells:  # a kill between the two cell files can leave the CSV mirror one row behind
                 _atomic_write(self.path / CELLS_CSV, _cells_csv(cells))
-            partial = [r.input_tokens for r in cells if r.input_tokens not in self.finished_inputs()]
-            self.log(f"resumed{' a run that was ' + gone.split(';')[0] if gone else ''}; finished inputs: "
-                     f"{self.finished_inputs()}" + (f"; partial: {partial}" if partial else ""))  # fmt: skip
+            batched = any(r.batch is not None for r in cells)
+            finished = self.finished_cells() if batched else self.finished_inputs()
+            partial = [cell_key(r) if batched else r.input_tokens for r in cells
+                       if (cell_key(r) if batched else r.input_tokens) not in finished]  # fmt: skip
+            self.log(f"resumed{' a run that was ' + gone.split(';')[0] if gone else ''}; finished "
+                     f"{'cells (input tokens, batch)' if batched else 'inputs'}: {finished}"
+                     + (f"; partial: {partial}" if partial else ""))  # fmt: skip
         except BaseException:
             self.manifest.update(previous)
             with _signals_deferred():
@@ -360,7 +365,7 @@ class RunFolder:
 
     # -- reading --
     def cells(self) -> list[CellRow]:
-        """The cell rows, sorted by input_tokens (RunFolderError naming file and line on a bad row)."""
+        """The cell rows, sorted by (input_tokens, batch) (RunFolderError naming file and line on a bad row)."""
         return read_jsonl(self.path / CELLS_JSONL, CellRow)
 
     def samples(self) -> list[Sample]:
@@ -379,7 +384,13 @@ class RunFolder:
         """Input sizes whose cell needs no more measuring, what `--resume` skips: a row that is whole, failed, or
         partial by `--max-duration`. A cell stopped part-way (partial, "interrupted"), or one with samples but no
         row (a kill), is not finished: the sweep completes it."""
-        return [r.input_tokens for r in self.cells() if not (r.partial and r.stopped_by == "interrupted")]
+        return [r.input_tokens for r in self.cells() if not (r.partial and r.stopped_by == "interrupted")
+                and (r.batch or 1) == 1]  # fmt: skip
+
+    def finished_cells(self) -> list[tuple[int, int]]:
+        """`finished_inputs` as cells of a `--batch` sweep: the (input_tokens, batch) keys (`cell_key`) of the rows
+        that need no more measuring."""
+        return [cell_key(r) for r in self.cells() if not (r.partial and r.stopped_by == "interrupted")]
 
     def read_json(self, name: str) -> Any:
         """Parse `<folder>/<name>` (RunFolderError naming the file when missing or corrupt)."""

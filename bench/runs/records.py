@@ -106,6 +106,13 @@ class CellRow:
     prefill_flops: int | None = None
     prefill_flop_s: float | None = None
     prefill_matmul_share_pct: float | None = None
+    batch: int | None = None  # rows decoded together (`--batch`); None: 1, a sweep without --batch
+    aggregate_tok_s_median: float | None = None  # all rows' tokens after the first / decode time, per repeat
+    aggregate_tok_s_min: float | None = None
+    aggregate_tok_s_max: float | None = None
+    flops_per_step: int | None = None  # matrix-product FLOP of one decode step of all rows
+    arithmetic_intensity: float | None = None  # flops_per_step / bytes_per_step (FLOP/byte)
+    rows_differ: int | None = None  # rows whose greedy tokens differ from the same prompt's at B = 1
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON row; the optional fields only where they differ from their defaults (a partial cell), so that a
@@ -124,6 +131,10 @@ class Sample:
     Times in ms (monotonic clock, device-synced); rates in tok/s; `step_ms` holds the per-step decode times
     (ms, one per generated token after the first; empty for the device loop, which syncs once per block:
     `block_ms` holds its blocks' times, absent for the host loop); `token_ids` the generated ids (prompt excluded).
+
+    A batch request (`bench sweep --batch`, B > 1) adds `batch` (B) and `row_token_ids` (each row's generated ids,
+    [B][max_new_tokens]); its `token_ids` are row 0's, its times and rates one row's (the rows share them: they run
+    in lockstep), its `degenerate` True when any row is (`degenerate_reason` names the rows).
     """
 
     input_tokens: int
@@ -143,10 +154,19 @@ class Sample:
     step_ms: list[float]
     token_ids: list[int]
     block_ms: list[float] | None = None
+    batch: int | None = None  # rows decoded together (a batch request); None: one sequence
+    row_token_ids: list[list[int]] | None = None  # a batch request: every row's generated ids (row 0 = token_ids)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON row; `block_ms` only where present (a device-loop sample), so a host-loop row is what it was."""
-        return {k: v for k, v in _plain(dataclasses.asdict(self)).items() if not (k == "block_ms" and v is None)}
+        """The JSON row; `block_ms`, `batch` and `row_token_ids` only where present (a device-loop sample, a batch
+        request), so a host-loop row of one sequence is what it was."""
+        optional = OPTIONAL_FIELDS[Sample]
+        return {k: v for k, v in _plain(dataclasses.asdict(self)).items() if not (k in optional and v is None)}
+
+
+def cell_key(row: CellRow | Sample) -> tuple[int, int]:
+    """(input_tokens, batch) of a cell row or sample: the key of a sweep cell (a batch of None is 1)."""
+    return row.input_tokens, row.batch or 1
 
 
 LOAD_SAMPLE_KINDS = ("warmup", "timed")
@@ -351,6 +371,7 @@ def summarize_cell(
     input_tokens: int | None = None,
     stopped_by: str | None = None,
     repeats_planned: int | None = None,
+    batch: int | None = None,
 ) -> CellRow:
     """Summarise the raw requests of one input size into a `CellRow` (measurement.md, "Per cell").
 
@@ -363,12 +384,15 @@ def summarize_cell(
     `max_new_tokens`, and passed the degeneracy check (a verdict of None counts as not checked, so invalid); the
     device loop's timed repeats ("timed-device") by the same rules, and they give the device fields (`CellRow`).
     `input_tokens` selects that size when `samples` hold several; otherwise they must all share one.
-    Raises ValueError for samples of several sizes without `input_tokens`, no samples at all, or a `stopped_by`
+    `batch` (B, a `--batch` sweep's cell) selects the samples of that batch (a sample's batch None is 1; without
+    `batch`, those of batch 1) and adds the batch fields that come from samples (`batch`, `aggregate_tok_s_*` =
+    B x each timed repeat's gauge); validity then also needs every row of a batch request to have generated
+    exactly `max_new_tokens`. Raises ValueError for samples of several sizes without `input_tokens`, no samples at all, or a `stopped_by`
     not in `STOPPED_BY`.
     """
     if stopped_by is not None and stopped_by not in STOPPED_BY:
         raise ValueError(f"summarize_cell: stopped_by {stopped_by!r} is not one of {STOPPED_BY}")
-    size, rows = _one_size([as_sample(s) for s in samples], input_tokens)
+    size, rows = _one_size([s for s in map(as_sample, samples) if (s.batch or 1) == (batch or 1)], input_tokens)
     host, device = (sorted((s for s in rows if s.kind == k), key=lambda s: s.repeat) for k in ("timed", "timed-device"))
     timed = host or device  # the cell's figures: the host loop's, else (the device loop alone) the device loop's
     cold = next((s for s in rows if s.kind == "cold"), None)
@@ -399,7 +423,18 @@ def summarize_cell(
         generated_tokens_per_repeat=[s.generated_tokens for s in timed],
         partial=stopped_by is not None, repeats_planned=repeats_planned if stopped_by else None, stopped_by=stopped_by,
         **_device_fields(host, device),
+        **_batch_fields(batch, timed),
     )  # fmt: skip
+
+
+def _batch_fields(batch: int | None, timed: list[Sample]) -> dict[str, Any]:
+    """The batch fields of a CellRow from its samples: `batch` and the aggregate throughput (B x each timed
+    repeat's gauge: median, min, max); {} without `batch` (a sweep without --batch)."""
+    if batch is None:
+        return {}
+    agg = _stats([batch * s.gauge_tok_s if s.gauge_tok_s is not None else None for s in timed])
+    return {"batch": batch, "aggregate_tok_s_median": agg[0], "aggregate_tok_s_min": agg[1],
+            "aggregate_tok_s_max": agg[2]}  # fmt: skip
 
 
 def _ms_per_step(timed: list[Sample]) -> float | None:
@@ -446,6 +481,9 @@ def _invalid_reasons(timed: list[Sample], max_new_tokens: int, loop: str = "") -
     for s in timed:
         if s.generated_tokens != max_new_tokens:
             reasons.append(f"{loop}repeat {s.repeat} generated {s.generated_tokens} tokens, expected {max_new_tokens}")
+        short = [b for b, ids in enumerate(s.row_token_ids or []) if len(ids) != max_new_tokens]
+        if short:
+            reasons.append(f"{loop}repeat {s.repeat}: row(s) {short} did not generate exactly {max_new_tokens} tokens")
         if s.degenerate is None:
             reasons.append(f"{loop}repeat {s.repeat} has no degeneracy verdict")
         elif s.degenerate:
@@ -467,15 +505,16 @@ def _cold_fields(cold: Sample | None, timed: list[Sample], ttft_median: float | 
 
 def failed_cell(
     input_tokens: int, error: str, *, bucket: int | None = None, max_new_tokens: int | None = None,
-    repeats: int | None = None,
+    repeats: int | None = None, batch: int | None = None,
 ) -> CellRow:  # fmt: skip
-    """The row of a cell that could not be measured (e.g. out of memory): status "failed", invalid, no numbers."""
+    """The row of a cell that could not be measured (e.g. out of memory): status "failed", invalid, no numbers
+    (`batch`: the cell's B in a `--batch` sweep)."""
     empty = {f.name: None for f in dataclasses.fields(CellRow) if f.name not in OPTIONAL_FIELDS[CellRow]}
     empty.update(
         input_tokens=input_tokens, bucket=bucket, max_new_tokens=max_new_tokens, repeats=repeats, valid=False,
         invalid_reason=f"failed: {error}", status="failed", error=error, generated_tokens_per_repeat=[],
     )  # fmt: skip
-    return CellRow(**empty)
+    return CellRow(**empty, batch=batch)
 
 
 # ---- summarising one load level ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import RunFolderError
-from bench.runs.records import CellRow, LoadRow, LoadSample, Sample, conforms, row_from_dict, row_problems
+from bench.runs.records import CellRow, LoadRow, LoadSample, Sample, cell_key, conforms, row_from_dict, row_problems
 
 SCHEMA_VERSION = 2
 """The manifest schema version this harness writes."""
@@ -289,9 +289,11 @@ def run_files_problems(files: RunFiles) -> list[str]:
                 continue
             problems += [f"{fname} line {lineno}: {msg}" for msg in row_problems(cls, obj)]
             if cls is CellRow and isinstance(obj, dict):
-                if obj.get("input_tokens") in seen:
-                    problems.append(f"{fname} line {lineno}: duplicate cell for input_tokens={obj['input_tokens']}")
-                seen.add(obj.get("input_tokens"))
+                key = (obj.get("input_tokens"), obj.get("batch") or 1)  # a cell: input size and batch (None: 1)
+                if key in seen:
+                    batch = f", batch={key[1]}" if obj.get("batch") is not None else ""
+                    problems.append(f"{fname} line {lineno}: duplicate cell for input_tokens={obj['input_tokens']}{batch}")
+                seen.add(key)
             if cls is LoadRow and isinstance(obj, dict):
                 key = (obj.get("input_tokens"), obj.get("concurrency"), obj.get("request_rate"))
                 if key in seen:
@@ -331,14 +333,14 @@ def _consistency_problems(files: RunFiles) -> list[str]:
         return [str(exc)]
     problems = []
     for c in cells:
-        where = f"{CELLS_JSONL}: cell {c.input_tokens}"
+        where = f"{CELLS_JSONL}: cell {c.input_tokens}" + (f" batch {c.batch}" if c.batch is not None else "")
         for metric in ("gauge_tok_s", "e2e_tok_s", "ttft_ms"):
             lo, mid, hi = (getattr(c, f"{metric}_{k}") for k in ("min", "median", "max"))
             if None not in (lo, mid, hi) and not lo <= mid <= hi:
                 problems.append(f"{where}: {metric} median {mid} is outside min..max {lo}..{hi}")
         if c.status != "ok":
             continue
-        mine = [s for s in samples if s.input_tokens == c.input_tokens]
+        mine = [s for s in samples if cell_key(s) == cell_key(c)]
         host = [s.repeat for s in mine if s.kind == "timed"]
         expected = {"timed": c.repeats or 0, "timed-device": c.device_repeats}
         if c.device_repeats is not None and not host:  # the device loop alone: its repeats are the cell's

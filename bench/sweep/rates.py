@@ -15,6 +15,12 @@ Each measured cell row then gets (`with_rooflines`, fields of `bench.runs.CellRo
 - `prefill_flops` (`prefill_flops_of`: `model.flops.prefill_flops` at the cell's compiled shape), `prefill_flop_s` =
   prefill_flops / median prefill time, `prefill_matmul_share_pct` = prefill_flop_s / matmul rate x 100.
 `--target` sweeps measure no rates: the server's device is not this process's.
+
+A batch cell (`CellRow.batch` B, `bench sweep --batch`; measurement.md "Batches"): bytes_per_step =
+`Engine.decode_bytes(n, max_new_tokens, batch=B)["total"]` (the weights once plus every row's KV cache), the shares
+from the per-sequence gauge (one step per token of every row: bytes per step x steps per second), prefill_flops
+B x one row's. `batch_rows` adds `flops_per_step` (`model.flops.decode_flops` of B rows) and `arithmetic_intensity`
+= flops_per_step / bytes_per_step to every row of a `--batch` sweep, B = 1 included (with or without rates).
 """
 
 from __future__ import annotations
@@ -94,9 +100,35 @@ def roofline_rows(engine, rates: DeviceRates, max_new_tokens: int) -> Callable[[
     from `engine.decode_bytes`, prefill FLOP from `model.flops` (`prefill_flops_of`)."""
 
     def finish(row: CellRow) -> CellRow:
-        n = row.input_tokens
-        return with_rooflines(row, bytes_per_step=engine.decode_bytes(n, max_new_tokens)["total"],
-                              prefill_flops=prefill_flops_of(engine, n, max_new_tokens), rates=rates)  # fmt: skip
+        n, b = row.input_tokens, row.batch or 1
+        return with_rooflines(row, bytes_per_step=engine.decode_bytes(n, max_new_tokens, batch=b)["total"],
+                              prefill_flops=b * prefill_flops_of(engine, n, max_new_tokens), rates=rates)  # fmt: skip
+
+    return finish
+
+
+def with_batch_figures(row: CellRow, *, flops_per_step: int, bytes_per_step: int) -> CellRow:
+    """`row` with `flops_per_step` and `arithmetic_intensity` (FLOP/byte, `bench.measure.batches`); a failed cell
+    is returned as it is. Pure arithmetic."""
+    from bench.measure.batches import arithmetic_intensity
+
+    if row.status == "failed":
+        return row
+    return dataclasses.replace(row, flops_per_step=flops_per_step,
+                               arithmetic_intensity=arithmetic_intensity(flops_per_step, bytes_per_step))  # fmt: skip
+
+
+def batch_rows(engine, max_new_tokens: int) -> Callable[[CellRow], CellRow]:
+    """The function that gives a `--batch` sweep's row of `engine` its batch figures (`with_batch_figures`): the
+    FLOPs of one decode step of B rows over caches of bucket + max_new_tokens slots (`model.flops.decode_flops`)
+    and the bytes it reads (`Engine.decode_bytes(..., batch=B)`)."""
+    from model.flops import decode_flops
+
+    def finish(row: CellRow) -> CellRow:
+        n, b = row.input_tokens, row.batch or 1
+        cache_len = engine.bucket_for(n) + max_new_tokens
+        return with_batch_figures(row, flops_per_step=int(decode_flops(engine.cfg, cache_len, b)),
+                                  bytes_per_step=engine.decode_bytes(n, max_new_tokens, batch=b)["total"])  # fmt: skip
 
     return finish
 
