@@ -16,8 +16,9 @@ Admission (`submit`, called on the event loop): at most `max_batch + max_queue` 
 (running + waiting); one more is refused at once with `QueueFull` (the server answers 429 with Retry-After), never
 queued to hang. A stopping scheduler refuses with `Stopping` (503).
 
-Which engine runs the slots is the `SlotEngine` (`bench.serve.slots`): today `SequentialSlots`, N independent
-B=1 generations stepped one after another (correct, not faster); the batched engine plugs in unchanged.
+Which engine runs the slots is the `SlotEngine` (`bench.serve.slots`): `BatchedSlots` (max_batch > 1: the slots
+are the rows of one batched KV cache, one jitted decode step for all of them per scheduler step) or
+`SequentialSlots` (max_batch 1: the single-sequence engine, exactly as a request alone).
 
 Times are `time.perf_counter_ns` (monotonic): a job's `t_queued_ns` (submitted), `t_admitted_ns` (given a slot);
 queue time = admitted - queued.
@@ -279,13 +280,8 @@ class Scheduler:
 
 
 def describe(slots: SlotEngine) -> str:
-    """One line naming how the slot engine steps its slots (for /health)."""
-    from bench.serve.slots import SequentialSlots
-
-    if isinstance(slots, SequentialSlots):
-        return (f"sequential: {slots.max_batch} independent batch-1 sequences, stepped one after another per "
-                "scheduler step (correct, not faster than one at a time)")  # fmt: skip
-    return getattr(slots, "description", type(slots).__name__)
+    """One line naming how the slot engine steps its slots (for /health): its `description`, else its class."""
+    return getattr(slots, "description", None) or type(slots).__name__
 
 
 __all__ = ["OUTCOMES", "Job", "QueueFull", "Scheduler", "SlotResult", "Stopping", "describe"]
