@@ -204,6 +204,10 @@ class BatchedSlots:
     unused until a request joins it. Raises ValueError for max_batch < 1, and the engine's EngineError when the
     slots do not fit in memory (`Engine.check_slots`: the arithmetic, before anything is allocated)."""
 
+    max_prefills_per_step = 1
+    """Requests the scheduler admits between two decode steps: each prefill delays every running slot's next token,
+    so one per step bounds that delay at one prefill (`bench.serve.scheduler`)."""
+
     def __init__(self, engine, max_batch: int, cache_len: int | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
