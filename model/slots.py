@@ -109,18 +109,27 @@ class SlotDecoder:
     def __init__(self, engine, max_batch: int, cache_len: int):
         engine.check_slots(max_batch, cache_len)
         self.engine, self.max_batch, self.cache_len = engine, max_batch, cache_len
-        cfg, policy = engine.cfg, engine.policy
-        empty = init_cache(cfg, cache_len, DTYPES[policy.kv_dtype], batch=max_batch)
-        self._cache = KVCache(k=empty.k, v=empty.v, length=jnp.asarray(np.zeros(max_batch, np.int32)))
-        self._token_B = jnp.asarray(np.full(max_batch, cfg.pad_token_id, np.int32))
-        self._active = np.zeros(max_batch, bool)
-        self._temperature = np.ones(max_batch, np.float32)
-        self._top_k = np.zeros(max_batch, np.int32)
-        self._top_p = np.ones(max_batch, np.float32)
-        self._seed = np.zeros(max_batch, np.uint32)
-        self._greedy = np.ones(max_batch, bool)
-        self._rows = None  # the device copies of the per-row settings; rebuilt after a join or a leave
         self.steps = 0  # decode steps run (each one jitted call for all rows)
+        self.resets = -1  # times the batched cache was rebuilt after a failed program (`_reset`)
+        self._reset()
+
+    def _reset(self) -> None:
+        """(Re)allocate the empty batched cache and free every slot. Runs once at construction, and again when a
+        step or an insert raised: their input cache was donated to the failed call, so no occupied row can go on
+        (`resets` tells a caller that its sequences were lost)."""
+        cfg, policy, b = self.engine.cfg, self.engine.policy, self.max_batch
+        self._cache = self._token_B = None  # drop the old buffers before the new ones are allocated
+        empty = init_cache(cfg, self.cache_len, DTYPES[policy.kv_dtype], batch=b)
+        self._cache = KVCache(k=empty.k, v=empty.v, length=jnp.asarray(np.zeros(b, np.int32)))
+        self._token_B = jnp.asarray(np.full(b, cfg.pad_token_id, np.int32))
+        self._active = np.zeros(b, bool)
+        self._temperature = np.ones(b, np.float32)
+        self._top_k = np.zeros(b, np.int32)
+        self._top_p = np.ones(b, np.float32)
+        self._seed = np.zeros(b, np.uint32)
+        self._greedy = np.ones(b, bool)
+        self._rows = None  # the device copies of the per-row settings; rebuilt after a join or a leave
+        self.resets += 1
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -133,7 +142,8 @@ class SlotDecoder:
         prefill (one row, its own bucket, at the slots' cache length), the row copied into the slot, and its first
         token. Raises EngineError for a slot out of range or occupied, a prompt the engine refuses
         (`Engine.check_request`), and a prompt + max_new_tokens above the slots' `cache_len` positions (or a
-        bucket above it); the slot stays free."""
+        bucket above it); the slot stays free. Whatever the device raised for the prefill (the slot stays free) or
+        the insert (then every slot is free: `resets` + 1)."""
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.max_batch:
             raise EngineError(f"slot {slot!r}: expected 0..{self.max_batch - 1}")
         if self._active[slot]:
@@ -150,7 +160,11 @@ class SlotDecoder:
             cache_len=self.cache_len, kv_dtype=self.engine.policy.kv_dtype,
             act_dtype=self.engine.policy.activation_dtype, greedy=sampling.greedy,
         )  # fmt: skip
-        self._cache, self._token_B = _insert_program(self._cache, self._token_B, row, token_1, jnp.int32(slot))
+        try:
+            self._cache, self._token_B = _insert_program(self._cache, self._token_B, row, token_1, jnp.int32(slot))
+        except Exception:
+            self._reset()
+            raise
         self._active[slot] = True
         self._temperature[slot] = max(sampling.temperature, 1e-6)  # as Sampling.args
         self._top_k[slot], self._top_p[slot], self._seed[slot] = sampling.top_k, sampling.top_p, sampling.seed
@@ -160,7 +174,8 @@ class SlotDecoder:
 
     def step(self) -> np.ndarray:
         """One decode step of every row (one jitted call): the next token of each row, int numpy [max_batch]
-        (a free row's entry is meaningless). Raises EngineError when no slot is occupied."""
+        (a free row's entry is meaningless). Raises EngineError when no slot is occupied, and whatever the device
+        raised for the step, after which every slot is free (`resets` + 1)."""
         if not self._active.any():
             raise EngineError("no occupied slot to step")
         return self._step(greedy=bool(self._greedy[self._active].all()))
@@ -170,12 +185,17 @@ class SlotDecoder:
             self._rows = (jnp.asarray(self._active), tuple(jnp.asarray(a) for a in (
                 self._temperature, self._top_k, self._top_p, self._seed, self._greedy)))  # fmt: skip
         active_B, rows = self._rows
-        self._token_B, self._cache = _slot_step_program(
-            self.engine.params, self._cache, self._token_B, active_B, rows, cfg=self.engine.cfg,
-            act_dtype=self.engine.policy.activation_dtype, greedy=greedy,
-        )  # fmt: skip
+        try:
+            self._token_B, self._cache = _slot_step_program(
+                self.engine.params, self._cache, self._token_B, active_B, rows, cfg=self.engine.cfg,
+                act_dtype=self.engine.policy.activation_dtype, greedy=greedy,
+            )  # fmt: skip
+            tokens = np.asarray(self._token_B)
+        except Exception:
+            self._reset()
+            raise
         self.steps += 1
-        return np.asarray(self._token_B)
+        return tokens
 
     def free(self, slot: int) -> None:
         """Mark `slot` free (at once, on the host; its row is reset by the next step and replaced whole by the

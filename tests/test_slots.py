@@ -199,3 +199,28 @@ def test_the_spare_prefill_row_counts_in_the_arithmetic():
     none = BatchMemory(batch=1, cache_len=100, weight_bytes=44_000, kv_bytes_per_row=1_000, capacity=50_000,
                        where="x", spare_rows=1)  # fmt: skip
     assert none.largest_batch == 0 and "not even one slot fits" in none.slots_refusal()
+
+
+def test_a_failed_step_frees_every_slot_and_the_slots_serve_on(engine, decoder, prompts, alone, monkeypatch):
+    from bench.serve.slots import BatchedSlots
+
+    slots = BatchedSlots(engine, SLOTS, CACHE_LEN)  # the module's compiled shape (warmed up by `decoder`)
+    decoder = slots.decoder
+    slots.prefill_into(0, prompts[1], MAX_NEW, None, stop_at_eos=False)
+    slots.prefill_into(1, prompts[2], MAX_NEW, None, stop_at_eos=False)
+    real = slots_module._slot_step_program
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(slots_module, "_slot_step_program", broken)
+    with pytest.raises(RuntimeError, match="device lost"):
+        slots.step([0, 1])
+    assert decoder.active == () and decoder.resets == 1  # the cache was donated to the failed call: rebuilt
+    monkeypatch.setattr(slots_module, "_slot_step_program", real)
+    assert all(isinstance(v, RuntimeError) and "lost" in str(v) for v in slots.step([0, 1]).values())
+    assert slots.release(0).bucket == 32 and slots.release(1).bucket == 32
+    tokens = [slots.prefill_into(2, prompts[3], MAX_NEW, None, stop_at_eos=False).token_id]
+    while len(tokens) < MAX_NEW:
+        tokens.append(slots.step([2])[2].token_id)
+    assert tokens == alone[3]

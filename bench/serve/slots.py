@@ -214,7 +214,7 @@ class BatchedSlots:
         self.decoder = engine.slot_decoder(max_batch, cache_len)
         self.engine, self.max_batch = engine, max_batch
         self.max_context = self.decoder.cache_len
-        self._started: dict[int, tuple[int, int]] = {}  # slot -> (compile traces when it joined, its bucket)
+        self._started: dict[int, tuple[int, int, int]] = {}  # slot -> (traces when it joined, bucket, resets)
         self.description = (f"batched: {max_batch} slots decoded together, one jitted step of all slots per "
                             f"scheduler step ({self.max_context} positions per slot, --max-length; a free slot "
                             "still costs its share of each step)")  # fmt: skip
@@ -228,16 +228,30 @@ class BatchedSlots:
         traces0 = CompileCounter.traces
         first = self.decoder.prefill(slot, list(prompt_ids), max_new_tokens, sampling or GREEDY)
         t_ns = time.perf_counter_ns()
-        self._started[slot] = (traces0, first.bucket)
+        self._started[slot] = (traces0, first.bucket, self.decoder.resets)
         return Token(first.token_id, t_ns)
 
     def step(self, slots: Sequence[int]) -> dict[int, Token | BaseException]:
         """See `SlotEngine.step`: ONE decode step of every row (`SlotDecoder.step`), whose tokens arrive on the
-        host together. A slot that is not occupied answers RuntimeError."""
-        tokens = self.decoder.step()
-        t_ns = time.perf_counter_ns()
-        return {slot: Token(int(tokens[slot]), t_ns) if slot in self._started
-                else RuntimeError(f"slot {slot} is not occupied") for slot in slots}  # fmt: skip
+        host together. A slot that is not occupied, or whose sequence was lost when the batched cache was rebuilt
+        after an engine error (`SlotDecoder.resets`), answers RuntimeError; a step that raised raises (the
+        scheduler ends every slot with it)."""
+        resets = self.decoder.resets
+        out: dict[int, Token | BaseException] = {}
+        live = []
+        for slot in slots:
+            started = self._started.get(slot)
+            if started is None:
+                out[slot] = RuntimeError(f"slot {slot} is not occupied")
+            elif started[2] != resets:
+                out[slot] = RuntimeError(f"slot {slot}: its sequence was lost when the engine failed")
+            else:
+                live.append(slot)
+        if live:
+            tokens = self.decoder.step()
+            t_ns = time.perf_counter_ns()
+            out.update({slot: Token(int(tokens[slot]), t_ns) for slot in live})
+        return out
 
     def release(self, slot: int) -> SlotResult:
         """See `SlotEngine.release`: the slot is free at once (`SlotDecoder.free`)."""
