@@ -151,8 +151,9 @@ class SlotDecoder:
         n = len(prompt_ids)
         bucket = self.engine.check_request(n, max_new_tokens)
         if n + max_new_tokens > self.cache_len or bucket > self.cache_len:
-            raise EngineError(f"{n} prompt tokens + {max_new_tokens} new tokens (bucket {bucket}) exceed the slots' "
-                              f"{self.cache_len} positions (--max-length): lower max_tokens or raise --max-length")  # fmt: skip
+            raise EngineError(f"{n} prompt tokens + {max_new_tokens} new tokens (bucket {bucket}) exceed the "
+                              f"slots' {self.cache_len} positions (--max-length): lower max_tokens or raise "
+                              "--max-length")  # fmt: skip
         ids = np.full((1, bucket), self.engine.cfg.pad_token_id, np.int32)
         ids[0, :n] = np.asarray(prompt_ids, np.int32)
         token_1, row = _prefill_program(

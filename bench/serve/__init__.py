@@ -19,5 +19,5 @@ from bench.serve.slots import BatchedSlots, SequentialSlots, SlotEngine, SlotRes
 from bench.serve.text import StopMatcher, TextAssembler
 
 __all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_QUEUE", "LoadedModel", "create_app",
-           "parse_warmup_shapes", "Metrics", "BatchedSlots", "SequentialSlots", "default_slots", "SlotEngine", "SlotResult", "StopMatcher",
-           "TextAssembler", "Token"]  # fmt: skip
+           "parse_warmup_shapes", "Metrics", "BatchedSlots", "SequentialSlots", "default_slots", "SlotEngine",
+           "SlotResult", "StopMatcher", "TextAssembler", "Token"]  # fmt: skip
