@@ -42,10 +42,10 @@ decode with the others) and leave when finished, stopped or disconnected, their 
 at once, never a hang. With `request_deadline_s`, a request still waiting that long is refused (503, code
 "deadline_exceeded") and one still generating is stopped (finish_reason "length"). The slots are a `SlotEngine`
 (`bench.serve.slots`, chosen by `slots_factory`; `bench serve`'s is `default_slots`): for `max_batch` > 1
-`BatchedSlots`, the
-rows of one batched KV cache of `max_length` positions per slot decoded by one jitted step together (so a prompt +
-max_tokens must fit `max_length`: a 400 otherwise); for `max_batch` 1 `SequentialSlots`, the single-sequence
-engine exactly as before (each request its own cache of bucket + max_tokens positions). Tokens reach
+`BatchedSlots`, the rows of one batched KV cache of `max_length` positions per slot, decoded together by one jitted
+step (so a prompt + max_tokens must fit `max_length`: a 400 otherwise; one prefill joins per step); for
+`max_batch` 1 `SequentialSlots`, the single-sequence engine exactly as before (each request its own cache of
+bucket + max_tokens positions). Tokens reach
 the event loop through `call_soon_threadsafe`, so neither streaming nor a slow client ever blocks the engine. A
 request whose client disconnects is cancelled at once (`bench.serve.answer`): dropped before it starts when it is
 still queued, its slot freed at the next step boundary when it runs.
@@ -92,7 +92,7 @@ from bench.serve.answer import Answer
 from bench.serve.guard import DEFAULT_MAX_BODY_BYTES, ApiKeyGuard, BodyLimit, CountRequests
 from bench.serve.metrics import CONTENT_TYPE, Metrics
 from bench.serve.scheduler import Job, QueueFull, Scheduler, Stopping, describe
-from bench.serve.slots import SequentialSlots, SlotEngine, default_slots
+from bench.serve.slots import SequentialSlots, SlotEngine
 from bench.serve.schema import (
     APIError,
     ChatRequest,
@@ -238,8 +238,9 @@ def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | 
     may spend in the server, queue and generation (None: no limit); `slots_factory(engine, max_batch)`: the
     `SlotEngine` over the loaded engine (default `SequentialSlots`; `bench serve` passes `default_slots`:
     `BatchedSlots` for max_batch > 1, `SequentialSlots` for 1); it raises the engine's error when its slots do not
-    fit in memory (then /health is "failed" and `on_load_failure` is called). Raises ValueError for a max_batch < 1, a
-    max_queue < 0 or a deadline <= 0; requests are refused with `APIError` bodies (see the module docstring)."""
+    fit in memory (then /health is "failed" and `on_load_failure` is called). Raises ValueError for a
+    max_batch < 1, a max_queue < 0 or a deadline <= 0; requests are refused with `APIError` bodies (see the module
+    docstring)."""
     if max_batch < 1 or max_queue < 0 or (request_deadline_s is not None and not request_deadline_s > 0):
         raise ValueError(f"create_app: max_batch {max_batch} (>= 1), max_queue {max_queue} (>= 0), "
                          f"request_deadline_s {request_deadline_s} (> 0 or None)")  # fmt: skip
