@@ -7,6 +7,7 @@ Public API (everything else is internal):
 - `forward_full`, `prefill`, `decode_step`            (model.forward)
 - `decide_policy`, `DevicePolicy`                      (model.policy)
 - `Engine`, `load_engine`, `full_logits`, `Sampling`  (model.engine)
+- `SlotDecoder`                                        (model.slots: decode slots, `Engine.slot_decoder`)
 - `GemmaTokenizer`                                     (model.tokenizer)
 - `QuantSpec`, `parse_quant`                           (model.quantspec: the `--quant` options, jax-free)
 - `QuantArray`, `quantize_params`, `tree_bytes`        (model.quant)
@@ -30,6 +31,7 @@ _HOMES = {
     "forward_full": "model.forward", "prefill": "model.forward", "decode_step": "model.forward",
     "DevicePolicy": "model.policy", "decide_policy": "model.policy",
     "Engine": "model.engine", "Sampling": "model.engine", "full_logits": "model.engine", "load_engine": "model.engine",
+    "SlotDecoder": "model.slots",
     "GemmaTokenizer": "model.tokenizer",
     "QuantSpec": "model.quantspec", "parse_quant": "model.quantspec",
     "QuantArray": "model.quant", "quantize_params": "model.quant", "tree_bytes": "model.quant",
@@ -39,7 +41,7 @@ _HOMES = {
 __all__ = [
     "PRESETS", "ModelConfig", "load_config", "content_hash", "load_params", "resolve_checkpoint",
     "create_checkpoint", "ensure_builtin", "forward_full", "prefill", "decode_step", "DevicePolicy",
-    "decide_policy", "Engine", "Sampling", "full_logits", "load_engine", "GemmaTokenizer", "QuantSpec",
+    "decide_policy", "Engine", "Sampling", "full_logits", "load_engine", "SlotDecoder", "GemmaTokenizer", "QuantSpec",
     "parse_quant", "QuantArray", "quantize_params", "tree_bytes",
 ]  # fmt: skip
 
@@ -68,4 +70,5 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from model.policy import DevicePolicy, decide_policy
     from model.quant import QuantArray, quantize_params, tree_bytes
     from model.quantspec import QuantSpec, parse_quant
+    from model.slots import SlotDecoder
     from model.tokenizer import GemmaTokenizer

@@ -347,7 +347,9 @@ class BatchMemory:
 
     batch: rows; cache_len: positions per row (bucket + max_new_tokens); weight_bytes: the parameters as placed
     on the device (`weight_bytes`); kv_bytes_per_row: one row's cache (`kv_cache_bytes`); capacity: bytes the
-    device (or host) holds for this process, `where` says which figure; reserve: `MEMORY_RESERVE`.
+    device (or host) holds for this process, `where` says which figure; reserve: `MEMORY_RESERVE`;
+    spare_rows: rows of cache allocated beside the batch's (the slot decoder's one-row prefill cache: 1; a batch
+    of `generate_batch`: 0).
     """
 
     batch: int
@@ -357,11 +359,12 @@ class BatchMemory:
     capacity: int
     where: str
     reserve: float = MEMORY_RESERVE
+    spare_rows: int = 0
 
     @property
     def kv_bytes(self) -> int:
-        """The whole batch's KV cache: batch x kv_bytes_per_row."""
-        return self.batch * self.kv_bytes_per_row
+        """The whole batch's KV cache: (batch + spare_rows) x kv_bytes_per_row."""
+        return (self.batch + self.spare_rows) * self.kv_bytes_per_row
 
     @property
     def needed(self) -> int:
@@ -380,8 +383,9 @@ class BatchMemory:
 
     @property
     def largest_batch(self) -> int:
-        """The most rows whose cache fits beside the weights: floor((usable - weights) / kv_bytes_per_row), >= 0."""
-        return max(0, (self.usable - self.weight_bytes) // max(1, self.kv_bytes_per_row))
+        """The most rows whose cache fits beside the weights (and the spare rows): floor((usable - weights) /
+        kv_bytes_per_row) - spare_rows, >= 0."""
+        return max(0, (self.usable - self.weight_bytes) // max(1, self.kv_bytes_per_row) - self.spare_rows)
 
     def refusal(self) -> str:
         """One line: what was asked, the arithmetic, what fits and how to fix it."""
@@ -393,3 +397,16 @@ class BatchMemory:
                 f"cache ({self.cache_len} positions per row) + {self.weight_bytes / gb:.3f} GB of weights = "
                 f"{self.needed / gb:.3f} GB, above the {self.usable / gb:.3f} GB usable ({self.capacity / gb:.3f} GB "
                 f"{self.where}, less {self.reserve:.0%} reserved for activations); {fit}")
+
+    def slots_refusal(self) -> str:
+        """`refusal` for the decode slots of `bench serve` (`batch` slots of `cache_len` positions each, the
+        server's --max-length, plus the spare prefill row): one line naming --max-batch and --max-length."""
+        gb = 1e9
+        fit = (f"at most {self.largest_batch} slots fit at this length: lower --max-batch or --max-length"
+               if self.largest_batch else
+               "not even one slot fits at this length: lower --max-length")  # fmt: skip
+        return (f"--max-batch {self.batch} does not fit: ({self.batch} slots + {self.spare_rows} prefill row) x "
+                f"{self.kv_bytes_per_row / gb:.3f} GB of KV cache ({self.cache_len} positions per slot, --max-length) "
+                f"+ {self.weight_bytes / gb:.3f} GB of weights = {self.needed / gb:.3f} GB, above the "
+                f"{self.usable / gb:.3f} GB usable ({self.capacity / gb:.3f} GB {self.where}, less {self.reserve:.0%} "
+                f"reserved for activations); {fit}")

@@ -12,7 +12,9 @@ Batches: `Engine.generate_batch` decodes B prompts of their own lengths together
 of the longest, one length per row (`KVCache.length` [B]), each row at its own positions and slots
 (`model.forward`), greedy or sampled (row b's key of a position is the one `generate` uses for it). Its KV cache
 bytes are checked against the device's (or host's) memory before anything is allocated (`check_batch`).
-`generate` keeps its single-sequence programs (one scalar length) and their tokens.
+`generate` keeps its single-sequence programs (one scalar length) and their tokens. Decode slots
+(`Engine.slot_decoder`, `model.slots`): sequences join and leave a fixed batch of rows between decode steps, one
+jitted step for all rows (continuous batching).
 
 Recompilation triggers (everything else is an array argument and never recompiles):
 1. a new bucket (the prefill program's input shape);
@@ -27,6 +29,12 @@ Recompilation triggers (everything else is an array argument and never recompile
    count (a traced value), so a block size that does not divide max_new_tokens - 1 adds no program.
 7. `Engine.next_token_logits` (the prefill's logits, for accuracy records): its own program per (bucket, cache
    length), compiled on its first call at that shape, outside any timed request.
+8. decode slots (`Engine.slot_decoder(max_batch, cache_len)`, `model.slots`, what `bench serve --max-batch N > 1`
+   runs): the step per (max_batch, cache_len) and greedy-only vs any sampled row; each prefill per (bucket,
+   cache_len) and greedy vs sampling (the single-sequence prefill program at the slots' cache_len, another shape
+   than `generate`'s bucket + max_new_tokens); the insert of a prefilled row per (max_batch, cache_len). Which
+   slot, the prompt's length within its bucket, max_new_tokens and the slots' occupancy compile nothing
+   (`SlotDecoder.warmup` compiles a bucket's programs and both steps).
 Prompt length, position, temperature, top-k, top-p, seed and a block's trip count are traced values: changing them compiles nothing.
 `CompileCounter` counts every trace/compile (jax.monitoring), so a timed region can prove it compiled nothing.
 """
@@ -421,15 +429,44 @@ class Engine:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise EngineError(f"batch {batch!r}: expected a whole number of rows >= 1")
         bucket = self.check_request(n_tokens, max_new_tokens)
-        cache_len = bucket + max_new_tokens
-        capacity, where = memory_capacity(self.weight_bytes)
-        mem = BatchMemory(batch=batch, cache_len=cache_len, weight_bytes=self.weight_bytes,
-                          kv_bytes_per_row=kv_cache_bytes(self.cfg, cache_len,
-                                                          np.dtype(DTYPES[self.policy.kv_dtype]).itemsize),
-                          capacity=capacity, where=where)  # fmt: skip
+        mem = self._batch_memory(batch, bucket + max_new_tokens, spare_rows=0)
         if not mem.fits:
             raise EngineError(mem.refusal())
         return mem
+
+    def check_slots(self, max_batch: int, cache_len: int) -> BatchMemory:
+        """The memory arithmetic of a slot decoder (`slot_decoder`): `max_batch` rows of `cache_len` positions,
+        plus the one-row cache each prefill fills before it is copied into its slot (`spare_rows` 1), beside the
+        weights, against the device's memory, else the host's (`memory_capacity`). Computed before anything is
+        allocated. Raises EngineError for max_batch < 1 (or not a whole number), a cache_len below 2 or above the
+        model's max_position_embeddings, and with the arithmetic (`BatchMemory.slots_refusal`: needed, usable,
+        the most slots that fit) when the slots do not fit."""
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise EngineError(f"--max-batch {max_batch!r}: expected a whole number of decode slots >= 1")
+        positions = self.cfg.max_position_embeddings
+        if isinstance(cache_len, bool) or not isinstance(cache_len, int) or not 2 <= cache_len <= positions:
+            raise EngineError(f"slot cache of {cache_len!r} positions (--max-length): expected 2..{positions} (a "
+                              "prompt token and a new one, up to the model's max_position_embeddings)")  # fmt: skip
+        mem = self._batch_memory(max_batch, cache_len, spare_rows=1)
+        if not mem.fits:
+            raise EngineError(mem.slots_refusal())
+        return mem
+
+    def _batch_memory(self, batch: int, cache_len: int, *, spare_rows: int) -> BatchMemory:
+        """`BatchMemory` of `batch` rows (+ `spare_rows`) of `cache_len` positions at the policy's KV dtype."""
+        capacity, where = memory_capacity(self.weight_bytes)
+        return BatchMemory(batch=batch, cache_len=cache_len, weight_bytes=self.weight_bytes,
+                           kv_bytes_per_row=kv_cache_bytes(self.cfg, cache_len,
+                                                           np.dtype(DTYPES[self.policy.kv_dtype]).itemsize),
+                           capacity=capacity, where=where, spare_rows=spare_rows)  # fmt: skip
+
+    def slot_decoder(self, max_batch: int, cache_len: int | None = None):
+        """A `model.slots.SlotDecoder` over this engine: `max_batch` decode slots sharing one batched KV cache of
+        `cache_len` positions per slot (default `max_length`), for continuous batching (`bench serve`). Its memory
+        is checked first (`check_slots`); raises EngineError as that."""
+        from model.slots import SlotDecoder
+
+        return SlotDecoder(self, max_batch, self.max_length if cache_len is None else cache_len)
 
     def bucket_for(self, n_tokens: int) -> int:
         """The smallest bucket >= n_tokens. Raises EngineError naming the limit and a fix that can work: the flag

@@ -132,6 +132,34 @@ def test_requests_join_free_slots_between_steps_and_leave_at_once():
     asyncio.run(main())
 
 
+def test_a_slot_engine_that_takes_one_prefill_per_step_gets_its_joiners_one_step_apart():
+    """`max_prefills_per_step` 1 (`BatchedSlots`): three requests waiting for three free slots join one per step
+    boundary, so no running request waits for more than one prefill between two of its tokens."""
+
+    async def main():
+        fake = FakeSlots(max_batch=3)
+        fake.max_prefills_per_step = 1
+        sched, outcomes = _scheduler(fake)
+        try:
+            jobs = [_job(100 * k, 4) for k in (1, 2, 3)]
+            for job in jobs:
+                sched.submit(job)
+            await _wait(lambda: sched.running == 1 and sched.waiting == 2)  # one prefilled; the step waits
+            fake.allow(1)
+            await _wait(lambda: sched.running == 2 and sched.waiting == 1)
+            fake.allow(10)
+            ends = await asyncio.gather(*(_until_end(j) for j in jobs))
+            assert [_tokens(e) for e in ends] == [[100 * k + i for i in range(4)] for k in (1, 2, 3)]
+            # prefill, step, prefill, step, prefill: never two prefills between two steps
+            assert fake.events[:3] == [("prefill", 0), ("prefill", 1), ("prefill", 2)]
+            assert fake.steps[:3] == [(0,), (0, 1), (0, 1, 2)] and outcomes == ["finished"] * 3
+        finally:
+            fake.allow(100)
+            sched.stop()
+
+    asyncio.run(main())
+
+
 def test_a_stopped_request_frees_its_slot_before_the_next_step_and_a_cancelled_waiting_one_never_runs():
     async def main():
         fake = FakeSlots(max_batch=1)

@@ -138,8 +138,9 @@ def serve(
         None, "--max-body-bytes", help="Largest request body accepted, in bytes (413 above it); default 1 MiB.",
     ),  # fmt: skip
     max_batch: int = typer.Option(
-        1, "--max-batch", help="Decode slots: requests generating together (continuous batching; 1: one at a "
-        "time). Today's engine steps the slots one after another (fair, not faster).",
+        8, "--max-batch", help="Decode slots: requests generating together (continuous batching: one batched "
+        "decode step for all slots, each slot a KV cache of --max-length positions, checked against the device's "
+        "memory at start-up). 1: one request at a time on the single-sequence engine.",
     ),  # fmt: skip
     max_queue: int = typer.Option(
         64, "--max-queue", help="Requests that may wait for a free slot; one more is answered 429 with Retry-After.",
@@ -157,7 +158,7 @@ def serve(
     import uvicorn
 
     from bench.errors import BenchError
-    from bench.serve import DEFAULT_MAX_BODY_BYTES, create_app, parse_warmup_shapes
+    from bench.serve import DEFAULT_MAX_BODY_BYTES, create_app, default_slots, parse_warmup_shapes
     from model.errors import ModelError
 
     shapes = parse_warmup_shapes(warmup_shapes)
@@ -185,7 +186,8 @@ def serve(
                                                        scale_dtype, kernel),
                              model_name=model_name, warmup_shapes=shapes, on_load_failure=stop_on_failure,
                              api_key=api_key, max_body_bytes=max_body_bytes, max_batch=max_batch,
-                             max_queue=max_queue, request_deadline_s=request_deadline)  # fmt: skip
+                             max_queue=max_queue, request_deadline_s=request_deadline,
+                             slots_factory=default_slots)  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(application, host=host, port=port, log_level="info", access_log=False))
     server.run()
     if failure:

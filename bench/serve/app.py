@@ -41,16 +41,23 @@ decode with the others) and leave when finished, stopped or disconnected, their 
 `max_batch + max_queue` requests are in the server: one more is a 429 (code "queue_full", header `Retry-After`)
 at once, never a hang. With `request_deadline_s`, a request still waiting that long is refused (503, code
 "deadline_exceeded") and one still generating is stopped (finish_reason "length"). The slots are a `SlotEngine`
-(`bench.serve.slots`); today's is `SequentialSlots`: N independent batch-1 sequences stepped one after another
-(correct, not faster than one at a time; `max_batch` 1 is the former one-request-at-a-time server). Tokens reach
+(`bench.serve.slots`, chosen by `slots_factory`; `bench serve`'s is `default_slots`): for `max_batch` > 1
+`BatchedSlots`, the rows of one batched KV cache of `max_length` positions per slot, decoded together by one jitted
+step (so a prompt + max_tokens must fit `max_length`: a 400 otherwise; one prefill joins per step); for
+`max_batch` 1 `SequentialSlots`, the single-sequence engine exactly as before (each request its own cache of
+bucket + max_tokens positions). Tokens reach
 the event loop through `call_soon_threadsafe`, so neither streaming nor a slow client ever blocks the engine. A
 request whose client disconnects is cancelled at once (`bench.serve.answer`): dropped before it starts when it is
 still queued, its slot freed at the next step boundary when it runs.
 
 Timing definitions (../shared/measurement.md): server-side TTFT runs from the arrival of the request at its handler
 (queue wait included) to the first generated id on the host; the decode gauge is (generated - 1) / (last id - first
-id), in tok/s. Each distinct (bucket, max_tokens, greedy or sampling) shape compiles once; name the shapes clients
-will use in `--warmup-shapes` so that no client request pays a compile.
+id), in tok/s. Each distinct shape compiles once: with `SequentialSlots` (bucket, max_tokens, greedy or sampling);
+with `BatchedSlots` a prefill per (bucket, greedy or sampling) at the slots' fixed cache length, whatever
+max_tokens, and the slots' step (greedy, and with a sampled slot). Name the shapes clients will use in
+`--warmup-shapes` so that no client request pays a compile: a warm-up shape compiles, through the slot engine, its
+greedy prefill and, for `BatchedSlots`, the insert and both steps (a compile in a running server stalls every
+slot).
 
 Errors follow OpenAI's body, `{"error": {"message", "type", "param", "code"}}`, and are counted in /metrics by type:
 400 for a malformed body or a bad field (code `invalid_value`, `invalid_json`, `unsupported_parameter`,
@@ -106,7 +113,7 @@ from model.errors import ModelError
 log = logging.getLogger("bench.serve")
 
 TOKENIZE_THREADS = 2  # tokenization's thread pool: a few large prompts at once cannot take every core
-DEFAULT_MAX_BATCH = 1  # decode slots: 1 is the one-request-at-a-time server
+DEFAULT_MAX_BATCH = 1  # create_app's decode slots: 1 is the one-request-at-a-time server (`bench serve`: 8)
 DEFAULT_MAX_QUEUE = 64  # requests that may wait for a slot; one more is a 429
 RETRY_AFTER_S = 1  # the Retry-After of a 429 (s): a slot frees within a request's time, usually far less
 
@@ -169,18 +176,22 @@ class _State:
         self.tokenize = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="serve-tokenize")
 
     def load(self) -> None:
-        """Load the model and compile every warm-up shape (runs in a background thread)."""
+        """Load the model, make the slot engine (its memory checked before it allocates: a server whose slots
+        do not fit fails here, before any warm-up) and compile every warm-up shape through it (runs in a
+        background thread)."""
         try:
             loaded = self.provider()
+            slots = self.slots_factory(loaded.engine, self.serving["max_batch"])
+            self.serving["slot_engine"] = describe(slots)
+            self.serving["slot_positions"] = getattr(slots, "max_context", None)
             t0 = time.perf_counter()
             for n, m in self.warmup_shapes:
                 log.info(f"warm-up: compiling the shape of {n} prompt tokens, {m} max tokens")
-                loaded.engine.warmup(n, m)
+                warmup = getattr(slots, "warmup", None)
+                warmup(n, m) if warmup is not None else loaded.engine.warmup(n, m)
             self.warmup_s = time.perf_counter() - t0
             self.loaded = loaded
             self.model_name = self.model_name or str(loaded.checkpoint.get("id") or "gemma4")
-            slots = self.slots_factory(loaded.engine, self.serving["max_batch"])
-            self.serving["slot_engine"] = describe(slots)
             self.scheduler = Scheduler(slots, max_queue=self.serving["max_queue"],
                                        eos_ids=getattr(loaded.engine.cfg, "eos_token_ids", ()),
                                        on_outcome=self.metrics.count_outcome)  # fmt: skip
@@ -225,13 +236,16 @@ def create_app(engine_provider: Callable[[], LoadedModel], *, model_name: str | 
     <api_key>`. `max_body_bytes`: the largest request body accepted (bytes; larger is a 413). `max_batch`: decode
     slots (>= 1); `max_queue`: requests that may wait for a slot (>= 0); `request_deadline_s`: seconds a request
     may spend in the server, queue and generation (None: no limit); `slots_factory(engine, max_batch)`: the
-    `SlotEngine` over the loaded engine (default `SequentialSlots`). Raises ValueError for a max_batch < 1, a
-    max_queue < 0 or a deadline <= 0; requests are refused with `APIError` bodies (see the module docstring)."""
+    `SlotEngine` over the loaded engine (default `SequentialSlots`; `bench serve` passes `default_slots`:
+    `BatchedSlots` for max_batch > 1, `SequentialSlots` for 1); it raises the engine's error when its slots do not
+    fit in memory (then /health is "failed" and `on_load_failure` is called). Raises ValueError for a
+    max_batch < 1, a max_queue < 0 or a deadline <= 0; requests are refused with `APIError` bodies (see the module
+    docstring)."""
     if max_batch < 1 or max_queue < 0 or (request_deadline_s is not None and not request_deadline_s > 0):
         raise ValueError(f"create_app: max_batch {max_batch} (>= 1), max_queue {max_queue} (>= 0), "
                          f"request_deadline_s {request_deadline_s} (> 0 or None)")  # fmt: skip
     serving = {"max_batch": max_batch, "max_queue": max_queue, "request_deadline_s": request_deadline_s,
-               "slot_engine": None}  # fmt: skip
+               "slot_engine": None, "slot_positions": None}  # fmt: skip
     state = _State(engine_provider, model_name, warmup_shapes, serving, slots_factory)
     state.on_load_failure = on_load_failure
 
@@ -363,7 +377,8 @@ def _health_body(state: _State) -> dict[str, Any]:
     compile cache (dir, and this process's trace/compile/cache-hit counts), max_length and buckets (tokens),
     warm-up shapes ((prompt tokens, max_tokens) pairs) and warmup_s (seconds spent compiling them), and `serving`:
     max_batch (decode slots), max_queue (requests that may wait), request_deadline_s (s or null), slot_engine (how
-    the slots are stepped, in words)."""
+    the slots are stepped, in words), slot_positions (tokens a prompt + max_tokens may total in a slot, the
+    batched slots' cache length; null: the model's context)."""
     loaded, eng = state.loaded, state.loaded.engine
     pol = eng.policy
     counts = _compile_counts()
@@ -425,7 +440,7 @@ async def _serve(state: _State, request: Request, body: GenerationRequest, ids: 
     max_tokens_param = max_tokens_field(body, kind)[1]
     default = body.max_tokens is None and body.max_completion_tokens is None
     check_context(len(ids), max_tokens, engine, prompt_param=prompt_param, max_tokens_param=max_tokens_param,
-                  default=default)  # fmt: skip
+                  default=default, slot_positions=state.serving.get("slot_positions"))  # fmt: skip
     try:
         engine.check_request(len(ids), max_tokens)  # the engine's own limits, should they ever be stricter
     except EngineError as exc:

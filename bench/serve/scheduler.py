@@ -3,7 +3,8 @@
 Continuous batching, at step granularity: between two decode steps the scheduler
 1. drops the waiting requests whose client left (event "skipped") or whose deadline passed (event "expired"),
 2. moves waiting requests, first come first served, into free slots and runs their prefill
-   (`SlotEngine.prefill_into`; event "admitted", then their first "token"),
+   (`SlotEngine.prefill_into`; event "admitted", then their first "token"): as many as there are free slots, or
+   at most the slot engine's `max_prefills_per_step` (`BatchedSlots`: 1),
 3. frees at once the slot of every running request that is finished (max_tokens generated, or EOS when it stops
    at EOS), stopped (its `cancel` flag: the client left, or a stop string matched) or past its deadline
    (`SlotEngine.release`; event "done"),
@@ -12,12 +13,20 @@ A request therefore waits at most one decode step (plus the prefills admitted wi
 does, and a slow or departed client never holds its slot past the next step boundary: the engine never waits for
 a client (tokens reach the event loop through `call_soon_threadsafe`, which never blocks).
 
+Why a limit on prefills per step: the prefills admitted at a step boundary run before the next decode step, so
+every running request's next token waits for all of them. With k requests joining at once (a burst, or a batch
+that finished together) that gap is k prefills long, and it shows in the inter-token latency's tail (p99). One
+prefill per boundary bounds the gap at one prefill plus one step; the joining requests take turns (their TTFT
+grows by the steps between their prefills), and requests that joined together finish at different steps, which
+spreads later joins out too.
+
 Admission (`submit`, called on the event loop): at most `max_batch + max_queue` requests are in the server
 (running + waiting); one more is refused at once with `QueueFull` (the server answers 429 with Retry-After), never
 queued to hang. A stopping scheduler refuses with `Stopping` (503).
 
-Which engine runs the slots is the `SlotEngine` (`bench.serve.slots`): today `SequentialSlots`, N independent
-B=1 generations stepped one after another (correct, not faster); the batched engine plugs in unchanged.
+Which engine runs the slots is the `SlotEngine` (`bench.serve.slots`): `BatchedSlots` (max_batch > 1: the slots
+are the rows of one batched KV cache, one jitted decode step for all of them per scheduler step) or
+`SequentialSlots` (max_batch 1: the single-sequence engine, exactly as a request alone).
 
 Times are `time.perf_counter_ns` (monotonic): a job's `t_queued_ns` (submitted), `t_admitted_ns` (given a slot);
 queue time = admitted - queued.
@@ -107,6 +116,7 @@ class Scheduler:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.slots, self.max_batch, self.max_queue = slots, slots.max_batch, max_queue
         self.eos_ids, self.on_outcome = frozenset(eos_ids), on_outcome
+        self.prefills_per_step: int | None = getattr(slots, "max_prefills_per_step", None)  # None: every free slot
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}
         self._cond = threading.Condition()
@@ -179,7 +189,8 @@ class Scheduler:
             self._shutdown()
 
     def _admit(self) -> list[tuple[int, Job]]:
-        """(Under the lock.) Drop cancelled and expired waiting jobs; move the first waiting jobs into free slots."""
+        """(Under the lock.) Drop cancelled and expired waiting jobs; move the first waiting jobs into free slots (at
+    most `prefills_per_step` of them)."""
         now = time.perf_counter_ns()
         kept: collections.deque[Job] = collections.deque()
         for job in self._waiting:
@@ -194,6 +205,8 @@ class Scheduler:
                 kept.append(job)
         self._waiting = kept
         free = [s for s in range(self.max_batch) if s not in self._running]
+        if self.prefills_per_step is not None:
+            free = free[: max(1, self.prefills_per_step)]
         admitted = []
         for slot in free:
             if not self._waiting:
@@ -279,13 +292,8 @@ class Scheduler:
 
 
 def describe(slots: SlotEngine) -> str:
-    """One line naming how the slot engine steps its slots (for /health)."""
-    from bench.serve.slots import SequentialSlots
-
-    if isinstance(slots, SequentialSlots):
-        return (f"sequential: {slots.max_batch} independent batch-1 sequences, stepped one after another per "
-                "scheduler step (correct, not faster than one at a time)")  # fmt: skip
-    return getattr(slots, "description", type(slots).__name__)
+    """One line naming how the slot engine steps its slots (for /health): its `description`, else its class."""
+    return getattr(slots, "description", None) or type(slots).__name__
 
 
 __all__ = ["OUTCOMES", "Job", "QueueFull", "Scheduler", "SlotResult", "Stopping", "describe"]

@@ -410,24 +410,29 @@ def max_tokens_field(body: GenerationRequest, kind: str) -> tuple[int, str]:
 
 
 def check_context(n_prompt: int, max_tokens: int, engine, *, prompt_param: str, max_tokens_param: str,
-                  default: bool = False) -> None:  # fmt: skip
+                  default: bool = False, slot_positions: int | None = None) -> None:  # fmt: skip
     """Check that a prompt of `n_prompt` tokens and `max_tokens` new ones fit: the prompt in the largest bucket
-    (`engine.buckets[-1]` tokens), both in the model's context (`engine.cfg.max_position_embeddings` tokens).
+    (`engine.buckets[-1]` tokens), both in the model's context (`engine.cfg.max_position_embeddings` tokens), or,
+    with `slot_positions` (the batched decode slots' cache length, the server's --max-length), in a slot.
     Raises APIError (400, code "context_length_exceeded") whose `param` is the field to change: `max_tokens_param`
     when a smaller max_tokens would fit, else `prompt_param` ("prompt" or "messages"). `default`: max_tokens was
     not sent (the message says it is the default)."""
-    limit, context = engine.buckets[-1], engine.cfg.max_position_embeddings
+    limit = engine.buckets[-1]
+    if slot_positions is None:
+        context, what = engine.cfg.max_position_embeddings, "the model's context"
+    else:
+        context, what = slot_positions, "this server's context (--max-length)"
     if n_prompt > limit:
         raise APIError(400, f"the prompt has {n_prompt} tokens; this server's maximum prompt length is {limit} "
                        "tokens: shorten the prompt", param=prompt_param, code="context_length_exceeded")  # fmt: skip
     if n_prompt + max_tokens <= context:
         return
     if n_prompt >= context:
-        raise APIError(400, f"the prompt has {n_prompt} tokens, which leaves no room for a completion in the "
-                       f"model's context of {context} tokens: shorten the prompt", param=prompt_param,
+        raise APIError(400, f"the prompt has {n_prompt} tokens, which leaves no room for a completion in "
+                       f"{what} of {context} tokens: shorten the prompt", param=prompt_param,
                        code="context_length_exceeded")  # fmt: skip
     sent = f"{max_tokens_param} {max_tokens}" + (" (the default)" if default else "")
-    raise APIError(400, f"{n_prompt} prompt tokens + {sent} exceed the model's context of {context} tokens: set "
+    raise APIError(400, f"{n_prompt} prompt tokens + {sent} exceed {what} of {context} tokens: set "
                    f"{max_tokens_param} to at most {context - n_prompt}, or shorten the prompt",
                    param=max_tokens_param, code="context_length_exceeded")  # fmt: skip
 

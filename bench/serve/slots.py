@@ -6,13 +6,20 @@ every other occupied slot one token per `step`, and leaves with `release` (finis
 which frees the slot at once. The scheduler alone decides when a sequence ends (max_tokens reached, EOS, a stop
 string, a disconnect, a deadline): a slot engine never ends one by itself.
 
-`SequentialSlots` implements the interface with today's single-sequence engine (`model.engine.Engine.generate`,
-batch 1): each occupied slot is an independent B=1 generation, and a `step` advances them **one after another**,
-one jitted B=1 decode step each. That is correct (every sequence gets exactly the tokens it would get alone: same
-programs, same shapes, same sampling keys), fair (sequences interleave token by token) and **not faster** than
-serving them one at a time: N slots cost N decode steps per scheduler step. With `max_batch` 1 it is exactly the
-server's former one-request-at-a-time behaviour. The batched engine (one jitted step for all slots, per-row
-positions) plugs into the same `SlotEngine` protocol when it exists.
+Two implementations; `default_slots` picks one (`BatchedSlots` for max_batch > 1, `SequentialSlots` for 1):
+
+`BatchedSlots` (continuous batching): the slots are the rows of one batched KV cache (`model.slots.SlotDecoder`,
+`Engine.slot_decoder(max_batch, cache_len)`), and a `step` is ONE jitted decode step of all rows, each at its own
+position. A joining request's prefill runs alone (its own bucket) and its row is copied into its slot. Every
+request's prompt + max_tokens must fit the slots' cache length (`max_context`: the server's --max-length), a free
+slot costs its share of every step, and greedy tokens equal the request's tokens alone (`model.slots`).
+
+`SequentialSlots` runs each slot as an independent single-sequence generation (`model.engine.Engine.generate`,
+batch 1), and a `step` advances them **one after another**, one jitted B=1 decode step each. That is correct (the
+same programs, shapes and sampling keys as a request alone), fair (sequences interleave token by token) and **not
+faster** than serving them one at a time: N slots cost N decode steps per scheduler step. With `max_batch` 1 it is
+exactly the server's former one-request-at-a-time behaviour (the programs, tokens and timings of `generate`), which
+is why `--max-batch 1` keeps it.
 
 How `SequentialSlots` steps a generation it does not own the loop of: each slot's `Engine.generate` runs on its own
 thread, and its `on_token` callback hands the token to the scheduler and waits for the next command ("go": one more
@@ -54,7 +61,9 @@ class SlotEngine(Protocol):
     Slots are ints in [0, max_batch). Only one thread (the scheduler's) calls these methods. `sampling` is a
     `model.engine.Sampling`. Exceptions: `prefill_into` raises the engine's error for that request (the slot stays
     free); `step` reports a failure per slot (the exception as that slot's value), after which the scheduler
-    releases the slot."""
+    releases the slot. Optional members the server reads where present: `description` (one line for /health),
+    `max_context` (the most tokens a prompt + max_tokens may total in a slot; absent or None: the model's context),
+    `warmup(n_tokens, max_new_tokens)` (compile what a request of that shape runs; absent: `engine.warmup`)."""
 
     max_batch: int
 
@@ -123,11 +132,19 @@ class SequentialSlots:
     anything with its `generate(prompt_ids, max_new_tokens, sampling, *, stop_at_eos, on_token)`).
     Raises ValueError for max_batch < 1."""
 
+    max_context = None  # the model's context: each sequence has its own cache of bucket + max_tokens positions
+
     def __init__(self, engine, max_batch: int):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.engine, self.max_batch = engine, max_batch
         self._slots: dict[int, _Running] = {}
+        self.description = (f"sequential: {max_batch} independent batch-1 sequences, stepped one after another per "
+                            "scheduler step (correct, not faster than one at a time)")  # fmt: skip
+
+    def warmup(self, n_tokens: int, max_new_tokens: int) -> None:
+        """Compile the programs of one shape: `engine.warmup` (greedy, the request's bucket + max_tokens)."""
+        self.engine.warmup(n_tokens, max_new_tokens)
 
     def prefill_into(self, slot: int, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Any, *,
                      stop_at_eos: bool) -> Token:  # fmt: skip
@@ -176,3 +193,92 @@ class SequentialSlots:
         """Release every occupied slot."""
         for slot in list(self._slots):
             self.release(slot)
+
+
+class BatchedSlots:
+    """`SlotEngine` with continuous batching: the slots are the rows of one batched KV cache (`model.slots.
+    SlotDecoder` over `engine.slot_decoder(max_batch, cache_len)`), one jitted decode step for all of them per
+    `step` (see the module docstring). `cache_len`: positions per slot, the most a prompt + max_tokens may total
+    (`max_context`; default `engine.max_length`, the server's --max-length). Stop at EOS, stop strings,
+    disconnects and deadlines are the scheduler's: a released slot is freed at once and its row carried along
+    unused until a request joins it. Raises ValueError for max_batch < 1, and the engine's EngineError when the
+    slots do not fit in memory (`Engine.check_slots`: the arithmetic, before anything is allocated)."""
+
+    max_prefills_per_step = 1
+    """Requests the scheduler admits between two decode steps: each prefill delays every running slot's next token,
+    so one per step bounds that delay at one prefill (`bench.serve.scheduler`)."""
+
+    def __init__(self, engine, max_batch: int, cache_len: int | None = None):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.decoder = engine.slot_decoder(max_batch, cache_len)
+        self.engine, self.max_batch = engine, max_batch
+        self.max_context = self.decoder.cache_len
+        self._started: dict[int, tuple[int, int, int]] = {}  # slot -> (traces when it joined, bucket, resets)
+        self.description = (f"batched: {max_batch} slots decoded together, one jitted step of all slots per "
+                            f"scheduler step ({self.max_context} positions per slot, --max-length; a free slot "
+                            "still costs its share of each step)")  # fmt: skip
+
+    def prefill_into(self, slot: int, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Any, *,
+                     stop_at_eos: bool) -> Token:  # fmt: skip
+        """See `SlotEngine.prefill_into` (`stop_at_eos` is the scheduler's to act on). Raises the engine's
+        EngineError for a slot out of range or occupied, or a request that does not fit the slots."""
+        from model.engine import GREEDY, CompileCounter
+
+        traces0 = CompileCounter.traces
+        first = self.decoder.prefill(slot, list(prompt_ids), max_new_tokens, sampling or GREEDY)
+        t_ns = time.perf_counter_ns()
+        self._started[slot] = (traces0, first.bucket, self.decoder.resets)
+        return Token(first.token_id, t_ns)
+
+    def step(self, slots: Sequence[int]) -> dict[int, Token | BaseException]:
+        """See `SlotEngine.step`: ONE decode step of every row (`SlotDecoder.step`), whose tokens arrive on the
+        host together. A slot that is not occupied, or whose sequence was lost when the batched cache was rebuilt
+        after an engine error (`SlotDecoder.resets`), answers RuntimeError; a step that raised raises (the
+        scheduler ends every slot with it)."""
+        resets = self.decoder.resets
+        out: dict[int, Token | BaseException] = {}
+        live = []
+        for slot in slots:
+            started = self._started.get(slot)
+            if started is None:
+                out[slot] = RuntimeError(f"slot {slot} is not occupied")
+            elif started[2] != resets:
+                out[slot] = RuntimeError(f"slot {slot}: its sequence was lost when the engine failed")
+            else:
+                live.append(slot)
+        if live:
+            tokens = self.decoder.step()
+            t_ns = time.perf_counter_ns()
+            out.update({slot: Token(int(tokens[slot]), t_ns) for slot in live})
+        return out
+
+    def release(self, slot: int) -> SlotResult:
+        """See `SlotEngine.release`: the slot is free at once (`SlotDecoder.free`)."""
+        from model.engine import CompileCounter
+
+        started = self._started.pop(slot, None)
+        self.decoder.free(slot)
+        if started is None:
+            return SlotResult()
+        return SlotResult(compile_traces=CompileCounter.traces - started[0], bucket=started[1])
+
+    def close(self) -> None:
+        """Release every occupied slot."""
+        for slot in list(self._started):
+            self.release(slot)
+
+    def warmup(self, n_tokens: int, max_new_tokens: int) -> None:
+        """Compile what a request of `n_tokens` prompt tokens runs in a slot (`SlotDecoder.warmup`: its greedy
+        prefill at its bucket, the insert, both step programs). Raises EngineError for a shape the slots cannot
+        hold (prompt + max_new_tokens above `max_context`)."""
+        self.decoder.warmup(n_tokens, max_new_tokens)
+
+
+def default_slots(engine, max_batch: int) -> SequentialSlots | BatchedSlots:
+    """The slot engine `bench serve` runs: `SequentialSlots` for max_batch 1 (exactly the single-sequence engine's
+    programs, tokens and timings) or for an engine without decode slots (no `slot_decoder`), else `BatchedSlots`
+    at the engine's max_length. Raises as the chosen class."""
+    if max_batch == 1 or not hasattr(engine, "slot_decoder"):
+        return SequentialSlots(engine, max_batch)
+    return BatchedSlots(engine, max_batch)

@@ -1,0 +1,228 @@
+"""Decode slots: a fixed batch of rows that sequences join and leave between decode steps (continuous batching).
+
+Key: B slots (`max_batch`), S positions per slot (`cache_len`), V vocab, T a prompt's bucket.
+
+A `SlotDecoder` holds ONE batched KV cache [B rows, S positions] (`model.cache.KVCache` with one length per row)
+and the current token of each row. A sequence enters a free row with `prefill(slot, prompt_ids, max_new_tokens,
+sampling)`: its prompt runs through the single-sequence prefill program (`model.engine._prefill_program`, one row
+at the prompt's bucket T and at the slots' cache length S, so every buffer, the sliding-window rings included, has
+exactly the slot's shape and its rows are copied as they are), then a jitted insert writes that row into row
+`slot` of the batched cache (per layer a dynamic_update_slice along the batch axis, its length and first token
+beside it). The insert replaces the whole row, every slot of every layer, so nothing of a previous occupant
+survives. `step()` is ONE jitted decode step of all B rows (`model.forward.decode_step` with lengths [B]: each row
+at its own position, RoPE angle, cache slot and mask), and each row picks its next token with its own sampling
+settings. `free(slot)` only marks the row free on the host; its next step resets it.
+
+A free row is carried along: it decodes its stale token at position 0 of its own row (its length is held at 0
+after every step, so it never runs past the cache), and its token is ignored. It costs its share of every step on
+the device (the weights are read once per step whatever B is, but a free row's projections, attention over its S
+slots and logits are computed like an occupied row's), which is the price of one compiled shape for any
+occupancy.
+
+Tokens: greedy rows equal `Engine.generate` of the same prompt alone (the same prefill computation, then the same
+per-row decode arithmetic as `Engine.generate_batch`, whose rows equal their prompts alone: tests/test_batch.py),
+up to float summation order (the slots' cache length S differs from `generate`'s bucket + max_new_tokens, and the
+batch size from 1); measured equal on the tiny preset (tests/test_slots.py). A sampled row at position p draws with
+the key `generate` uses at p (fold_in(PRNGKey(seed), p)), with its own temperature, top-k and top-p.
+
+Compiled shapes (see the recompilation triggers of `model.engine`): the step per (B, S) and greedy-only vs any
+sampled row (the sampled step sorts the vocabulary for every row); each prefill per (T, S) and greedy vs sampled
+(the single-sequence prefill program at cache length S, not `generate`'s T + max_new_tokens); the insert per
+(B, S). Slot indices, prompt lengths, positions and sampling values are traced: joining and leaving compile
+nothing once these are compiled (`warmup`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model.cache import KVCache, init_cache
+from model.engine import GREEDY, CompileCounter, Sampling, _choose, _prefill_program
+from model.errors import EngineError
+from model.forward import decode_step
+from model.policy import DTYPES
+
+
+def _choose_rows(logits_BV: jax.Array, position_B: jax.Array, rows: tuple[jax.Array, ...]) -> jax.Array:
+    """Next token ids [B] (int32) from float32 logits [B,V], each row with its own settings: `rows` = (temperature
+    [B] f32 (already >= 1e-6, as `Sampling.args`), top_k [B] i32, top_p [B] f32, seed [B] u32, greedy [B] bool).
+    A sampled row b is `_choose` of a single sequence at position_B[b] with its settings (vmapped), a greedy row
+    its argmax."""
+    temperature_B, top_k_B, top_p_B, seed_B, greedy_B = rows
+
+    def one(z_V, p, t, k, tp, s):
+        return _choose(z_V[None], p, (t, k, tp, s), False)[0]
+
+    sampled_B = jax.vmap(one)(logits_BV, position_B, temperature_B, top_k_B, top_p_B, seed_B)
+    return jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), sampled_B)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "act_dtype", "greedy"), donate_argnames=("cache", "token_B"))
+def _slot_step_program(params, cache, token_B, active_B, rows, *, cfg, act_dtype, greedy):
+    """One decode step of every row of the batched cache (lengths [B]): row b decodes token_B[b] at position
+    cache.length[b]. Returns (next tokens [B] int32: a free row keeps its token; the cache with each occupied row's
+    length + 1 and each free row's length 0). `greedy`: every occupied row is greedy (argmax only); else
+    `_choose_rows` with `rows`. One program per (B, S, greedy)."""
+    with jax.named_scope("decode_step"):
+        position_B = cache.length
+        logits_BV, cache = decode_step(params, cfg, token_B, cache, dtype=DTYPES[act_dtype])
+        next_B = _choose(logits_BV, position_B, None, True) if greedy else _choose_rows(logits_BV, position_B, rows)
+        next_B = jnp.where(active_B, next_B, token_B)
+        length_B = jnp.where(active_B, cache.length, 0)
+        return next_B, KVCache(k=cache.k, v=cache.v, length=length_B)
+
+
+@functools.partial(jax.jit, donate_argnames=("cache", "token_B"))
+def _insert_program(cache, token_B, row, token_1, slot):
+    """Row `slot` (int32 scalar) of the batched cache [B rows] and of token_B [B] replaced by a one-row cache
+    `row` (same buffers, batch 1, scalar length) and its token [1]: per buffer a dynamic_update_slice along the
+    batch axis (the whole row: every slot of every layer). One program per (B, S)."""
+    k = tuple(jax.lax.dynamic_update_slice_in_dim(b, r, slot, axis=0) for b, r in zip(cache.k, row.k, strict=True))
+    v = tuple(jax.lax.dynamic_update_slice_in_dim(b, r, slot, axis=0) for b, r in zip(cache.v, row.v, strict=True))
+    length = jax.lax.dynamic_update_slice_in_dim(cache.length, jnp.reshape(row.length, (1,)), slot, axis=0)
+    token_B = jax.lax.dynamic_update_slice_in_dim(token_B, token_1.astype(token_B.dtype), slot, axis=0)
+    return KVCache(k=k, v=v, length=length), token_B
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SlotPrefill:
+    """What `SlotDecoder.prefill` ran: the first generated token id, and the bucket (padded prompt length, tokens)
+    the prompt's prefill ran at."""
+
+    token_id: int
+    bucket: int
+
+
+class SlotDecoder:
+    """`max_batch` decode slots over one batched KV cache of `cache_len` positions per slot (module docstring).
+
+    `engine`: a `model.engine.Engine` (its params, config, policy and bucket ladder). Built by
+    `Engine.slot_decoder`, which checked the memory first: the batched cache [max_batch, cache_len] is allocated
+    here, once. Not thread-safe: one thread drives it. Raises EngineError as `Engine.check_slots`."""
+
+    def __init__(self, engine, max_batch: int, cache_len: int):
+        engine.check_slots(max_batch, cache_len)
+        self.engine, self.max_batch, self.cache_len = engine, max_batch, cache_len
+        self.steps = 0  # decode steps run (each one jitted call for all rows)
+        self.resets = -1  # times the batched cache was rebuilt after a failed program (`_reset`)
+        self._reset()
+
+    def _reset(self) -> None:
+        """(Re)allocate the empty batched cache and free every slot. Runs once at construction, and again when a
+        step or an insert raised: their input cache was donated to the failed call, so no occupied row can go on
+        (`resets` tells a caller that its sequences were lost)."""
+        cfg, policy, b = self.engine.cfg, self.engine.policy, self.max_batch
+        self._cache = self._token_B = None  # drop the old buffers before the new ones are allocated
+        empty = init_cache(cfg, self.cache_len, DTYPES[policy.kv_dtype], batch=b)
+        self._cache = KVCache(k=empty.k, v=empty.v, length=jnp.asarray(np.zeros(b, np.int32)))
+        self._token_B = jnp.asarray(np.full(b, cfg.pad_token_id, np.int32))
+        self._active = np.zeros(b, bool)
+        self._temperature = np.ones(b, np.float32)
+        self._top_k = np.zeros(b, np.int32)
+        self._top_p = np.ones(b, np.float32)
+        self._seed = np.zeros(b, np.uint32)
+        self._greedy = np.ones(b, bool)
+        self._rows = None  # the device copies of the per-row settings; rebuilt after a join or a leave
+        self.resets += 1
+
+    @property
+    def active(self) -> tuple[int, ...]:
+        """The occupied slots, in order."""
+        return tuple(int(s) for s in np.flatnonzero(self._active))
+
+    def prefill(self, slot: int, prompt_ids: Sequence[int], max_new_tokens: int,
+                sampling: Sampling = GREEDY) -> SlotPrefill:  # fmt: skip
+        """Start the sequence of `prompt_ids` in the free `slot` with room for `max_new_tokens` new tokens: its
+        prefill (one row, its own bucket, at the slots' cache length), the row copied into the slot, and its first
+        token. Raises EngineError for a slot out of range or occupied, a prompt the engine refuses
+        (`Engine.check_request`), and a prompt + max_new_tokens above the slots' `cache_len` positions (or a
+        bucket above it); the slot stays free. Whatever the device raised for the prefill (the slot stays free) or
+        the insert (then every slot is free: `resets` + 1)."""
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.max_batch:
+            raise EngineError(f"slot {slot!r}: expected 0..{self.max_batch - 1}")
+        if self._active[slot]:
+            raise EngineError(f"slot {slot} is occupied; free it first")
+        n = len(prompt_ids)
+        bucket = self.engine.check_request(n, max_new_tokens)
+        if n + max_new_tokens > self.cache_len or bucket > self.cache_len:
+            raise EngineError(f"{n} prompt tokens + {max_new_tokens} new tokens (bucket {bucket}) exceed the "
+                              f"slots' {self.cache_len} positions (--max-length): lower max_tokens or raise "
+                              "--max-length")  # fmt: skip
+        ids = np.full((1, bucket), self.engine.cfg.pad_token_id, np.int32)
+        ids[0, :n] = np.asarray(prompt_ids, np.int32)
+        token_1, row = _prefill_program(
+            self.engine.params, jnp.asarray(ids), jnp.int32(n), sampling.args(), cfg=self.engine.cfg,
+            cache_len=self.cache_len, kv_dtype=self.engine.policy.kv_dtype,
+            act_dtype=self.engine.policy.activation_dtype, greedy=sampling.greedy,
+        )  # fmt: skip
+        try:
+            self._cache, self._token_B = _insert_program(self._cache, self._token_B, row, token_1, jnp.int32(slot))
+        except Exception:
+            self._reset()
+            raise
+        self._active[slot] = True
+        self._temperature[slot] = max(sampling.temperature, 1e-6)  # as Sampling.args
+        self._top_k[slot], self._top_p[slot], self._seed[slot] = sampling.top_k, sampling.top_p, sampling.seed
+        self._greedy[slot] = sampling.greedy
+        self._rows = None
+        return SlotPrefill(token_id=int(np.asarray(token_1)[0]), bucket=bucket)
+
+    def step(self) -> np.ndarray:
+        """One decode step of every row (one jitted call): the next token of each row, int numpy [max_batch]
+        (a free row's entry is meaningless). Raises EngineError when no slot is occupied, and whatever the device
+        raised for the step, after which every slot is free (`resets` + 1)."""
+        if not self._active.any():
+            raise EngineError("no occupied slot to step")
+        return self._step(greedy=bool(self._greedy[self._active].all()))
+
+    def _step(self, *, greedy: bool) -> np.ndarray:
+        if self._rows is None:
+            self._rows = (jnp.asarray(self._active), tuple(jnp.asarray(a) for a in (
+                self._temperature, self._top_k, self._top_p, self._seed, self._greedy)))  # fmt: skip
+        active_B, rows = self._rows
+        try:
+            self._token_B, self._cache = _slot_step_program(
+                self.engine.params, self._cache, self._token_B, active_B, rows, cfg=self.engine.cfg,
+                act_dtype=self.engine.policy.activation_dtype, greedy=greedy,
+            )  # fmt: skip
+            tokens = np.asarray(self._token_B)
+        except Exception:
+            self._reset()
+            raise
+        self.steps += 1
+        return tokens
+
+    def free(self, slot: int) -> None:
+        """Mark `slot` free (at once, on the host; its row is reset by the next step and replaced whole by the
+        next prefill into it). Freeing a free slot does nothing."""
+        if 0 <= slot < self.max_batch and self._active[slot]:
+            self._active[slot] = False
+            self._greedy[slot] = True
+            self._rows = None
+
+    def warmup(self, n_tokens: int, max_new_tokens: int = 1) -> int:
+        """Compile (or load from the persistent cache) the programs a request of `n_tokens` prompt tokens runs:
+        its greedy prefill at its bucket, the insert, and the step, greedy and with a sampled row (the step's two
+        programs do not depend on the prompt). Runs a BOS prompt in the first free slot, steps once with each step
+        program, and frees the slot. Returns the jit traces it took (`CompileCounter.traces`). Raises EngineError
+        when no slot is free, or as `prefill`."""
+        free = [s for s in range(self.max_batch) if not self._active[s]]
+        if not free:
+            raise EngineError("no free slot to warm up in")
+        traces0 = CompileCounter.traces
+        self.prefill(free[0], [self.engine.cfg.bos_token_id] * n_tokens, max(max_new_tokens, 2))
+        try:
+            self._step(greedy=True)
+            self._step(greedy=False)
+        finally:
+            self.free(free[0])
+        return CompileCounter.traces - traces0
+
+
+__all__ = ["SlotDecoder", "SlotPrefill"]
