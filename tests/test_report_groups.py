@@ -161,3 +161,16 @@ def test_the_method_is_read_from_the_typed_manifest() -> None:
     assert method_of(Manifest(command="sweep --target")) == "remote target"  # what bench/sweep/remote.py records
     assert method_of(Manifest(extra={"target": {"url": "http://x"}})) == "remote target"  # a version-1 manifest
     assert method_of(Manifest(provenance=Provenance(kind="published"))) == "as published"
+
+
+def test_a_profile_only_run_made_after_a_sweep_does_not_hide_the_sweep(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    make_measured_run(runs, "sweep", inputs=(41,), gauge=31.5, started_at="2026-12-02T08:00:00+00:00")
+    profiled = make_measured_run(runs, "profile-only", inputs=(), started_at="2026-12-02T09:00:00+00:00",
+                                 config={"buckets": [64, 512, 2048, 4096], "max_length": 4160, "max_new_tokens": 8})  # fmt: skip
+    profiled.write_json("profile.json", {  # the shape `bench profile` writes, as in test_report.py
+        "schema_version": 1, "steps": 20, "categories": {"matmul_fp32": {"pct": 100.0, "ms": 200.0}},
+        "totals": {"device_ms": 200.0, "steps": 20, "ms_per_step": 10.0, "tok_s": 100.0, "distinct_ops": 42}})  # fmt: skip
+    md = build_report([], tmp_path / "o", runs_dir=runs).markdown.read_text()
+    table = md.split("device by device")[1].split("\n\n")[1]
+    assert "31.5" in table, table

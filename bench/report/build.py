@@ -439,7 +439,8 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
         blocks.append(Plot(file=png.name, alt=f"{gid}: decode and end-to-end tok/s vs input tokens"))
     elif not any(v.load for v in group.views) and not any(v.batch_cells for v in dev):
         blocks.append("No sweep cells in this group (profile-only runs).")
-    batch_blocks, batch_files = _batch_blocks(dev, out, gid)
+    batch_views = assign_labels(sorted((v for v in group.views if v.batch_cells), key=lambda v: v is not base))
+    batch_blocks, batch_files = _batch_blocks(batch_views, out, gid)  # every --batch sweep of the group
     load_blocks, load_files = _load_blocks(group, base, out)
     blocks += batch_blocks + load_blocks
     files += batch_files + load_files

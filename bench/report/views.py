@@ -83,14 +83,20 @@ def _base(group: Group, axis: str, views: Sequence[Any]) -> Any:
 
 
 def device_views(group: Group) -> list[Any]:
-    """The latest selected run per device at the group's smallest batch and concurrency, in the group's order."""
+    """The latest selected run per device at the group's smallest batch and concurrency, in the group's order; a
+    run with sweep cells wins over a later one without (a profile-only run made after the sweep), so the sweep
+    tables show the sweep."""
     base = [v for v in group.views if all(getattr(group.keys[v.name], a) == _base(group, a, group.views)
                                           for a in ("batch", "concurrency"))]  # fmt: skip
+
+    def rank(v) -> tuple:
+        k = group.keys[v.name]
+        return (bool(v.cells or v.batch_cells), k.started_at or "", k.run)
+
     latest: dict[str, Any] = {}
     for v in base:
         k = group.keys[v.name]
-        if k.device not in latest or (k.started_at or "", k.run) >= (group.keys[latest[k.device].name].started_at or "",
-                                                                     latest[k.device].name):  # fmt: skip
+        if k.device not in latest or rank(v) >= rank(latest[k.device]):
             latest[k.device] = v
     return [v for v in base if latest.get(group.keys[v.name].device) is v]
 
