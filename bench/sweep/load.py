@@ -43,7 +43,7 @@ import httpx
 from bench.errors import InputError
 from bench.measure.degeneracy import check_degenerate
 from bench.runs.records import LoadRow, LoadSample, failed_level, summarize_level
-from bench.sweep.remote import OURS, TIMEOUT, TRACES, Target, parse_metrics
+from bench.sweep.remote import OURS, TIMEOUT, TRACES, Target, fold_chunk, parse_metrics
 
 MAX_CONCURRENCY = 1024  # requests in flight per level at most: a client-side bound (sockets, memory)
 
@@ -166,23 +166,14 @@ async def stream_chat(client: httpx.AsyncClient, target: Target, text: str, max_
 
 
 def _take(out: _Stream, obj: dict[str, Any], t: int) -> None:
-    """Fold one parsed chunk, which arrived at `t`, into `out`."""
-    if obj.get("usage"):
-        out.usage = obj["usage"]
-        if not obj.get("choices"):
-            out.finished = True
-    out.verdict = obj.get("degenerate") or out.verdict
+    """Fold one parsed chunk, which arrived at `t`, into `out` (`bench.sweep.remote.fold_chunk`); a usage chunk
+    without choices ends the stream, and the server's `server_timing.queue_ms` is kept where it reports one."""
+    if obj.get("usage") and not obj.get("choices"):
+        out.finished = True
+    fold_chunk(out, obj, t)
     timing = obj.get("server_timing")
     if isinstance(timing, dict) and isinstance(timing.get("queue_ms"), (int, float)):
         out.queue_ms = float(timing["queue_ms"])
-    for choice in obj.get("choices") or []:
-        content = (choice.get("delta") or {}).get("content") or ""
-        ids = choice.get("token_ids")
-        if content or ids:
-            out.t_content.append(t)
-            out.text += content
-        if ids:
-            out.token_ids = (out.token_ids or []) + list(ids)
 
 
 def load_sample(s: _Stream, *, prompt, tokenizer, concurrency: int, request_rate: float | None, kind: str,

@@ -212,18 +212,25 @@ def stream_chat(client: httpx.Client, target: Target, text: str, max_tokens: int
             obj = json.loads(data)
             if "error" in obj:
                 raise TargetError(f"the server reported an error mid-stream: {obj['error']}"[:300])
-            out.usage = obj.get("usage") or out.usage
-            out.verdict = obj.get("degenerate") or out.verdict
-            for choice in obj.get("choices") or []:
-                content = (choice.get("delta") or {}).get("content") or ""
-                ids = choice.get("token_ids")
-                if content or ids:
-                    out.t_content.append(t)
-                    out.text += content
-                if ids:
-                    out.token_ids = (out.token_ids or []) + list(ids)
+            fold_chunk(out, obj, t)
     out.t_end = time.perf_counter_ns()
     return out
+
+
+def fold_chunk(out: Any, obj: dict[str, Any], t: int) -> None:
+    """Fold one parsed stream chunk `obj`, which arrived at `t` (perf_counter_ns), into `out` (a `Streamed`, or the
+    load sweep's stream): its `usage` and degeneracy verdict where it carries them, and for each choice with
+    content or token ids the arrival time (`t_content`), the text and the ids."""
+    out.usage = obj.get("usage") or out.usage
+    out.verdict = obj.get("degenerate") or out.verdict
+    for choice in obj.get("choices") or []:
+        content = (choice.get("delta") or {}).get("content") or ""
+        ids = choice.get("token_ids")
+        if content or ids:
+            out.t_content.append(t)
+            out.text += content
+        if ids:
+            out.token_ids = (out.token_ids or []) + list(ids)
 
 
 def measure_remote(client: httpx.Client, target: Target, tokenizer, prompt, max_new_tokens: int, *, kind: str,
