@@ -141,6 +141,36 @@ def test_a_stop_keeps_the_finished_levels_and_a_resume_runs_the_rest(endpoint, t
     assert all(r.valid for r in run.load_rows()) and validate_run(folder) == []
 
 
+def test_resuming_a_servers_run_without_target_is_refused_before_anything_runs(endpoint, tiny_checkpoint, tmp_path):
+    from bench.sweep.remote import sweep_target
+
+    stop = StopSignals()
+    fake = endpoint(on_request=lambda k: stop.request() if k == 10 else None)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_target(fake.url, MODEL, _load(), checkpoint=str(tiny_checkpoint), runs_dir=tmp_path, name="cut",
+                     stop=stop, load=True)  # fmt: skip
+    (folder,) = list(tmp_path.iterdir())
+    before = sorted((p.name, p.stat().st_size) for p in folder.iterdir())
+    proc = run_cli(["sweep", "--resume", str(folder), "--checkpoint", str(tiny_checkpoint)])
+    assert_one_line_error(proc, "measured a server", "--target")
+    assert sorted((p.name, p.stat().st_size) for p in folder.iterdir()) == before  # the run left as it was
+
+
+def test_a_text_only_flush_chunk_is_not_a_token_arrival():
+    """This project's server streams token ids; a chunk of text with `token_ids: []` (a character completed after
+    the last token) carries no token, so it adds neither an arrival nor an inter-token gap."""
+    from bench.sweep.remote import Streamed, fold_chunk
+
+    out = Streamed()
+    for t, ids, text in ((1, [5], "a"), (2, [6], "b"), (3, [], "\ufffd")):
+        fold_chunk(out, {"choices": [{"delta": {"content": text}, "token_ids": ids}]}, t)
+    assert out.t_content == [1, 2] and out.token_ids == [5, 6] and out.text == "ab\ufffd"
+    other = Streamed()  # a server without token ids: every chunk with content is one arrival
+    for t, text in ((1, "a"), (2, "b")):
+        fold_chunk(other, {"choices": [{"delta": {"content": text}}]}, t)
+    assert other.t_content == [1, 2] and other.token_ids is None
+
+
 def test_a_server_counting_other_prompt_tokens_fails_its_levels_and_the_cli_exits_1(endpoint, tiny_checkpoint,
                                                                                      tmp_path):  # fmt: skip
     fake = endpoint(miscount=2)

@@ -45,7 +45,7 @@ def fit_rows(preset: str, capability: str, group: int, act: str, scale: str, til
         try:
             fixed = fit.parse_tiling(tiling)
         except ValueError as exc:
-            raise InputError(f"--tiling {exc}") from None
+            raise InputError(f"--{exc}") from None
     limit = fit.limit_for(capability)
     device = "TPU (scoped VMEM)" if capability.lower() == "tpu" else f"compute capability {capability}"
     sizes = {"act_bytes": _ITEMSIZE[act], "scale_bytes": _ITEMSIZE[scale]}

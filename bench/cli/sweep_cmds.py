@@ -298,8 +298,17 @@ def sweep(
     run = None
     if resume is not None:  # a path, a name in --runs-dir, or "latest"; RunFolderError if none
         resume = resolve_run(resume, runs_dir, flag="--resume")
+    if resume is not None and target is not None and (inputs is None or max_new_tokens is None):
+        ran = open_run(resume).typed_manifest.workload  # a server's run resumes at its own sizes by default
+        inputs = inputs if inputs is not None else ",".join(str(n) for n in ran.inputs or ()) or None
+        max_new_tokens = max_new_tokens if max_new_tokens is not None else ran.max_new_tokens
     if resume is not None and target is None:
         run = open_run(resume)  # raises RunFolderError naming the folder
+        ran_against = (run.typed_manifest.workload.notes or {}).get("target")
+        if ran_against:
+            raise InputError(f"--resume {resume}: this run measured a server ({ran_against}), and without --target "
+                             f"the sweep would measure the local engine into it; resume it with --target "
+                             f"{ran_against} and the flags it was started with (--concurrency, --num-requests, ...)")  # fmt: skip
         if run.status == "complete":
             raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
         inputs, max_new_tokens, repeats, checkpoint = _resumed_flags(run, inputs, max_new_tokens, repeats, checkpoint)

@@ -219,16 +219,19 @@ def stream_chat(client: httpx.Client, target: Target, text: str, max_tokens: int
 
 def fold_chunk(out: Any, obj: dict[str, Any], t: int) -> None:
     """Fold one parsed stream chunk `obj`, which arrived at `t` (perf_counter_ns), into `out` (a `Streamed`, or the
-    load sweep's stream): its `usage` and degeneracy verdict where it carries them, and for each choice with
-    content or token ids the arrival time (`t_content`), the text and the ids."""
+    load sweep's stream): its `usage` and degeneracy verdict where it carries them, and for each choice its text,
+    its token ids and, when it brings a token, its arrival time (`t_content`: what TTFT and the inter-token gaps
+    are read from). A server that streams token ids (this project's) brings a token exactly where the ids are not
+    empty: a text-only chunk with `token_ids: []` (the flush of a character cut at the last token) is text, not
+    a token. For any other server a chunk with content is one arrival."""
     out.usage = obj.get("usage") or out.usage
     out.verdict = obj.get("degenerate") or out.verdict
     for choice in obj.get("choices") or []:
         content = (choice.get("delta") or {}).get("content") or ""
         ids = choice.get("token_ids")
-        if content or ids:
+        out.text += content
+        if ids or (ids is None and content):
             out.t_content.append(t)
-            out.text += content
         if ids:
             out.token_ids = (out.token_ids or []) + list(ids)
 
