@@ -323,3 +323,34 @@ def test_a_scheduler_over_sequential_slots_frees_slots_and_answers_everyone():
             sched.stop()
 
     asyncio.run(main())
+
+
+def test_a_slow_reader_delays_no_other_request():
+    """One client reads its tokens slowly (a pause of 0.2 s per token, as a slow network would): the scheduler
+    never waits for it (tokens reach each request's queue with `call_soon_threadsafe`), so the other request's
+    tokens all arrive while the slow one has read at most one, and both get every token."""
+
+    async def main():
+        fake = FakeSlots(max_batch=2, paced=False)
+        sched, outcomes = _scheduler(fake)
+        try:
+            slow, fast = _job(100, 12), _job(200, 12)
+            sched.submit(slow)
+            sched.submit(fast)
+            read_slow: list[tuple] = []
+
+            async def slow_reader():
+                while not read_slow or read_slow[-1][0] not in ("done", "error"):
+                    read_slow.append(await asyncio.wait_for(slow.events.get(), 10))
+                    await asyncio.sleep(0.2)
+
+            reader = asyncio.ensure_future(slow_reader())
+            ends_fast = await _until_end(fast)
+            tokens_read_by_slow = sum(1 for e in read_slow if e[0] == "token")
+            assert _tokens(ends_fast) == list(range(200, 212)) and tokens_read_by_slow <= 1
+            await asyncio.wait_for(reader, 10)
+            assert _tokens(read_slow) == list(range(100, 112)) and outcomes == ["finished"] * 2
+        finally:
+            sched.stop()
+
+    asyncio.run(main())
