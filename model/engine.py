@@ -120,15 +120,29 @@ class CompileCounter:
 
 
 def enable_compile_cache(path: Path | None) -> Path | None:
-    """Turn on XLA's persistent compilation cache in `path` (None: leave it off), caching even the smallest and
-    fastest programs (minimum compile time 0, minimum entry size 0), as measurement.md requires."""
+    """Turn XLA's persistent compilation cache on in `path`, caching even the smallest and fastest programs
+    (minimum compile time 0, minimum entry size 0), as measurement.md requires; None turns it off for this process.
+
+    The setting is process-wide, and jax opens its cache once, at the first compile after it is set: a later call
+    with another folder, or with None, would otherwise leave the first folder in use (a second command run in the
+    same process, e.g. `--compile-cache off` after a command that cached). So the cache is reset whenever the
+    setting changes, and the next compile opens the folder now named (or none)."""
+    from jax.experimental.compilation_cache import compilation_cache
+
     CompileCounter.install()
+    was = (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
     if path is None:
+        if was[0] and was[1] is not None:
+            jax.config.update("jax_enable_compilation_cache", False)
+            compilation_cache.reset_cache()
         return None
     path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if was != (True, str(path)):
+        compilation_cache.reset_cache()
     return path
 
 
