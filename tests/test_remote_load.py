@@ -191,6 +191,7 @@ def test_a_server_counting_other_prompt_tokens_fails_its_levels_and_the_cli_exit
     (["--target", "http://127.0.0.1:9/v1", "--num-requests", "5"], ("--num-requests", "--concurrency")),
     (["--target", "http://127.0.0.1:9/v1", "--concurrency", "1,x"], ("--concurrency 1,x", "1,4,16")),
     (["--target", "http://127.0.0.1:9/v1", "--concurrency", "0"], ("--concurrency 0", "between 1")),
+    (["--target", "http://127.0.0.1:9/v1", "--concurrency", "1,4,1"], ("--concurrency 1,4,1", "given twice")),
     (["--target", "http://127.0.0.1:9/v1", "--concurrency", "2", "--repeats", "3"], ("--repeats 3", "--num-requests")),
     (["--target", "http://127.0.0.1:9/v1", "--concurrency", "2", "--request-rate", "-1"], ("--request-rate -1",)),
 ])  # fmt: skip

@@ -88,14 +88,19 @@ class LoadConfig:
 
 
 def parse_concurrency(text: str) -> tuple[int, ...]:
-    """'1,4,16' -> (1, 4, 16): distinct levels, in the order given. Raises InputError."""
+    """'1,4,16' -> (1, 4, 16): the levels in the order given. Raises InputError (no level, a value that is not a
+    whole number, a level given twice, as `--batch` does)."""
     try:
-        levels = tuple(dict.fromkeys(int(p) for p in text.split(",") if p.strip()))
+        given = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
         raise InputError(f"--concurrency {text}: expected comma-separated whole numbers, e.g. 1,4,16") from None
-    if not levels:
+    if not given:
         raise InputError(f"--concurrency {text!r}: expected at least one level, e.g. 1,4,16")
-    return levels
+    twice = next((c for i, c in enumerate(given) if c in given[:i]), None)
+    if twice is not None:
+        raise InputError(f"--concurrency {text}: level {twice} is given twice; expected each level once, e.g. "
+                         "--concurrency 1,4,16")  # fmt: skip
+    return tuple(given)
 
 
 def default_num_requests(concurrency: Sequence[int]) -> int:
