@@ -21,12 +21,13 @@ def _capabilities(given: list[str] | None) -> list[str]:
     """The devices to check: the `--device-capability` values (validated), default every capability of the table."""
     from model.kernels.fit import LIMITS, limit_for
 
+    known = sorted(LIMITS, key=lambda cc: tuple(int(p) for p in cc.split(".")))  # 7.5, 8.0, ..., 12.0
     if not given:
-        return list(LIMITS)
+        return known
     for cc in given:
         if limit_for(cc) is None:
             raise InputError(f"--device-capability {cc}: no shared-memory limit known for it; expected one of "
-                             f"{', '.join(LIMITS)} or tpu")  # fmt: skip
+                             f"{', '.join(known)} or tpu")  # fmt: skip
     return list(given)
 
 
