@@ -384,7 +384,7 @@ class Engine:
 
     `params` must already be in the policy's weight dtype on the device, and quantized as `quant` says (a
     `model.quantspec.QuantSpec`, scales of `scale_dtype`; `model.quant.quantize_params` or a quantizing
-    `model.checkpoint.load_params`). `kernel`: the `model.kernels.w4a16.KernelPlan` the w4 projections' tilings
+    `model.checkpoint.load_params`). `kernel`: the `model.kernels.choice.KernelPlan` the w4 projections' tilings
     come from (None without w4 weights), recorded in the manifest. Raises EngineError for a prompt that no bucket
     holds or a max_new_tokens below 1.
     """
@@ -397,7 +397,7 @@ class Engine:
         self.policy = policy
         self.quant = quant
         self.scale_dtype = scale_dtype
-        self.kernel = kernel  # model.kernels.w4a16.KernelPlan of the w4 product; None without w4 weights
+        self.kernel = kernel  # model.kernels.choice.KernelPlan of the w4 product; None without w4 weights
         self.tokenizer = tokenizer
         if buckets and max_length and max(buckets) > max_length:
             raise EngineError(f"bucket {max(buckets)} is above --max-length {max_length}; drop it or raise the limit")
@@ -773,7 +773,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
 
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
-    from model.kernels.w4a16 import log_plan, plan_kernel, with_kernel_mode, with_tilings
+    from model.kernels.choice import log_plan, plan_kernel, with_kernel_mode, with_tilings
     from model.policy import decide_policy
     from model.tokenizer import GemmaTokenizer
 

@@ -9,7 +9,7 @@ Rules (the published T4G/L4 report, "Leak One"; measurement.md "Facts measured o
 An explicit override is honoured; one the device can only emulate is flagged (`emulated`, and a warning line).
 
 The line also says how w4 weights are multiplied (`w4a16_kernel`: "pallas", the fused kernel of
-`model.kernels.w4a16`, or "xla", and why), decided by `model.kernels.w4a16.with_kernel_mode`; and whether a
+`model.kernels.w4a16`, or "xla", and why), decided by `model.kernels.choice.with_kernel_mode`; and whether a
 Pallas kernel would run in interpret mode here (`pallas_interpret`: true on CPU, where only the tests run the
 kernel, as a simulator).
 """
@@ -39,7 +39,7 @@ class DevicePolicy:
     overridden: bool = False
     emulated: bool = False  # the compute dtype has no native datapath on this device
     w4a16_kernel: str = "xla"  # how w4 weights are multiplied: "pallas" (the fused kernel) or "xla"
-    w4a16_reason: str = "no w4 weights"  # why (`model.kernels.w4a16.decide_mode`)
+    w4a16_reason: str = "no w4 weights"  # why (`model.kernels.choice.decide_mode`)
 
     @property
     def pre_ampere(self) -> bool:

@@ -31,8 +31,10 @@ XLA:CPU may materialize the converted weight in every step.
 
 Three forms of the one product, chosen per leaf and call (layers never branch on them): the fused W4A16 Pallas
 kernel (`model.kernels.w4a16`) for an int4 2-D leaf whose static `tiling` was set at load (the engine's
-`--kernel` choice and fit check), with at most `model.kernels.w4a16.KERNEL_MAX_ROWS` activation rows; on CPU the
-multiply-and-sum of `model.qreduce` for a few rows; otherwise the dot form above.
+`--kernel` choice and fit check) and tiles its shape (`model.kernels.fit.fits_kernel`), with at most
+`model.kernels.choice.KERNEL_MAX_ROWS` activation rows; on CPU the multiply-and-sum of `model.qreduce` for a few
+rows; otherwise the dot form above. The kernel's module (and with it Pallas) is imported on the kernel's path
+only, the first time such a leaf is multiplied: a dense or XLA-only engine never loads Pallas.
 
 Bytes: `packed_bytes` counts the arrays as stored: values (already packed: 1 byte holds two int4 values) plus
 scales, and a dense leaf of a sub-byte dtype (e.g. jnp.int4, whose `nbytes` counts one byte per value) at
@@ -50,8 +52,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model.kernels.fit import Tiling
-from model.kernels.w4a16 import KERNEL_MAX_ROWS, fits_kernel, w4a16_matmul
+from model.kernels.choice import KERNEL_MAX_ROWS
+from model.kernels.fit import Tiling, fits_kernel
 from model.qreduce import MATVEC_ROWS, fits_reduce, reduce_matmul
 from model.quantspec import (
     LM_HEAD,
@@ -81,7 +83,8 @@ class QuantArray:
     shape: the logical (dequantized) shape; bits: 8 or 4; block: values per scale along each axis
         (`model.quantspec.QuantLayout`). The packed axis is always the last one (`packed_axis`).
     tiling: how `matmul` multiplies it: None for XLA's product, a `model.kernels.fit.Tiling` for the fused W4A16
-        kernel (`model.kernels.w4a16`; set at load by `model.kernels.w4a16.with_tilings`). Static, like the layout.
+        kernel (`model.kernels.w4a16`; set at load by `model.kernels.choice.with_tilings`). Static, like the
+        layout. A tiling that does not tile the leaf's shape is never run: `matmul` takes XLA's product then.
     """
 
     values: jax.Array
@@ -316,9 +319,10 @@ def _unrows(y_RN: jax.Array, x: jax.Array, w: QuantArray, lhs: str, rhs: str, ou
 
 def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
     """The product through the fused W4A16 kernel (`model.kernels.w4a16`) when `w` carries a tiling, is int4 with
-    groups along its contraction axis and one scale per output, the tiling tiles it, and there are at most
-    `KERNEL_MAX_ROWS` activation rows; else None. On CPU the kernel runs in interpret mode (tests set a tiling;
-    the engine never does there)."""
+    groups along its contraction axis and one scale per output, the tiling tiles it (`fits_kernel`: else the
+    kernel is never called), and there are at most `KERNEL_MAX_ROWS` activation rows; else None. The kernel's
+    module (Pallas) is imported here, past those checks. On CPU the kernel runs in interpret mode (tests set a
+    tiling; the engine never does there)."""
     if w.tiling is None or w.bits != 4:
         return None
     form = _matrix_form(x, w, lhs, rhs, out)
@@ -328,6 +332,8 @@ def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     k, n, group = w.shape[axis], w.shape[1 - axis], w.block[axis]
     if x_RK.shape[0] > KERNEL_MAX_ROWS or w.block[1 - axis] != 1 or not fits_kernel(k, n, group, w.tiling):
         return None
+    from model.kernels.w4a16 import w4a16_matmul  # Pallas: loaded on this path only
+
     y_RN = w4a16_matmul(x_RK, w.values, w.scales, k=k, n=n, group=group, axis=axis, tiling=w.tiling,
                         interpret=jax.default_backend() == "cpu")  # fmt: skip
     return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)

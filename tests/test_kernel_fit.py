@@ -88,6 +88,62 @@ def test_a_shape_the_kernel_cannot_tile() -> None:
     assert not f.fits and "group 8" in f.problem
 
 
+@pytest.mark.parametrize(
+    "field,k,tiling,problem",
+    [
+        ("o_DX", 2048, "bm16 bn128 bk384 stages3", "bk 384 does not divide K=2048"),
+        ("ple_proj_PD", 256, "bm16 bn128 bk384 stages3", "bk 384 does not divide K=256"),
+        ("qkv_DX", 1536, "bm16 bn1024 bk128 stages2", "bn 1024 does not divide N=2560"),
+        ("qkv_DX", 1536, "bm16 bn128 bk192 stages2", "bk 192 is not a multiple of the group 128"),
+        ("qkv_DX", 1536, "bm16 bn128 bk128 stages2 splits5", "splits 5 does not divide the 12 steps"),
+    ],
+)  # fmt: skip
+def test_a_given_tiling_that_does_not_tile_a_projection_does_not_fit(field, k, tiling, problem) -> None:
+    """Whatever the memory (the TPU's 16 MiB): a tiling the kernel could not run at a shape is not reported as
+    fitting it; no need is given, the problem is named, and the dispatch's own check agrees."""
+    p = next(p for p in E2B if p.field == field and p.k == k)
+    t = fit.parse_tiling(tiling)
+    f = fit.choose(p, fit.limit_for("tpu"), tiling=t)
+    assert not f.fits and f.need is None and f.tried == t and problem in f.problem
+    assert not fit.fits_kernel(p.k, p.n, p.group, t)
+    assert problem in fit.refusal(f, "a TPU") and "does not tile it" in fit.refusal(f, "a TPU")
+
+
+def test_a_given_tiling_that_tiles_a_projection_is_checked_for_memory() -> None:
+    p = next(p for p in E2B if p.field == "qkv_DX" and p.k == 1536)
+    t = fit.parse_tiling("bm16 bn128 bk384 stages3")
+    assert fit.fits_kernel(p.k, p.n, p.group, t)
+    assert fit.choose(p, fit.limit_for("9.0"), tiling=t).fits  # 227,584 B of 232,448
+    f = fit.choose(p, fit.limit_for("8.9"), tiling=t)
+    assert not f.fits and f.problem == "over the limit" and f.need.total == 227_584
+
+
+@pytest.mark.parametrize("text,problem", [("bm8 bn128 bk128 stages2", "bm 8 is not a power of two >= 16"),
+                                          ("bm24 bn128 bk128 stages2", "bm 24"),
+                                          ("bm16 bn96 bk128 stages2", "bn 96 is not a power of two >= 32"),
+                                          ("bm16 bn16 bk128 stages2", "bn 16"),
+                                          ("bm16 bn128 bk128 stages2 warps3", "warps 3")])  # fmt: skip
+def test_parse_tiling_refuses_blocks_the_kernel_cannot_run(text: str, problem: str) -> None:
+    """Triton's loads take power-of-two sizes and its matrix product at least 16 per axis (model/kernels/w4a16.py)."""
+    with pytest.raises(ValueError, match=problem):
+        fit.parse_tiling(text)
+    assert not fit.fits_kernel(1536, 2560, 128, fit.Tiling(**_fields(text)))
+
+
+def _fields(text: str) -> dict[str, int]:
+    return {part.rstrip("0123456789"): int(part[len(part.rstrip("0123456789")):]) for part in text.split()}
+
+
+@pytest.mark.parametrize("preset,group", [("e2b", 128), ("e2b", 32), ("e4b", 64), ("tiny", 32), ("tiny", 128)])
+def test_every_candidate_tiles_its_projection(preset: str, group: int) -> None:
+    """The chooser proposes only tilings the kernel's own check accepts (so the plan never hands the dispatch a
+    tiling it would drop); a projection with a shape problem has none."""
+    for p in fit.projections(PRESETS[preset], group):
+        cands = fit.candidates(p)
+        assert all(fit.fits_kernel(p.k, p.n, p.group, t) for t in cands), p.label
+        assert bool(cands) == (fit.shape_problem(p) is None), p.label
+
+
 def test_parse_tiling_and_kernel_option() -> None:
     assert fit.parse_tiling("bm16 bn128 bk256 stages3") == fit.Tiling(bm=16, bn=128, bk=256, stages=3)
     with pytest.raises(ValueError, match="expected e.g."):
@@ -98,7 +154,7 @@ def test_parse_tiling_and_kernel_option() -> None:
 
 
 def test_the_engine_plan_refuses_when_forced_and_falls_back_otherwise() -> None:
-    from model.kernels.w4a16 import plan_kernel
+    from model.kernels.choice import plan_kernel
     from model.quantspec import parse_quant
 
     class Small:  # a device exposing a tiny shared-memory limit
@@ -142,3 +198,38 @@ def test_bench_kernels_fit_tables(capsys) -> None:
     assert "0 of 12 projections over the limit" in out
     assert bench_in_process(["kernels", "fit", "--device-capability", "6.1"]) == 2
     assert "--device-capability 6.1: no shared-memory limit" in capsys.readouterr().err
+
+
+def test_bench_kernels_fit_a_tiling_that_does_not_divide(capsys) -> None:
+    """--tiling with bk 384: the projections whose K it does not divide (2048, 4096, 256) say so and do not fit;
+    the others are checked for memory (within 9.0's 227 KiB)."""
+    from conftest import bench_captured
+
+    code, out, _ = bench_captured(["kernels", "fit", "--device-capability", "9.0", "--tiling",
+                                   "bm16 bn128 bk384 stages3", "--json"], capsys)  # fmt: skip
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    bad = [r for r in rows if r["k"] in (256, 2048, 4096)]
+    assert bad and all(not r["fits"] and r["need"] is None for r in bad)
+    assert all(r["problem"] == f"bk 384 does not divide K={r['k']}" for r in bad)
+    assert all(r["fits"] and r["need"] == 227_584 for r in rows if r not in bad)
+    code, out, _ = bench_captured(["kernels", "fit", "--device-capability", "9.0", "--tiling",
+                                   "bm16 bn128 bk384 stages3"], capsys)  # fmt: skip
+    assert code == 0 and "no: bk 384 does not divide K=2048" in out and "3 not tiled at all" in out
+
+
+@pytest.mark.parametrize(
+    "tiling,needles",
+    [
+        ("bm16 bn128 bk4096 stages1 splits2",
+         ["tiles none of preset e2b's w4 projections", "bk 4096 does not divide K=1536"]),
+        ("bm16 bn128 bk128 stages1 splits7", ["tiles none", "splits 7 does not divide"]),
+        ("bm8 bn128 bk128 stages2", ["bm 8 is not a power of two >= 16"]),
+    ],
+)  # fmt: skip
+def test_bench_kernels_fit_a_tiling_that_tiles_nothing_is_one_line_exit_2(tiling, needles) -> None:
+    from conftest import assert_one_line_error
+
+    proc = subprocess.run([sys.executable, "-m", "bench", "kernels", "fit", "--tiling", tiling], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert_one_line_error(proc, f"--tiling '{tiling}'", *needles)

@@ -22,7 +22,8 @@ import pytest
 from model.errors import KernelError
 from model.kernels import fit
 from model.kernels.fit import Tiling
-from model.kernels.w4a16 import KERNEL_NAME, decide_mode, w4a16_matmul
+from model.kernels.choice import decide_mode
+from model.kernels.w4a16 import KERNEL_NAME, w4a16_matmul
 from model.quant import dequantize, matmul, quantize_channels
 
 E2B_CONTRACTIONS = [(1536, 0), (1536, 1), (2048, 1), (4096, 1), (6144, 1), (12288, 1)]
@@ -76,11 +77,20 @@ def test_bfloat16_activations_and_row_blocks(axis: int) -> None:
     assert np.all(np.abs(np.asarray(y.astype(jnp.float32), np.float64) - ref) <= 2**-7 * np.abs(ref) + 1e-5 * mag)
 
 
-def test_a_tiling_that_does_not_tile_the_shape_is_refused() -> None:
-    q = _weight(1536, 0)
-    with pytest.raises(ValueError, match="does not tile"):
-        w4a16_matmul(jnp.zeros((1, 1536)), q.values, q.scales, k=1536, n=N, group=128, axis=0,
-                     tiling=Tiling(bm=16, bn=96, bk=256, stages=2), interpret=True)  # fmt: skip
+@pytest.mark.parametrize(
+    "k,tiling,why",
+    [
+        (1536, Tiling(bm=16, bn=96, bk=256, stages=2), "bn 96 is not a power"),
+        (2048, Tiling(bm=16, bn=64, bk=384, stages=2), "bk 384 does not divide K=2048"),
+        (1536, Tiling(bm=16, bn=256, bk=128, stages=2), "bn 256 does not divide N=128"),
+        (1536, Tiling(bm=8, bn=64, bk=128, stages=2), "bm 8 is not a power"),
+    ],
+)
+def test_a_tiling_that_does_not_tile_the_shape_is_refused(k: int, tiling: Tiling, why: str) -> None:
+    q = _weight(k, 0)
+    with pytest.raises(ValueError, match=f"does not tile K={k} N={N} group 128: {why}"):
+        w4a16_matmul(jnp.zeros((1, k)), q.values, q.scales, k=k, n=N, group=128, axis=0, tiling=tiling,
+                     interpret=True)  # fmt: skip
 
 
 @pytest.mark.parametrize("spec,axis", [("BTD,DX->BTX", 0), ("BTX,DX->BTD", 1)])
@@ -95,6 +105,77 @@ def test_matmul_dispatches_a_tiled_leaf_to_the_kernel(spec: str, axis: int) -> N
     assert "pallas_call" not in str(jax.make_jaxpr(lambda a, w: matmul(a, w, spec))(x, q))
     np.testing.assert_allclose(np.asarray(matmul(x, tiled, spec)), np.asarray(matmul(x, q, spec)), rtol=1e-5,
                                atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("spec,axis", [("BTD,DX->BTX", 0), ("BTX,DX->BTD", 1)])
+@pytest.mark.parametrize(
+    "tiling",
+    [
+        Tiling(bm=16, bn=64, bk=384, stages=2),  # bk does not divide K = 512
+        Tiling(bm=16, bn=256, bk=128, stages=2),  # bn does not divide N = 128
+        Tiling(bm=16, bn=64, bk=128, stages=2, splits=3),  # 4 steps, 3 splits
+        Tiling(bm=8, bn=64, bk=128, stages=2),  # bm below the matrix unit's 16
+    ],
+)
+def test_a_leaf_whose_tiling_does_not_tile_it_never_runs_the_kernel(spec: str, axis: int, tiling: Tiling) -> None:
+    """The dispatch checks the tiling against the leaf's shape (`fit.fits_kernel`, the kernel's own check): a leaf
+    carrying a tiling the kernel cannot run takes XLA's product (no pallas_call in the program), with its result."""
+    q = _weight(512, axis)
+    assert not fit.fits_kernel(512, N, 128, tiling)
+    tiled = dataclasses.replace(q, tiling=tiling)
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((1, 2, 512)), jnp.float32)
+    assert "pallas_call" not in str(jax.make_jaxpr(lambda a, w: matmul(a, w, spec))(x, tiled))
+    np.testing.assert_array_equal(np.asarray(matmul(x, tiled, spec)), np.asarray(matmul(x, q, spec)))
+
+
+def test_with_tilings_refuses_a_plan_tiling_that_does_not_tile_its_leaf() -> None:
+    """A plan is built from `fit.choose`, whose tilings always tile their shapes; one that does not (a program
+    error) is refused at load rather than left to the dispatch to drop silently."""
+    from model.kernels.choice import KernelPlan, with_tilings
+
+    @dataclasses.dataclass(frozen=True)
+    class Layer:
+        o_DX: object
+
+    @dataclasses.dataclass(frozen=True)
+    class Tree:
+        layers: tuple
+
+    q = _weight(2048, 1)  # [N, K] = [128, 2048]
+    p = fit.Projection(field="o_DX", k=2048, n=N, axis=1, group=128)
+
+    def plan(t: Tiling) -> KernelPlan:
+        f = fit.Fit(projection=p, tiling=t, need=None, limit=fit.limit_for("9.0"), tried=t)
+        return KernelPlan(impl="pallas", reason="test", limit=f.limit, limit_source="test", fits=(f,))
+
+    good = Tiling(bm=16, bn=64, bk=256, stages=2, splits=2)
+    assert with_tilings(Tree(layers=(Layer(o_DX=q),)), plan(good)).layers[0].o_DX.tiling == good
+    with pytest.raises(ValueError, match="o_DX .*bk 384 does not divide K=2048"):
+        with_tilings(Tree(layers=(Layer(o_DX=q),)), plan(Tiling(bm=16, bn=64, bk=384, stages=2)))
+
+
+def test_importing_the_engine_loads_no_pallas() -> None:
+    """A fresh interpreter: the engine, the kernel choice and the CLI's engine helpers import no Pallas, nor does
+    a quantized product without a tiling; the first product of a tiled leaf imports it (the kernel's path)."""
+    code = "\n".join([
+        "import sys",
+        "import model.engine, model.kernels.choice, bench.cli.common",
+        "pallas = lambda: sorted(m for m in sys.modules if 'pallas' in m)",
+        "assert 'jax.experimental.pallas' not in sys.modules and not pallas(), pallas()",
+        "import dataclasses, jax.numpy as jnp",
+        "from model.kernels.fit import Tiling",
+        "from model.quant import matmul, quantize_channels",
+        "q = quantize_channels(jnp.ones((256, 64)), 4, 0, 128)",
+        "x = jnp.ones((1, 256))",
+        "matmul(x, q, 'BD,DX->BX')",
+        "assert not pallas(), pallas()",
+        "matmul(x, dataclasses.replace(q, tiling=Tiling(bm=16, bn=64, bk=128, stages=1)), 'BD,DX->BX')",
+        "assert 'jax.experimental.pallas' in sys.modules",
+        "print('imports ok')",
+    ])  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))  # fmt: skip
+    assert proc.returncode == 0 and "imports ok" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_more_rows_than_the_kernel_takes_use_xla() -> None:
@@ -166,7 +247,7 @@ def test_the_engine_with_the_kernel_matches_xla(tiny_checkpoint) -> None:
 def engine_with_kernel_matches_xla(tiny_checkpoint) -> None:
     """The check of `test_the_engine_with_the_kernel_matches_xla`, in the process that calls it."""
     from model.engine import Engine, load_engine
-    from model.kernels.w4a16 import KernelPlan, with_tilings
+    from model.kernels.choice import KernelPlan, with_tilings
     from model.quantspec import parse_quant
 
     engine, _ = load_engine(Path(tiny_checkpoint), quant=parse_quant("w4:32"), log_policy=False)

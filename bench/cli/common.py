@@ -142,7 +142,7 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
     Returns (engine, load report, checkpoint path, compile cache folder or None). Raises InputError or QuantError
     for a bad flag, and KernelError for a forced kernel this device cannot run, before anything loads."""
     from model.engine import enable_compile_cache, load_engine, log_policy_line
-    from model.kernels.w4a16 import with_kernel_mode
+    from model.kernels.choice import with_kernel_mode
     from model.policy import DTYPES, decide_policy
 
     if dtype is not None and dtype not in DTYPES:

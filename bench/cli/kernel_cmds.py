@@ -33,9 +33,12 @@ def _capabilities(given: list[str] | None) -> list[str]:
 
 def fit_rows(preset: str, capability: str, group: int, act: str, scale: str, tiling: str | None) -> dict:
     """The fit check of preset `preset` on a device of `capability` as a JSON-able dict: device, limit (bytes),
-    rows (projection, layers, K, N, axis, tiling, need, fits, dominant term, problem) and refusal lines. `tiling`:
-    None (the largest that fits), "published" (`model.kernels.fit.published_tiling`) or a tiling text.
-    Raises InputError for an unknown preset or a bad tiling text."""
+    rows (projection, layers, K, N, axis, tiling, need, fits, dominant term, problem) and refusal lines (one per
+    projection over the limit). `tiling`: None (the largest that fits), "published"
+    (`model.kernels.fit.published_tiling`) or a tiling text. A given tiling that does not tile a projection's
+    shape (`model.kernels.fit.tiling_problem`: e.g. bk not dividing K) does not fit it: need None, the problem
+    named. Raises InputError for an unknown preset, a bad tiling text, or a tiling that tiles none of the
+    projections."""
     from model.config import PRESETS
     from model.kernels import fit
 
@@ -50,16 +53,24 @@ def fit_rows(preset: str, capability: str, group: int, act: str, scale: str, til
     limit = fit.limit_for(capability)
     device = "TPU (scoped VMEM)" if capability.lower() == "tpu" else f"compute capability {capability}"
     sizes = {"act_bytes": _ITEMSIZE[act], "scale_bytes": _ITEMSIZE[scale]}
+    projs = fit.projections(PRESETS[preset], group)
+    given = {p: fit.published_tiling(p) if tiling == "published" else fixed for p in projs}
+    if tiling is not None:
+        problems = [fit.shape_problem(p) or fit.tiling_problem(p.k, p.n, p.group, t) for p, t in given.items()]
+        if all(problems):
+            ks = ", ".join(str(k) for k in sorted({p.k for p in projs}))
+            raise InputError(f"--tiling {tiling!r}: tiles none of preset {preset}'s w4 projections at w4:{group} "
+                             f"({'; '.join(dict.fromkeys(problems))}); expected bk a multiple of the group dividing K "
+                             f"(K: {ks}) and bn dividing N, or no --tiling (the largest tiling that fits)")  # fmt: skip
     rows, refusals = [], []
-    for p in fit.projections(PRESETS[preset], group):
-        t = fit.published_tiling(p) if tiling == "published" else fixed
-        f = fit.choose(p, limit, tiling=t, **sizes)
+    for p in projs:
+        f = fit.choose(p, limit, tiling=given[p], **sizes)
         shown = f.tried
         rows.append({"projection": p.field, "layers": p.layers, "k": p.k, "n": p.n, "axis": p.axis,
                      "tiling": shown.text if shown else None, "need": f.need.total if f.need else None,
                      "limit": limit, "fits": f.fits, "dominant": f.need.dominant[0] if f.need else None,
                      "problem": f.problem})  # fmt: skip
-        if not f.fits:
+        if f.problem == "over the limit":
             refusals.append(fit.refusal(f, device, **sizes))
     return {"preset": preset, "device": device, "capability": capability, "limit": limit, "group": group,
             "activation_dtype": act, "scale_dtype": scale, "tiling": tiling or "largest that fits", "rows": rows,
@@ -85,10 +96,12 @@ def _print(result: dict) -> None:
     console.print(table)
     needs = [r["need"] for r in result["rows"] if r["need"] is not None]
     if needs:
-        over = sum(1 for r in result["rows"] if not r["fits"])
+        over = sum(1 for r in result["rows"] if r["problem"] == "over the limit")
+        untiled = sum(1 for r in result["rows"] if r["need"] is None)
         console.print(f"bytes needed per block: {min(needs):,} to {max(needs):,} ({min(needs) / KIB:,.0f} to "
                       f"{max(needs) / KIB:,.0f} KiB; {min(needs) / limit:.1f}x to {max(needs) / limit:.1f}x the limit); "
-                      f"{over} of {len(result['rows'])} projections over the limit", soft_wrap=True)  # fmt: skip
+                      f"{over} of {len(result['rows'])} projections over the limit"
+                      + (f"; {untiled} not tiled at all (see fits)" if untiled else ""), soft_wrap=True)  # fmt: skip
     for line in result["refusals"]:
         console.print(line, soft_wrap=True, markup=False)
 
@@ -105,11 +118,14 @@ def kernels_fit(
     scale_dtype: str = typer.Option("bfloat16", "--scale-dtype", help="Scale dtype: bfloat16, float16 or float32."),
     tiling: str | None = typer.Option(
         None, "--tiling", help="Check one tiling instead of choosing: 'published' (the published TPU-sized tiles, "
-        "reconstructed: bm8 bn128 bk=K stages2) or e.g. 'bm16 bn128 bk256 stages3'."),
+        "reconstructed: bm8 bn128 bk=K stages2) or e.g. 'bm16 bn128 bk256 stages3' (bm, bn, warps powers of two, "
+        "bm >= 16, bn >= 32). A projection whose K the bk (a multiple of the group) does not divide, or whose N the "
+        "bn does not divide, does not fit; a tiling that tiles none is refused."),
     as_json: bool = typer.Option(False, "--json", help="Print the tables as JSON (one object per device)."),
 ) -> None:
     """Per projection: K, N, the tiling chosen (the largest that fits), the scratch bytes one block needs and the
-    device's limit; where nothing fits, the refusal with the arithmetic. No GPU needed (and no jax imported)."""
+    device's limit; where nothing fits, the refusal with the arithmetic; with --tiling, whether that tiling tiles
+    the projection at all. No GPU needed (and no jax imported)."""
     if group < 1:
         raise InputError(f"--group {group}: expected a whole number >= 1, e.g. 128")
     for flag, value in (("--dtype", dtype), ("--scale-dtype", scale_dtype)):

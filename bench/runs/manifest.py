@@ -99,7 +99,7 @@ class EngineConfig:
     `kernel`: how w4 weights were multiplied, "w4a16=pallas" (the fused kernel) or "w4a16=xla", None without w4
     weights (and in manifests from before the kernel); `kernel_tiles`: with pallas, the tiling of each projection
     ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...}, "xla (why)" for one the kernel
-    does not take; `model.kernels.w4a16.KernelPlan.tiles`). Both enter the build id: other tiles, another build.
+    does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id: other tiles, another build.
     """
 
     buckets: tuple[int, ...] | None = None
@@ -379,7 +379,7 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
 def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
     """The `EngineConfig` of a loaded `model.engine.Engine`: its buckets, max_length, policy's dtypes and
     quantization (`engine.quant.canonical`, "none" for dense or an engine without `quant`; `engine.scale_dtype`
-    only when something is quantized) and w4 kernel (`engine.kernel`, a `model.kernels.w4a16.KernelPlan`: its
+    only when something is quantized) and w4 kernel (`engine.kernel`, a `model.kernels.choice.KernelPlan`: its
     option and tiles; None without one)."""
     pol = engine.policy
     quant = getattr(engine, "quant", None)

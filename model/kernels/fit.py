@@ -35,8 +35,8 @@ The published kernel's tiles (`PUBLISHED_TILING`): the report gives only their s
 block" at E2B's shapes, not the block sizes. Our reconstruction is TPU-natural: the whole contraction in one step
 (bk = K, what a 16 MiB scratchpad allows), 128 outputs (one lane width), 8 rows (one sublane group), two stages
 (Pallas TPU double-buffers every input). `bench kernels fit --tiling published` prints what it needs at each
-projection; at E2B's shapes with bfloat16 activations and scales and w4:128 that is 636 KiB (K = 1536) to 4.8 MiB
-(K = 12288), 10x to 77x a Turing block's 64 KiB and 6x to 50x an Ada block's 99 KiB: the published refusal.
+projection; at E2B's shapes with bfloat16 activations and scales and w4:128 that is 638 KiB (K = 1536) to 4.9 MiB
+(K = 12288), 10x to 79x a Turing block's 64 KiB and 6x to 51x an Ada block's 99 KiB: the published refusal.
 
 Pure Python on ints (no jax): `bench kernels fit` and the report use it without a device (wall 5).
 """
@@ -47,7 +47,8 @@ import dataclasses
 from collections.abc import Iterable
 
 __all__ = ["KIB", "LIMITS", "TPU_VMEM", "PUBLISHED_TILING", "Tiling", "Projection", "Fit", "Need", "limit_for",
-           "need", "projections", "choose", "plan", "refusal", "parse_tiling", "KERNEL_OPTIONS", "parse_kernel"]
+           "need", "projections", "shape_problem", "tile_problem", "tiling_problem", "fits_kernel", "candidates",
+           "choose", "plan", "refusal", "parse_tiling", "KERNEL_OPTIONS", "parse_kernel"]
 
 KIB = 1024
 
@@ -194,6 +195,44 @@ def shape_problem(p: Projection) -> str | None:
     return None
 
 
+def tile_problem(t: Tiling) -> str | None:
+    """Why the kernel (`model.kernels.w4a16`) cannot run tiling `t` at any shape, or None. Triton's loads and
+    stores take tensors of power-of-two sizes and its matrix product needs at least 16 along each axis, so: bm a
+    power of two >= `DOT_ROWS`, bn a power of two >= `min(BLOCK_N)` (a [K, N] weight's step multiplies bn / 2
+    outputs at a time), warps a power of two."""
+    if not _pow2(t.bm) or t.bm < DOT_ROWS:
+        return f"bm {t.bm} is not a power of two >= {DOT_ROWS} (the matrix unit's rows)"
+    if not _pow2(t.bn) or t.bn < min(BLOCK_N):
+        return f"bn {t.bn} is not a power of two >= {min(BLOCK_N)}"
+    if not _pow2(t.warps):
+        return f"warps {t.warps} is not a power of two"
+    return None
+
+
+def tiling_problem(k: int, n: int, group: int, t: Tiling) -> str | None:
+    """Why tiling `t` cannot tile a K x N product with w4 groups of `group` values, or None: the group a power of
+    two >= `MIN_GROUP`, bk a multiple of the group, bk dividing K, bn dividing N, the splits dividing the K / bk
+    steps. Only the block sizes against the shape (`tile_problem` checks the tiling alone)."""
+    if not _pow2(group) or group < MIN_GROUP:
+        return f"group {group} is not a power of two >= {MIN_GROUP}"
+    if t.bk % group:
+        return f"bk {t.bk} is not a multiple of the group {group}"
+    if k % t.bk:
+        return f"bk {t.bk} does not divide K={k}"
+    if n % t.bn:
+        return f"bn {t.bn} does not divide N={n}"
+    if (k // t.bk) % t.splits:
+        return f"splits {t.splits} does not divide the {k // t.bk} steps of bk {t.bk} along K={k}"
+    return None
+
+
+def fits_kernel(k: int, n: int, group: int, t: Tiling) -> bool:
+    """Whether the kernel can run a K x N product with w4 groups of `group` at tiling `t` (`tile_problem` and
+    `tiling_problem` both None): the one check `model.kernels.w4a16.w4a16_matmul` and the dispatch
+    (`model.quant.matmul`) apply, so the kernel never runs on a shape it cannot tile."""
+    return tile_problem(t) is None and tiling_problem(k, n, group, t) is None
+
+
 def candidates(p: Projection) -> list[Tiling]:
     """Every tiling of projection `p` the kernel can run (blocks dividing K and N), largest first: pipelined
     (2+ stages) before not, then by weight tile (bn x bk), then stages, then bn. Splits: as many as K allows, up
@@ -234,10 +273,16 @@ class Fit:
 def choose(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
            tiling: Tiling | None = None) -> Fit:  # fmt: skip
     """The largest tiling of `candidates(p)` whose `need` is within `limit` bytes; with `tiling` given, that tiling
-    alone (fits or not). A `Fit` whose tiling is None says why (shape, or the need of the smallest one over the
-    limit)."""
+    alone: it fits when it tiles the shape (`shape_problem`, `tiling_problem`) and its need is within the limit.
+    A `Fit` whose tiling is None says why: the shape (need None), or the need of the smallest candidate (or of the
+    tiling given) over the limit. A given tiling's block sizes alone (`tile_problem`) are not checked here: the
+    published TPU tiles (`published_tiling`, bm 8) are another kernel's, compared for memory only; `parse_tiling`
+    refuses a tiling text this kernel cannot run."""
     nb = lambda t: need(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes)  # noqa: E731
     if tiling is not None:
+        problem = shape_problem(p) or tiling_problem(p.k, p.n, p.group, tiling)
+        if problem:
+            return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem, tried=tiling)
         n = nb(tiling)
         return Fit(projection=p, tiling=tiling if n.total <= limit else None, need=n, limit=limit,
                    problem=None if n.total <= limit else "over the limit", tried=tiling)  # fmt: skip
@@ -274,7 +319,8 @@ def refusal(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) ->
     that would fit (the largest candidate within the limit), or that none would."""
     p, n = f.projection, f.need
     if n is None:
-        return f"w4a16 kernel: {p.label} on {device}: cannot be tiled ({f.problem})"
+        what = f"{f.tried.text} does not tile it" if f.tried else "cannot be tiled"
+        return f"w4a16 kernel: {p.label} on {device}: {what} ({f.problem})"
     name, b = n.dominant
     fit = choose(p, f.limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
     would = (f"{fit.tiling.text} would fit ({fit.need.total:,} B)" if fit.fits
@@ -288,7 +334,7 @@ def refusal(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) ->
 
 def parse_tiling(text: str) -> Tiling:
     """"bm16 bn128 bk256 stages3 [splits2] [warps4]" (spaces or commas) -> `Tiling`. Raises ValueError naming the
-    text and the expected form."""
+    text and the expected form, or, for block sizes the kernel cannot run at any shape, why (`tile_problem`)."""
     fields = {}
     for part in text.replace(",", " ").split():
         key = part.rstrip("0123456789")
@@ -298,7 +344,11 @@ def parse_tiling(text: str) -> Tiling:
         fields[key] = int(value)
     if not {"bm", "bn", "bk", "stages"} <= set(fields):
         raise ValueError(f"tiling {text!r}: needs bm, bn, bk and stages, e.g. 'bm16 bn128 bk256 stages3'")
-    return Tiling(**fields)
+    t = Tiling(**fields)
+    problem = tile_problem(t)
+    if problem:
+        raise ValueError(f"tiling {text!r}: {problem}; expected e.g. 'bm16 bn128 bk256 stages3'")
+    return t
 
 
 # ---- the --kernel option -----------------------------------------------------------------------------------------

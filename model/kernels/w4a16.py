@@ -1,6 +1,7 @@
 """The fused W4A16 kernel: int4 weights with group scales (the `w4` layout, `model.quant.QuantArray`) times 16-bit
 activations, each weight tile unpacked and converted in registers and multiplied on the matrix unit, partial sums
-scaled per group and accumulated in float32; and the engine's choice between it and XLA.
+scaled per group and accumulated in float32. The engine's choice between it and XLA (and the tilings) is
+`model.kernels.choice`; what a tiling must satisfy, and the scratch it needs, `model.kernels.fit`.
 
 Key: R activation rows (a decode step has 1), K contraction length, N outputs, g the w4 group (values per scale
 along K), G = K / g groups; bm, bn, bk, stages, splits: the `model.kernels.fit.Tiling`.
@@ -18,10 +19,14 @@ Lowering: Pallas's Triton lowering, selected by passing `jax.experimental.pallas
   published report) that the Triton lowering serves.
 - the Triton lowering is deprecated since jax 0.11 (a DeprecationWarning at lowering) but works on compute
   capability 8.0 and above; XLA gates its own Triton path at 8.0, and below it (Turing, 7.5) neither lowering runs.
-  So the kernel runs on NVIDIA GPUs of compute capability >= 8.0 (`MIN_CAPABILITY`) and nowhere else but interpret
-  mode; a TPU would need Mosaic TPU's own kernel (not written).
+  So the kernel runs on NVIDIA GPUs of compute capability >= 8.0 (`model.kernels.choice.MIN_CAPABILITY`) and
+  nowhere else but interpret mode; a TPU would need Mosaic TPU's own kernel (not written).
 - the fit check (`model.kernels.fit`) models exactly what Triton puts in shared memory: `num_stages` buffers of
   each pipelined load, the dequantized tile handed to the matrix unit, the accumulator and output tiles.
+- what Triton requires of the tiles (`model.kernels.fit.tile_problem`): loads and stores of power-of-two sizes
+  (bm, bn, the group), and matrix products at least 16 along each axis (bm >= 16, bn / 2 >= 16 for a [K, N]
+  weight, g / 2 >= 16 for an [N, K] one). What the grid requires of the shape (`fit.tiling_problem`): bk a
+  multiple of g dividing K, bn dividing N, the splits dividing the K / bk steps.
 
 The kernel (`w4a16_matmul`): a grid of (row blocks, output blocks, K splits); each program loops over its
 K / (splits x bk) steps, and in each step over the bk / g groups: it loads the group's activations and packed
@@ -38,40 +43,27 @@ dequantize-then-matmul. The engine never runs it on CPU (a simulator is not a se
 is XLA's (`model.quant.matmul`'s dot or reduce form), and `--kernel w4a16=pallas` is refused.
 
 Dispatch: `model.quant.matmul` is the one product; a `QuantArray` whose static `tiling` is set (by
-`with_tilings`, at load, from the engine's `KernelPlan`) goes through this kernel when its form fits
-(`fits_kernel`), with at most `KERNEL_MAX_ROWS` rows; prefill's longer products keep XLA's dot, which fuses the
-int4 convert into its GEMM. Layers never branch on it.
+`model.kernels.choice.with_tilings`, at load) goes through this kernel when the tiling tiles its shape
+(`model.kernels.fit.fits_kernel`), with at most `model.kernels.choice.KERNEL_MAX_ROWS` rows. This module imports
+Pallas: `model.quant` imports it on that path only, so a dense engine never loads Pallas.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import logging
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from model.errors import KernelError
-from model.kernels import fit
-from model.kernels.fit import Tiling
+from model.kernels.fit import Tiling, fits_kernel, tile_problem, tiling_problem
 
-__all__ = ["KERNEL_NAME", "MIN_CAPABILITY", "KERNEL_MAX_ROWS", "KernelPlan", "w4a16_matmul", "fits_kernel",
-           "decide_mode", "with_kernel_mode", "plan_kernel", "log_plan", "with_tilings", "device_limit"]  # fmt: skip
+__all__ = ["KERNEL_NAME", "w4a16_matmul"]
 
 KERNEL_NAME = "w4a16_pallas_kernel"
 """The kernel's name: the Triton kernel and the named scope around the call carry it, so a profile can tell it
 (`bench.profile.classify`: category w4a16_kernel)."""
-
-MIN_CAPABILITY = (8, 0)
-"""Lowest NVIDIA compute capability the Triton lowering runs on."""
-
-KERNEL_MAX_ROWS = 64
-"""Most activation rows a product goes through the kernel with (4 row blocks); longer products (prefill chunks)
-take XLA's dot."""
-
 
 # ---- the kernel -----------------------------------------------------------------------------------------------
 def _nibbles(packed: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -141,13 +133,6 @@ def w4a16_kernel_fn(axis: int):
     return w4a16_pallas_kernel
 
 
-def fits_kernel(k: int, n: int, group: int, t: Tiling) -> bool:
-    """Whether tiling `t` tiles a K x N product with w4 groups of `group` (bk a multiple of the group, blocks
-    dividing K and N, the splits dividing the steps)."""
-    return (t.bk % group == 0 and k % t.bk == 0 and n % t.bn == 0 and t.bn % 2 == 0 and group % 2 == 0
-            and (k // t.bk) % t.splits == 0)  # fmt: skip
-
-
 @functools.partial(jax.jit, static_argnames=("k", "n", "group", "axis", "tiling", "interpret"))
 def w4a16_matmul(x_RK: jax.Array, values: jax.Array, scales: jax.Array, *, k: int, n: int, group: int, axis: int,
                  tiling: Tiling, interpret: bool = False) -> jax.Array:  # fmt: skip
@@ -156,11 +141,12 @@ def w4a16_matmul(x_RK: jax.Array, values: jax.Array, scales: jax.Array, *, k: in
     values: uint8 [K, N / 2] (axis 0: packed along N) or [N, K / 2] (axis 1: packed along K), two's complement
     nibbles, the even index low (`model.quant` int4 layout); scales: [K / group, N] (axis 0) or [N, K / group]
     (axis 1), any float dtype. The product is exact in the integers, scaled per group in float32 and summed in
-    float32. Raises ValueError when `tiling` does not tile the shape (`fits_kernel`: a program error; the engine
-    plans tilings with `model.kernels.fit`). `interpret`: run as jax ops (CPU, tests)."""
+    float32. Raises ValueError naming why when `tiling` does not tile the shape (`model.kernels.fit.fits_kernel`:
+    a program error; the engine plans tilings with `model.kernels.fit`). `interpret`: run as jax ops (CPU, tests)."""
     t = tiling
     if not fits_kernel(k, n, group, t):
-        raise ValueError(f"tiling {t.text} does not tile K={k} N={n} group {group}")
+        why = tile_problem(t) or tiling_problem(k, n, group, t)
+        raise ValueError(f"tiling {t.text} does not tile K={k} N={n} group {group}: {why}")
     r = x_RK.shape[0]
     rp = -(-r // t.bm) * t.bm
     x = jnp.pad(x_RK, ((0, rp - r), (0, 0))) if rp != r else x_RK
@@ -184,172 +170,3 @@ def w4a16_matmul(x_RK: jax.Array, values: jax.Array, scales: jax.Array, *, k: in
         )(x, values, scales)  # fmt: skip
     y = parts[0] if t.splits == 1 else jnp.sum(parts, axis=0)
     return y[:r].astype(x_RK.dtype)
-
-
-
-# ---- the engine's choice -----------------------------------------------------------------------------------------
-def _cc(cc: str | None) -> tuple[int, int]:
-    if not cc:
-        return (0, 0)
-    major, _, minor = str(cc).partition(".")
-    return int(major), int(minor or 0)
-
-
-def decide_mode(platform: str, compute_capability: str | None, w4: bool, requested: str | None) -> tuple[str, str]:
-    """("pallas" | "xla", why) for the w4 product on a device, before any shape is known.
-
-    requested: "pallas", "xla" or None (decide: pallas where it can run). Raises KernelError (one line: what was
-    asked, why it cannot run, the fix) for "pallas" without w4 quantization, on CPU (interpret mode is for tests),
-    on a TPU, or on a GPU of compute capability below 8.0."""
-    if not w4:
-        if requested == "pallas":
-            raise KernelError("--kernel w4a16=pallas: the kernel multiplies w4 weights, and --quant has no w4; add "
-                              "--quant w4 (or drop --kernel)")  # fmt: skip
-        return "xla", "no w4 weights"
-    if requested == "xla":
-        return "xla", "--kernel w4a16=xla"
-    why = None
-    if platform == "cpu":
-        why = "CPU: Pallas would only interpret the kernel there (a simulator, for tests)"
-    elif platform == "tpu":
-        why = "TPU: the kernel is written for the Triton lowering (GPU); a TPU needs a Mosaic TPU kernel"
-    elif platform != "gpu":
-        why = f"platform {platform}: the kernel runs on NVIDIA GPUs only"
-    elif _cc(compute_capability) < MIN_CAPABILITY:
-        why = (f"compute capability {compute_capability} < 8.0: Pallas's Triton lowering (and XLA's own Triton "
-               "path) needs 8.0 or above")  # fmt: skip
-    if why is None:
-        return "pallas", ("--kernel w4a16=pallas" if requested == "pallas" else
-                          f"GPU compute capability {compute_capability} >= 8.0")  # fmt: skip
-    if requested == "pallas":
-        raise KernelError(f"--kernel w4a16=pallas: cannot run here ({why}); use --kernel w4a16=xla or drop --kernel")
-    return "xla", why
-
-
-def with_kernel_mode(policy, quant, requested: str | None):
-    """`policy` (a `model.policy.DevicePolicy`) with its w4a16 fields set by `decide_mode` for its device, the
-    quantization `quant` (a `model.quantspec.QuantSpec`) and the `--kernel` choice `requested` (None, "pallas",
-    "xla"). Raises KernelError as `decide_mode`."""
-    impl, why = decide_mode(policy.platform, policy.compute_capability, quant.layer_bits == 4, requested)
-    return dataclasses.replace(policy, w4a16_kernel=impl, w4a16_reason=why)
-
-
-def device_limit(device=None) -> tuple[int | None, str]:
-    """(scratch bytes per block, where the figure comes from) of a jax device (default: the first): its
-    `shared_memory_per_block_optin` where jax exposes it, else `model.kernels.fit.limit_for` of its compute
-    capability (or TPU VMEM); (None, why) when neither is known."""
-    device = device or jax.devices()[0]
-    exposed = getattr(device, "shared_memory_per_block_optin", None)
-    if isinstance(exposed, int) and exposed > 0:
-        return exposed, "the device's shared_memory_per_block_optin"
-    cc = getattr(device, "compute_capability", None)
-    if device.platform == "tpu":
-        return fit.TPU_VMEM, "TPU scoped VMEM"
-    limit = fit.limit_for(str(cc)) if cc else None
-    if limit is None:
-        return None, f"no table entry for compute capability {cc}"
-    return limit, f"the table for compute capability {cc}"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class KernelPlan:
-    """The engine's w4 product: `impl` ("pallas" or "xla"), `reason` (why), the scratch `limit` (bytes, pallas
-    only) and its `limit_source`, and `fits`: the fit check of each projection (pallas only; a projection whose
-    Fit has no tiling takes XLA's product).
-
-    `option` ("w4a16=pallas") and `tiles` ({projection label: tiling text, or "xla (why)"}) are what the manifest's
-    engine configuration records, and so the build id."""
-
-    impl: str
-    reason: str
-    limit: int | None = None
-    limit_source: str | None = None
-    fits: tuple[fit.Fit, ...] = ()
-
-    @property
-    def option(self) -> str:
-        return f"w4a16={self.impl}"
-
-    @property
-    def tiles(self) -> dict[str, str] | None:
-        if self.impl != "pallas":
-            return None
-        return {f.projection.label: f.tiling.text if f.fits else f"xla ({f.problem})" for f in self.fits}
-
-    def tiling_of(self, field: str, shape: tuple[int, ...]) -> Tiling | None:
-        """The tiling chosen for a leaf `field` of `shape` (None: XLA's product)."""
-        for f in self.fits:
-            p = f.projection
-            want = (p.k, p.n) if p.axis == 0 else (p.n, p.k)
-            if p.field == field and tuple(shape) == want:
-                return f.tiling
-        return None
-
-    def lines(self) -> list[str]:
-        """The log lines of the plan: one per projection (K, N, tiling, bytes needed, limit)."""
-        if self.impl != "pallas":
-            return [f"w4a16 kernel: xla ({self.reason})"]
-        out = [f"w4a16 kernel: pallas (Triton lowering); scratch limit {self.limit:,} B per block "
-               f"({self.limit_source})"]  # fmt: skip
-        for f in self.fits:
-            shown = (f"{f.tiling.text}, needs {f.need.total:,} B" if f.fits else
-                     f"xla ({f.problem}{', needs ' + format(f.need.total, ',') + ' B' if f.need else ''})")  # fmt: skip
-            out.append(f"w4a16 kernel: {f.projection.label} (x{f.projection.layers} layers): {shown}")
-        return out
-
-
-def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_bytes: int, device=None,
-                forced: bool = False) -> KernelPlan:  # fmt: skip
-    """The `KernelPlan` of a model config under `quant` (a `model.quantspec.QuantSpec`) for the mode `decide_mode`
-    gave: for pallas, the fit check of every w4 projection at the device's limit (`device_limit`). Where a
-    projection's shape cannot be tiled it takes XLA's product (logged). Where nothing fits in memory: with
-    `forced` (--kernel w4a16=pallas) KernelError with the refusal's arithmetic (`model.kernels.fit.refusal`),
-    else the plan is xla with the same arithmetic as its reason. An unknown limit: KernelError when forced,
-    else xla."""
-    if impl != "pallas":
-        return KernelPlan(impl=impl, reason=reason)
-    limit, source = device_limit(device)
-    if limit is None:
-        if forced:
-            raise KernelError(f"--kernel w4a16=pallas: the scratch limit of this device is unknown ({source}); use "
-                              "--kernel w4a16=xla")  # fmt: skip
-        return KernelPlan(impl="xla", reason=f"scratch limit unknown ({source})")
-    projs = fit.projections(cfg, quant.w4_group)
-    fits = fit.plan(projs, limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
-    over = [f for f in fits if not f.fits and f.problem == "over the limit"]
-    if over:
-        device_name = f"this device (limit from {source})"
-        message = fit.refusal(over[0], device_name, act_bytes=act_bytes, scale_bytes=scale_bytes)
-        if forced:
-            raise KernelError(message + "; --kernel w4a16=xla runs the XLA product")
-        return KernelPlan(impl="xla", reason=message)
-    if not any(f.fits for f in fits):
-        why = "; ".join(sorted({f"{f.projection.label}: {f.problem}" for f in fits}))
-        if forced:
-            raise KernelError(f"--kernel w4a16=pallas: no projection of this model can be tiled ({why}); use "
-                              "--kernel w4a16=xla")  # fmt: skip
-        return KernelPlan(impl="xla", reason=f"no projection can be tiled ({why})")
-    return KernelPlan(impl="pallas", reason=reason, limit=limit, limit_source=source, fits=fits)
-
-
-def with_tilings(params, plan: KernelPlan):
-    """`params` (a `model.params.Params`) with each w4 layer projection's `QuantArray.tiling` set to the plan's
-    tiling for its field and shape (None for xla). Returns the new tree; the arrays are not copied."""
-    from model.quant import QuantArray
-
-    def layer(lp):
-        changed = {}
-        for f in dataclasses.fields(lp):
-            leaf = getattr(lp, f.name)
-            if isinstance(leaf, QuantArray) and leaf.bits == 4 and leaf.ndim == 2:
-                changed[f.name] = dataclasses.replace(leaf, tiling=plan.tiling_of(f.name, leaf.shape))
-        return dataclasses.replace(lp, **changed)
-
-    return dataclasses.replace(params, layers=tuple(layer(lp) for lp in params.layers))
-
-
-def log_plan(plan: KernelPlan, log: logging.Logger | None = None) -> None:
-    """Log the plan's lines (logger "model.engine")."""
-    log = log or logging.getLogger("model.engine")
-    for line in plan.lines():
-        log.info(line)
