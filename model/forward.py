@@ -23,6 +23,7 @@ from model.config import ModelConfig
 from model.flops import PREFILL_CHUNK, prefill_chunk
 from model.layers import (
     attend,
+    attend_one,
     attn_output,
     dense,
     layer_tail,
@@ -129,11 +130,11 @@ def _cache_visible(cfg: ModelConfig, layer: int, p: jax.Array, s: int) -> jax.Ar
     return jnp.arange(s) <= q
 
 
-def _query_mask(vis: jax.Array, b: int) -> jax.Array:
-    """One query per row against the slots: [S] (every row alike) or [B,S] (per row) -> mask [B,1,S]."""
+def _row_mask(vis: jax.Array, b: int) -> jax.Array:
+    """One query per row against the slots: [S] (every row alike) or [B,S] (per row) -> mask [B,S]."""
     if vis.ndim == 1:
-        return jnp.broadcast_to(vis[None, None, :], (b, 1, vis.shape[0]))
-    return vis[:, None, :]
+        return jnp.broadcast_to(vis[None, :], (b, vis.shape[0]))
+    return vis
 
 
 def _positions_B1(p: jax.Array, b: int) -> jax.Array:
@@ -196,7 +197,7 @@ def _last_position(params: Params, cfg: ModelConfig, h_B1D: jax.Array, ple_B1LP:
             q_B1NH, _, _ = project_qkv(lp, cfg, i, a_B1D, qpos_B1)
             k_BKSH, v_BKSH = ks[cfg.kv_source(i)], vs[cfg.kv_source(i)]
             vis_S = _cache_visible(cfg, i, last, k_BKSH.shape[2])
-            o_B1NH = attend(q_B1NH, k_BKSH, v_BKSH, _query_mask(vis_S, b))
+            o_B1NH = attend_one(q_B1NH, k_BKSH, v_BKSH, _row_mask(vis_S, b))
             h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
     return logits(params, cfg, h_B1D)[:, 0]
 
@@ -328,7 +329,7 @@ def decode_step(
             k_BKSH, v_BKSH = new_k[src], new_v[src]
             s = k_BKSH.shape[2]
             vis_S = _cache_visible(cfg, i, p, s)
-            o_B1NH = attend(q_B1NH, k_BKSH, v_BKSH, _query_mask(vis_S, b))
+            o_B1NH = attend_one(q_B1NH, k_BKSH, v_BKSH, _row_mask(vis_S, b))
             h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
     out_BV = logits(params, cfg, h_B1D)[:, 0]
     return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=p + 1)

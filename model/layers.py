@@ -125,6 +125,28 @@ def attend(q_BTNH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BTS: ja
         return o_BTKGH.reshape(b, t, n, h).astype(q_BTNH.dtype)
 
 
+def attend_one(q_B1NH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BS: jax.Array) -> jax.Array:
+    """`attend` for one query position per row (decode): the same function, laid out for XLA:CPU.
+
+    q [B,1,N,H], k/v [B,K,S,H] (head-major, the cache's layout), mask [B,S] (bool, True = visible); scale 1.0.
+    The scores are key-major, [B,K,S,G]: the product k q^T keeps the cache's long axis S outermost, so the key
+    and value caches are each read once in place, and the softmax runs over S. With query-major scores
+    [B,K,G,S] (`attend`), XLA:CPU ran both products as G-row matrix products over the whole cache, several
+    times slower than reading the cache (decode step times in the commit that introduced this).
+    Returns [B,1,N,H] in q's dtype.
+    """
+    with jax.named_scope("attention"):
+        b, _, n, h = q_B1NH.shape
+        k = k_BKSH.shape[1]
+        g = n // k
+        q_BKGH = q_B1NH.reshape(b, k, g, h)  # T = 1: the query heads of kv head k are rows k*G .. k*G+G-1
+        s_BKSG = jnp.einsum("BKSH,BKGH->BKSG", k_BKSH, q_BKGH, preferred_element_type=jnp.float32)
+        s_BKSG = jnp.where(mask_BS[:, None, :, None], s_BKSG, _MASKED)
+        p_BKSG = jax.nn.softmax(s_BKSG, axis=2).astype(v_BKSH.dtype)
+        o_BKGH = jnp.einsum("BKSG,BKSH->BKGH", p_BKSG, v_BKSH)
+        return o_BKGH.reshape(b, 1, n, h).astype(q_B1NH.dtype)
+
+
 def attn_output(lp: LayerParams, o_BTNH: jax.Array) -> jax.Array:
     """Output projection [B,T,N,H] -> [B,T,D], contracted over the flattened (N*H) axis of `lp.o_DX` [D, N*H].
 
