@@ -132,7 +132,10 @@ def attend_one(q_B1NH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BS:
     The scores are key-major, [B,K,S,G]: the product k q^T keeps the cache's long axis S outermost, so the key
     and value caches are each read once in place, and the softmax runs over S. With query-major scores
     [B,K,G,S] (`attend`), XLA:CPU ran both products as G-row matrix products over the whole cache, several
-    times slower than reading the cache (decode step times in the commit that introduced this).
+    times slower than reading the cache (decode step times in the commit that introduced this). The
+    probabilities are then transposed to [B,K,G,S] (G*S values per row, small beside the cache) so the value
+    product contracts the minor axis of p: contracting S of [B,K,S,G] directly ran as a plain dot at B = 16,
+    S = 128, H = 512 in 2.5 ms, against 1.9 ms this way (3.1 ms with `attend`).
     Returns [B,1,N,H] in q's dtype.
     """
     with jax.named_scope("attention"):
@@ -142,8 +145,8 @@ def attend_one(q_B1NH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BS:
         q_BKGH = q_B1NH.reshape(b, k, g, h)  # T = 1: the query heads of kv head k are rows k*G .. k*G+G-1
         s_BKSG = jnp.einsum("BKSH,BKGH->BKSG", k_BKSH, q_BKGH, preferred_element_type=jnp.float32)
         s_BKSG = jnp.where(mask_BS[:, None, :, None], s_BKSG, _MASKED)
-        p_BKSG = jax.nn.softmax(s_BKSG, axis=2).astype(v_BKSH.dtype)
-        o_BKGH = jnp.einsum("BKSG,BKSH->BKGH", p_BKSG, v_BKSH)
+        p_BKGS = jnp.swapaxes(jax.nn.softmax(s_BKSG, axis=2).astype(v_BKSH.dtype), 2, 3)  # small: G*S per row
+        o_BKGH = jnp.einsum("BKGS,BKSH->BKGH", p_BKGS, v_BKSH)
         return o_BKGH.reshape(b, 1, n, h).astype(q_B1NH.dtype)
 
 
