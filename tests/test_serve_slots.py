@@ -153,3 +153,4 @@ def test_bench_serve_refuses_slots_that_do_not_fit_at_start_up(tiny_checkpoint):
                     str(10**12)], timeout=300)  # fmt: skip
     assert_one_line_error(proc, f"--max-batch {10**12} does not fit", "256 positions per slot, --max-length",
                           "lower --max-batch or --max-length")  # fmt: skip
+    assert proc.stderr.count("does not fit") == 1, proc.stderr  # said once: not also logged as "loading failed"

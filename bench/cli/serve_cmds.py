@@ -190,7 +190,8 @@ def serve(
                              slots_factory=default_slots)  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(application, host=host, port=port, log_level="info", access_log=False))
     server.run()
-    if failure:
+    if failure:  # reported here once (the app leaves it to on_load_failure's owner)
         if isinstance(failure[0], (BenchError, ModelError)):
             raise failure[0]
+        typer.echo(f"error: the model failed to load: {type(failure[0]).__name__}: {failure[0]}", err=True)
         raise typer.Exit(1)

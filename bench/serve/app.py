@@ -199,9 +199,10 @@ class _State:
             log.info(f"ready: serving model {self.model_name!r}")
         except Exception as exc:  # noqa: BLE001  (reported by /health, and to on_load_failure)
             self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
-            log.error(f"loading failed: {self.error}")
             if self.on_load_failure is not None:
-                self.on_load_failure(exc)
+                self.on_load_failure(exc)  # its owner reports it (`bench serve`: one line on stderr, then exits)
+            else:
+                log.error(f"loading failed: {self.error}")
 
     async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the tokenize pool, awaited (its exception re-raised here)."""
