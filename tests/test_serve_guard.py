@@ -84,6 +84,7 @@ def test_with_the_key_requests_pass_and_health_and_metrics_need_none(keyed):
     assert keyed.get("/v1/models", headers=ok).status_code == 503
     assert keyed.get("/health").status_code == 503 and keyed.get("/health").json() == {"status": "loading"}
     assert keyed.get("/metrics").status_code == 200
+    assert keyed.post("/v1/completions", json=BASE).status_code == 401  # this test's own refusal, counted
     assert 'gemma4_bench_requests_total{code="401",path="/v1/completions"}' in keyed.get("/metrics").text
 
 
