@@ -295,6 +295,24 @@ def test_a_published_run_is_refused_and_nothing_is_written(env, tmp_path, capsys
     assert _files(published) == before
 
 
+@pytest.mark.parametrize(("archived", "needle"), [("2026-12-02-serve-load-cpu", "against a server"),
+                                                  ("2026-12-02-transformers-cpu-cpu", "another engine")])
+def test_a_server_or_peer_run_is_refused_and_nothing_is_written(env, tmp_path, capsys, archived, needle):
+    """A load run (`--target --concurrency`) measured a server's engine and a peer run transformers: a profile of
+    the local engine would pair its bytes per step with their speeds."""
+    source = Path(__file__).resolve().parents[1] / "runs" / archived
+    joined = tmp_path / "runs" / archived
+    shutil.copytree(source, joined)
+    before = _files(joined)
+    capsys.readouterr()
+    code = bench_in_process(["profile", "--steps", "2", "--checkpoint", "builtin:tiny", "--run", str(joined),
+                             "--compile-cache", "off"])  # fmt: skip
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]  # refused before the engine loads: one line only
+    assert code == 2 and line.startswith("error:") and needle in line and "drop --run" in line
+    assert _files(joined) == before
+
+
 def test_make_profile_flow_adds_to_the_latest_sweep_once(env, tmp_path, capsys):
     """`make profile` = `bench profile --steps 20 --run latest`: on a fresh sweep it adds the profile; run again,
     it refuses instead of overwriting it (and says how to replace it)."""

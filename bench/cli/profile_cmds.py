@@ -161,14 +161,22 @@ def _profile_prompt(engine, input_tokens: int, max_new_tokens: int, batch: int =
 
 def _refuse_to_overwrite(run, replace: bool) -> None:
     """A run `bench profile --run` may not add to: a published one (its profile is a published figure; RunFolderError,
-    nothing written), or one that has a profile already, unless `replace` (nothing already measured is lost
-    without saying so)."""
+    nothing written), a sweep against a server or a load run (`--target`: another process's engine, not the one
+    profiled here), a peer's run (another engine), or one that has a profile already, unless `replace` (nothing
+    already measured is lost without saying so)."""
     from bench.errors import RunFolderError
     from bench.runs import PROFILE
 
     if run.provenance != "measured":
         raise RunFolderError(f"--run {run.path}: a {run.provenance} run (figures copied from its source); a profile "
                              "measured here cannot join it: drop --run to profile into a new run")  # fmt: skip
+    manifest = run.typed_manifest
+    if manifest.peer is not None:
+        raise RunFolderError(f"--run {run.path}: a run of another engine ({manifest.peer.label}); a profile of ours "
+                             "cannot join it: drop --run to profile into a new run")  # fmt: skip
+    if manifest.extra.get("target") is not None or manifest.command == "sweep --target" or run.load_rows():
+        raise RunFolderError(f"--run {run.path}: a sweep against a server (--target); a profile of the local engine "
+                             "cannot join it: drop --run to profile into a new run")  # fmt: skip
     if (run.path / PROFILE).exists() and not replace:
         raise RunFolderError(f"--run {run.path}: already has a profile ({PROFILE}); pass --replace to overwrite "
                              "it (earlier traces under profile/ stay), or drop --run to profile into a new "
