@@ -58,7 +58,7 @@ from model.cache import init_cache
 from model.config import ModelConfig
 from model.errors import EngineError
 from model.forward import decode_step, prefill
-from model.params import Params, param_bytes
+from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
 from model.quantspec import NO_QUANT, QuantSpec
 
@@ -419,6 +419,23 @@ class Engine:
         byte, not `nbytes`). Equals `model.accounting.weight_bytes` of the config, policy and quantization."""
         return param_bytes(self.params)
 
+    @functools.cached_property
+    def batch_params(self) -> Params:
+        """The parameters decode steps of more than one row read (`generate_batch`, `step_fn_batch`, decode slots):
+        on CPU `params` with its dense input-major projections held transposed as well
+        (`model.params.output_major_params`: made on first use, `batch_copy_bytes` more memory; the products and
+        the bytes a step reads are the same, read weight-left), elsewhere `params` itself."""
+        return output_major_params(self.params) if self._batch_copy else self.params
+
+    @property
+    def _batch_copy(self) -> bool:
+        return jax.default_backend() == "cpu"
+
+    @property
+    def batch_copy_bytes(self) -> int:
+        """Bytes `batch_params` holds beside `params` (0 off CPU; `model.params.output_major_bytes`)."""
+        return output_major_bytes(self.params) if self._batch_copy else 0
+
     def decode_bytes(self, n_tokens: int, max_new_tokens: int, batch: int = 1) -> dict[str, int]:
         """Bytes one decode step reads at the compiled shape of `n_tokens` (roofline numerator, measurement.md):
         `weights` (every weight the step touches at its stored size: one row of each embedding table, the whole
@@ -467,9 +484,13 @@ class Engine:
         return mem
 
     def _batch_memory(self, batch: int, cache_len: int, *, spare_rows: int) -> BatchMemory:
-        """`BatchMemory` of `batch` rows (+ `spare_rows`) of `cache_len` positions at the policy's KV dtype."""
-        capacity, where = memory_capacity(self.weight_bytes)
-        return BatchMemory(batch=batch, cache_len=cache_len, weight_bytes=self.weight_bytes,
+        """`BatchMemory` of `batch` rows (+ `spare_rows`) of `cache_len` positions at the policy's KV dtype; its
+        weights include `batch_copy_bytes` when batch > 1 (the transposed copy batched steps read on CPU)."""
+        copy = self.batch_copy_bytes if batch > 1 else 0  # batched steps on CPU read a transposed copy
+        weights = self.weight_bytes + copy
+        made = copy if "batch_params" in self.__dict__ else 0  # already in memory, as the weights are
+        capacity, where = memory_capacity(self.weight_bytes + made)
+        return BatchMemory(batch=batch, cache_len=cache_len, weight_bytes=weights,
                            kv_bytes_per_row=kv_cache_bytes(self.cfg, cache_len,
                                                            np.dtype(DTYPES[self.policy.kv_dtype]).itemsize),
                            capacity=capacity, where=where, spare_rows=spare_rows)  # fmt: skip
@@ -576,10 +597,12 @@ class Engine:
         rows = [[t] for t in np.asarray(token_B).tolist()]
         times = [time.perf_counter_ns()]
         arrived = None
+        params = self.batch_params if len(prompts) > 1 else self.params
         if decode_loop == "device":
-            arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, rows, times)
+            arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, rows, times,
+                                             params=params)  # fmt: skip
         for _ in range(len(rows[0]), max_new_tokens):
-            token_B, cache = _decode_program(self.params, cache, token_B, args, cfg=self.cfg,
+            token_B, cache = _decode_program(params, cache, token_B, args, cfg=self.cfg,
                                              act_dtype=self.policy.activation_dtype, greedy=sampling.greedy)  # fmt: skip
             for row, t in zip(rows, np.asarray(token_B).tolist(), strict=True):
                 row.append(t)
@@ -590,7 +613,7 @@ class Engine:
                                arrived=arrived)  # fmt: skip
 
     def _decode_on_device(self, token_B, cache, args, greedy: bool, max_new_tokens: int, block: int | None,
-                          tokens: list, times: list[int]) -> list[int]:  # fmt: skip
+                          tokens: list, times: list[int], *, params: Params | None = None) -> list[int]:  # fmt: skip
         """The device loop after the first token: max_new_tokens - 1 steps in calls of `steps` = min(block, that)
         steps (the last call's trip count the rest), appending each block's ids to `tokens` (a list of ids: row 0's;
         a list of B lists: every row's) and its arrival on the host to `times`. Returns the token indices `times`
@@ -601,7 +624,7 @@ class Engine:
         while left > 0:
             trips = min(steps, left)
             ids_SB, token_B, cache = _decode_loop_program(
-                self.params, cache, token_B, args, jnp.int32(trips), cfg=self.cfg,
+                self.params if params is None else params, cache, token_B, args, jnp.int32(trips), cfg=self.cfg,
                 act_dtype=self.policy.activation_dtype, greedy=greedy, steps=steps,
             )  # fmt: skip
             if tokens and isinstance(tokens[0], list):  # a batch: every row's ids
@@ -662,9 +685,11 @@ class Engine:
                                  cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype,
                                  act_dtype=act_dtype, greedy=True)  # fmt: skip
 
+        params = self.batch_params if len(prompts) > 1 else self.params
+
         def step(state):
             token_B, cache = state
-            return _decode_program(self.params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True)
+            return _decode_program(params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True)
 
         return state, step
 

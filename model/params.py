@@ -141,6 +141,26 @@ class Params:
     lm_head_VD: Any = None  # [V, D] copy of embed_VD for the output projection (a QuantArray), or None: tied
 
 
+def output_major_params(params: Params) -> Params:
+    """`params` with each dense input-major projection (every layer's `qkv_DX` and `gate_up_DX`, and `ple_proj_DX`)
+    replaced by a transposed copy (`model.quant.OutputMajor`), for batched decode on CPU (`Engine.batch_params`):
+    the same products, read weight-left (`model.quant._weight_left_form`). Quantized leaves are kept as they are.
+    The copy's bytes: `output_major_bytes`."""
+    from model.quant import output_major
+
+    layers = tuple(dataclasses.replace(lp, qkv_DX=output_major(lp.qkv_DX), gate_up_DX=output_major(lp.gate_up_DX))
+                   for lp in params.layers)  # fmt: skip
+    return dataclasses.replace(params, layers=layers, ple_proj_DX=output_major(params.ple_proj_DX))
+
+
+def output_major_bytes(params: Params) -> int:
+    """Bytes `output_major_params` adds beside `params` (the dense leaves it copies; 0 when all are quantized)."""
+    from model.quant import QuantArray
+
+    leaves = [lp.qkv_DX for lp in params.layers] + [lp.gate_up_DX for lp in params.layers] + [params.ple_proj_DX]
+    return sum(int(w.nbytes) for w in leaves if w is not None and not isinstance(w, QuantArray) and w.ndim == 2)
+
+
 def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
     """The parameter tree as `jax.ShapeDtypeStruct` leaves: full-size E2B/E4B shapes without allocating memory."""
 

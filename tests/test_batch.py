@@ -168,7 +168,7 @@ def test_the_memory_arithmetic_and_its_refusal():
 
 def test_a_batch_that_does_not_fit_is_refused_before_anything_compiles(engine, prompts, monkeypatch):
     per_row = kv_cache_bytes(CFG, 32 + MAX_NEW, 4)
-    capacity = (engine.weight_bytes + 2 * per_row) / 0.9 + 1  # two rows fit, three do not
+    capacity = (engine.weight_bytes + engine.batch_copy_bytes + 2 * per_row) / 0.9 + 1  # two rows fit, three not
     monkeypatch.setattr(engine_module, "memory_capacity", lambda weights, device=None: (int(capacity), "of test"))
     assert engine.check_batch(2, 20, MAX_NEW).largest_batch == 2
     traces = CompileCounter.traces

@@ -49,3 +49,35 @@ def test_weight_left_form_leaves_input_major_weights_alone():
     x_BTD = jnp.ones((4, 1, 24), jnp.float32)
     w_DX = jnp.ones((24, 48), jnp.float32)  # input-major: the contraction D is the major axis
     assert _barriers(lambda x, w: quant.matmul(x, w, "BTD,DX->BTX"), x_BTD, w_DX) == 0
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 80])
+def test_an_output_major_copy_multiplies_as_its_original(rows):
+    rng = np.random.default_rng(rows)
+    x_BTD = jnp.asarray(rng.standard_normal((rows, 1, 32)), jnp.float32)
+    w_DX = jnp.asarray(rng.standard_normal((32, 40)), jnp.float32)  # input-major, as qkv_DX / gate_up_DX
+    om = quant.output_major(w_DX)
+    assert isinstance(om, quant.OutputMajor) and om.shape == (32, 40) and om.w_NK.shape == (40, 32)
+    got = jax.jit(lambda x, w: quant.matmul(x, w, "BTD,DX->BTX"))(x_BTD, om)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jnp.einsum("BTD,DX->BTX", x_BTD, w_DX)), rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+    assert quant.output_major(None) is None and quant.output_major(om) is om
+
+
+def test_batch_params_copy_only_the_dense_input_major_projections(tiny_checkpoint):
+    from model.engine import load_engine
+    from model.params import output_major_bytes
+
+    engine, _ = load_engine(tiny_checkpoint, log_policy=False)
+    copy = engine.batch_params
+    assert engine.batch_params is copy  # made once
+    for lp, lc in zip(engine.params.layers, copy.layers, strict=True):
+        assert isinstance(lc.qkv_DX, quant.OutputMajor) and isinstance(lc.gate_up_DX, quant.OutputMajor)
+        np.testing.assert_array_equal(np.asarray(lc.qkv_DX.w_NK), np.asarray(lp.qkv_DX).T)
+        assert lc.o_DX is lp.o_DX and lc.down_DF is lp.down_DF  # already output-major: shared, not copied
+    expected = sum(lp.qkv_DX.nbytes + lp.gate_up_DX.nbytes for lp in engine.params.layers)
+    expected += engine.params.ple_proj_DX.nbytes if engine.params.ple_proj_DX is not None else 0
+    assert output_major_bytes(engine.params) == engine.batch_copy_bytes == expected
+    one = engine._batch_memory(1, 64, spare_rows=0)
+    two = engine._batch_memory(2, 64, spare_rows=0)
+    assert two.weight_bytes - one.weight_bytes == expected  # a batch counts the copy, B = 1 does not
