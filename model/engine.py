@@ -436,6 +436,10 @@ class Engine:
         """Bytes `batch_params` holds beside `params` (0 off CPU; `model.params.output_major_bytes`)."""
         return output_major_bytes(self.params) if self._batch_copy else 0
 
+    def decode_params(self, rows: int) -> Params:
+        """The parameters a decode step of `rows` rows reads: `batch_params` for more than one, else `params`."""
+        return self.batch_params if rows > 1 else self.params
+
     def decode_bytes(self, n_tokens: int, max_new_tokens: int, batch: int = 1) -> dict[str, int]:
         """Bytes one decode step reads at the compiled shape of `n_tokens` (roofline numerator, measurement.md):
         `weights` (every weight the step touches at its stored size: one row of each embedding table, the whole
@@ -597,7 +601,7 @@ class Engine:
         rows = [[t] for t in np.asarray(token_B).tolist()]
         times = [time.perf_counter_ns()]
         arrived = None
-        params = self.batch_params if len(prompts) > 1 else self.params
+        params = self.decode_params(len(prompts))
         if decode_loop == "device":
             arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, rows, times,
                                              params=params)  # fmt: skip
@@ -685,7 +689,7 @@ class Engine:
                                  cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype,
                                  act_dtype=act_dtype, greedy=True)  # fmt: skip
 
-        params = self.batch_params if len(prompts) > 1 else self.params
+        params = self.decode_params(len(prompts))
 
         def step(state):
             token_B, cache = state

@@ -350,25 +350,21 @@ def _weight_left_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) 
     [N, R] result kept out of the product by an optimization barrier: 0.27-0.33 ms and 0.28-0.40 ms. Without the
     barrier XLA folds the transpose into the product's output layout and it is as slow as before. The exact sum is
     the same products in another order: float32 results can differ in the last bits."""
-    if w.ndim != 2 or jax.default_backend() != "cpu":
+    if jax.default_backend() != "cpu":
         return None
-    contracted = [c for c in rhs if c not in out]
-    if len(contracted) != 1 or rhs[1] != contracted[0] or contracted[0] not in lhs:
+    form = _matrix_form(x, w, lhs, rhs, out)
+    if form is None or form[1] != 1:  # not 2-D, or the contraction is not the minor axis
         return None
-    c = contracted[0]
-    free = "".join(ch for ch in lhs if ch != c)
-    rows = math.prod(x.shape[lhs.index(ch)] for ch in free)
-    if not BATCH_ROWS_WEIGHT_LEFT[0] <= rows <= BATCH_ROWS_WEIGHT_LEFT[1]:
+    x_RK, axis, free = form
+    if not BATCH_ROWS_WEIGHT_LEFT[0] <= x_RK.shape[0] <= BATCH_ROWS_WEIGHT_LEFT[1]:
         return None
-    x_RK = jnp.einsum(f"{lhs}->{free}{c}", x).reshape(rows, w.shape[1])
     y_NR = jax.lax.optimization_barrier(jnp.einsum("NK,RK->NR", w.astype(x.dtype), x_RK))
-    y = y_NR.T.reshape(tuple(x.shape[lhs.index(ch)] for ch in free) + (w.shape[0],))
-    return jnp.einsum(f"{free}{rhs[0]}->{out}", y)
+    return _unrows(y_NR.T, x, w, lhs, rhs, out, axis, free)
 
 
-def _matrix_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> tuple[jax.Array, int, str] | None:
-    """(x as [R, K], the weight's contraction axis, the free letters of x) when the product is a 2-D weight with
-    one contracted and one output axis; else None."""
+def _matrix_form(x: jax.Array, w, lhs: str, rhs: str, out: str) -> tuple[jax.Array, int, str] | None:
+    """(x as [R, K], the weight's contraction axis, the free letters of x) when the product is a 2-D weight (a
+    `QuantArray` or a dense array: only its shape is read) with one contracted and one output axis; else None."""
     if w.ndim != 2:
         return None
     contracted = [c for c in rhs if c not in out]
@@ -381,7 +377,7 @@ def _matrix_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> t
     return jnp.einsum(f"{lhs}->{free}{c}", x).reshape(rows, w.shape[axis]), axis, free
 
 
-def _unrows(y_RN: jax.Array, x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str, axis: int, free: str):
+def _unrows(y_RN: jax.Array, x: jax.Array, w, lhs: str, rhs: str, out: str, axis: int, free: str):
     """[R, N] back to the spec's output axes."""
     o = rhs[1 - axis]
     y = y_RN.reshape(tuple(x.shape[lhs.index(ch)] for ch in free) + (w.shape[1 - axis],)).astype(x.dtype)

@@ -187,9 +187,8 @@ class SlotDecoder:
                 self._temperature, self._top_k, self._top_p, self._seed, self._greedy)))  # fmt: skip
         active_B, rows = self._rows
         try:
-            params = self.engine.batch_params if self.max_batch > 1 else self.engine.params
             self._token_B, self._cache = _slot_step_program(
-                params, self._cache, self._token_B, active_B, rows, cfg=self.engine.cfg,
+                self.engine.decode_params(self.max_batch), self._cache, self._token_B, active_B, rows, cfg=self.engine.cfg,
                 act_dtype=self.engine.policy.activation_dtype, greedy=greedy,
             )  # fmt: skip
             tokens = np.asarray(self._token_B)
