@@ -1,7 +1,7 @@
 """The decode-shaped forms chosen for XLA:CPU compute the same function as the plain forms.
 
-`model.layers.attend_one` (key-major scores) against `attend`, and `model.quant.matmul`'s weight-left form for a
-dense output-major weight at 2-64 rows against the plain einsum."""
+`model.layers.attend_one` (key-major scores) against `attend`, `model.quant.matmul`'s weight-left form for a
+dense output-major weight at 2-64 rows, and its split form for one row, against the plain einsum."""
 
 from __future__ import annotations
 
@@ -49,6 +49,42 @@ def test_weight_left_form_leaves_input_major_weights_alone():
     x_BTD = jnp.ones((4, 1, 24), jnp.float32)
     w_DX = jnp.ones((24, 48), jnp.float32)  # input-major: the contraction D is the major axis
     assert _barriers(lambda x, w: quant.matmul(x, w, "BTD,DX->BTX"), x_BTD, w_DX) == 0
+
+
+def _batched_dots(fn, *args) -> list[tuple[int, ...]]:
+    """Output shapes of the dot_generals in fn's jaxpr that have a batch dimension."""
+    shapes = []
+    for eqn in jax.make_jaxpr(fn)(*args).eqns:
+        if eqn.primitive.name == "dot_general" and eqn.params["dimension_numbers"][1][0]:
+            shapes.append(tuple(eqn.outvars[0].aval.shape))
+    return shapes
+
+
+@pytest.mark.parametrize(("spec", "w_shape"), [("BTX,DX->BTD", (24, 48)), ("BTD,DX->BTX", (24, 48))])
+@pytest.mark.parametrize("slabs", [1, 2, 4])
+def test_split_form_equals_einsum_and_is_taken_for_one_row_only(monkeypatch, spec, w_shape, slabs):
+    monkeypatch.setattr(quant, "SPLIT_SLABS", slabs)
+    rng = np.random.default_rng(slabs)
+    x_dim = w_shape[1] if spec.startswith("BTX") else w_shape[0]
+    w = jnp.asarray(rng.standard_normal(w_shape), jnp.float32)
+    for rows in (1, 2):
+        x = jnp.asarray(rng.standard_normal((rows, 1, x_dim)), jnp.float32)
+        got = jax.jit(lambda x, w: quant.matmul(x, w, spec))(x, w)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(jnp.einsum(spec, x, w)), rtol=1e-5, atol=1e-5)
+        batched = _batched_dots(lambda x, w: quant.matmul(x, w, spec), x, w)
+        taken = rows == 1 and slabs >= 2 and jax.default_backend() == "cpu"
+        # output-major [D, X] (contraction X minor) is cut into slabs of outputs; input-major into slabs of X
+        slab_out = (slabs, 1, 24 // slabs) if spec.startswith("BTX") else (slabs, 1, 48)
+        assert batched == ([slab_out] if taken else []), (rows, batched)
+
+
+def test_split_form_needs_slabs_that_divide_the_cut_axis(monkeypatch):
+    monkeypatch.setattr(quant, "SPLIT_SLABS", 5)  # 24 outputs do not split into 5 slabs
+    x = jnp.ones((1, 1, 48), jnp.float32)
+    w = jnp.ones((24, 48), jnp.float32)
+    assert _batched_dots(lambda x, w: quant.matmul(x, w, "BTX,DX->BTD"), x, w) == []
+    monkeypatch.setattr(quant, "SPLIT_SLABS", 16)  # 16 does not divide 24 either
+    assert _batched_dots(lambda x, w: quant.matmul(x, w, "BTX,DX->BTD"), x, w) == []
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16, 80])

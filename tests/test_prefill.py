@@ -93,7 +93,8 @@ def test_chunked_prefill_equals_full_forward_and_the_invariant_cache(params, ids
     ks, vs = _expected_cache(p, cfg, ids[:, :n], bucket + extra)
     for got, want in zip(cache.k + cache.v, ks + vs, strict=True):
         assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+        # float32 summation order: one-row products are split into slabs on CPU (`model.quant._split_form`)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name,chunk,n", [("tiny", 256, 5), ("tiny", 3, 13), ("wide", 5, 13), ("wide", 5, 20)])
