@@ -349,7 +349,8 @@ class BatchMemory:
     on the device (`weight_bytes`); kv_bytes_per_row: one row's cache (`kv_cache_bytes`); capacity: bytes the
     device (or host) holds for this process, `where` says which figure; reserve: `MEMORY_RESERVE`;
     spare_rows: rows of cache allocated beside the batch's (the slot decoder's one-row prefill cache: 1; a batch
-    of `generate_batch`: 0).
+    of `generate_batch`: 0); copy_bytes: the part of weight_bytes that is the transposed copy batched steps read
+    on CPU (`Engine.batch_copy_bytes`; 0 where there is none), named in the refusals.
     """
 
     batch: int
@@ -360,6 +361,7 @@ class BatchMemory:
     where: str
     reserve: float = MEMORY_RESERVE
     spare_rows: int = 0
+    copy_bytes: int = 0
 
     @property
     def kv_bytes(self) -> int:
@@ -387,6 +389,12 @@ class BatchMemory:
         kv_bytes_per_row) - spare_rows, >= 0."""
         return max(0, (self.usable - self.weight_bytes) // max(1, self.kv_bytes_per_row) - self.spare_rows)
 
+    def _weights_text(self) -> str:
+        gb = 1e9
+        copy = (f" (of which {self.copy_bytes / gb:.3f} GB is the transposed copy batched steps read on CPU)"
+                if self.copy_bytes else "")  # fmt: skip
+        return f"{self.weight_bytes / gb:.3f} GB of weights{copy}"
+
     def refusal(self) -> str:
         """One line: what was asked, the arithmetic, what fits and how to fix it."""
         gb = 1e9
@@ -394,7 +402,7 @@ class BatchMemory:
                "tokens" if self.largest_batch else
                "not even one row fits at this length: lower --max-new-tokens or the input tokens")  # fmt: skip
         return (f"batch {self.batch} does not fit: {self.batch} rows x {self.kv_bytes_per_row / gb:.3f} GB of KV "
-                f"cache ({self.cache_len} positions per row) + {self.weight_bytes / gb:.3f} GB of weights = "
+                f"cache ({self.cache_len} positions per row) + {self._weights_text()} = "
                 f"{self.needed / gb:.3f} GB, above the {self.usable / gb:.3f} GB usable ({self.capacity / gb:.3f} GB "
                 f"{self.where}, less {self.reserve:.0%} reserved for activations); {fit}")
 
@@ -407,6 +415,6 @@ class BatchMemory:
                "not even one slot fits at this length: lower --max-length")  # fmt: skip
         return (f"--max-batch {self.batch} does not fit: ({self.batch} slots + {self.spare_rows} prefill row) x "
                 f"{self.kv_bytes_per_row / gb:.3f} GB of KV cache ({self.cache_len} positions per slot, --max-length) "
-                f"+ {self.weight_bytes / gb:.3f} GB of weights = {self.needed / gb:.3f} GB, above the "
+                f"+ {self._weights_text()} = {self.needed / gb:.3f} GB, above the "
                 f"{self.usable / gb:.3f} GB usable ({self.capacity / gb:.3f} GB {self.where}, less {self.reserve:.0%} "
                 f"reserved for activations); {fit}")

@@ -497,7 +497,7 @@ class Engine:
         return BatchMemory(batch=batch, cache_len=cache_len, weight_bytes=weights,
                            kv_bytes_per_row=kv_cache_bytes(self.cfg, cache_len,
                                                            np.dtype(DTYPES[self.policy.kv_dtype]).itemsize),
-                           capacity=capacity, where=where, spare_rows=spare_rows)  # fmt: skip
+                           capacity=capacity, where=where, spare_rows=spare_rows, copy_bytes=copy)  # fmt: skip
 
     def slot_decoder(self, max_batch: int, cache_len: int | None = None):
         """A `model.slots.SlotDecoder` over this engine: `max_batch` decode slots sharing one batched KV cache of

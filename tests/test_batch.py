@@ -164,6 +164,14 @@ def test_the_memory_arithmetic_and_its_refusal():
                        where="x").fits  # fmt: skip
     none = BatchMemory(batch=1, cache_len=100, weight_bytes=48_000, kv_bytes_per_row=1_000, capacity=50_000, where="x")
     assert none.largest_batch == 0 and "not even one row fits" in none.refusal()
+    assert "copy" not in line and "copy" not in none.refusal()
+
+
+def test_a_refusal_names_the_batch_copy_inside_the_weights():
+    mem = BatchMemory(batch=8, cache_len=100, weight_bytes=3_000_000_000, kv_bytes_per_row=1_000_000_000,
+                      capacity=10_000_000_000, where="x", copy_bytes=1_000_000_000)  # fmt: skip
+    for line in (mem.refusal(), mem.slots_refusal()):
+        assert "3.000 GB of weights (of which 1.000 GB is the transposed copy batched steps read on CPU)" in line, line
 
 
 def test_a_batch_that_does_not_fit_is_refused_before_anything_compiles(engine, prompts, monkeypatch):
