@@ -89,7 +89,9 @@ def test_typical_step_category_shares_agree_within_tolerance(profiles):
             assert other["pct"] is None, name  # tensor_core: absent on CPU in both
             continue
         assert abs(cat["pct"] - other["pct"]) <= TOLERANCE_PCT, (name, cat["pct"], other["pct"])
-    assert short["categories_typical_step"]["attention"]["pct"] > 10.0  # the share the old shapes moved is there
+    # the share the old shapes moved is there: 22-32% on the AMD host, 9.8% on the Intel Xeon (AVX-512) after
+    # decode attention became key-major (`attend_one`) and one-row products began to use both cores
+    assert short["categories_typical_step"]["attention"]["pct"] > 5.0
 
 
 def test_steps_past_the_budget_restart_at_the_same_shape(attention_heavy):
