@@ -50,6 +50,23 @@ def test_a_cell_prints_the_same_in_the_terminal_the_summary_and_the_report() -> 
     assert rate_text(cell, "gauge") == gauge  # the report's and `bench compare`'s rate text: the same column
 
 
+def test_a_narrow_terminal_wraps_the_sweep_table_and_cuts_nothing() -> None:
+    rows = [_cell(41, bucket=64), _cell(2057, valid=False, invalid_reason="repeat 0 degenerate: a 1-token loop")]
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(sweep_table(rows))
+    out = buf.getvalue()
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 120
+    pieces = set(out.replace("│", " ").split())
+
+    def printed(word: str) -> bool:  # whole, or folded into consecutive pieces on the lines below
+        return word in pieces or any(word.startswith(p) and printed(word[len(p):]) for p in pieces if 0 < len(p) < len(word))
+
+    for row in rows:
+        for col in TABLE_COLUMNS:
+            for word in col.text(row).split():
+                assert printed(word), (col.table_header, word)
+
+
 def test_the_plain_table_aligns_each_column_to_its_widest_entry() -> None:
     rows = [_cell(41, bucket=64), _cell(2057, valid=False, invalid_reason="repeat 0 degenerate: loop")]
     lines = plain_table(TABLE_COLUMNS, rows, indent="  ")

@@ -27,7 +27,8 @@ CONSOLE_MIN_WIDTH, CONSOLE_PIPE_WIDTH = 150, 200
 
 def make_console():
     """The rich console of every command's tables: in a terminal its width, but at least 150 columns (the sweep
-    table does not fold); 200 columns when stdout is not a terminal (pipes, logs, tests: nothing truncated)."""
+    tables fold their cells where that is still too narrow); 200 columns when stdout is not a terminal (pipes,
+    logs, tests; the sweep widens it to the whole table there)."""
     from rich.console import Console
 
     probe = Console()

@@ -35,7 +35,8 @@ from bench.sweep.rates import RATES_KEY
 def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
     """The printed sweep table (one row per input size), from the run's cell rows and the one column list
     (`bench.runs.columns.table_columns`: headers, digits and dashes are the gpu-run summary's and the report's; the
-    device-loop columns where a row has them)."""
+    device-loop columns where a row has them). Cells fold: in a terminal narrower than the table each column
+    wraps its text onto more lines rather than cutting it with an ellipsis."""
     from rich.table import Table
 
     from bench.runs.columns import table_columns, text_rows
@@ -43,7 +44,7 @@ def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
     columns = table_columns(rows)
     table = Table(title="sweep (medians of timed repeats)")
     for col in columns:
-        table.add_column(col.table_header, justify=col.align)
+        table.add_column(col.table_header, justify=col.align, overflow="fold")  # a narrow terminal wraps, never cuts
     for line in text_rows(columns, rows):
         table.add_row(*line)
     return table
@@ -518,7 +519,7 @@ def load_table(rows) -> "rich.table.Table":  # noqa: F821
     table = Table(title="sweep under load (per level; latencies median / p99, ms)")
     for header in ("input tokens", "concurrency", "rate req/s", "requests", "output tok/s", "req/s", "TTFT",
                    "ITL", "TPOT", "e2e", "queue", "valid"):  # fmt: skip
-        table.add_column(header, justify="left" if header == "valid" else "right")
+        table.add_column(header, justify="left" if header == "valid" else "right", overflow="fold")
 
     def pair(row, name: str) -> str:
         return f"{fmt_num(getattr(row, f'{name}_ms_median'), 1)} / {fmt_num(getattr(row, f'{name}_ms_p99'), 1)}"
