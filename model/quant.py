@@ -367,7 +367,8 @@ def _weight_left_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) 
 
 
 def _cpu_threads() -> int:
-    """Cores this process may run on (its CPU affinity), at least 1."""
+    """Logical CPUs this process may run on (`os.sched_getaffinity`; `os.cpu_count` where there is no affinity
+    call), at least 1. CPU quotas (cgroups) are not seen."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity call on this OS
@@ -375,18 +376,23 @@ def _cpu_threads() -> int:
 
 
 SPLIT_SLABS = _cpu_threads()
-"""Slabs `_split_form` cuts a one-row product's weight into on CPU: one per core this process may use."""
+"""Slabs `_split_form` cuts a one-row product's weight into on CPU: one per logical CPU this process may use
+(`_cpu_threads`), read once at import (a later affinity change is not seen; a jitted program keeps the value it
+was traced with). Measured only at 2 (the 2-core Xeon of `_split_form`'s note); other counts are an assumption."""
 
 
 def _split_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) -> jax.Array | None:
     """One activation row times a dense 2-D weight on CPU, as a batched product over `SPLIT_SLABS` slabs of the
-    weight (free reshapes, no copy), when there are at least 2 slabs and they divide the axis cut; else None.
+    weight (free reshapes, no copy of the weight), when there are at least 2 slabs, they divide the axis cut and
+    each slab has at least 2 of its rows; else None (the plain einsum). Returns the spec's output in x.dtype (the
+    weight is converted to x.dtype first, as the plain einsum).
 
     The cut: an output-major weight [N, K] (contraction axis minor: o_proj, down_proj, the PLE gate, the tied head)
     is cut along N into [S, N/S, K], each slab times the row gives N/S outputs (each output the same K-long sum as
     before); an input-major weight [K, N] (q/k/v, gate/up, the PLE projection) is cut along K into [S, K/S, N],
-    each slab times its part of the row, and the S partial sums are added (float32 results can differ from the
-    one product in the last bits).
+    each slab times its part of the row, and the S partial sums are added in float32 and rounded once to x.dtype
+    (results can differ from the one product in the last bits; float16 partials rounded before the add were ~1.6x
+    farther from the exact sum, [1536, 8960] at S = 4).
 
     Why (XLA:CPU, jax 0.12, 2-core Intel Xeon with AVX-512, float32, weights streamed from memory): XLA:CPU runs
     a matrix-vector product of up to about 2 MB on one thread (e.g. [256, 2048]: 0.13 ms, 16 GB/s) and larger
@@ -410,7 +416,8 @@ def _split_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) -> jax
     else:  # input-major [K, N]: slabs of the contraction, partial sums added
         k, n = w.shape
         x_SRk = jnp.transpose(x_RK.reshape(1, s, k // s), (1, 0, 2))
-        y_RN = jnp.einsum("SRk,SkN->SRN", x_SRk, w.reshape(s, k // s, n)).sum(axis=0)
+        y_SRN = jnp.einsum("SRk,SkN->SRN", x_SRk, w.reshape(s, k // s, n), preferred_element_type=jnp.float32)
+        y_RN = y_SRN.sum(axis=0)  # cast to x.dtype once, in _unrows
     return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
 
 

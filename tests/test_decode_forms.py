@@ -117,3 +117,53 @@ def test_batch_params_copy_only_the_dense_input_major_projections(tiny_checkpoin
     one = engine._batch_memory(1, 64, spare_rows=0)
     two = engine._batch_memory(2, 64, spare_rows=0)
     assert two.weight_bytes - one.weight_bytes == expected  # a batch counts the copy, B = 1 does not
+
+
+@pytest.mark.parametrize("case", ["output-major", "input-major", "OutputMajor", "bf16 weight", "no T axis"])
+def test_split_form_equals_einsum_for_the_engines_one_row_forms(monkeypatch, case):
+    monkeypatch.setattr(quant, "SPLIT_SLABS", 4)
+    rng = np.random.default_rng(7)
+    spec, x_shape, w = {
+        "output-major": ("BTF,DF->BTD", (1, 1, 96), rng.standard_normal((64, 96))),  # o / down / PLE gate / head
+        "input-major": ("BTD,DX->BTX", (1, 1, 64), rng.standard_normal((64, 40))),  # q/k/v, gate/up, PLE projection
+        "OutputMajor": ("BTD,DX->BTX", (1, 1, 64), rng.standard_normal((64, 40))),  # matmul recurses, letters swapped
+        "bf16 weight": ("BTD,DX->BTX", (1, 1, 64), rng.standard_normal((64, 40))),  # --weight-dtype bfloat16
+        "no T axis": ("BD,DX->BX", (1, 64), rng.standard_normal((64, 40))),
+    }[case]
+    w = jnp.asarray(w, jnp.bfloat16 if case == "bf16 weight" else jnp.float32)
+    x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
+    want = jnp.einsum(spec, x, w.astype(jnp.float32))
+    leaf = quant.output_major(w) if case == "OutputMajor" else w
+    got = jax.jit(lambda x, w: quant.matmul(x, w, spec))(x, leaf)
+    assert got.shape == want.shape and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    taken = jax.default_backend() == "cpu"
+    assert bool(_batched_dots(lambda x, w: quant.matmul(x, w, spec), x, leaf)) == taken
+
+
+def test_split_form_needs_two_rows_per_slab(monkeypatch):
+    monkeypatch.setattr(quant, "SPLIT_SLABS", 4)  # 4 divides K = 4, but each slab would hold one row
+    x = jnp.ones((1, 1, 4), jnp.float32)
+    assert _batched_dots(lambda x, w: quant.matmul(x, w, "BTD,DX->BTX"), x, jnp.ones((4, 40), jnp.float32)) == []
+
+
+def test_split_form_adds_float16_partial_sums_in_float32(monkeypatch):
+    monkeypatch.setattr(quant, "SPLIT_SLABS", 4)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((1, 1, 1024)), jnp.float16)
+    w = jnp.asarray(rng.standard_normal((1024, 2048)) * 0.05, jnp.float16)
+    exact = np.einsum("BTD,DX->BTX", np.asarray(x, np.float64), np.asarray(w, np.float64))
+    plain = np.abs(np.asarray(jnp.einsum("BTD,DX->BTX", x, w), np.float64) - exact).mean()
+    got = jax.jit(lambda x, w: quant.matmul(x, w, "BTD,DX->BTX"))(x, w)
+    assert got.dtype == jnp.float16
+    assert np.abs(np.asarray(got, np.float64) - exact).mean() <= 1.2 * plain  # one rounding to float16, as plain
+
+
+def test_cpu_threads_counts_the_affinity_and_falls_back_to_cpu_count(monkeypatch):
+    monkeypatch.setattr(quant.os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    assert quant._cpu_threads() == 3
+    monkeypatch.delattr(quant.os, "sched_getaffinity", raising=False)  # e.g. macOS
+    monkeypatch.setattr(quant.os, "cpu_count", lambda: 16)
+    assert quant._cpu_threads() == 16
+    monkeypatch.setattr(quant.os, "cpu_count", lambda: None)
+    assert quant._cpu_threads() == 1
