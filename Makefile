@@ -15,7 +15,7 @@ PEER_DIR     := .cache/peer
 PEER_THREADS ?= 2
 PEER_NAME    ?=
 
-.PHONY: help venv fleet-venv test-fleet test test-fast test-heavy gpu-rehearsal sweep peer profile report generate lock clean
+.PHONY: help venv fleet-venv test-fleet test test-fast test-heavy gpu-rehearsal tpu-rehearsal sweep peer profile report generate lock clean
 
 help:
 	@echo "make sweep    run the default sweep (inputs $(INPUTS)) on the built-in checkpoint; writes runs/<name>/"
@@ -26,6 +26,7 @@ help:
 	@echo "make report   tables and plots comparing the archived runs in runs/ -> reports/latest/"
 	@echo "make test-fleet  the bench fleet tests in .venv-fleet (SkyPilot installed: its schema checks run)"
 	@echo "make gpu-rehearsal  scripts/gpu-run.sh --tiny on this CPU with the GPU image's packages + carried wheels"
+	@echo "make tpu-rehearsal  the same with the TPU image's Python 3.11 + jax 0.10.2 + scripts/tpu-wheels.sh's wheels"
 	@echo "make lock     re-pin constraints.txt from the current .venv"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -82,6 +83,10 @@ test-fleet: $(FLEET_STAMP)
 # Needs no .venv: it builds (and caches) its own venv of the GPU image's versions; see scripts/gpu-rehearsal.sh.
 gpu-rehearsal:
 	scripts/gpu-rehearsal.sh
+
+# Needs no .venv: a Python 3.11 venv of the TPU image's jax 0.10.2 (cached); see scripts/tpu-rehearsal.sh.
+tpu-rehearsal:
+	scripts/tpu-rehearsal.sh
 
 sweep: $(STAMP)
 	$(BENCH) sweep --inputs $(INPUTS) $(ARGS)

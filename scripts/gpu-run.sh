@@ -13,10 +13,12 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=${PYTHON:-python3}
 if ! command -v "$py" >/dev/null 2>&1; then
-  echo "error: gpu-run needs python3 (>= 3.12) on PATH, or PYTHON=/path/to/python3" >&2; exit 2
+  echo "error: gpu-run needs python3 (>= 3.11) on PATH, or PYTHON=/path/to/python3" >&2; exit 2
 fi
-if ! "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null; then
-  echo "error: gpu-run needs Python >= 3.12; $("$py" -V 2>&1) at $(command -v "$py")" >&2; exit 2
+# 3.11: the lent TPU image's Python (with jax 0.10.2), rehearsed by scripts/tpu-rehearsal.sh; the project itself
+# installs on >= 3.12 (jax >= 0.11), but the run only needs what it imports.
+if ! "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+  echo "error: gpu-run needs Python >= 3.11; $("$py" -V 2>&1) at $(command -v "$py")" >&2; exit 2
 fi
 
 # --wheels DIR / --wheels=DIR is this script's; every other argument goes to bench.gpurun unchanged.

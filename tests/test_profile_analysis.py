@@ -205,6 +205,53 @@ def test_gpu_shaped_trace_categories_from_kernel_names():
     assert (values["dtype conversion"], values["fp32 gemv"], values["tensor core"]) == ("50.0%", "30.0%", "10.0%")
 
 
+# ---- a TPU-shaped trace (synthetic: the core plane's "XLA Modules" and "XLA Ops" lines) ---------------------------
+def _tpu_trace_text() -> str:
+    ops = [("convert.3", 40), ("copy.7", 20), ("add_fusion.2", 10)]  # (HLO op name, microseconds per step)
+    meta = "".join(f'event_metadata {{ key: {i + 3} value {{ id: {i + 3} name: "{n}" }} }}\n'
+                   for i, (n, _) in enumerate(ops))  # fmt: skip
+    steps, modules, op_events, t = [], [], [], 0
+    for step in range(3):
+        steps.append(f"events {{ metadata_id: 1 offset_ps: {t * 1000000} duration_ps: 200000000 "
+                     f"stats {{ metadata_id: 1 int64_value: {step} }} }}")  # fmt: skip
+        modules.append(f"events {{ metadata_id: 2 offset_ps: {(t + 5) * 1000000} duration_ps: 150000000 }}")
+        k = t + 10
+        for i, (_, us) in enumerate(ops):
+            op_events.append(f"events {{ metadata_id: {i + 3} offset_ps: {k * 1000000} duration_ps: {us * 1000000} }}")
+            k += us + 1
+        t += 300
+    return (
+        'planes { id: 1 name: "/host:CPU" lines { id: 1 name: "python" timestamp_ns: 1000000 ' + " ".join(steps)
+        + ' } event_metadata { key: 1 value { id: 1 name: "decode" } } '
+        'stat_metadata { key: 1 value { id: 1 name: "step_num" } } }\n'
+        'planes { id: 2 name: "/device:TPU:0" '
+        'lines { id: 1 name: "XLA Modules" timestamp_ns: 1000000 ' + " ".join(modules)
+        + ' } lines { id: 2 name: "XLA Ops" timestamp_ns: 1000000 ' + " ".join(op_events)
+        + ' } lines { id: 3 name: "Steps" timestamp_ns: 1000000 ' + " ".join(modules) + " }\n"
+        + 'event_metadata { key: 2 value { id: 2 name: "jit__decode_program(42)" } }\n' + meta + "}\n"
+        'planes { id: 3 name: "/device:TPU:0 SparseCore 0" lines { id: 2 name: "XLA Ops" timestamp_ns: 1000000 '
+        + " ".join(op_events) + " }\n" + meta + "}\n"
+    )  # fmt: skip
+
+
+def test_tpu_shaped_trace_reads_the_core_planes_xla_ops_line():
+    from jax.profiler import ProfileData
+
+    if not hasattr(ProfileData, "text_proto_to_serialized_xspace"):
+        pytest.skip("this jaxlib cannot build an XSpace from text")
+    analysis = analyze_xspace(ProfileData.text_proto_to_serialized_xspace(_tpu_trace_text()))
+    assert analysis.device["platform"] == "tpu" and analysis.device["planes"] == ["/device:TPU:0"]
+    assert analysis.steps == 3
+    # only the core plane's "XLA Ops" line counts: not its "XLA Modules"/"Steps" lines, not the SparseCore plane
+    assert analysis.totals["device_ms"] == pytest.approx(3 * 70e-3)
+    assert {(r.name, r.hlo_op, r.hlo_module) for r in analysis.ops} == {
+        ("convert.3", "convert.3", "jit__decode_program"), ("copy.7", "copy.7", "jit__decode_program"),
+        ("add_fusion.2", "add_fusion.2", "jit__decode_program")}  # fmt: skip
+    assert analysis.categories["tensor_core"] == (None, None)
+    assert analysis.categories["dtype_conversion"][0] == pytest.approx(100 * 40 / 70)
+    assert analysis.categories["copies_transfers"][0] == pytest.approx(100 * 20 / 70)
+
+
 # ---- tensor-core kernels: real names -------------------------------------------------------------------------
 # (name as a profiler printed it, uses tensor cores?, why / where the name was seen)
 REAL_KERNEL_NAMES = [

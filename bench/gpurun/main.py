@@ -15,14 +15,14 @@ the profile process, and a step that overruns is stopped without losing the othe
 
 Plans (chosen after the device probe; "remaining" is always the budget left minus `end_margin`):
 
-- GPU, no --checkpoint ("pilot + E2B"): the E2B checkpoint (`builtin:e2b`, bf16, 9.3 GB; measured 2 min 37 s
+- GPU or TPU (`ACCELERATORS`), no --checkpoint ("pilot + E2B"): the E2B checkpoint (`builtin:e2b`, bf16, 9.3 GB; measured 2 min 37 s
   and 9.4 GB peak host memory on a 2-core CPU machine, mostly single-threaded RNG) is generated in a background
   CPU process (JAX_PLATFORMS=cpu, so it never touches the GPU) while the GPU measures, cheapest first: bandwidth, then a full
   sweep of the `default` preset (the pilot: every E2B irregularity at hidden size 256, the same four input sizes,
   compiled and timed for real), then, while E2B is still being written, the pilot's profile. When the E2B
   checkpoint is ready and at least `e2b_min_s` remain, E2B is swept and profiled into its own run folder; else the
   generator is stopped and the log says how long it had run (so the next task can size its budget).
-- --checkpoint given, or --tiny, or no GPU found ("single"): checkpoint (created first, as its own step, when it is
+- --checkpoint given, or --tiny, or no GPU or TPU found ("single"): checkpoint (created first, as its own step, when it is
   `builtin:NAME` and not cached), bandwidth, sweep, profile --run <that sweep's folder>.
 
 Quantization: each `--quant SET` flag (repeatable; SET is one comma-separated option set, as `bench sweep --quant`
@@ -100,6 +100,10 @@ from bench.signals import stop_signals_handled
 
 REQUIRED = ("jax", "jaxlib", "numpy", "ml_dtypes", "safetensors", "tokenizers", "typer", "click", "rich")
 """Imported by the steps (model/ and bench/); matplotlib, pandas, xprof are not needed here."""
+
+ACCELERATORS = ("gpu", "tpu")
+"""jax platforms the run measures for real (the pilot + E2B plan); on any other it runs tiny mode. A TPU gets the
+same plan and workload as a GPU, without the GPU profiling flags."""
 
 PILOT, BIG = "default", "e2b"
 """The pilot + E2B plan's presets on a GPU (`PilotPlan`)."""
@@ -430,19 +434,21 @@ def _measure(ctx: Context, options: Options, plan: PilotPlan | None) -> int:
     "error:" line when the probe found a module missing / failed). Never leaves the background generator running."""
     try:
         info = probe(ctx, force_cpu=options.tiny)
-        gpu = info["platform"] == "gpu" and not options.tiny
-        if not gpu and not options.tiny:
-            ctx.say(f"no GPU found (jax runs on {info['platform']}): tiny mode (built-in tiny checkpoint, small inputs)")
-        ctx.timing = GPU_TIMING if gpu else TINY_TIMING
-        work = _workload(options, GPU_WORK if gpu else TINY_WORK)
+        accel = info["platform"] in ACCELERATORS and not options.tiny
+        gpu = accel and info["platform"] == "gpu"  # the GPU profiling XLA_FLAGS go to GPU profiles only
+        if not accel and not options.tiny:
+            ctx.say(f"no GPU or TPU found (jax runs on {info['platform']}): tiny mode (built-in tiny checkpoint, "
+                    f"small inputs)")
+        ctx.timing = GPU_TIMING if accel else TINY_TIMING
+        work = _workload(options, GPU_WORK if accel else TINY_WORK)
         ctx.say(f"gpu-run: budget {ctx.budget:.0f} s ({ctx.remaining():.0f} s left after the probe); mode "
-                f"{'gpu' if gpu else 'tiny'}; inputs {work.inputs}, {work.max_new_tokens} new tokens, {work.repeats} "
+                f"{info['platform'] if accel else 'tiny'}; inputs {work.inputs}, {work.max_new_tokens} new tokens, {work.repeats} "
                 f"repeats, decode loop {work.decode_loop}, profile {work.steps} steps"
                 f"{'; batch ' + work.batch if work.batch else ''}"
                 f"{'; quant ' + ' | '.join(options.quant) if options.quant else ''}"
                 f"{'; kernel ' + ' | '.join(options.kernel) if options.kernel else ''}; out {ctx.outdir}")  # fmt: skip
         spec = _checkpoint_spec(options.checkpoint)
-        if plan is None and gpu:
+        if plan is None and accel:
             plan = PilotPlan()
         if spec is None and plan is not None:
             plan_pilot_e2b(ctx, work, gpu, plan, options.quant_sets)

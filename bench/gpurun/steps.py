@@ -176,8 +176,16 @@ def child_env(ctx: Context, extra: dict[str, str] | None = None) -> dict[str, st
 
 
 # ---- running steps -----------------------------------------------------------------------------------------------
+CHIP_BUSY_MARKS = ("libtpu multi-process lockfile", "TPU is already in use")
+"""Output of a step that could not open the TPU because another process still held it. Seen on a lent TPU v5e
+(.library/device/KINDS.md, 2026-12-01: a program started while another held the chip stopped after about 2 s with
+"Internal error when accessing libtpu multi-process lockfile"), and reported for one just after another ended."""
+CHIP_BUSY_RETRY_S = 5.0
+"""The wait before the one rerun of a step that found the chip busy (the same notes: wait five seconds, rerun)."""
+
+
 def run_step(ctx: Context, name: str, argv: list[str], limit: float, *, env_extra: dict[str, str] | None = None,
-             capture: list[str] | None = None, header: bool = True) -> StepResult:  # fmt: skip
+             capture: list[str] | None = None, header: bool = True, retry_busy: bool = True) -> StepResult:  # fmt: skip
     """Run one step in its own process, echoing its output (and logging it), stopped at `limit` seconds:
     SIGTERM, then SIGKILL after the grace period. `capture` collects the output lines.
 
@@ -186,7 +194,9 @@ def run_step(ctx: Context, name: str, argv: list[str], limit: float, *, env_extr
     Returns the StepResult (also appended to `ctx.steps`): status "ok" (exit code 0), "failed" (another exit code),
     "interrupted" (SIGTERM at the limit), "killed" (SIGKILL after the grace period) or "stopped" (the run was
     stopped by a signal meanwhile). After `Context.request_stop` no step starts: it is recorded as skipped.
-    Never raises for a failing step."""
+    A step that failed because the TPU was still held by another process (`CHIP_BUSY_MARKS` in its output) is run
+    once more after `CHIP_BUSY_RETRY_S` when `retry_busy` (only the rerun is recorded). Never raises for a failing
+    step."""
     if ctx.stopping:
         return skip(ctx, name, "the run was stopped (SIGTERM or SIGINT)")
     if header:
@@ -197,9 +207,13 @@ def run_step(ctx: Context, name: str, argv: list[str], limit: float, *, env_extr
                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)  # fmt: skip
     ctx.current = proc
 
+    busy = []
+
     def pump():
         for line in proc.stdout:
             line = line.rstrip("\n")
+            if not busy and any(mark in line for mark in CHIP_BUSY_MARKS):
+                busy.append(line)
             step_log.write(line + "\n")
             step_log.flush()
             if capture is not None:
@@ -231,6 +245,15 @@ def run_step(ctx: Context, name: str, argv: list[str], limit: float, *, env_extr
         status = "stopped"
     if status is None:
         status = "ok" if rc == 0 else "failed"
+    if status == "failed" and busy and retry_busy and not ctx.stopping:
+        ctx.say(f"-- {name}: the TPU was held by another process ({busy[0].strip()[:120]}); "
+                f"again in {CHIP_BUSY_RETRY_S:.0f} s")
+        time.sleep(CHIP_BUSY_RETRY_S)
+        if capture is not None:
+            capture.clear()
+        spent = time.monotonic() - t
+        return run_step(ctx, name, argv, max(limit - spent, 0.1), env_extra=env_extra, capture=capture,
+                        header=False, retry_busy=False)  # fmt: skip
     result = StepResult(name, status, time.monotonic() - t, "" if rc == 0 else f"exit code {rc}", rc)
     ctx.say(f"-- {name}: {status} in {result.seconds:.1f} s" + (f" ({result.note})" if result.note else ""))
     ctx.steps.append(result)

@@ -44,6 +44,7 @@ Categories, each device nanosecond in exactly one, decided in this order (first 
 from __future__ import annotations
 
 import bisect
+import re
 import statistics
 import warnings
 from collections.abc import Mapping
@@ -62,6 +63,11 @@ CATEGORIES = (
     "copies_transfers", "other_fusions", "other",
 )  # fmt: skip
 TOP_OPS_IN_JSON = 40
+
+TPU_CORE_PLANE = re.compile(r"/device:TPU:\d+")
+"""A TPU core's plane in an XSpace (one per chip core); planes named otherwise (e.g. SparseCore's) are not read."""
+TPU_OPS_LINE, TPU_MODULES_LINE = "XLA Ops", "XLA Modules"
+"""The lines of a TPU core plane holding one event per HLO op run, and one per program (module) run."""
 
 # ---- result types ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -229,12 +235,18 @@ def _analyze_planes(planes, modules, source, step_name, notes) -> ProfileAnalysi
         raise TraceError(f"{source} has no '{step_name}' step annotations: capture it with `bench profile` "
                          f"(each step inside jax.profiler.StepTraceAnnotation('{step_name}', step_num=i))")  # fmt: skip
     gpu_planes = [pl for pl in planes if pl.name.startswith("/device:GPU:")]
-    platform = "gpu" if gpu_planes else "cpu"
-    events = _device_events(gpu_planes if gpu_planes else [pl for pl in planes if pl.name == "/host:CPU"], platform)
+    tpu_planes = [pl for pl in planes if TPU_CORE_PLANE.fullmatch(pl.name)]
+    if gpu_planes:
+        platform, device_planes = "gpu", gpu_planes
+    elif tpu_planes:
+        platform, device_planes = "tpu", tpu_planes
+    else:
+        platform, device_planes = "cpu", [pl for pl in planes if pl.name == "/host:CPU"]
+    events = _device_events(device_planes, platform)
     events = _inside_steps(events, steps)
     if not events:
         raise TraceError(f"{source} has {len(steps)} '{step_name}' steps but no device ops inside them")
-    return _summarise(events, steps, modules, platform, _device_info(planes, gpu_planes), source, notes)
+    return _summarise(events, steps, modules, platform, _device_info(planes, platform, device_planes), source, notes)
 
 
 def _stats(obj) -> dict[str, Any]:
@@ -268,17 +280,29 @@ class _Event:
 
 
 def _device_events(planes, platform: str) -> list[_Event]:
-    """Device-work events with their exclusive time (nested op events on the same line are subtracted)."""
+    """Device-work events with their exclusive time (nested op events on the same line are subtracted).
+
+    GPU: the `Stream #N` lines (kernels, stats hlo_op/hlo_module/program_id). CPU: events of `/host:CPU` that carry
+    an hlo_op stat. TPU: the `XLA Ops` line of each core plane (`TPU_OPS_LINE`); an op event's name is its HLO
+    instruction and, where its stats do not name the module, the `XLA Modules` event around it does
+    ("jit_f(12)": module jit_f, program id 12), the line layout xprof's TPU op profile reads."""
     out: list[_Event] = []
     for plane in planes:
+        modules = _tpu_module_windows(plane) if platform == "tpu" else []
         for line in plane.lines:
             if platform == "gpu" and not line.name.startswith("Stream #"):
+                continue
+            if platform == "tpu" and line.name != TPU_OPS_LINE:
                 continue
             line_events = []
             for ev in line.events:
                 st = _stats(ev)
                 if platform == "cpu" and "hlo_op" not in st:
                     continue
+                if platform == "tpu":
+                    st.setdefault("hlo_op", ev.name)
+                    if "hlo_module" not in st:
+                        st.update(_module_at(modules, (ev.start_ns + ev.end_ns) / 2))
                 ids = (str(st.get(k, "")) for k in ("hlo_op", "hlo_module", "program_id"))
                 line_events.append(_Event(ev.name, *ids, ev.start_ns, ev.end_ns, ev.duration_ns))
             line_events.sort(key=lambda e: (e.start, -e.end))
@@ -293,6 +317,27 @@ def _device_events(planes, platform: str) -> list[_Event]:
     return out
 
 
+def _tpu_module_windows(plane) -> list[tuple[float, float, dict[str, str]]]:
+    """(start ns, end ns, {"hlo_module", "program_id"}) of each event on a TPU plane's `XLA Modules` line, sorted."""
+    windows = []
+    for line in plane.lines:
+        if line.name != TPU_MODULES_LINE:
+            continue
+        for ev in line.events:
+            st = _stats(ev)
+            named = re.fullmatch(r"(.+)\((\d+)\)", ev.name)
+            ids = {"hlo_module": named.group(1) if named else ev.name,
+                   "program_id": named.group(2) if named else str(st.get("program_id", ""))}  # fmt: skip
+            windows.append((ev.start_ns, ev.end_ns, ids))
+    return sorted(windows, key=lambda w: w[0])
+
+
+def _module_at(windows: list[tuple[float, float, dict[str, str]]], t_ns: float) -> dict[str, str]:
+    """The module ids of the `XLA Modules` window holding time `t_ns`, or {} when none does."""
+    i = bisect.bisect_right([w[0] for w in windows], t_ns) - 1
+    return dict(windows[i][2]) if i >= 0 and t_ns <= windows[i][1] else {}
+
+
 def _inside_steps(events: list[_Event], steps: list[tuple[float, float]]) -> list[_Event]:
     starts = [s for s, _ in steps]
     kept = []
@@ -305,11 +350,11 @@ def _inside_steps(events: list[_Event], steps: list[tuple[float, float]]) -> lis
 
 
 
-def _device_info(planes, gpu_planes) -> dict[str, Any]:
+def _device_info(planes, platform: str, device_planes) -> dict[str, Any]:
     versions = next((_stats(pl) for pl in planes if pl.name == "/host:metadata"), {})
     versions.pop("process_id", None)
-    if gpu_planes:
-        return {"platform": "gpu", "planes": [pl.name for pl in gpu_planes], "stats": _stats(gpu_planes[0]),
+    if platform in ("gpu", "tpu"):
+        return {"platform": platform, "planes": [pl.name for pl in device_planes], "stats": _stats(device_planes[0]),
                 "versions": versions}  # fmt: skip
     return {"platform": "cpu", "planes": ["/host:CPU"], "stats": {}, "versions": versions}
 
