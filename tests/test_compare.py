@@ -116,11 +116,14 @@ def test_published_runs_compare_without_samples(tmp_path: Path) -> None:
     assert "3593 input tokens: candidate cell invalid (no figure published for this cell)" in backwards.failures
 
 
-def test_incomplete_runs_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("status", ["running", "incomplete", "failed"])
+def test_unfinished_runs_are_refused(tmp_path: Path, status: str) -> None:
     base = make_measured_run(tmp_path, "base")
-    half = make_measured_run(tmp_path, "half", status="running")
-    with pytest.raises(RunFolderError, match="2026-11-30-half-cpu: status is 'running'"):
+    half = make_measured_run(tmp_path, "half", status=status)
+    with pytest.raises(RunFolderError, match=f"2026-11-30-half-cpu: status is '{status}', not complete "):
         compare_runs(base.path, half.path)
+    with pytest.raises(RunFolderError, match=f"status is '{status}'"):
+        compare_runs(half.path, base.path, require_same_tokens=True)
 
 
 # ---- the command line ------------------------------------------------------------------------------------------------
@@ -154,10 +157,16 @@ def test_cli_user_errors_are_one_line_and_exit_2(
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_cli_report_refuses_a_named_incomplete_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_compare_refuses_an_incomplete_run_and_report_a_failed_one(tmp_path, capsys) -> None:
+    base = make_measured_run(tmp_path, "base")
     half = make_measured_run(tmp_path, "half", status="incomplete")
-    code, _, err = bench_captured(["report", str(half.path), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and "2026-11-30-half-cpu: status is 'incomplete', not complete" in err
+    code, _, err = bench_captured(["compare", str(base.path), str(half.path), "--require-same-tokens"], capsys)
+    assert code == 2 and "2026-11-30-half-cpu: status is 'incomplete', not complete (an interrupted run; " in err
+    assert "`bench report` shows its finished cells" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    broke = make_measured_run(tmp_path, "broke", status="failed")
+    code, _, err = bench_captured(["report", str(broke.path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "2026-11-30-broke-cpu: status is 'failed', not complete or incomplete" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 

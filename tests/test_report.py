@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from runfolders import REFERENCE_RUNS, REPO, make_measured_run, published_figures
+from conftest import bench_captured
+from runfolders import MAX_NEW, REFERENCE_RUNS, REPO, cell_samples, make_measured_run, published_figures
 
 from bench.errors import RunFolderError
 from bench.profile.roofline import (
@@ -23,6 +24,8 @@ from bench.profile.roofline import (
     total_params,
 )
 from bench.report import build_report, fmt_num, fmt_pct
+from bench.report.groups import Selection
+from bench.runs import summarize_cell
 from model.config import E2B
 
 T4G, L4 = REFERENCE_RUNS
@@ -204,6 +207,7 @@ def messy_runs(tmp_path: Path) -> Path:
     runs = tmp_path / "runs"
     shutil.copytree(T4G, runs / T4G.name)
     make_measured_run(runs, "interrupted", status="running")
+    make_measured_run(runs, "broke", status="failed")
     future = make_measured_run(runs, "future")
     m = json.loads((future.path / "manifest.json").read_text())
     (future.path / "manifest.json").write_text(json.dumps({**m, "schema_version": 7}))
@@ -218,7 +222,9 @@ def test_bad_folders_are_skipped_with_a_warning_naming_them(messy_runs: Path, tm
     report = build_report([], tmp_path / "out", runs_dir=messy_runs)
     assert report.runs == [T4G.name]
     skipped = dict(report.skipped)
-    assert "status is 'running', not complete" in skipped["2026-11-30-interrupted-cpu"]
+    not_reported = "not complete or incomplete"
+    assert f"status is 'running', {not_reported} (still being written" in skipped["2026-11-30-interrupted-cpu"]
+    assert f"status is 'failed', {not_reported} (the run ended on an error" in skipped["2026-11-30-broke-cpu"]
     assert "schema_version 7 is not supported" in skipped["2026-11-30-future-cpu"]
     assert "cells.jsonl line 1: corrupt JSON" in skipped["2026-11-30-corrupt-cpu"]
     assert "profile.json: corrupt JSON" in skipped["2026-11-30-badprofile-cpu"]
@@ -226,16 +232,77 @@ def test_bad_folders_are_skipped_with_a_warning_naming_them(messy_runs: Path, tm
     assert "## Skipped folders" in md and "- 2026-11-30-future-cpu: " in md
 
 
-@pytest.mark.parametrize("name", ["interrupted", "future", "corrupt", "badprofile"])
+@pytest.mark.parametrize("name", ["interrupted", "broke", "future", "corrupt", "badprofile"])
 def test_bad_folders_named_explicitly_are_refused(messy_runs: Path, tmp_path: Path, name: str) -> None:
     with pytest.raises(RunFolderError, match=f"2026-11-30-{name}-cpu"):
         build_report([T4G.name, f"2026-11-30-{name}-cpu"], tmp_path / "out", runs_dir=messy_runs)
 
 
 def test_nothing_to_report_is_an_error(tmp_path: Path) -> None:
-    make_measured_run(tmp_path, "half", status="incomplete")
-    with pytest.raises(RunFolderError, match="no complete run folders .*1 skipped"):
+    make_measured_run(tmp_path, "half", status="failed")
+    with pytest.raises(RunFolderError, match="no complete or incomplete run folders .*1 skipped"):
         build_report([], tmp_path / "out", runs_dir=tmp_path)
+
+
+# ---- interrupted runs: their finished cells are reported, and said to be from an incomplete run ---------------------
+def _interrupted_run(runs_dir: Path, label: str = "half", **kwargs):
+    """An incomplete run planned for 41, 521 and 2,057 input tokens: 41 finished, 521 stopped before its first timed
+    repeat (as a stop signal leaves it: a cell with no timed repeats), 2,057 never started."""
+    config = {"buckets": [64, 512, 2048, 4096], "max_length": 4160, "inputs": [41, 521, 2057]}
+    run = make_measured_run(runs_dir, label, inputs=(41,), status="running", config=config, **kwargs)
+    samples = cell_samples(521, repeats=0)
+    run.append_samples(samples)
+    run.append_cell(summarize_cell(samples, max_new_tokens=MAX_NEW, bucket=1024, stopped_by="interrupted",
+                                   repeats_planned=3))  # fmt: skip
+    run.finish("incomplete")
+    return run
+
+
+HALF_DONE = ("incomplete: 1 of 3 planned cell(s) finished; not finished: 521 tokens (no timed repeats), "
+             "2,057 tokens (not started)")  # fmt: skip
+
+
+def test_an_incomplete_run_in_the_runs_folder_is_reported_with_its_finished_cells(tmp_path: Path) -> None:
+    make_measured_run(tmp_path, "whole", gauge=20.0, date="2026-11-29")
+    half = _interrupted_run(tmp_path, gauge=30.0, device_kind="NVIDIA L4", slug="l4")
+    report = build_report([], tmp_path / "out", runs_dir=tmp_path)
+    assert half.name in report.runs and report.skipped == []
+    assert report.incomplete == [(half.name, HALF_DONE)]
+    sweep = {int(r["input_tokens"]): r for r in _csv(tmp_path / "out" / "sweep.csv")}
+    assert _num(sweep[41][f"{half.name}:gauge_tok_s_median"]) == pytest.approx(30.0)
+    assert sweep[521][f"{half.name}:gauge_tok_s_median"] == "" and sweep[521][f"{half.name}:valid"] == "False"
+    md = report.markdown.read_text()
+    assert "| L4 (incomplete) gauge tok/s | L4 (incomplete) end-to-end tok/s |" in md  # the label says it
+    assert "- — L4 (incomplete), 521 input tokens: no timed repeats" in md  # the unfinished cell keeps its reason
+    assert "## Incomplete runs" in md and f"- {half.name}: {HALF_DONE}" in md
+    assert "1 run(s) marked *(incomplete)* were interrupted" in md
+    (status,) = [line for line in md.splitlines() if line.startswith("| status |")]  # the environment table
+    assert status in (f"| status | complete | {HALF_DONE} |", f"| status | {HALF_DONE} | complete |")
+    env = {r[""]: r for r in _csv(tmp_path / "out" / "environment.csv")}
+    assert env["status"] == {"": "status", "2026-11-29-whole-cpu": "complete", half.name: HALF_DONE}
+    rows = _csv(tmp_path / "out" / "rows.csv")
+    statuses = {(r["run"], r["run_status"]) for r in rows}
+    assert statuses == {("2026-11-29-whole-cpu", "complete"), (half.name, "incomplete")}
+
+
+def test_a_named_incomplete_run_is_reported_and_status_complete_leaves_it_out(tmp_path: Path) -> None:
+    whole = make_measured_run(tmp_path, "whole", gauge=20.0, date="2026-11-29")
+    half = _interrupted_run(tmp_path, started_at="2026-11-30T12:00:00+00:00")
+    report = build_report([whole.path, half.name], tmp_path / "out", runs_dir=tmp_path)
+    assert sorted(report.runs) == sorted([whole.name, half.name]) and [n for n, _ in report.incomplete] == [half.name]
+    md = report.markdown.read_text()
+    assert f"CPU {half.name} (incomplete)" in md and f"CPU {whole.name} (incomplete)" not in md
+    assert "| 2026-11-30 (incomplete) |" in md  # the history table marks its row
+    only = build_report([], tmp_path / "out2", runs_dir=tmp_path, selection=Selection(where={"status": "complete"}))
+    assert only.runs == [whole.name] and only.incomplete == []
+    assert "Incomplete runs" not in only.markdown.read_text()
+
+
+def test_cli_report_names_the_incomplete_runs_it_includes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    half = _interrupted_run(tmp_path)
+    code, out, err = bench_captured(["report", str(half.path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0 and f"wrote {tmp_path / 'out' / 'report.md'} from 1 run(s)" in out
+    assert f"note: {half.name} is {HALF_DONE} (its finished cells are reported)" in err and "Traceback" not in err
 
 
 # ---- the importer and the walls -------------------------------------------------------------------------------------

@@ -249,3 +249,34 @@ def test_profile_at_a_batch_records_it(tiny_checkpoint, capsys, tmp_path):
     assert open_run(folder).typed_manifest.workload.notes["profile_batch"] == 3 and validate_run(folder) == []
     code, _, err = bench_captured(["profile", "--checkpoint", str(tiny_checkpoint), "--batch", "0"], capsys)
     assert code == 2 and "--batch 0" in err
+
+
+def test_an_interrupted_batch_sweep_is_reported_beside_a_later_sweep_of_input_sizes(tmp_path):
+    from runfolders import make_measured_run
+
+    from bench.report import build_report
+    from bench.report.groups import Selection
+
+    runs = tmp_path / "runs"
+    m = manifest(config={"buckets": [64, 512], "max_length": 600, "inputs": [41], "batches": [1, 4, 16]})
+    half = create_run(runs, "batches", "cpu", m, date="2026-12-01")
+    for b, g in ((1, 20.0), (4, 19.0)):
+        samples = batch_samples(41, b, g)
+        half.append_samples(samples)
+        half.append_cell(summarize_cell(samples, max_new_tokens=MAX_NEW, bucket=64, input_tokens=41, batch=b))
+    warmup = batch_samples(41, 16, 12.0)[:1]  # stopped after the warm-up of B = 16: no timed repeat
+    half.append_samples(warmup)
+    half.append_cell(summarize_cell(warmup, max_new_tokens=MAX_NEW, bucket=64, input_tokens=41, batch=16,
+                                    stopped_by="interrupted", repeats_planned=3))  # fmt: skip
+    half.finish("incomplete")
+    later = make_measured_run(runs, "sizes", date="2026-12-02", started_at="2026-12-02T12:00:00+00:00")
+    report = build_report(None, tmp_path / "out", runs_dir=runs, selection=Selection(latest_per=("device",)))
+    assert sorted(report.runs) == sorted([half.name, later.name])  # the later sweep does not hide the batch sweep
+    md = report.markdown.read_text()
+    assert "**batches: CPU (incomplete)**" in md
+    (b16,) = [line for line in md.splitlines() if line.startswith("| 41 | 16 |")]
+    assert b16.endswith("| NO: no timed repeats (partial: 0 of 3 repeats, interrupted) |")
+    assert f"- {half.name}: incomplete: 2 of 3 planned cell(s) finished; not finished: 41 tokens at batch 16 " \
+           "(no timed repeats)" in md
+    assert [p.name for p in report.files if p.name.startswith("batches_")] == ["batches_G1.png"]
+    assert ",".join([half.name, "41", "16"]) in (tmp_path / "out" / "batches.csv").read_text()

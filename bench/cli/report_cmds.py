@@ -19,13 +19,13 @@ from bench.errors import InputError
 runs_app = typer.Typer(help="Archived run folders: list them, check one against the schema.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 
-RUNS_HELP = "Run folders, or names in --runs-dir (default: every complete run there)."
+RUNS_HELP = "Run folders, or names in --runs-dir (default: every complete or incomplete run there)."
 BASELINE_HELP = "Run that speedups and single-variable checks are relative to (default: the slowest run)."
 FORMATS = ("md", "csv", "jsonl", "html")
 FORMAT_HELP = ("Also print the report's rows (one per run and cell) on stdout: md (a table), csv or jsonl "
                "(every column), or html (the page); the lines naming the files then go to stderr.")
 WHERE_HELP = ("Only runs whose keys match, e.g. device=l4,quant=none (keys: device, host, checkpoint, hash, quant, "
-              "dtype, batch, concurrency, build, date, provenance, run, method; each key once).")
+              "dtype, batch, concurrency, build, date, provenance, run, method, status; each key once).")
 LATEST_HELP = ("Keep the latest run per configuration and these keys, e.g. device or device,host (default without "
                "RUNs or --all: device).")
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")]
@@ -52,7 +52,8 @@ def report_cmd(
     every: Annotated[bool, typer.Option("--all", help="Every run (no --latest-per default).")] = False,
 ) -> None:
     """Write a report (report.md, report.html, tables, plots, findings, the long-format rows) of archived runs,
-    compared only within their comparison groups. Default view: the latest run per device and configuration."""
+    compared only within their comparison groups. Default view: the latest run per device and configuration.
+    Interrupted (incomplete) runs are reported with the cells they finished, and named on stderr."""
     from bench.report import build_report
     from bench.report.groups import Selection, parse_latest_per, parse_since, parse_where
 
@@ -67,6 +68,8 @@ def report_cmd(
     report = build_report(runs or [], out, baseline, runs_dir=runs_dir, selection=selection)
     for name, reason in report.skipped:
         typer.echo(f"warning: skipped {name}: {reason}", err=True)
+    for name, text in report.incomplete:
+        typer.echo(f"note: {name} is {text} (its finished cells are reported)", err=True)
     status = fmt is not None  # rows on stdout: the lines about files go to stderr
     typer.echo(f"wrote {report.markdown} from {len(report.runs)} run(s), baseline {report.baseline}", err=status)
     for path in report.files[1:]:

@@ -2,9 +2,13 @@
 
 No jax and no `model/` here (architecture.md, wall 2): a report is fast and works from archived runs.
 
-Inputs: complete run folders (schema version 1 or 2). Named folders that are incomplete, of an unknown schema
-version or corrupt are refused (RunFolderError); when no folder is named, every folder of the runs directory is tried
-and the bad ones are skipped with a warning naming the folder and the reason (`Report.skipped`). A `Selection`
+Inputs: complete and incomplete run folders (schema version 1 or 2; `bench.runs.REPORTED_STATUSES`). An
+incomplete run (interrupted: a stop signal, a lost job, a budget that ran out) is reported with the cells it
+finished; its unfinished cells keep their invalid reason ("no timed repeats"), its label carries "(incomplete)",
+its environment table says which cells it did not finish, and the section "Incomplete runs" lists every one shown
+(`Report.incomplete`). Named folders that are still "running", "failed", of an unknown schema version or corrupt
+are refused (RunFolderError); when no folder is named, every folder of the runs directory is tried and the bad
+ones are skipped with a warning naming the folder and the reason (`Report.skipped`). A `Selection`
 (bench/report/groups.py) picks the runs shown; they are compared only within their comparison groups.
 
 Outputs in `out_dir`: `report.md` and `report.html` (one document, bench/report/document.py and page.py); the long
@@ -46,6 +50,7 @@ from bench.report.tables import (
     DASH,
     RunView,
     assign_labels,
+    completion_text,
     environment_table,
     fmt_num,
     fmt_pct,
@@ -249,7 +254,8 @@ def roofline_notes(views: list[RunView]) -> list[str]:
 # ---- the report --------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Report:
-    """What `build_report` wrote: the markdown, every file, the runs used, the baseline, skipped folders, findings."""
+    """What `build_report` wrote: the markdown, every file, the runs used, the baseline, skipped folders, findings,
+    the long-format rows, and the incomplete runs shown [(name, `completion_text`)]."""
 
     out_dir: Path
     markdown: Path
@@ -259,6 +265,7 @@ class Report:
     skipped: list[tuple[str, str]]
     findings: list[str]
     rows: list[ReportRow] = dataclasses.field(default_factory=list)
+    incomplete: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 def _slowest(views: list[RunView]) -> RunView:
@@ -277,19 +284,19 @@ def build_report(
     run_dirs: Sequence[str | Path] | None, out_dir: str | Path, baseline: str | Path | None = None,
     *, runs_dir: str | Path = "runs", selection: Selection | None = None,
 ) -> Report:  # fmt: skip
-    """Write the report of `run_dirs` (all complete runs in `runs_dir` when empty) into `out_dir`.
+    """Write the report of `run_dirs` (all complete and incomplete runs in `runs_dir` when empty) into `out_dir`.
 
     `selection` (bench/report/groups.py; default: every run) picks the runs shown; they are compared only within
     their comparison groups. `baseline` (a run path or name; default per group: the run with the lowest median
     decode gauge) is what speedups and single-variable checks of its group are relative to; it is shown even when
-    the selection leaves it out. Raises RunFolderError for a named run that is missing, incomplete, corrupt or of
-    an unknown schema version, or when nothing is left to report; InputError when `out_dir` cannot be written or
-    the selection matches no run.
+    the selection leaves it out. Raises RunFolderError for a named run that is missing, "running" or "failed",
+    corrupt or of an unknown schema version, or when nothing is left to report; InputError when `out_dir` cannot
+    be written or the selection matches no run.
     """
     loaded, skipped = load_runs(run_dirs, runs_dir)
     if not loaded:
         why = f" ({len(skipped)} skipped: " + "; ".join(f"{n}: {r}" for n, r in skipped) + ")" if skipped else ""
-        raise RunFolderError(f"no complete run folders to report in {runs_dir}{why}")
+        raise RunFolderError(f"no complete or incomplete run folders to report in {runs_dir}{why}")
     named = _named_baseline(loaded, baseline, runs_dir) if baseline is not None else None
     keys = {v.name: run_keys(v) for v in [*loaded, *([named] if named else [])]}
     selected, pool = select_runs(loaded, keys, selection or Selection())
@@ -308,13 +315,18 @@ def build_report(
         sections.append(section)
         files += plots
         findings += found
+    incomplete = [(v.name, completion_text(v)) for v in views if v.incomplete]
+    if incomplete:
+        sections.append(_incomplete_section(incomplete))
     if skipped:
         sections.append(Section(title="Skipped folders", anchor="skipped", blocks=[Bullets(items=[f"{n}: {r}" for n, r in skipped])]))
     intro = [
         f"{len(views)} run(s) in {len(groups)} comparison group(s); selection: {(selection or Selection()).describe()}"
-        f" ({len(pool)} of {len(loaded)} complete run(s) passed its filters). Runs are compared only within a group "
+        f" ({len(pool)} of {len(loaded)} run(s) passed its filters). Runs are compared only within a group "
         f"(same method, checkpoint, quantization, dtypes and tokens per request). Figures from runs marked "
-        f"*(published)* were measured elsewhere and are quoted as published; {DASH} means the run has no such figure.",
+        f"*(published)* were measured elsewhere and are quoted as published; {DASH} means the run has no such figure."
+        + (f" {len(incomplete)} run(s) marked *(incomplete)* were interrupted: their finished cells are shown, the "
+           "rest are invalid (see the section Incomplete runs)." if incomplete else ""),
         "Baselines for speedups: " + "; ".join(f"{g.gid} **{bases[g.gid].label}** ({bases[g.gid].name})"
                                                for g in groups) + ".",
     ]  # fmt: skip
@@ -323,7 +335,16 @@ def build_report(
     files.insert(0, out / "report.html")
     base = named or bases[groups[0].gid]
     return Report(out, out / "report.md", [out / "report.md", *files], [v.name for v in views], base.name, skipped,
-                  findings, rows)  # fmt: skip
+                  findings, rows, incomplete)  # fmt: skip
+
+
+def _incomplete_section(incomplete: list[tuple[str, str]]) -> Section:
+    """The list of the interrupted runs shown [(name, `completion_text`)]: which cells each did not finish."""
+    intro = ("These runs were interrupted (status \"incomplete\"). The cells they finished are valid measurements "
+             "and are shown with the rest; the cells they did not finish are marked invalid where they were "
+             "recorded. `bench compare` still refuses them.")  # fmt: skip
+    return Section(title="Incomplete runs", anchor="incomplete",
+                   blocks=[intro, Bullets(items=[f"{n}: {text}" for n, text in incomplete])])
 
 
 def _labelled_groups(selected: list[RunView], pool: list[RunView], keys: dict[str, Any]) -> list[Group]:
@@ -473,7 +494,8 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
     findings = [Bullets(items=decode or ["No run with sweep cells."]), "Cold vs warm:", Bullets(items=cold),
                 f"Against the baseline ({base.label}):", Bullets(items=comp or ["Only one run."])]
     env_blocks = []
-    for chunk in _chunks(dev, 6):
+    shown = {v.name for v in dev}  # and the --batch sweeps of the batch tables, which device_views may leave out
+    for chunk in _chunks(assign_labels(dev + [v for v in batch_views if v.name not in shown]), 6):
         header, _, text = environment_table(chunk)
         env_blocks.append(Table(title="", header=header, rows=text, kind="environment"))
     section = Section(title=f"{gid}: {group.title()}", anchor=gid, blocks=blocks)

@@ -11,7 +11,8 @@ table, plot or speedup with the published E2B figures. `split_keys` says which k
 Selection (`bench report [RUN ...] --where K=V,... --latest-per K,... --since DATE --all`): `--where` keeps runs
 whose key K equals V (case-insensitive; keys in `WHERE_KEYS`; `checkpoint` also matches a hash prefix),
 `--since` runs started on or after DATE (YYYY-MM-DD), `--latest-per` the latest run per configuration (group key,
-batch, concurrency) and each named key. A user error (unknown key, bad date, nothing left) is an InputError.
+batch, concurrency, `--batch` sweep or not) and each named key; `--where status=complete` leaves interrupted runs
+out. A user error (unknown key, bad date, nothing left) is an InputError.
 
 Standard library only (no jax, no engine).
 """
@@ -33,7 +34,7 @@ WHERE_KEYS: dict[str, Callable[[RunKeys], Any]] = {
     "hash": lambda k: k.checkpoint_hash, "quant": lambda k: k.quantization, "dtype": lambda k: k.dtypes,
     "batch": lambda k: k.batch, "concurrency": lambda k: k.concurrency, "build": lambda k: k.build_id,
     "date": lambda k: k.date, "provenance": lambda k: k.provenance, "run": lambda k: k.run,
-    "method": lambda k: k.method,
+    "method": lambda k: k.method, "status": lambda k: k.run_status,
 }  # fmt: skip
 """The keys `--where` and `--latest-per` accept, and how each reads a run's keys."""
 
@@ -52,8 +53,10 @@ def group_key(keys: RunKeys) -> tuple[tuple[str, Any], ...]:
 
 
 def configuration_key(keys: RunKeys) -> tuple[Any, ...]:
-    """The group key plus batch and concurrency: one configuration (what `--latest-per` is per)."""
-    return (group_key(keys), keys.batch, keys.concurrency)
+    """The group key plus batch, concurrency and whether the run is a `--batch` sweep: one configuration (what
+    `--latest-per` is per). A `--batch` sweep measures another axis than a sweep over input sizes, so the latest
+    of one never hides the latest of the other."""
+    return (group_key(keys), keys.batch, keys.concurrency, keys.batch_sweep is not None)
 
 
 def split_keys(a: tuple[tuple[str, Any], ...], b: tuple[tuple[str, Any], ...]) -> list[str]:

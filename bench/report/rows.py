@@ -61,6 +61,9 @@ class RunKeys:
     `batch`, `concurrency`: sequences decoded together and requests in flight (1 when unrecorded);
     `max_new_tokens`: tokens generated per request (the manifest's, else its cells'); `date`: YYYY-MM-DD the run started (else its folder name's);
     `started_at`: ISO time (ordering); `provenance`: "measured" or "published"; `label`: the report's short name;
+    `batch_sweep`: the batch sizes of a `--batch` sweep (as its manifest records them, else as its cells have
+    them), None for any other run;
+    `run_status`: the run's status, "complete" or "incomplete" (interrupted: only its finished cells are valid);
     `method`: how the numbers were timed (`method_of`): "in-process" (the engine timed in this process),
     "remote target" (`sweep --target`: client-side timing over HTTP, streamed), "<engine> (peer)" (another engine,
     e.g. transformers, timed in its own process on the same workload) or "as published".
@@ -85,6 +88,8 @@ class RunKeys:
     started_at: str | None
     provenance: str
     method: str = METHOD_IN_PROCESS
+    run_status: str = "complete"
+    batch_sweep: tuple[int, ...] | None = None
 
     @property
     def published(self) -> bool:
@@ -153,8 +158,17 @@ def run_keys(view: Any) -> RunKeys:
         concurrency=_int_or(m.workload.notes.get("concurrency"), DEFAULT_CONCURRENCY),
         max_new_tokens=m.workload.max_new_tokens or next((c.max_new_tokens for c in view.cells.values()), None),
         build_id=m.build_id, date=date, started_at=m.started_at,
-        provenance=m.provenance.kind, method=method_of(m),
+        provenance=m.provenance.kind, method=method_of(m), run_status=m.status, batch_sweep=_batch_sweep(m, view),
     )  # fmt: skip
+
+
+def _batch_sweep(manifest: Any, view: Any) -> tuple[int, ...] | None:
+    """The `--batch` values of a sweep: as its manifest records them (the workload note "batches"), else the
+    batches of its cells (`RunView.batch_cells`); None for a run that is not a `--batch` sweep."""
+    batches = manifest.workload.notes.get("batches")
+    if isinstance(batches, list):
+        return tuple(b for b in batches if isinstance(b, int))
+    return tuple(sorted({b for _, b in view.batch_cells})) if view.batch_cells else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -219,7 +233,7 @@ KEY_COLUMNS: tuple[RowColumn, ...] = (
     _key("quantization", "quant"), _key("weight_dtype", "weights"), _key("compute_dtype", "compute"),
     _key("kv_cache_dtype", "kv cache"), _key("batch", "batch", "right"), _key("concurrency", "concurrency", "right"),
     _key("max_new_tokens", "new tokens", "right"), _key("build_id", "build"), _key("date", "date"),
-    _key("provenance", "provenance"), _key("method", "method"),
+    _key("provenance", "provenance"), _key("method", "method"), _key("run_status", "run status"),
 )  # fmt: skip
 """The run's identity keys, in table order."""
 CELL_ROW_COLUMNS: tuple[RowColumn, ...] = tuple(

@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.errors import InputError, RunFolderError
 from bench.report.rows import chip_name, quantization_label
-from bench.runs import CellRow, LoadRow, RunFolder, Sample, cell_key, load_complete_run, resolve_run, run_folders
+from bench.runs import CellRow, LoadRow, RunFolder, Sample, cell_key, load_reported_run, resolve_run, run_folders
 from bench.runs.columns import (
     BUCKET,
     CSV_COLUMNS,
@@ -66,9 +66,10 @@ class RunView:
     profile.json and the report's figures of it (`profile_figures`; None without a profile), the other published
     figures of a published run (`other_published_figures` of published-source.json; {} when none), and the short
     label of its table columns (`assign_labels`), and the load levels of a sweep under load (`load`; empty for any
-    other run). A `--batch` sweep's `cells` are its B = 1 cells (every view that is not about batches reads them as
-    a sweep without --batch); `batch_cells` holds every cell by (input tokens, batch) ({} for a run without
-    --batch)."""
+    other run). An interrupted run (status "incomplete", `incomplete`) is read like a complete one: its finished
+    cells are measurements, its unfinished ones invalid ("no timed repeats"). A `--batch` sweep's `cells` are its
+    B = 1 cells (every view that is not about batches reads them as a sweep without --batch); `batch_cells` holds
+    every cell by (input tokens, batch) ({} for a run without --batch)."""
 
     run: RunFolder
     cells: dict[int, CellRow]
@@ -95,6 +96,11 @@ class RunView:
         """True for figures measured elsewhere and archived as published (no raw samples)."""
         return self.run.provenance == "published"
 
+    @property
+    def incomplete(self) -> bool:
+        """True for an interrupted run (status "incomplete"): only some of its planned cells were measured."""
+        return self.run.status == "incomplete"
+
 
 def _other_published(path: Path) -> dict[str, Any]:
     """`other_published_figures` of the folder's published-source.json copy ({} when absent or unreadable)."""
@@ -106,9 +112,10 @@ def _other_published(path: Path) -> dict[str, Any]:
 
 
 def run_view(path: str | Path) -> RunView:
-    """The view of the complete run folder `path`, each of its files parsed once (`load_complete_run`).
-    Raises RunFolderError as `open_complete_run` does (missing, incomplete, corrupt, unknown schema version)."""
-    run, files = load_complete_run(path)
+    """The view of the complete or incomplete run folder `path`, each of its files parsed once
+    (`bench.runs.load_reported_run`). Raises RunFolderError as that does (missing, "running" or "failed", corrupt,
+    unknown schema version)."""
+    run, files = load_reported_run(path)
     batched = {cell_key(c): c for c in files.cells if c.batch is not None}
     return RunView(
         run=run, cells={c.input_tokens: c for c in files.cells if (c.batch or 1) == 1}, samples=tuple(files.samples),
@@ -123,8 +130,9 @@ def load_runs(
 ) -> tuple[list[RunView], list[tuple[str, str]]]:
     """The runs to report, labelled (`assign_labels`), and the skipped folders [(folder, reason)].
 
-    Named runs (paths, or names inside `runs_dir`) must be complete and readable: RunFolderError otherwise.
-    With none named, every folder of `runs_dir` is tried and bad ones are skipped with their reason.
+    Named runs (paths, or names inside `runs_dir`) must be complete or incomplete (interrupted) and readable:
+    RunFolderError otherwise. With none named, every folder of `runs_dir` is tried and bad ones ("running",
+    "failed", corrupt, unknown schema version) are skipped with their reason.
     Each file of each run is read once.
     """
     views, skipped = [], []
@@ -150,13 +158,46 @@ def _chip(view: RunView) -> str:
 
 def assign_labels(views: list[RunView]) -> list[RunView]:
     """The views with short column labels: the chip, made unique with the run name when two runs share a chip,
-    and "(published)" after a published run's."""
+    and "(published)" after a published run's, "(incomplete)" after an interrupted run's (`RunView.incomplete`)."""
     chips = [_chip(v) for v in views]
     out = []
     for view, chip in zip(views, chips):
         label = chip if chips.count(chip) == 1 else f"{chip} {view.name}"
-        out.append(dataclasses.replace(view, label=label + (" (published)" if view.published else "")))
+        label += " (published)" if view.published else ""
+        label += f" {INCOMPLETE_MARK}" if view.incomplete else ""
+        out.append(dataclasses.replace(view, label=label))
     return out
+
+
+INCOMPLETE_MARK = "(incomplete)"
+"""What follows the label of an interrupted run in every table, plot and finding of the report."""
+
+
+def _finished(cell: CellRow) -> bool:
+    """True when `cell` has timed repeats (of either decode loop) and did not fail."""
+    return cell.status == "ok" and bool((cell.repeats or 0) or (cell.device_repeats or 0))
+
+
+def completion_text(view: RunView) -> str:
+    """How much of its plan a run measured: "complete" for a complete run; for an interrupted one
+    "incomplete: 3 of 4 planned cells finished; not finished: 41 tokens at batch 128 (no timed repeats)", the
+    plan being its manifest's input sizes times its `--batch` values (with the cells it recorded), a cell
+    finished when it has timed repeats and did not fail."""
+    if not view.incomplete:
+        return view.run.status
+    recorded = {**{cell_key(c): c for c in view.cells.values()}, **view.batch_cells}  # every cell, by (n, batch)
+    w = view.run.typed_manifest.workload
+    batches = w.notes.get("batches") if isinstance(w.notes.get("batches"), list) else [1]
+    planned = set(recorded) | {(n, b) for n in (w.inputs or ()) for b in batches if isinstance(b, int)}
+    done = sorted(k for k, c in recorded.items() if _finished(c))
+    left = []
+    for n, b in sorted(planned - set(done)):
+        where = f"{n:,} tokens" + (f" at batch {b}" if len(batches) > 1 or b != 1 else "")
+        c = recorded.get((n, b))
+        why = "not started" if c is None else c.invalid_reason or c.error or c.status
+        left.append(f"{where} ({why})")
+    text = f"incomplete: {len(done)} of {len(planned)} planned cell(s) finished"
+    return text + (f"; not finished: {', '.join(left)}" if left else "")
 
 
 # ---- formatting (numbers: `fmt_num`, bench/runs/columns.py, the one null-aware number format) ------------------
@@ -209,6 +250,7 @@ def environment_table(views: list[RunView]) -> tuple[list[str], list[list[Any]],
 
     rows_spec = [
         ("folder", lambda v: v.name),
+        ("status", completion_text),
         ("provenance", lambda v: "published: " + (g(v, "provenance", "source") or "?") if v.published else "measured"),
         ("chip", lambda v: g(v, "device", "device_kind")),
         ("architecture, compute capability", arch),

@@ -7,8 +7,9 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
   `manifest_problems`, `profile_problems`, `read_json`, `read_jsonl`, `RunFiles`, `read_run_files` (each file
   parsed once)                                                        (bench.runs.schema)
 - `RunFolder`, `create_run`, `writing_run`, `run_name`, `free_label`, `outcome_of`  (bench.runs.folder)
-- `open_run`, `open_complete_run`, `load_complete_run`, `resolve_run`, `latest_measured_run`, `list_runs`,
-  `run_folders`, `RunSummary`, `run_note`                             (bench.runs.listing)
+- `open_run`, `open_complete_run`, `load_complete_run`, `load_reported_run` (complete or incomplete runs:
+  `REPORTED_STATUSES`), `resolve_run`, `latest_measured_run`, `list_runs`, `run_folders`, `RunSummary`,
+  `run_note`                                                          (bench.runs.listing)
 - `WriterState`, `writer_state`: is a run's writer alive             (bench.runs.lock)
 - `Manifest` and its parts (`PeerEngine`: another engine measured as a peer), `build_manifest` (the one
   builder), `payload_build_id` (the one build id), `engine_config_of`, `policy_facts`, `checkpoint_facts`,
@@ -27,10 +28,12 @@ from bench.runs.folder import (
     writing_run,
 )
 from bench.runs.listing import (
+    REPORTED_STATUSES,
     RunSummary,
     latest_measured_run,
     list_runs,
     load_complete_run,
+    load_reported_run,
     open_complete_run,
     open_run,
     resolve_run,
@@ -96,7 +99,8 @@ from bench.runs.schema import (
 
 __all__ = [
     "RunFolder", "RunSummary", "create_run", "free_label", "latest_measured_run", "list_runs", "load_complete_run",
-    "now_iso", "open_complete_run", "open_run", "outcome_of", "resolve_run", "run_folders", "run_name", "writing_run",
+    "load_reported_run", "REPORTED_STATUSES", "now_iso", "open_complete_run", "open_run", "outcome_of", "resolve_run",
+    "run_folders", "run_name", "writing_run",
     "run_note", "WriterState", "writer_state",
     "CellRow", "Sample", "as_sample", "cell_key", "failed_cell", "summarize_cell", "LoadRow", "LoadSample",
     "failed_level", "summarize_level",

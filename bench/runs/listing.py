@@ -48,24 +48,52 @@ def _with_manifest(p: Path, manifest: Any) -> RunFolder:
 def open_complete_run(path: str | Path) -> RunFolder:
     """`open_run`, then check that the run is complete and valid (`validate_run`: schema, and numbers that agree).
 
-    What the report and compare accept. Raises RunFolderError naming the folder and the reason (status not
-    complete, a corrupt cells.jsonl line, a bad profile.json, ...).
+    What `bench compare` accepts. Raises RunFolderError naming the folder and the reason (status not complete, a
+    corrupt cells.jsonl line, a bad profile.json, ...).
     """
     return load_complete_run(path)[0]
 
 
 def load_complete_run(path: str | Path) -> tuple[RunFolder, RunFiles]:
     """`open_complete_run` (the same checks and errors), also returning the files as it parsed them, each once:
-    a reader (the report) takes cells, samples and profile from them instead of reading the folder again."""
-    p = Path(path)
+    a reader takes cells, samples and profile from them instead of reading the folder again."""
+    return _load_checked(Path(path), ("complete",))
+
+
+REPORTED_STATUSES = ("complete", "incomplete")
+"""The run statuses `bench report` reads: a finished run, and an interrupted one (status "incomplete": a stop
+signal, a lost job, a budget that ran out), whose finished cells are valid measurements and whose unfinished cells
+say so ("no timed repeats"). A "running" run is still being written (or its writer was killed: `bench runs
+list`); a "failed" one ended on an error."""
+
+
+def load_reported_run(path: str | Path) -> tuple[RunFolder, RunFiles]:
+    """`load_complete_run`, but a run whose status is "incomplete" is accepted too (`REPORTED_STATUSES`): what
+    the report reads. The same checks and errors otherwise (RunFolderError for a missing, corrupt, "running" or
+    "failed" run, or one of an unknown schema version)."""
+    return _load_checked(Path(path), REPORTED_STATUSES)
+
+
+_STATUS_WHY = {
+    "running": "still being written, or its writer was killed: see `bench runs list`",
+    "incomplete": "an interrupted run; `bench report` shows its finished cells",
+    "failed": "the run ended on an error: see its run.log",
+}
+
+
+def _load_checked(p: Path, statuses: tuple[str, ...]) -> tuple[RunFolder, RunFiles]:
+    """The run folder `p` and its parsed files, once its status is one of `statuses` and its files pass the
+    schema and agree with one another. RunFolderError naming the folder and the first problem otherwise."""
     if not p.is_dir():
         raise RunFolderError(f"{p}: no such run folder")
     files = read_run_files(p)
     if files.manifest_error is not None:
         raise RunFolderError(files.manifest_error)
     run = _with_manifest(p, files.manifest)
-    if run.status != "complete":
-        raise RunFolderError(f"{run.path}: status is {run.status!r}, not complete (an interrupted or failed run)")
+    if run.status not in statuses:
+        why = _STATUS_WHY.get(run.status)
+        raise RunFolderError(f"{run.path}: status is {run.status!r}, not {' or '.join(statuses)}"
+                             + (f" ({why})" if why else ""))  # fmt: skip
     files.cells  # noqa: B018 -- RunFolderError naming the file and line of the first bad row, as run.cells()
     if files.profile_error is not None:
         raise RunFolderError(files.profile_error)
