@@ -6,18 +6,32 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import logging
 import shutil
 import types
 from pathlib import Path
 
 from rich.console import Console
-from runfolders import REFERENCE_RUNS, cell_samples, make_measured_run
+from runfolders import REFERENCE_RUNS, cell_samples, make_measured_run, make_sample
 
-from bench.cli.sweep_cmds import sweep_table
+from bench.cli.sweep_cmds import _print_table, sweep_table
 from bench.gpurun.summary import summary_lines
 from bench.report import build_report, rate_text
 from bench.runs import failed_cell, open_run, summarize_cell
-from bench.runs.columns import CSV_COLUMNS, DASH, GAUGE, TABLE_COLUMNS, TTFT, VALID, fmt_num, plain_table
+from bench.runs.columns import (
+    CSV_COLUMNS,
+    DASH,
+    GAUGE,
+    HOST_OVERHEAD,
+    ROOFLINE_SHARE,
+    TABLE_COLUMNS,
+    TTFT,
+    VALID,
+    fmt_num,
+    plain_table,
+    table_columns,
+    table_notes,
+)
 
 
 def _cell(size: int = 2057, **changes):
@@ -115,3 +129,77 @@ def test_the_report_csv_holds_every_csv_column_unrounded(tmp_path: Path) -> None
     (cell,) = run.cells()
     assert float(row[f"{run.name}:gauge_tok_s_median"]) == cell.gauge_tok_s_median
     assert row[f"{run.name}:valid"] == str(cell.valid) and row[f"{run.name}:status"] == "ok"
+
+
+# ---- footnotes under the table: figures that look impossible, explained ---------------------------------------------
+def _both_loops(n: int, host: float, device: float) -> list:
+    """A cell's samples of both decode loops: host loop at `host` tok/s (cold, warm-up, three timed), device loop
+    at `device` tok/s (warm-up, three timed; no per-step times, one block each)."""
+    out = cell_samples(n, gauge=host, cold=True)
+    for kind, r, j in (("warmup-device", 0, 1.0), ("timed-device", 0, 0.99), ("timed-device", 1, 1.0),
+                       ("timed-device", 2, 1.01)):  # fmt: skip
+        s = make_sample(n, kind, r, gauge=device * j)
+        out.append(dataclasses.replace(s, step_ms=[], block_ms=[s.decode_ms]))
+    return out
+
+
+SURPRISING = {  # input tokens: (host tok/s, device tok/s, roofline %, device-loop roofline %, prefill matmul %)
+    41: (20.0, 25.0, 102.9, 135.8, 40.0),  # above both rooflines
+    521: (20.0, 19.0, 100.0, 99.0, 104.25),  # exactly 100 is not above; the prefill is; the device loop is slower
+    2057: (20.0, 21.0, 90.0, 95.0, 50.0),  # unremarkable
+}
+
+
+def _surprising_samples_and_cells() -> list:
+    """(samples, cell) per input size of `SURPRISING`, the cells as a TPU sweep of both loops records them."""
+    out = []
+    for n, (host, device, roof, device_roof, prefill) in SURPRISING.items():
+        samples = _both_loops(n, host, device)
+        cell = summarize_cell(samples, max_new_tokens=8, bucket=2560)
+        out.append((samples, dataclasses.replace(cell, roofline_share_pct=roof, device_roofline_share_pct=device_roof,
+                                                 prefill_matmul_share_pct=prefill)))  # fmt: skip
+    return out
+
+
+def _surprising_cells() -> list:
+    return [cell for _, cell in _surprising_samples_and_cells()]
+
+
+def test_shares_above_100_and_a_negative_host_overhead_get_one_footnote_each() -> None:
+    rows = _surprising_cells()
+    roof, prefill, overhead = table_notes(table_columns(rows), rows)
+    assert roof.startswith("note: roofline % above 100 (41: 102.9, device loop 41: 135.8): the step read its bytes "
+                           "faster than the measured copy moves them (the copy counts bytes read + written; ")
+    assert roof.endswith("so the copy is not the ceiling on this device.")  # 521 at exactly 100 is not above it
+    assert prefill.startswith("note: prefill matmul % above 100 (521: 104.2): ") and "probe shape" in prefill
+    below = HOST_OVERHEAD.text(rows[1])
+    assert rows[1].host_overhead_ms < 0 and rows[0].host_overhead_ms > 0 and rows[2].host_overhead_ms > 0
+    assert overhead == (f"note: host overhead ms/step below 0 (521: {below}): the device loop was slower per step "
+                        "than the host loop (noise, or a different compiled program).")  # fmt: skip
+    assert table_notes(TABLE_COLUMNS, rows) == []  # only for the columns a table shows
+    assert table_notes(table_columns(rows), rows[2:]) == []
+    batched = [dataclasses.replace(rows[0], batch=8)]
+    assert table_notes([ROOFLINE_SHARE], batched)[0].startswith("note: roofline % above 100 (41x8: 102.9): ")
+
+
+def test_the_footnotes_print_under_the_terminal_table_and_the_gpu_run_summary(tmp_path: Path, capsys) -> None:
+    run = make_measured_run(tmp_path / "runs", "notes", inputs=(), status="running")
+    for samples, cell in _surprising_samples_and_cells():
+        run.append_samples(samples)
+        run.append_cell(cell)
+    run.finish("complete")
+    _print_table(run, logging.getLogger("test"))
+    out = capsys.readouterr().out
+    notes = [ln for ln in out.splitlines() if ln.startswith("note: ")]
+    assert [n.split(" (")[0] for n in notes] == ["note: roofline % above 100", "note: prefill matmul % above 100",
+                                                 "note: host overhead ms/step below 0"]  # fmt: skip
+    ctx = types.SimpleNamespace(device_line="device: tpu", policy_line="device policy: x", steps=[],
+                                bandwidth_lines=[], runs=[run.path], elapsed=lambda: 1.0, budget=10.0,
+                                outdir=tmp_path)  # fmt: skip
+    lines = summary_lines(ctx, 0)
+    assert [f"  {n}" for n in notes] == [ln for ln in lines if ln.startswith("  note: ")]
+    md = build_report([run.path], tmp_path / "out").markdown.read_text()
+    assert "- roofline % above 100 (41: 102.9, device loop 41: 135.8): the step read its bytes faster" in md
+    assert "- prefill matmul % above 100 (521: 104.2): " in md  # under the rooflines table
+    below = HOST_OVERHEAD.text(run.cells()[1])
+    assert f"- CPU: host overhead ms/step below 0 (521: {below}): the device loop was slower" in md  # decode loops

@@ -26,11 +26,12 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
     """The summary of the run ending with exit code `code`, as lines: a blank line, a title, the device and policy
     lines, the steps with their status and seconds (and notes), the bandwidth lines, then per run folder its
     status, checkpoint, compile-cache hits, validity, sweep table (the terminal's columns,
-    `bench.runs.columns.table_columns`, as plain text; a `--batch` sweep's knee per input size under it) and
+    `bench.runs.columns.table_columns`, as plain text; a `--batch` sweep's knee per input size and the table's
+    footnotes, `table_notes`, under it) and
     profile (with its batch when above 1). The last line is the exit line
     ("gpu-run: exit N (...)"). A run folder that cannot be read is one line saying why; never raises for one."""
     from bench.runs import open_run, validate_run
-    from bench.runs.columns import plain_table, table_columns
+    from bench.runs.columns import plain_table, table_columns, table_notes
 
     out = ["", "==== gpu-run summary ====", ctx.device_line or "device: (probe did not finish)",
            ctx.policy_line or "device policy: (unknown)"]  # fmt: skip
@@ -54,6 +55,7 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
         if cells:
             out += plain_table(table_columns(cells), cells, indent="  ")
             out += _knee_lines(cells)
+            out += [f"  {line}" for line in table_notes(table_columns(cells), cells)]
         else:
             out.append("  no finished sweep cells")
         try:

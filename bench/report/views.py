@@ -54,6 +54,7 @@ from bench.runs.columns import (
     ROOFLINE_SHARE,
     fmt_num,
     present,
+    table_notes,
 )
 
 DASH_TEXT = "—"
@@ -122,7 +123,8 @@ DECODE_LOOP_RUNS_PER_TABLE = 3  # 1 + 3 columns per run <= 10
 def decode_loop_tables(views: Sequence[Any]) -> list[Table]:
     """The decode loops side by side for those of `views` (one run per device, labelled) whose cells hold the
     device loop's figures: per run its host-loop gauge, device-loop gauge and host overhead per step (host-loop ms
-    per step - device-loop ms per step, same cell; bench/runs/records.py `CellRow`). [] when none has them."""
+    per step - device-loop ms per step, same cell; bench/runs/records.py `CellRow`), a negative overhead explained
+    under it (`bench.runs.columns.table_notes`). [] when none has them."""
     views = [v for v in views if any(c.device_repeats is not None for c in v.cells.values())]
     out = []
     for i in range(0, len(views), DECODE_LOOP_RUNS_PER_TABLE):
@@ -135,6 +137,8 @@ def decode_loop_tables(views: Sequence[Any]) -> list[Table]:
                                                                HOST_OVERHEAD.text(v.cells.get(s)))] for s in sizes]  # fmt: skip
         notes = ["gauge tok/s, median (min–max); host overhead per step = the host loop's ms per step - the device "
                  "loop's (each decode time / (generated - 1), median over its repeats), same cell, same session."]
+        notes += [f"{v.label}: {n.removeprefix('note: ')}" for v in chunk
+                  for n in table_notes([HOST_OVERHEAD], [v.cells.get(s) for s in sizes])]  # fmt: skip
         out.append(Table(title="decode loop: host-synced vs on the device", header=header, rows=rows, notes=notes,
                          kind="decode-loop"))  # fmt: skip
     return out
@@ -146,8 +150,9 @@ ROOFLINE_RUNS_PER_TABLE = 1  # 1 + up to 5 columns per run <= 10
 def roofline_tables(views: Sequence[Any]) -> list[Table]:
     """The rooflines (measurement.md, "Rooflines"; bench/runs/records.py `CellRow`) of those of `views` whose cells
     have them, one run per table: bytes per decode step, the bandwidth roofline share of each loop's gauge, the
-    prefill's GFLOP/s and its share of the measured matrix-product rate, each column where a cell has it. [] when
-    no run has them (runs measured before the sweep measured its rates)."""
+    prefill's GFLOP/s and its share of the measured matrix-product rate, each column where a cell has it, a share
+    above 100% explained under it (`bench.runs.columns.table_notes`). [] when no run has them (runs measured
+    before the sweep measured its rates)."""
     wanted = (BYTES_PER_STEP, ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_GFLOP_S, PREFILL_MATMUL_SHARE)
     out = []
     for v in views:
@@ -158,6 +163,7 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
         rows = [[fmt_num(s, 0), *(c.text(v.cells[s]) for c in cols)] for s in sizes]
         notes = ["roofline % = bytes per step x gauge tok/s / the run's measured copy bandwidth; prefill matmul % = "
                  "prefill FLOP / median prefill time / the run's measured matrix-product rate (same session)."]
+        notes += [n.removeprefix("note: ") for n in table_notes(cols, [v.cells[s] for s in sizes])]
         out.append(Table(title=f"rooflines: {v.label}", header=["input tokens", *(c.header for c in cols)],
                          rows=rows, notes=notes, kind="rooflines"))  # fmt: skip
     return out
@@ -171,8 +177,8 @@ BATCH_TABLE_COLUMNS = (GAUGE, AGGREGATE, TTFT, STEP, STEP_P99, BYTES_PER_STEP, R
 def batch_tables(views: Sequence[Any]) -> list[Table]:
     """Per view with batch cells (`RunView.batch_cells`, a `--batch` sweep), one table: (input tokens, batch)
     down, `BATCH_TABLE_COLUMNS` across (each optional one where a cell has it), and under it the knee per input
-    size (`bench.measure.batches.knees`, its stated fraction) and what the gauge and aggregate mean. [] when no
-    view has batch cells."""
+    size (`bench.measure.batches.knees`, its stated fraction), what the gauge and aggregate mean, and a roofline %
+    above 100 explained (`bench.runs.columns.table_notes`). [] when no view has batch cells."""
     from bench.measure.batches import KNEE_FRACTION, knees
 
     out = []
@@ -187,6 +193,7 @@ def batch_tables(views: Sequence[Any]) -> list[Table]:
                  "bytes/step x gauge / the run's measured copy bandwidth; FLOP/byte = matrix-product FLOP of one "
                  "step / bytes/step; rows ≠ B=1 = rows whose greedy tokens differ from their prompt's alone."]
         notes += [f"knee (median step > {1 + KNEE_FRACTION:g} x B = 1's): {k.line}" for k in knees(cells)]
+        notes += [n.removeprefix("note: ") for n in table_notes(cols, cells)]
         out.append(Table(title=f"batches: {v.label}", header=["input tokens", BATCH.header, *(c.header for c in cols)],
                          rows=rows, notes=notes, kind="batches"))  # fmt: skip
     return out

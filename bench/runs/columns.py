@@ -21,6 +21,9 @@ Formats:
 - batches (`BATCH`, `BATCH_COLUMNS`: a `--batch` sweep's batch, aggregate throughput, step time median and p99,
   bytes per step, FLOP per byte, rows differing from B = 1): shown only for the rows of a `--batch` sweep (some row
   has `batch`), so every other run prints as it did.
+
+Under a table, `table_notes` explains a figure that looks impossible: a roofline % or prefill matmul % above 100
+(the measured rate it is a share of is not the device's ceiling), a negative host overhead per step.
 """
 
 from __future__ import annotations
@@ -199,6 +202,41 @@ def table_columns(rows: Iterable[CellRow]) -> tuple[Column, ...]:
     cut = TABLE_COLUMNS.index(VALID)
     head = (TABLE_COLUMNS[0], BATCH, *TABLE_COLUMNS[1:cut]) if batched else TABLE_COLUMNS[:cut]
     return (*head, *extra, *TABLE_COLUMNS[cut:])
+
+
+def cell_name(row: CellRow) -> str:
+    """A cell as the notes under a table name it: its input size ("41"), with its batch in a `--batch` sweep
+    ("41x8")."""
+    return str(row.input_tokens) if row.batch is None else f"{row.input_tokens}x{row.batch}"
+
+
+_OVER_100 = (
+    ((ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE), 100.0,
+     "the step read its bytes faster than the measured copy moves them (the copy counts bytes read + written; a "
+     "read-only stream can be faster), so the copy is not the ceiling on this device"),
+    ((PREFILL_MATMUL_SHARE,), 100.0,
+     "the prefill's matrix products ran faster than the measured matrix-product rate at its probe shape"),
+)  # fmt: skip
+
+
+def table_notes(columns: Sequence[Column], rows: Iterable[CellRow | None]) -> list[str]:
+    """The footnotes of a table of `columns` over `rows`, for the lines under it (the terminal's sweep table, the
+    gpu-run summary's, the report's rooflines, decode-loop and batch tables): one line per kind of figure that
+    looks impossible, among the columns shown: a roofline % above 100 (either loop's), a prefill matmul % above
+    100, a negative host overhead per step; each names the cells ("41", "41x8") and says what it means. [] when no
+    row has one."""
+    rows = [r for r in rows if r is not None]
+    out = []
+    for shares, limit, meaning in _OVER_100:
+        over = [f"{'device loop ' if col is DEVICE_ROOFLINE_SHARE else ''}{cell_name(r)}: {col.text(r)}"
+                for col in shares if col in columns for r in rows if (col.value(r) or 0.0) > limit]  # fmt: skip
+        if over:
+            out.append(f"note: {shares[0].header} above 100 ({', '.join(over)}): {meaning}.")
+    below = [f"{cell_name(r)}: {HOST_OVERHEAD.text(r)}" for r in rows if (HOST_OVERHEAD.value(r) or 0.0) < 0.0]
+    if below and HOST_OVERHEAD in columns:
+        out.append(f"note: {HOST_OVERHEAD.header} below 0 ({', '.join(below)}): the device loop was slower per step "
+                   "than the host loop (noise, or a different compiled program).")  # fmt: skip
+    return out
 
 
 def text_rows(columns: Sequence[Column], rows: Iterable[CellRow]) -> list[list[str]]:
