@@ -11,6 +11,7 @@ Public API (everything else is internal):
 - `GemmaTokenizer`                                     (model.tokenizer)
 - `QuantSpec`, `parse_quant`                           (model.quantspec: the `--quant` options, jax-free)
 - `QuantArray`, `quantize_params`, `tree_bytes`        (model.quant)
+- `PromptLimits`, `prompt_limits`                      (model.limits: buckets and prompt-length checks, jax-free)
 The model's facts without jax: `model.config`, `model.accounting` (parameter shapes and counts, KV cache slots,
 bytes a decode step reads, weight bytes under quantization) and `model.quantspec` import neither jax nor numpy, so the report can use them on archived runs.
 
@@ -35,6 +36,7 @@ _HOMES = {
     "GemmaTokenizer": "model.tokenizer",
     "QuantSpec": "model.quantspec", "parse_quant": "model.quantspec",
     "QuantArray": "model.quant", "quantize_params": "model.quant", "tree_bytes": "model.quant",
+    "PromptLimits": "model.limits", "prompt_limits": "model.limits",
 }  # fmt: skip
 """Public name -> the module that defines it."""
 
@@ -42,7 +44,7 @@ __all__ = [
     "PRESETS", "ModelConfig", "load_config", "content_hash", "load_params", "resolve_checkpoint",
     "create_checkpoint", "ensure_builtin", "forward_full", "prefill", "decode_step", "DevicePolicy",
     "decide_policy", "Engine", "Sampling", "full_logits", "load_engine", "SlotDecoder", "GemmaTokenizer", "QuantSpec",
-    "parse_quant", "QuantArray", "quantize_params", "tree_bytes",
+    "parse_quant", "QuantArray", "quantize_params", "tree_bytes", "PromptLimits", "prompt_limits",
 ]  # fmt: skip
 
 
@@ -67,6 +69,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from model.config import PRESETS, ModelConfig, load_config
     from model.engine import Engine, Sampling, full_logits, load_engine
     from model.forward import decode_step, forward_full, prefill
+    from model.limits import PromptLimits, prompt_limits
     from model.policy import DevicePolicy, decide_policy
     from model.quant import QuantArray, quantize_params, tree_bytes
     from model.quantspec import QuantSpec, parse_quant

@@ -57,20 +57,14 @@ from model.accounting import BatchMemory, decode_weight_bytes, kv_cache_bytes, k
 from model.cache import init_cache
 from model.config import ModelConfig
 from model.errors import EngineError
+from model.limits import DEFAULT_BUCKETS, PromptLimits, bucket_ladder, prompt_limits  # noqa: F401 -- re-exported
 from model.forward import decode_step, prefill
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
 from model.quantspec import NO_QUANT, QuantSpec
 
-DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192)
-"""Default prompt-length ladder: powers of two up to the sliding window, then steps of 512 (a window) to 4096,
-then steps of 1024: fine where padding would dominate, coarser where prefill is long anyway."""
-
-
-def bucket_ladder(max_length: int, base: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:
-    """The ladder rungs below `max_length`, plus `max_length` itself as the top rung."""
-    rungs = [b for b in base if b < max_length]
-    return tuple(rungs + [max_length])
+# The bucket ladder and the prompt-length checks are model/limits.py's (no jax: a command line checks its sizes
+# against them before the weights load); re-exported here, where they always were.
 
 
 # ---- compile accounting --------------------------------------------------------------------------------------
@@ -399,17 +393,12 @@ class Engine:
         self.scale_dtype = scale_dtype
         self.kernel = kernel  # model.kernels.choice.KernelPlan of the w4 product; None without w4 weights
         self.tokenizer = tokenizer
-        if buckets and max_length and max(buckets) > max_length:
-            raise EngineError(f"bucket {max(buckets)} is above --max-length {max_length}; drop it or raise the limit")
-        default_max = max(buckets) if buckets else min(cfg.max_position_embeddings, 8192)
-        self.max_length = int(max_length or default_max)  # the largest prompt a request may have
-        self.buckets = tuple(sorted(buckets)) if buckets else bucket_ladder(self.max_length)
-        self.explicit_buckets = bool(buckets)  # the limit's flag: --buckets when given, else --max-length
-        if self.buckets[-1] > cfg.max_position_embeddings:
-            raise EngineError(
-                f"largest bucket {self.buckets[-1]} exceeds the model's max_position_embeddings "
-                f"{cfg.max_position_embeddings}; lower --max-length"
-            )
+        # the prompt lengths it takes, from the config alone (model/limits.py: the checks a command line runs
+        # before loading); EngineError for a bucket above max_length or above the model's positions
+        self.limits: PromptLimits = prompt_limits(cfg.max_position_embeddings, max_length=max_length, buckets=buckets)
+        self.max_length = self.limits.max_length  # the largest prompt a request may have
+        self.buckets = self.limits.buckets
+        self.explicit_buckets = self.limits.explicit_buckets  # the limit's flag: --buckets if given, else --max-length
         CompileCounter.install()
 
     @property
@@ -508,37 +497,17 @@ class Engine:
         return SlotDecoder(self, max_batch, self.max_length if cache_len is None else cache_len)
 
     def bucket_for(self, n_tokens: int) -> int:
-        """The smallest bucket >= n_tokens. Raises EngineError naming the limit and a fix that can work: the flag
-        that raises it, up to the model's positions (max_position_embeddings), or, for a prompt above those, that
-        no flag can hold it."""
-        if n_tokens < 1:
-            raise EngineError(f"a prompt needs at least 1 token, got {n_tokens}")
-        for b in self.buckets:
-            if b >= n_tokens:
-                return b
-        positions = self.cfg.max_position_embeddings
-        if n_tokens >= positions:  # a prompt needs room for at least one new token too
-            fix = (f"the model has {positions} positions (max_position_embeddings), the real limit, which neither "
-                   f"--max-length nor --buckets can exceed; use a prompt of fewer than {positions} tokens")
-        elif self.explicit_buckets:
-            fix = f"add a bucket of {n_tokens}..{positions - 1} tokens to --buckets (the model's {positions} positions)"
-        else:
-            fix = f"raise it with --max-length {n_tokens}..{positions} (the model's positions)"
-        raise EngineError(f"prompt of {n_tokens} tokens exceeds the engine's largest bucket {self.buckets[-1]}; {fix}")
+        """The smallest bucket >= n_tokens (`model.limits.PromptLimits.bucket_for`). Raises EngineError naming the
+        limit and a fix that can work: the flag that raises it, up to the model's positions
+        (max_position_embeddings), or, for a prompt above those, that no flag can hold it."""
+        return self.limits.bucket_for(n_tokens)
 
     def check_request(self, n_tokens: int, max_new_tokens: int) -> int:
-        """The bucket of a request of `n_tokens` prompt tokens and `max_new_tokens` new ones. Raises EngineError
-        (naming the limit and the flag that changes it) when no bucket holds the prompt, max_new_tokens < 1, or
-        prompt + new tokens exceed the model's max_position_embeddings."""
-        if max_new_tokens < 1:
-            raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        bucket = self.bucket_for(n_tokens)
-        if n_tokens + max_new_tokens > self.cfg.max_position_embeddings:
-            raise EngineError(
-                f"{n_tokens} prompt tokens + {max_new_tokens} new tokens exceed the model's "
-                f"{self.cfg.max_position_embeddings} positions (max_position_embeddings); lower --max-new-tokens"
-            )
-        return bucket
+        """The bucket of a request of `n_tokens` prompt tokens and `max_new_tokens` new ones
+        (`model.limits.PromptLimits.check_request`). Raises EngineError (naming the limit and the flag that changes
+        it) when no bucket holds the prompt, max_new_tokens < 1, or prompt + new tokens exceed the model's
+        max_position_embeddings."""
+        return self.limits.check_request(n_tokens, max_new_tokens)
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling = GREEDY, *,
                  stop_at_eos: bool = False, on_token: Callable[[int], bool | None] | None = None,

@@ -170,6 +170,17 @@ def test_a_prompt_too_long_is_told_only_a_fix_that_can_work(params):
         Engine(params, CFG, decide_policy("float32"), buckets=(16, 32)).check_request(100, 4)
 
 
+def test_the_engine_checks_prompts_against_the_limits_the_command_line_checks_first(params):
+    """The engine's ladder and checks are model/limits.py's, built from the config alone: what `bench sweep`
+    checks its --inputs against before loading is what the engine will enforce."""
+    from model.limits import prompt_limits
+
+    for kwargs in ({}, {"max_length": 64}, {"buckets": (16, 32)}):
+        engine = Engine(params, CFG, decide_policy("float32"), **kwargs)
+        assert engine.limits == prompt_limits(CFG.max_position_embeddings, **kwargs)
+        assert (engine.buckets, engine.max_length) == (engine.limits.buckets, engine.limits.max_length)
+
+
 def test_decode_bytes_count_each_layers_kv_read(params):
     from model.accounting import decode_weight_bytes, kv_read_bytes
 

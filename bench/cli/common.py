@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -96,6 +97,52 @@ def parse_buckets(text: str | None) -> tuple[int, ...] | None:
         raise InputError(f"--buckets {text}: {what}; expected increasing, distinct rungs, e.g. "
                          f"--buckets {','.join(map(str, ladder))}")  # fmt: skip
     return tuple(rungs)
+
+
+def checkpoint_positions(spec: str | None) -> int | None:
+    """The model's positions (max_position_embeddings) of the `--checkpoint` text, from its config alone: no
+    weight is read and no built-in checkpoint is created. None (the default) and builtin:NAME -> the preset's
+    config; a local directory -> its config.json (ConfigError, one line, when that is malformed). None for
+    anything else (a Hugging Face repo id: its config.json comes with its download, and the engine checks then;
+    a path that does not exist: loading names it)."""
+    from model.builtin import DEFAULT_PRESET
+    from model.config import PRESETS, load_config
+
+    if spec is None or spec.startswith("builtin:"):
+        preset = PRESETS.get(DEFAULT_PRESET if spec is None else spec.split(":", 1)[1])
+        return None if preset is None else preset.max_position_embeddings  # an unknown preset: checkpoint_path
+    path = Path(spec).expanduser()
+    if not (path / "config.json").is_file():
+        return None
+    return load_config(path).max_position_embeddings
+
+
+def check_prompt_sizes(checkpoint: str | None, sizes: Sequence[int], max_new_tokens: int, max_length: int | None,
+                       buckets: str | None, *, flag: str = "--inputs") -> None:  # fmt: skip
+    """Every prompt size of `sizes` (tokens, the `flag` values) against the limits an engine of `--checkpoint`
+    with `--max-length` / `--buckets` (`buckets`: the flag's text) will have (`model.limits.prompt_limits`, from
+    config.json alone), before the weights load. Raises InputError, one line naming the flag, the value, the limit
+    and the fix: --max-length above the model's positions, a ladder the model cannot take, a size no bucket holds
+    or whose prompt + `max_new_tokens` exceed the model's positions. Does nothing when the config cannot be read
+    without loading (`checkpoint_positions`: the engine checks the same after the load)."""
+    from model.errors import EngineError
+    from model.limits import prompt_limits
+
+    positions = checkpoint_positions(checkpoint)
+    if positions is None:
+        return
+    if max_length is not None and max_length > positions:
+        raise InputError(f"--max-length {max_length}: above the model's {positions} positions "
+                         f"(max_position_embeddings); expected --max-length 1..{positions}")  # fmt: skip
+    try:
+        limits = prompt_limits(positions, max_length=max_length, buckets=parse_buckets(buckets))
+    except EngineError as exc:
+        raise InputError(f"--buckets {buckets}: {exc}") from None
+    for n in sizes:
+        try:
+            limits.check_request(n, max_new_tokens)
+        except EngineError as exc:
+            raise InputError(f"{flag} {n}: {exc}") from None
 
 
 SCALE_DTYPES = ("bfloat16", "float16", "float32")

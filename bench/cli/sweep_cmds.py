@@ -19,6 +19,7 @@ from bench.cli.common import (
     MaxLengthOpt,
     QuantOpt,
     ScaleDtypeOpt,
+    check_prompt_sizes,
     compile_cache_dir,
     engine_manifest,
     open_engine,
@@ -358,7 +359,8 @@ def sweep(
 
 
 def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs_dir: Path, engine_flags: tuple) -> None:
-    """`bench sweep` in process: load the engine, check every prompt, build the manifest (and, resuming, check it is
+    """`bench sweep` in process: check every size against the model's limits (`check_prompt_sizes`: config.json
+    alone), load the engine, check every prompt, build the manifest (and, resuming, check it is
     the run's build), then measure into a new or the resumed run folder and print the table."""
     from bench.sweep.local import build_batch_prompts, build_prompts, check_batches, run_sweep
     from model.engine import CompileCounter
@@ -368,6 +370,8 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     setup_logging()
     log = logging.getLogger("bench")
     dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel = engine_flags
+    # every size against the limits config.json sets, before a built-in checkpoint is created or a weight loads
+    check_prompt_sizes(checkpoint, config.inputs, config.max_new_tokens, max_length, buckets)
     engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
                                                    quant=quant, scale_dtype=scale_dtype, kernel=kernel)  # fmt: skip
     prompts = build_prompts(engine, config)  # every size checked before a folder is created or anything measured
