@@ -4,6 +4,7 @@ latest-per, with one clear line and exit 2 for a bad selection."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -88,6 +89,23 @@ def test_the_history_view_uses_the_runs_the_latest_per_view_leaves_out(runs: Pat
     assert "(" in history[2] and "–" in history[2]  # each point's spread
     assert "History of CPU, batch 1, concurrency 1: 2 runs; the latest (2026-11-20, build bbbbbbbbbbbb)" in md
     assert (tmp_path / "o" / "history_G2.png").exists() or (tmp_path / "o" / "history_G3.png").exists()
+    assert history[0].startswith("| date | build | host | 41 gauge |") and " | Test CPU | " in history[2]
+    (finding,) = [f for f in report.findings if f.startswith("History of CPU")]
+    assert "hosts" not in finding  # one host: nothing to say
+
+
+def test_the_history_names_each_runs_host_and_a_finding_says_when_they_differ(runs: Path, tmp_path: Path) -> None:
+    newer = runs / "2026-11-20-new-cpu" / "manifest.json"
+    m = json.loads(newer.read_text())
+    newer.write_text(json.dumps({**m, "host": {**m["host"], "description": "AMD EPYC (4 vCPU)"}}))
+    report = build_report([], tmp_path / "o", runs_dir=runs, selection=Selection(latest_per=("device",)))
+    md = report.markdown.read_text()
+    history = md.split("history: CPU, batch 1, concurrency 1")[1].split("\n\n")[1].splitlines()
+    assert [line.split(" | ")[2] for line in history[2:]] == ["Test CPU", "AMD EPYC (4 vCPU)"]
+    (finding,) = [f for f in report.findings if f.startswith("History of CPU")]
+    assert finding.endswith(" Its runs were measured on 2 hosts (Test CPU; AMD EPYC (4 vCPU)); the latest two on "
+                            "different hosts (Test CPU, then AMD EPYC (4 vCPU)): their change is not the build's "
+                            "alone.")  # fmt: skip
 
 
 def test_a_named_baseline_is_the_baseline_of_its_group(runs: Path, tmp_path: Path) -> None:

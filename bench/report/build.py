@@ -582,7 +582,9 @@ def _profile_blocks(group: Group, views: list[RunView], out: Path) -> tuple[list
 
 def history_findings(group: Group) -> list[str]:
     """Per configuration with at least two runs over time: the latest run's median gauge at the smallest input
-    size against the previous run's, and whether their min–max spreads overlap (inside the noise)."""
+    size against the previous run's, whether their min–max spreads overlap (inside the noise), and, where the
+    configuration's runs were measured on more than one host (`RunKeys.host`), which hosts: a change between two
+    hosts is not a change of the build alone."""
     out = []
     for name, runs in history_series(group).items():
         prev, last = runs[-2], runs[-1]
@@ -599,11 +601,26 @@ def history_findings(group: Group) -> list[str]:
             noise = "inside both runs' min–max spread" if overlap else "outside both runs' min–max spreads"
         else:
             noise = "no spread to compare"
-        out.append(f"History of {name}: {len(runs)} runs; the latest ({group.keys[last.name].date}, build "
-                   f"{group.keys[last.name].build_id}) decodes {fmt_num(b.gauge_tok_s_median)} tok/s at {s:,} input "
-                   f"tokens vs {fmt_num(a.gauge_tok_s_median)} the run before ({change:+.1f}%, {noise})."
-                   + partial_mark([(prev, a), (last, b)]))  # fmt: skip
+        text = (f"History of {name}: {len(runs)} runs; the latest ({group.keys[last.name].date}, build "
+                f"{group.keys[last.name].build_id}) decodes {fmt_num(b.gauge_tok_s_median)} tok/s at {s:,} input "
+                f"tokens vs {fmt_num(a.gauge_tok_s_median)} the run before ({change:+.1f}%, {noise}).")  # fmt: skip
+        out.append(text + _hosts_note(group, runs, prev, last) + partial_mark([(prev, a), (last, b)]))
     return out
+
+
+def _hosts_note(group: Group, runs: list[RunView], prev: RunView, last: RunView) -> str:
+    """The sentence a history finding ends with when the `runs` of its history were measured on more than one
+    host (an unrecorded host counts as one): the hosts, and whether the two compared runs (`prev`, `last`) share
+    one; "" when every run was measured on one host."""
+    def host(v: RunView) -> str:
+        return group.keys[v.name].host or "host not recorded"
+
+    hosts = list(dict.fromkeys(host(v) for v in runs))
+    if len(hosts) < 2:
+        return ""
+    pair = (f"the latest two on different hosts ({host(prev)}, then {host(last)}): their change is not the build's "
+            "alone" if host(prev) != host(last) else f"the latest two on the same host ({host(last)})")  # fmt: skip
+    return f" Its runs were measured on {len(hosts)} hosts ({'; '.join(hosts)}); {pair}."
 
 
 def _roofline_method(views: list[RunView]) -> list[Any]:

@@ -287,15 +287,16 @@ def history_series(group: Group) -> dict[str, list[Any]]:
 
 
 def history_tables(group: Group) -> list[Table]:
-    """One table per `history_series`: date (marked "(incomplete)" for an interrupted run), build, then each input
-    size's median gauge (min–max), oldest first."""
+    """One table per `history_series`: date (marked "(incomplete)" for an interrupted run), build, host (the
+    manifest's host description, else its CPU model), then each input size's median gauge (min–max), oldest
+    first."""
     out = []
     for name, runs in history_series(group).items():
         shown = runs[-MAX_HISTORY_ROWS:]
-        sizes = _sizes(shown)[:MAX_COLUMNS - 2]
-        header = ["date", "build"] + [f"{s:,} gauge" for s in sizes]
+        sizes = _sizes(shown)[:MAX_COLUMNS - 3]
+        header = ["date", "build", "host"] + [f"{s:,} gauge" for s in sizes]
         rows = [[(group.keys[v.name].date or "—") + (" (incomplete)" if v.incomplete else ""),
-                 group.keys[v.name].build_id or "—"]
+                 group.keys[v.name].build_id or "—", group.keys[v.name].host or "—"]
                 + [rate_text(v.cells.get(s), "gauge") for s in sizes] for v in shown]  # fmt: skip
         notes = ["decode gauge tok/s, median (min–max) over each run's timed repeats; ✗ an invalid cell."]
         if any(v.incomplete for v in shown):
