@@ -61,6 +61,8 @@ def per_layer_inputs(params: Params, cfg: ModelConfig, ids_BT: jax.Array, h_BTD:
         proj_BTX = dense(h_BTD, params.ple_proj_DX, "BTD,DX->BTX") * jnp.asarray(
             cfg.hidden_size**-0.5, h_BTD.dtype
         )
+        if t > 1:  # fused with the norm below, XLA:CPU ran this product at ~27 GFLOP/s (22 ms per prefill chunk)
+            proj_BTX = jax.lax.optimization_barrier(proj_BTX)
         proj_BTLP = rms_norm(proj_BTX.reshape(b, t, l, p), params.ple_norm_P, cfg.rms_norm_eps)
         return (proj_BTLP + tok_BTLP) * jnp.asarray(2**-0.5, h_BTD.dtype)
 

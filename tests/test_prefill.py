@@ -78,7 +78,9 @@ CASES = [
     ("wide", 5, 30, 40, 3),  # exactly six chunks: a chunk boundary
     ("wide", 5, 37, 40, 3),  # several chunks, the ring wraps
     ("wide", 5, 40, 40, 3),  # the bucket itself
-    ("wide", 8, 33, 40, 3),  # C divides the ring of 24
+    ("wide", 8, 33, 40, 3),  # C divides the ring of 24: ring blocks, the oldest masked whole for late queries
+    ("wide", 5, 14, 16, 3),  # a ring of 19 < window 24 (never wraps) that C = 5 does not divide: ring blocks
+    ("wide", 12, 40, 40, 3),  # C = 12 divides the ring of 24: two ring blocks per chunk once they are full
     ("wide", 5, 13, 13, 1),  # the last chunk runs past the cache's 14 slots (position 14 dropped)
 ]
 
