@@ -334,7 +334,7 @@ def _tpu_module_windows(plane) -> list[tuple[float, float, dict[str, str]]]:
 
 def _module_at(windows: list[tuple[float, float, dict[str, str]]], t_ns: float) -> dict[str, str]:
     """The module ids of the `XLA Modules` window holding time `t_ns`, or {} when none does."""
-    i = bisect.bisect_right([w[0] for w in windows], t_ns) - 1
+    i = bisect.bisect_left(windows, (t_ns, float("inf"))) - 1  # the last window starting at or before t_ns
     return dict(windows[i][2]) if i >= 0 and t_ns <= windows[i][1] else {}
 
 
