@@ -7,6 +7,7 @@ weights are converted every step); stored in float32 it converts nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -207,7 +208,13 @@ def test_gpu_shaped_trace_categories_from_kernel_names():
 
 # ---- a TPU-shaped trace (synthetic: the core plane's "XLA Modules" and "XLA Ops" lines) ---------------------------
 def _tpu_trace_text() -> str:
-    ops = [("convert.3", 40), ("copy.7", 20), ("add_fusion.2", 10)]  # (HLO op name, microseconds per step)
+    ops = [  # (the event name: the HLO instruction's text, as a TPU trace writes it; microseconds per step)
+        ("%convert.3 = f32[8]{0:T(256)} convert(bf16[8]{0:T(256)} %param.1)", 40),
+        ("%copy.7 = bf16[8,128]{1,0} copy(bf16[8,128]{1,0} %convert_element_type.2)", 20),
+        ("%add_fusion.2 = f32[8]{0} fusion(f32[8]{0} %convert.3), kind=kLoop, calls=%fused_computation.2", 10),
+        ("%convolution_bitcast_fusion.4 = bf16[8,256]{1,0} fusion(bf16[8,128]{1,0} %copy.7, bf16[128,256]{1,0} "
+         "%params_w.1), kind=kOutput, calls=%fused_computation.4", 30),
+    ]  # fmt: skip
     meta = "".join(f'event_metadata {{ key: {i + 3} value {{ id: {i + 3} name: "{n}" }} }}\n'
                    for i, (n, _) in enumerate(ops))  # fmt: skip
     steps, modules, op_events, t = [], [], [], 0
@@ -243,13 +250,72 @@ def test_tpu_shaped_trace_reads_the_core_planes_xla_ops_line():
     assert analysis.device["platform"] == "tpu" and analysis.device["planes"] == ["/device:TPU:0"]
     assert analysis.steps == 3
     # only the core plane's "XLA Ops" line counts: not its "XLA Modules"/"Steps" lines, not the SparseCore plane
-    assert analysis.totals["device_ms"] == pytest.approx(3 * 70e-3)
+    assert analysis.totals["device_ms"] == pytest.approx(3 * 100e-3)
+    # an event's name is its instruction's HLO text: the op is named by the instruction name alone
     assert {(r.name, r.hlo_op, r.hlo_module) for r in analysis.ops} == {
         ("convert.3", "convert.3", "jit__decode_program"), ("copy.7", "copy.7", "jit__decode_program"),
-        ("add_fusion.2", "add_fusion.2", "jit__decode_program")}  # fmt: skip
-    assert analysis.categories["tensor_core"] == (None, None)
-    assert analysis.categories["dtype_conversion"][0] == pytest.approx(100 * 40 / 70)
-    assert analysis.categories["copies_transfers"][0] == pytest.approx(100 * 20 / 70)
+        ("add_fusion.2", "add_fusion.2", "jit__decode_program"),
+        ("convolution_bitcast_fusion.4", "convolution_bitcast_fusion.4", "jit__decode_program")}  # fmt: skip
+    # the operands' names (convert_element_type.2, convert.3) no longer make a fusion a dtype conversion
+    assert analysis.categories["dtype_conversion"][0] == pytest.approx(100 * 40 / 100)
+    assert analysis.categories["copies_transfers"][0] == pytest.approx(100 * 20 / 100)
+    assert analysis.categories["other_fusions"][0] == pytest.approx(100 * 10 / 100)
+    assert analysis.categories["tensor_core"][0] == pytest.approx(100 * 30 / 100)  # the MXU, from the op's name
+    assert dict(format_profile_table(analysis))["tensor core (MXU)"] == "30.0%"
+
+
+def test_tpu_op_name_is_the_instruction_name_of_the_hlo_text():
+    from bench.profile.analysis import tpu_op_name
+
+    text = ("%multiply_reduce_fusion.40 = bf16[1536]{0:T(1024)(128)(2,1)S(1)} fusion(bf16[1536,12288]{1,0:T(8,128)"
+            "(2,1)} %params_layers_30__down_DF.1, bf16[12288]{0} %fusion.304), kind=kLoop, calls=%fused_computation")
+    assert tpu_op_name(text) == "multiply_reduce_fusion.40"
+    assert tpu_op_name("%copy-done = bf16[1536]{0} copy-done((bf16[1536]{0}, u32[]) %copy-start)") == "copy-done"
+    assert tpu_op_name("fusion.7") == "fusion.7"  # not HLO text: kept as it is
+
+
+def _instr(name, opcode, *, operand_dtypes=("bf16", "bf16"), op_name="", called=()):
+    from bench.profile.xspace import HloInstruction
+
+    return HloInstruction(name=name, opcode=opcode, dtype="bf16", operand_dtypes=operand_dtypes, op_name=op_name,
+                          fusion_kind="kOutput" if opcode == "fusion" else "", custom_call_target="", called=called,
+                          users=())  # fmt: skip
+
+
+def _module(*computations):
+    from bench.profile.xspace import HloComputation, HloModule
+
+    comps = {name: HloComputation(name, tuple(instrs), instrs[-1].name) for name, instrs in computations}
+    return HloModule("jit__decode_program", comps, {i.name: i for _, instrs in computations for i in instrs})
+
+
+@pytest.mark.parametrize("platform", ["tpu", "gpu", "cpu"])
+def test_a_fused_convolution_is_the_mxu_on_a_tpu_and_a_product_elsewhere(platform):
+    from bench.profile.classify import classify_hlo
+
+    conv = _instr("convolution.1", "convolution")
+    inner = _instr("fusion.9", "fusion", called=("nested",))  # the convolution sits one fusion deeper
+    top = _instr("convolution_bitcast_fusion.6", "fusion", called=("outer",),
+                 op_name="jit(_decode_program)/decode_step/layer_3/attention/BKSH,BKGH->BKSG/dot_general")
+    module = _module(("nested", [_instr("p0", "parameter"), conv]), ("outer", [_instr("p1", "parameter"), inner]),
+                     ("main", [top]))  # fmt: skip
+    expected = {"tpu": ("tensor_core", ""), "gpu": ("attention", ""), "cpu": ("attention", "")}[platform]
+    assert classify_hlo(top, module, top.name, platform) == expected  # on a TPU the MXU wins over the scope
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cpu"])
+def test_a_dot_rewritten_into_multiply_reduce_is_a_matrix_product(platform):
+    from bench.profile.classify import classify_hlo
+
+    body = [_instr("p0", "parameter"), _instr("multiply.1", "multiply"), _instr("reduce.2", "reduce")]
+    product = _instr("multiply_reduce_fusion.40", "fusion", called=("fused",),
+                     op_name="jit(_decode_program)/decode_step/layer_30/mlp/BTF,DF->BTD/dot_general")
+    f32 = dataclasses.replace(product, name="multiply_reduce_fusion.41", operand_dtypes=("f32", "f32"))
+    norm = dataclasses.replace(product, name="fusion.7", op_name="jit(_decode_program)/decode_step/reduce_sum")
+    module = _module(("fused", body), ("main", [product, f32, norm]))
+    assert classify_hlo(product, module, product.name, platform) == ("matmul_16bit", "")  # vector units, bf16
+    assert classify_hlo(f32, module, f32.name, platform) == ("matmul_fp32", "")
+    assert classify_hlo(norm, module, norm.name, platform) == ("other_fusions", "")  # a reduce that is no product
 
 
 # ---- tensor-core kernels: real names -------------------------------------------------------------------------

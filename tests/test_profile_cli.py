@@ -99,6 +99,29 @@ def test_reanalysis_of_saved_trace_equals_profile_json(matched, capsys):
         assert again[key] == prof[key], key
 
 
+def test_update_rewrites_the_analysis_and_keeps_what_the_capture_recorded(matched, tmp_path, capsys):
+    run, prof = matched
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    capture_notes = prof["capture_notes"]
+    assert capture_notes and all(n in prof["notes"] for n in capture_notes)
+    stale = {key: value for key, value in prof.items() if key != "capture_notes"}  # as an older profile.json
+    stale.update(categories={**prof["categories"], "other": {"pct": 99.0, "ms": 1.0}},
+                 notes=["an analysis note of an older classification", *capture_notes])  # fmt: skip
+    (copy / "profile.json").write_text(json.dumps(stale))  # as an older classification would have left it
+    assert bench_in_process(["profile", "analyze", str(copy), "--update"]) == 0
+    assert "rewritten" in capsys.readouterr().out
+    updated = json.loads((copy / "profile.json").read_text())
+    assert updated["categories"] == prof["categories"]
+    assert updated["notes"] == prof["notes"] and updated["capture_notes"] == capture_notes
+    for key in ("config", "capture", "bandwidth", "roofline", "trace"):
+        assert updated[key] == prof[key], key
+    assert updated["reanalysed"]["at"] and set(updated["reanalysed"]["git"]) == {"commit", "dirty"}
+    trace = next(copy.glob("profile/**/*.xplane.pb"))
+    assert bench_in_process(["profile", "analyze", str(trace), "--update"]) == 2  # a bare trace: no profile.json
+    assert "--update" in capsys.readouterr().err
+
+
 def test_analyze_prints_the_published_table(matched, capsys):
     run, _ = matched
     trace = next(run.glob("profile/**/*.xplane.pb"))

@@ -456,6 +456,7 @@ def _capture_into(run, setup, opts):
     data = analysis.to_json()
     data["trace"] = os.path.relpath(analysis.trace_path, run.path)  # relative: the run folder can move
     data["notes"] = list(data["notes"]) + notes
+    data["capture_notes"] = notes  # the notes of the capture, not the analysis: `--update` keeps these
     data["config"] = _profile_config(setup, opts, bucket, decode_bytes)
     data["capture"] = _capture_facts(capture, run.path, setup.flags_info)
     data["bandwidth"] = bw.to_json()
@@ -574,14 +575,24 @@ def analyze(
     trace: Path = typer.Argument(..., help="A *.xplane.pb, a folder holding one, or a run folder with profile/."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile.json content instead of tables."),
     top: int = typer.Option(TOP_ROWS, "--top", help="Per-op rows to print."),
+    update: bool = typer.Option(False, "--update", help="Rewrite the run folder's profile.json with this analysis "
+                                "(its config, capture and bandwidth kept; `reanalysed` says when, with which code)."),
 ) -> None:
-    """Analyse any saved trace. In a run folder whose profile.json has a roofline, that roofline is kept."""
+    """Analyse any saved trace. In a run folder whose profile.json has a roofline, that roofline is kept.
+
+    `--update` (a run folder with profile.json and its trace under profile/ only, else one line and exit 2): the
+    analysis keys of profile.json are replaced by this analysis of the same trace (the categories, totals, ops and
+    notes, e.g. after the classification of a platform's ops improved) and `reanalysed` records the time (UTC ISO)
+    and the git state of this checkout; what the capture recorded (config, capture, bandwidth) stays."""
     import json
 
     from bench.profile.analysis import analyze_trace, attach_roofline
 
-    analysis = analyze_trace(trace)  # TraceError (exit 2) for a missing path, a non-trace, a run without a profile
     stored = _stored_profile(trace)
+    if update and stored is None:
+        raise InputError(f"--update {trace}: expected a run folder holding manifest.json and profile.json; "
+                         f"analyse a bare trace without --update")  # fmt: skip
+    analysis = analyze_trace(trace)  # TraceError (exit 2) for a missing path, a non-trace, a run without a profile
     roof = (stored or {}).get("roofline") or {}
     stored_trace = Path(trace) / (stored or {}).get("trace", "") if stored else None  # relative to the run folder
     same_trace = stored_trace is not None and stored_trace.resolve() == Path(analysis.trace_path).resolve()
@@ -594,6 +605,8 @@ def analyze(
     data = analysis.to_json()
     if stored is not None:  # a run folder: its trace named relative to it, as profile.json does
         data["trace"] = os.path.relpath(analysis.trace_path, trace)
+    if update:
+        _rewrite_profile(Path(trace), stored, data)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -602,6 +615,32 @@ def analyze(
     if reattached:
         console.print(f"roofline from {Path(trace) / 'profile.json'} (bytes per step and bandwidth of the capture)")
     console.print(f"trace: {analysis.trace_path} ({Path(analysis.trace_path).stat().st_size / 2**20:.2f} MiB)")
+
+
+CAPTURE_NOTE_OPENINGS = ("roofline uses ", "profiled on a GPU without", "GPU profile flags were set", "--steps ",
+                         "run folder differs from this profile")  # fmt: skip
+"""How the notes `bench profile` adds to the analysis's begin (`_roofline_inputs`, `_capture_notes`): `--update`
+keeps them when an older profile.json has no `capture_notes`."""
+
+
+def _rewrite_profile(run_path: Path, stored: dict, data: dict) -> None:
+    """Write `data` (a fresh analysis of the run's own trace) over `stored` profile.json's analysis keys, keeping
+    its other keys and the capture's notes (`capture_notes`, else `CAPTURE_NOTE_OPENINGS`) after the analysis's,
+    plus `reanalysed` ({"at": UTC ISO time, "git": this checkout's commit and dirtiness})."""
+    from bench.runs import now_iso, open_run
+    from bench.runs.environment import git_state
+
+    if os.path.normpath(data["trace"]) != os.path.normpath(stored.get("trace", "")):
+        raise InputError(f"--update {run_path}: the trace analysed ({data['trace']}) is not the one profile.json "
+                         f"names ({stored.get('trace')}); restore that trace under profile/ first")  # fmt: skip
+    kept = stored.get("capture_notes")
+    if kept is None:  # written before `capture_notes` existed: the capture's notes by their openings
+        kept = [n for n in stored.get("notes") or [] if n.startswith(CAPTURE_NOTE_OPENINGS)]
+    merged = {**stored, **data, "notes": [*data["notes"], *kept], "capture_notes": kept,
+              "reanalysed": {"at": now_iso(), "git": git_state(Path(__file__).resolve().parents[2])}}  # fmt: skip
+    open_run(run_path).write_json("profile.json", merged)
+    at = merged["reanalysed"]["at"]
+    make_console().print(f"profile.json of {run_path} rewritten with this analysis (reanalysed {at})")
 
 
 def _stored_profile(path: Path) -> dict | None:

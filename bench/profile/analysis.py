@@ -27,13 +27,18 @@ Categories, each device nanosecond in exactly one, decided in this order (first 
    kernel's share is read directly (not "other", nor a matrix product of unknown dtype).
 1. dtype_conversion: HLO `convert`, or a fusion doing only converts plus data movement; without HLO, a name
    containing "convert" (`wrapped_convert`, `loop_convert_fusion`).
-2. tensor_core: a GPU kernel `bench.profile.classify.is_tensor_core_kernel` accepts. Absent (None) on CPU.
+2. tensor_core: a GPU kernel `bench.profile.classify.is_tensor_core_kernel` accepts; on a TPU, an op that is or
+   fuses an HLO dot/convolution, which XLA's TPU backend runs on the matrix units, the MXU
+   (`bench.profile.classify.is_mxu_op`); without HLO, a TPU op named after one (`convolution_add_fusion`).
+   Absent (None) on CPU.
 3. attention: an op under a named scope containing "attention"; without HLO, kernel names of attention
    libraries (fmha, flash, sdpa).
 4. matmul_fp32 / matmul_16bit: `dot`, `convolution`, a fusion containing one, or a gemm/matmul custom call, split
    by the dot's operand dtypes (any f32/f64 operand -> fp32; all of bf16/f16/8-bit/4-bit -> 16bit); without HLO,
    from the kernel name (`gemv2T_kernel_val<..., float, ...>`, `sgemm`, `__half`, `bf16`). A product whose operand
-   dtype cannot be told goes to "other" (and a note says how much).
+   dtype cannot be told goes to "other" (and a note says how much). Also a product XLA rewrote into multiply +
+   reduce (a fusion of both whose JAX op is a `dot_general`, `bench.profile.classify.is_rewritten_product`): the
+   TPU backend's one-row products, run on the vector units, split by the fusion's operand dtypes.
 5. copies_transfers: data movement without arithmetic: copy, transpose, (dynamic-)slice, dynamic-update-slice
    (the KV-cache write), concatenate, pad, gather/scatter, collectives, and fusions of only these; GPU
    Memcpy*/Memset events.
@@ -67,6 +72,17 @@ TOP_OPS_IN_JSON = 40
 TPU_CORE_PLANE = re.compile(r"/device:TPU:\d+")
 """A TPU core's plane in an XSpace (one per chip core); planes named otherwise (e.g. SparseCore's) are not read."""
 TPU_OPS_LINE, TPU_MODULES_LINE = "XLA Ops", "XLA Modules"
+TENSOR_CORE_PLATFORMS = ("gpu", "tpu")
+"""Platforms with matrix units (`tensor_core`: GPU tensor cores, the TPU's MXU); elsewhere the category is absent."""
+_TPU_OP_TEXT = re.compile(r"%?([^\s=%]+) = ")
+
+
+def tpu_op_name(event_name: str) -> str:
+    """The HLO instruction name of a TPU `XLA Ops` event, whose name is the instruction's whole HLO text
+    (`%fusion.12 = bf16[8,1536]{...} fusion(...), kind=kOutput, calls=%fused_computation.12` -> `fusion.12`, as
+    the trace's HLO proto names it); the event name itself when it is not in that form."""
+    found = _TPU_OP_TEXT.match(event_name)
+    return found.group(1) if found else event_name
 """The lines of a TPU core plane holding one event per HLO op run, and one per program (module) run."""
 
 # ---- result types ----------------------------------------------------------------------------------------------
@@ -284,8 +300,9 @@ def _device_events(planes, platform: str) -> list[_Event]:
 
     GPU: the `Stream #N` lines (kernels, stats hlo_op/hlo_module/program_id). CPU: events of `/host:CPU` that carry
     an hlo_op stat. TPU: the `XLA Ops` line of each core plane (`TPU_OPS_LINE`); an op event's name is its HLO
-    instruction and, where its stats do not name the module, the `XLA Modules` event around it does
-    ("jit_f(12)": module jit_f, program id 12), the line layout xprof's TPU op profile reads."""
+    instruction's text, whose name (`tpu_op_name`) becomes the event's name and hlo_op; where its stats do not
+    name the module, the `XLA Modules` event around it does ("jit_f(12)": module jit_f, program id 12), the line
+    layout xprof's TPU op profile reads."""
     out: list[_Event] = []
     for plane in planes:
         modules = _tpu_module_windows(plane) if platform == "tpu" else []
@@ -299,12 +316,14 @@ def _device_events(planes, platform: str) -> list[_Event]:
                 st = _stats(ev)
                 if platform == "cpu" and "hlo_op" not in st:
                     continue
+                name = ev.name
                 if platform == "tpu":
-                    st.setdefault("hlo_op", ev.name)
+                    name = tpu_op_name(ev.name)
+                    st.setdefault("hlo_op", name)
                     if "hlo_module" not in st:
                         st.update(_module_at(modules, (ev.start_ns + ev.end_ns) / 2))
                 ids = (str(st.get(k, "")) for k in ("hlo_op", "hlo_module", "program_id"))
-                line_events.append(_Event(ev.name, *ids, ev.start_ns, ev.end_ns, ev.duration_ns))
+                line_events.append(_Event(name, *ids, ev.start_ns, ev.end_ns, ev.duration_ns))
             line_events.sort(key=lambda e: (e.start, -e.end))
             open_events: list[_Event] = []
             for ev in line_events:
@@ -401,7 +420,7 @@ def _typical_step(rows, n_steps: int, platform: str) -> tuple[dict[str, tuple[fl
     out: dict[str, tuple[float | None, float | None]] = {
         name: (100.0 * ns / total_ns, ns * 1e-6) for name, ns in typical_ns.items()
     }
-    if platform != "gpu":
+    if platform not in TENSOR_CORE_PLATFORMS:
         out["tensor_core"] = (None, None)
     return out, sum(typical_ns.values()) * 1e-6
 
@@ -433,7 +452,7 @@ def _summarise(events, steps, modules, platform, device, source, notes) -> Profi
     categories: dict[str, tuple[float | None, float | None]] = {
         name: (100.0 * ns / total_ns, ns * ms) for name, ns in cat_ns.items()
     }
-    if platform != "gpu":
+    if platform not in TENSOR_CORE_PLATFORMS:
         categories["tensor_core"] = (None, None)
     ops = tuple(sorted(
         (OpRow(name, op, mod, cat, count, ns * ms, ns * ms / count, 100.0 * ns / total_ns)
@@ -474,7 +493,8 @@ def format_profile_table(analysis: ProfileAnalysis | Mapping[str, Any]) -> list[
     dtype conversion %, fp32 gemv %, tensor core %, total kernel time, distinct kernels, decode gauge, bandwidth,
     roofline share. "fp32 gemv" is the matmul_fp32 category (at batch 1 a decode step's products are matrix-vector
     products); "decode gauge" is the gauge attached with the roofline, else the profile's own rate, labelled so.
-    A category the device cannot have reads "absent"; a roofline not attached reads "not measured". Every share
+    On a TPU the tensor core row is labelled "tensor core (MXU)" (its matrix units). A category the device cannot
+    have reads "absent"; a roofline not attached reads "not measured". Every share
     here is over all traced steps (the total device time of each category / the total: the mean step), never the
     typical step's; the labels say so.
     """
@@ -491,10 +511,11 @@ def format_profile_table(analysis: ProfileAnalysis | Mapping[str, Any]) -> list[
         gauge = f"{totals['tok_s']:.1f} tok/s (from profile)"
     bandwidth = roof.get("bandwidth_bytes_s")
     share = roof.get("share_pct")
+    tpu = (data.get("device") or {}).get("platform") == "tpu"
     return [
         ("dtype conversion", pct("dtype_conversion")),
         ("fp32 gemv", pct("matmul_fp32")),
-        ("tensor core", pct("tensor_core")),
+        ("tensor core (MXU)" if tpu else "tensor core", pct("tensor_core")),
         ("total kernel time", f"{totals['device_ms']:,.1f} ms over {totals['steps']} steps"),
         ("distinct kernels", f"{totals['distinct_ops']}"),
         ("decode gauge", gauge),

@@ -108,6 +108,27 @@ def _scope(instr: HloInstruction, module: HloModule) -> str:
     return ""
 
 
+def is_rewritten_product(instr: HloInstruction, work: list[str], op_name: str) -> bool:
+    """True for a matrix product that XLA rewrote into an elementwise multiply and a reduce (no dot left): a
+    fusion whose fused instructions multiply and reduce, and whose JAX op (`op_name`, e.g.
+    `jit(_decode_program)/decode_step/layer_3/mlp/BTD,DX->BTX/dot_general`) is a `dot_general`.
+
+    Where it is seen: XLA's TPU backend turns a decode step's one-row products (matrix x vector) into
+    `multiply_reduce_fusion` ops that run on the vector units, not the matrix units (traces of this project's
+    decode on a TPU v5e, 2026-12-05: 64% of a batch-1 step; at 128 rows the same products are `convolution`
+    fusions). Counted as a matrix product by the fusion's operand dtypes, like a dot."""
+    return instr.opcode == "fusion" and "multiply" in work and "reduce" in work and op_name.endswith("/dot_general")
+
+
+def is_mxu_op(instr: HloInstruction, inner: list[HloInstruction]) -> bool:
+    """True when a TPU op runs on the matrix units (MXU): it is, or fuses, an HLO `dot` or `convolution`.
+
+    XLA's TPU backend computes every dot/convolution it keeps on the MXU (the TPU's counterpart of a GPU's tensor
+    cores; a dot it rewrites into multiply + reduce runs on the vector units instead, `is_rewritten_product`). So
+    on a TPU the `tensor_core` category holds these ops: the share of device time the matrix units are busy."""
+    return any(i.opcode in ("dot", "convolution") for i in [instr, *inner])
+
+
 def _in_attention(op_name: str) -> bool:
     return any("attention" in segment.lower() for segment in op_name.split("/")[:-1])
 
@@ -122,13 +143,19 @@ def classify_hlo(instr: HloInstruction, module: HloModule, kernel: str, platform
         return "dtype_conversion", ""
     if platform == "gpu" and is_tensor_core_kernel(kernel):
         return "tensor_core", ""
-    if _in_attention(_scope(instr, module)):
-        return "attention", ""
     dots = [i for i in [instr, *inner] if i.opcode in ("dot", "convolution")]
     if instr.opcode == "custom-call" and _MATMUL_TARGET.search(instr.custom_call_target):
         dots.append(instr)
+    if platform == "tpu" and is_mxu_op(instr, inner):
+        return "tensor_core", ""
+    scope = _scope(instr, module)
+    if _in_attention(scope):
+        return "attention", ""
     if dots:
         group = _dtype_group(dots[0].operand_dtypes) or _name_dtype_group(kernel)
+        return (group, "") if group else ("other", "unknown_dtype")
+    if is_rewritten_product(instr, work, scope):
+        group = _dtype_group(instr.operand_dtypes)
         return (group, "") if group else ("other", "unknown_dtype")
     if instr.opcode in _MOVE or (instr.opcode == "fusion" and work and all(op in _MOVE for op in work)):
         return "copies_transfers", ""
@@ -141,6 +168,7 @@ _NAME_16BIT = re.compile(r"__half|\bhalf\b|bfloat16|bf16|fp16|f16|hgemm|hgemv|e4
 _NAME_FP32 = re.compile(r"\bfloat\b|sgemm|sgemv|f32|fp32|tf32", re.IGNORECASE)
 _NAME_MATMUL = re.compile(r"gemm|gemv|matmul|xmma|nvjet|cublas|cutlass|(^|[_.])dot([_.]|$)", re.IGNORECASE)
 _NAME_ATTENTION = re.compile(r"attention|fmha|flash|sdpa", re.IGNORECASE)
+_NAME_TPU_MXU = re.compile(r"(^|_)(convolution|dot)([_.]|$)")  # a TPU fusion named after its ops: convolution_add_fusion
 _NAME_COPY = re.compile(r"memcpy|memset|copy|transpose|dynamic.update.slice|concatenate|gather|scatter|nccl", re.I)
 
 
@@ -159,6 +187,8 @@ def classify_name(kernel: str, platform: str) -> tuple[str, str]:
     if "convert" in kernel.lower():
         return "dtype_conversion", ""
     if platform == "gpu" and is_tensor_core_kernel(kernel):
+        return "tensor_core", ""
+    if platform == "tpu" and _NAME_TPU_MXU.search(kernel):
         return "tensor_core", ""
     if _NAME_ATTENTION.search(kernel):
         return "attention", ""
