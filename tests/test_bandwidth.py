@@ -1,4 +1,5 @@
-"""Bandwidth: the copy moves what it says, lands near a numpy copy of the same size, and the roofline arithmetic.
+"""Bandwidth: the copy and the read-only probe move what they say, the copy lands near a numpy copy of the same size,
+the read probe's known result, and the roofline arithmetic.
 
 No test asserts a speed: the numpy comparison is a consistency check with a wide margin (same machine, same size,
 same moment), which catches a copy that XLA elided (far too fast) or one that measures page faults (far too slow).
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 
 from bench.errors import InputError
-from bench.profile.bandwidth import MiB, default_bytes, measure_bandwidth
+from bench.profile.bandwidth import (MiB, READ_COLUMNS, column_sums, default_bytes, measure_bandwidth,
+                                     measure_read_bandwidth)
 from bench.profile.roofline import roofline_share
 
 N_BYTES = 64 * MiB
@@ -47,6 +49,34 @@ def test_bandwidth_is_sane_against_a_numpy_copy():
     assert numpy / 5 < ours < numpy * 5, f"jax copy {ours / 1e9:.1f} GB/s vs numpy {numpy / 1e9:.1f} GB/s"
 
 
+def test_read_probe_counts_the_bytes_read_once_over_the_median():
+    n_bytes = 8 * MiB
+    result = measure_read_bandwidth(n_bytes, repeats=4)
+    copy = measure_bandwidth(n_bytes, repeats=1)
+    assert result.n_bytes == result.bytes_moved == n_bytes  # read only: half of what a copy of the size moves
+    assert copy.bytes_moved == 2 * result.bytes_moved
+    assert len(result.times_s) == 4 == result.repeats
+    assert result.median_s == statistics.median(result.times_s)
+    assert result.bytes_per_s == pytest.approx(n_bytes / result.median_s)
+    assert result.gib_s == pytest.approx(result.bytes_per_s / 2**30)
+    assert result.gb_s == pytest.approx(result.bytes_per_s / 1e9)
+    assert result.platform == "cpu" and result.method != copy.method and "sum" in result.method
+    data = result.to_json()
+    assert data["bytes_moved"] == n_bytes and data["method"] == result.method and len(data["times_s"]) == 4
+
+
+def test_read_probe_rounds_its_size_down_to_whole_rows():
+    result = measure_read_bandwidth(MiB + 4 * READ_COLUMNS - 4, repeats=1)
+    assert result.n_bytes == result.bytes_moved == MiB
+
+
+def test_read_probe_known_result_is_the_wrapping_column_sums():
+    for rows in (1, 256, 5000):  # 5000 rows: the sums wrap past 2**32
+        view = np.arange(rows * READ_COLUMNS, dtype=np.uint32).reshape(rows, READ_COLUMNS)
+        assert np.array_equal(column_sums(rows), view.sum(axis=0, dtype=np.uint32).astype(np.uint64))
+    assert int(column_sums(5000).max()) < 2**32 and int(1024 * 5000 * 4999 // 2) >= 2**32
+
+
 def test_default_size_per_platform():
     assert default_bytes("cpu") == 256 * MiB
     assert default_bytes("gpu") == 2 * 2**30
@@ -57,6 +87,8 @@ def test_default_size_per_platform():
 def test_bad_sizes_are_input_errors(n_bytes, repeats):
     with pytest.raises(InputError):
         measure_bandwidth(n_bytes, repeats=repeats)
+    with pytest.raises(InputError, match="read size|--repeats"):
+        measure_read_bandwidth(n_bytes, repeats=repeats)
 
 
 def test_roofline_share_is_bytes_times_rate_over_bandwidth():

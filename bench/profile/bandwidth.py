@@ -11,8 +11,15 @@ not memory: 4-7 GB/s against 25 GB/s for the donated copy on this project's CPU 
 On this project's CPU machines a numpy copy gives about 27 GB/s on one core (measurement.md); the test suite checks
 that this measurement lands within a small factor of a numpy copy measured the same way.
 
-jax is imported only by `measure_bandwidth`; the roofline share of a measured bandwidth is
-`bench.profile.roofline.roofline_share` (no jax, so the report can use it on archived runs).
+Beside the copy, `measure_read_bandwidth` measures a read-only stream: bytes read / the median time of one jitted
+reduction that must read every byte of an n-byte buffer. A decode step only reads its weights, and a read can be
+faster than a copy (no write traffic): on the TPU v5e the archived decode steps read at 103-136% of the measured copy,
+so the copy is not the ceiling. The roofline share stays against the copy (measurement.md, "Rooflines"); the read
+figure is recorded beside it to say how far above the copy a step can honestly go. The form of the reduction, and
+why, is in `measure_read_bandwidth`'s docstring.
+
+jax is imported only by `measure_bandwidth` and `measure_read_bandwidth`; the roofline share of a measured bandwidth
+is `bench.profile.roofline.roofline_share` (no jax, so the report can use it on archived runs).
 """
 
 from __future__ import annotations
@@ -32,18 +39,23 @@ GiB = 2**30
 DEFAULT_BYTES = {"cpu": 256 * MiB, "gpu": 2 * GiB, "cuda": 2 * GiB, "rocm": 2 * GiB, "tpu": 2 * GiB}
 DEFAULT_REPEATS = 10
 _METHOD = "jit(dst.at[:].set(src)), dst donated: one HLO copy, reads n bytes, writes n bytes"
+READ_COLUMNS = 1024
+"""Width of the read probe's [rows, READ_COLUMNS] uint32 view: its size is a multiple of 4 * READ_COLUMNS bytes."""
+_READ_METHOD = (f"jit(x.reshape(rows, {READ_COLUMNS}).sum(axis=0)), uint32 wrapping: reads n bytes; "
+                f"every column sum checked")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class BandwidthResult:
-    """One bandwidth measurement.
+    """One bandwidth measurement: a copy (`measure_bandwidth`) or a read-only stream (`measure_read_bandwidth`).
 
-    n_bytes: size of the copied buffer in bytes; each copy moves `bytes_moved` = 2 * n_bytes (read + written).
-    times_s: every timed copy, in seconds (after one untimed warm-up call that compiles).
+    n_bytes: size of the buffer in bytes; each call moves `bytes_moved` bytes: 2 * n_bytes for a copy (read +
+    written), n_bytes for a read.
+    times_s: every timed call, in seconds (after one untimed warm-up call that compiles).
     bytes_per_s: bytes_moved / median(times_s).
     gib_s / gb_s: the same in GiB/s (2**30) and GB/s (10**9).
     platform / device_kind: the device measured, e.g. "gpu" / "NVIDIA L4".
-    method: how the copy was made.
+    method: how the bytes were moved.
     """
 
     platform: str
@@ -90,15 +102,8 @@ def measure_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS
     import jax.numpy as jnp
 
     device = device if device is not None else jax.devices()[0]
-    platform = device.platform
-    if n_bytes is None:
-        n_bytes = default_bytes(platform)
-    if not isinstance(n_bytes, int) or n_bytes < MiB:
-        raise InputError(f"bandwidth copy size {n_bytes!r} bytes: expected a whole number >= {MiB} (1 MiB)")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise InputError(f"--repeats {repeats!r}: expected a whole number >= 1")
+    n_bytes = _checked_size("copy", n_bytes, repeats, device.platform, multiple=4)
     n_elements = n_bytes // 4
-    n_bytes = n_elements * 4
 
     copy = jax.jit(lambda src, dst: dst.at[:].set(src), donate_argnums=1)
     src = jax.device_put(jnp.arange(n_elements, dtype=jnp.uint32), device)
@@ -112,18 +117,92 @@ def measure_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS
     if int(dst[n_elements - 1]) != n_elements - 1:
         raise RuntimeError("the bandwidth copy did not copy: last element differs")
 
+    return _result(device, n_bytes, 2 * n_bytes, times, _METHOD)
+
+
+def measure_read_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS, *,
+                           device=None) -> BandwidthResult:  # fmt: skip
+    """Time `repeats` read-only passes over an `n_bytes` buffer on `device` (default: jax's first device).
+
+    `bytes_moved` = n_bytes (read only). `n_bytes` defaults to `default_bytes(platform)`, the copy's size, and is
+    rounded down to a multiple of 4 * READ_COLUMNS bytes (4 KiB). Raises InputError for `n_bytes` under 1 MiB or
+    `repeats` under 1; RuntimeError when a pass's result is wrong (a read was skipped).
+
+    The pass: the buffer is uint32 `arange(N)`, viewed as [rows, READ_COLUMNS] (a free reshape), summed over the
+    rows in wrapping uint32: a [READ_COLUMNS] result whose every entry depends on every row, so no byte can be
+    skipped, and each column's sum is known in closed form; every timed pass's result is checked against it. The
+    only writes are the reduction's small partial sums, not counted: if anything, the figure is low.
+
+    Why this form: XLA:CPU rewrites a large reduction into a tree of 32-element reduce-windows and splits the
+    first (the one that reads the buffer) over the cores, whatever the shape; a reduction over the rows (down the
+    columns) then adds whole contiguous rows element-wise, which vectorizes, while a 1-D sum, or a sum along each
+    row, adds 32 neighbouring elements per output, which does not keep up with memory. Informal medians on this
+    project's 2-core Intel Xeon machine (shared and noisy; 256 MiB, 10 passes each, 2026-12-05), in GB/s read: 1-D
+    sum 18-20, sum along rows ([8192, N/8192] or [2, N/2]) 21, the same buffer split by slicing into two halves
+    and summed 2.7 (the slices were materialized), [rows, 1024] summed over the rows 28-30 (26-32 for 128 to 65,536
+    columns; a max reads at the same rate); numpy on one thread 19 (np.add.reduce), on two threads 27-34 (halves
+    in two threads); the donated copy in this module 28 GB/s of read + written bytes, a numpy copy on one core 26.
+    Pinned to one core the XLA forms halved and the numpy one did not: XLA uses both cores. On a TPU the same
+    program is a plain reduction over the major dimension.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    device = device if device is not None else jax.devices()[0]
+    n_bytes = _checked_size("read", n_bytes, repeats, device.platform, multiple=4 * READ_COLUMNS)
+    rows = n_bytes // (4 * READ_COLUMNS)
+
+    read = jax.jit(lambda x: jnp.sum(x.reshape(rows, READ_COLUMNS), axis=0, dtype=jnp.uint32))
+    src = jax.device_put(jnp.arange(rows * READ_COLUMNS, dtype=jnp.uint32), device)
+    jax.block_until_ready(read(src))  # warm-up: compiles
+    times, sums = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sums.append(jax.block_until_ready(read(src)))
+        times.append(time.perf_counter() - t0)
+    expected = column_sums(rows)
+    if any(not np.array_equal(np.asarray(s, dtype=np.uint64), expected) for s in sums):
+        raise RuntimeError("the bandwidth read did not read every byte: a column sum differs")
+    return _result(device, n_bytes, n_bytes, times, _READ_METHOD)
+
+
+def column_sums(rows: int):
+    """The read probe's known result: uint64 [READ_COLUMNS], the wrapping uint32 sums over the rows of uint32
+    `arange(rows * READ_COLUMNS)` viewed as [rows, READ_COLUMNS]. Column j holds i * READ_COLUMNS + j for i < rows,
+    so its sum is READ_COLUMNS * rows (rows - 1) / 2 + rows * j, mod 2**32."""
+    import numpy as np
+
+    first = READ_COLUMNS * (rows * (rows - 1) // 2) % 2**32  # a Python int: exact at any size
+    return (first + rows * np.arange(READ_COLUMNS, dtype=np.uint64)) % 2**32
+
+
+def _checked_size(what: str, n_bytes: int | None, repeats: int, platform: str, *, multiple: int) -> int:
+    """`n_bytes` (default: `default_bytes(platform)`) rounded down to a multiple of `multiple`; InputError for a
+    size under 1 MiB or repeats under 1 (`what` names the probe in the message: "copy", "read")."""
+    if n_bytes is None:
+        n_bytes = default_bytes(platform)
+    if not isinstance(n_bytes, int) or n_bytes < MiB:
+        raise InputError(f"bandwidth {what} size {n_bytes!r} bytes: expected a whole number >= {MiB} (1 MiB)")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise InputError(f"--repeats {repeats!r}: expected a whole number >= 1")
+    return n_bytes // multiple * multiple
+
+
+def _result(device, n_bytes: int, bytes_moved: int, times: list[float], method: str) -> BandwidthResult:
+    """The BandwidthResult of `times` (seconds per call, each moving `bytes_moved` bytes) on `device`."""
     median_s = statistics.median(times)
-    bytes_moved = 2 * n_bytes
     rate = bytes_moved / median_s
     return BandwidthResult(
-        platform=platform,
-        device_kind=getattr(device, "device_kind", platform),
+        platform=device.platform,
+        device_kind=getattr(device, "device_kind", device.platform),
         n_bytes=n_bytes,
         bytes_moved=bytes_moved,
-        repeats=repeats,
+        repeats=len(times),
         times_s=tuple(times),
         median_s=median_s,
         bytes_per_s=rate,
         gib_s=rate / GiB,
         gb_s=rate / 1e9,
+        method=method,
     )
