@@ -83,7 +83,7 @@ def test_tiny_run_completes_with_valid_folder_and_summary(env):
     assert validate_run(run) == []
     assert open_run(run).status == "complete" and (run / "profile.json").is_file()
     tail = lines[lines.index("==== gpu-run summary ===="):]
-    assert any(ln.startswith("bandwidth:") for ln in tail)
+    assert any(ln.startswith("bandwidth:") for ln in tail) and any(ln.startswith("read-only bandwidth:") for ln in tail)
     assert any(ln.strip().startswith("41 ") for ln in tail)  # the sweep row
     assert any(ln.strip().startswith("profile (5 steps") for ln in tail)
     assert tail[-1].startswith("gpu-run: exit 0")

@@ -160,8 +160,13 @@ def test_profile_replaces_a_runs_profile_only_when_asked(env, tmp_path, capsys):
 
 def test_bandwidth_command(capsys):
     assert bench_in_process(["bandwidth", "--bytes", str(8 * 2**20), "--repeats", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "GiB/s" in out and "GB/s" in out and "16,777,216 bytes moved" in out and "median" in out
+    lines = capsys.readouterr().out.splitlines()
+    copy = next(ln for ln in lines if ln.startswith("bandwidth: "))
+    read = next(ln for ln in lines if ln.startswith("read-only bandwidth: "))
+    assert "GiB/s" in copy and "GB/s" in copy and "GiB/s" in read and "GB/s" in read and "x the copy" in read
+    assert any("16,777,216 bytes moved (read + written)" in ln and "median" in ln for ln in lines)
+    assert any(ln.startswith("read of 8 MiB: 8,388,608 bytes read, median") for ln in lines)
+    assert any(ln.startswith("read method: ") for ln in lines)
 
 
 def test_gpu_guess_without_initialising_jax(tmp_path):

@@ -655,11 +655,14 @@ def _stored_profile(path: Path) -> dict | None:
 # ---- bench bandwidth -------------------------------------------------------------------------------------------
 @app.command()
 def bandwidth(
-    n_bytes: int | None = typer.Option(None, "--bytes", help="Bytes to copy (default: 256 MiB on CPU, 2 GiB on GPU)."),
-    repeats: int = typer.Option(10, "--repeats", help="Timed copies (the median is reported)."),
+    n_bytes: int | None = typer.Option(None, "--bytes", help="Bytes to copy, and to read (default: 256 MiB on CPU, "
+                                       "2 GiB on GPU and TPU)."),
+    repeats: int = typer.Option(10, "--repeats", help="Timed copies, and timed reads (the median is reported)."),
 ) -> None:
-    """Measure the device's memory bandwidth with a large device-to-device copy (read + written bytes / time)."""
-    from bench.profile.bandwidth import MiB, measure_bandwidth
+    """Measure the device's memory bandwidth with a large device-to-device copy (read + written bytes / time), then
+    with a read-only pass over a buffer of the same size (bytes read / time). Roofline shares are against the copy
+    (measurement.md); the read-only figure says how far above it a decode step, which only reads, can go."""
+    from bench.profile.bandwidth import MiB, measure_bandwidth, measure_read_bandwidth
 
     if n_bytes is not None and n_bytes < MiB:
         raise InputError(f"--bytes {n_bytes}: expected at least {MiB} (1 MiB)")
@@ -668,6 +671,7 @@ def bandwidth(
     setup_logging()
     try:
         r = measure_bandwidth(n_bytes, repeats)
+        read = measure_read_bandwidth(n_bytes, repeats)
     except Exception as exc:  # the device could not hold the buffers: a user-sized request, not a crash
         if "RESOURCE_EXHAUSTED" in str(exc) or "Out of memory" in str(exc):
             raise InputError(f"--bytes {n_bytes}: the device cannot hold two buffers of that size; choose fewer bytes") from None
@@ -676,4 +680,9 @@ def bandwidth(
     typer.echo(f"bandwidth: {r.gib_s:,.2f} GiB/s = {r.gb_s:,.2f} GB/s")
     typer.echo(f"copy of {r.n_bytes / MiB:,.0f} MiB: {r.bytes_moved:,} bytes moved (read + written), "
                f"median {r.median_s * 1e3:.3f} ms over {r.repeats} repeats")  # fmt: skip
+    typer.echo(f"read-only bandwidth: {read.gib_s:,.2f} GiB/s = {read.gb_s:,.2f} GB/s "
+               f"({read.bytes_per_s / r.bytes_per_s:.2f} x the copy)")  # fmt: skip
+    typer.echo(f"read of {read.n_bytes / MiB:,.0f} MiB: {read.bytes_moved:,} bytes read, median "
+               f"{read.median_s * 1e3:.3f} ms over {read.repeats} repeats")  # fmt: skip
     typer.echo(f"method: {r.method}")
+    typer.echo(f"read method: {read.method}")

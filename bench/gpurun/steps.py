@@ -350,14 +350,15 @@ def probe_facts() -> dict:
 
 def bandwidth(ctx: Context, work: Workload) -> None:
     """The `bench bandwidth` step, limited to `Timing.bandwidth_limit` s (skipped below `bandwidth_min`); its
-    result lines go to `ctx.bandwidth_lines` for the summary."""
+    result lines (the copy's and the read-only probe's) go to `ctx.bandwidth_lines` for the summary."""
     if ctx.remaining() < ctx.timing.bandwidth_min:
         skip(ctx, "bandwidth", f"{ctx.remaining():.0f} s left, needs {ctx.timing.bandwidth_min:.0f} s")
         return
     lines: list[str] = []
     run_step(ctx, "bandwidth", bench_argv("bandwidth", *work.bandwidth_args),
              min(ctx.timing.bandwidth_limit, ctx.remaining()), capture=lines)  # fmt: skip
-    ctx.bandwidth_lines = [ln for ln in lines if ln.startswith(("bandwidth:", "copy of"))]
+    ctx.bandwidth_lines = [ln for ln in lines
+                           if ln.startswith(("bandwidth:", "copy of", "read-only bandwidth:", "read of"))]  # fmt: skip
 
 
 def checkpoint_step(ctx: Context, spec: str) -> bool:
