@@ -39,10 +39,14 @@ def test_an_in_process_sweep_records_its_rates_and_every_row_its_rooflines(tiny_
     assert bw["bytes_per_s"] > 0 and bw["bytes_per_s"] == pytest.approx(bw["bytes_moved"] / bw["median_s"])
     assert mm["flop_s"] > 0 and mm["flop_s"] == pytest.approx(2 * mm["m"] * mm["n"] * mm["k"] / mm["median_s"])
     assert mm["dtype"] == manifest["dtype_policy"]["compute_dtype"] == "float32"
+    read = manifest[RATES_KEY]["read_bandwidth"]
+    assert read["bytes_moved"] == read["n_bytes"] > 0 and read["bytes_per_s"] == pytest.approx(
+        read["n_bytes"] / read["median_s"])  # read only: n bytes, where the copy moves 2 n
     rates = rates_of(open_run(folder).typed_manifest.extra)
     assert rates is not None and rates.bandwidth_bytes_s == bw["bytes_per_s"] and rates.matmul_flop_s == mm["flop_s"]
+    assert rates.read_bandwidth_bytes_s == read["bytes_per_s"]
     assert rates.line in (folder / "run.log").read_text()  # printed once, before the first cell
-    assert "GiB/s" in rates.line and "GFLOP/s" in rates.line
+    assert "GiB/s" in rates.line and "GFLOP/s" in rates.line and "read-only bandwidth" in rates.line
     cells = open_run(folder).cells()
     for c in cells:
         assert c.bytes_per_step == manifest["decode_bytes"][str(c.input_tokens)]["total"]
@@ -70,6 +74,39 @@ def test_the_arithmetic_and_its_gaps():
     failed = failed_cell(41, "out of memory")
     assert with_rooflines(failed, bytes_per_step=100, prefill_flops=10, rates=RATES) == failed
     assert rates_of({}) is None and rates_of({RATES_KEY: {"copy_bandwidth": {"bytes_per_s": 0}}}) is None
+
+
+def test_measure_rates_records_the_read_bandwidth_beside_the_copy(monkeypatch):
+    from bench.profile import bandwidth
+    from bench.sweep.rates import measure_rates
+
+    monkeypatch.setitem(bandwidth.DEFAULT_BYTES, "cpu", 4 * bandwidth.MiB)  # small: no speed is asserted
+    rates = measure_rates("float32")
+    copy, read = rates.measured["copy_bandwidth"], rates.measured["read_bandwidth"]
+    assert copy["bytes_moved"] == 2 * read["bytes_moved"] == 2 * read["n_bytes"] == 8 * bandwidth.MiB
+    assert rates.bandwidth_bytes_s == copy["bytes_per_s"] and rates.read_bandwidth_bytes_s == read["bytes_per_s"]
+    assert read["method"] != copy["method"]
+    again = rates_of({RATES_KEY: dict(rates.measured)})  # as a resumed sweep reads its manifest
+    assert again == rates and f"read-only bandwidth {read['bytes_per_s'] / 2**30:,.2f} GiB/s (4 MiB read" in again.line
+
+
+def test_rates_of_a_manifest_with_and_without_the_read_bandwidth():
+    copy = {"bytes_per_s": 2.0 * 2**30, "n_bytes": 256 * 2**20}
+    matmul = {"flop_s": 5e9, "m": 8, "k": 16, "n": 32, "dtype": "float32"}
+    old = rates_of({RATES_KEY: {"copy_bandwidth": copy, "matmul": matmul}})  # recorded before the read probe
+    assert old is not None and old.bandwidth_bytes_s == 2.0 * 2**30 and old.read_bandwidth_bytes_s is None
+    assert "read-only" not in old.line and old.line.startswith("device rates: copy bandwidth 2.00 GiB/s")
+    read = {"bytes_per_s": 3.0 * 2**30, "n_bytes": 256 * 2**20}
+    new = rates_of({RATES_KEY: {"copy_bandwidth": copy, "matmul": matmul, "read_bandwidth": read}})
+    assert new is not None and new.read_bandwidth_bytes_s == 3.0 * 2**30 and new.bandwidth_bytes_s == 2.0 * 2**30
+    assert "copy bandwidth 2.00 GiB/s" in new.line and "read-only bandwidth 3.00 GiB/s (256 MiB read" in new.line
+    for bad in ({"bytes_per_s": 0}, {"bytes_per_s": "fast"}, None):
+        odd = rates_of({RATES_KEY: {"copy_bandwidth": copy, "matmul": matmul, "read_bandwidth": bad}})
+        assert odd is not None and odd.read_bandwidth_bytes_s is None and "read-only" not in odd.line
+    # the shares stay against the copy: a read bandwidth changes no roofline field
+    row = summarize_cell(cell_samples(41), max_new_tokens=8, bucket=64)
+    assert (with_rooflines(row, bytes_per_step=3 * 2**20, prefill_flops=10**9, rates=new)
+            == with_rooflines(row, bytes_per_step=3 * 2**20, prefill_flops=10**9, rates=old))  # fmt: skip
 
 
 def _terminal(rows) -> str:

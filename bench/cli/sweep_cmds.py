@@ -420,7 +420,8 @@ def _sweep_rates(engine, resumed, log):
     if stored is not None:
         log.info(f"{stored.line} (the resumed run's)")
         return stored, False
-    log.info("measuring the device's copy bandwidth and matrix-product rate (measurement.md, Rooflines)")
+    log.info("measuring the device's copy bandwidth, read-only bandwidth and matrix-product rate (measurement.md, "
+             "Rooflines)")
     rates = measure_rates(engine.policy.compute_dtype)
     log.info(rates.line)
     return rates, True

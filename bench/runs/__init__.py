@@ -13,7 +13,8 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
 - `WriterState`, `writer_state`: is a run's writer alive             (bench.runs.lock)
 - `Manifest` and its parts (`PeerEngine`: another engine measured as a peer), `build_manifest` (the one
   builder), `payload_build_id` (the one build id), `engine_config_of`, `policy_facts`, `checkpoint_facts`,
-  `checkpoint_id`, `checkpoint_source`, `portable_dir`, `local_dir`   (bench.runs.manifest)
+  `checkpoint_id`, `checkpoint_source`, `portable_dir`, `local_dir`, `RATES_KEY` (a sweep's measured rates) and
+  `read_bandwidth_of` (its read-only bandwidth, None for older runs)  (bench.runs.manifest)
 - environment facts and the raw build id hash                         (bench.runs.environment)
 - the sweep cell's columns and the one number format, for every printer (bench.runs.columns)
 """
@@ -60,6 +61,8 @@ from bench.runs.manifest import (
     payload_build_id,
     policy_facts,
     portable_dir,
+    RATES_KEY,
+    read_bandwidth_of,
 )
 from bench.runs.records import (
     CellRow,
@@ -107,7 +110,7 @@ __all__ = [
     "CheckpointFacts", "CompileCacheFacts", "EngineConfig", "GitState", "Manifest", "PeerEngine", "Provenance",
     "TargetFacts",
     "Workload", "build_manifest", "checkpoint_facts", "checkpoint_id", "checkpoint_source", "engine_config_of",
-    "local_dir", "payload_build_id", "policy_facts", "portable_dir",
+    "local_dir", "payload_build_id", "policy_facts", "portable_dir", "RATES_KEY", "read_bandwidth_of",
     "CELLS_CSV", "CELLS_JSONL", "LOAD_JSONL", "LOAD_SAMPLES", "LOG", "MANIFEST", "MANIFEST_FIELDS", "PROFILE", "PROFILE_SCHEMA_VERSION",
     "PROVENANCES", "READABLE_VERSIONS", "SAMPLES", "SCHEMA_VERSION", "STATUSES", "RunFiles", "manifest_problems",
     "profile_problems", "read_json", "read_jsonl", "read_run_files", "validate_run",

@@ -325,6 +325,24 @@ def _split_engine_config(cfg: Mapping[str, Any]) -> tuple[EngineConfig, Workload
     return EngineConfig(**engine), Workload(**work, notes=notes)
 
 
+# ---- the sweep's measured rates (bench.sweep.rates writes them) -------------------------------------------------
+RATES_KEY = "rates"
+"""The run manifest's top-level key (in `Manifest.extra`) that holds an in-process sweep's measured rates
+(`bench.sweep.rates`: `copy_bandwidth`, `read_bandwidth`, `matmul`, each its measurement's JSON)."""
+
+
+def read_bandwidth_of(manifest: Mapping[str, Any]) -> float | None:
+    """The read-only bandwidth (bytes/s, `bench.profile.bandwidth.measure_read_bandwidth`) a run measured beside its
+    copy, from a manifest's top-level keys (`Manifest.extra`, or the parsed manifest.json): `RATES_KEY` ->
+    `read_bandwidth` -> `bytes_per_s`. None when the run has none (recorded before it was measured, a `--target`
+    sweep, a published run) or it is not a positive number. No share is divided by it (measurement.md)."""
+    try:
+        read = float(manifest[RATES_KEY]["read_bandwidth"]["bytes_per_s"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    return read if read > 0 else None
+
+
 # ---- the one build id and the one builder ---------------------------------------------------------------------
 DENSE_BUILD_ID_KEY = "dense_build_id"
 """The manifest key of `Manifest.dense_build_id`: the build id of the same payload unquantized."""

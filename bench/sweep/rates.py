@@ -1,10 +1,13 @@
 """The device's measured rates for one in-process sweep, and the roofline fields they give each cell row
 (../shared/measurement.md, "Rooflines").
 
-An in-process sweep measures two rates once, on the live device, after the engine is loaded and before its first
+An in-process sweep measures its rates once, on the live device, after the engine is loaded and before its first
 cell (`measure_rates`), and records them in the run manifest under `RATES_KEY`:
 - `copy_bandwidth`: `bench.profile.bandwidth.measure_bandwidth` (bytes read + written / median time of a large
   donated device-to-device copy), bytes/s;
+- `read_bandwidth`: `bench.profile.bandwidth.measure_read_bandwidth` (bytes read / median time of a read-only pass
+  over a buffer of the copy's size), bytes/s: recorded and printed beside the copy, never a roofline denominator
+  (the shares stay against the copy, measurement.md); runs recorded before it have none;
 - `matmul`: `bench.profile.matmul.measure_matmul_rate` (a jitted [M,K]x[K,N] product in the policy's compute
   dtype, 2*M*N*K FLOP / median time), FLOP/s.
 
@@ -30,52 +33,65 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.profile.roofline import roofline_share
+from bench.runs.manifest import RATES_KEY, read_bandwidth_of
 from bench.runs.records import CellRow
-
-RATES_KEY = "rates"
-"""The run manifest's top-level key (in `Manifest.extra`) that holds the sweep's measured rates."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DeviceRates:
     """The two rates a sweep's rows are divided by: `bandwidth_bytes_s` (bytes/s, the copy's read + written bytes
-    per second) and `matmul_flop_s` (FLOP/s). `measured` holds the measurements as the manifest records them
-    (`{"copy_bandwidth": BandwidthResult.to_json(), "matmul": MatmulRateResult.to_json()}`)."""
+    per second) and `matmul_flop_s` (FLOP/s); and beside them `read_bandwidth_bytes_s` (bytes/s, the read-only
+    probe's bytes read per second; None for a run recorded before it was measured), which no share is divided by.
+    `measured` holds the measurements as the manifest records them (`{"copy_bandwidth": BandwidthResult.to_json(),
+    "read_bandwidth": BandwidthResult.to_json(), "matmul": MatmulRateResult.to_json()}`)."""
 
     bandwidth_bytes_s: float
     matmul_flop_s: float
     measured: Mapping[str, Any]
+    read_bandwidth_bytes_s: float | None = None
 
     @property
     def line(self) -> str:
-        """One line for a person: both rates, in GiB/s and GFLOP/s, and how they were measured."""
+        """One line for a person: the rates, in GiB/s and GFLOP/s, and how they were measured (the read-only
+        bandwidth where the run has one)."""
         bw, mm = self.measured["copy_bandwidth"], self.measured["matmul"]
+        read = self.measured.get("read_bandwidth") if self.read_bandwidth_bytes_s is not None else None
+        read_text = "" if read is None else (f", read-only bandwidth {self.read_bandwidth_bytes_s / 2**30:,.2f} GiB/s "
+                                             f"({read['n_bytes'] / 2**20:,.0f} MiB read; not a roofline denominator)")
         return (f"device rates: copy bandwidth {self.bandwidth_bytes_s / 2**30:,.2f} GiB/s "
-                f"({bw['n_bytes'] / 2**20:,.0f} MiB device copy), matrix product {self.matmul_flop_s / 1e9:,.1f} "
-                f"GFLOP/s ({mm['m']}x{mm['k']}x{mm['n']} {mm['dtype']})")  # fmt: skip
+                f"({bw['n_bytes'] / 2**20:,.0f} MiB device copy){read_text}, matrix product "
+                f"{self.matmul_flop_s / 1e9:,.1f} GFLOP/s ({mm['m']}x{mm['k']}x{mm['n']} {mm['dtype']})")  # fmt: skip
 
 
 def measure_rates(compute_dtype: str, *, device=None) -> DeviceRates:
-    """Measure the copy bandwidth and the matrix-product rate (in `compute_dtype`, e.g. "float32") on `device`
-    (default: jax's first device, where the engine lives). Imports jax; about 2-3 s on a 2-core CPU."""
-    from bench.profile.bandwidth import measure_bandwidth
+    """Measure the copy bandwidth, the read-only bandwidth and the matrix-product rate (in `compute_dtype`, e.g.
+    "float32") on `device` (default: jax's first device, where the engine lives). Imports jax; about 3 s on a
+    2-core CPU."""
+    from bench.profile.bandwidth import measure_bandwidth, measure_read_bandwidth
     from bench.profile.matmul import measure_matmul_rate
 
     bw = measure_bandwidth(device=device)
+    read = measure_read_bandwidth(device=device)
     mm = measure_matmul_rate(dtype=compute_dtype, device=device)
     return DeviceRates(bandwidth_bytes_s=bw.bytes_per_s, matmul_flop_s=mm.flop_s,
-                       measured={"copy_bandwidth": bw.to_json(), "matmul": mm.to_json()})  # fmt: skip
+                       read_bandwidth_bytes_s=read.bytes_per_s,
+                       measured={"copy_bandwidth": bw.to_json(), "read_bandwidth": read.to_json(),
+                                 "matmul": mm.to_json()})  # fmt: skip
 
 
 def rates_of(extra: Mapping[str, Any]) -> DeviceRates | None:
-    """The rates a run manifest's `extra` records under `RATES_KEY`; None when it has none (an older run) or
-    they are not positive numbers."""
+    """The rates a run manifest's `extra` records under `RATES_KEY`; None when it has none (an older run) or the
+    copy bandwidth and matrix-product rate are not positive numbers. The read-only bandwidth is None where the run
+    has none (recorded before it was measured) or it is not a positive number."""
     measured = extra.get(RATES_KEY)
     try:
         bw, mm = float(measured["copy_bandwidth"]["bytes_per_s"]), float(measured["matmul"]["flop_s"])
     except (TypeError, KeyError, ValueError):
         return None
-    return DeviceRates(bandwidth_bytes_s=bw, matmul_flop_s=mm, measured=measured) if bw > 0 and mm > 0 else None
+    if not (bw > 0 and mm > 0):
+        return None
+    return DeviceRates(bandwidth_bytes_s=bw, matmul_flop_s=mm, measured=measured,
+                       read_bandwidth_bytes_s=read_bandwidth_of(extra))  # fmt: skip
 
 
 def with_rooflines(row: CellRow, *, bytes_per_step: int, prefill_flops: int | None, rates: DeviceRates) -> CellRow:
