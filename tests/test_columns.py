@@ -182,6 +182,44 @@ def test_shares_above_100_and_a_negative_host_overhead_get_one_footnote_each() -
     assert table_notes([ROOFLINE_SHARE], batched)[0].startswith("note: roofline % above 100 (41x8: 102.9): ")
 
 
+READ_TAIL = "; the read-only probe measured 25.0 GiB/s: against it those shares are 80.0–100.0%."
+"""The roofline note's tail for `_surprising_cells` at 1 GiB per step against a read-only 25 GiB/s: cell 41's host
+loop (20 tok/s) reads 80% of it, its device loop (25 tok/s) 100%; 521 (exactly 100% of the copy) is not named."""
+
+
+def test_the_roofline_footnote_gives_the_read_only_share_where_a_read_bandwidth_was_measured() -> None:
+    rows = [dataclasses.replace(r, bytes_per_step=2**30) for r in _surprising_cells()]
+    cols = table_columns(rows)
+    plain = table_notes(cols, rows)
+    roof, *others = table_notes(cols, rows, read_bandwidth_bytes_s=25 * 2**30)
+    assert roof == plain[0].removesuffix(".") + READ_TAIL  # the copy's note as it was, then the read-only share
+    assert others == plain[1:]  # the other notes do not change
+    host_only = table_notes([ROOFLINE_SHARE], rows, read_bandwidth_bytes_s=25 * 2**30)[0]
+    assert host_only.endswith("; the read-only probe measured 25.0 GiB/s: against it that share is 80.0%.")
+    assert table_notes(cols, _surprising_cells(), read_bandwidth_bytes_s=25 * 2**30) == table_notes(
+        cols, _surprising_cells())  # no bytes per step: no share against the read bandwidth either
+    assert table_notes(cols, rows[2:], read_bandwidth_bytes_s=25 * 2**30) == []  # nothing above 100: no note
+
+
+def test_the_read_only_share_prints_under_every_table_of_a_run_that_measured_it(tmp_path: Path, capsys) -> None:
+    run = make_measured_run(tmp_path / "runs", "read", inputs=(), status="running")
+    for samples, cell in _surprising_samples_and_cells():
+        run.append_samples(samples)
+        run.append_cell(dataclasses.replace(cell, bytes_per_step=2**30))
+    run.update_manifest(rates={"copy_bandwidth": {"bytes_per_s": 20.0 * 2**30}, "matmul": {"flop_s": 1e11},
+                               "read_bandwidth": {"bytes_per_s": 25.0 * 2**30}})  # fmt: skip
+    run.finish("complete")
+    _print_table(run, logging.getLogger("test"))
+    (note,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note: roofline % above 100")]
+    assert note.endswith(READ_TAIL)
+    ctx = types.SimpleNamespace(device_line="device: tpu", policy_line="device policy: x", steps=[],
+                                bandwidth_lines=[], runs=[run.path], elapsed=lambda: 1.0, budget=10.0,
+                                outdir=tmp_path)  # fmt: skip
+    assert f"  {note}" in summary_lines(ctx, 0)
+    md = build_report([run.path], tmp_path / "out").markdown.read_text()
+    assert f"- {note.removeprefix('note: ')}" in md  # under the rooflines table
+
+
 def test_the_footnotes_print_under_the_terminal_table_and_the_gpu_run_summary(tmp_path: Path, capsys) -> None:
     run = make_measured_run(tmp_path / "runs", "notes", inputs=(), status="running")
     for samples, cell in _surprising_samples_and_cells():

@@ -458,7 +458,8 @@ def _compile_cache_counter(counts0: dict, cache_dir: str | None):
 
 def _print_table(run, log) -> None:
     """The sweep table of `run` on stdout (wide enough not to fold), its knee lines and footnotes
-    (`bench.runs.columns.table_notes`: a roofline % above 100, ...), then a warning line naming invalid cells
+    (`bench.runs.columns.table_notes`: a roofline % above 100, with the run's read-only bandwidth, ...), then a
+    warning line naming invalid cells
     (measured, but not quotable: the table says why) and one naming failed cells (an error: nothing measured).
     Raises typer.Exit(1) when any cell failed, so a script can tell; the run folder keeps every cell. Invalid
     cells alone keep exit code 0: against a server that does not report compile events every cell is invalid by
@@ -469,6 +470,7 @@ def _print_table(run, log) -> None:
     from rich.console import Console
     from rich.measure import Measurement
 
+    from bench.runs import read_bandwidth_of
     from bench.runs.columns import table_columns, table_notes
 
     cells = run.cells()
@@ -476,7 +478,8 @@ def _print_table(run, log) -> None:
     need = Measurement.get(console, console.options.update_width(10_000), table).maximum
     wider = not console.is_terminal and need > console.width  # a pipe or log: nothing truncated
     (Console(width=need) if wider else console).print(table)
-    for line in knee_lines(cells) + table_notes(table_columns(cells), cells):
+    read_bw = read_bandwidth_of(run.typed_manifest.extra)
+    for line in knee_lines(cells) + table_notes(table_columns(cells), cells, read_bandwidth_bytes_s=read_bw):
         console.print(line, markup=False, soft_wrap=True)
 
     def name(r):  # a cell: its input size, with its batch in a --batch sweep

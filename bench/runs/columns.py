@@ -23,7 +23,8 @@ Formats:
   has `batch`), so every other run prints as it did.
 
 Under a table, `table_notes` explains a figure that looks impossible: a roofline % or prefill matmul % above 100
-(the measured rate it is a share of is not the device's ceiling), a negative host overhead per step.
+(the measured rate it is a share of is not the device's ceiling; for a roofline %, the run's read-only bandwidth
+and the cells' shares against it where the run measured one), a negative host overhead per step.
 """
 
 from __future__ import annotations
@@ -219,24 +220,56 @@ _OVER_100 = (
 )  # fmt: skip
 
 
-def table_notes(columns: Sequence[Column], rows: Iterable[CellRow | None]) -> list[str]:
+def table_notes(columns: Sequence[Column], rows: Iterable[CellRow | None], *,
+                read_bandwidth_bytes_s: float | None = None) -> list[str]:  # fmt: skip
     """The footnotes of a table of `columns` over `rows`, for the lines under it (the terminal's sweep table, the
     gpu-run summary's, the report's rooflines, decode-loop and batch tables): one line per kind of figure that
     looks impossible, among the columns shown: a roofline % above 100 (either loop's), a prefill matmul % above
     100, a negative host overhead per step; each names the cells ("41", "41x8") and says what it means. [] when no
-    row has one."""
+    row has one.
+
+    `read_bandwidth_bytes_s`: the run's measured read-only bandwidth (bytes/s; `bench.runs.manifest.
+    read_bandwidth_of`), None when it has none. With it, the roofline note also gives it in GiB/s and those cells'
+    shares against it (`read_shares`), the roofline % itself staying against the copy (measurement.md)."""
     rows = [r for r in rows if r is not None]
     out = []
     for shares, limit, meaning in _OVER_100:
-        over = [f"{'device loop ' if col is DEVICE_ROOFLINE_SHARE else ''}{cell_name(r)}: {col.text(r)}"
-                for col in shares if col in columns for r in rows if (col.value(r) or 0.0) > limit]  # fmt: skip
-        if over:
-            out.append(f"note: {shares[0].header} above 100 ({', '.join(over)}): {meaning}.")
+        cells = [(col, r) for col in shares if col in columns for r in rows if (col.value(r) or 0.0) > limit]
+        if cells:
+            over = [f"{'device loop ' if col is DEVICE_ROOFLINE_SHARE else ''}{cell_name(r)}: {col.text(r)}"
+                    for col, r in cells]  # fmt: skip
+            read = read_shares(cells, read_bandwidth_bytes_s) if shares[0] is ROOFLINE_SHARE else ""
+            out.append(f"note: {shares[0].header} above 100 ({', '.join(over)}): {meaning}{read}.")
     below = [f"{cell_name(r)}: {HOST_OVERHEAD.text(r)}" for r in rows if (HOST_OVERHEAD.value(r) or 0.0) < 0.0]
     if below and HOST_OVERHEAD in columns:
         out.append(f"note: {HOST_OVERHEAD.header} below 0 ({', '.join(below)}): the device loop was slower per step "
                    "than the host loop (noise, or a different compiled program).")  # fmt: skip
     return out
+
+
+_ROOFLINE_GAUGES = {ROOFLINE_SHARE.key: GAUGE.key, DEVICE_ROOFLINE_SHARE.key: DEVICE_GAUGE.key}
+"""Per roofline share column's key, the key of the gauge it is the share of (the same loop's)."""
+
+
+def read_shares(cells: Sequence[tuple[Column, CellRow]], read_bandwidth_bytes_s: float | None) -> str:
+    """The roofline note's tail for `cells` ((roofline share column, row) pairs) against a read-only bandwidth:
+    "; the read-only probe measured X GiB/s: against it that share is Y%" (or "those shares are Y–Z%", their
+    range), each share = bytes per step x that loop's gauge tok/s / `read_bandwidth_bytes_s` x 100 (measurement.md's
+    share with the read-only bandwidth in place of the copy's). "" without a read bandwidth or a cell with both
+    figures."""
+    if not read_bandwidth_bytes_s:
+        return ""
+    pcts = []
+    for col, r in cells:
+        gauge = getattr(r, _ROOFLINE_GAUGES[col.key])
+        if r.bytes_per_step is not None and gauge is not None:
+            pcts.append(100.0 * r.bytes_per_step * gauge / read_bandwidth_bytes_s)
+    if not pcts:
+        return ""
+    lo, hi = fmt_num(min(pcts), 1), fmt_num(max(pcts), 1)
+    span = lo if lo == hi else f"{lo}–{hi}"
+    return (f"; the read-only probe measured {fmt_num(read_bandwidth_bytes_s / 2**30)} GiB/s: against it "
+            f"{'that share is' if len(pcts) == 1 else 'those shares are'} {span}%")
 
 
 def text_rows(columns: Sequence[Column], rows: Iterable[CellRow]) -> list[list[str]]:
