@@ -87,6 +87,9 @@ def test_roofline_attached_from_engine_bytes_and_measured_bandwidth(matched):
     assert roof["tok_s_source"] == "profile"  # a new run has no sweep cell
     assert roof["bandwidth_bytes_s"] == prof["bandwidth"]["bytes_per_s"] > 0
     assert roof["share_pct"] == pytest.approx(100 * roof["bytes_per_step"] * roof["tok_s"] / roof["bandwidth_bytes_s"])
+    read = prof["read_bandwidth"]  # measured beside the copy, never the share's denominator
+    assert read["bytes_moved"] == read["n_bytes"] == prof["bandwidth"]["n_bytes"] and read["bytes_per_s"] > 0
+    assert read["method"] != prof["bandwidth"]["method"]
     assert prof["capture"]["nvidia_gpu_expected"] is False  # conftest sets JAX_PLATFORMS=cpu
 
 
@@ -95,7 +98,8 @@ def test_reanalysis_of_saved_trace_equals_profile_json(matched, capsys):
     capsys.readouterr()
     assert bench_in_process(["profile", "analyze", str(run), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
-    for key in ("steps", "categories", "totals", "ops", "ops_total_rows", "roofline", "device", "trace"):
+    for key in ("steps", "categories", "totals", "ops", "ops_total_rows", "roofline", "device", "trace",
+                "read_bandwidth"):  # fmt: skip
         assert again[key] == prof[key], key
 
 
@@ -152,6 +156,8 @@ def test_profile_replaces_a_runs_profile_only_when_asked(env, tmp_path, capsys):
     assert "already has a profile" in line and "--replace" in line and "drop --run" in line
     assert (run / "profile.json").read_bytes() == before and not (run / ".lock").exists()
     assert bench_in_process([*again, "--replace"]) == 0
+    printed = capsys.readouterr().out
+    assert "read-only bandwidth" in printed and "x the copy" in printed  # beside the copy's, in the summary table
     prof = json.loads((run / "profile.json").read_text())
     assert prof["steps"] == 2
     assert len(list(run.glob("profile/**/*.xplane.pb"))) == 2  # the earlier trace is kept

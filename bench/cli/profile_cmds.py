@@ -231,6 +231,12 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
     for label, value in format_profile_table(data):
         summary.add_row(label, value)
     roof = data.get("roofline") or {}
+    read = data.get("read_bandwidth") or {}
+    if read.get("bytes_per_s"):
+        copy = roof.get("bandwidth_bytes_s")
+        vs = f"; {read['bytes_per_s'] / copy:.2f} x the copy" if copy else ""
+        summary.add_row("read-only bandwidth", f"{read['bytes_per_s'] / 2**30:,.3f} GiB/s (not the roofline's "
+                        f"denominator{vs})")  # fmt: skip
     if roof.get("bytes_per_step") is not None:
         summary.add_row("bytes per step", f"{roof['bytes_per_step'] / 2**20:,.1f} MiB")
         summary.add_row("tok/s used", f"{roof['tok_s']:.1f} ({roof['tok_s_source']})")
@@ -418,9 +424,10 @@ def _profile(joined, opts):
 
 
 def _capture_into(run, setup, opts):
-    """Trace, analyse, measure bandwidth, write `run`/profile.json (the caller ends the run)."""
+    """Trace, analyse, measure bandwidth (the copy, the roofline's denominator, and the read-only probe beside it),
+    write `run`/profile.json (the caller ends the run)."""
     from bench.profile.analysis import analyze_trace, attach_roofline
-    from bench.profile.bandwidth import measure_bandwidth
+    from bench.profile.bandwidth import measure_bandwidth, measure_read_bandwidth
     from bench.profile.capture import batch_decode_steps, capture_steps, prompt_decode_steps
 
     opts.capturing = True
@@ -445,8 +452,9 @@ def _capture_into(run, setup, opts):
     run.log(f"captured {capture.n_steps} decode steps: {capture.xplane_path} ({capture.xplane_bytes} bytes)")
     analysis = analyze_trace(capture.xplane_path)
 
-    log.info("measuring device bandwidth (device-to-device copy)")
+    log.info("measuring device bandwidth (device-to-device copy, then a read-only pass)")
     bw = measure_bandwidth()
+    read_bw = measure_read_bandwidth()
     decode_bytes, gauge, gauge_note = _roofline_inputs(engine, setup.cell, opts.input_tokens, max_new_tokens,
                                                        opts.batch)  # fmt: skip
     analysis = attach_roofline(analysis, bytes_per_step=decode_bytes["total"], bandwidth_bytes_s=bw.bytes_per_s,
@@ -460,6 +468,7 @@ def _capture_into(run, setup, opts):
     data["config"] = _profile_config(setup, opts, bucket, decode_bytes)
     data["capture"] = _capture_facts(capture, run.path, setup.flags_info)
     data["bandwidth"] = bw.to_json()
+    data["read_bandwidth"] = read_bw.to_json()  # beside the copy; the roofline share stays against the copy
     path = run.write_json("profile.json", data)
     for note in notes:
         run.log(f"profile note: {note}")
@@ -605,6 +614,8 @@ def analyze(
     data = analysis.to_json()
     if stored is not None:  # a run folder: its trace named relative to it, as profile.json does
         data["trace"] = os.path.relpath(analysis.trace_path, trace)
+    if reattached and stored.get("read_bandwidth"):  # measured with the capture, beside its copy
+        data["read_bandwidth"] = stored["read_bandwidth"]
     if update:
         _rewrite_profile(Path(trace), stored, data)
     if as_json:

@@ -5,18 +5,19 @@ No jax at import time: the capture and the bandwidth measurement import it when 
 - `analyze_trace`, `ProfileAnalysis`, `format_profile_table` (bench.profile.analysis: the device-time breakdown)
 - `classify_hlo`, `classify_name`, `is_tensor_core_kernel`    (bench.profile.classify: one op's category)
 - `hlo_modules`                                               (bench.profile.xspace: HLO from an XSpace proto)
-- `measure_bandwidth`, `BandwidthResult`                      (bench.profile.bandwidth: device-to-device copy)
+- `measure_bandwidth`, `measure_read_bandwidth`, `BandwidthResult`
+                                          (bench.profile.bandwidth: device-to-device copy; read-only pass)
 - `measure_matmul_rate`, `MatmulRateResult`                  (bench.profile.matmul: matrix-product FLOP/s)
 - `decode_step_bytes`, `roofline_share_pct`                   (bench.profile.roofline: bytes per step, share)
 """
 
 from bench.profile.analysis import ProfileAnalysis, analyze_trace, format_profile_table
-from bench.profile.bandwidth import BandwidthResult, measure_bandwidth
+from bench.profile.bandwidth import BandwidthResult, measure_bandwidth, measure_read_bandwidth
 from bench.profile.capture import capture_steps, prompt_decode_steps
 from bench.profile.matmul import MatmulRateResult, measure_matmul_rate
 from bench.profile.roofline import decode_step_bytes, roofline_share_pct
 from bench.profile.xspace import hlo_modules
 
 __all__ = ["ProfileAnalysis", "analyze_trace", "format_profile_table", "BandwidthResult", "measure_bandwidth",
-           "MatmulRateResult", "measure_matmul_rate",
+           "measure_read_bandwidth", "MatmulRateResult", "measure_matmul_rate",
            "capture_steps", "prompt_decode_steps", "decode_step_bytes", "roofline_share_pct", "hlo_modules"]  # fmt: skip

@@ -18,6 +18,8 @@ profile.json keys read (other keys are ignored; the first alias present wins):
   `roofline.share_approx` (bool); `roofline.bytes_per_step` (bytes); `roofline.derived.share_pct`,
   `.bytes_per_step`, `.account.terms` (the derived byte accounting, bench/profile/roofline.py).
 - `config.batch` (rows per profiled decode step, `bench profile --batch`; 1 when absent).
+- `read_bandwidth.gib_s` (GiB/s): the read-only probe measured beside the copy (`bench profile` since it had one;
+  "—" when absent). It is shown, never divided by: the roofline share stays against the copy.
 """
 
 from __future__ import annotations
@@ -350,9 +352,9 @@ def profile_figures(prof: dict[str, Any]) -> dict[str, Any]:
 
     Returns a flat dict: per category its pct (%) and `<name>_absent`; device_ms (ms), distinct_kernels,
     decode_tok_s (and whether it came from the profile itself); `batch` (rows per profiled step: `config.batch`, 1
-    when the profile records none); bandwidth_gib_s (GiB/s), bandwidth_kind,
-    bytes_per_step (bytes), share_pct (%), share_approx; the derived share, bytes per step and accounting terms;
-    `categories` {name: pct} of every category with a share."""
+    when the profile records none); bandwidth_gib_s (GiB/s), bandwidth_kind, read_bandwidth_gib_s (GiB/s, None
+    without a read-only probe), bytes_per_step (bytes), share_pct (%), share_approx; the derived share, bytes per
+    step and accounting terms; `categories` {name: pct} of every category with a share."""
     cats = prof.get("categories") or {}
     out: dict[str, Any] = {}
     for key, aliases in _CATEGORY_ALIASES.items():
@@ -372,8 +374,10 @@ def profile_figures(prof: dict[str, Any]) -> dict[str, Any]:
         bw = roof["bandwidth_gb_s"] * 1e9 / 2**30
     kind = roof.get("bandwidth_kind") or ("measured (device copy)" if bw is not None else None)
     derived = roof.get("derived") or {}
+    read = prof.get("read_bandwidth")
     out.update(
         bandwidth_gib_s=bw, bandwidth_kind=kind, bytes_per_step=roof.get("bytes_per_step"),
+        read_bandwidth_gib_s=read.get("gib_s") if isinstance(read, dict) else None,
         share_pct=_first(roof, ("share_pct", "bandwidth_roofline_share_pct")),
         share_approx=bool(roof.get("share_approx")),
         derived_share_pct=derived.get("share_pct"), derived_bytes_per_step=derived.get("bytes_per_step"),
@@ -402,6 +406,8 @@ _PROFILE_ROWS = (  # (csv key, markdown label, text formatter of the figures)
      + (" (from profile: 1000 / device ms per step, not a gauge)" if f["decode_tok_s_from_profile"] else "")),
     ("bandwidth_gib_s", "bandwidth", _unit("bandwidth_gib_s", ",.3f", " GiB/s")),
     ("bandwidth_kind", "bandwidth source", lambda f: f["bandwidth_kind"] or DASH),
+    ("read_bandwidth_gib_s", "read-only bandwidth (not the share's denominator)",
+     _unit("read_bandwidth_gib_s", ",.3f", " GiB/s")),
     ("roofline_share_pct", "bandwidth roofline share, as reported",
      lambda f: fmt_pct(f["share_pct"], f["share_approx"])),
     ("roofline_share_derived_pct", "bandwidth roofline share, derived (bytes a step reads)",
@@ -410,14 +416,21 @@ _PROFILE_ROWS = (  # (csv key, markdown label, text formatter of the figures)
 _PROFILE_RAW = {
     "dtype_conversion_pct": "dtype_conversion", "fp32_matmul_pct": "matmul_fp32", "tensor_core_pct": "tensor_core",
     "total_kernel_time_ms": "device_ms", "distinct_kernels": "distinct_kernels", "decode_gauge_tok_s": "decode_tok_s",
-    "bandwidth_gib_s": "bandwidth_gib_s", "bandwidth_kind": "bandwidth_kind", "roofline_share_pct": "share_pct",
+    "bandwidth_gib_s": "bandwidth_gib_s", "bandwidth_kind": "bandwidth_kind",
+    "read_bandwidth_gib_s": "read_bandwidth_gib_s", "roofline_share_pct": "share_pct",
     "roofline_share_derived_pct": "derived_share_pct",
 }  # fmt: skip
 
 
+_OPTIONAL_PROFILE_ROWS = frozenset({"read_bandwidth_gib_s"})
+"""Rows of `_PROFILE_ROWS` shown only where some profile has the figure."""
+
+
 def profile_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[str], list[list[str]]]:
     """(csv header, csv rows, markdown header, markdown rows) over the runs that have a profile.
-    CSV cells hold the numbers as stored ("absent" where a category cannot occur, empty for null)."""
+    CSV cells hold the numbers as stored ("absent" where a category cannot occur, empty for null). An optional row
+    (`_OPTIONAL_PROFILE_ROWS`: the read-only bandwidth) is left out where no profile has it, so the table of runs
+    profiled before it existed is what it was."""
     with_prof = [v for v in views if v.figures is not None]
     figs: list[dict[str, Any]] = [v.figures for v in with_prof]  # type: ignore[misc]
     csv_header = ["metric", *(v.name for v in with_prof)]
@@ -425,6 +438,8 @@ def profile_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], lis
     csv_rows, md_rows = [], []
     for key, label, text in _PROFILE_ROWS:
         raw_key = _PROFILE_RAW[key]
+        if key in _OPTIONAL_PROFILE_ROWS and all(f.get(raw_key) is None for f in figs):
+            continue
         csv_rows.append([key, *("absent" if f.get(f"{raw_key}_absent") else f[raw_key] for f in figs)])
         md_rows.append([label, *(text(f) for f in figs)])
     return csv_header, csv_rows, md_header, md_rows
