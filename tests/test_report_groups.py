@@ -192,3 +192,23 @@ def test_a_profile_only_run_made_after_a_sweep_does_not_hide_the_sweep(tmp_path:
     md = build_report([], tmp_path / "o", runs_dir=runs).markdown.read_text()
     table = md.split("device by device")[1].split("\n\n")[1]
     assert "31.5" in table, table
+
+
+TPU_BATCH_RUNS = ["2026-12-05-gpurun-e2b-120939-tpuv5e", "2026-12-05-tpu-e2b-profile-b8-tpuv5e",
+                  "2026-12-05-tpu-e2b-profile-b32-tpuv5e", "2026-12-05-tpu-e2b-profile-b128-tpuv5e"]  # fmt: skip
+
+
+def test_the_default_view_keeps_one_profile_per_batch(tmp_path: Path) -> None:
+    # the archived TPU v5e runs: a --batch sweep (with its B = 1 profile) and `bench profile --batch B` runs
+    archive = Path(__file__).resolve().parents[1] / "runs"
+    root = tmp_path / "runs"
+    for name in TPU_BATCH_RUNS:
+        shutil.copytree(archive / name, root / name, ignore=shutil.ignore_patterns("profile"))
+    keys = {v.name: run_keys(v) for v in load_runs(None, runs_dir=root)[0]}
+    assert [keys[n].profile_batch for n in TPU_BATCH_RUNS] == [None, 8, 32, 128]
+    report = build_report(None, tmp_path / "out", runs_dir=root, selection=Selection(latest_per=("device",)))
+    assert sorted(report.runs) == sorted(TPU_BATCH_RUNS)  # the latest profile (B = 8) hides neither 32 nor 128
+    md = report.markdown.read_text()
+    (header,) = [line for line in md.splitlines() if line.startswith("| category | B = 1 ")]
+    assert [f"B = {b} " in header for b in (8, 32, 128)] == [True, True, True]
+    assert "| tensor core | 0.5% | 68.4% | 68.6% | 64.3% |" in md.splitlines()  # the MXU share per batch

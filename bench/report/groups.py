@@ -53,10 +53,11 @@ def group_key(keys: RunKeys) -> tuple[tuple[str, Any], ...]:
 
 
 def configuration_key(keys: RunKeys) -> tuple[Any, ...]:
-    """The group key plus batch, concurrency and whether the run is a `--batch` sweep: one configuration (what
-    `--latest-per` is per). A `--batch` sweep measures another axis than a sweep over input sizes, so the latest
-    of one never hides the latest of the other."""
-    return (group_key(keys), keys.batch, keys.concurrency, keys.batch_sweep is not None)
+    """The group key plus batch, concurrency, whether the run is a `--batch` sweep and a profile-only run's batch:
+    one configuration (what `--latest-per` is per). A `--batch` sweep measures another axis than a sweep over
+    input sizes, and `bench profile --batch 8` another batch than `--batch 32`, so the latest of one never hides
+    the latest of the other (the report sets every batch's device-time categories side by side)."""
+    return (group_key(keys), keys.batch, keys.concurrency, keys.batch_sweep is not None, keys.profile_batch)
 
 
 def split_keys(a: tuple[tuple[str, Any], ...], b: tuple[tuple[str, Any], ...]) -> list[str]:

@@ -63,6 +63,7 @@ class RunKeys:
     `started_at`: ISO time (ordering); `provenance`: "measured" or "published"; `label`: the report's short name;
     `batch_sweep`: the batch sizes of a `--batch` sweep (as its manifest records them, else as its cells have
     them), None for any other run;
+    `profile_batch`: the rows a profile-only run (`bench profile --batch B`) decoded, None for any other run;
     `run_status`: the run's status, "complete" or "incomplete" (interrupted: only its finished cells are valid);
     `method`: how the numbers were timed (`method_of`): "in-process" (the engine timed in this process),
     "remote target" (`sweep --target`: client-side timing over HTTP, streamed), "<engine> (peer)" (another engine,
@@ -90,6 +91,7 @@ class RunKeys:
     method: str = METHOD_IN_PROCESS
     run_status: str = "complete"
     batch_sweep: tuple[int, ...] | None = None
+    profile_batch: int | None = None
 
     @property
     def published(self) -> bool:
@@ -159,6 +161,7 @@ def run_keys(view: Any) -> RunKeys:
         max_new_tokens=m.workload.max_new_tokens or next((c.max_new_tokens for c in view.cells.values()), None),
         build_id=m.build_id, date=date, started_at=m.started_at,
         provenance=m.provenance.kind, method=method_of(m), run_status=m.status, batch_sweep=_batch_sweep(m, view),
+        profile_batch=_int_or((view.run.manifest.get("engine_config") or {}).get("profile_batch"), None),
     )  # fmt: skip
 
 
