@@ -126,6 +126,30 @@ def test_update_rewrites_the_analysis_and_keeps_what_the_capture_recorded(matche
     assert "--update" in capsys.readouterr().err
 
 
+def test_update_reanalyses_the_trace_profile_json_names_not_the_newest(matched, leak, tmp_path, capsys):
+    run, prof = matched
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    other = next(leak[0].glob("profile/**/*.xplane.pb"))  # another trace, newer on disk (a copy, a touch, an rsync)
+    newer = copy / "profile" / "elsewhere" / other.name
+    newer.parent.mkdir(parents=True)
+    shutil.copy(other, newer)
+    later = time.time() + 60
+    os.utime(newer, (later, later))
+    assert bench_in_process(["profile", "analyze", str(copy), "--update"]) == 0
+    capsys.readouterr()
+    updated = json.loads((copy / "profile.json").read_text())
+    assert updated["trace"] == prof["trace"]
+    for key in ("categories", "totals", "roofline", "notes", "read_bandwidth"):
+        assert updated[key] == prof[key], key
+    for trace in copy.glob("profile/**/*.xplane.pb"):  # the trace it names is gone: one line naming it
+        trace.unlink()
+    assert bench_in_process(["profile", "analyze", str(copy), "--update"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--update" in err and prof["trace"] in err and "--run" not in err
+    assert json.loads((copy / "profile.json").read_text()) == updated  # nothing written
+
+
 def test_analyze_prints_the_published_table(matched, capsys):
     run, _ = matched
     trace = next(run.glob("profile/**/*.xplane.pb"))

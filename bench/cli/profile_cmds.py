@@ -589,10 +589,11 @@ def analyze(
 ) -> None:
     """Analyse any saved trace. In a run folder whose profile.json has a roofline, that roofline is kept.
 
-    `--update` (a run folder with profile.json and its trace under profile/ only, else one line and exit 2): the
-    analysis keys of profile.json are replaced by this analysis of the same trace (the categories, totals, ops and
-    notes, e.g. after the classification of a platform's ops improved) and `reanalysed` records the time (UTC ISO)
-    and the git state of this checkout; what the capture recorded (config, capture, bandwidth) stays."""
+    `--update` (a run folder with profile.json and the trace it names, else one line and exit 2): that trace,
+    whatever other traces lie under profile/, is analysed again and the analysis keys of profile.json are replaced
+    (the categories, totals, ops and notes, e.g. after the classification of a platform's ops improved);
+    `reanalysed` records the time (UTC ISO) and the git state of this checkout; what the capture recorded (config,
+    capture, bandwidth) stays."""
     import json
 
     from bench.profile.analysis import analyze_trace, attach_roofline
@@ -601,7 +602,8 @@ def analyze(
     if update and stored is None:
         raise InputError(f"--update {trace}: expected a run folder holding manifest.json and profile.json; "
                          f"analyse a bare trace without --update")  # fmt: skip
-    analysis = analyze_trace(trace)  # TraceError (exit 2) for a missing path, a non-trace, a run without a profile
+    # TraceError (exit 2) for a missing path, a non-trace, a run without a profile
+    analysis = analyze_trace(_named_trace(Path(trace), stored) if update else trace)
     roof = (stored or {}).get("roofline") or {}
     stored_trace = Path(trace) / (stored or {}).get("trace", "") if stored else None  # relative to the run folder
     same_trace = stored_trace is not None and stored_trace.resolve() == Path(analysis.trace_path).resolve()
@@ -632,6 +634,21 @@ CAPTURE_NOTE_OPENINGS = ("roofline uses ", "profiled on a GPU without", "GPU pro
                          "run folder differs from this profile")  # fmt: skip
 """How the notes `bench profile` adds to the analysis's begin (`_roofline_inputs`, `_capture_notes`): `--update`
 keeps them when an older profile.json has no `capture_notes`."""
+
+
+def _named_trace(run_path: Path, stored: dict) -> Path:
+    """The trace `stored` profile.json names (relative to the run folder `run_path`), for `--update`: that one,
+    not the newest under profile/ (an earlier `--replace` leaves older traces, and a copy can reorder their times).
+    InputError (one line) when profile.json names none or it is not there (traces are not archived with a run)."""
+    name = stored.get("trace")
+    if not isinstance(name, str) or not name:
+        raise InputError(f"--update {run_path}: its profile.json names no trace (a published or hand-made "
+                         f"profile); nothing to analyse again")  # fmt: skip
+    path = run_path / name
+    if not path.is_file():
+        raise InputError(f"--update {run_path}: the trace its profile.json names, {name}, is not there; put it "
+                         f"back (a run is archived without its traces) and run this again")  # fmt: skip
+    return path
 
 
 def _rewrite_profile(run_path: Path, stored: dict, data: dict) -> None:
