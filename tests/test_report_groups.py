@@ -212,3 +212,20 @@ def test_the_default_view_keeps_one_profile_per_batch(tmp_path: Path) -> None:
     (header,) = [line for line in md.splitlines() if line.startswith("| category | B = 1 ")]
     assert [f"B = {b} " in header for b in (8, 32, 128)] == [True, True, True]
     assert "| tensor core | 0.5% | 68.4% | 68.6% | 64.3% |" in md.splitlines()  # the MXU share per batch
+
+
+CPU_PROFILE_RUNS = ["2026-12-02-batch-41-profile-b1-cpu", "2026-12-02-batch-41-profile-b4-cpu",
+                    "2026-12-02-roofline-split-cpu"]  # fmt: skip
+
+
+def test_a_profile_only_run_at_one_row_is_its_own_configuration(tmp_path: Path) -> None:
+    # archived: `bench profile` at B = 1 and B = 4, then a sweep of the same group 9 hours later
+    archive = Path(__file__).resolve().parents[1] / "runs"
+    root = tmp_path / "runs"
+    for name in CPU_PROFILE_RUNS:
+        shutil.copytree(archive / name, root / name, ignore=shutil.ignore_patterns("profile"))
+    keys = {v.name: run_keys(v) for v in load_runs(None, runs_dir=root)[0]}
+    assert len({group_key(keys[n]) for n in CPU_PROFILE_RUNS}) == 1
+    assert [keys[n].profile_batch for n in CPU_PROFILE_RUNS] == [1, 4, None]  # a profile-only run's rows, even 1
+    report = build_report(None, tmp_path / "out", runs_dir=root, selection=Selection(latest_per=("device",)))
+    assert sorted(report.runs) == sorted(CPU_PROFILE_RUNS)  # the later sweep hides neither profile

@@ -63,7 +63,8 @@ class RunKeys:
     `started_at`: ISO time (ordering); `provenance`: "measured" or "published"; `label`: the report's short name;
     `batch_sweep`: the batch sizes of a `--batch` sweep (as its manifest records them, else as its cells have
     them), None for any other run;
-    `profile_batch`: the rows a profile-only run (`bench profile --batch B`) decoded, None for any other run;
+    `profile_batch`: the rows a profile-only run (`bench profile [--batch B]`) decoded per step (1 without
+    --batch), None for any other run;
     `run_status`: the run's status, "complete" or "incomplete" (interrupted: only its finished cells are valid);
     `method`: how the numbers were timed (`method_of`): "in-process" (the engine timed in this process),
     "remote target" (`sweep --target`: client-side timing over HTTP, streamed), "<engine> (peer)" (another engine,
@@ -161,8 +162,16 @@ def run_keys(view: Any) -> RunKeys:
         max_new_tokens=m.workload.max_new_tokens or next((c.max_new_tokens for c in view.cells.values()), None),
         build_id=m.build_id, date=date, started_at=m.started_at,
         provenance=m.provenance.kind, method=method_of(m), run_status=m.status, batch_sweep=_batch_sweep(m, view),
-        profile_batch=_int_or((view.run.manifest.get("engine_config") or {}).get("profile_batch"), None),
+        profile_batch=_profile_batch(m, view.run.manifest),
     )  # fmt: skip
+
+
+def _profile_batch(manifest: Any, raw: dict[str, Any]) -> int | None:
+    """The rows a profile-only run (command "profile") decoded per step: its manifest's
+    `engine_config.profile_batch` (written for B > 1), else 1; None for any other run."""
+    if manifest.command != "profile":
+        return None
+    return _int_or((raw.get("engine_config") or {}).get("profile_batch"), 1)
 
 
 def _batch_sweep(manifest: Any, view: Any) -> tuple[int, ...] | None:
