@@ -73,6 +73,7 @@ def config_only(tmp_path: Path) -> Path:
     (["--inputs", "41", "--max-length", "300"], "error: --max-length 300: above the model's 256 positions"),
     (["--inputs", "41", "--buckets", "64,512"], "error: --buckets 64,512: largest bucket 512 exceeds the model's "
                                                 "max_position_embeddings 256"),
+    (["--inputs", "41", "--max-length", "-5"], "error: --max-length -5: must be a positive number of tokens"),
 ])  # fmt: skip
 def test_sweep_sizes_beyond_the_config_are_refused_before_the_weights_load(
     config_only: Path, tmp_path: Path, capsys, args: list[str], expected: str

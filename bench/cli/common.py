@@ -117,17 +117,25 @@ def checkpoint_positions(spec: str | None) -> int | None:
     return load_config(path).max_position_embeddings
 
 
+def check_max_length(max_length: int | None) -> None:
+    """InputError (one line) for a `--max-length` below 1 token; None (the default) passes."""
+    if max_length is not None and max_length < 1:
+        raise InputError(f"--max-length {max_length}: must be a positive number of tokens, at most the model's "
+                         "positions (max_position_embeddings)")  # fmt: skip
+
+
 def check_prompt_sizes(checkpoint: str | None, sizes: Sequence[int], max_new_tokens: int, max_length: int | None,
                        buckets: str | None, *, flag: str = "--inputs") -> None:  # fmt: skip
     """Every prompt size of `sizes` (tokens, the `flag` values) against the limits an engine of `--checkpoint`
     with `--max-length` / `--buckets` (`buckets`: the flag's text) will have (`model.limits.prompt_limits`, from
     config.json alone), before the weights load. Raises InputError, one line naming the flag, the value, the limit
-    and the fix: --max-length above the model's positions, a ladder the model cannot take, a size no bucket holds
-    or whose prompt + `max_new_tokens` exceed the model's positions. Does nothing when the config cannot be read
-    without loading (`checkpoint_positions`: the engine checks the same after the load)."""
+    and the fix: --max-length below 1 or above the model's positions, a ladder the model cannot take, a size no
+    bucket holds or whose prompt + `max_new_tokens` exceed the model's positions. Does nothing more when the config
+    cannot be read without loading (`checkpoint_positions`: the engine checks the same after the load)."""
     from model.errors import EngineError
     from model.limits import prompt_limits
 
+    check_max_length(max_length)  # a ladder topped by -5 would blame --inputs instead
     positions = checkpoint_positions(checkpoint)
     if positions is None:
         return
@@ -198,9 +206,7 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
     if weight_dtype is not None and weight_dtype not in DTYPES:
         raise InputError(f"--weight-dtype {weight_dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
     spec, scale = parse_quant_flags(quant, scale_dtype)
-    if max_length is not None and max_length < 1:
-        raise InputError(f"--max-length {max_length}: must be a positive number of tokens, at most the model's "
-                         "positions (max_position_embeddings)")  # fmt: skip
+    check_max_length(max_length)
     ladder = parse_buckets(buckets)
     impl = parse_kernel_flag(kernel, quant)
     policy = with_kernel_mode(decide_policy(dtype, weight_dtype=weight_dtype), spec, impl)
