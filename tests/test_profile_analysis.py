@@ -318,6 +318,20 @@ def test_a_dot_rewritten_into_multiply_reduce_is_a_matrix_product(platform):
     assert classify_hlo(norm, module, norm.name, platform) == ("other_fusions", "")  # a reduce that is no product
 
 
+def test_a_multiply_reduce_fusion_is_no_product_because_its_consumer_is_one():
+    from bench.profile.classify import classify_hlo
+
+    # XLA:CPU leaves some fusions without metadata (their root has none); their scope is then their consumer's,
+    # which names the consumer's JAX op, not theirs: a norm feeding a product is still no product
+    body = [_instr("p0", "parameter", operand_dtypes=("f32",)), _instr("multiply.1", "multiply"),
+            _instr("reduce.2", "reduce")]  # fmt: skip
+    norm = dataclasses.replace(_instr("fusion.3", "fusion", called=("fused",), operand_dtypes=("f32", "f32")),
+                               users=("reshape.4",))  # fmt: skip
+    consumer = _instr("reshape.4", "reshape", op_name="jit(_decode_program)/decode_step/mlp/BTD,DX->BTX/dot_general")
+    module = _module(("fused", body), ("main", [norm, consumer]))
+    assert classify_hlo(norm, module, norm.name, "cpu") == ("other_fusions", "")
+
+
 # ---- tensor-core kernels: real names -------------------------------------------------------------------------
 # (name as a profiler printed it, uses tensor cores?, why / where the name was seen)
 REAL_KERNEL_NAMES = [

@@ -95,13 +95,22 @@ def _fused(instr: HloInstruction, module: HloModule) -> list[HloInstruction]:
     return out
 
 
-def _scope(instr: HloInstruction, module: HloModule) -> str:
+def _own_scope(instr: HloInstruction, module: HloModule) -> str:
+    """The JAX op `instr` computes: its own op_name, else its fusion root's; "" when neither has one."""
     if instr.op_name:
         return instr.op_name
     if instr.opcode == "fusion" and instr.called:
         comp = module.computations.get(instr.called[0])
         if comp is not None and comp.root in module.instructions and module.instructions[comp.root].op_name:
             return module.instructions[comp.root].op_name
+    return ""
+
+
+def _scope(instr: HloInstruction, module: HloModule) -> str:
+    """`_own_scope`, else the op_name of its first user that has one (the named scope an op ran under)."""
+    own = _own_scope(instr, module)
+    if own:
+        return own
     for user in instr.users:  # XLA:CPU leaves dots without metadata; the reshape/fusion consuming them has it
         if user in module.instructions and module.instructions[user].op_name:
             return module.instructions[user].op_name
@@ -154,7 +163,7 @@ def classify_hlo(instr: HloInstruction, module: HloModule, kernel: str, platform
     if dots:
         group = _dtype_group(dots[0].operand_dtypes) or _name_dtype_group(kernel)
         return (group, "") if group else ("other", "unknown_dtype")
-    if is_rewritten_product(instr, work, scope):
+    if is_rewritten_product(instr, work, _own_scope(instr, module)):  # its own JAX op, never its consumer's
         group = _dtype_group(instr.operand_dtypes)
         return (group, "") if group else ("other", "unknown_dtype")
     if instr.opcode in _MOVE or (instr.opcode == "fusion" and work and all(op in _MOVE for op in work)):
