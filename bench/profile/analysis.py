@@ -72,6 +72,7 @@ TOP_OPS_IN_JSON = 40
 TPU_CORE_PLANE = re.compile(r"/device:TPU:\d+")
 """A TPU core's plane in an XSpace (one per chip core); planes named otherwise (e.g. SparseCore's) are not read."""
 TPU_OPS_LINE, TPU_MODULES_LINE = "XLA Ops", "XLA Modules"
+"""The lines of a TPU core plane holding one event per HLO op run, and one per program (module) run."""
 TENSOR_CORE_PLATFORMS = ("gpu", "tpu")
 """Platforms with matrix units (`tensor_core`: GPU tensor cores, the TPU's MXU); elsewhere the category is absent."""
 _TPU_OP_TEXT = re.compile(r"%?([^\s=%]+) = ")
@@ -83,7 +84,7 @@ def tpu_op_name(event_name: str) -> str:
     the trace's HLO proto names it); the event name itself when it is not in that form."""
     found = _TPU_OP_TEXT.match(event_name)
     return found.group(1) if found else event_name
-"""The lines of a TPU core plane holding one event per HLO op run, and one per program (module) run."""
+
 
 # ---- result types ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
