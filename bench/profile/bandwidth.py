@@ -13,10 +13,11 @@ that this measurement lands within a small factor of a numpy copy measured the s
 
 Beside the copy, `measure_read_bandwidth` measures a read-only stream: bytes read / the median time of one jitted
 reduction that must read every byte of an n-byte buffer. A decode step only reads its weights, and a read can be
-faster than a copy (no write traffic): on the TPU v5e the archived decode steps read at 103-136% of the measured copy,
-so the copy is not the ceiling. The roofline share stays against the copy (measurement.md, "Rooflines"); the read
-figure is recorded beside it to say how far above the copy a step can honestly go. The form of the reduction, and
-why, is in `measure_read_bandwidth`'s docstring.
+faster than a copy (no write traffic): on the TPU v5e the archived E2B decode steps read at up to 137% of the copy
+measured in the same run (device loop 100-137%, host loop 79-105%), so the copy is not the ceiling. The roofline
+share stays against the copy (measurement.md, "Rooflines"); the read figure is recorded beside it to say how far
+above the copy a step can honestly go. The form of the reduction, and why, is in `measure_read_bandwidth`'s
+docstring.
 
 jax is imported only by `measure_bandwidth` and `measure_read_bandwidth`; the roofline share of a measured bandwidth
 is `bench.profile.roofline.roofline_share` (no jax, so the report can use it on archived runs).
