@@ -33,6 +33,40 @@ def prefill_chunk(cfg: ModelConfig, bucket: int, chunk: int = PREFILL_CHUNK) -> 
     return min(chunk, bucket, cfg.sliding_window)
 
 
+def prefill_tail(chunk: int) -> int | None:
+    """Positions of the prefill's tail chunk for chunks of C = `chunk` positions: C // 4 when C >= 8 and 4 divides
+    C (32 for C = 128), else None (no tail chunk).
+
+    A prompt of n real positions whose last chunk would hold r = n mod C real positions, 0 < r <= C // 4, runs that
+    chunk as a tail chunk of C // 4 positions instead of C (`prefill_chunks`): the same number of chunks, so the
+    same reads of the weights, and 3C / 4 fewer positions computed. The sweep's sizes 41, 521, 2057 and 3593 are
+    each 9 past a bucket edge: at 521 tokens (bucket 1024, C = 128) 4 x 128 + 32 = 544 positions are computed
+    instead of 5 x 128 = 640. A tail of C // 4 starts at a multiple of C, so at a multiple of itself, and divides
+    every ring C divides: the chunk attention's layout rules hold for it (`model.prefill`). One tail size only: each
+    size is another copy of the cache layers in the compiled prefill."""
+    return chunk // 4 if chunk >= 8 and chunk % 4 == 0 else None
+
+
+def prefill_chunks(n_tokens: int, chunk: int, *, bucket: int | None = None) -> list[tuple[int, int]]:
+    """(start, positions) of each chunk `model.forward.prefill` runs for `n_tokens` real positions in chunks of
+    `chunk` (= C, `prefill_chunk` of the bucket): C-position chunks from 0, the last one a tail chunk of
+    `prefill_tail(C)` positions when the real positions left for it fit one (at most C // 4); a bucket of one
+    chunk (`bucket` <= C; default: n_tokens <= C) runs exactly one chunk of C. Raises ValueError for n_tokens or
+    chunk below 1."""
+    if n_tokens < 1 or chunk < 1:
+        raise ValueError(f"n_tokens and chunk must be at least 1, got n_tokens={n_tokens}, chunk={chunk}")
+    if (n_tokens if bucket is None else bucket) <= chunk:
+        return [(0, chunk)]
+    full, rest = divmod(n_tokens, chunk)
+    tail = prefill_tail(chunk)
+    plan = [(i * chunk, chunk) for i in range(full)]
+    if rest and tail is not None and rest <= tail:
+        plan.append((full * chunk, tail))
+    elif rest:
+        plan.append((full * chunk, chunk))
+    return plan
+
+
 def _layer_matmul_flops(cfg: ModelConfig, i: int) -> int:
     """FLOPs of layer i's projections for one position: 2 x (the weight scalars a position multiplies), i.e.
     q (D*N*H), k and v when the layer owns them (2*D*K*H), o (N*H*D), gate/up/down (3*D*F), PLE gate and
@@ -55,10 +89,11 @@ def prefill_flops(
 
     - projections of the cache layers (`cfg.cache_layers`) and the PLE input projection (2*D*L*P) for the
       n real positions (the padded tail of the last chunk, computed but useless, is not counted);
-    - attention of the cache layers as the chunking computes it, for each real query position of chunk c
-      (positions c*C .. c*C+C-1, C = `chunk`): 4*N*H per key, over R + C keys on a sliding layer (the whole
-      ring, R = min(W, S), and the chunk's own keys; only C when the bucket is one chunk, as the program
-      then reads no ring) and (c + 1) * C keys on a full layer;
+    - attention of the cache layers as the chunking computes it (`prefill_chunks`: chunks of C = `chunk`
+      positions, the last one possibly a tail chunk of C // 4), for each real query position of a chunk of U
+      positions starting at s: 4*N*H per key, over R + U keys on a sliding layer (the whole ring, R = min(W, S),
+      and the chunk's own keys; only U when the bucket is one chunk, as the program then reads no ring) and
+      s + U keys on a full layer;
     - the KV-shared layers for the last position only: their projections and attention over their producer's
       buffer (R slots when sliding, S when full); then the logits, 2*D*V.
     Not counted: norms, RoPE, softmax, GELU and other elementwise work, the embedding gathers.
@@ -66,15 +101,16 @@ def prefill_flops(
     length (default: one chunk exactly when n_tokens <= chunk, as on the default ladder). Raises ValueError for
     n_tokens or chunk below 1.
     """
-    if n_tokens < 1 or chunk < 1:
-        raise ValueError(f"n_tokens and chunk must be at least 1, got n_tokens={n_tokens}, chunk={chunk}")
+    plan = prefill_chunks(n_tokens, chunk, bucket=bucket)  # ValueError for n_tokens or chunk below 1
     s = n_tokens if cache_len is None else cache_len
     only = (n_tokens if bucket is None else bucket) <= chunk  # `model.forward.prefill` then reads no ring
     r = 0 if only else min(cfg.sliding_window, s)
-    full_keys = sum(min(chunk, n_tokens - c0) * (c0 + chunk) for c0 in range(0, n_tokens, chunk))
+    real = [(c0, u, min(u, n_tokens - c0)) for c0, u in plan]  # (start, positions, real positions) per chunk
+    full_keys = sum(q * (c0 + u) for c0, u, q in real)
+    sliding_keys = sum(q * (r + u) for _, u, q in real)
     total = n_tokens * 2 * cfg.hidden_size * cfg.num_layers * cfg.ple_dim
     for i in cfg.cache_layers:
-        keys = n_tokens * (r + chunk) if cfg.is_sliding(i) else full_keys
+        keys = sliding_keys if cfg.is_sliding(i) else full_keys
         total += n_tokens * _layer_matmul_flops(cfg, i) + keys * _attention_flops_per_key(cfg, i)
     for i in range(cfg.first_shared_layer, cfg.num_layers):
         slots = min(cfg.sliding_window, s) if cfg.is_sliding(i) else s

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from model.cache import KVCache, ring_positions
 from model.config import ModelConfig
-from model.flops import PREFILL_CHUNK, prefill_chunk
+from model.flops import PREFILL_CHUNK, prefill_chunk, prefill_tail
 from model.layers import (
     attend,
     attend_one,
@@ -222,7 +222,8 @@ def prefill(
     Chunked: the cache layers run on C = `prefill_chunk(cfg, T, chunk)` positions at a time in a loop of
     ceil(max(length) / C) trips (a traced count: the longest row's real chunks), so the cost grows with the real
     prompt, not with the bucket (`model.prefill`: sliding layers read R + C keys per query, full layers about
-    n^2 / 2 pairs in all). The KV-shared layers, which write no cache, run only for the last real position,
+    n^2 / 2 pairs in all). When the last chunk would hold at most C // 4 real positions it runs as a tail chunk
+    of `prefill_tail(C)` positions instead (`_chunk_plan`; the chunks are `model.flops.prefill_chunks`). The KV-shared layers, which write no cache, run only for the last real position,
     attending over their producer's filled cache (architecture notes §2.4). `dtype` is the activation dtype
     (default: the cache's).
     """
@@ -232,9 +233,9 @@ def prefill(
     dtype = dtype or (cache.k[0].dtype if cache.k else jnp.float32)
     c = prefill_chunk(cfg, t, chunk)
     ids_BT = jnp.pad(ids_BT, ((0, 0), (0, -(-t // c) * c - t)), constant_values=cfg.pad_token_id)
-    n_chunks = (length + c - 1) // c
-
     only = ids_BT.shape[1] == c  # one chunk holds the whole bucket: no loop, and an empty cache before it
+    tail = None if only else prefill_tail(c)
+    n_chunks, use_tail = _chunk_plan(length, c, tail)
 
     def body(index, carry):
         ks, vs, _, _ = carry
@@ -248,13 +249,45 @@ def prefill(
     carry = (cache.k, cache.v, h0_BCD, ple0_BCLP)
     with jax.named_scope("prefill_chunks"):
         ks, vs, h_BCD, ple_BCLP = body(0, carry) if only else jax.lax.fori_loop(0, n_chunks, body, carry)
-    # From here on only the last real position matters; it lies in the last chunk.
+    # From here on only the last real position matters; it lies in the last chunk (the tail chunk, if it runs).
     last = length - 1
-    offset = last - (n_chunks - 1) * c
-    h_B1D = jax.lax.dynamic_slice_in_dim(h_BCD, offset, 1, axis=1)
-    ple_B1LP = None if ple_BCLP is None else jax.lax.dynamic_slice_in_dim(ple_BCLP, offset, 1, axis=1)
+
+    def at_last(start, h_BUD, ple_BULP):
+        offset = last - start
+        ple_B1LP = None if ple_BULP is None else jax.lax.dynamic_slice_in_dim(ple_BULP, offset, 1, axis=1)
+        return jax.lax.dynamic_slice_in_dim(h_BUD, offset, 1, axis=1), ple_B1LP
+
+    def from_last_chunk(carry):
+        ks, vs, h_BCD, ple_BCLP = carry
+        return ks, vs, *at_last((n_chunks - 1) * c, h_BCD, ple_BCLP)
+
+    def from_tail_chunk(carry):
+        ks, vs, _, _ = carry
+        start = n_chunks * c
+        ids_BU = jax.lax.dynamic_slice_in_dim(ids_BT, start, tail, axis=1)
+        with jax.named_scope("prefill_tail_chunk"):
+            h_BUD, ple_BULP, ks, vs = _prefill_chunk(params, cfg, ids_BU, start, length, ks, vs, dtype, only=False)
+        return ks, vs, *at_last(start, h_BUD, ple_BULP)
+
+    carry = (ks, vs, h_BCD, ple_BCLP)
+    if tail is None:
+        ks, vs, h_B1D, ple_B1LP = from_last_chunk(carry)
+    else:
+        ks, vs, h_B1D, ple_B1LP = jax.lax.cond(use_tail, from_tail_chunk, from_last_chunk, carry)
     out_BV = _last_position(params, cfg, h_B1D, ple_B1LP, last, ks, vs)
     return out_BV, KVCache(k=ks, v=vs, length=jnp.asarray(length, jnp.int32))
+
+
+def _chunk_plan(length: jax.Array, c: int, tail: int | None) -> tuple[jax.Array, jax.Array]:
+    """(chunks of C = `c` positions to run, whether a tail chunk of `tail` positions follows them) for a prompt of
+    `length` real positions (int32 scalar, traced): with r = length mod C, the last chunk is a tail chunk when
+    0 < r <= tail, else a C chunk (`model.flops.prefill_chunks`, which the FLOP count uses, is the same plan).
+    Without a tail (None): ceil(length / C) chunks and False."""
+    if tail is None:
+        return (length + c - 1) // c, jnp.asarray(False)
+    full, rest = length // c, length % c
+    use_tail = (rest > 0) & (rest <= tail)
+    return full + ((rest > 0) & ~use_tail).astype(full.dtype), use_tail
 
 
 def _at_rows(x_BC_: jax.Array, offset_B: jax.Array) -> jax.Array:
@@ -275,26 +308,34 @@ def _prefill_rows(params: Params, cfg: ModelConfig, ids_BT: jax.Array, length_B:
     ids_BT = jnp.pad(ids_BT, ((0, 0), (0, -(-t // c) * c - t)), constant_values=cfg.pad_token_id)
     length_B = length_B.astype(jnp.int32)
     last_B = length_B - 1
-    n_chunks = (jnp.max(length_B) + c - 1) // c
     only = ids_BT.shape[1] == c
+    tail = None if only else prefill_tail(c)
+    n_chunks, use_tail = _chunk_plan(jnp.max(length_B), c, tail)
+
+    def run_chunk(start, size, carry):
+        ks, vs, h_B1D, ple_B1LP = carry
+        ids_BU = jax.lax.dynamic_slice_in_dim(ids_BT, start, size, axis=1)
+        h_BUD, ple_BULP, ks, vs = _prefill_chunk(params, cfg, ids_BU, start, length_B, ks, vs, dtype,
+                                                 only=only)  # fmt: skip
+        offset_B = jnp.clip(last_B - start, 0, size - 1)
+        here_B = (last_B >= start) & (last_B < start + size)  # row b's last position is in this chunk
+        h_B1D = jnp.where(here_B[:, None, None], _at_rows(h_BUD, offset_B), h_B1D)
+        if ple_BULP is not None:
+            ple_B1LP = jnp.where(here_B[:, None, None, None], _at_rows(ple_BULP, offset_B), ple_B1LP)
+        return ks, vs, h_B1D, ple_B1LP
 
     def body(index, carry):
-        ks, vs, h_B1D, ple_B1LP = carry
-        start = index * c
-        ids_BC = jax.lax.dynamic_slice_in_dim(ids_BT, start, c, axis=1)
-        h_BCD, ple_BCLP, ks, vs = _prefill_chunk(params, cfg, ids_BC, start, length_B, ks, vs, dtype, only=only)
-        offset_B = jnp.clip(last_B - start, 0, c - 1)
-        here_B = (last_B >= start) & (last_B < start + c)  # row b's last position is in this chunk
-        h_B1D = jnp.where(here_B[:, None, None], _at_rows(h_BCD, offset_B), h_B1D)
-        if ple_BCLP is not None:
-            ple_B1LP = jnp.where(here_B[:, None, None, None], _at_rows(ple_BCLP, offset_B), ple_B1LP)
-        return ks, vs, h_B1D, ple_B1LP
+        return run_chunk(index * c, c, carry)
 
     h0_B1D = jnp.zeros((b, 1, cfg.hidden_size), dtype)
     ple0_B1LP = jnp.zeros((b, 1, cfg.num_layers, cfg.ple_dim), dtype) if cfg.ple_dim else None
     carry = (cache.k, cache.v, h0_B1D, ple0_B1LP)
     with jax.named_scope("prefill_chunks"):
-        ks, vs, h_B1D, ple_B1LP = body(0, carry) if only else jax.lax.fori_loop(0, n_chunks, body, carry)
+        carry = body(0, carry) if only else jax.lax.fori_loop(0, n_chunks, body, carry)
+    if tail is not None:
+        with jax.named_scope("prefill_tail_chunk"):
+            carry = jax.lax.cond(use_tail, lambda cr: run_chunk(n_chunks * c, tail, cr), lambda cr: cr, carry)
+    ks, vs, h_B1D, ple_B1LP = carry
     out_BV = _last_position(params, cfg, h_B1D, ple_B1LP, last_B, ks, vs)
     return out_BV, KVCache(k=ks, v=vs, length=length_B)
 

@@ -82,6 +82,11 @@ CASES = [
     ("wide", 5, 14, 16, 3),  # a ring of 19 < window 24 (never wraps) that C = 5 does not divide: ring blocks
     ("wide", 12, 40, 40, 3),  # C = 12 divides the ring of 24: two ring blocks per chunk once they are full
     ("wide", 5, 13, 13, 1),  # the last chunk runs past the cache's 14 slots (position 14 dropped)
+    ("tiny", 8, 17, 32, 3),  # a tail chunk of 2 (C = 8: 16 + 2 positions, 1 real in the tail)
+    ("tiny", 8, 26, 32, 3),  # a tail chunk of 2, both real; the ring of 8 wraps
+    ("wide", 12, 26, 40, 3),  # a tail chunk of 3 after two chunks of 12: ring blocks of 3 slots
+    ("wide", 12, 27, 40, 3),  # r = 3: the tail chunk exactly full
+    ("wide", 12, 28, 40, 3),  # r = 4 > 3: a whole last chunk of 12, no tail
 ]
 
 
@@ -117,6 +122,34 @@ def test_padding_is_never_written_and_unwritten_slots_are_never_read(params, ids
             assert np.all(buf[:, :, ~held] == 7.0) and not np.any(buf[:, :, held] == 7.0)
             unheld += int((~held).sum())
     assert unheld > 0  # the case has slots to check
+
+
+def test_the_chunk_plan_ends_in_a_tail_chunk_when_the_rest_fits_one(monkeypatch):
+    import model.flops
+    from model.flops import prefill_chunks, prefill_tail
+
+    assert (prefill_tail(128), prefill_tail(8), prefill_tail(12), prefill_tail(5), prefill_tail(4)) == (
+        32, 2, 3, None, None)  # fmt: skip
+    assert prefill_chunks(521, 128) == [(0, 128), (128, 128), (256, 128), (384, 128), (512, 32)]  # 544, not 640
+    assert prefill_chunks(512 + 33, 128)[-1] == (512, 128)  # 33 left: more than a tail holds
+    assert prefill_chunks(512, 128) == [(i * 128, 128) for i in range(4)]
+    assert prefill_chunks(41, 64, bucket=64) == [(0, 64)]  # one chunk holds the bucket: no tail
+    assert prefill_chunks(41, 128) == [(0, 128)]
+    assert prefill_chunks(13, 5) == [(0, 5), (5, 5), (10, 5)]  # C = 5: no tail size
+    # the FLOP count follows the plan: the tail's queries see R + 3 sliding and 24 + 3 full keys, not R + 12, 36
+    tail_run = prefill_flops(WIDE, 26, 12, cache_len=43, bucket=40)
+    whole = sum(q * (c0 + 12) for c0, q in [(0, 12), (12, 12), (24, 2)])
+    tailed = sum(q * (c0 + u) for c0, u, q in [(0, 12, 12), (12, 12, 12), (24, 3, 2)])
+    sliding = [i for i in WIDE.cache_layers if WIDE.is_sliding(i)]
+    full = [i for i in WIDE.cache_layers if not WIDE.is_sliding(i)]
+    from model.flops import _attention_flops_per_key
+
+    fewer = sum(2 * 9 * _attention_flops_per_key(WIDE, i) for i in sliding)  # 2 tail queries x (12 - 3) keys
+    fewer += sum((whole - tailed) * _attention_flops_per_key(WIDE, i) for i in full)
+    assert fewer > 0
+    monkeypatch.setattr(model.flops, "prefill_tail", lambda chunk: None)  # the plan without a tail chunk
+    assert prefill_chunks(26, 12, bucket=40) == [(0, 12), (12, 12), (24, 12)]
+    assert prefill_flops(WIDE, 26, 12, cache_len=43, bucket=40) - tail_run == fewer
 
 
 def test_prefill_chunk_is_capped_by_bucket_and_window():

@@ -94,6 +94,7 @@ def test_name_clash_is_refused_and_the_old_run_is_kept(finished_run, env):
     "args,needles",
     [
         (["--inputs", "0"], ["--inputs", "positive"]),
+        (["--inputs", ""], ["--inputs ''", "empty entry"]),  # not the default sweep
         (["--inputs", "-5"], ["--inputs", "positive"]),
         (["--inputs", "41,abc"], ["'abc'", "whole number"]),
         (["--inputs", "99999"], ["99999", "largest bucket", "256 positions", "neither --max-length nor --buckets"]),

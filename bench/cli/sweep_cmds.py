@@ -336,7 +336,7 @@ def sweep(
         raise InputError(f"--decode-loop {decode_loop or 'host'}{' --decode-block' if decode_block else ''}: with "
                          "--target the server runs its own decode loop, which a client cannot choose; drop the flag "
                          "(the remote sweep times the host-synced stream)")  # fmt: skip
-    config = SweepConfig(inputs=parse_inputs(inputs or "41,521,2057,3593"),
+    config = SweepConfig(inputs=parse_inputs("41,521,2057,3593" if inputs is None else inputs),
                          max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                          repeats=3 if repeats is None else repeats, min_duration_s=min_duration or 0.0,
                          max_duration_s=max_duration, block=decode_block, batches=batches or (),
