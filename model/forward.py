@@ -223,8 +223,9 @@ def prefill(
     ceil(max(length) / C) trips (a traced count: the longest row's real chunks), so the cost grows with the real
     prompt, not with the bucket (`model.prefill`: sliding layers read R + C keys per query, full layers about
     n^2 / 2 pairs in all). When the last chunk would hold at most C // 4 real positions it runs as a tail chunk
-    of `prefill_tail(C)` positions instead (`_chunk_plan`; the chunks are `model.flops.prefill_chunks`). The KV-shared layers, which write no cache, run only for the last real position,
-    attending over their producer's filled cache (architecture notes §2.4). `dtype` is the activation dtype
+    of `prefill_tail(C)` positions instead (`_chunk_plan`; the chunks are `model.flops.prefill_chunks`). The
+    KV-shared layers, which write no cache, run only for the last real position, attending over their
+    producer's filled cache (architecture notes §2.4). `dtype` is the activation dtype
     (default: the cache's).
     """
     if jnp.ndim(length):

@@ -194,17 +194,23 @@ def test_a_profile_only_run_made_after_a_sweep_does_not_hide_the_sweep(tmp_path:
     assert "31.5" in table, table
 
 
+def _archived(names: list[str], tmp_path: Path) -> tuple[Path, dict]:
+    """Copies of the archived run folders `names` (runs/ of this repository, without traces) under tmp_path/runs,
+    and their run keys by name."""
+    archive = Path(__file__).resolve().parents[1] / "runs"
+    root = tmp_path / "runs"
+    for name in names:
+        shutil.copytree(archive / name, root / name, ignore=shutil.ignore_patterns("profile"))
+    return root, {v.name: run_keys(v) for v in load_runs(None, runs_dir=root)[0]}
+
+
 TPU_BATCH_RUNS = ["2026-12-05-gpurun-e2b-120939-tpuv5e", "2026-12-05-tpu-e2b-profile-b8-tpuv5e",
                   "2026-12-05-tpu-e2b-profile-b32-tpuv5e", "2026-12-05-tpu-e2b-profile-b128-tpuv5e"]  # fmt: skip
 
 
 def test_the_default_view_keeps_one_profile_per_batch(tmp_path: Path) -> None:
     # the archived TPU v5e runs: a --batch sweep (with its B = 1 profile) and `bench profile --batch B` runs
-    archive = Path(__file__).resolve().parents[1] / "runs"
-    root = tmp_path / "runs"
-    for name in TPU_BATCH_RUNS:
-        shutil.copytree(archive / name, root / name, ignore=shutil.ignore_patterns("profile"))
-    keys = {v.name: run_keys(v) for v in load_runs(None, runs_dir=root)[0]}
+    root, keys = _archived(TPU_BATCH_RUNS, tmp_path)
     assert [keys[n].profile_batch for n in TPU_BATCH_RUNS] == [None, 8, 32, 128]
     report = build_report(None, tmp_path / "out", runs_dir=root, selection=Selection(latest_per=("device",)))
     assert sorted(report.runs) == sorted(TPU_BATCH_RUNS)  # the latest profile (B = 8) hides neither 32 nor 128
@@ -220,11 +226,7 @@ CPU_PROFILE_RUNS = ["2026-12-02-batch-41-profile-b1-cpu", "2026-12-02-batch-41-p
 
 def test_a_profile_only_run_at_one_row_is_its_own_configuration(tmp_path: Path) -> None:
     # archived: `bench profile` at B = 1 and B = 4, then a sweep of the same group 9 hours later
-    archive = Path(__file__).resolve().parents[1] / "runs"
-    root = tmp_path / "runs"
-    for name in CPU_PROFILE_RUNS:
-        shutil.copytree(archive / name, root / name, ignore=shutil.ignore_patterns("profile"))
-    keys = {v.name: run_keys(v) for v in load_runs(None, runs_dir=root)[0]}
+    root, keys = _archived(CPU_PROFILE_RUNS, tmp_path)
     assert len({group_key(keys[n]) for n in CPU_PROFILE_RUNS}) == 1
     assert [keys[n].profile_batch for n in CPU_PROFILE_RUNS] == [1, 4, None]  # a profile-only run's rows, even 1
     report = build_report(None, tmp_path / "out", runs_dir=root, selection=Selection(latest_per=("device",)))

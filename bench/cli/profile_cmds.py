@@ -652,15 +652,12 @@ def _named_trace(run_path: Path, stored: dict) -> Path:
 
 
 def _rewrite_profile(run_path: Path, stored: dict, data: dict) -> None:
-    """Write `data` (a fresh analysis of the run's own trace) over `stored` profile.json's analysis keys, keeping
+    """Write `data` (a fresh analysis of the trace profile.json names, `_named_trace`) over `stored` profile.json's analysis keys, keeping
     its other keys and the capture's notes (`capture_notes`, else `CAPTURE_NOTE_OPENINGS`) after the analysis's,
     plus `reanalysed` ({"at": UTC ISO time, "git": this checkout's commit and dirtiness})."""
     from bench.runs import now_iso, open_run
     from bench.runs.environment import git_state
 
-    if os.path.normpath(data["trace"]) != os.path.normpath(stored.get("trace", "")):
-        raise InputError(f"--update {run_path}: the trace analysed ({data['trace']}) is not the one profile.json "
-                         f"names ({stored.get('trace')}); restore that trace under profile/ first")  # fmt: skip
     kept = stored.get("capture_notes")
     if kept is None:  # written before `capture_notes` existed: the capture's notes by their openings
         kept = [n for n in stored.get("notes") or [] if n.startswith(CAPTURE_NOTE_OPENINGS)]
