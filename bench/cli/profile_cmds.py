@@ -652,9 +652,9 @@ def _named_trace(run_path: Path, stored: dict) -> Path:
 
 
 def _rewrite_profile(run_path: Path, stored: dict, data: dict) -> None:
-    """Write `data` (a fresh analysis of the trace profile.json names, `_named_trace`) over `stored` profile.json's analysis keys, keeping
-    its other keys and the capture's notes (`capture_notes`, else `CAPTURE_NOTE_OPENINGS`) after the analysis's,
-    plus `reanalysed` ({"at": UTC ISO time, "git": this checkout's commit and dirtiness})."""
+    """Write `data` (a fresh analysis of the trace profile.json names, `_named_trace`) over `stored` profile.json's
+    analysis keys, keeping its other keys and the capture's notes (`capture_notes`, else `CAPTURE_NOTE_OPENINGS`)
+    after the analysis's, plus `reanalysed` ({"at": UTC ISO time, "git": this checkout's commit and dirtiness})."""
     from bench.runs import now_iso, open_run
     from bench.runs.environment import git_state
 
