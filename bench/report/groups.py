@@ -11,8 +11,8 @@ table, plot or speedup with the published E2B figures. `split_keys` says which k
 Selection (`bench report [RUN ...] --where K=V,... --latest-per K,... --since DATE --all`): `--where` keeps runs
 whose key K equals V (case-insensitive; keys in `WHERE_KEYS`; `checkpoint` also matches a hash prefix),
 `--since` runs started on or after DATE (YYYY-MM-DD), `--latest-per` the latest run per configuration (group key,
-batch, concurrency, `--batch` sweep or not, a profile-only run's rows per step) and each named key; `--where status=complete` leaves interrupted runs
-out. A user error (unknown key, bad date, nothing left) is an InputError.
+batch, concurrency, `--batch` sweep or not, a profile-only run's rows per step) and each named key;
+`--where status=complete` leaves interrupted runs out. A user error (unknown key, bad date, nothing left) is an InputError.
 
 Standard library only (no jax, no engine).
 """
