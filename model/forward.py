@@ -28,6 +28,7 @@ from model.layers import (
     dense,
     layer_tail,
     project_qkv,
+    rope_tables,
     rms_norm,
 )
 from model.params import Params
@@ -104,12 +105,13 @@ def forward_full(
     pos_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     h_BTD = embed(params, cfg, ids_BT, dtype)
     ple_BTLP = per_layer_inputs(params, cfg, ids_BT, h_BTD)
+    rope = rope_tables(cfg, pos_BT, h_BTD.dtype)
     kv: dict[int, tuple[jax.Array, jax.Array]] = {}
     hidden = [h_BTD]
     for i, lp in enumerate(params.layers):
         with jax.named_scope(f"layer_{i}"):
             a_BTD = rms_norm(h_BTD, lp.attn_norm_D, cfg.rms_norm_eps)
-            q_BTNH, k_BKTH, v_BKTH = project_qkv(lp, cfg, i, a_BTD, pos_BT)
+            q_BTNH, k_BKTH, v_BKTH = project_qkv(lp, cfg, i, a_BTD, rope)
             if not cfg.is_kv_shared(i):
                 kv[i] = (k_BKTH, v_BKTH)
             k_BKTH, v_BKTH = kv[cfg.kv_source(i)]
@@ -165,12 +167,13 @@ def _prefill_chunk(params: Params, cfg: ModelConfig, ids_BC: jax.Array, start: j
         real_C, length = pos_BC < length[:, None], jnp.max(length)  # real per row [B,C]; masks: the longest row
     h_BCD = embed(params, cfg, ids_BC, dtype)
     ple_BCLP = per_layer_inputs(params, cfg, ids_BC, h_BCD)
+    rope = rope_tables(cfg, pos_BC, h_BCD.dtype)
     ks, vs = list(ks), list(vs)
     for i in cfg.cache_layers:
         lp = params.layers[i]
         with jax.named_scope(f"layer_{i}"):
             a_BCD = rms_norm(h_BCD, lp.attn_norm_D, cfg.rms_norm_eps)
-            q_BCNH, k_BKCH, v_BKCH = project_qkv(lp, cfg, i, a_BCD, pos_BC)
+            q_BCNH, k_BKCH, v_BKCH = project_qkv(lp, cfg, i, a_BCD, rope)
             if cfg.is_sliding(i):
                 ring_k, ring_v = (None, None) if only else (ks[i], vs[i])
                 o_BCNH = attend_ring_chunk(q_BCNH, k_BKCH, v_BKCH, ring_k, ring_v, start, length, cfg.sliding_window)
@@ -191,12 +194,12 @@ def _last_position(params: Params, cfg: ModelConfig, h_B1D: jax.Array, ple_B1LP:
     last position's window needs. `last`: int32 scalar, or [B] per row (`h_B1D` then holds each row's own last
     position). Returns float32 logits [B,V]."""
     b = h_B1D.shape[0]
-    qpos_B1 = _positions_B1(last, b)
+    rope = rope_tables(cfg, _positions_B1(last, b), h_B1D.dtype)
     for i in range(cfg.first_shared_layer, cfg.num_layers):
         lp = params.layers[i]
         with jax.named_scope(f"layer_{i}"):
             a_B1D = rms_norm(h_B1D, lp.attn_norm_D, cfg.rms_norm_eps)
-            q_B1NH, _, _ = project_qkv(lp, cfg, i, a_B1D, qpos_B1)
+            q_B1NH, _, _ = project_qkv(lp, cfg, i, a_B1D, rope)
             k_BKSH, v_BKSH = ks[cfg.kv_source(i)], vs[cfg.kv_source(i)]
             vis_S = _cache_visible(cfg, i, last, k_BKSH.shape[2])
             o_B1NH = attend_one(q_B1NH, k_BKSH, v_BKSH, _row_mask(vis_S, b))
@@ -357,11 +360,12 @@ def decode_step(
     pos_B1 = _positions_B1(p, b)
     h_B1D = embed(params, cfg, ids_B1, dtype)
     ple_B1LP = per_layer_inputs(params, cfg, ids_B1, h_B1D)
+    rope = rope_tables(cfg, pos_B1, h_B1D.dtype)
     new_k, new_v = list(cache.k), list(cache.v)
     for i, lp in enumerate(params.layers):
         with jax.named_scope(f"layer_{i}"):
             a_B1D = rms_norm(h_B1D, lp.attn_norm_D, cfg.rms_norm_eps)
-            q_B1NH, k_BK1H, v_BK1H = project_qkv(lp, cfg, i, a_B1D, pos_B1)
+            q_B1NH, k_BK1H, v_BK1H = project_qkv(lp, cfg, i, a_B1D, rope)
             src = cfg.kv_source(i)
             if not cfg.is_kv_shared(i):
                 slot = jnp.mod(p, new_k[i].shape[2]) if cfg.is_sliding(i) else p

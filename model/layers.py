@@ -9,6 +9,8 @@ Every block sits under a `jax.named_scope`, so profiles map device time back to 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,45 +66,78 @@ def rope_inv_freq(cfg: ModelConfig, sliding: bool) -> np.ndarray:
     return inv
 
 
-def apply_rope(x_BTNH: jax.Array, pos_BT: jax.Array, inv_freq_h: np.ndarray) -> jax.Array:
-    """Rotate x by absolute positions in the rotate_half layout: x*cos + concat(-x2, x1)*sin (dim k pairs k+H/2).
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Rope:
+    """The RoPE tables of one layer type at a set of positions: cos and sin [B,T,H] in the activation dtype."""
 
-    cos/sin are computed in float32 and cast to the activation dtype, as transformers does. With more than one
-    position (prefill) the [B,T,H] tables are materialized before use: fused into the rotation, XLA:CPU computed
-    cos and sin once per element of x, N times per table entry (the q rotation of one sliding layer took 2.2 ms
-    per chunk of 128 on the default preset, most of it in cos and sin).
+    cos_BTH: jax.Array
+    sin_BTH: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RopeTables:
+    """Both layer types' tables (`Rope`) at the same positions, computed once per forward pass (`rope_tables`)
+    and read by every layer of that type."""
+
+    sliding: Rope
+    full: Rope
+
+    def of(self, cfg: ModelConfig, layer: int) -> Rope:
+        """The tables `layer` rotates by (its type's)."""
+        return self.sliding if cfg.is_sliding(layer) else self.full
+
+
+def rope_tables(cfg: ModelConfig, pos_BT: jax.Array, dtype) -> RopeTables:
+    """cos and sin of the angles pos * inv_freq (`rope_inv_freq`, duplicated to [H] for the rotate_half layout) at
+    positions `pos_BT` [B,T] (int32), for both layer types: computed in float32, cast to `dtype` (the activation
+    dtype), as transformers does.
+
+    The tables leave through an optimization barrier, so they are computed once per forward pass and read by
+    every layer: fused into the rotations, XLA:CPU computed cos and sin once per element of q and k in every layer
+    (N times per table entry, 35 times per position; at 16 decode rows on the default preset the rotations of
+    one step took 4.2 ms, and the q rotation of one sliding layer 2.2 ms per prefill chunk of 128).
     """
-    freqs_BTh = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq_h)
-    emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)
-    cos_BTH, sin_BTH = jnp.cos(emb_BTH).astype(x_BTNH.dtype), jnp.sin(emb_BTH).astype(x_BTNH.dtype)
-    if x_BTNH.shape[1] > 1:
-        cos_BTH, sin_BTH = jax.lax.optimization_barrier((cos_BTH, sin_BTH))
-    cos_BT1H, sin_BT1H = cos_BTH[:, :, None, :], sin_BTH[:, :, None, :]
+
+    def tables(sliding: bool) -> Rope:
+        freqs_BTh = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(cfg, sliding))
+        emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)
+        return Rope(jnp.cos(emb_BTH).astype(dtype), jnp.sin(emb_BTH).astype(dtype))
+
+    return jax.lax.optimization_barrier(RopeTables(sliding=tables(True), full=tables(False)))
+
+
+def apply_rope(x_BTNH: jax.Array, rope: Rope) -> jax.Array:
+    """Rotate x [B,T,N,H] by the tables of its positions (`rope_tables`) in the rotate_half layout:
+    x*cos + concat(-x2, x1)*sin (dim k pairs k+H/2). Returns [B,T,N,H] in x's dtype."""
+    cos_BT1H, sin_BT1H = rope.cos_BTH[:, :, None, :], rope.sin_BTH[:, :, None, :]
     x1, x2 = jnp.split(x_BTNH, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return x_BTNH * cos_BT1H + rotated * sin_BT1H
 
 
 def project_qkv(
-    lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, pos_BT: jax.Array
+    lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, rope: RopeTables
 ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
     """Queries [B,T,N,H] and, on a layer that owns K/V, keys and values [B,K,T,H] (head-major, the cache's layout),
     from ONE matrix product with the fused q/k/v weight `lp.qkv_DX` (KV-shared layers: q only, k = v = None).
 
-    Queries: q-norm (learned weight) and RoPE of the layer's type; scale 1.0 (no 1/sqrt(H)). Keys: k-norm (learned
-    weight) and RoPE; values: v-norm without weight. The norms and RoPE apply per head, so splitting the fused
-    product's columns first gives exactly the separate projections' results.
+    Queries: q-norm (learned weight) and RoPE of the layer's type (`rope`: the tables at a_BTD's positions);
+    scale 1.0 (no 1/sqrt(H)). Keys: k-norm (learned weight) and RoPE; values: v-norm without weight. The norms and
+    RoPE apply per head, so splitting the fused product's columns first gives exactly the separate projections'
+    results.
     """
     b, t = a_BTD.shape[:2]
     n, h, k = cfg.num_heads, cfg.layer_head_dim(layer), cfg.kv_heads(layer)
-    inv_freq_h = rope_inv_freq(cfg, cfg.is_sliding(layer))
+    tables = rope.of(cfg, layer)
     z_BTX = dense(a_BTD, lp.qkv_DX, "BTD,DX->BTX")
     q_BTNH = rms_norm(z_BTX[..., : n * h].reshape(b, t, n, h), lp.q_norm_H, cfg.rms_norm_eps)
-    q_BTNH = apply_rope(q_BTNH, pos_BT, inv_freq_h)
+    q_BTNH = apply_rope(q_BTNH, tables)
     if lp.k_norm_H is None:
         return q_BTNH, None, None
     k_BTKH = rms_norm(z_BTX[..., n * h : (n + k) * h].reshape(b, t, k, h), lp.k_norm_H, cfg.rms_norm_eps)
-    k_BTKH = apply_rope(k_BTKH, pos_BT, inv_freq_h)
+    k_BTKH = apply_rope(k_BTKH, tables)
     v_BTKH = rms_norm(z_BTX[..., (n + k) * h :].reshape(b, t, k, h), None, cfg.rms_norm_eps)
     return q_BTNH, jnp.swapaxes(k_BTKH, 1, 2), jnp.swapaxes(v_BTKH, 1, 2)
 

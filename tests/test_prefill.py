@@ -15,7 +15,7 @@ from model.config import TINY
 from model.flops import prefill_chunk, prefill_flops
 from model.forward import forward_full
 from model.forward import prefill as _prefill
-from model.layers import project_qkv, rms_norm
+from model.layers import project_qkv, rms_norm, rope_tables
 from model.params import init_params
 
 WIDE = dataclasses.replace(TINY, sliding_window=24)  # a window larger than the chunks below
@@ -39,10 +39,11 @@ def _expected_cache(params, cfg, ids_BN, cache_len):
     b, n = ids_BN.shape
     _, hidden = forward_full(params, cfg, ids_BN, return_hidden=True)
     pos_BN = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+    rope = rope_tables(cfg, pos_BN, hidden.dtype)
     ks, vs = [], []
     for i in cfg.cache_layers:
         lp = params.layers[i]
-        _, k, v = project_qkv(lp, cfg, i, rms_norm(hidden[i], lp.attn_norm_D, cfg.rms_norm_eps), pos_BN)
+        _, k, v = project_qkv(lp, cfg, i, rms_norm(hidden[i], lp.attn_norm_D, cfg.rms_norm_eps), rope)
         slots = min(cfg.sliding_window, cache_len) if cfg.is_sliding(i) else cache_len
         pos_S = np.asarray(ring_positions(jnp.int32(n), slots)) if cfg.is_sliding(i) else np.arange(slots)
         held = (pos_S >= 0) & (pos_S < n)
