@@ -125,6 +125,21 @@ def test_a_long_cell_gets_an_estimate_after_its_warm_up(tmp_path: Path) -> None:
     assert cell.partial and cell.repeats == 5  # the Ctrl-C of the issue: hundreds of repeats were kept, not 0 cells
 
 
+def test_a_warm_up_that_compiled_is_no_estimate_the_first_timed_repeat_is(tmp_path: Path) -> None:
+    lines: list[str] = []
+    run = create_run(tmp_path, "est", "cpu", manifest())
+
+    def measure(prompt, kind, repeat):  # the warm-up compiles for 90 s; warm requests take 100 ms
+        sample = make_sample(int(prompt[1:]), kind, repeat, n=4, compile_events=int(kind == "warmup"))
+        return Measured(sample=dataclasses.replace(sample, e2e_ms=90_000.0 if kind == "warmup" else 100.0), bucket=64)
+
+    config = SweepConfig(inputs=(20,), max_new_tokens=4, repeats=2_000)
+    sweep_cells(config, run, PROMPTS, measure=measure, progress=lines.append)
+    (estimate,) = [line for line in lines if "about" in line]  # once, from the first timed repeat, not the warm-up
+    assert "1999 timed repeat(s) at about 100 ms each" in estimate and "0:03:19" in estimate
+    assert lines.index(estimate) == lines.index(next(line for line in lines if "repeat 1/2000" in line)) + 1
+
+
 def test_rows_without_the_partial_fields_stay_valid_and_partial_rows_round_trip(tmp_path: Path) -> None:
     from runfolders import REFERENCE_RUNS, cell_samples
 

@@ -449,17 +449,26 @@ class _Cell:
         done = len(self.timed(kind))
         if done:
             self._progress(f"{self.label()}: continuing its {done} {what}timed repeat(s) measured before the resume")
-        warm = self.one(warmup, 0, f"warm-up at {shape}")
-        if needs_estimate(config, warm.e2e_ms, self.timed(kind)):
-            self._progress(f"{self.label()}: {what}{estimate_line(config, warm.e2e_ms, self.timed(kind))}")
+        estimated = self._estimate(self.one(warmup, 0, f"warm-up at {shape}"), kind, what)
         r = done
         while config.timed_more(r, _timed_s(self.timed(kind))):
-            self.one(kind, r, f"{what}repeat {r + 1}/{config.repeats}")
+            sample = self.one(kind, r, f"{what}repeat {r + 1}/{config.repeats}")
+            estimated = estimated or self._estimate(sample, kind, what)
             r += 1
         if r < config.repeats:
             self._progress(f"{self.label()}: --max-duration {config.max_duration_s:g} s reached after {r} of "
                            f"{config.repeats} {what}timed repeats; the cell is kept as partial")  # fmt: skip
         return r < config.repeats
+
+    def _estimate(self, sample: Sample, kind: str, what: str) -> bool:
+        """Say how long the cell's remaining timed repeats should take when that is long (`needs_estimate`), from
+        `sample`'s time; False when `sample` compiled (its time is mostly compilation: the next request's is the
+        estimate, e.g. a warm-up that the compilation cache could not serve), else True (estimated)."""
+        if sample.compile_events:
+            return False
+        if needs_estimate(self.config, sample.e2e_ms, self.timed(kind)):
+            self._progress(f"{self.label()}: {what}{estimate_line(self.config, sample.e2e_ms, self.timed(kind))}")
+        return True
 
     def _row(self, stopped_by: str | None) -> CellRow:
         row = summarize_cell(self.samples, max_new_tokens=self.config.max_new_tokens, bucket=_one_bucket(self.ran),
@@ -523,7 +532,8 @@ ESTIMATE_NOTE_S = 60.0
 
 def estimated_s(config: SweepConfig, request_ms: float, timed: list[Sample]) -> float:
     """Seconds the remaining timed requests of a cell should take, from one request's time (`request_ms`, the
-    warm-up's whole-request time): the remaining repeats, at least `min_duration_s`, at most `max_duration_s`."""
+    whole-request time of its latest request that compiled nothing): the remaining repeats, at least
+    `min_duration_s`, at most `max_duration_s`."""
     spent = _timed_s(timed)
     need = max((config.repeats - len(timed)) * request_ms / 1000.0, config.min_duration_s - spent, 0.0)
     return need if config.max_duration_s is None else min(need, max(config.max_duration_s - spent, 0.0))
@@ -541,7 +551,8 @@ def estimate_line(config: SweepConfig, request_ms: float, timed: list[Sample]) -
     bound = (f"bounded by --max-duration {config.max_duration_s:g} s" if config.max_duration_s is not None else
              "no bound: --max-duration SECONDS sets one; Ctrl-C stops and keeps every measured repeat")  # fmt: skip
     left = config.repeats - len(timed)
-    return f"{left} timed repeat(s) at about {request_ms:,.0f} ms each (the warm-up's time): about {clock} ({bound})"
+    each = f"at about {request_ms:,.0f} ms each (the last request's time)"
+    return f"{left} timed repeat(s) {each}: about {clock} ({bound})"
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
