@@ -1,6 +1,6 @@
 """The decode-shaped forms chosen for XLA:CPU compute the same function as the plain forms.
 
-`model.layers.attend_one` (key-major scores) against `attend`, `model.quant.matmul`'s weight-left form for a
+`model.layers.attend_one` (key-major scores, both forms of its value product) against `attend`, `model.quant.matmul`'s weight-left form for a
 dense output-major weight at 2-64 rows, and its split form for one row, against the plain einsum."""
 
 from __future__ import annotations
@@ -11,10 +11,14 @@ import numpy as np
 import pytest
 
 from model import quant
-from model.layers import attend, attend_one
+from model.layers import attend, attend_one, value_product_key_major
 
 
-@pytest.mark.parametrize(("b", "k", "g", "s", "h"), [(1, 1, 8, 128, 256), (3, 2, 4, 40, 16), (4, 1, 2, 9, 8)])
+ATTEND_SHAPES = [(1, 1, 8, 128, 256), (3, 2, 4, 40, 16), (4, 1, 2, 9, 8), (1, 1, 8, 512, 256), (2, 1, 4, 520, 512)]
+"""(B, K, G, S, H): the last two take the direct value product over a long cache, the others the transposed one."""
+
+
+@pytest.mark.parametrize(("b", "k", "g", "s", "h"), ATTEND_SHAPES)
 def test_attend_one_equals_attend(b, k, g, s, h):
     rng = np.random.default_rng(b * 100 + s)
     q = jnp.asarray(rng.standard_normal((b, 1, k * g, h)), jnp.float32)
@@ -25,6 +29,12 @@ def test_attend_one_equals_attend(b, k, g, s, h):
     got = jax.jit(attend_one)(q, kc, vc, mask_BS)
     assert got.shape == want.shape == (b, 1, k * g, h)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)  # summation order: scores of size ~sqrt(H)
+
+
+def test_both_value_product_forms_are_tested():
+    forms = [value_product_key_major(b, s, h) for b, _, _, s, h in ATTEND_SHAPES]
+    assert forms == [False, False, False, True, True]
+    assert value_product_key_major(1, 512, 256) and not value_product_key_major(2, 512, 256)  # B = 1 from 128K
 
 
 def _barriers(fn, *args) -> int:
