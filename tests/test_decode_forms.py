@@ -1,7 +1,8 @@
 """The decode-shaped forms chosen for XLA:CPU compute the same function as the plain forms.
 
-`model.layers.attend_one` (key-major scores, both forms of its value product) against `attend`, `model.quant.matmul`'s weight-left form for a
-dense output-major weight at 2-64 rows, and its split form for one row, against the plain einsum."""
+`model.layers.attend_one` (key-major scores, both forms of its value product) against `attend`,
+`model.quant.matmul`'s weight-left form for a dense output-major weight at 2-64 rows, and its split form for one
+row, against the plain einsum."""
 
 from __future__ import annotations
 
