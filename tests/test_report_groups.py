@@ -231,3 +231,17 @@ def test_a_profile_only_run_at_one_row_is_its_own_configuration(tmp_path: Path) 
     assert [keys[n].profile_batch for n in CPU_PROFILE_RUNS] == [1, 4, None]  # a profile-only run's rows, even 1
     report = build_report(None, tmp_path / "out", runs_dir=root, selection=Selection(latest_per=("device",)))
     assert sorted(report.runs) == sorted(CPU_PROFILE_RUNS)  # the later sweep hides neither profile
+
+
+def test_the_runs_tables_show_the_rows_each_run_decoded_per_step(tmp_path: Path) -> None:
+    # the engine records batch 1 for a --batch sweep and for `bench profile --batch B` alike; the tables must not
+    root, keys = _archived(TPU_BATCH_RUNS + CPU_PROFILE_RUNS, tmp_path)
+    assert [keys[n].batch for n in TPU_BATCH_RUNS] == [1, 1, 1, 1]
+    assert [keys[n].rows_per_step for n in TPU_BATCH_RUNS] == [(1, 8, 32, 128), (8,), (32,), (128,)]
+    assert [keys[n].rows_per_step for n in CPU_PROFILE_RUNS] == [(1,), (4,), (1,)]
+    md = build_report(None, tmp_path / "out", runs_dir=root, selection=Selection()).markdown.read_text()
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines() if line.startswith("| ")]
+    runs_rows = {c[6]: c[3] for c in cells if len(c) == 7 and c[6] in keys}  # device, date, build, batch, ..., run
+    assert runs_rows["2026-12-05-tpu-e2b-profile-b32-tpuv5e"] == "32"
+    assert runs_rows["2026-12-05-gpurun-e2b-120939-tpuv5e"] == "1, 8, 32, 128"
+    assert runs_rows["2026-12-02-batch-41-profile-b4-cpu"] == "4"

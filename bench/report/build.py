@@ -418,7 +418,8 @@ def _groups_section(groups: list[Group]) -> Section:
         rows.append([g.gid + (" (published)" if g.published else ""), f"{len(g.views)} of {len(g.pool)}", k["method"],
                      ", ".join(g.axis_values("device")), ckpt[:16] + ("…" if len(ckpt) > 16 else ""),
                      k["quantization"], k["dtypes"], fmt_num(k["new tokens"], 0),
-                     ", ".join(map(str, g.axis_values("batch"))), ", ".join(map(str, g.axis_values("concurrency"))),
+                     ", ".join(map(str, sorted({b for v in g.views for b in g.keys[v.name].rows_per_step}))),
+                     ", ".join(map(str, g.axis_values("concurrency"))),
                      span])  # fmt: skip
     splits = [f"{g.gid} is split from {h.gid} by {'; '.join(diff)}." for g, h, diff in nearest_splits(groups)]
     table = Table(title="", header=header, rows=rows, kind="groups",

@@ -100,6 +100,15 @@ class RunKeys:
         return self.provenance == "published"
 
     @property
+    def rows_per_step(self) -> tuple[int, ...]:
+        """The rows per decode step this run measured, as the runs tables print them: a `--batch` sweep's batch
+        sizes (`batch_sweep`), a profile-only run's profiled rows (`profile_batch`), else (`batch`,). `batch`
+        stays the engine's recorded batch (the configuration key); this is what a reader asks of a run."""
+        if self.batch_sweep:
+            return self.batch_sweep
+        return (self.profile_batch,) if self.profile_batch is not None else (self.batch,)
+
+    @property
     def dtypes(self) -> str:
         """"weights/compute/kv cache" dtype names, "?" for an unrecorded one."""
         return "/".join(x or "?" for x in (self.weight_dtype, self.compute_dtype, self.kv_cache_dtype))

@@ -225,8 +225,13 @@ def batch_profile_table(views: Sequence[Any]) -> Table | None:
                         "B = 1 every matrix product is a matrix-vector product, which no tensor core runs."])
 
 
-RUN_COLUMNS: tuple[RowColumn, ...] = columns("device", "date", "build_id", "batch", "concurrency", "host", "run")
-"""The runs table's columns: the long format's key columns (bench/report/rows.py)."""
+ROWS_PER_STEP = RowColumn(key="batch", header="batch", align="right",
+                          get=lambda k: ", ".join(f"{b:,}" for b in k.rows_per_step))
+"""The runs table's batch: the rows per decode step the run measured (`RunKeys.rows_per_step`: a `--batch`
+sweep's sizes, a profile-only run's `--batch`), not the engine's recorded batch, which is 1 for both."""
+RUN_COLUMNS: tuple[RowColumn, ...] = (*columns("device", "date", "build_id"), ROWS_PER_STEP,
+                                      *columns("concurrency", "host", "run"))
+"""The runs table's columns: the long format's key columns (bench/report/rows.py), batch as `ROWS_PER_STEP`."""
 
 
 def runs_table(group: Group) -> Table:
