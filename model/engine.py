@@ -518,6 +518,11 @@ class Engine:
 
         `decode_loop` (`DECODE_LOOPS`): "host" syncs every token (per-step times); "device" runs the tokens after
         the first in device loops of `block` steps (None: all in one), the same tokens for the same sampling.
+        The host loop dispatches step n + 1 (its input is step n's token, still on the device) before it reads
+        step n's token, so the device never waits for Python between steps; each token's time is still read when
+        that token has arrived on the host. Paired on the default preset (float32, 2-core EPYC, 63 steps, 8 pairs):
+        21.49 -> 20.08 ms per step at 41 input tokens, 28.11 -> 26.76 at 521. A request that stops early (EOS,
+        `on_token`) has computed one step more than it returns.
         Raises EngineError for another loop, a block < 1 or a block with the host loop, and for the device loop
         with `stop_at_eos` or `on_token` (both decide after every token on the host: they need the host loop)."""
         _check_loop(decode_loop, block, stop_at_eos=stop_at_eos, on_token=on_token is not None)
@@ -533,10 +538,13 @@ class Engine:
         if decode_loop == "device":
             arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, tokens, times)
         stop = on_token(tokens[0]) if on_token else False
+        step = functools.partial(_decode_program, self.params, cfg=self.cfg, act_dtype=self.policy.activation_dtype,
+                                 greedy=sampling.greedy)  # fmt: skip
+        ahead = None  # the next step, dispatched before this step's token is read (see the docstring)
         while len(tokens) < max_new_tokens and not stop and not (stop_at_eos and tokens[-1] in eos):
-            token_B, cache = _decode_program(self.params, cache, token_B, args, cfg=self.cfg,
-                                             act_dtype=self.policy.activation_dtype, greedy=sampling.greedy)  # fmt: skip
-            tokens.append(int(token_B[0]))
+            token_B, cache = ahead if ahead is not None else step(cache, token_B, args)
+            ahead = step(cache, token_B, args) if len(tokens) + 1 < max_new_tokens else None
+            tokens.append(int(np.asarray(token_B)[0]))  # waits for this step's token only
             times.append(time.perf_counter_ns())
             stop = on_token(tokens[-1]) if on_token else False
         return Generation(prompt_ids=list(prompt_ids), token_ids=tokens, bucket=bucket, max_new_tokens=max_new_tokens,
@@ -574,9 +582,12 @@ class Engine:
         if decode_loop == "device":
             arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, rows, times,
                                              params=params)  # fmt: skip
-        for _ in range(len(rows[0]), max_new_tokens):
-            token_B, cache = _decode_program(params, cache, token_B, args, cfg=self.cfg,
-                                             act_dtype=self.policy.activation_dtype, greedy=sampling.greedy)  # fmt: skip
+        step = functools.partial(_decode_program, params, cfg=self.cfg, act_dtype=self.policy.activation_dtype,
+                                 greedy=sampling.greedy)  # fmt: skip
+        ahead = None  # as in `generate`: the next step is dispatched before this step's tokens are read
+        for n in range(len(rows[0]), max_new_tokens):
+            token_B, cache = ahead if ahead is not None else step(cache, token_B, args)
+            ahead = step(cache, token_B, args) if n + 1 < max_new_tokens else None
             for row, t in zip(rows, np.asarray(token_B).tolist(), strict=True):
                 row.append(t)
             times.append(time.perf_counter_ns())

@@ -145,6 +145,28 @@ def test_generation_is_exactly_max_new_tokens_and_timed(params):
     assert gen.prefill_ms > 0 and all(s > 0 for s in gen.step_ms)
 
 
+def test_the_host_loop_dispatches_the_next_step_before_it_reads_a_token(params, monkeypatch):
+    import model.engine as engine_module
+
+    engine = Engine(params, CFG, decide_policy("float32"), buckets=(16,))
+    plain = [engine.generate([2, 3, 4], 9).token_ids]
+    events, real = [], engine_module._decode_program
+
+    def counted(*args, **kwargs):
+        events.append("dispatch")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "_decode_program", counted)
+    gen = engine.generate([2, 3, 4], 9, on_token=lambda t: events.append("token") and None)
+    assert gen.token_ids == plain[0] and len(gen.step_ms) == 8
+    # prefill gives token 1; step 2 is dispatched before token 1 is read, step n + 1 before token n, none past 9
+    assert events == ["token", "dispatch", "dispatch", "token", *["dispatch", "token"] * 6, "token"]
+    events.clear()
+    stopped = engine.generate([2, 3, 4], 9, on_token=lambda t: (events.append("token"), events.count("token") == 4)[1])
+    assert stopped.token_ids == plain[0][:4]
+    assert events.count("dispatch") == 4  # 3 steps gave tokens 2-4; the 4th was dispatched ahead, then not read
+
+
 def test_prompt_longer_than_the_largest_bucket_is_a_clear_error(params):
     from model.errors import EngineError
 
