@@ -483,6 +483,16 @@ def test_a_second_signal_while_the_run_ends_does_not_leave_it_running(tmp_path: 
 
 
 def test_a_signal_during_the_final_write_is_handled_after_it(tmp_path: Path, monkeypatch) -> None:
+    # Python's own Ctrl-C handler, also where this process inherited SIGINT ignored (started in the background by
+    # a non-interactive shell, e.g. `nohup make test &`): there the deferred Ctrl-C had nothing to raise
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _final_write_interrupted(tmp_path, monkeypatch)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+
+
+def _final_write_interrupted(tmp_path: Path, monkeypatch) -> None:
     real = runs_mod._atomic_write
 
     def interrupted_write(path, text):  # Ctrl-C lands while the final manifest is being written
