@@ -46,7 +46,7 @@ import functools
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import jax
@@ -537,16 +537,20 @@ class Engine:
         arrived = None
         if decode_loop == "device":
             arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, tokens, times)
-        stop = on_token(tokens[0]) if on_token else False
-        step = functools.partial(_decode_program, self.params, cfg=self.cfg, act_dtype=self.policy.activation_dtype,
-                                 greedy=sampling.greedy)  # fmt: skip
-        ahead = None  # the next step, dispatched before this step's token is read (see the docstring)
-        while len(tokens) < max_new_tokens and not stop and not (stop_at_eos and tokens[-1] in eos):
-            token_B, cache = ahead if ahead is not None else step(cache, token_B, args)
-            ahead = step(cache, token_B, args) if len(tokens) + 1 < max_new_tokens else None
+
+        def stops(token: int) -> bool:  # after `token`: the caller's stop, or EOS when asked to stop there
+            return bool(on_token and on_token(token)) or (stop_at_eos and token in eos)
+
+        def step(cache, token_B):  # the call `_decode_program` was traced with (positional args: one program)
+            return _decode_program(self.params, cache, token_B, args, cfg=self.cfg,
+                                   act_dtype=self.policy.activation_dtype, greedy=sampling.greedy)  # fmt: skip
+
+        steps = 0 if stops(tokens[0]) else max_new_tokens - len(tokens)  # the device loop leaves none
+        for token_B in _dispatched_ahead(step, cache, token_B, steps):
             tokens.append(int(np.asarray(token_B)[0]))  # waits for this step's token only
             times.append(time.perf_counter_ns())
-            stop = on_token(tokens[-1]) if on_token else False
+            if stops(tokens[-1]):
+                break
         return Generation(prompt_ids=list(prompt_ids), token_ids=tokens, bucket=bucket, max_new_tokens=max_new_tokens,
                           t_prefill_start_ns=t0, t_token_ns=times, compile_traces=CompileCounter.traces - traces0,
                           decode_loop=decode_loop, block=block, arrived=arrived)  # fmt: skip
@@ -582,12 +586,11 @@ class Engine:
         if decode_loop == "device":
             arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, rows, times,
                                              params=params)  # fmt: skip
-        step = functools.partial(_decode_program, params, cfg=self.cfg, act_dtype=self.policy.activation_dtype,
-                                 greedy=sampling.greedy)  # fmt: skip
-        ahead = None  # as in `generate`: the next step is dispatched before this step's tokens are read
-        for n in range(len(rows[0]), max_new_tokens):
-            token_B, cache = ahead if ahead is not None else step(cache, token_B, args)
-            ahead = step(cache, token_B, args) if n + 1 < max_new_tokens else None
+        def step(cache, token_B):
+            return _decode_program(params, cache, token_B, args, cfg=self.cfg,
+                                   act_dtype=self.policy.activation_dtype, greedy=sampling.greedy)  # fmt: skip
+
+        for token_B in _dispatched_ahead(step, cache, token_B, max_new_tokens - len(rows[0])):
             for row, t in zip(rows, np.asarray(token_B).tolist(), strict=True):
                 row.append(t)
             times.append(time.perf_counter_ns())
@@ -707,6 +710,18 @@ class Engine:
             self.params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=cache_len,
             kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=greedy,
         )  # fmt: skip
+
+
+def _dispatched_ahead(step: Callable, cache, token_B: jax.Array, steps: int) -> Iterator[jax.Array]:
+    """The host loop's tokens: yields the next-token ids [B] (int32, on the device) of `steps` decode steps,
+    `step(cache, token_B) -> (token_B, cache)` each, with step n + 1 dispatched before step n's ids are yielded, so
+    the device does not wait while the caller reads them. A caller that stops early leaves one dispatched step
+    unread; 0 steps dispatches nothing."""
+    ahead = step(cache, token_B) if steps > 0 else None
+    for n in range(steps):
+        token_B, cache = ahead
+        ahead = step(cache, token_B) if n + 1 < steps else None
+        yield token_B
 
 
 def _check_loop(decode_loop: str, block: int | None, *, stop_at_eos: bool, on_token: bool) -> None:
