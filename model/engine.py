@@ -373,25 +373,32 @@ class BatchGeneration:
         return None if gauge is None else self.batch * gauge
 
 
+CPU_BF16_KERNEL = "bf16=cpu"
+"""The manifest's kernel name for bfloat16 weights multiplied by the engine's CPU kernels (`model.kernels.cpu`)."""
+
+
 class Engine:
     """A loaded model on the live device, with its policy, bucket ladder and compiled programs.
 
     `params` must already be in the policy's weight dtype on the device, and quantized as `quant` says (a
     `model.quantspec.QuantSpec`, scales of `scale_dtype`; `model.quant.quantize_params` or a quantizing
     `model.checkpoint.load_params`). `kernel`: the `model.kernels.choice.KernelPlan` the w4 projections' tilings
-    come from (None without w4 weights), recorded in the manifest. Raises EngineError for a prompt that no bucket
-    holds or a max_new_tokens below 1.
+    come from (None without w4 weights), recorded in the manifest. `cpu_kernel`: `CPU_BF16_KERNEL` when the
+    engine's CPU kernels multiply its bfloat16 weights (`model.kernels.cpu`; `load_engine` then holds the
+    input-major projections transposed), else None; recorded in the manifest as the engine's kernel. Raises
+    EngineError for a prompt that no bucket holds or a max_new_tokens below 1.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, policy: DevicePolicy, *, max_length: int | None = None,
                  buckets: Sequence[int] | None = None, tokenizer=None, quant: QuantSpec = NO_QUANT,
-                 scale_dtype: str = "bfloat16", kernel=None):  # fmt: skip
+                 scale_dtype: str = "bfloat16", kernel=None, cpu_kernel: str | None = None):  # fmt: skip
         self.params = params
         self.cfg = cfg
         self.policy = policy
         self.quant = quant
         self.scale_dtype = scale_dtype
         self.kernel = kernel  # model.kernels.choice.KernelPlan of the w4 product; None without w4 weights
+        self.cpu_kernel = cpu_kernel
         self.tokenizer = tokenizer
         # the prompt lengths it takes, from the config alone (model/limits.py: the checks a command line runs
         # before loading); EngineError for a bucket above max_length or above the model's positions
@@ -798,6 +805,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
     from model.kernels.choice import log_plan, plan_kernel, with_kernel_mode, with_tilings
+    from model.kernels.cpu import engine_plan
     from model.policy import decide_policy
     from model.tokenizer import GemmaTokenizer
 
@@ -820,13 +828,18 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
                                  quant=quant, scale_dtype=DTYPES[scale_dtype])  # fmt: skip
     if plan is not None and plan.impl == "pallas":
         params = with_tilings(params, plan)
+    cpu_kernel, cpu_line = engine_plan(policy.platform, policy.weight_dtype, policy.activation_dtype)
+    if cpu_kernel:  # the kernels read [N, K] weights: the input-major projections held transposed instead
+        params = output_major_params(params)
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
     log.info(f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
              f"converted once at load to {policy.weight_dtype}, quant {quant.canonical}) in {report['load_s']:.1f} s")  # fmt: skip
+    if cpu_line:
+        (log.info if cpu_kernel else log.warning)(cpu_line)
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
-                    scale_dtype=scale_dtype, kernel=plan)  # fmt: skip
+                    scale_dtype=scale_dtype, kernel=plan, cpu_kernel=CPU_BF16_KERNEL if cpu_kernel else None)  # fmt: skip
     return engine, report
 
 

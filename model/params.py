@@ -154,11 +154,13 @@ def output_major_params(params: Params) -> Params:
 
 
 def output_major_bytes(params: Params) -> int:
-    """Bytes `output_major_params` adds beside `params` (the dense leaves it copies; 0 when all are quantized)."""
-    from model.quant import QuantArray
+    """Bytes `output_major_params` adds beside `params` (the dense leaves it copies; 0 when all are quantized or
+    already held transposed, as `model.engine.load_engine` holds them for the CPU kernels)."""
+    from model.quant import OutputMajor, QuantArray
 
     leaves = [lp.qkv_DX for lp in params.layers] + [lp.gate_up_DX for lp in params.layers] + [params.ple_proj_DX]
-    return sum(int(w.nbytes) for w in leaves if w is not None and not isinstance(w, QuantArray) and w.ndim == 2)
+    return sum(int(w.nbytes) for w in leaves
+               if w is not None and not isinstance(w, QuantArray | OutputMajor) and w.ndim == 2)  # fmt: skip
 
 
 def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:

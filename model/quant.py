@@ -266,7 +266,7 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
     if isinstance(w, OutputMajor):  # the same product with the stored [N, K] array: the weight letters swapped
         return matmul(x, w.w_NK, f"{lhs},{rhs[::-1]}->{out}")
     if not isinstance(w, QuantArray):
-        for dense_form in (_weight_left_form, _split_form):
+        for dense_form in (_bf16_kernel_form, _weight_left_form, _split_form):
             y = dense_form(x, w, lhs, rhs, out)
             if y is not None:
                 return y
@@ -341,6 +341,28 @@ def output_major(w):
 
 BATCH_ROWS_WEIGHT_LEFT = (2, 64)
 """Activation rows (inclusive range) for which `_weight_left_form` takes a dense output-major product on CPU."""
+
+
+def _bf16_kernel_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) -> jax.Array | None:
+    """A bfloat16 2-D weight times float32 activations on CPU through the engine's hand-written kernels
+    (`model.kernels.cpu`), when they are built and loaded there; else None (the other forms, where XLA widens
+    the weight first at about 1.4 GB/s: the published report's "leak one").
+
+    At most `model.kernels.cpu.MAX_ROWS` rows (decode: one per sequence): `matvec` reads the weight in place in
+    either layout and sums in float32. More rows (prefill): the weight is widened once by `to_float32` (exact)
+    and XLA's float32 product runs, so the result is the float32 product of the same values. Returns the spec's
+    output in x.dtype; float32 sums in another order than XLA's dot can differ in the last bits."""
+    if w.dtype != jnp.bfloat16 or x.dtype != jnp.float32 or jax.default_backend() != "cpu":
+        return None
+    from model.kernels import cpu  # the build is tried on the first such product in a process
+
+    form = _matrix_form(x, w, lhs, rhs, out)
+    if form is None or not cpu.available():
+        return None
+    x_RK, axis, free = form
+    if x_RK.shape[0] > cpu.MAX_ROWS:
+        return jnp.einsum(f"{lhs},{rhs}->{out}", x, cpu.to_float32(w))
+    return _unrows(cpu.matvec(x_RK, w, axis), x, w, lhs, rhs, out, axis, free)
 
 
 def _weight_left_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) -> jax.Array | None:

@@ -20,6 +20,8 @@ def env(tmp_path_factory):
         (["sweep", "-c", "builtin:tiny", "--inputs", "20", "--max-new-tokens", "100000"], ["--max-new-tokens"]),
         (["sweep", "-c", "builtin:tiny", "--inputs", "41,,521"], ["empty entry"]),
         (["sweep", "-c", "builtin:tiny", "--inputs", "20", "--model", "m"], ["--target"]),
+        (["sweep", "-c", "builtin:tiny", "--inputs", "20", "--weight-dtype", "int3"], ["--weight-dtype int3", "bfloat16"]),
+        (["sweep", "--target", "http://127.0.0.1:9/v1", "--weight-dtype", "bfloat16"], ["--weight-dtype", "server"]),
         (["checkpoint", "create", "/tmp/never-made-ckpt", "--preset", "tiny", "--seed", "-1"], ["seed -1"]),
         (["runs", "validate", "/tmp/no-such-run-folder"], ["no-such-run-folder"]),
         # Parsing errors (raised by typer's own copy of click in typer >= 0.22, by click before): one line too.

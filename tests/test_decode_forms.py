@@ -133,6 +133,7 @@ def test_batch_params_copy_only_the_dense_input_major_projections(tiny_checkpoin
 @pytest.mark.parametrize("case", ["output-major", "input-major", "OutputMajor", "bf16 weight", "no T axis"])
 def test_split_form_equals_einsum_for_the_engines_one_row_forms(monkeypatch, case):
     monkeypatch.setattr(quant, "SPLIT_SLABS", 4)
+    monkeypatch.setenv("GEMMA4_BENCH_CPU_KERNELS", "0")  # XLA's forms (the CPU kernels: tests/test_cpu_kernels.py)
     rng = np.random.default_rng(7)
     spec, x_shape, w = {
         "output-major": ("BTF,DF->BTD", (1, 1, 96), rng.standard_normal((64, 96))),  # o / down / PLE gate / head

@@ -52,8 +52,21 @@ def matched(env):
 
 @pytest.fixture(scope="module")
 def leak(env):
-    """bfloat16 weights, float32 compute: the weights are converted every step."""
-    run = _profile(env, "leak", "--weight-dtype", "bfloat16")
+    """bfloat16 weights, float32 compute, the engine's CPU kernels off: XLA converts the weights every step."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GEMMA4_BENCH_CPU_KERNELS", "0")
+        run = _profile(env, "leak", "--weight-dtype", "bfloat16")
+    return run, json.loads((run / "profile.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def kernels(env):
+    """bfloat16 weights, float32 compute, the engine's CPU kernels on: the weights are read as stored."""
+    from model.kernels import cpu
+
+    if not cpu.available():
+        pytest.skip(f"the CPU kernels are not available here: {cpu.availability()[1]}")
+    run = _profile(env, "kernels", "--weight-dtype", "bfloat16")
     return run, json.loads((run / "profile.json").read_text())
 
 
@@ -168,6 +181,15 @@ def test_leak_one_visible_through_the_cli(leak, matched):
     assert clean["config"]["weight_dtype"] == "float32"
     assert leaky["categories"]["dtype_conversion"]["pct"] > 10.0
     assert clean["categories"]["dtype_conversion"]["pct"] < 2.0
+
+
+def test_the_cpu_kernels_remove_leak_one_and_the_manifest_names_them(kernels, leak):
+    run, prof = kernels
+    _, leaky = leak
+    assert prof["config"]["weight_dtype"] == "bfloat16" and prof["categories"]["dtype_conversion"]["pct"] < 2.0
+    assert prof["config"]["decode_bytes"]["weights"] == leaky["config"]["decode_bytes"]["weights"]
+    assert json.loads((run / "manifest.json").read_text())["engine_config"]["kernel"] == "bf16=cpu"
+    assert json.loads((leak[0] / "manifest.json").read_text())["engine_config"]["kernel"] is None
 
 
 def test_profile_replaces_a_runs_profile_only_when_asked(env, tmp_path, capsys):

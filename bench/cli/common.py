@@ -232,7 +232,9 @@ DtypeOpt = typer.Option(None, "--dtype", help=DTYPE_HELP)
 WeightDtypeOpt = typer.Option(
     None, "--weight-dtype",
     help="Store the weights in this dtype (float32, bfloat16, float16) while computing in --dtype; default: the "
-    "compute dtype. A mismatch makes every decode step convert the weights (the report's 'leak one').",
+    "compute dtype. A mismatch makes every decode step convert the weights (the report's 'leak one'), except "
+    "bfloat16 under float32 on CPU: the engine's CPU kernels read the bfloat16 weights in place (half the bytes; "
+    "GEMMA4_BENCH_CPU_KERNELS=0 turns them off).",
 )  # fmt: skip
 MaxLengthOpt = typer.Option(None, "--max-length", help="Largest prompt (tokens) the engine accepts, at most the "
                              "model's positions; default 8192 (or the model's positions, if fewer).")

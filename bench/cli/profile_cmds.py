@@ -504,9 +504,9 @@ def _run_mismatches(run, setup) -> list[str]:
     if (ran.engine.quantization or "none") != quant:
         mismatch.append(f"quantization {ran.engine.quantization or 'none'} (run) vs {quant} (profile)")
     plan = getattr(setup.engine, "kernel", None)
-    mine = (plan.option, plan.tiles) if plan is not None else (None, None)
+    mine = (plan.option, plan.tiles) if plan is not None else (getattr(setup.engine, "cpu_kernel", None), None)
     if (ran.engine.kernel, ran.engine.kernel_tiles) != mine and ran.engine.kernel is not None:
-        mismatch.append(f"w4 kernel {ran.engine.kernel} {ran.engine.kernel_tiles or ''} (run) vs {mine[0]} "
+        mismatch.append(f"kernel {ran.engine.kernel} {ran.engine.kernel_tiles or ''} (run) vs {mine[0]} "
                         f"{mine[1] or ''} (profile)")  # fmt: skip
     return mismatch
 

@@ -19,6 +19,7 @@ from bench.cli.common import (
     MaxLengthOpt,
     QuantOpt,
     ScaleDtypeOpt,
+    WeightDtypeOpt,
     check_prompt_sizes,
     compile_cache_dir,
     engine_manifest,
@@ -153,6 +154,19 @@ def _resumed_quant(run, quant: str | None, scale_dtype: str | None) -> tuple[str
     return stored[0], scale_dtype if stored[1] is None else stored[1]
 
 
+def _resumed_weight_dtype(run, weight_dtype: str | None) -> str | None:
+    """With --resume, --weight-dtype not given takes the run's where it stored its weights in another dtype than it
+    computed in (else None: the policy's own); a given one that differs from the run's is an InputError."""
+    engine = run.typed_manifest.engine
+    stored = engine.weight_dtype
+    if weight_dtype is not None and stored is not None and weight_dtype != stored:
+        raise InputError(f"--weight-dtype {weight_dtype} differs from the resumed run's {stored}; drop the flag to "
+                         f"continue {run.path} as it started")  # fmt: skip
+    if weight_dtype is None and stored is not None and stored != engine.compute_dtype:
+        return stored
+    return weight_dtype
+
+
 def _resumed_durations(run, min_duration: float | None, max_duration: float | None) -> tuple[float, float | None]:
     """With --resume, --min-duration / --max-duration not given take the run's (none: 0 and no bound); a given
     one that differs is an InputError, as for the other workload flags."""
@@ -228,6 +242,7 @@ def sweep(
     resume: str | None = typer.Option(None, "--resume", help="Continue an interrupted run: a folder, a run name "
                                       "in --runs-dir (as `bench runs list` prints it), or 'latest'."),
     dtype: str | None = DtypeOpt,
+    weight_dtype: str | None = WeightDtypeOpt,
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
     buckets: str | None = BucketsOpt,
@@ -318,13 +333,17 @@ def sweep(
         compile_cache = _resumed_cache(run, compile_cache)
         decode_loop, decode_block = _resumed_loop(run, decode_loop, decode_block)
         quant, scale_dtype = _resumed_quant(run, quant, scale_dtype)
-        if kernel is None and run.typed_manifest.engine.kernel is not None:  # the run's w4 product
+        weight_dtype = _resumed_weight_dtype(run, weight_dtype)
+        if kernel is None and (run.typed_manifest.engine.kernel or "").startswith("w4a16="):  # the run's w4 product
             kernel = run.typed_manifest.engine.kernel
         batch = _resumed_batch(run, batch)
         batches = parse_batches(batch) if batch is not None else None
     if target is not None and kernel is not None:
         raise InputError(f"--kernel {kernel}: with --target the server multiplies its weights as it was started; "
                          "drop the flag (start the server with `bench serve --kernel ...`)")  # fmt: skip
+    if target is not None and weight_dtype is not None:
+        raise InputError(f"--weight-dtype {weight_dtype}: with --target the server stores its weights as it was "
+                         "started; drop the flag (start the server with the dtype you want to measure)")  # fmt: skip
     if target is not None and (quant is not None or scale_dtype is not None):
         raise InputError(f"--quant {quant or ''}{' --scale-dtype ' + scale_dtype if scale_dtype else ''}: with "
                          "--target the server's weights are measured as it placed them, which a client cannot "
@@ -342,7 +361,7 @@ def sweep(
                          max_duration_s=max_duration, block=decode_block, batches=batches or (),
                          decode_loops=loops or DECODE_LOOP_CHOICES["host" if target else DEFAULT_DECODE_LOOP])  # fmt: skip
     config.check()
-    engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel)
+    engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype)
     if target is not None and concurrency is not None:
         from bench.sweep.load import LoadConfig, default_num_requests, parse_concurrency
 
@@ -369,11 +388,12 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
         raise RunFolderError(f"--runs-dir {runs_dir} is a file; pass a folder")
     setup_logging()
     log = logging.getLogger("bench")
-    dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel = engine_flags
+    dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype = engine_flags
     # every size against the limits config.json sets, before a built-in checkpoint is created or a weight loads
     check_prompt_sizes(checkpoint, config.inputs, config.max_new_tokens, max_length, buckets)
     engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
-                                                   quant=quant, scale_dtype=scale_dtype, kernel=kernel)  # fmt: skip
+                                                   quant=quant, scale_dtype=scale_dtype, kernel=kernel,
+                                                   weight_dtype=weight_dtype)  # fmt: skip
     prompts = build_prompts(engine, config)  # every size checked before a folder is created or anything measured
     check_batches(engine, config)  # every batch must fit in memory: one line, exit 2, before anything is timed
     batch_prompts = build_batch_prompts(engine, config) if any(b > 1 for b in config.batches) else None

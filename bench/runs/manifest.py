@@ -97,7 +97,8 @@ class EngineConfig:
     `--scale-dtype`); dtypes by name ("float32", "bfloat16", ...). A manifest written before `--quant` existed
     records quantization "none" (or nothing) and no scale dtype: it reads as dense.
     `kernel`: how w4 weights were multiplied, "w4a16=pallas" (the fused kernel) or "w4a16=xla", None without w4
-    weights (and in manifests from before the kernel); `kernel_tiles`: with pallas, the tiling of each projection
+    weights (and in manifests from before the kernel); "bf16=cpu" where the engine's CPU kernels multiplied
+    bfloat16 weights (`model.kernels.cpu`); `kernel_tiles`: with pallas, the tiling of each projection
     ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...}, "xla (why)" for one the kernel
     does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id: other tiles, another build.
     """
@@ -398,7 +399,8 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
     """The `EngineConfig` of a loaded `model.engine.Engine`: its buckets, max_length, policy's dtypes and
     quantization (`engine.quant.canonical`, "none" for dense or an engine without `quant`; `engine.scale_dtype`
     only when something is quantized) and w4 kernel (`engine.kernel`, a `model.kernels.choice.KernelPlan`: its
-    option and tiles; None without one)."""
+    option and tiles; None without one) or, without one, its CPU kernel for bfloat16 weights (`engine.cpu_kernel`,
+    "bf16=cpu", or None)."""
     pol = engine.policy
     quant = getattr(engine, "quant", None)
     quantization = quant.canonical if quant is not None else "none"
@@ -407,7 +409,8 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
     return EngineConfig(buckets=tuple(engine.buckets), max_length=engine.max_length, batch=batch,
                         quantization=quantization, scale_dtype=scale, weight_dtype=pol.weight_dtype,
                         activation_dtype=pol.activation_dtype, kv_cache_dtype=pol.kv_dtype,
-                        compute_dtype=pol.compute_dtype, kernel=plan.option if plan is not None else None,
+                        compute_dtype=pol.compute_dtype,
+                        kernel=plan.option if plan is not None else getattr(engine, "cpu_kernel", None),
                         kernel_tiles=plan.tiles if plan is not None else None)  # fmt: skip
 
 

@@ -1,0 +1,153 @@
+"""The engine's hand-written XLA:CPU kernels for bfloat16-stored weights (`cpu_bf16.cc`, XLA FFI custom calls):
+built on first use with the machine's C++ compiler, loaded, and called from `model.quant.matmul`.
+
+Key: R activation rows (batch x positions; a decode step has R = 1 per sequence), K the contraction length, N the
+output length.
+
+- `matvec(x_RK, w, axis)`: float32 [R, N] = x [R, K] (float32) times a bfloat16 weight contracted along `axis`
+  (1: w is [N, K], output-major; 0: w is [K, N], input-major). The weight is read once and widened in registers;
+  the sums are float32 (a bfloat16 widens to float32 exactly, so each product is the float32 product of the same
+  values; only the order of the additions differs from XLA's dot).
+- `to_float32(w)`: the weight widened to float32 (any shape), for products of many rows (prefill), which XLA's
+  float32 matrix product then runs.
+
+Why: XLA:CPU widens a bfloat16 weight before a product at about 1.4 GB/s of stored bytes (chain of 100 [4096, 256]
+matrix-vector products, 2-core Xeon, jax 0.12: 148 ms against 19 ms for the same products in float32), so storing
+the weights in bfloat16 cost decode 8x (the published report's "leak one", reproduced by
+`runs/2026-11-30-leak-one-cpu`). The kernels read the same 200 MiB in 9-10 ms, half the float32 product's bytes.
+
+The build: `library()` compiles `cpu_bf16.cc` once per (source, compiler, jaxlib headers, CPU) into
+`<cache root>/kernels/` (`model.builtin.cache_root`) with `$CXX` (default `c++`), `-O3 -march=native`, and the
+XLA FFI headers that jaxlib ships (`jax.ffi.include_dir()`). Where that fails (no compiler, no headers, not a
+CPU backend) `availability()` says why and the engine stays on XLA's product (`model.quant`), so nothing breaks:
+it is only slower. `GEMMA4_BENCH_CPU_KERNELS=0` turns the kernels off (to measure XLA's path, "leak one").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+SOURCE = Path(__file__).with_name("cpu_bf16.cc")
+TARGETS = {"matvec_nk": "gemma4_bf16_matvec_nk", "matvec_kn": "gemma4_bf16_matvec_kn", "to_f32": "gemma4_bf16_to_f32"}
+MAX_ROWS = 16
+"""Most activation rows for which `model.quant.matmul` multiplies a bfloat16 weight with `matvec`; with more, the
+weight is widened once (`to_float32`) and XLA's float32 product runs (prefill chunks: many rows per weight)."""
+ENV_SWITCH = "GEMMA4_BENCH_CPU_KERNELS"
+
+
+def _cpu_signature() -> str:
+    """What `-march=native` compiles for: the machine, and the CPU's first model-name and feature-flag lines."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    first = {}
+    for line in lines:
+        key = line.split(":", 1)[0].strip()
+        if key in ("model name", "flags", "Features"):
+            first.setdefault(key, line)
+    return platform.machine() + platform.processor() + "".join(first.values())
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def _build(out_dir: Path) -> tuple[Path | None, str]:
+    """(path of the built library, how) or (None, why not)."""
+    cxx = _compiler()
+    if cxx is None:
+        return None, f"no C++ compiler ({os.environ.get('CXX', 'c++')!r} not found; install g++ or set CXX)"
+    include = Path(jax.ffi.include_dir())
+    if not (include / "xla" / "ffi" / "api" / "ffi.h").is_file():
+        return None, f"no XLA FFI headers under {include}"
+    flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{include}"]
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), cxx, " ".join(flags), jax.__version__, _cpu_signature()]).encode()
+    ).hexdigest()[:16]
+    lib = out_dir / f"cpu_bf16-{key}.so"
+    if lib.is_file():
+        return lib, f"cached build {lib.name}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        part = Path(tmp) / lib.name
+        run = subprocess.run([cxx, *flags, str(SOURCE), "-o", str(part)], capture_output=True, text=True)
+        if run.returncode != 0:
+            last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
+            return None, f"{Path(cxx).name} failed on {SOURCE.name}: {last}"
+        os.replace(part, lib)  # atomic: a concurrent build of the same key writes the same bytes
+    return lib, f"built {lib.name}"
+
+
+def availability() -> tuple[bool, str]:
+    """(whether the kernels are loaded and registered with XLA:CPU, one line saying how or why not). Built and
+    registered on the first call in a process (`_loaded`); `GEMMA4_BENCH_CPU_KERNELS=0` is read on every call, so
+    a trace made after setting it uses XLA's product. Never raises."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return False, f"off ({ENV_SWITCH}=0)"
+    if jax.default_backend() != "cpu":
+        return False, f"not a CPU backend ({jax.default_backend()})"
+    return _loaded()
+
+
+@functools.cache
+def _loaded() -> tuple[bool, str]:
+    from model.builtin import cache_root  # the project's cache folder
+
+    try:
+        lib_path, how = _build(cache_root() / "kernels")
+        if lib_path is None:
+            return False, how
+        lib = ctypes.cdll.LoadLibrary(str(lib_path))
+        for name in TARGETS.values():
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+    except (OSError, AttributeError, ValueError, subprocess.SubprocessError) as e:
+        return False, f"kernel library not loaded: {e}"
+    return True, how
+
+
+def available() -> bool:
+    """Whether `matvec` and `to_float32` can run (`availability`)."""
+    return availability()[0]
+
+
+def engine_plan(platform: str, weight_dtype: str, activation_dtype: str) -> tuple[bool, str | None]:
+    """Whether an engine of this policy multiplies its weights with these kernels, and the line that says how or
+    why not (None where the question does not arise: not a CPU, or the weights are not bfloat16 under float32
+    activations). Builds the kernels on first use (`availability`)."""
+    if platform != "cpu" or weight_dtype != "bfloat16" or activation_dtype != "float32":
+        return False, None
+    ok, how = availability()
+    if ok:
+        return True, f"bfloat16 weights x float32 activations: the engine's CPU kernels ({SOURCE.name}, {how})"
+    return False, (f"bfloat16 weights x float32 activations: XLA widens every weight before each product, about "
+                   f"8x slower decode (the CPU kernels are not in use: {how})")
+
+
+def matvec(x_RK: jax.Array, w: jax.Array, axis: int) -> jax.Array:
+    """float32 [R, N]: x [R, K] (float32) times the bfloat16 weight `w` contracted along `axis` (1: w [N, K],
+    0: w [K, N]). Call only when `available()`."""
+    n = w.shape[1 - axis]
+    target = TARGETS["matvec_nk" if axis == 1 else "matvec_kn"]
+    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x_RK.shape[0], n), jnp.float32))(
+        x_RK.astype(jnp.float32), w
+    )
+
+
+def to_float32(w: jax.Array) -> jax.Array:
+    """The bfloat16 array `w` widened to float32 (same shape; exact). Call only when `available()`."""
+    return jax.ffi.ffi_call(TARGETS["to_f32"], jax.ShapeDtypeStruct(w.shape, jnp.float32))(w)
+
+
+__all__ = ["MAX_ROWS", "availability", "available", "engine_plan", "matvec", "to_float32"]

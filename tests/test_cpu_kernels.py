@@ -1,0 +1,139 @@
+"""The engine's CPU kernels for bfloat16 weights (model/kernels/cpu.py, cpu_bf16.cc): their products against
+XLA's float32 product of the same (widened) weights, the build's refusals, and an engine that uses them."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model import quant
+from model.kernels import cpu
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernels")
+
+
+@pytest.fixture(scope="module")
+def built():
+    ok, how = cpu.availability()
+    if not ok:
+        pytest.skip(f"the CPU kernels are not available here: {how}")
+    return how
+
+
+def _weights(rng, n, k):
+    return jnp.asarray(rng.standard_normal((n, k)), jnp.float32).astype(jnp.bfloat16)
+
+
+@pytest.mark.parametrize("rows, k, n", [(1, 256, 4096), (1, 2048, 256), (3, 100, 37), (16, 1024, 300), (1, 64, 70000)])
+@pytest.mark.parametrize("axis", [1, 0])
+def test_matvec_equals_the_float32_product_of_the_widened_weight(built, rows, k, n, axis):
+    rng = np.random.default_rng(rows * 7 + k + n)
+    x_RK = jnp.asarray(rng.standard_normal((rows, k)), jnp.float32)
+    w_NK = _weights(rng, n, k)
+    w = w_NK if axis == 1 else jnp.array(w_NK.T, copy=True)
+    got = jax.jit(lambda x, w: cpu.matvec(x, w, axis))(x_RK, w)
+    want = np.asarray(x_RK, np.float64) @ np.asarray(w_NK.astype(jnp.float32), np.float64).T
+    assert got.shape == (rows, n) and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
+
+
+def test_to_float32_is_exact(built):
+    w = _weights(np.random.default_rng(0), 513, 77)
+    got = jax.jit(cpu.to_float32)(w)
+    assert got.dtype == jnp.float32 and np.array_equal(np.asarray(got), np.asarray(w.astype(jnp.float32)))
+
+
+def _ffi_targets(fn, *args) -> str:
+    return jax.jit(fn).lower(*args).as_text()
+
+
+@pytest.mark.parametrize("spec, x_shape, w_shape, taken", [
+    ("BTD,DX->BTX", (1, 1, 256), (256, 640), "gemma4_bf16_matvec_kn"),  # input-major, one decode row
+    ("BTF,DF->BTD", (2, 1, 512), (256, 512), "gemma4_bf16_matvec_nk"),  # output-major, a batch of 2 rows
+    ("BTD,DX->BTX", (1, 64, 256), (256, 640), "gemma4_bf16_to_f32"),  # prefill rows: widened once, XLA's dot
+])  # fmt: skip
+def test_matmul_takes_the_kernels_for_bfloat16_weights(built, monkeypatch, spec, x_shape, w_shape, taken):
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(w_shape), jnp.float32).astype(jnp.bfloat16)
+    want = jnp.einsum(spec, x, w.astype(jnp.float32))
+    got = jax.jit(lambda x, w: quant.matmul(x, w, spec))(x, w)
+    assert got.shape == want.shape and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-4)
+    assert taken in _ffi_targets(lambda x, w: quant.matmul(x, w, spec), x, w)
+    monkeypatch.setenv(cpu.ENV_SWITCH, "0")  # off: XLA's product, no custom call
+    assert "gemma4_bf16" not in _ffi_targets(lambda x, w: quant.matmul(x, w, spec), x, w)
+
+
+def test_float32_weights_never_take_the_kernels(built):
+    x = jnp.ones((1, 1, 256), jnp.float32)
+    w = jnp.ones((256, 640), jnp.float32)
+    assert "gemma4_bf16" not in _ffi_targets(lambda x, w: quant.matmul(x, w, "BTD,DX->BTX"), x, w)
+
+
+def test_without_a_compiler_the_build_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "no-such-compiler-gemma4")
+    lib, why = cpu._build(tmp_path)
+    assert lib is None and "no C++ compiler" in why and "no-such-compiler-gemma4" in why
+
+
+def test_a_failing_compile_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that exits 1
+    lib, why = cpu._build(tmp_path)
+    assert lib is None and "failed on cpu_bf16.cc" in why
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_engine_plan_applies_only_to_bfloat16_weights_under_float32_on_cpu(built, monkeypatch):
+    assert cpu.engine_plan("cpu", "float32", "float32") == (False, None)
+    assert cpu.engine_plan("gpu", "bfloat16", "float32") == (False, None)
+    on, line = cpu.engine_plan("cpu", "bfloat16", "float32")
+    assert on and "CPU kernels" in line
+    monkeypatch.setenv(cpu.ENV_SWITCH, "0")
+    off, why = cpu.engine_plan("cpu", "bfloat16", "float32")
+    assert not off and "8x slower" in why and cpu.ENV_SWITCH in why
+
+
+def test_an_engine_with_bfloat16_weights_decodes_the_float32_engines_tokens(built, monkeypatch, tmp_path):
+    """The built-in checkpoint is stored in bfloat16, so float32 weights hold the same values: the kernels' engine
+    must produce the same greedy tokens, and so must the XLA path with the kernels off."""
+    from model.builtin import ensure_builtin
+    from model.engine import CPU_BF16_KERNEL, load_engine
+    from model.policy import decide_policy
+
+    path = ensure_builtin("tiny")
+    prompt = [2, 17, 99, 5, 300, 41, 7, 8, 250, 3]
+    f32, _ = load_engine(path, policy=decide_policy())
+    bf16, _ = load_engine(path, policy=decide_policy(weight_dtype="bfloat16"))
+    assert bf16.cpu_kernel == CPU_BF16_KERNEL and f32.cpu_kernel is None
+    assert isinstance(bf16.params.layers[0].qkv_DX, quant.OutputMajor)  # the kernels read [N, K]
+    assert bf16.batch_copy_bytes == 0  # already transposed: a batch needs no second copy
+    want = f32.generate(prompt, 12).token_ids
+    assert bf16.generate(prompt, 12).token_ids == want
+    assert bf16.generate(prompt, 12, decode_loop="device").token_ids == want
+    assert bf16.generate_batch([prompt, prompt[:7]], 6).token_ids[0] == want[:6]
+    monkeypatch.setenv(cpu.ENV_SWITCH, "0")
+    xla, _ = load_engine(path, policy=decide_policy(weight_dtype="bfloat16"))
+    assert xla.cpu_kernel is None and xla.generate(prompt, 12).token_ids == want
+
+
+def test_a_resumed_sweep_takes_the_runs_weight_dtype_and_refuses_another():
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from bench.cli.sweep_cmds import _resumed_weight_dtype
+    from bench.errors import InputError
+    from bench.runs import EngineConfig
+
+    def run(**engine):
+        return SimpleNamespace(path=Path("runs/x"), typed_manifest=SimpleNamespace(engine=EngineConfig(**engine)))
+
+    bf16 = run(weight_dtype="bfloat16", compute_dtype="float32", kernel="bf16=cpu")
+    assert _resumed_weight_dtype(bf16, None) == "bfloat16"
+    assert _resumed_weight_dtype(bf16, "bfloat16") == "bfloat16"
+    with pytest.raises(InputError, match="--weight-dtype float32 differs from the resumed run's bfloat16"):
+        _resumed_weight_dtype(bf16, "float32")
+    assert _resumed_weight_dtype(run(weight_dtype="float32", compute_dtype="float32"), None) is None  # the policy's
+    assert _resumed_weight_dtype(run(), None) is None  # a run from before the flag
