@@ -192,6 +192,16 @@ def test_the_cpu_kernels_remove_leak_one_and_the_manifest_names_them(kernels, le
     assert json.loads((leak[0] / "manifest.json").read_text())["engine_config"]["kernel"] is None
 
 
+def test_a_profile_joined_to_a_bfloat16_run_takes_its_weight_dtype_and_kernel(kernels, env):
+    run, _ = kernels
+    code = bench_in_process(["profile", "--steps", str(STEPS), "--checkpoint", "builtin:tiny", "--runs-dir",
+                             str(env / "runs"), "--run", str(run), "--replace", "--compile-cache", "off"])  # fmt: skip
+    assert code == 0
+    prof = json.loads((run / "profile.json").read_text())
+    assert prof["config"]["weight_dtype"] == "bfloat16"
+    assert not [n for n in prof["notes"] if "differs" in n], prof["notes"]
+
+
 def test_profile_replaces_a_runs_profile_only_when_asked(env, tmp_path, capsys):
     run = _profile(env, "addto")
     before = (run / "profile.json").read_bytes()

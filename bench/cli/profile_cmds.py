@@ -357,8 +357,10 @@ def profile(
         if quant is None:  # profile the payload the run measured
             quant, scale_dtype = ran.quantization or "none", scale_dtype or ran.scale_dtype
         _refuse_other_quant(ran, quant, scale_dtype)
-        if kernel is None and ran.kernel is not None:  # the run's w4 product, not this machine's default
+        if kernel is None and (ran.kernel or "").startswith("w4a16="):  # the run's w4 product, not this machine's
             kernel = ran.kernel
+        if weight_dtype is None and ran.weight_dtype not in (None, ran.compute_dtype):  # e.g. bfloat16 on CPU
+            weight_dtype = ran.weight_dtype
     elif runs_dir.exists() and not runs_dir.is_dir():
         raise InputError(f"--runs-dir {runs_dir} is a file; pass a folder")
     parse_kernel_flag(kernel, quant)  # one line for a bad value, before anything loads
