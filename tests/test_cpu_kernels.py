@@ -26,7 +26,8 @@ def _weights(rng, n, k):
     return jnp.asarray(rng.standard_normal((n, k)), jnp.float32).astype(jnp.bfloat16)
 
 
-@pytest.mark.parametrize("rows, k, n", [(1, 256, 4096), (1, 2048, 256), (3, 100, 37), (16, 1024, 300), (1, 64, 70000)])
+@pytest.mark.parametrize("rows, k, n", [(1, 256, 4096), (1, 2048, 256), (3, 100, 37), (9, 300, 70), (16, 1024, 300),
+                                          (32, 256, 512), (1, 64, 70000)])
 @pytest.mark.parametrize("axis", [1, 0])
 def test_matvec_equals_the_float32_product_of_the_widened_weight(built, rows, k, n, axis):
     rng = np.random.default_rng(rows * 7 + k + n)

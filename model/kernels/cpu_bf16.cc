@@ -99,28 +99,63 @@ inline float lane_sum(f32x16 v) {
 constexpr int64_t kChunkBytes = 64 << 10;    // weight bytes per claimed chunk
 constexpr int64_t kSerialBytes = 128 << 10;  // below this many weight bytes one thread does it all
 
-// Rows n0..n1 of y[R, N] = x[R, K] . w[N, K]^T: four independent 16-lane partial sums per dot product.
+// One weight row w_n [K] times activation rows r0 .. r0+RB-1 of x [R, K]: each 16-lane slice of w_n is widened once
+// and multiplied into RB partial sums (the rows give the independent chains), so the weight row is read and
+// widened once for all of them.
+template <int RB>
+void rows_block(const float* x, const uint16_t* w_n, float* y, int64_t K, int64_t N, int64_t n, int64_t r0) {
+  const int64_t k16 = K / 16 * 16;
+  f32x16 acc[RB] = {};
+  for (int64_t k = 0; k < k16; k += 16) {
+    const f32x16 w16 = load_widened(w_n + k);
+    for (int j = 0; j < RB; ++j) acc[j] += w16 * load_f32(x + (r0 + j) * K + k);
+  }
+  for (int j = 0; j < RB; ++j) {
+    float sum = lane_sum(acc[j]);
+    for (int64_t k = k16; k < K; ++k) sum += x[(r0 + j) * K + k] * widen(w_n[k]);
+    y[(r0 + j) * N + n] = sum;
+  }
+}
+
+// One weight row times one activation row: four independent 16-lane partial sums (decode at B = 1).
+void row_single(const float* x_r, const uint16_t* w_n, float* y_rn, int64_t K) {
+  const int64_t k64 = K / 64 * 64, k16 = K / 16 * 16;
+  f32x16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  int64_t k = 0;
+  for (; k < k64; k += 64) {
+    a0 += load_widened(w_n + k) * load_f32(x_r + k);
+    a1 += load_widened(w_n + k + 16) * load_f32(x_r + k + 16);
+    a2 += load_widened(w_n + k + 32) * load_f32(x_r + k + 32);
+    a3 += load_widened(w_n + k + 48) * load_f32(x_r + k + 48);
+  }
+  for (; k < k16; k += 16) a0 += load_widened(w_n + k) * load_f32(x_r + k);
+  float sum = lane_sum((a0 + a1) + (a2 + a3));
+  for (; k < K; ++k) sum += x_r[k] * widen(w_n[k]);
+  *y_rn = sum;
+}
+
+// Rows n0..n1 of y[R, N] = x[R, K] . w[N, K]^T.
 void matvec_nk_rows(const float* x, const uint16_t* w, float* y, int64_t R, int64_t K, int64_t N, int64_t n0,
                     int64_t n1) {
-  const int64_t k64 = K / 64 * 64, k16 = K / 16 * 16;
   for (int64_t n = n0; n < n1; ++n) {
     const uint16_t* w_n = w + n * K;
     for (int64_t ahead = 0; ahead < 2 * K; ahead += 64)
       __builtin_prefetch(reinterpret_cast<const char*>(w_n + 8 * K) + ahead);
-    for (int64_t r = 0; r < R; ++r) {
-      const float* x_r = x + r * K;
-      f32x16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-      int64_t k = 0;
-      for (; k < k64; k += 64) {
-        a0 += load_widened(w_n + k) * load_f32(x_r + k);
-        a1 += load_widened(w_n + k + 16) * load_f32(x_r + k + 16);
-        a2 += load_widened(w_n + k + 32) * load_f32(x_r + k + 32);
-        a3 += load_widened(w_n + k + 48) * load_f32(x_r + k + 48);
-      }
-      for (; k < k16; k += 16) a0 += load_widened(w_n + k) * load_f32(x_r + k);
-      float sum = lane_sum((a0 + a1) + (a2 + a3));
-      for (; k < K; ++k) sum += x_r[k] * widen(w_n[k]);
-      y[r * N + n] = sum;
+    if (R == 1) {
+      row_single(x, w_n, y + n, K);
+      continue;
+    }
+    int64_t r0 = 0;
+    for (; r0 + 8 <= R; r0 += 8) rows_block<8>(x, w_n, y, K, N, n, r0);
+    switch (R - r0) {
+      case 7: rows_block<7>(x, w_n, y, K, N, n, r0); break;
+      case 6: rows_block<6>(x, w_n, y, K, N, n, r0); break;
+      case 5: rows_block<5>(x, w_n, y, K, N, n, r0); break;
+      case 4: rows_block<4>(x, w_n, y, K, N, n, r0); break;
+      case 3: rows_block<3>(x, w_n, y, K, N, n, r0); break;
+      case 2: rows_block<2>(x, w_n, y, K, N, n, r0); break;
+      case 1: rows_block<1>(x, w_n, y, K, N, n, r0); break;
+      default: break;
     }
   }
 }
