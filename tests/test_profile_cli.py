@@ -365,6 +365,24 @@ def test_shape_errors_name_profiles_own_flags_and_the_range(env, tiny_checkpoint
     assert not runs.exists()
 
 
+def test_too_long_a_prompt_is_refused_before_the_weights_load(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """config.json and tokenizer.json decide: no weight is read (the same line as after a load)."""
+    import model.engine
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before --input-tokens was checked")
+
+    monkeypatch.setattr(model.engine, "load_engine", no_load)
+    minimum = _min_prompt_tokens(tiny_checkpoint)
+    code = bench_in_process(["profile", "--input-tokens", "100000", "--checkpoint", str(tiny_checkpoint),
+                             "--runs-dir", str(tmp_path / "runs"), "--compile-cache", "off"])  # fmt: skip
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(errors) == 1, err
+    assert "--input-tokens 100000" in errors[0] and f"--input-tokens {minimum}..252" in errors[0], errors[0]
+    assert not (tmp_path / "runs").exists()
+
+
 # ---- runs a profile may not join -----------------------------------------------------------------------------------
 def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

@@ -143,6 +143,39 @@ def _profile_shape(engine, input_tokens: int, cell) -> int:
                      "expected " + " or ".join(fits or ["a smaller --input-tokens"]))  # fmt: skip
 
 
+def _check_shape_before_load(opts, joined) -> None:
+    """`_profile_shape`'s checks of --input-tokens, from config.json and tokenizer.json alone, before the weights
+    load: the same InputError line the check after the load gives (a 100,000-token prompt on E2B is refused in a
+    second, not after minutes of loading). Skipped, and left to the check after the load, where the checkpoint's
+    files are not on disk yet (a hub repo id, a built-in checkpoint not created yet) or --max-length is out of
+    range (`open_engine` names it)."""
+    from bench.cli.common import checkpoint_positions
+    from model.builtin import DEFAULT_PRESET, builtin_path
+    from model.errors import EngineError
+    from model.limits import prompt_limits
+    from model.tokenizer import GemmaTokenizer
+
+    spec = opts.checkpoint or f"builtin:{DEFAULT_PRESET}"
+    folder = builtin_path(spec.split(":", 1)[1]) if spec.startswith("builtin:") else Path(spec).expanduser()
+    positions = checkpoint_positions(opts.checkpoint)
+    if positions is None or not (folder / "tokenizer.json").is_file():
+        return
+    if opts.max_length is not None and not 1 <= opts.max_length <= positions:
+        return
+    try:
+        limits = prompt_limits(positions, max_length=opts.max_length)
+    except EngineError:
+        return
+    try:
+        tokenizer = GemmaTokenizer.from_dir(folder)
+    except Exception:  # noqa: BLE001 - any unreadable tokenizer: the load after this reports it in its own terms
+        return
+    cell = _sweep_gauge(joined, opts.input_tokens, opts.batch) if joined is not None else None
+    shape = SimpleNamespace(cfg=SimpleNamespace(max_position_embeddings=positions), buckets=limits.buckets,
+                            tokenizer=tokenizer)  # fmt: skip
+    _profile_shape(shape, opts.input_tokens, cell)
+
+
 def _profile_prompt(engine, input_tokens: int, max_new_tokens: int, batch: int = 1):
     """The sweep's prompt of exactly `input_tokens` tokens (natural text in the chat template), built as the sweep
     builds its cells (InputError without a tokenizer); `_profile_shape` has checked the size first. With `batch`
@@ -397,6 +430,7 @@ def _profile(joined, opts):
 
     flags_info = _set_gpu_flags()  # before anything initialises jax
     setup_logging()
+    _check_shape_before_load(opts, joined)
     engine, report, ckpt, cache_dir = open_engine(opts.checkpoint, opts.dtype, opts.max_length, opts.compile_cache,
                                                   opts.weight_dtype, quant=opts.quant,
                                                   scale_dtype=opts.scale_dtype, kernel=opts.kernel)  # fmt: skip
