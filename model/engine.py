@@ -830,7 +830,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
         params = with_tilings(params, plan)
     cpu_kernel, cpu_line = engine_plan(policy.platform, policy.weight_dtype, policy.activation_dtype)
     if cpu_kernel:  # the kernels read [N, K] weights: the input-major projections held transposed instead
-        params = output_major_params(params)
+        params = output_major_params(params, release=True)  # one leaf at a time: the peak stays near the weights
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
     log.info(f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "

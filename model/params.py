@@ -141,16 +141,25 @@ class Params:
     lm_head_VD: Any = None  # [V, D] copy of embed_VD for the output projection (a QuantArray), or None: tied
 
 
-def output_major_params(params: Params) -> Params:
+def output_major_params(params: Params, *, release: bool = False) -> Params:
     """`params` with each dense input-major projection (every layer's `qkv_DX` and `gate_up_DX`, and `ple_proj_DX`)
     replaced by a transposed copy (`model.quant.OutputMajor`), for batched decode on CPU (`Engine.batch_params`):
     the same products, read weight-left (`model.quant._weight_left_form`). Quantized leaves are kept as they are.
-    The copy's bytes: `output_major_bytes`."""
+    The copy's bytes: `output_major_bytes`. With `release`, each original is deleted once its copy exists, so the
+    peak is one leaf above the weights (`model.engine.load_engine`, which keeps only the transposed form for the
+    CPU kernels); `params` must then not be used again."""
     from model.quant import output_major
 
-    layers = tuple(dataclasses.replace(lp, qkv_DX=output_major(lp.qkv_DX), gate_up_DX=output_major(lp.gate_up_DX))
+    def transposed(w):
+        copy = output_major(w)
+        if release and copy is not w:
+            jax.block_until_ready(copy)
+            w.delete()
+        return copy
+
+    layers = tuple(dataclasses.replace(lp, qkv_DX=transposed(lp.qkv_DX), gate_up_DX=transposed(lp.gate_up_DX))
                    for lp in params.layers)  # fmt: skip
-    return dataclasses.replace(params, layers=layers, ple_proj_DX=output_major(params.ple_proj_DX))
+    return dataclasses.replace(params, layers=layers, ple_proj_DX=transposed(params.ple_proj_DX))
 
 
 def output_major_bytes(params: Params) -> int:

@@ -161,3 +161,63 @@ def test_prefill_widens_the_chunk_layers_weights_once_and_leaves_the_shared_laye
     once = sum(getattr(lp, f) is not None for lp in owners for f in _PROJECTIONS) + (engine.params.ple_proj_DX is not None)
     assert hlo.count("@gemma4_bf16_to_f32") == once  # per chunk (loop body and tail chunk) it was more
     assert "@gemma4_bf16_matvec" in hlo  # the shared layers' last position and the head
+
+
+def test_the_manifest_names_the_w4_product_and_the_cpu_kernel_side_by_side():
+    from types import SimpleNamespace
+
+    from bench.runs import EngineConfig
+    from bench.runs.manifest import cpu_kernel_of, engine_config_of, kernel_text, w4_kernel_of
+
+    assert kernel_text("w4a16=xla", "bf16=cpu") == "w4a16=xla bf16=cpu" and kernel_text(None, None) is None
+    assert (w4_kernel_of("w4a16=xla bf16=cpu"), cpu_kernel_of("w4a16=xla bf16=cpu")) == ("w4a16=xla", "bf16=cpu")
+    assert (w4_kernel_of("bf16=cpu"), cpu_kernel_of("w4a16=pallas"), w4_kernel_of(None)) == (None, None, None)
+    # the dense payload of a quantized bfloat16 run keeps its CPU kernel: quantization stays the only difference
+    assert EngineConfig(quantization="w4", kernel="w4a16=xla bf16=cpu").dense().kernel == "bf16=cpu"
+    assert EngineConfig(quantization="w4", kernel="w4a16=xla").dense().kernel is None
+    policy = SimpleNamespace(weight_dtype="bfloat16", activation_dtype="float32", kv_dtype="float32",
+                             compute_dtype="float32")  # fmt: skip
+    engine = SimpleNamespace(buckets=(64,), max_length=64, policy=policy, quant=None, cpu_kernel="bf16=cpu",
+                             kernel=SimpleNamespace(option="w4a16=xla", tiles=None))  # fmt: skip
+    assert engine_config_of(engine).kernel == "w4a16=xla bf16=cpu"
+
+
+def test_a_profile_joined_to_a_run_made_without_the_cpu_kernel_says_it_differs():
+    from types import SimpleNamespace
+
+    from bench.cli.profile_cmds import _run_mismatches
+    from bench.runs import EngineConfig
+
+    policy = SimpleNamespace(compute_dtype="float32", weight_dtype="bfloat16")
+    quant = SimpleNamespace(canonical="none")
+
+    def run(kernel):
+        manifest = SimpleNamespace(checkpoint=SimpleNamespace(content_hash=None, id="x"), dtype_policy={},
+                                   engine=EngineConfig(quantization="none", kernel=kernel))  # fmt: skip
+        return SimpleNamespace(typed_manifest=manifest)
+
+    def setup(cpu_kernel):
+        return SimpleNamespace(engine=SimpleNamespace(policy=policy, quant=quant, kernel=None, cpu_kernel=cpu_kernel),
+                               content_hash=None, ckpt="x")  # fmt: skip
+
+    assert any("bf16=cpu" in line for line in _run_mismatches(run(None), setup("bf16=cpu")))  # XLA's widening run
+    assert _run_mismatches(run("bf16=cpu"), setup("bf16=cpu")) == []
+    assert _run_mismatches(run(None), setup(None)) == []  # float32, or a run from before kernels were recorded
+
+
+def test_a_damaged_cached_library_is_rebuilt_not_loaded(built, tmp_path):
+    lib, how = cpu._build(tmp_path)
+    assert lib is not None and how.startswith("built")
+    assert cpu._build(tmp_path) == (lib, f"cached build {lib.name}")
+    good = lib.read_bytes()
+    lib.write_bytes(good[:5000])  # a truncated file (a full disk, a killed copy): loading it crashed the process
+    again, how = cpu._build(tmp_path)
+    assert again == lib and how.startswith("built") and lib.read_bytes() == good
+
+
+def test_cxx_may_carry_arguments_and_the_switch_takes_the_usual_words(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "env c++")  # a launcher before the compiler, as `ccache g++`
+    assert cpu._compiler()[1:] == ["c++"]
+    for word in ("0", "false", "OFF", "no"):
+        monkeypatch.setenv(cpu.ENV_SWITCH, word)
+        assert cpu.availability() == (False, f"off ({cpu.ENV_SWITCH}={word})")

@@ -85,7 +85,13 @@ def test_build_id_hashes_sources_checkpoint_and_config(tmp_path: Path) -> None:
     assert build_id([engine, harness], "sha256:abd", config) != first
     assert build_id([engine, harness], "sha256:abc", {**config, "dtype": "bfloat16"}) != first
     (engine / "sub" / "b.py").write_text("B = 3\n")
-    assert build_id([engine, harness], "sha256:abc", config) != first
+    second = build_id([engine, harness], "sha256:abc", config)
+    assert second != first
+    (engine / "sub" / "kernel.cc").write_text("int k = 1;\n")  # the engine's C++ kernels are its code too
+    third = build_id([engine, harness], "sha256:abc", config)
+    assert third != second
+    (engine / "sub" / "kernel.cc").write_text("int k = 2;\n")
+    assert build_id([engine, harness], "sha256:abc", config) != third
 
 
 def test_build_id_names_a_missing_source_folder(tmp_path: Path) -> None:

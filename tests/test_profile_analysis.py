@@ -445,3 +445,22 @@ def test_a_trace_without_step_annotations_is_a_trace_error(tmp_path):
         f(jnp.ones(4)).block_until_ready()
     with pytest.raises(TraceError, match="no 'decode' step annotations"):
         analyze_trace(tmp_path)
+
+
+@pytest.mark.parametrize("target, category", [
+    ("gemma4_bf16_to_f32", "dtype_conversion"),  # the engine's CPU kernel widening a weight (model/kernels/cpu.py)
+    ("gemma4_bf16_matvec_nk", "matmul_fp32"),  # float32 sums of bfloat16 weights widened in registers
+    ("gemma4_bf16_matvec_kn", "matmul_fp32"),
+    ("__cublas$gemm", "matmul_16bit"),  # a library GEMM still counts as a product of its operands' dtype
+])  # fmt: skip
+def test_the_engines_cpu_kernels_are_classified_by_what_they_do_not_by_the_gemm_in_gemma(target, category):
+    import dataclasses
+
+    from bench.profile.classify import classify_hlo
+
+    call = dataclasses.replace(_instr("ffi_call.7", "custom-call", operand_dtypes=("bf16",) if "to_f32" in target
+                                      else ("f32", "bf16")), custom_call_target=target)  # fmt: skip
+    if target.startswith("__cublas"):
+        call = dataclasses.replace(call, operand_dtypes=("bf16", "bf16"))
+    module = _module(("main", [_instr("p0", "parameter"), call]))
+    assert classify_hlo(call, module, "ffi_call.7", "cpu")[0] == category

@@ -41,6 +41,7 @@ from bench.cli.common import (
     setup_logging,
 )
 from bench.errors import InputError
+from bench.runs.manifest import kernel_text, w4_kernel_of
 
 profile_app = typer.Typer(
     help="Profile N decode steps (xprof trace, where device time goes, roofline share) into a new run, or with --run "
@@ -390,8 +391,8 @@ def profile(
         if quant is None:  # profile the payload the run measured
             quant, scale_dtype = ran.quantization or "none", scale_dtype or ran.scale_dtype
         _refuse_other_quant(ran, quant, scale_dtype)
-        if kernel is None and (ran.kernel or "").startswith("w4a16="):  # the run's w4 product, not this machine's
-            kernel = ran.kernel
+        if kernel is None:  # the run's w4 product, not this machine's default (its CPU kernel: its weight dtype)
+            kernel = w4_kernel_of(ran.kernel)
         if weight_dtype is None and ran.weight_dtype not in (None, ran.compute_dtype):  # e.g. bfloat16 on CPU
             weight_dtype = ran.weight_dtype
     elif runs_dir.exists() and not runs_dir.is_dir():
@@ -540,8 +541,10 @@ def _run_mismatches(run, setup) -> list[str]:
     if (ran.engine.quantization or "none") != quant:
         mismatch.append(f"quantization {ran.engine.quantization or 'none'} (run) vs {quant} (profile)")
     plan = getattr(setup.engine, "kernel", None)
-    mine = (plan.option, plan.tiles) if plan is not None else (getattr(setup.engine, "cpu_kernel", None), None)
-    if (ran.engine.kernel, ran.engine.kernel_tiles) != mine and ran.engine.kernel is not None:
+    cpu = getattr(setup.engine, "cpu_kernel", None)
+    mine = (kernel_text(plan.option if plan is not None else None, cpu), plan.tiles if plan is not None else None)
+    # a run from before kernels were recorded says None: a difference only where this profile uses the CPU kernel
+    if (ran.engine.kernel, ran.engine.kernel_tiles) != mine and (ran.engine.kernel is not None or cpu is not None):
         mismatch.append(f"kernel {ran.engine.kernel} {ran.engine.kernel_tiles or ''} (run) vs {mine[0]} "
                         f"{mine[1] or ''} (profile)")  # fmt: skip
     return mismatch

@@ -29,6 +29,7 @@ from bench.cli.common import (
     setup_logging,
 )
 from bench.errors import InputError, RunFolderError
+from bench.runs.manifest import w4_kernel_of
 from bench.runs import writing_run
 from bench.sweep.local import DECODE_LOOP_CHOICES, StopSignals, parse_batches, parse_decode_loop, parse_inputs
 from bench.sweep.rates import RATES_KEY
@@ -334,8 +335,8 @@ def sweep(
         decode_loop, decode_block = _resumed_loop(run, decode_loop, decode_block)
         quant, scale_dtype = _resumed_quant(run, quant, scale_dtype)
         weight_dtype = _resumed_weight_dtype(run, weight_dtype)
-        if kernel is None and (run.typed_manifest.engine.kernel or "").startswith("w4a16="):  # the run's w4 product
-            kernel = run.typed_manifest.engine.kernel
+        if kernel is None:  # the run's w4 product, if it had one (its CPU kernel follows its weight dtype)
+            kernel = w4_kernel_of(run.typed_manifest.engine.kernel)
         batch = _resumed_batch(run, batch)
         batches = parse_batches(batch) if batch is not None else None
     if target is not None and kernel is not None:

@@ -29,7 +29,13 @@ name on a GPU, and the named scope around its call (so an interpreted run's ops 
 def is_w4a16_kernel(name: str) -> bool:
     """True when a kernel name or an op's scope names the fused W4A16 kernel."""
     return bool(_W4A16_KERNEL.search(name))
-_MATMUL_TARGET = re.compile(r"gemm|matmul|conv", re.IGNORECASE)
+_MATMUL_TARGET = re.compile(r"gemm(?!a\d)|matmul|conv", re.IGNORECASE)  # not the gemma4_* kernels of model/kernels
+_CPU_WIDEN_TARGET = "gemma4_bf16_to_f32"
+"""The engine's CPU kernel that widens a bfloat16 weight to float32 (`model.kernels.cpu.to_float32`): a dtype
+conversion, whose only operand is the bfloat16 weight."""
+_CPU_MATVEC_TARGET = re.compile(r"^gemma4_bf16_matvec_")
+"""The engine's CPU matrix-vector kernels (`model.kernels.cpu.matvec`): float32 products of bfloat16 weights widened
+in registers, so float32 matrix products."""
 
 
 # ---- tensor cores ----------------------------------------------------------------------------------------------
@@ -150,6 +156,10 @@ def classify_hlo(instr: HloInstruction, module: HloModule, kernel: str, platform
     work = [i.opcode for i in inner if i.opcode not in ("parameter", "constant", "tuple", "get-tuple-element")]
     if instr.opcode == "convert" or ("convert" in work and all(op == "convert" or op in _MOVE for op in work)):
         return "dtype_conversion", ""
+    if instr.opcode == "custom-call" and instr.custom_call_target == _CPU_WIDEN_TARGET:
+        return "dtype_conversion", ""
+    if instr.opcode == "custom-call" and _CPU_MATVEC_TARGET.search(instr.custom_call_target):
+        return "matmul_fp32", ""
     if platform == "gpu" and is_tensor_core_kernel(kernel):
         return "tensor_core", ""
     dots = [i for i in [instr, *inner] if i.opcode in ("dot", "convolution")]

@@ -125,16 +125,22 @@ def git_state(path: str | Path = ".") -> dict[str, Any]:
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
-def _python_sources(root: Path) -> list[Path]:
+SOURCE_SUFFIXES = (".py", ".cc")
+"""The files of the payload's code: Python, and the C++ of the engine's CPU kernels (`model/kernels/cpu_bf16.cc`,
+compiled on first use), so a change to a kernel alone is another build."""
+
+
+def _sources(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
-    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    return sorted(p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()
+                  and "__pycache__" not in p.parts)  # fmt: skip
 
 
 def build_id(source_roots: Iterable[str | Path], checkpoint_hash: str | None, config: dict[str, Any]) -> str:
     """Short hash (12 hex chars) of the payload a run executes: code, weights and configuration.
 
-    sha256 over, in order: every `.py` file under each of `source_roots` (e.g. `model/` and `bench/`; sorted,
+    sha256 over, in order: every `.py` and `.cc` file under each of `source_roots` (e.g. `model/` and `bench/`; sorted,
     each as its path relative to its root plus its bytes), the checkpoint content hash, and `config` as sorted-key
     JSON (values that are not JSON types are written with `str`). Two runs with one build id ran the same payload.
     Raises InputError when a source root does not exist.
@@ -144,7 +150,7 @@ def build_id(source_roots: Iterable[str | Path], checkpoint_hash: str | None, co
         root = Path(root)
         if not root.exists():
             raise InputError(f"build id: source folder {root} does not exist; pass the engine and harness folders")
-        for file in _python_sources(root):
+        for file in _sources(root):
             rel = file.name if root.is_file() else file.relative_to(root).as_posix()
             h.update(f"{root.name}/{rel}\0".encode())
             h.update(file.read_bytes())

@@ -98,7 +98,8 @@ class EngineConfig:
     records quantization "none" (or nothing) and no scale dtype: it reads as dense.
     `kernel`: how w4 weights were multiplied, "w4a16=pallas" (the fused kernel) or "w4a16=xla", None without w4
     weights (and in manifests from before the kernel); "bf16=cpu" where the engine's CPU kernels multiplied
-    bfloat16 weights (`model.kernels.cpu`); `kernel_tiles`: with pallas, the tiling of each projection
+    bfloat16 weights (`model.kernels.cpu`), after the w4 kernel's name where there are both ("w4a16=xla bf16=cpu":
+    `w4_kernel_of`, `cpu_kernel_of`); `kernel_tiles`: with pallas, the tiling of each projection
     ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...}, "xla (why)" for one the kernel
     does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id: other tiles, another build.
     """
@@ -129,7 +130,23 @@ class EngineConfig:
     def dense(self) -> EngineConfig:
         """The same configuration without quantization (quantization "none", no scale dtype, no w4 kernel): the
         payload whose build id `dense_build_id` names."""
-        return dataclasses.replace(self, quantization="none", scale_dtype=None, kernel=None, kernel_tiles=None)
+        return dataclasses.replace(self, quantization="none", scale_dtype=None, kernel=cpu_kernel_of(self.kernel),
+                                   kernel_tiles=None)  # fmt: skip
+
+
+def w4_kernel_of(kernel: str | None) -> str | None:
+    """The w4 product's part of an `EngineConfig.kernel` text ("w4a16=pallas" or "w4a16=xla"), else None."""
+    return next((part for part in (kernel or "").split() if part.startswith("w4a16=")), None)
+
+
+def cpu_kernel_of(kernel: str | None) -> str | None:
+    """The CPU kernel's part of an `EngineConfig.kernel` text ("bf16=cpu"), else None."""
+    return next((part for part in (kernel or "").split() if part.startswith("bf16=")), None)
+
+
+def kernel_text(w4: str | None, cpu: str | None) -> str | None:
+    """`EngineConfig.kernel` of an engine with the w4 product `w4` and the CPU kernel `cpu` (either None)."""
+    return " ".join(part for part in (w4, cpu) if part) or None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -399,8 +416,8 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
     """The `EngineConfig` of a loaded `model.engine.Engine`: its buckets, max_length, policy's dtypes and
     quantization (`engine.quant.canonical`, "none" for dense or an engine without `quant`; `engine.scale_dtype`
     only when something is quantized) and w4 kernel (`engine.kernel`, a `model.kernels.choice.KernelPlan`: its
-    option and tiles; None without one) or, without one, its CPU kernel for bfloat16 weights (`engine.cpu_kernel`,
-    "bf16=cpu", or None)."""
+    option and tiles; None without one) and its CPU kernel for bfloat16 weights (`engine.cpu_kernel`, "bf16=cpu", or
+    None), joined by `kernel_text`."""
     pol = engine.policy
     quant = getattr(engine, "quant", None)
     quantization = quant.canonical if quant is not None else "none"
@@ -410,7 +427,7 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
                         quantization=quantization, scale_dtype=scale, weight_dtype=pol.weight_dtype,
                         activation_dtype=pol.activation_dtype, kv_cache_dtype=pol.kv_dtype,
                         compute_dtype=pol.compute_dtype,
-                        kernel=plan.option if plan is not None else getattr(engine, "cpu_kernel", None),
+                        kernel=kernel_text(plan.option if plan is not None else None, getattr(engine, "cpu_kernel", None)),
                         kernel_tiles=plan.tiles if plan is not None else None)  # fmt: skip
 
 

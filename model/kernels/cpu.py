@@ -20,7 +20,8 @@ The build: `library()` compiles `cpu_bf16.cc` once per (source, compiler, jaxlib
 `<cache root>/kernels/` (`model.builtin.cache_root`) with `$CXX` (default `c++`), `-O3 -march=native`, and the
 XLA FFI headers that jaxlib ships (`jax.ffi.include_dir()`). Where that fails (no compiler, no headers, not a
 CPU backend) `availability()` says why and the engine stays on XLA's product (`model.quant`), so nothing breaks:
-it is only slower. `GEMMA4_BENCH_CPU_KERNELS=0` turns the kernels off (to measure XLA's path, "leak one").
+it is only slower. `GEMMA4_BENCH_CPU_KERNELS=0` (or false, off, no) turns the kernels off (to measure XLA's path,
+"leak one").
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -62,15 +64,24 @@ def _cpu_signature() -> str:
     return platform.machine() + platform.processor() + "".join(first.values())
 
 
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CXX", "c++"))
+BUILD_TIMEOUT_S = 300
+"""Seconds the C++ compiler may take (about 4 s here); past it the engine stays on XLA's product."""
+
+
+def _compiler() -> list[str] | None:
+    """The C++ compiler command ($CXX, which may carry arguments such as `ccache g++`; default `c++`), its program
+    resolved on PATH; None when it is not found."""
+    command = shlex.split(os.environ.get("CXX", "c++")) or ["c++"]
+    found = shutil.which(command[0])
+    return None if found is None else [found, *command[1:]]
 
 
 def _build(out_dir: Path) -> tuple[Path | None, str]:
     """(path of the built library, how) or (None, why not)."""
-    cxx = _compiler()
-    if cxx is None:
+    command = _compiler()
+    if command is None:
         return None, f"no C++ compiler ({os.environ.get('CXX', 'c++')!r} not found; install g++ or set CXX)"
+    cxx = " ".join(command)
     include = Path(jax.ffi.include_dir())
     if not (include / "xla" / "ffi" / "api" / "ffi.h").is_file():
         return None, f"no XLA FFI headers under {include}"
@@ -79,25 +90,37 @@ def _build(out_dir: Path) -> tuple[Path | None, str]:
         "\0".join([SOURCE.read_text(), cxx, " ".join(flags), jax.__version__, _cpu_signature()]).encode()
     ).hexdigest()[:16]
     lib = out_dir / f"cpu_bf16-{key}.so"
-    if lib.is_file():
+    digest = lib.with_name(lib.name + ".sha256")  # written after the library: a damaged or partial one is rebuilt
+    if lib.is_file() and digest.is_file() and digest.read_text().strip() == _sha256(lib):
         return lib, f"cached build {lib.name}"
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         part = Path(tmp) / lib.name
-        run = subprocess.run([cxx, *flags, str(SOURCE), "-o", str(part)], capture_output=True, text=True)
+        try:
+            run = subprocess.run([*command, *flags, str(SOURCE), "-o", str(part)], capture_output=True, text=True,
+                                 timeout=BUILD_TIMEOUT_S)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return None, f"{Path(command[0]).name} took over {BUILD_TIMEOUT_S} s on {SOURCE.name}"
         if run.returncode != 0:
             last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
-            return None, f"{Path(cxx).name} failed on {SOURCE.name}: {last}"
+            return None, f"{Path(command[0]).name} failed on {SOURCE.name}: {last}"
+        (Path(tmp) / digest.name).write_text(_sha256(part))
         os.replace(part, lib)  # atomic: a concurrent build of the same key writes the same bytes
+        os.replace(Path(tmp) / digest.name, digest)
     return lib, f"built {lib.name}"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def availability() -> tuple[bool, str]:
     """(whether the kernels are loaded and registered with XLA:CPU, one line saying how or why not). Built and
     registered on the first call in a process (`_loaded`); `GEMMA4_BENCH_CPU_KERNELS=0` is read on every call, so
     a trace made after setting it uses XLA's product. Never raises."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        return False, f"off ({ENV_SWITCH}=0)"
+    switch = os.environ.get(ENV_SWITCH, "1")
+    if switch.strip().lower() in ("0", "false", "off", "no"):
+        return False, f"off ({ENV_SWITCH}={switch})"
     if jax.default_backend() != "cpu":
         return False, f"not a CPU backend ({jax.default_backend()})"
     return _loaded()
@@ -133,8 +156,8 @@ def engine_plan(platform: str, weight_dtype: str, activation_dtype: str) -> tupl
     ok, how = availability()
     if ok:
         return True, f"bfloat16 weights x float32 activations: the engine's CPU kernels ({SOURCE.name}, {how})"
-    return False, (f"bfloat16 weights x float32 activations: XLA widens every weight before each product, about "
-                   f"8x slower decode (the CPU kernels are not in use: {how})")
+    return False, (f"warning: bfloat16 weights x float32 activations: XLA widens every weight before each product, "
+                   f"about 8x slower decode (the CPU kernels are not in use: {how})")
 
 
 def matvec(x_RK: jax.Array, w: jax.Array, axis: int) -> jax.Array:
