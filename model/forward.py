@@ -15,8 +15,6 @@ its own last real position.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
@@ -34,7 +32,7 @@ from model.layers import (
     rms_norm,
 )
 from model.params import Params
-from model.quant import take_rows, widened
+from model.quant import take_rows
 from model.prefill import attend_full_chunk, attend_ring_chunk, write_slots
 
 
@@ -233,11 +231,10 @@ def prefill(
     producer's filled cache (architecture notes §2.4). `dtype` is the activation dtype
     (default: the cache's).
     """
-    dtype = dtype or (cache.k[0].dtype if cache.k else jnp.float32)
-    params = _chunk_weights(params, cfg, dtype)
     if jnp.ndim(length):
         return _prefill_rows(params, cfg, ids_BT, length, cache, dtype=dtype, chunk=chunk)
     b, t = ids_BT.shape
+    dtype = dtype or (cache.k[0].dtype if cache.k else jnp.float32)
     c = prefill_chunk(cfg, t, chunk)
     ids_BT = jnp.pad(ids_BT, ((0, 0), (0, -(-t // c) * c - t)), constant_values=cfg.pad_token_id)
     only = ids_BT.shape[1] == c  # one chunk holds the whole bucket: no loop, and an empty cache before it
@@ -283,23 +280,6 @@ def prefill(
         ks, vs, h_B1D, ple_B1LP = jax.lax.cond(use_tail, from_tail_chunk, from_last_chunk, carry)
     out_BV = _last_position(params, cfg, h_B1D, ple_B1LP, last, ks, vs)
     return out_BV, KVCache(k=ks, v=vs, length=jnp.asarray(length, jnp.int32))
-
-
-_PROJECTIONS = ("qkv_DX", "o_DX", "gate_up_DX", "down_DF", "ple_gate_PD", "ple_proj_PD")
-
-
-def _chunk_weights(params: Params, cfg: ModelConfig, dtype) -> Params:
-    """`params` with the projections of the layers the prefill chunks run (`cfg.cache_layers`) and the PLE model
-    projection widened once to float32 (`model.quant.widened`: bfloat16 weights under float32 activations where
-    the engine's CPU kernels run; otherwise `params` unchanged). Each chunk then runs XLA's float32 products instead
-    of widening every weight again (a 2057-token prompt is 16 chunks); the KV-shared layers, which see only the last
-    position, keep bfloat16 for the one-row kernel."""
-    if dtype != jnp.float32:
-        return params
-    owners = set(cfg.cache_layers)
-    layers = tuple(dataclasses.replace(lp, **{f: widened(getattr(lp, f)) for f in _PROJECTIONS}) if i in owners else lp
-                   for i, lp in enumerate(params.layers))  # fmt: skip
-    return dataclasses.replace(params, layers=layers, ple_proj_DX=widened(params.ple_proj_DX))
 
 
 def _chunk_plan(length: jax.Array, c: int, tail: int | None) -> tuple[jax.Array, jax.Array]:

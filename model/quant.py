@@ -343,22 +343,6 @@ BATCH_ROWS_WEIGHT_LEFT = (2, 64)
 """Activation rows (inclusive range) for which `_weight_left_form` takes a dense output-major product on CPU."""
 
 
-def widened(w):
-    """A dense bfloat16 2-D leaf (or an `OutputMajor` of one) widened to float32 by the engine's CPU kernel
-    (`model.kernels.cpu.to_float32`, exact) when the kernels run here; any other leaf as it is. For a prefill
-    that multiplies each weight by many chunks of rows: widened once before the chunk loop instead of in every
-    chunk (`model.forward.prefill`)."""
-    if isinstance(w, OutputMajor):
-        return OutputMajor(widened(w.w_NK))
-    if w is None or isinstance(w, QuantArray) or getattr(w, "ndim", 0) != 2 or w.dtype != jnp.bfloat16:
-        return w
-    if jax.default_backend() != "cpu":
-        return w
-    from model.kernels import cpu
-
-    return cpu.to_float32(w) if cpu.available() else w
-
-
 def _bf16_kernel_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) -> jax.Array | None:
     """A bfloat16 2-D weight times float32 activations on CPU through the engine's hand-written kernels
     (`model.kernels.cpu`), when they are built and loaded there; else None (the other forms, where XLA widens

@@ -140,29 +140,6 @@ def test_a_resumed_sweep_takes_the_runs_weight_dtype_and_refuses_another():
     assert _resumed_weight_dtype(run(), None) is None  # a run from before the flag
 
 
-def test_prefill_widens_the_chunk_layers_weights_once_and_leaves_the_shared_layers_to_the_kernel(built):
-    """The prefill chunk loop must not widen every weight in every chunk: the cache layers' projections are widened
-    before the loop (their to_f32 calls sit outside the while body), the KV-shared layers keep the one-row kernel."""
-    from model.builtin import ensure_builtin
-    from model.engine import load_engine
-    from model.forward import prefill
-    from model.cache import init_cache
-    from model.policy import decide_policy
-
-    engine, _ = load_engine(ensure_builtin("tiny"), policy=decide_policy(weight_dtype="bfloat16"))
-    cfg = engine.cfg
-    ids_BT = jnp.ones((1, 256), jnp.int32)
-    cache = init_cache(cfg, 320, jnp.float32)
-    hlo = jax.jit(lambda p, ids, n, c: prefill(p, cfg, ids, n, c, dtype=jnp.float32)).lower(
-        engine.params, ids_BT, jnp.int32(200), cache).as_text()
-    from model.forward import _PROJECTIONS
-
-    owners = [engine.params.layers[i] for i in cfg.cache_layers]
-    once = sum(getattr(lp, f) is not None for lp in owners for f in _PROJECTIONS) + (engine.params.ple_proj_DX is not None)
-    assert hlo.count("@gemma4_bf16_to_f32") == once  # per chunk (loop body and tail chunk) it was more
-    assert "@gemma4_bf16_matvec" in hlo  # the shared layers' last position and the head
-
-
 def test_the_manifest_names_the_w4_product_and_the_cpu_kernel_side_by_side():
     from types import SimpleNamespace
 
