@@ -839,7 +839,8 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
         (log.info if cpu_kernel else log.warning)(cpu_line)
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
-                    scale_dtype=scale_dtype, kernel=plan, cpu_kernel=CPU_BF16_KERNEL if cpu_kernel else None)  # fmt: skip
+                    scale_dtype=scale_dtype, kernel=plan,
+                    cpu_kernel=CPU_BF16_KERNEL if cpu_kernel else None)  # fmt: skip
     return engine, report
 
 

@@ -29,8 +29,8 @@ from bench.cli.common import (
     setup_logging,
 )
 from bench.errors import InputError, RunFolderError
-from bench.runs.manifest import w4_kernel_of
 from bench.runs import writing_run
+from bench.runs.manifest import w4_kernel_of
 from bench.sweep.local import DECODE_LOOP_CHOICES, StopSignals, parse_batches, parse_decode_loop, parse_inputs
 from bench.sweep.rates import RATES_KEY
 

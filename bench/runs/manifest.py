@@ -427,7 +427,8 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
                         quantization=quantization, scale_dtype=scale, weight_dtype=pol.weight_dtype,
                         activation_dtype=pol.activation_dtype, kv_cache_dtype=pol.kv_dtype,
                         compute_dtype=pol.compute_dtype,
-                        kernel=kernel_text(plan.option if plan is not None else None, getattr(engine, "cpu_kernel", None)),
+                        kernel=kernel_text(plan.option if plan is not None else None,
+                                           getattr(engine, "cpu_kernel", None)),
                         kernel_tiles=plan.tiles if plan is not None else None)  # fmt: skip
 
 

@@ -14,14 +14,14 @@ output length.
 Why: XLA:CPU widens a bfloat16 weight before a product at about 1.4 GB/s of stored bytes (chain of 100 [4096, 256]
 matrix-vector products, 2-core Xeon, jax 0.12: 148 ms against 19 ms for the same products in float32), so storing
 the weights in bfloat16 cost decode 8x (the published report's "leak one", reproduced by
-`runs/2026-11-30-leak-one-cpu`). The kernels read the same 200 MiB in 9-10 ms, half the float32 product's bytes.
+`runs/2026-11-30-leak-one-cpu`). The kernels read the same 200 MiB in 12-14 ms, half the float32 product's bytes.
 
-The build: `library()` compiles `cpu_bf16.cc` once per (source, compiler, jaxlib headers, CPU) into
-`<cache root>/kernels/` (`model.builtin.cache_root`) with `$CXX` (default `c++`), `-O3 -march=native`, and the
-XLA FFI headers that jaxlib ships (`jax.ffi.include_dir()`). Where that fails (no compiler, no headers, not a
-CPU backend) `availability()` says why and the engine stays on XLA's product (`model.quant`), so nothing breaks:
-it is only slower. `GEMMA4_BENCH_CPU_KERNELS=0` (or false, off, no) turns the kernels off (to measure XLA's path,
-"leak one").
+The build: `_build` (first called by `availability`) compiles `cpu_bf16.cc` once per (source, compiler, jaxlib
+headers, CPU) into `<cache root>/kernels/` (`model.builtin.cache_root`) with `$CXX` (default `c++`), `-O3
+-march=native`, and the XLA FFI headers that jaxlib ships (`jax.ffi.include_dir()`). Where that fails (no compiler,
+no headers, not a CPU backend) `availability()` says why and the engine stays on XLA's product (`model.quant`), so
+nothing breaks: it is only slower. `GEMMA4_BENCH_CPU_KERNELS=0` (or false, off, no) turns the kernels off (to
+measure XLA's path, "leak one").
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@
 //   gemma4_bf16_to_f32:    y = float32(w), any shape       (the prefill path: then XLA's float32 product)
 //
 // Work is cut into chunks (of output rows, output columns, or elements) that the calling thread and up to
-// `num_threads` tasks of XLA's intra-op thread pool claim from one atomic counter. The caller waits only for chunks
-// that were claimed, so the call completes even when no pool task ever starts; the shared state is reference
+// `num_threads` - 1 tasks of XLA's intra-op thread pool claim from one atomic counter. The caller waits only for
+// chunks that were claimed, so the call completes even when no pool task ever starts; the shared state is reference
 // counted, so a task that starts late finds no chunk left and touches nothing of the finished call.
 // Built by model/kernels/cpu.py with the machine's C++ compiler (-O3 -march=native); plain loops that the
 // compiler vectorizes for the host's SIMD width (AVX2, AVX-512, NEON), no intrinsics.
@@ -51,7 +51,8 @@ void work(Shared& s) {
   }
 }
 
-// Runs chunk(0 .. chunks-1) on the caller and up to `pool.num_threads()` pool tasks; returns when all are done.
+// Runs chunk(0 .. chunks-1) on the caller and up to `pool.num_threads()` - 1 pool tasks; returns when all are
+// done.
 void parallel(ffi::ThreadPool& pool, int64_t chunks, std::function<void(int64_t)> chunk) {
   if (chunks <= 1) {
     if (chunks == 1) chunk(0);
@@ -175,36 +176,30 @@ void matvec_kn_cols(const float* x, const uint16_t* w, float* y, int64_t R, int6
   }
 }
 
-ffi::Error MatvecNK(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> w,
-                    ffi::ResultBuffer<ffi::F32> y) {
+// y[R, N] = x[R, K] . w: w is [N, K] (kOutputMajor, `matvec_nk_rows` over chunks of output rows) or [K, N]
+// (`matvec_kn_cols` over chunks of output columns, 64-lane multiples: each chunk reads K contiguous slices).
+template <bool kOutputMajor>
+ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> w,
+                  ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
-    return ffi::Error::InvalidArgument("gemma4_bf16_matvec_nk: expected x [R, K] and w [N, K]");
-  const int64_t R = xd[0], K = xd[1], N = wd[0];
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[kOutputMajor ? 1 : 0])
+    return ffi::Error::InvalidArgument(kOutputMajor ? "gemma4_bf16_matvec_nk: expected x [R, K] and w [N, K]"
+                                                    : "gemma4_bf16_matvec_kn: expected x [R, K] and w [K, N]");
+  const int64_t R = xd[0], K = xd[1], N = wd[kOutputMajor ? 0 : 1];
   const float* xp = x.typed_data();
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.untyped_data());
   float* yp = y->typed_data();
-  const int64_t rows = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, 2 * K));
-  const int64_t chunks = 2 * N * K < kSerialBytes ? 1 : (N + rows - 1) / rows;
-  const int64_t per = chunks == 1 ? N : rows;
-  parallel(pool, chunks, [=](int64_t i) { matvec_nk_rows(xp, wp, yp, R, K, N, i * per, std::min(N, (i + 1) * per)); });
-  return ffi::Error::Success();
-}
-
-ffi::Error MatvecKN(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> w,
-                    ffi::ResultBuffer<ffi::F32> y) {
-  auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0])
-    return ffi::Error::InvalidArgument("gemma4_bf16_matvec_kn: expected x [R, K] and w [K, N]");
-  const int64_t R = xd[0], K = xd[1], N = wd[1];
-  const float* xp = x.typed_data();
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.untyped_data());
-  float* yp = y->typed_data();
-  // Column blocks of 64-lane multiples: each chunk reads K contiguous slices of its columns.
-  const int64_t cols = std::max<int64_t>(64, kChunkBytes / std::max<int64_t>(1, 2 * K) / 64 * 64);
-  const int64_t chunks = 2 * N * K < kSerialBytes ? 1 : (N + cols - 1) / cols;
-  const int64_t per = chunks == 1 ? N : cols;
-  parallel(pool, chunks, [=](int64_t i) { matvec_kn_cols(xp, wp, yp, R, K, N, i * per, std::min(N, (i + 1) * per)); });
+  const int64_t per_chunk = kChunkBytes / std::max<int64_t>(1, 2 * K);
+  const int64_t size = kOutputMajor ? std::max<int64_t>(1, per_chunk) : std::max<int64_t>(64, per_chunk / 64 * 64);
+  const int64_t chunks = 2 * N * K < kSerialBytes ? 1 : (N + size - 1) / size;
+  const int64_t per = chunks == 1 ? N : size;
+  parallel(pool, chunks, [=](int64_t i) {
+    const int64_t n0 = i * per, n1 = std::min(N, (i + 1) * per);
+    if (kOutputMajor)
+      matvec_nk_rows(xp, wp, yp, R, K, N, n0, n1);
+    else
+      matvec_kn_cols(xp, wp, yp, R, K, N, n0, n1);
+  });
   return ffi::Error::Success();
 }
 
@@ -224,19 +219,12 @@ ffi::Error ToF32(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> w, ffi::ResultBuff
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_matvec_nk, MatvecNK,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+#define GEMMA4_MATVEC_BINDING                                                                       \
+  ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::BF16>>().Ret< \
+      ffi::Buffer<ffi::F32>>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_matvec_kn, MatvecKN,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
+XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_matvec_nk, Matvec<true>, GEMMA4_MATVEC_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_matvec_kn, Matvec<false>, GEMMA4_MATVEC_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_to_f32, ToF32,
-                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::BF16>>().Ret<ffi::Buffer<ffi::F32>>());
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::BF16>>().Ret<
+                                  ffi::Buffer<ffi::F32>>());
