@@ -78,6 +78,9 @@ def test_sweep_writes_a_complete_consistent_run_folder(finished_run, env):
     assert env["GEMMA4_BENCH_CACHE"] not in (folder / "manifest.json").read_text()
     assert "input tokens" in proc.stdout and "41" in proc.stdout  # the printed table
     assert proc.stderr.splitlines()[0].startswith("device policy: platform=cpu")  # the policy is the first line
+    # run.log carries the engine's kernels beside the policy (float32 weights: none of the engine's own)
+    log_lines = [line.split(" ", 1)[1] for line in (folder / "run.log").read_text().splitlines()]
+    assert "engine kernels: none (XLA products throughout)" in log_lines
 
 
 def test_name_clash_is_refused_and_the_old_run_is_kept(finished_run, env):

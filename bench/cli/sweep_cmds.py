@@ -422,6 +422,7 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     ):  # fmt: skip
         log.info(f"run folder: {run.path}")
         run.log(engine.policy.line())
+        run.log(f"engine kernels: {manifest.engine.kernel or 'none (XLA products throughout)'}")
         run.log(rates.line)
         if resumed is not None and rates_new:  # a run begun before sweeps measured rates: record this process's
             run.update_manifest(**{RATES_KEY: dict(rates.measured)})
