@@ -66,6 +66,21 @@ def payloads(tiny_checkpoint):
                            served8=served8, path=spec)  # fmt: skip
 
 
+def test_a_sweep_against_a_server_records_the_kernels_its_health_names(payloads):
+    from types import SimpleNamespace
+
+    from bench.sweep.remote import Target, remote_manifest
+
+    cfg = SimpleNamespace(inputs=(20,), max_new_tokens=8, repeats=2)
+    for kernel, recorded in (("bf16=cpu", "bf16=cpu"), (None, None), (7, None)):  # a non-text value is not recorded
+        body = {"status": "ok", "build_id": payloads.served.build_id, "checkpoint": payloads.served.checkpoint,
+                "kernel": kernel}  # fmt: skip
+        target = Target("http://127.0.0.1:1/v1", "http://127.0.0.1:1", "tiny", True,
+                        {"status_code": 200, "body": body}, {"data": [{"id": "tiny"}]})  # fmt: skip
+        assert remote_manifest(target, cfg, payloads.path).engine.kernel == recorded
+    assert payloads.remote.engine.kernel is None  # a /health without the field (older servers)
+
+
 def test_a_quantized_payload_is_another_build_with_the_dense_one_named(payloads):
     w8, dense = payloads.w8, payloads.sweep
     assert (w8.engine.quantization, w8.engine.scale_dtype) == ("ple4,w8", "bfloat16")

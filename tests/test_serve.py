@@ -634,3 +634,91 @@ def test_sweep_refuses_a_mismatched_tokenizer_and_an_unreachable_target(server, 
     with pytest.raises(TargetError, match="serves"):
         sweep_target(f"{server.url}/v1", "other", config, checkpoint=None, runs_dir=tmp_path, name="x")
     assert not any(tmp_path.iterdir())  # nothing created before the target checked out
+
+
+# ---- --weight-dtype ---------------------------------------------------------------------------------------------------
+def test_weight_dtype_bfloat16_is_the_served_engines_and_health_names_it_with_the_kernel(tiny_checkpoint):
+    """What `bench serve --weight-dtype bfloat16` loads (`load_served_model`): bfloat16 weights under the float32
+    policy, the build id and kernel a sweep manifest of the same payload records ("bf16=cpu" where the CPU kernels
+    built), both on /health, and batched slots that serve it."""
+    from bench.cli.common import engine_manifest, open_engine
+    from bench.cli.serve_cmds import load_served_model
+    from bench.runs.manifest import Workload
+    from bench.serve import create_app, default_slots
+    from model.kernels import cpu
+
+    spec = str(tiny_checkpoint)
+    loaded = load_served_model(spec, "float32", 64, "off", weight_dtype="bfloat16")
+    pol = loaded.engine.policy
+    assert (pol.weight_dtype, pol.compute_dtype) == ("bfloat16", "float32")
+    assert loaded.kernel == ("bf16=cpu" if cpu.available() else None)
+    engine, report, _, cache = open_engine(spec, "float32", 64, "off", weight_dtype="bfloat16")
+    swept = engine_manifest("sweep", engine, report, spec, cache, Workload())
+    assert (swept.engine.weight_dtype, swept.engine.kernel) == ("bfloat16", loaded.kernel)
+    assert swept.build_id == loaded.build_id
+    s = _Served(create_app(lambda: loaded, model_name=MODEL, max_batch=2, slots_factory=default_slots))
+    try:
+        h = s.wait_ready().json()
+        assert h["dtype_policy"]["weights"] == "bfloat16" and h["dtype_policy"]["compute"] == "float32"
+        assert h["kernel"] == loaded.kernel and h["build_id"] == loaded.build_id
+        assert h["serving"]["slot_positions"] == 64  # the batched slots, at --max-length
+        events = _stream(s, "/v1/completions", {"model": MODEL, "prompt": "The tide came in", "max_tokens": MAX_TOKENS,
+                                                "temperature": 0})  # fmt: skip
+        assert len([i for e in events[:-1] for i in e["choices"][0]["token_ids"]]) == MAX_TOKENS
+    finally:
+        s.stop()
+
+
+def test_bench_serve_passes_weight_dtype_to_the_engine(tiny_checkpoint, tmp_path):
+    """The flag itself, through the command line: the server's /health reports the bfloat16 weights."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "serve.log"
+    code = "import sys; from bench.cli import main; main(sys.argv[1:])"
+    args = ["serve", "-c", str(tiny_checkpoint), "--port", str(port), "--weight-dtype", "bfloat16", "--dtype",
+            "float32", "--max-batch", "1", "--compile-cache", "off"]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, JAX_PLATFORMS="cpu"))  # fmt: skip
+    try:
+        deadline, health = time.monotonic() + 120, None
+        while health is None or health.status_code != 200:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+            except httpx.TransportError:  # not listening yet
+                pass
+        h = health.json()
+        assert (h["dtype_policy"]["weights"], h["dtype_policy"]["compute"]) == ("bfloat16", "float32")
+        assert h["kernel"] in ("bf16=cpu", None)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert "weights=bfloat16" in log.read_text()  # the policy line
+
+
+def test_a_bad_weight_dtype_is_one_line_before_the_port_opens():
+    from conftest import assert_one_line_error, run_cli
+
+    from bench.cli.serve_cmds import _check_options
+    from bench.errors import InputError
+
+    with pytest.raises(InputError, match="--weight-dtype int3"):
+        _check_options(None, 8000, None, None, None, 1024, None, weight_dtype="int3")
+    with socket.socket() as taken:  # a port in use: the flag is refused first, not the port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = run_cli(["serve", "--port", str(taken.getsockname()[1]), "--weight-dtype", "int3"], timeout=120)
+    assert_one_line_error(proc, "--weight-dtype int3", "unknown dtype", "bfloat16")

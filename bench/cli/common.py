@@ -187,6 +187,16 @@ def parse_kernel_flag(kernel: str | None, quant: str | None = None) -> str | Non
     return impl
 
 
+def check_dtype_flags(dtype: str | None, weight_dtype: str | None = None) -> None:
+    """InputError (one line) for a `--dtype` or `--weight-dtype` that names no dtype of `model.policy.DTYPES`;
+    None (the flag not given) passes."""
+    from model.policy import DTYPES
+
+    for flag, name in (("--dtype", dtype), ("--weight-dtype", weight_dtype)):
+        if name is not None and name not in DTYPES:
+            raise InputError(f"{flag} {name}: unknown dtype; expected one of {', '.join(DTYPES)}")
+
+
 def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | None, compile_cache: str | None,
                 weight_dtype: str | None = None, buckets: str | None = None, quant: str | None = None,
                 scale_dtype: str | None = None, kernel: str | None = None):  # fmt: skip
@@ -199,12 +209,9 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
     for a bad flag, and KernelError for a forced kernel this device cannot run, before anything loads."""
     from model.engine import enable_compile_cache, load_engine, log_policy_line
     from model.kernels.choice import with_kernel_mode
-    from model.policy import DTYPES, decide_policy
+    from model.policy import decide_policy
 
-    if dtype is not None and dtype not in DTYPES:
-        raise InputError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
-    if weight_dtype is not None and weight_dtype not in DTYPES:
-        raise InputError(f"--weight-dtype {weight_dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
+    check_dtype_flags(dtype, weight_dtype)
     spec, scale = parse_quant_flags(quant, scale_dtype)
     check_max_length(max_length)
     ladder = parse_buckets(buckets)

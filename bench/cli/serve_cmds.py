@@ -18,6 +18,8 @@ from bench.cli.common import (
     MaxLengthOpt,
     QuantOpt,
     ScaleDtypeOpt,
+    WeightDtypeOpt,
+    check_dtype_flags,
     engine_manifest,
     open_engine,
     parse_buckets,
@@ -43,11 +45,9 @@ def _is_loopback(host: str) -> bool:
 
 def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_length: int | None, buckets: str | None,
                    max_body_bytes: int, api_key: str | None, max_batch: int = 1, max_queue: int = 0,
-                   request_deadline: float | None = None) -> None:  # fmt: skip
+                   request_deadline: float | None = None, weight_dtype: str | None = None) -> None:  # fmt: skip
     """Refuse bad `bench serve` options before the port opens. Raises InputError (or the checkpoint's error)."""
     import math
-
-    from model.policy import DTYPES
 
     if not 0 < port < 65536:
         raise InputError(f"--port {port}: expected 1..65535")
@@ -57,8 +57,7 @@ def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_len
         raise InputError(f"--max-queue {max_queue}: expected a number of waiting requests >= 0 (0: no waiting)")
     if request_deadline is not None and not (math.isfinite(request_deadline) and request_deadline > 0):
         raise InputError(f"--request-deadline {request_deadline}: expected seconds > 0, or leave it out (no deadline)")
-    if dtype is not None and dtype not in DTYPES:
-        raise InputError(f"--dtype {dtype}: unknown dtype; expected one of {', '.join(DTYPES)}")
+    check_dtype_flags(dtype, weight_dtype)
     parse_buckets(buckets)  # a malformed ladder fails here, before the port opens
     if max_length is not None and max_length < 1:
         raise InputError(f"--max-length {max_length}: must be a positive number of tokens")
@@ -87,19 +86,22 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
 
 def load_served_model(checkpoint: str | None, dtype: str | None, max_length: int | None,
                       compile_cache: str | None, buckets: str | None = None, quant: str | None = None,
-                      scale_dtype: str | None = None, kernel: str | None = None):  # fmt: skip
+                      scale_dtype: str | None = None, kernel: str | None = None,
+                      weight_dtype: str | None = None):  # fmt: skip
     """Load the engine as `bench sweep` does and gather what /health reports from the same manifest a sweep of it
     would record (`bench.cli.common.engine_manifest`, command "serve"): checkpoint id, source, content hash
     (computed while loading), weight bytes (packed, as placed: `--quant` counts) and load time, build id (code +
-    checkpoint + engine configuration, quantization included: a sweep's on the same payload), quantization and
-    scale dtype, compile cache folder (relative to the cache root). No local path is published. `kernel`: the
-    `--kernel` text (the w4 product; in the build id).
+    checkpoint + engine configuration, quantization and weight dtype included: a sweep's on the same payload),
+    quantization and scale dtype, the kernels the manifest names (e.g. "bf16=cpu"), compile cache folder (relative
+    to the cache root). No local path is published. `kernel`: the `--kernel` text (the w4 product; in the build
+    id); `weight_dtype`: the `--weight-dtype` text (default: the compute dtype).
     Returns a LoadedModel."""
     from bench.runs.manifest import Workload
     from bench.serve import LoadedModel
 
     engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
-                                                   quant=quant, scale_dtype=scale_dtype, kernel=kernel)  # fmt: skip
+                                                   quant=quant, scale_dtype=scale_dtype, kernel=kernel,
+                                                   weight_dtype=weight_dtype)  # fmt: skip
     manifest = engine_manifest("serve", engine, report, checkpoint, cache_dir, Workload(notes={"server": "bench serve"}))
     ck = manifest.checkpoint
     return LoadedModel(
@@ -110,6 +112,7 @@ def load_served_model(checkpoint: str | None, dtype: str | None, max_length: int
         compile_cache={"dir": manifest.compile_cache.dir},
         quantization=manifest.engine.quantization,
         scale_dtype=manifest.engine.scale_dtype,
+        kernel=manifest.engine.kernel,
     )
 
 
@@ -124,6 +127,7 @@ def serve(
     ),  # fmt: skip
     model_name: str | None = typer.Option(None, "--model-name", help="Model id clients send; default: checkpoint id."),
     dtype: str | None = DtypeOpt,
+    weight_dtype: str | None = WeightDtypeOpt,
     max_length: int | None = MaxLengthOpt,
     compile_cache: str | None = CompileCacheOpt,
     buckets: str | None = BucketsOpt,
@@ -164,7 +168,7 @@ def serve(
     shapes = parse_warmup_shapes(warmup_shapes)
     max_body_bytes = DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes
     _check_options(checkpoint, port, dtype, max_length, buckets, max_body_bytes, api_key, max_batch, max_queue,
-                   request_deadline)  # fmt: skip
+                   request_deadline, weight_dtype)  # fmt: skip
     parse_quant_flags(quant, scale_dtype)  # a bad option set fails here, before the port opens
     parse_kernel_flag(kernel, quant)
     try:  # the address must be bindable now: uvicorn would only say so after "startup complete"
@@ -183,7 +187,7 @@ def serve(
         server.should_exit = True
 
     application = create_app(lambda: load_served_model(checkpoint, dtype, max_length, compile_cache, buckets, quant,
-                                                       scale_dtype, kernel),
+                                                       scale_dtype, kernel, weight_dtype),
                              model_name=model_name, warmup_shapes=shapes, on_load_failure=stop_on_failure,
                              api_key=api_key, max_body_bytes=max_body_bytes, max_batch=max_batch,
                              max_queue=max_queue, request_deadline_s=request_deadline,

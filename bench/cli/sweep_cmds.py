@@ -344,7 +344,7 @@ def sweep(
                          "drop the flag (start the server with `bench serve --kernel ...`)")  # fmt: skip
     if target is not None and weight_dtype is not None:
         raise InputError(f"--weight-dtype {weight_dtype}: with --target the server stores its weights as it was "
-                         "started; drop the flag (start the server with the dtype you want to measure)")  # fmt: skip
+                         "started; drop the flag (start the server with `bench serve --weight-dtype ...`)")  # fmt: skip
     if target is not None and (quant is not None or scale_dtype is not None):
         raise InputError(f"--quant {quant or ''}{' --scale-dtype ' + scale_dtype if scale_dtype else ''}: with "
                          "--target the server's weights are measured as it placed them, which a client cannot "

@@ -14,8 +14,8 @@ Endpoints:
 - `GET /v1/models`, `GET /v1/models/{id}` (the one model this server serves, else 404; OpenAI's `id`, `object`,
   `created`, `owned_by`, and vLLM's `root` and `parent`), `GET /health`
   (503 `{"status": "loading"}` until the model is loaded and every warm-up shape
-  compiled; then 200 with build id, checkpoint, device, dtype policy, quantization, compile cache state, and the
-  scheduler's settings under `serving`),
+  compiled; then 200 with build id, checkpoint, device, dtype policy (the weights' dtype under `weights`),
+  quantization, the engine's kernels, compile cache state, and the scheduler's settings under `serving`),
   `GET /metrics` (Prometheus text format; names start with `gemma4_bench_`).
 
 Every response is judged by `bench.measure.degeneracy.check_degenerate` on its generated ids. A degenerate one is still
@@ -129,7 +129,9 @@ class LoadedModel:
     local path. build_id: `bench.runs.payload_build_id` of the served payload, the one a sweep of the same code,
     checkpoint and engine configuration records (None when unknown). compile_cache: {"dir": persistent compilation cache folder, or None when
     off}. quantization: "none" or the `--quant` option set (canonical text); scale_dtype: the dtype of its scales
-    (None when nothing is quantized).
+    (None when nothing is quantized). kernel: the engine's own kernels as a sweep manifest names them
+    (`bench.runs.manifest.EngineConfig.kernel`: "w4a16=pallas" or "w4a16=xla" for w4 weights, "bf16=cpu" for
+    bfloat16 weights multiplied by the CPU kernels, both space-separated; None: XLA's products throughout).
     """
 
     engine: Any  # model.engine.Engine (or anything with its generate/bucket_for/tokenizer/policy/cfg)
@@ -138,6 +140,7 @@ class LoadedModel:
     compile_cache: dict[str, Any] = dataclasses.field(default_factory=lambda: {"dir": None})
     quantization: str = "none"
     scale_dtype: str | None = None
+    kernel: str | None = None
 
 
 def parse_warmup_shapes(text: str | None) -> tuple[tuple[int, int], ...]:
@@ -373,8 +376,9 @@ def _require_ready(state: _State) -> None:
 
 
 def _health_body(state: _State) -> dict[str, Any]:
-    """GET /health once ready: build id, checkpoint (weight_bytes in bytes), device, dtype policy, quantization
-    (and its scale dtype) with `weight_bytes` beside it (the gauge: packed values + scales as placed),
+    """GET /health once ready: build id, checkpoint (weight_bytes in bytes), device, dtype policy (`weights`: the
+    stored weights' dtype), quantization (and its scale dtype) with `weight_bytes` beside it (the gauge: packed
+    values + scales as placed), `kernel` (`LoadedModel.kernel`, the manifest's text, e.g. "bf16=cpu"),
     compile cache (dir, and this process's trace/compile/cache-hit counts), max_length and buckets (tokens),
     warm-up shapes ((prompt tokens, max_tokens) pairs) and warmup_s (seconds spent compiling them), and `serving`:
     max_batch (decode slots), max_queue (requests that may wait), request_deadline_s (s or null), slot_engine (how
@@ -390,7 +394,7 @@ def _health_body(state: _State) -> dict[str, Any]:
         "dtype_policy": {"compute": pol.compute_dtype, "weights": pol.weight_dtype,
                          "activations": pol.activation_dtype, "kv_cache": pol.kv_dtype, "pre_ampere": pol.pre_ampere,
                          "line": pol.line()},
-        "quantization": loaded.quantization, "scale_dtype": loaded.scale_dtype,
+        "quantization": loaded.quantization, "scale_dtype": loaded.scale_dtype, "kernel": loaded.kernel,
         "weight_bytes": loaded.checkpoint.get("weight_bytes"),
         "compile_cache": {"dir": loaded.compile_cache.get("dir"), "enabled": loaded.compile_cache.get("dir") is not None,
                           **counts},
