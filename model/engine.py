@@ -59,6 +59,7 @@ from model.config import ModelConfig
 from model.errors import EngineError
 from model.limits import DEFAULT_BUCKETS, PromptLimits, bucket_ladder, prompt_limits  # noqa: F401 -- re-exported
 from model.forward import decode_step, prefill
+from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
 from model.quantspec import NO_QUANT, QuantSpec
@@ -203,7 +204,7 @@ def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, 
     """The chunked prefill of padded ids [B, bucket] with `length` real tokens into a fresh cache of
     `cache_len` slots, then the first token [B] (int32); one program per (bucket, cache_len)."""
     cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
-    logits_BV, cache = prefill(params, cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
+    logits_BV, cache = prefill(as_params(params), cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
     return _choose(logits_BV, length - 1, args, greedy), cache
 
 
@@ -212,7 +213,7 @@ def _prefill_logits_program(params, ids_BT, length, *, cfg, cache_len, kv_dtype,
     """`_prefill_program`'s prefill at the same shape, returning its float32 logits [B, V] at the last real
     position instead of the token chosen from them (the cache is dropped)."""
     cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
-    logits_BV, _ = prefill(params, cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
+    logits_BV, _ = prefill(as_params(params), cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
     return logits_BV
 
 
@@ -220,7 +221,7 @@ def _prefill_logits_program(params, ids_BT, length, *, cfg, cache_len, kv_dtype,
 def _decode_program(params, cache, token_B, args, *, cfg, act_dtype, greedy):
     with jax.named_scope("decode_step"):
         position = cache.length
-        logits_BV, cache = decode_step(params, cfg, token_B, cache, dtype=DTYPES[act_dtype])
+        logits_BV, cache = decode_step(as_params(params), cfg, token_B, cache, dtype=DTYPES[act_dtype])
         return _choose(logits_BV, position, args, greedy), cache
 
 
@@ -234,6 +235,8 @@ def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype,
     """`trips` (int32 scalar, 1 <= trips <= steps) decode steps in one device loop, each step exactly
     `_decode_program`'s (decode_step, then `_choose` with the key of the position decoded). Returns (ids [steps, B]
     int32: row i the token of step i, rows >= trips unused (zeros); the last token [B] int32; the cache)."""
+
+    params = as_params(params)
 
     def body(i, carry):
         token_B, cache, ids_SB = carry
@@ -416,6 +419,12 @@ class Engine:
         return param_bytes(self.params)
 
     @functools.cached_property
+    def call_params(self) -> PackedParams:
+        """`params` as the engine's programs receive them (`model.packed.pack_params`: the one-dimensional leaves
+        in one vector per dtype, 213 buffers instead of 475 on the 35-layer presets), made on first use."""
+        return pack_params(self.params)
+
+    @functools.cached_property
     def batch_params(self) -> Params:
         """The parameters decode steps of more than one row read (`generate_batch`, `step_fn_batch`, decode slots):
         on CPU `params` with its dense input-major projections held transposed as well
@@ -432,9 +441,14 @@ class Engine:
         """Bytes `batch_params` holds beside `params` (0 off CPU; `model.params.output_major_bytes`)."""
         return output_major_bytes(self.params) if self._batch_copy else 0
 
-    def decode_params(self, rows: int) -> Params:
-        """The parameters a decode step of `rows` rows reads: `batch_params` for more than one, else `params`."""
-        return self.batch_params if rows > 1 else self.params
+    @functools.cached_property
+    def _batch_call_params(self) -> PackedParams:
+        return self.call_params if self.batch_params is self.params else pack_params(self.batch_params)
+
+    def decode_params(self, rows: int) -> PackedParams:
+        """The parameters a decode step of `rows` rows reads, packed as programs receive them
+        (`model.packed`): `batch_params` for more than one row, else `params`."""
+        return self._batch_call_params if rows > 1 else self.call_params
 
     def decode_bytes(self, n_tokens: int, max_new_tokens: int, batch: int = 1) -> dict[str, int]:
         """Bytes one decode step reads at the compiled shape of `n_tokens` (roofline numerator, measurement.md):
@@ -549,7 +563,7 @@ class Engine:
             return bool(on_token and on_token(token)) or (stop_at_eos and token in eos)
 
         def step(cache, token_B):  # the call `_decode_program` was traced with (positional args: one program)
-            return _decode_program(self.params, cache, token_B, args, cfg=self.cfg,
+            return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg,
                                    act_dtype=self.policy.activation_dtype, greedy=sampling.greedy)  # fmt: skip
 
         steps = 0 if stops(tokens[0]) else max_new_tokens - len(tokens)  # the device loop leaves none
@@ -582,7 +596,7 @@ class Engine:
         traces0 = CompileCounter.traces
         t0 = time.perf_counter_ns()  # from here: the ids' copy to the device, prefill, first tokens on the host
         token_B, cache = _prefill_program(
-            self.params, jnp.asarray(ids), jnp.asarray(lengths, jnp.int32), args, cfg=self.cfg,
+            self.call_params, jnp.asarray(ids), jnp.asarray(lengths, jnp.int32), args, cfg=self.cfg,
             cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype,
             greedy=sampling.greedy,
         )  # fmt: skip
@@ -607,7 +621,7 @@ class Engine:
                                arrived=arrived)  # fmt: skip
 
     def _decode_on_device(self, token_B, cache, args, greedy: bool, max_new_tokens: int, block: int | None,
-                          tokens: list, times: list[int], *, params: Params | None = None) -> list[int]:  # fmt: skip
+                          tokens: list, times: list[int], *, params: PackedParams | None = None) -> list[int]:  # fmt: skip
         """The device loop after the first token: max_new_tokens - 1 steps in calls of `steps` = min(block, that)
         steps (the last call's trip count the rest), appending each block's ids to `tokens` (a list of ids: row 0's;
         a list of B lists: every row's) and its arrival on the host to `times`. Returns the token indices `times`
@@ -618,7 +632,7 @@ class Engine:
         while left > 0:
             trips = min(steps, left)
             ids_SB, token_B, cache = _decode_loop_program(
-                self.params if params is None else params, cache, token_B, args, jnp.int32(trips), cfg=self.cfg,
+                self.call_params if params is None else params, cache, token_B, args, jnp.int32(trips), cfg=self.cfg,
                 act_dtype=self.policy.activation_dtype, greedy=greedy, steps=steps,
             )  # fmt: skip
             if tokens and isinstance(tokens[0], list):  # a batch: every row's ids
@@ -641,7 +655,7 @@ class Engine:
         Raises EngineError as `check_request`."""
         ids, bucket = self._padded(prompt_ids, max_new_tokens)
         logits_BV = _prefill_logits_program(
-            self.params, jnp.asarray(ids), jnp.int32(len(prompt_ids)), cfg=self.cfg, cache_len=bucket + max_new_tokens,
+            self.call_params, jnp.asarray(ids), jnp.int32(len(prompt_ids)), cfg=self.cfg, cache_len=bucket + max_new_tokens,
             kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype,
         )  # fmt: skip
         return np.asarray(logits_BV[0], np.float32)
@@ -664,7 +678,7 @@ class Engine:
 
         def step(state):
             token_B, cache = state
-            return _decode_program(self.params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True)
+            return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True)
 
         return state, step
 
@@ -675,7 +689,7 @@ class Engine:
         ids, lengths, bucket = self._padded_batch(prompts, max_new_tokens)
         args = GREEDY.args()
         act_dtype = self.policy.activation_dtype
-        state = _prefill_program(self.params, jnp.asarray(ids), jnp.asarray(lengths, jnp.int32), args, cfg=self.cfg,
+        state = _prefill_program(self.call_params, jnp.asarray(ids), jnp.asarray(lengths, jnp.int32), args, cfg=self.cfg,
                                  cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype,
                                  act_dtype=act_dtype, greedy=True)  # fmt: skip
 
@@ -714,7 +728,7 @@ class Engine:
         """The compiled prefill of padded `ids` with `n` real tokens into a cache of `cache_len` positions:
         (first token [1] int32, cache)."""
         return _prefill_program(
-            self.params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=cache_len,
+            self.call_params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=cache_len,
             kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=greedy,
         )  # fmt: skip
 

@@ -46,6 +46,7 @@ from model.cache import KVCache, init_cache
 from model.engine import GREEDY, CompileCounter, Sampling, _choose, _prefill_program
 from model.errors import EngineError
 from model.forward import decode_step
+from model.packed import as_params
 from model.policy import DTYPES
 
 
@@ -71,7 +72,7 @@ def _slot_step_program(params, cache, token_B, active_B, rows, *, cfg, act_dtype
     `_choose_rows` with `rows`. One program per (B, S, greedy)."""
     with jax.named_scope("decode_step"):
         position_B = cache.length
-        logits_BV, cache = decode_step(params, cfg, token_B, cache, dtype=DTYPES[act_dtype])
+        logits_BV, cache = decode_step(as_params(params), cfg, token_B, cache, dtype=DTYPES[act_dtype])
         next_B = _choose(logits_BV, position_B, None, True) if greedy else _choose_rows(logits_BV, position_B, rows)
         next_B = jnp.where(active_B, next_B, token_B)
         length_B = jnp.where(active_B, cache.length, 0)
@@ -157,7 +158,7 @@ class SlotDecoder:
         ids = np.full((1, bucket), self.engine.cfg.pad_token_id, np.int32)
         ids[0, :n] = np.asarray(prompt_ids, np.int32)
         token_1, row = _prefill_program(
-            self.engine.params, jnp.asarray(ids), jnp.int32(n), sampling.args(), cfg=self.engine.cfg,
+            self.engine.call_params, jnp.asarray(ids), jnp.int32(n), sampling.args(), cfg=self.engine.cfg,
             cache_len=self.cache_len, kv_dtype=self.engine.policy.kv_dtype,
             act_dtype=self.engine.policy.activation_dtype, greedy=sampling.greedy,
         )  # fmt: skip
