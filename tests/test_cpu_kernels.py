@@ -46,6 +46,20 @@ def test_to_float32_is_exact(built):
     assert got.dtype == jnp.float32 and np.array_equal(np.asarray(got), np.asarray(w.astype(jnp.float32)))
 
 
+def test_the_kernels_map_under_vmap(built):
+    rng = np.random.default_rng(5)
+    x_BRK = jnp.asarray(rng.standard_normal((3, 2, 256)), jnp.float32)
+    w_NK = _weights(rng, 96, 256)
+    got = jax.jit(jax.vmap(lambda x: cpu.matvec(x, w_NK, 1)))(x_BRK)  # a batch of activations, one weight
+    want = np.stack([np.asarray(cpu.matvec(x, w_NK, 1)) for x in x_BRK])
+    assert got.shape == (3, 2, 96) and np.array_equal(np.asarray(got), want)
+    w_BNK = jnp.stack([w_NK, _weights(rng, 96, 256)])  # a batch of weights too
+    got = jax.vmap(lambda x, w: cpu.matvec(x, w, 1))(x_BRK[:2], w_BNK)
+    assert np.array_equal(np.asarray(got[1]), np.asarray(cpu.matvec(x_BRK[1], w_BNK[1], 1)))
+    widened = jax.vmap(cpu.to_float32)(w_BNK)
+    assert np.array_equal(np.asarray(widened), np.asarray(w_BNK.astype(jnp.float32)))
+
+
 def _ffi_targets(fn, *args) -> str:
     return jax.jit(fn).lower(*args).as_text()
 

@@ -162,17 +162,19 @@ def engine_plan(platform: str, weight_dtype: str, activation_dtype: str) -> tupl
 
 def matvec(x_RK: jax.Array, w: jax.Array, axis: int) -> jax.Array:
     """float32 [R, N]: x [R, K] (float32) times the bfloat16 weight `w` contracted along `axis` (1: w [N, K],
-    0: w [K, N]). Call only when `available()`."""
+    0: w [K, N]). Call only when `available()`. Under `jax.vmap`, one call per mapped element (the engine never
+    maps it; it folds rows into R). No derivative rule: `jax.grad` through it raises."""
     n = w.shape[1 - axis]
     target = TARGETS["matvec_nk" if axis == 1 else "matvec_kn"]
-    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x_RK.shape[0], n), jnp.float32))(
-        x_RK.astype(jnp.float32), w
-    )
+    result = jax.ShapeDtypeStruct((x_RK.shape[0], n), jnp.float32)
+    return jax.ffi.ffi_call(target, result, vmap_method="sequential")(x_RK.astype(jnp.float32), w)
 
 
 def to_float32(w: jax.Array) -> jax.Array:
-    """The bfloat16 array `w` widened to float32 (same shape; exact). Call only when `available()`."""
-    return jax.ffi.ffi_call(TARGETS["to_f32"], jax.ShapeDtypeStruct(w.shape, jnp.float32))(w)
+    """The bfloat16 array `w` widened to float32 (same shape; exact). Call only when `available()`. Under
+    `jax.vmap`, one call per mapped element."""
+    result = jax.ShapeDtypeStruct(w.shape, jnp.float32)
+    return jax.ffi.ffi_call(TARGETS["to_f32"], result, vmap_method="sequential")(w)
 
 
 __all__ = ["MAX_ROWS", "availability", "available", "engine_plan", "matvec", "to_float32"]
