@@ -443,6 +443,7 @@ class Engine:
 
     @functools.cached_property
     def _batch_call_params(self) -> PackedParams:
+        """`batch_params` packed (`call_params` itself where the two trees are one)."""
         return self.call_params if self.batch_params is self.params else pack_params(self.batch_params)
 
     def decode_params(self, rows: int) -> PackedParams:

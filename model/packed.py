@@ -1,9 +1,10 @@
 """The parameters as the engine's jitted programs receive them: fewer arguments per call.
 
 Every argument buffer of a jitted call costs host time at every call, before the device starts: measured on the
-default preset's decode step (2-core Xeon, jax 0.12, bfloat16 weights, 41 tokens, 30 calls each, median time for
-the call to return): 3.02 ms with the 475 parameter leaves as they are, 2.30 ms with the 262 one-dimensional leaves
-(norm weights and layer scalars) packed into one vector per dtype. A decode step is one call per generated token
+default preset's decode step (2-core Xeon, jax 0.12, bfloat16 weights, 41 tokens; median time for the call to
+return), with the 475 parameter leaves as they are against the 262 one-dimensional leaves (norm weights and layer
+scalars) packed into one vector per dtype: 1.89-2.08 -> 1.31-1.40 ms with each call alone (two rounds of 30 calls),
+3.02 -> 2.30 ms while the step before it runs (the host loop's dispatch ahead, 14 rounds of 30 steps). A decode step is one call per generated token
 in the host loop, so this is host overhead per token (measurement.md, "Host overhead"): on the lent TPU v5e it was
 0.94 ms of the default preset's 1.37 ms host-loop step (runs/2026-12-06-tpu-new-tpuv5e).
 
