@@ -27,7 +27,7 @@ def _weights(rng, n, k):
 
 
 @pytest.mark.parametrize("rows, k, n", [(1, 256, 4096), (1, 2048, 256), (3, 100, 37), (9, 300, 70), (16, 1024, 300),
-                                          (32, 256, 512), (1, 64, 70000)])
+                                          (32, 256, 512), (1, 64, 70000), (64, 520, 131)])
 @pytest.mark.parametrize("axis", [1, 0])
 def test_matvec_equals_the_float32_product_of_the_widened_weight(built, rows, k, n, axis):
     rng = np.random.default_rng(rows * 7 + k + n)
@@ -38,6 +38,24 @@ def test_matvec_equals_the_float32_product_of_the_widened_weight(built, rows, k,
     want = np.asarray(x_RK, np.float64) @ np.asarray(w_NK.astype(jnp.float32), np.float64).T
     assert got.shape == (rows, n) and got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+def test_matvec_rows_are_the_sums_of_fewer_rows_to_the_bit(built, axis):
+    """Many rows run other loops than few (output-major: tiles of weight rows by activation rows where the CPU has
+    AVX-512; input-major: eight weight rows per pass), each output still summed in the same order: a call of 64
+    rows equals, bit for bit, calls of 4 rows (one weight row at a time) and, input-major, of 1 row."""
+    rng = np.random.default_rng(11)
+    x_RK = jnp.asarray(rng.standard_normal((64, 520)), jnp.float32)
+    w_NK = _weights(rng, 131, 520)
+    w = w_NK if axis == 1 else jnp.array(w_NK.T, copy=True)
+    run = jax.jit(lambda x, w: cpu.matvec(x, w, axis))
+    whole = np.asarray(run(x_RK, w))
+    fours = np.concatenate([np.asarray(run(x_RK[r : r + 4], w)) for r in range(0, 64, 4)])
+    assert np.array_equal(whole, fours)
+    if axis == 0:
+        ones = np.concatenate([np.asarray(run(x_RK[r : r + 1], w)) for r in range(64)])
+        assert np.array_equal(whole, ones)
 
 
 def test_to_float32_is_exact(built):
@@ -67,7 +85,7 @@ def _ffi_targets(fn, *args) -> str:
 @pytest.mark.parametrize("spec, x_shape, w_shape, taken", [
     ("BTD,DX->BTX", (1, 1, 256), (256, 640), "gemma4_bf16_matvec_kn"),  # input-major, one decode row
     ("BTF,DF->BTD", (2, 1, 512), (256, 512), "gemma4_bf16_matvec_nk"),  # output-major, a batch of 2 rows
-    ("BTD,DX->BTX", (1, 64, 256), (256, 640), "gemma4_bf16_to_f32"),  # prefill rows: widened once, XLA's dot
+    ("BTD,DX->BTX", (1, 65, 256), (256, 640), "gemma4_bf16_to_f32"),  # past MAX_ROWS: widened once, XLA's dot
 ])  # fmt: skip
 def test_matmul_takes_the_kernels_for_bfloat16_weights(built, monkeypatch, spec, x_shape, w_shape, taken):
     rng = np.random.default_rng(3)

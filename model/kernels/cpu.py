@@ -42,11 +42,13 @@ import jax.numpy as jnp
 
 SOURCE = Path(__file__).with_name("cpu_bf16.cc")
 TARGETS = {"matvec_nk": "gemma4_bf16_matvec_nk", "matvec_kn": "gemma4_bf16_matvec_kn", "to_f32": "gemma4_bf16_to_f32"}
-MAX_ROWS = 32
+MAX_ROWS = 64
 """Most activation rows for which `model.quant.matmul` multiplies a bfloat16 weight with `matvec`; with more, the
-weight is widened once (`to_float32`) and XLA's float32 product runs (prefill chunks: many rows per weight).
-Measured here (50 [4096, 256] weights, 2-core Xeon): `matvec` / widen and XLA's dot / XLA's dot of float32 weights,
-ms: 16 rows 31.6 / 101.8 / 26.6; 32 rows 63.9 / 111.7 / 33.8; 64 rows 142.7 / 129.2 / 79.5."""
+weight is widened once (`to_float32`) and XLA's float32 product runs (prefill chunks of 128 rows). Measured here
+(2-core Xeon, AVX-512, the default preset's 106 output-major decode weights, 77.9 MiB, chained; medians of 9 in one
+process), `matvec` against widening and XLA's dot: 32 rows 25 / 61 ms, 64 rows 43-45 / 90, 128 rows 99 / 110.
+Before `matvec` multiplied tiles of weight rows by activation rows (`cpu_bf16.cc`, `tile`) the limit was 32 (50
+[4096, 256] weights: 64 rows 142.7 ms against 129.2 widened)."""
 ENV_SWITCH = "GEMMA4_BENCH_CPU_KERNELS"
 
 
