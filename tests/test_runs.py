@@ -49,6 +49,17 @@ def test_create_run_names_the_folder_and_starts_running(tmp_path: Path) -> None:
     assert validate_run(run.path) == []
 
 
+def test_run_log_lines_carry_the_time_given_or_now(tmp_path: Path) -> None:
+    """A line about something that happened before the folder existed keeps its own time (`at`); others get now."""
+    run = create_run(tmp_path / "runs", "smoke", "cpu", manifest(), date="2026-11-30")
+    run.log("device policy: before the folder", at="2026-01-02T03:04:05+00:00")
+    run.log("a line of now")
+    first, second = (run.path / "run.log").read_text().splitlines()
+    assert first == "2026-01-02T03:04:05+00:00 device policy: before the folder"
+    assert second.endswith(" a line of now") and not second.startswith("2026-01-02T03:04:05")
+    run.finish("complete")
+
+
 def test_a_name_clash_is_an_error_and_loses_nothing(tmp_path: Path) -> None:
     run = make_measured_run(tmp_path, "same")
     before = (run.path / "cells.jsonl").read_bytes()

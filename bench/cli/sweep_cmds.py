@@ -29,7 +29,7 @@ from bench.cli.common import (
     setup_logging,
 )
 from bench.errors import InputError, RunFolderError
-from bench.runs import writing_run
+from bench.runs import now_iso, writing_run
 from bench.runs.manifest import w4_kernel_of
 from bench.sweep.local import DECODE_LOOP_CHOICES, StopSignals, parse_batches, parse_decode_loop, parse_inputs
 from bench.sweep.rates import RATES_KEY
@@ -392,6 +392,7 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype = engine_flags
     # every size against the limits config.json sets, before a built-in checkpoint is created or a weight loads
     check_prompt_sizes(checkpoint, config.inputs, config.max_new_tokens, max_length, buckets)
+    policy_at = now_iso()  # run.log stamps the policy and kernel lines with when they were decided, not written
     engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
                                                    quant=quant, scale_dtype=scale_dtype, kernel=kernel,
                                                    weight_dtype=weight_dtype)  # fmt: skip
@@ -402,6 +403,7 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     decode_bytes = {str(n): engine.decode_bytes(n, config.max_new_tokens) for n in config.inputs}
     # derived from the configuration, so outside it (and outside the build id): bytes a decode step reads
     rates, rates_new = _sweep_rates(engine, resumed, log)
+    rates_at = now_iso()
     workload = sweep_workload(config, **duration_notes(config), **loop_notes(config), **batch_notes(config))
     manifest = engine_manifest("sweep", engine, report, checkpoint, cache_dir, workload,
                                extra={"decode_bytes": decode_bytes, RATES_KEY: dict(rates.measured)})  # fmt: skip
@@ -421,9 +423,9 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
                     before_end=_compile_cache_counter(counts0, manifest.compile_cache.dir)) as run,
     ):  # fmt: skip
         log.info(f"run folder: {run.path}")
-        run.log(engine.policy.line())
-        run.log(f"engine kernels: {manifest.engine.kernel or 'none (XLA products throughout)'}")
-        run.log(rates.line)
+        run.log(engine.policy.line(), at=policy_at)
+        run.log(f"engine kernels: {manifest.engine.kernel or 'none (XLA products throughout)'}", at=policy_at)
+        run.log(rates.line, at=rates_at)
         if resumed is not None and rates_new:  # a run begun before sweeps measured rates: record this process's
             run.update_manifest(**{RATES_KEY: dict(rates.measured)})
         run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)),

@@ -257,11 +257,12 @@ class RunFolder:
         except OSError as exc:
             raise RunFolderError(f"{path}: cannot append ({exc.strerror or exc})") from None
 
-    def log(self, line: str) -> None:
-        """Append one timestamped line to run.log."""
+    def log(self, line: str, *, at: str | None = None) -> None:
+        """Append one timestamped line to run.log: stamped `at` (an ISO 8601 time, `now_iso()`'s form) when the line
+        says what happened before the run folder existed (the policy, the kernels, the device rates), else now."""
         try:
             with open(self.path / LOG, "a", encoding="utf-8") as fh:
-                fh.write(f"{now_iso()} {line.rstrip()}\n")
+                fh.write(f"{at or now_iso()} {line.rstrip()}\n")
         except OSError as exc:
             raise RunFolderError(f"{self.path / LOG}: cannot append ({exc.strerror or exc})") from None
 
