@@ -27,7 +27,7 @@ def _weights(rng, n, k):
 
 
 @pytest.mark.parametrize("rows, k, n", [(1, 256, 4096), (1, 2048, 256), (3, 100, 37), (9, 300, 70), (16, 1024, 300),
-                                          (32, 256, 512), (1, 64, 70000), (64, 520, 131)])
+                                          (32, 256, 512), (1, 64, 70000), (64, 520, 131), (12, 10240, 9)])
 @pytest.mark.parametrize("axis", [1, 0])
 def test_matvec_equals_the_float32_product_of_the_widened_weight(built, rows, k, n, axis):
     rng = np.random.default_rng(rows * 7 + k + n)
@@ -56,6 +56,20 @@ def test_matvec_rows_are_the_sums_of_fewer_rows_to_the_bit(built, axis):
     if axis == 0:
         ones = np.concatenate([np.asarray(run(x_RK[r : r + 1], w)) for r in range(64)])
         assert np.array_equal(whole, ones)
+
+
+def test_rows_up_to_max_rows_take_the_kernel_and_more_are_widened(built):
+    """33-64 rows take `matvec` only where the kernel has tiles (AVX-512); `max_rows` says which, and 1 more row
+    than it is widened for XLA's dot."""
+    assert cpu.max_rows() == (cpu.MAX_ROWS if cpu.tile_rows() > 0 else cpu.MAX_ROWS_WITHOUT_TILES)
+    w = _weights(np.random.default_rng(3), 640, 256)  # [N, K]: output-major
+
+    def targets(rows: int) -> str:
+        x = jnp.ones((1, rows, 256), jnp.float32)
+        return _ffi_targets(lambda x, w: quant.matmul(x, w, "BTD,XD->BTX"), x, w)
+
+    assert "gemma4_bf16_matvec_nk" in targets(cpu.max_rows()) and "gemma4_bf16_to_f32" not in targets(cpu.max_rows())
+    assert "gemma4_bf16_to_f32" in targets(cpu.max_rows() + 1)
 
 
 def test_to_float32_is_exact(built):

@@ -43,12 +43,15 @@ import jax.numpy as jnp
 SOURCE = Path(__file__).with_name("cpu_bf16.cc")
 TARGETS = {"matvec_nk": "gemma4_bf16_matvec_nk", "matvec_kn": "gemma4_bf16_matvec_kn", "to_f32": "gemma4_bf16_to_f32"}
 MAX_ROWS = 64
-"""Most activation rows for which `model.quant.matmul` multiplies a bfloat16 weight with `matvec`; with more, the
-weight is widened once (`to_float32`) and XLA's float32 product runs (prefill chunks of 128 rows). Measured here
-(2-core Xeon, AVX-512, the default preset's 106 output-major decode weights, 77.9 MiB, chained; medians of 9 in one
-process), `matvec` against widening and XLA's dot: 32 rows 25 / 61 ms, 64 rows 43-45 / 90, 128 rows 99 / 110.
-Before `matvec` multiplied tiles of weight rows by activation rows (`cpu_bf16.cc`, `tile`) the limit was 32 (50
-[4096, 256] weights: 64 rows 142.7 ms against 129.2 widened)."""
+"""Most activation rows for which `model.quant.matmul` multiplies a bfloat16 weight with `matvec` where the kernel
+multiplies tiles of weight rows by activation rows (built with AVX-512: `tile_rows`); with more, the weight is
+widened once (`to_float32`) and XLA's float32 product runs (prefill chunks of 128 rows). Measured here (2-core
+Xeon, AVX-512, the default preset's 106 output-major decode weights, 77.9 MiB, chained; medians of 9 in one
+process), `matvec` against widening and XLA's dot: 32 rows 25 / 61 ms, 64 rows 43-45 / 90, 128 rows 99 / 110."""
+MAX_ROWS_WITHOUT_TILES = 32
+"""`MAX_ROWS` where the kernel has no tiles (no AVX-512): one weight row at a time lost to widening at 64 rows (50
+[4096, 256] weights, the same Xeon with AVX-512: 142.7 ms against 129.2), and without AVX-512 it is slower still
+(the 106 weights above at 64 rows, compiled with -mno-avx512f: 277 ms)."""
 ENV_SWITCH = "GEMMA4_BENCH_CPU_KERNELS"
 
 
@@ -139,9 +142,26 @@ def _loaded() -> tuple[bool, str]:
         lib = ctypes.cdll.LoadLibrary(str(lib_path))
         for name in TARGETS.values():
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+        global _TILE_ROWS
+        _TILE_ROWS = int(lib.gemma4_bf16_tile_rows())
     except (OSError, AttributeError, ValueError, subprocess.SubprocessError) as e:
         return False, f"kernel library not loaded: {e}"
     return True, how
+
+
+_TILE_ROWS = 0  # set by `_loaded` from the library
+
+
+def tile_rows() -> int:
+    """Weight rows per tile in the loaded kernel's products of many activation rows (4 where it was compiled with
+    AVX-512), 0 without tiles or before the kernels are loaded (`availability`)."""
+    return _TILE_ROWS
+
+
+def max_rows() -> int:
+    """Most activation rows `model.quant.matmul` sends to `matvec`: `MAX_ROWS` with tiles (`tile_rows`), else
+    `MAX_ROWS_WITHOUT_TILES`."""
+    return MAX_ROWS if tile_rows() > 0 else MAX_ROWS_WITHOUT_TILES
 
 
 def available() -> bool:
@@ -179,4 +199,5 @@ def to_float32(w: jax.Array) -> jax.Array:
     return jax.ffi.ffi_call(TARGETS["to_f32"], result, vmap_method="sequential")(w)
 
 
-__all__ = ["MAX_ROWS", "availability", "available", "engine_plan", "matvec", "to_float32"]
+__all__ = ["MAX_ROWS", "MAX_ROWS_WITHOUT_TILES", "availability", "available", "engine_plan", "matvec", "max_rows",
+           "tile_rows", "to_float32"]

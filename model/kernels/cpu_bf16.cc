@@ -218,8 +218,8 @@ void matvec_nk_rows(const float* x, const uint16_t* w, float* y, int64_t R, int6
 // and stored once per eight rows, its sum taken in the same order as row by row (so the result is the same to the
 // bit), and the slices of the rows 16 ahead are prefetched whole (every cache line, not only the first: the rows
 // are N apart, too far for the hardware prefetcher to follow). Measured on the default preset's 106 input-major
-// decode weights (110.2 MiB, 2-core Xeon, one process, alternating): 12.45 ms -> 4.0-6.8 ms per chain at R = 1
-// (a row at a time with one prefetched line per row and 128-column chunks, against this).
+// decode weights (110.2 MiB, 2-core Xeon, one process, alternating, medians of 45): 11.53 -> 5.56 ms per chain at
+// R = 1 (a row at a time with one prefetched line per row and 128-column chunks, against this).
 void matvec_kn_cols(const float* x, const uint16_t* w, float* y, int64_t R, int64_t K, int64_t N, int64_t n0,
                     int64_t n1) {
   for (int64_t r = 0; r < R; ++r) std::fill(y + r * N + n0, y + r * N + n1, 0.f);
@@ -265,8 +265,12 @@ ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   const int64_t per_chunk = kChunkBytes / std::max<int64_t>(1, 2 * K);
   // Input-major chunks are as wide as one per thread allows (at least 64 KiB of weight and 64 lanes): the wider a
   // chunk, the longer the contiguous run it reads from each weight row.
-  const int64_t per_thread = (N / std::max<int64_t>(1, pool.num_threads()) + 63) / 64 * 64;
-  const int64_t size = kOutputMajor ? std::max<int64_t>(1, per_chunk)
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t per_thread = ((N + threads - 1) / threads + 63) / 64 * 64;
+  // Output-major chunks of many rows hold whole tiles of kTileN weight rows (a chunk of 64 KiB of a long weight
+  // row, K > 8192, would hold fewer than 4 rows, and none of them would run in a tile).
+  const int64_t tile_rows = kTileN > 0 && R >= kTileR ? kTileN : 1;
+  const int64_t size = kOutputMajor ? (std::max<int64_t>(1, per_chunk) + tile_rows - 1) / tile_rows * tile_rows
                                     : std::max<int64_t>({64, per_chunk / 64 * 64, per_thread});
   const int64_t chunks = 2 * N * K < kSerialBytes ? 1 : (N + size - 1) / size;
   const int64_t per = chunks == 1 ? N : size;
@@ -305,3 +309,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_matvec_kn, Matvec<false>, GEMMA4_MATVE
 XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_to_f32, ToF32,
                               ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::BF16>>().Ret<
                                   ffi::Buffer<ffi::F32>>());
+
+// How many weight rows `matvec` multiplies at a time in a tile for many activation rows (0: no tiles, this CPU
+// has no AVX-512), for `model.kernels.cpu.max_rows`.
+extern "C" int gemma4_bf16_tile_rows() { return kTileN; }
