@@ -83,7 +83,8 @@ def test_sweep_writes_a_complete_consistent_run_folder(finished_run, env):
     log_lines = [line.split(" ", 1)[1] for line in (folder / "run.log").read_text().splitlines()]
     assert "engine kernels: none (XLA products throughout)" in log_lines
     # each line stamped when it happened: the policy before the rates (measured after the load), none out of order
-    stamps = [dt.datetime.fromisoformat(line.split(" ", 1)[0]) for line in (folder / "run.log").read_text().splitlines()]
+    lines = (folder / "run.log").read_text().splitlines()
+    stamps = [dt.datetime.fromisoformat(line.split(" ", 1)[0]) for line in lines]
     assert stamps == sorted(stamps) and log_lines[0].startswith("device policy:")
     assert log_lines[2].startswith("device rates:") and stamps[0] <= stamps[2]
 
