@@ -62,6 +62,7 @@ from model.forward import decode_step, prefill
 from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
+from model.programs import compiler_options_line, program
 from model.quantspec import NO_QUANT, QuantSpec
 
 # The bucket ladder and the prompt-length checks are model/limits.py's (no jax: a command line checks its sizes
@@ -217,7 +218,7 @@ def _prefill_logits_program(params, ids_BT, length, *, cfg, cache_len, kv_dtype,
     return logits_BV
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "act_dtype", "greedy"), donate_argnames=("cache",))
+@program(static_argnames=("cfg", "act_dtype", "greedy"), donate_argnames=("cache",))
 def _decode_program(params, cache, token_B, args, *, cfg, act_dtype, greedy):
     with jax.named_scope("decode_step"):
         position = cache.length
@@ -230,7 +231,7 @@ DECODE_LOOPS = ("host", "device")
 fori_loop of steps, synced once per block)."""
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "act_dtype", "greedy", "steps"), donate_argnames=("cache",))
+@program(static_argnames=("cfg", "act_dtype", "greedy", "steps"), donate_argnames=("cache",))
 def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype, greedy, steps):
     """`trips` (int32 scalar, 1 <= trips <= steps) decode steps in one device loop, each step exactly
     `_decode_program`'s (decode_step, then `_choose` with the key of the position decoded). Returns (ids [steps, B]
@@ -852,6 +853,9 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
              f"converted once at load to {policy.weight_dtype}, quant {quant.canonical}) in {report['load_s']:.1f} s")  # fmt: skip
     if cpu_line:
         (log.info if cpu_kernel else log.warning)(cpu_line)
+    options_line = compiler_options_line()
+    if options_line:
+        log.info(options_line)
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
                     scale_dtype=scale_dtype, kernel=plan,

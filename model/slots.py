@@ -48,6 +48,7 @@ from model.errors import EngineError
 from model.forward import decode_step
 from model.packed import as_params
 from model.policy import DTYPES
+from model.programs import program
 
 
 def _choose_rows(logits_BV: jax.Array, position_B: jax.Array, rows: tuple[jax.Array, ...]) -> jax.Array:
@@ -64,7 +65,7 @@ def _choose_rows(logits_BV: jax.Array, position_B: jax.Array, rows: tuple[jax.Ar
     return jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), sampled_B)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "act_dtype", "greedy"), donate_argnames=("cache", "token_B"))
+@program(static_argnames=("cfg", "act_dtype", "greedy"), donate_argnames=("cache", "token_B"))
 def _slot_step_program(params, cache, token_B, active_B, rows, *, cfg, act_dtype, greedy):
     """One decode step of every row of the batched cache (lengths [B]): row b decodes token_B[b] at position
     cache.length[b]. Returns (next tokens [B] int32: a free row keeps its token; the cache with each occupied row's
