@@ -82,11 +82,13 @@ def test_sweep_writes_a_complete_consistent_run_folder(finished_run, env):
     # run.log carries the engine's kernels beside the policy (float32 weights: none of the engine's own)
     log_lines = [line.split(" ", 1)[1] for line in (folder / "run.log").read_text().splitlines()]
     assert "engine kernels: none (XLA products throughout)" in log_lines
+    # and how XLA:CPU compiled the decode programs (model/programs.py: the tree-reduction pass off)
+    assert log_lines[2].startswith("XLA:CPU decode programs compiled with xla_disable_hlo_passes=")
     # each line stamped when it happened: the policy before the rates (measured after the load), none out of order
     lines = (folder / "run.log").read_text().splitlines()
     stamps = [dt.datetime.fromisoformat(line.split(" ", 1)[0]) for line in lines]
     assert stamps == sorted(stamps) and log_lines[0].startswith("device policy:")
-    assert log_lines[2].startswith("device rates:") and stamps[0] <= stamps[2]
+    assert log_lines[3].startswith("device rates:") and stamps[0] <= stamps[3]
 
 
 def test_name_clash_is_refused_and_the_old_run_is_kept(finished_run, env):

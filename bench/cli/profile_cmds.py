@@ -466,6 +466,7 @@ def _capture_into(run, setup, opts):
     from bench.profile.analysis import analyze_trace, attach_roofline
     from bench.profile.bandwidth import measure_bandwidth, measure_read_bandwidth
     from bench.profile.capture import batch_decode_steps, capture_steps, prompt_decode_steps
+    from model.programs import compiler_options_line
 
     opts.capturing = True
     log = logging.getLogger("bench")
@@ -473,6 +474,8 @@ def _capture_into(run, setup, opts):
     bucket = engine.bucket_for(opts.input_tokens)
     log.info(f"run folder: {run.path}")
     run.log(engine.policy.line())
+    if (options_line := compiler_options_line()) is not None:
+        run.log(options_line)
     mismatch = _run_mismatches(run, setup)
 
     if opts.batch == 1:
