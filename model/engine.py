@@ -62,7 +62,8 @@ from model.forward import decode_step, prefill
 from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
-from model.programs import compiler_options_line, program
+from model.programs import program, xla_options_line
+from model.programs import xla_options as decide_xla_options
 from model.quantspec import NO_QUANT, QuantSpec
 
 # The bucket ladder and the prompt-length checks are model/limits.py's (no jax: a command line checks its sizes
@@ -252,6 +253,9 @@ def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype,
     return ids_SB, token_B, cache
 
 
+_DECIDE = object()  # Engine(xla_options=...) not given: decided from the policy's platform
+
+
 # ---- the engine ----------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Generation:
@@ -389,14 +393,19 @@ class Engine:
     `model.checkpoint.load_params`). `kernel`: the `model.kernels.choice.KernelPlan` the w4 projections' tilings
     come from (None without w4 weights), recorded in the manifest. `cpu_kernel`: `CPU_BF16_KERNEL` when the
     engine's CPU kernels multiply its bfloat16 weights (`model.kernels.cpu`; `load_engine` then holds the
-    input-major projections transposed), else None; recorded in the manifest as the engine's kernel. Raises
-    EngineError for a prompt that no bucket holds or a max_new_tokens below 1.
+    input-major projections transposed), else None; recorded in the manifest as the engine's kernel.
+    `xla_options`: the XLA options its decode programs compile with (`model.programs.xla_options`, decided from the
+    policy's platform and GEMMA4_BENCH_XLA_CPU_OPTIONS when not given; None: XLA's defaults), passed to every call
+    of one and recorded in the manifest. Raises EngineError for a bad GEMMA4_BENCH_XLA_CPU_OPTIONS value, a prompt
+    that no bucket holds or a max_new_tokens below 1.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, policy: DevicePolicy, *, max_length: int | None = None,
                  buckets: Sequence[int] | None = None, tokenizer=None, quant: QuantSpec = NO_QUANT,
-                 scale_dtype: str = "bfloat16", kernel=None, cpu_kernel: str | None = None):  # fmt: skip
+                 scale_dtype: str = "bfloat16", kernel=None, cpu_kernel: str | None = None,
+                 xla_options: str | None | object = _DECIDE):  # fmt: skip
         self.params = params
+        self.xla_options = decide_xla_options(policy.platform) if xla_options is _DECIDE else xla_options
         self.cfg = cfg
         self.policy = policy
         self.quant = quant
@@ -566,7 +575,8 @@ class Engine:
 
         def step(cache, token_B):  # the call `_decode_program` was traced with (positional args: one program)
             return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg,
-                                   act_dtype=self.policy.activation_dtype, greedy=sampling.greedy)  # fmt: skip
+                                   act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
+                                   xla_options=self.xla_options)  # fmt: skip
 
         steps = 0 if stops(tokens[0]) else max_new_tokens - len(tokens)  # the device loop leaves none
         for token_B in _dispatched_ahead(step, cache, token_B, steps):
@@ -611,7 +621,8 @@ class Engine:
                                              params=params)  # fmt: skip
         def step(cache, token_B):
             return _decode_program(params, cache, token_B, args, cfg=self.cfg,
-                                   act_dtype=self.policy.activation_dtype, greedy=sampling.greedy)  # fmt: skip
+                                   act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
+                                   xla_options=self.xla_options)  # fmt: skip
 
         for token_B in _dispatched_ahead(step, cache, token_B, max_new_tokens - len(rows[0])):
             for row, t in zip(rows, np.asarray(token_B).tolist(), strict=True):
@@ -635,7 +646,7 @@ class Engine:
             trips = min(steps, left)
             ids_SB, token_B, cache = _decode_loop_program(
                 self.call_params if params is None else params, cache, token_B, args, jnp.int32(trips), cfg=self.cfg,
-                act_dtype=self.policy.activation_dtype, greedy=greedy, steps=steps,
+                act_dtype=self.policy.activation_dtype, greedy=greedy, steps=steps, xla_options=self.xla_options,
             )  # fmt: skip
             if tokens and isinstance(tokens[0], list):  # a batch: every row's ids
                 for row, ids in zip(tokens, np.asarray(ids_SB)[:trips].T.tolist(), strict=True):
@@ -680,7 +691,8 @@ class Engine:
 
         def step(state):
             token_B, cache = state
-            return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True)
+            return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True,
+                                   xla_options=self.xla_options)  # fmt: skip
 
         return state, step
 
@@ -699,7 +711,8 @@ class Engine:
 
         def step(state):
             token_B, cache = state
-            return _decode_program(params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True)
+            return _decode_program(params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True,
+                                   xla_options=self.xla_options)  # fmt: skip
 
         return state, step
 
@@ -829,6 +842,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     log = logging.getLogger("model.engine")
     if log_policy:  # callers that log it themselves, first thing, pass False
         log_policy_line(policy)
+    options = decide_xla_options(policy.platform)  # EngineError for a bad switch value, before anything loads
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
     plan = None
@@ -853,13 +867,12 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
              f"converted once at load to {policy.weight_dtype}, quant {quant.canonical}) in {report['load_s']:.1f} s")  # fmt: skip
     if cpu_line:
         (log.info if cpu_kernel else log.warning)(cpu_line)
-    options_line = compiler_options_line()
-    if options_line:
-        log.info(options_line)
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
                     scale_dtype=scale_dtype, kernel=plan,
-                    cpu_kernel=CPU_BF16_KERNEL if cpu_kernel else None)  # fmt: skip
+                    cpu_kernel=CPU_BF16_KERNEL if cpu_kernel else None, xla_options=options)  # fmt: skip
+    if (options_line := xla_options_line(engine.xla_options, policy.platform)) is not None:
+        log.info(options_line)
     return engine, report
 
 

@@ -1,77 +1,118 @@
-"""How the engine's decode programs are compiled: `program`, `jax.jit` with XLA options chosen for the backend.
+"""How the engine's decode programs are compiled: `program`, `jax.jit` with XLA options an engine chooses.
 
-On the CPU backend the decode programs (`model.engine`'s host-loop step and device loop, `model.slots`' step) are
-compiled with `CPU_COMPILER_OPTIONS`; on any other backend, and for every other program (prefill among them),
-exactly as `jax.jit` compiles them. The choice is made at each call from `jax.default_backend()`, so importing this
-module starts no backend.
+An engine decides once, when it is made (`xla_options`), and passes its choice to every call of a decode program
+(`model.engine`'s host-loop step and device loop, `model.slots`' step): on the CPU backend those programs are
+compiled with `CPU_COMPILER_OPTIONS_TEXT`; on any other backend, and for every other program (prefill among them),
+exactly as `jax.jit` compiles them. The run's manifest records the choice (`EngineConfig.xla_options`), so it
+enters the build id. Importing this module starts no backend.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
+from typing import Any
 
 import jax
 
-CPU_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
-"""XLA options of the decode programs on CPU: XLA's tree-reduction pass is off.
+from model.errors import EngineError
 
-That pass (XLA's `TreeReductionRewriter`, xla/service/tree_reduction_rewriter.h: pairwise summation) rewrites every
-reduction over more than 32 values into a reduce-window of 32 and a second reduce, and XLA:CPU fuses neither with
-the ops around it. Each RMSNorm of a decode step (8 per layer) then ran as 4 steps of the compiled program (thunks):
-the square, the reduce-window, the last reduce with the rsqrt, the scaling. With the pass off the square and the
-sum are one fusion: the default preset's decode step went from 1652 thunks to 1079. Every thunk costs host time at
-each call (XLA:CPU builds a buffer-table entry per allocation, most of them the scalars of reduce computations) as
-well as time to run.
+DISABLED_PASS = "tree_reduction_rewriter"
+"""The XLA pass the decode programs skip on CPU.
+
+XLA's `TreeReductionRewriter` (xla/service/tree_reduction_rewriter.h) rewrites every reduction over more than 32
+values into a reduce-window of 32 and a reduce of the partial sums, and XLA:CPU fuses neither with the ops around
+them. Each RMSNorm of a decode step (8 per layer) then ran as 4 steps of the compiled program (thunks): the square,
+the reduce-window, the last reduce with the rsqrt, the scaling; each softmax sum over the cache was cut the same
+way. With the pass off the square and the sum are one fusion: the default preset's decode step went from 1652
+thunks to 1079 (41 tokens; 1582 -> 1114 at 3593). Every thunk costs host time at each call (XLA:CPU builds a
+buffer-table entry per allocation, most of them the scalars of reduce computations) as well as time to run.
 
 Measured on the default preset, paired in one process (2-core Xeon, jax 0.12, 64 new tokens, options on / off,
-median of the paired ratios of 6-8 alternating requests): bfloat16 weights (the CPU kernels) at 41 input tokens,
-host loop 0.908 and device loop 0.889; at 521 tokens host 0.926 and 1.057 in two runs, device 1.006 and 0.965;
-float32 weights at 41 tokens host 1.016, device 0.997. Greedy tokens were equal in every run, the largest logit
-difference 8.9e-8. Prefill keeps the pass: with it off there, TTFT measured 1.049 at 41 tokens and 1.019-1.095 at
-521. The sums lose pairwise summation's error bound (a float32 sum of n values within about n x 2^-24 of exact in
-the worst case instead of about log2(n) x 2^-24; n = 256 to 8192 here).
+the median of the paired ratios of time per step over 6-8 alternating requests): bfloat16 weights (the CPU
+kernels) at 41 input tokens, host loop 0.908, 0.902 and 0.909 in three runs, device loop 0.889, 0.961 and 0.987; at
+521 tokens host 0.926 and 1.057 in two runs, device 1.006 and 0.965; float32 weights at 41 tokens host 1.016,
+device 0.997. Greedy tokens equal in every run; the next-token logits of decode steps differed by at most 8.9e-8.
+Prefill keeps the pass: with it off there, TTFT measured 1.049 at 41 tokens and 1.019-1.095 at 521.
 
-`GEMMA4_BENCH_XLA_CPU_OPTIONS=0` (or false, off, no) compiles them without it (read at each call, to measure the
-difference)."""
+What the sums lose: the pass's windows bound a float32 sum of n values to about (32 + n/32) x 2^-24 of exact in the
+worst case; one reduce to about n x 2^-24 (n: the model width, 256-2560 on the presets, and the cache length of
+a softmax, up to max_length + max_new_tokens)."""
+
+CPU_COMPILER_OPTIONS_TEXT = f"xla_disable_hlo_passes={DISABLED_PASS}"
+"""The `xla_options` text of an engine whose decode programs skip `DISABLED_PASS` (what the manifest records)."""
 
 ENV_SWITCH = "GEMMA4_BENCH_XLA_CPU_OPTIONS"
+"""Environment variable: 0 / false / off / no makes engines made afterwards compile their decode programs with XLA's
+default passes (to measure the difference); 1 / true / on / yes or unset: `CPU_COMPILER_OPTIONS_TEXT` on CPU."""
+
+_ON, _OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 
 
-def cpu_options_on() -> bool:
-    """Whether CPU programs get `CPU_COMPILER_OPTIONS` (`ENV_SWITCH`, read on every call)."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+def _cpu_compiler_options(xla_flags: str) -> dict[str, str]:
+    """The `jax.jit` compiler options of the CPU variant: `DISABLED_PASS` added to the passes that `xla_flags` (the
+    XLA_FLAGS text) already disables (a compiler option replaces the flag's value; it does not add to it)."""
+    passes = [DISABLED_PASS]
+    for found in re.findall(r"--xla_disable_hlo_passes=(\S*)", xla_flags):
+        passes += [p for p in found.split(",") if p and p not in passes]
+    return {"xla_disable_hlo_passes": ",".join(passes)}
 
 
-def compiler_options_line() -> str | None:
-    """The line a run logs about the XLA options of its decode programs on CPU (None off CPU)."""
-    if jax.default_backend() != "cpu":
+def xla_options(backend: str | None = None) -> str | None:
+    """What an engine made now on `backend` (default: `jax.default_backend()`) compiles its decode programs with:
+    `CPU_COMPILER_OPTIONS_TEXT` on CPU unless `ENV_SWITCH` is off, else None (XLA's defaults). Raises EngineError
+    for a switch value that is neither on nor off."""
+    value = os.environ.get(ENV_SWITCH, "1").strip().lower()
+    if value not in _ON + _OFF:
+        raise EngineError(f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r}: expected 1/true/on/yes or 0/false/off/no; "
+                          "unset it for the default (on)")  # fmt: skip
+    if (backend or jax.default_backend()) != "cpu" or value in _OFF:
         return None
-    if not cpu_options_on():
-        return f"XLA:CPU decode programs compiled with XLA's default passes ({ENV_SWITCH}={os.environ[ENV_SWITCH]})"
-    options = ", ".join(f"{k}={v}" for k, v in CPU_COMPILER_OPTIONS.items())
-    return f"XLA:CPU decode programs compiled with {options} (one fusion per RMSNorm sum: model/programs.py)"
+    return CPU_COMPILER_OPTIONS_TEXT
+
+
+_engine_default = xla_options  # `Program.__call__`'s parameter of the same name shadows it there
+
+
+def xla_options_line(options: str | None, backend: str) -> str | None:
+    """The run.log line about an engine's `xla_options` on `backend` (None off CPU, where XLA's defaults are the
+    only choice)."""
+    if backend != "cpu":
+        return None
+    if options is None:
+        return f"XLA:CPU decode programs compiled with XLA's default passes ({ENV_SWITCH} off)"
+    return f"XLA:CPU decode programs compiled with {options} (one fusion per long sum: model/programs.py)"
+
+
+_UNSET: Any = object()
 
 
 class Program:
-    """A function jitted twice: with `CPU_COMPILER_OPTIONS` for the CPU backend, plainly for any other. Calling it
-    calls the one for `jax.default_backend()` (the same arguments, the same static and donated ones)."""
+    """A function jitted twice with the same `jit_kwargs` (static_argnames, donate_argnames, ...): plainly, and
+    with `_cpu_compiler_options` of the XLA_FLAGS in force when it is made. `program(xla_options=...)` runs the
+    one an engine's `xla_options` names (None: the plain one); without `xla_options`, the one `xla_options()`
+    gives now. Raises TypeError at creation for `compiler_options` in `jit_kwargs` (this class sets them)."""
 
-    def __init__(self, fun: Callable, jit_kwargs: dict):
+    def __init__(self, fun: Callable, jit_kwargs: dict[str, Any]):
+        if "compiler_options" in jit_kwargs:
+            raise TypeError("Program sets compiler_options itself")
         self._plain = jax.jit(fun, **jit_kwargs)
-        self._cpu = jax.jit(fun, compiler_options=CPU_COMPILER_OPTIONS, **jit_kwargs)
+        self._cpu = jax.jit(fun, compiler_options=_cpu_compiler_options(os.environ.get("XLA_FLAGS", "")),
+                            **jit_kwargs)  # fmt: skip
         functools.update_wrapper(self, fun)
 
-    def __call__(self, *args, **kwargs):
-        cpu = jax.default_backend() == "cpu" and cpu_options_on()
-        return (self._cpu if cpu else self._plain)(*args, **kwargs)
+    def __call__(self, *args, xla_options: str | None = _UNSET, **kwargs):
+        """The jitted function's result for `args`, `kwargs`, compiled as `xla_options` says (see the class)."""
+        options = _engine_default() if xla_options is _UNSET else xla_options
+        return (self._plain if options is None else self._cpu)(*args, **kwargs)
 
 
 def program(**jit_kwargs) -> Callable[[Callable], Program]:
-    """Decorator: `Program(fun, jit_kwargs)`, `jit_kwargs` as `jax.jit` takes them (static_argnames,
-    donate_argnames, ...)."""
+    """Decorator: `Program(fun, jit_kwargs)`, `jit_kwargs` as `jax.jit` takes them."""
     return lambda fun: Program(fun, jit_kwargs)
 
 
-__all__ = ["CPU_COMPILER_OPTIONS", "ENV_SWITCH", "Program", "compiler_options_line", "cpu_options_on", "program"]
+__all__ = ["CPU_COMPILER_OPTIONS_TEXT", "DISABLED_PASS", "ENV_SWITCH", "Program", "program", "xla_options",
+           "xla_options_line"]

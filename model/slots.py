@@ -191,7 +191,7 @@ class SlotDecoder:
         try:
             self._token_B, self._cache = _slot_step_program(
                 self.engine.decode_params(self.max_batch), self._cache, self._token_B, active_B, rows, cfg=self.engine.cfg,
-                act_dtype=self.engine.policy.activation_dtype, greedy=greedy,
+                act_dtype=self.engine.policy.activation_dtype, greedy=greedy, xla_options=self.engine.xla_options,
             )  # fmt: skip
             tokens = np.asarray(self._token_B)
         except Exception:

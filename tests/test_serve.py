@@ -661,6 +661,7 @@ def test_weight_dtype_bfloat16_is_the_served_engines_and_health_names_it_with_th
         h = s.wait_ready().json()
         assert h["dtype_policy"]["weights"] == "bfloat16" and h["dtype_policy"]["compute"] == "float32"
         assert h["kernel"] == loaded.kernel and h["build_id"] == loaded.build_id
+        assert h["xla_options"] == swept.engine.xla_options == loaded.engine.xla_options is not None  # CPU: set
         assert h["serving"]["slot_positions"] == 64  # the batched slots, at --max-length
         events = _stream(s, "/v1/completions", {"model": MODEL, "prompt": "The tide came in", "max_tokens": MAX_TOKENS,
                                                 "temperature": 0})  # fmt: skip

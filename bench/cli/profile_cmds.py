@@ -466,7 +466,7 @@ def _capture_into(run, setup, opts):
     from bench.profile.analysis import analyze_trace, attach_roofline
     from bench.profile.bandwidth import measure_bandwidth, measure_read_bandwidth
     from bench.profile.capture import batch_decode_steps, capture_steps, prompt_decode_steps
-    from model.programs import compiler_options_line
+    from model.programs import xla_options_line
 
     opts.capturing = True
     log = logging.getLogger("bench")
@@ -474,7 +474,7 @@ def _capture_into(run, setup, opts):
     bucket = engine.bucket_for(opts.input_tokens)
     log.info(f"run folder: {run.path}")
     run.log(engine.policy.line())
-    if (options_line := compiler_options_line()) is not None:
+    if (options_line := xla_options_line(engine.xla_options, engine.policy.platform)) is not None:
         run.log(options_line)
     mismatch = _run_mismatches(run, setup)
 
@@ -529,7 +529,8 @@ def _refuse_other_quant(ran, quant: str, scale_dtype: str | None) -> None:
 
 
 def _run_mismatches(run, setup) -> list[str]:
-    """How the joined run's checkpoint (content hash) and dtype policy differ from this profile's, as lines."""
+    """How the joined run's checkpoint (content hash), dtype policy, kernels and XLA options differ from this
+    profile's, as lines."""
     from bench.runs.manifest import checkpoint_id
 
     pol, ran, mismatch = setup.engine.policy, run.typed_manifest, []
@@ -550,6 +551,9 @@ def _run_mismatches(run, setup) -> list[str]:
     if (ran.engine.kernel, ran.engine.kernel_tiles) != mine and (ran.engine.kernel is not None or cpu is not None):
         mismatch.append(f"kernel {ran.engine.kernel} {ran.engine.kernel_tiles or ''} (run) vs {mine[0]} "
                         f"{mine[1] or ''} (profile)")  # fmt: skip
+    options = getattr(setup.engine, "xla_options", None)
+    if ran.engine.xla_options != options:  # None: XLA's defaults (or a run from before they were recorded)
+        mismatch.append(f"XLA options {ran.engine.xla_options or 'default'} (run) vs {options or 'default'} (profile)")
     return mismatch
 
 

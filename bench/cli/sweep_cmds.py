@@ -384,7 +384,7 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     the run's build), then measure into a new or the resumed run folder and print the table."""
     from bench.sweep.local import build_batch_prompts, build_prompts, check_batches, run_sweep
     from model.engine import CompileCounter
-    from model.programs import compiler_options_line
+    from model.programs import xla_options_line
 
     if resumed is None and runs_dir.exists() and not runs_dir.is_dir():
         raise RunFolderError(f"--runs-dir {runs_dir} is a file; pass a folder")
@@ -426,7 +426,7 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
         log.info(f"run folder: {run.path}")
         run.log(engine.policy.line(), at=policy_at)
         run.log(f"engine kernels: {manifest.engine.kernel or 'none (XLA products throughout)'}", at=policy_at)
-        if (options_line := compiler_options_line()) is not None:
+        if (options_line := xla_options_line(engine.xla_options, engine.policy.platform)) is not None:
             run.log(options_line, at=policy_at)
         run.log(rates.line, at=rates_at)
         if resumed is not None and rates_new:  # a run begun before sweeps measured rates: record this process's

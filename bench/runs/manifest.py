@@ -102,6 +102,9 @@ class EngineConfig:
     `w4_kernel_of`, `cpu_kernel_of`); `kernel_tiles`: with pallas, the tiling of each projection
     ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...}, "xla (why)" for one the kernel
     does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id: other tiles, another build.
+    `xla_options`: the XLA options the engine compiled its decode programs with (`model.programs.xla_options`,
+    e.g. "xla_disable_hlo_passes=tree_reduction_rewriter" on CPU), None for XLA's defaults and in manifests from
+    before it was recorded; it enters the build id.
     """
 
     buckets: tuple[int, ...] | None = None
@@ -115,6 +118,7 @@ class EngineConfig:
     compute_dtype: str | None = None
     kernel: str | None = None
     kernel_tiles: Mapping[str, str] | None = None
+    xla_options: str | None = None
 
     @property
     def quantized(self) -> bool:
@@ -417,7 +421,7 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
     quantization (`engine.quant.canonical`, "none" for dense or an engine without `quant`; `engine.scale_dtype`
     only when something is quantized) and w4 kernel (`engine.kernel`, a `model.kernels.choice.KernelPlan`: its
     option and tiles; None without one) and its CPU kernel for bfloat16 weights (`engine.cpu_kernel`, "bf16=cpu", or
-    None), joined by `kernel_text`."""
+    None), joined by `kernel_text`, and the XLA options of its decode programs (`engine.xla_options`)."""
     pol = engine.policy
     quant = getattr(engine, "quant", None)
     quantization = quant.canonical if quant is not None else "none"
@@ -429,7 +433,8 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
                         compute_dtype=pol.compute_dtype,
                         kernel=kernel_text(plan.option if plan is not None else None,
                                            getattr(engine, "cpu_kernel", None)),
-                        kernel_tiles=plan.tiles if plan is not None else None)  # fmt: skip
+                        kernel_tiles=plan.tiles if plan is not None else None,
+                        xla_options=getattr(engine, "xla_options", None))  # fmt: skip
 
 
 def policy_facts(pol: Any) -> dict[str, Any]:
