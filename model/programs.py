@@ -73,9 +73,6 @@ def xla_options(backend: str | None = None) -> str | None:
     return CPU_COMPILER_OPTIONS_TEXT
 
 
-_engine_default = xla_options  # `Program.__call__`'s parameter of the same name shadows it there
-
-
 def xla_options_line(options: str | None, backend: str) -> str | None:
     """The run.log line about an engine's `xla_options` on `backend` (None off CPU, where XLA's defaults are the
     only choice)."""
@@ -86,14 +83,11 @@ def xla_options_line(options: str | None, backend: str) -> str | None:
     return f"XLA:CPU decode programs compiled with {options} (one fusion per long sum: model/programs.py)"
 
 
-_UNSET: Any = object()
-
-
 class Program:
     """A function jitted twice with the same `jit_kwargs` (static_argnames, donate_argnames, ...): plainly, and
-    with `_cpu_compiler_options` of the XLA_FLAGS in force when it is made. `program(xla_options=...)` runs the
-    one an engine's `xla_options` names (None: the plain one); without `xla_options`, the one `xla_options()`
-    gives now. Raises TypeError at creation for `compiler_options` in `jit_kwargs` (this class sets them)."""
+    with `_cpu_compiler_options` of the XLA_FLAGS in force when it is made. `program(..., xla_options=...)` runs the
+    one an engine's `xla_options` names (None: the plain one). Raises TypeError at creation for
+    `compiler_options` in `jit_kwargs` (this class sets them), and at a call without `xla_options`."""
 
     def __init__(self, fun: Callable, jit_kwargs: dict[str, Any]):
         if "compiler_options" in jit_kwargs:
@@ -103,10 +97,9 @@ class Program:
                             **jit_kwargs)  # fmt: skip
         functools.update_wrapper(self, fun)
 
-    def __call__(self, *args, xla_options: str | None = _UNSET, **kwargs):
+    def __call__(self, *args, xla_options: str | None, **kwargs):
         """The jitted function's result for `args`, `kwargs`, compiled as `xla_options` says (see the class)."""
-        options = _engine_default() if xla_options is _UNSET else xla_options
-        return (self._plain if options is None else self._cpu)(*args, **kwargs)
+        return (self._plain if xla_options is None else self._cpu)(*args, **kwargs)
 
 
 def program(**jit_kwargs) -> Callable[[Callable], Program]:
