@@ -383,6 +383,18 @@ class BatchGeneration:
 
 CPU_BF16_KERNEL = "bf16=cpu"
 """The manifest's kernel name for bfloat16 weights multiplied by the engine's CPU kernels (`model.kernels.cpu`)."""
+CPU_BF16_KERNEL_AMX = "bf16=cpu-amx"
+"""`CPU_BF16_KERNEL` where those kernels multiply many rows (prefill, batches) on AMX tiles
+(`model.kernels.cpu.amx_min_rows`): another product of many rows, so another build."""
+
+
+def cpu_kernel_name() -> str:
+    """The manifest's name of the CPU kernels as this process loads them (`model.kernels.cpu.availability`, which
+    builds them on first use): `CPU_BF16_KERNEL_AMX` with AMX tiles, else `CPU_BF16_KERNEL`."""
+    from model.kernels.cpu import amx_min_rows, availability
+
+    availability()
+    return CPU_BF16_KERNEL_AMX if amx_min_rows() > 0 else CPU_BF16_KERNEL
 
 
 class Engine:
@@ -870,7 +882,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
                     scale_dtype=scale_dtype, kernel=plan,
-                    cpu_kernel=CPU_BF16_KERNEL if cpu_kernel else None, xla_options=options)  # fmt: skip
+                    cpu_kernel=cpu_kernel_name() if cpu_kernel else None, xla_options=options)  # fmt: skip
     if (options_line := xla_options_line(engine.xla_options, policy.platform)) is not None:
         log.info(options_line)
     return engine, report

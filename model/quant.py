@@ -348,9 +348,10 @@ def _bf16_kernel_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) 
     (`model.kernels.cpu`), when they are built and loaded there; else None (the other forms, where XLA widens
     the weight first at about 1.4 GB/s: the published report's "leak one").
 
-    At most `model.kernels.cpu.max_rows()` rows (decode, batches, a short prompt's prefill): `matvec` reads the
-    weight in place in either layout and sums in float32. More rows (prefill): the weight is widened once by
-    `to_float32` (exact) and XLA's float32 product runs, so the result is the float32 product of the same values.
+    At most `model.kernels.cpu.max_rows()` rows (decode, batches, a short prompt's prefill; any number where the
+    kernel has AMX tiles): `matvec` reads the weight in place in either layout and sums in float32. More rows
+    (prefill): the weight is widened once by `to_float32` (exact) and XLA's float32 product runs, so the result is
+    the float32 product of the same values.
     Returns the spec's output in x.dtype; float32 sums in another order than XLA's dot can differ in the last
     bits."""
     if w.dtype != jnp.bfloat16 or x.dtype != jnp.float32 or jax.default_backend() != "cpu":

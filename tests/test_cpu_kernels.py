@@ -3,6 +3,10 @@ XLA's float32 product of the same (widened) weights, the build's refusals, and a
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,11 +44,44 @@ def test_matvec_equals_the_float32_product_of_the_widened_weight(built, rows, k,
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
 
 
+@pytest.mark.parametrize("rows, k, n", [(16, 256, 32), (17, 256, 300), (41, 2048, 256), (64, 256, 2048),
+                                          (128, 4096, 64), (130, 96, 8192), (33, 1024, 31)])
+@pytest.mark.parametrize("axis", [1, 0])
+def test_many_rows_of_a_contraction_in_32s_equal_the_float32_product(built, rows, k, n, axis):
+    """Shapes the AMX tiles take where the CPU has them (at least `amx_min_rows` rows, K a multiple of 32; columns
+    past the last multiple of 32, and fewer than 32, by the other loops): ragged rows, a leftover of columns, long
+    and short contractions. Elsewhere the same shapes check the AVX-512 loops."""
+    rng = np.random.default_rng(rows * 13 + k + n)
+    x_RK = jnp.asarray(rng.standard_normal((rows, k)), jnp.float32)
+    w_NK = _weights(rng, n, k)
+    w = w_NK if axis == 1 else jnp.array(w_NK.T, copy=True)
+    got = np.asarray(jax.jit(lambda x, w: cpu.matvec(x, w, axis))(x_RK, w))
+    want = np.asarray(x_RK, np.float64) @ np.asarray(w_NK.astype(jnp.float32), np.float64).T
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+def test_amx_rows_are_the_sums_of_other_amx_calls_to_the_bit(built, axis):
+    """On AMX tiles each output is summed in an order that depends on neither the other rows nor their number: a
+    call of 64 rows equals calls of 16, 17 and 31 rows to the bit (the same rows; 16 is `amx_min_rows`)."""
+    if cpu.amx_min_rows() == 0:
+        pytest.skip("no AMX tiles here")
+    rng = np.random.default_rng(12)
+    x_RK = jnp.asarray(rng.standard_normal((64, 512)), jnp.float32)
+    w_NK = _weights(rng, 200, 512)
+    w = w_NK if axis == 1 else jnp.array(w_NK.T, copy=True)
+    run = jax.jit(lambda x, w: cpu.matvec(x, w, axis))
+    whole = np.asarray(run(x_RK, w))
+    parts = np.concatenate([np.asarray(run(x_RK[a:b], w)) for a, b in ((0, 16), (16, 33), (33, 64))])
+    assert np.array_equal(whole, parts)
+
+
 @pytest.mark.parametrize("axis", [1, 0])
 def test_matvec_rows_are_the_sums_of_fewer_rows_to_the_bit(built, axis):
     """Many rows run other loops than few (output-major: tiles of weight rows by activation rows where the CPU has
     AVX-512; input-major: eight weight rows per pass), each output still summed in the same order: a call of 64
-    rows equals, bit for bit, calls of 4 rows (one weight row at a time) and, input-major, of 1 row."""
+    rows equals, bit for bit, calls of 4 rows (one weight row at a time) and, input-major, of 1 row. (K = 520 is
+    not a multiple of 32, so no call here runs on AMX tiles.)"""
     rng = np.random.default_rng(11)
     x_RK = jnp.asarray(rng.standard_normal((64, 520)), jnp.float32)
     w_NK = _weights(rng, 131, 520)
@@ -59,17 +96,33 @@ def test_matvec_rows_are_the_sums_of_fewer_rows_to_the_bit(built, axis):
 
 
 def test_rows_up_to_max_rows_take_the_kernel_and_more_are_widened(built):
-    """33-64 rows take `matvec` only where the kernel has tiles (AVX-512); `max_rows` says which, and 1 more row
-    than it is widened for XLA's dot."""
-    assert cpu.max_rows() == (cpu.MAX_ROWS if cpu.tile_rows() > 0 else cpu.MAX_ROWS_WITHOUT_TILES)
+    """33-64 rows take `matvec` only where the kernel has tiles (AVX-512), any number where it has AMX tiles;
+    `max_rows` says which, and 1 more row than it is widened for XLA's dot."""
+    if cpu.amx_min_rows() > 0:
+        assert cpu.amx_min_rows() == 16 and cpu.max_rows() == cpu.MAX_ROWS_WITH_AMX
+    else:
+        assert cpu.max_rows() == (cpu.MAX_ROWS if cpu.tile_rows() > 0 else cpu.MAX_ROWS_WITHOUT_TILES)
     w = _weights(np.random.default_rng(3), 640, 256)  # [N, K]: output-major
 
     def targets(rows: int) -> str:
         x = jnp.ones((1, rows, 256), jnp.float32)
         return _ffi_targets(lambda x, w: quant.matmul(x, w, "BTD,XD->BTX"), x, w)
 
-    assert "gemma4_bf16_matvec_nk" in targets(cpu.max_rows()) and "gemma4_bf16_to_f32" not in targets(cpu.max_rows())
-    assert "gemma4_bf16_to_f32" in targets(cpu.max_rows() + 1)
+    most = min(cpu.max_rows(), 128)  # a prefill chunk
+    assert "gemma4_bf16_matvec_nk" in targets(most) and "gemma4_bf16_to_f32" not in targets(most)
+    if cpu.amx_min_rows() == 0:
+        assert "gemma4_bf16_to_f32" in targets(cpu.max_rows() + 1)
+
+
+def test_the_amx_switch_turns_the_tiles_off_and_the_rows_fall_back(built):
+    """`GEMMA4_BENCH_CPU_AMX=off` (read once per process): no AMX tiles, so `max_rows` is the AVX-512 loops' and
+    the manifest's kernel name is the plain one."""
+    code = ("from model.kernels import cpu; from model.engine import cpu_kernel_name; ok, _ = cpu.availability(); "
+            "print(ok, cpu.amx_min_rows(), cpu.max_rows(), cpu_kernel_name())")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, cpu.AMX_SWITCH: "off", "JAX_PLATFORMS": "cpu"}).stdout.split()  # fmt: skip
+    rows = cpu.MAX_ROWS if cpu.tile_rows() > 0 else cpu.MAX_ROWS_WITHOUT_TILES
+    assert out == ["True", "0", str(rows), "bf16=cpu"]
 
 
 def test_to_float32_is_exact(built):
@@ -102,6 +155,8 @@ def _ffi_targets(fn, *args) -> str:
     ("BTD,DX->BTX", (1, 65, 256), (256, 640), "gemma4_bf16_to_f32"),  # past MAX_ROWS: widened once, XLA's dot
 ])  # fmt: skip
 def test_matmul_takes_the_kernels_for_bfloat16_weights(built, monkeypatch, spec, x_shape, w_shape, taken):
+    if taken == "gemma4_bf16_to_f32" and cpu.amx_min_rows() > 0:
+        taken = "gemma4_bf16_matvec_kn"  # with AMX tiles no weight is widened
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
     w = jnp.asarray(rng.standard_normal(w_shape), jnp.float32).astype(jnp.bfloat16)
@@ -147,14 +202,14 @@ def test_an_engine_with_bfloat16_weights_decodes_the_float32_engines_tokens(buil
     """The built-in checkpoint is stored in bfloat16, so float32 weights hold the same values: the kernels' engine
     must produce the same greedy tokens, and so must the XLA path with the kernels off."""
     from model.builtin import ensure_builtin
-    from model.engine import CPU_BF16_KERNEL, load_engine
+    from model.engine import cpu_kernel_name, load_engine
     from model.policy import decide_policy
 
     path = ensure_builtin("tiny")
     prompt = [2, 17, 99, 5, 300, 41, 7, 8, 250, 3]
     f32, _ = load_engine(path, policy=decide_policy())
     bf16, _ = load_engine(path, policy=decide_policy(weight_dtype="bfloat16"))
-    assert bf16.cpu_kernel == CPU_BF16_KERNEL and f32.cpu_kernel is None
+    assert bf16.cpu_kernel == cpu_kernel_name() and f32.cpu_kernel is None
     assert isinstance(bf16.params.layers[0].qkv_DX, quant.OutputMajor)  # the kernels read [N, K]
     assert bf16.batch_copy_bytes == 0  # already transposed: a batch needs no second copy
     want = f32.generate(prompt, 12).token_ids

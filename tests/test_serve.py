@@ -645,13 +645,14 @@ def test_weight_dtype_bfloat16_is_the_served_engines_and_health_names_it_with_th
     from bench.cli.serve_cmds import load_served_model
     from bench.runs.manifest import Workload
     from bench.serve import create_app, default_slots
+    from model.engine import cpu_kernel_name
     from model.kernels import cpu
 
     spec = str(tiny_checkpoint)
     loaded = load_served_model(spec, "float32", 64, "off", weight_dtype="bfloat16")
     pol = loaded.engine.policy
     assert (pol.weight_dtype, pol.compute_dtype) == ("bfloat16", "float32")
-    assert loaded.kernel == ("bf16=cpu" if cpu.available() else None)
+    assert loaded.kernel == (cpu_kernel_name() if cpu.available() else None)  # "bf16=cpu", "bf16=cpu-amx" with AMX
     engine, report, _, cache = open_engine(spec, "float32", 64, "off", weight_dtype="bfloat16")
     swept = engine_manifest("sweep", engine, report, spec, cache, Workload())
     assert (swept.engine.weight_dtype, swept.engine.kernel) == ("bfloat16", loaded.kernel)
@@ -677,6 +678,7 @@ def test_bench_serve_passes_weight_dtype_to_the_engine(tiny_checkpoint, tmp_path
     import subprocess
     import sys
 
+    from model.engine import cpu_kernel_name
     from model.kernels import cpu
 
     with socket.socket() as probe:
@@ -701,7 +703,7 @@ def test_bench_serve_passes_weight_dtype_to_the_engine(tiny_checkpoint, tmp_path
                 pass
         h = health.json()
         assert (h["dtype_policy"]["weights"], h["dtype_policy"]["compute"]) == ("bfloat16", "float32")
-        assert h["kernel"] == ("bf16=cpu" if cpu.available() else None)  # this machine's build, as the server's
+        assert h["kernel"] == (cpu_kernel_name() if cpu.available() else None)  # this machine's build, as the server's
     finally:
         proc.send_signal(signal.SIGINT)
         try:

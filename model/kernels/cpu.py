@@ -11,6 +11,12 @@ output length.
 - `to_float32(w)`: the weight widened to float32 (any shape), for products of many rows (prefill), which XLA's
   float32 matrix product then runs.
 
+Where the CPU has AMX-BF16 and Linux grants the process the tile state (`amx_min_rows`), `matvec` multiplies 16 or
+more rows of a contraction whose length is a multiple of 32 on AMX tiles: each float32 activation split into three
+bfloat16 parts that sum to it exactly, so the products are still exact and the sums float32 (`cpu_bf16.cc`). Then
+every row count takes `matvec` (`MAX_ROWS_WITH_AMX`) and no weight is widened. `GEMMA4_BENCH_CPU_AMX=0` (or false,
+off, no; read once per process, by the library) turns the tiles off.
+
 Why: XLA:CPU widens a bfloat16 weight before a product at about 1.4 GB/s of stored bytes (chain of 100 [4096, 256]
 matrix-vector products, 2-core Xeon, jax 0.12: 148 ms against 19 ms for the same products in float32), so storing
 the weights in bfloat16 cost decode 8x (the published report's "leak one", reproduced by
@@ -52,7 +58,14 @@ MAX_ROWS_WITHOUT_TILES = 32
 """`MAX_ROWS` where the kernel has no tiles (no AVX-512): one weight row at a time lost to widening at 64 rows (50
 [4096, 256] weights, the same Xeon with AVX-512: 142.7 ms against 129.2), and without AVX-512 it is slower still
 (the 106 weights above at 64 rows, compiled with -mno-avx512f: 277 ms)."""
+MAX_ROWS_WITH_AMX = 1 << 16
+"""`MAX_ROWS` where the kernel multiplies many rows on AMX tiles (`amx_min_rows`): every prefill chunk and batch
+takes `matvec`, and no weight is widened. Measured here (2-core Xeon with AMX-BF16; a chain of 35 x 4 bfloat16
+weights of the default preset's shapes, 150 MiB; alternating in one process, medians of 7), `matvec` against
+widening and XLA's float32 dot: 16 rows 46 / 142 ms, 64 rows 75 / 174, 128 rows 111 / 218, 256 rows 217 / 342."""
 ENV_SWITCH = "GEMMA4_BENCH_CPU_KERNELS"
+AMX_SWITCH = "GEMMA4_BENCH_CPU_AMX"
+"""Read by the library (`cpu_bf16.cc`, once per process): 0, false, off or no keeps products off the AMX tiles."""
 
 
 def _cpu_signature() -> str:
@@ -142,14 +155,16 @@ def _loaded() -> tuple[bool, str]:
         lib = ctypes.cdll.LoadLibrary(str(lib_path))
         for name in TARGETS.values():
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
-        global _TILE_ROWS
+        global _TILE_ROWS, _AMX_MIN_ROWS
         _TILE_ROWS = int(lib.gemma4_bf16_tile_rows())
+        _AMX_MIN_ROWS = int(lib.gemma4_bf16_amx_min_rows())
     except (OSError, AttributeError, ValueError, subprocess.SubprocessError) as e:
         return False, f"kernel library not loaded: {e}"
     return True, how
 
 
 _TILE_ROWS = 0  # set by `_loaded` from the library
+_AMX_MIN_ROWS = 0  # set by `_loaded` from the library
 
 
 def tile_rows() -> int:
@@ -158,9 +173,18 @@ def tile_rows() -> int:
     return _TILE_ROWS
 
 
+def amx_min_rows() -> int:
+    """The fewest activation rows the loaded kernel multiplies on AMX tiles (16 where it was built with AMX-BF16 and
+    Linux granted the process the tile state; `cpu_bf16.cc`), 0 where it never does or before the kernels are
+    loaded (`availability`)."""
+    return _AMX_MIN_ROWS
+
+
 def max_rows() -> int:
-    """Most activation rows `model.quant.matmul` sends to `matvec`: `MAX_ROWS` with tiles (`tile_rows`), else
-    `MAX_ROWS_WITHOUT_TILES`."""
+    """Most activation rows `model.quant.matmul` sends to `matvec`: `MAX_ROWS_WITH_AMX` with AMX tiles
+    (`amx_min_rows`), `MAX_ROWS` with AVX-512 tiles (`tile_rows`), else `MAX_ROWS_WITHOUT_TILES`."""
+    if amx_min_rows() > 0:
+        return MAX_ROWS_WITH_AMX
     return MAX_ROWS if tile_rows() > 0 else MAX_ROWS_WITHOUT_TILES
 
 
@@ -177,7 +201,8 @@ def engine_plan(platform: str, weight_dtype: str, activation_dtype: str) -> tupl
         return False, None
     ok, how = availability()
     if ok:
-        return True, f"bfloat16 weights x float32 activations: the engine's CPU kernels ({SOURCE.name}, {how})"
+        amx = f", AMX tiles from {amx_min_rows()} rows" if amx_min_rows() > 0 else ""
+        return True, f"bfloat16 weights x float32 activations: the engine's CPU kernels ({SOURCE.name}, {how}{amx})"
     return False, (f"warning: bfloat16 weights x float32 activations: XLA widens every weight before each product, "
                    f"about 8x slower decode (the CPU kernels are not in use: {how})")
 
@@ -199,5 +224,5 @@ def to_float32(w: jax.Array) -> jax.Array:
     return jax.ffi.ffi_call(TARGETS["to_f32"], result, vmap_method="sequential")(w)
 
 
-__all__ = ["MAX_ROWS", "MAX_ROWS_WITHOUT_TILES", "availability", "available", "engine_plan", "matvec", "max_rows",
-           "tile_rows", "to_float32"]
+__all__ = ["AMX_SWITCH", "MAX_ROWS", "MAX_ROWS_WITHOUT_TILES", "MAX_ROWS_WITH_AMX", "amx_min_rows", "availability", "available",
+           "engine_plan", "matvec", "max_rows", "tile_rows", "to_float32"]

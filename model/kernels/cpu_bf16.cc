@@ -18,11 +18,22 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__linux__)
+#define GEMMA4_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -249,6 +260,247 @@ void matvec_kn_cols(const float* x, const uint16_t* w, float* y, int64_t R, int6
   }
 }
 
+// ---- Products of many activation rows on AMX tiles (Intel Advanced Matrix Extensions, BF16) ----
+//
+// Where the CPU has AMX-BF16 (Sapphire Rapids and later) and Linux grants the process its tile state, products of
+// at least kAmxMinRows rows run on the tile unit: TDPBF16PS multiplies a 16 x 32 bfloat16 tile by a 32 x 16 one into
+// a 16 x 16 float32 tile (Intel 64 and IA-32 Architectures Software Developer's Manual, vol. 2, TDPBF16PS; Intel
+// Architecture Instruction Set Extensions Programming Reference, ch. 3, "Intel AMX"). Both operands are bfloat16,
+// so each float32 activation is first split into three bfloat16 parts whose sum is that activation exactly
+// (`split3`: each part takes the next 8 significant bits of the 24 a float32 has, by truncation). A bfloat16 times a
+// bfloat16 is exact in float32 (8 x 8 significant bits), so every product of a weight and an activation part is
+// exact, and the three parts' products add up to the float32 product of the weight and the activation; only the
+// order of the float32 additions differs from the other loops (and the tile unit flushes float32 denormals to zero,
+// values below 1.2e-38). Three parts cost three tile products: measured on the default preset's shapes (2-core
+// Xeon, one thread, weights in cache) 220-300 GFLOP/s of float32-equivalent products at 64 rows, against about
+// 150 per thread for the AVX-512 tiles above.
+//
+// The tiles: A is 16 rows x 32 bfloat16 (64 bytes a row, any row stride), B is 16 rows x 16 pairs (the "VNNI"
+// layout: row kk holds, for each of 16 output columns, the pair of values at contraction indices 2kk and 2kk+1),
+// C is 16 x 16 float32. Eight tile registers: four C (2 x 2 blocks of 16), two A, two B.
+//   output-major w [N, K]: A = 16 weight rows read in place (stride 2K bytes), B = the activations' parts arranged
+//     as pairs by a gather (`pairs_by_row`, once per call); C holds y^T, written transposed.
+//   input-major w [K, N]: A = 16 rows of an activation part (row-major, stride 2K), B = 16 weight columns, pairs of
+//     weight rows 2kk and 2kk+1 interleaved (`pack_kn`, once per panel of 32 columns); C holds y, written in place.
+#if GEMMA4_AMX
+constexpr int64_t kAmxMinRows = 16;
+
+// Whether the tile unit may run in this process: not switched off (GEMMA4_BENCH_CPU_AMX=0, false, off or no, read
+// once), and Linux (5.16+) grants the XTILEDATA state on request (arch_prctl(ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA)); asked once.
+bool amx_ready() {
+  static const bool ready = [] {
+    if (const char* v = std::getenv("GEMMA4_BENCH_CPU_AMX")) {
+      std::string s(v);
+      for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      s.erase(0, s.find_first_not_of(" \t"));
+      s.erase(s.find_last_not_of(" \t") + 1);
+      if (s == "0" || s == "false" || s == "off" || s == "no") return false;
+    }
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  }();
+  return ready;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void configure_tiles() {  // eight tiles of 16 rows x 64 bytes (palette 1)
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  _tile_loadconfig(&config);
+}
+
+// x [R, K] float32 -> parts [3][Rp][K] bfloat16 (row-major; rows R .. Rp-1 zero): x = part0 + part1 + part2 exactly.
+void split3(const float* x, uint16_t* parts, int64_t R, int64_t Rp, int64_t K, int64_t r0, int64_t r1) {
+  const __m512i top = _mm512_set1_epi32(int(0xFFFF0000u));
+  for (int64_t r = r0; r < r1; ++r) {
+    uint16_t* p0 = parts + r * K;
+    uint16_t* p1 = p0 + Rp * K;
+    uint16_t* p2 = p1 + Rp * K;
+    if (r >= R) {
+      std::fill(p0, p0 + K, 0), std::fill(p1, p1 + K, 0), std::fill(p2, p2 + K, 0);
+      continue;
+    }
+    for (int64_t k = 0; k < K; k += 16) {  // K is a multiple of 32
+      const __m512 v = _mm512_loadu_ps(x + r * K + k);
+      const __m512i b0 = _mm512_and_si512(_mm512_castps_si512(v), top);
+      const __m512 rest = _mm512_sub_ps(v, _mm512_castsi512_ps(b0));  // exact
+      const __m512i b1 = _mm512_and_si512(_mm512_castps_si512(rest), top);
+      const __m512i b2 = _mm512_castps_si512(_mm512_sub_ps(rest, _mm512_castsi512_ps(b1)));  // <= 8 bits: exact
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p0 + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b0, 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p1 + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b1, 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p2 + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b2, 16)));
+    }
+  }
+}
+
+// parts [3][Rp][K] -> pairs [3][Rp/16][K/2][16] (uint32: a pair of bfloat16 at 2kk, 2kk+1 of one row): the B tiles
+// of the output-major product, 16 activation rows as its 16 columns.
+void pairs_by_row(const uint16_t* parts, uint32_t* pairs, int64_t Rp, int64_t K, int64_t b0, int64_t b1) {
+  const int64_t half = K / 2;
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(int(half)));
+  for (int64_t b = b0; b < b1; ++b) {  // b: (part, block of 16 rows)
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(parts) + b * 16 * half;
+    uint32_t* dst = pairs + b * half * 16;
+    for (int64_t kk = 0; kk < half; ++kk)
+      _mm512_storeu_si512(dst + kk * 16, _mm512_i32gather_epi32(rows, src + kk, 4));
+  }
+}
+
+// Stores C tile t (0-3; the intrinsic takes the register as a literal) to `to`, rows `stride` bytes apart.
+inline void store_c(int t, float* to, int64_t stride) {
+  switch (t) {
+    case 0: _tile_stored(0, to, stride); break;
+    case 1: _tile_stored(1, to, stride); break;
+    case 2: _tile_stored(2, to, stride); break;
+    default: _tile_stored(3, to, stride); break;
+  }
+}
+
+// Output-major: y[r, n] for weight rows n0 .. n1-1 (32 at a time, n1 - n0 a multiple of 32) and all rows.
+void amx_nk(const uint32_t* pairs, const uint16_t* w, float* y, int64_t R, int64_t Rp, int64_t K, int64_t N,
+            int64_t n0, int64_t n1) {
+  const int64_t half = K / 2, blocks = Rp / 16, part = blocks * half * 16;
+  alignas(64) float c[16][16];
+  configure_tiles();
+  for (int64_t n = n0; n < n1; n += 32) {
+    const uint16_t* wa = w + n * K;
+    const uint16_t* wb = wa + 16 * K;
+    for (int64_t rb = 0; rb < blocks; rb += 2) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t k = 0; k < K; k += 32) {
+        _tile_loadd(4, wa + k, 2 * K);
+        _tile_loadd(5, wb + k, 2 * K);
+        for (int s = 0; s < 3; ++s) {
+          const uint32_t* b = pairs + s * part + rb * half * 16 + k / 2 * 16;
+          _tile_loadd(6, b, 64);
+          _tile_loadd(7, b + half * 16, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      for (int t = 0; t < 4; ++t) {
+        store_c(t, &c[0][0], 64);
+        const int64_t nn = n + t / 2 * 16, r0 = (rb + t % 2) * 16;
+        for (int64_t j = 0; j < 16 && r0 + j < R; ++j)  // c holds y^T: c[i][j] = y[r0 + j, nn + i]
+          for (int i = 0; i < 16; ++i) y[(r0 + j) * N + nn + i] = c[i][j];
+      }
+    }
+  }
+  _tile_release();
+}
+
+// Input-major: y[r, n] for weight columns n0 .. n1-1 (32 at a time) and all rows, in spans of up to kSpan panels of
+// 32 columns: a span is packed first (`panels` holds kSpan * K * 32 bfloat16), reading each weight row's span as
+// one contiguous run and prefetching the rows 16 ahead (every line: rows N apart are too far apart for the
+// hardware prefetcher, as in `matvec_kn_cols`), then multiplied panel by panel.
+constexpr int64_t kSpan = 8;
+
+void amx_kn(const uint16_t* parts, const uint16_t* w, float* y, uint16_t* panels, int64_t R, int64_t Rp, int64_t K,
+            int64_t N, int64_t n0, int64_t n1) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                      37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  alignas(64) float c[16][16];
+  configure_tiles();
+  for (int64_t s0 = n0; s0 < n1; s0 += kSpan * 32) {
+    const int64_t span = std::min(n1 - s0, kSpan * 32);  // columns, a multiple of 32
+    for (int64_t kk = 0; kk < K / 2; ++kk) {  // panel p: [K/32][2 tiles][16 rows][32], rows 2kk, 2kk+1 interleaved
+      if (2 * kk + 16 < K)
+        for (int64_t n = s0; n < s0 + span; n += 32) {
+          __builtin_prefetch(w + (2 * kk + 16) * N + n);
+          __builtin_prefetch(w + (2 * kk + 17) * N + n);
+        }
+      for (int64_t p = 0; p < span / 32; ++p) {
+        const uint16_t* at = w + 2 * kk * N + s0 + 32 * p;
+        const __m512i a = _mm512_loadu_si512(at), b = _mm512_loadu_si512(at + N);
+        uint16_t* row = panels + p * K * 32 + (kk / 16) * 1024 + (kk % 16) * 32;
+        _mm512_storeu_si512(row, _mm512_permutex2var_epi16(a, lo, b));
+        _mm512_storeu_si512(row + 512, _mm512_permutex2var_epi16(a, hi, b));
+      }
+    }
+    for (int64_t p = 0; p < span / 32; ++p) {
+      const uint16_t* panel = panels + p * K * 32;
+      const int64_t n = s0 + 32 * p;
+      for (int64_t r = 0; r < Rp; r += 32) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t k = 0; k < K; k += 32) {
+          _tile_loadd(6, panel + k / 32 * 1024, 64);
+          _tile_loadd(7, panel + k / 32 * 1024 + 512, 64);
+          for (int s = 0; s < 3; ++s) {
+            const uint16_t* a = parts + (s * Rp + r) * K + k;
+            _tile_loadd(4, a, 2 * K);
+            _tile_loadd(5, a + 16 * K, 2 * K);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+        }
+        for (int t = 0; t < 4; ++t) {
+          const int64_t r0 = r + t / 2 * 16, nn = n + t % 2 * 16;
+          if (r0 + 16 <= R) {  // C holds y's rows r0 .. r0+15, columns nn .. nn+15: stored in place
+            store_c(t, y + r0 * N + nn, 4 * N);
+            continue;
+          }
+          store_c(t, &c[0][0], 64);
+          for (int64_t i = 0; i < 16 && r0 + i < R; ++i)
+            std::memcpy(y + (r0 + i) * N + nn, c[i], 16 * sizeof(float));
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+// y = x . w on the tiles where they apply (R >= kAmxMinRows, K a multiple of 32, at least 32 output columns);
+// false (nothing written) otherwise. Columns past the last multiple of 32 go to `rest(n0, n1)`, the other loops.
+template <bool kOutputMajor>
+bool amx_product(ffi::ThreadPool& pool, const float* x, const uint16_t* w, float* y, int64_t R, int64_t K, int64_t N,
+                 const std::function<void(int64_t, int64_t)>& rest) {
+  if (R < kAmxMinRows || K % 32 != 0 || N < 32 || !amx_ready()) return false;
+  const int64_t Rp = (R + 31) / 32 * 32, N32 = N / 32 * 32;
+  std::vector<uint16_t> parts(3 * Rp * K);
+  std::vector<uint32_t> pairs(kOutputMajor ? 3 * Rp * K / 2 : 0);
+  const uint16_t* wp = w;
+  parallel(pool, (Rp + 15) / 16, [&](int64_t i) { split3(x, parts.data(), R, Rp, K, i * 16, i * 16 + 16); });
+  if (kOutputMajor)
+    parallel(pool, 3 * Rp / 16, [&](int64_t b) { pairs_by_row(parts.data(), pairs.data(), Rp, K, b, b + 1); });
+  // Chunks of whole panels of 32 output columns. Output-major: about 64 KiB of weight each (at least one panel per
+  // thread). Input-major: one per thread, as wide as that allows (the longer the run read from each weight row,
+  // the better memory keeps up; `amx_kn` packs it in spans).
+  const int64_t panels = N32 / 32, threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t per_thread = (panels + threads - 1) / threads;
+  const int64_t per = kOutputMajor ? std::max<int64_t>(1, std::min<int64_t>(kChunkBytes / (64 * K), per_thread))
+                                   : per_thread;
+  const int64_t chunks = (panels + per - 1) / per;
+  parallel(pool, chunks + (N32 < N ? 1 : 0), [&](int64_t i) {
+    if (i == chunks) return rest(N32, N);
+    const int64_t n0 = i * per * 32, n1 = std::min(N32, (i + 1) * per * 32);
+    if (kOutputMajor) {
+      amx_nk(pairs.data(), wp, y, R, Rp, K, N, n0, n1);
+    } else {
+      std::vector<uint16_t> packed(kSpan * K * 32);
+      amx_kn(parts.data(), wp, y, packed.data(), R, Rp, K, N, n0, n1);
+    }
+  });
+  return true;
+}
+#endif
+
 // y[R, N] = x[R, K] . w: w is [N, K] (kOutputMajor, `matvec_nk_rows` over chunks of output rows) or [K, N]
 // (`matvec_kn_cols` over chunks of output columns, 64-lane multiples: each chunk reads K contiguous slices).
 template <bool kOutputMajor>
@@ -262,6 +514,15 @@ ffi::Error Matvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   const float* xp = x.typed_data();
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.untyped_data());
   float* yp = y->typed_data();
+#if GEMMA4_AMX
+  const auto rest = [=](int64_t n0, int64_t n1) {  // columns the tiles leave: the loops below, on one thread
+    if (kOutputMajor)
+      matvec_nk_rows(xp, wp, yp, R, K, N, n0, n1);
+    else
+      matvec_kn_cols(xp, wp, yp, R, K, N, n0, n1);
+  };
+  if (amx_product<kOutputMajor>(pool, xp, wp, yp, R, K, N, rest)) return ffi::Error::Success();
+#endif
   const int64_t per_chunk = kChunkBytes / std::max<int64_t>(1, 2 * K);
   // Input-major chunks are as wide as one per thread allows (at least 64 KiB of weight and 64 lanes): the wider a
   // chunk, the longer the contiguous run it reads from each weight row.
@@ -313,3 +574,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_to_f32, ToF32,
 // How many weight rows `matvec` multiplies at a time in a tile for many activation rows (0: no tiles, this CPU
 // has no AVX-512), for `model.kernels.cpu.max_rows`.
 extern "C" int gemma4_bf16_tile_rows() { return kTileN; }
+
+// The fewest activation rows `matvec` multiplies on AMX tiles; 0 where it never does (not built with AMX-BF16, or
+// Linux refused the tile state). Asks for the tile state (once).
+extern "C" int gemma4_bf16_amx_min_rows() {
+#if GEMMA4_AMX
+  return amx_ready() ? int(kAmxMinRows) : 0;
+#else
+  return 0;
+#endif
+}
