@@ -30,6 +30,13 @@ def _weights(rng, n, k):
     return jnp.asarray(rng.standard_normal((n, k)), jnp.float32).astype(jnp.bfloat16)
 
 
+def _operands(rng, rows, k, n, axis):
+    """(x [rows, K] float32, w [N, K] bfloat16, the weight as `matvec` takes it along `axis`), random normal."""
+    x_RK = jnp.asarray(rng.standard_normal((rows, k)), jnp.float32)
+    w_NK = _weights(rng, n, k)
+    return x_RK, w_NK, (w_NK if axis == 1 else jnp.array(w_NK.T, copy=True))
+
+
 @pytest.mark.parametrize("rows, k, n", [(1, 256, 4096), (1, 2048, 256), (3, 100, 37), (9, 300, 70), (16, 1024, 300),
                                           (32, 256, 512), (1, 64, 70000), (64, 520, 131), (12, 10240, 9)])
 @pytest.mark.parametrize("axis", [1, 0])
@@ -45,19 +52,35 @@ def test_matvec_equals_the_float32_product_of_the_widened_weight(built, rows, k,
 
 
 @pytest.mark.parametrize("rows, k, n", [(16, 256, 32), (17, 256, 300), (41, 2048, 256), (64, 256, 2048),
-                                          (128, 4096, 64), (130, 96, 8192), (33, 1024, 31)])
+                                          (128, 4096, 64), (130, 96, 8192), (33, 1024, 31), (300, 64, 70)])
 @pytest.mark.parametrize("axis", [1, 0])
 def test_many_rows_of_a_contraction_in_32s_equal_the_float32_product(built, rows, k, n, axis):
     """Shapes the AMX tiles take where the CPU has them (at least `amx_min_rows` rows, K a multiple of 32; columns
     past the last multiple of 32, and fewer than 32, by the other loops): ragged rows, a leftover of columns, long
-    and short contractions. Elsewhere the same shapes check the AVX-512 loops."""
-    rng = np.random.default_rng(rows * 13 + k + n)
-    x_RK = jnp.asarray(rng.standard_normal((rows, k)), jnp.float32)
-    w_NK = _weights(rng, n, k)
-    w = w_NK if axis == 1 else jnp.array(w_NK.T, copy=True)
+    and short contractions, more rows than one block of 256. Elsewhere the same shapes check the AVX-512 loops."""
+    x_RK, w_NK, w = _operands(np.random.default_rng(rows * 13 + k + n), rows, k, n, axis)
     got = np.asarray(jax.jit(lambda x, w: cpu.matvec(x, w, axis))(x_RK, w))
     want = np.asarray(x_RK, np.float64) @ np.asarray(w_NK.astype(jnp.float32), np.float64).T
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("rows", [15, 16])  # the loops, and the AMX tiles where the CPU has them
+@pytest.mark.parametrize("axis", [1, 0])
+def test_infinities_nans_and_an_empty_contraction_come_out_as_float32_products_do(built, rows, axis):
+    """An infinite activation gives infinities (NaN where it meets a zero weight), a NaN gives NaN, on either path;
+    a contraction of length 0 gives zeros (it divided by zero on the tiles once)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((rows, 64)).astype(np.float32)
+    x[3, :], x[3, 5], x[4, 7] = 0.0, np.inf, np.nan
+    w_NK = rng.standard_normal((40, 64)).astype(np.float32)
+    w_NK[:, 5], w_NK[0, 5] = 1.0, 0.0
+    w = jnp.asarray(w_NK if axis == 1 else w_NK.T.copy()).astype(jnp.bfloat16)
+    got = np.asarray(jax.jit(lambda x, w: cpu.matvec(x, w, axis))(jnp.asarray(x), w))
+    assert np.isnan(got[3, 0]) and np.all(got[3, 1:] == np.inf)  # inf x 0 is NaN, inf x 1 is inf
+    assert np.all(np.isnan(got[4])) and np.all(np.isfinite(np.delete(got, [3, 4], axis=0)))
+    empty = jnp.zeros((rows, 0), jnp.float32)
+    w_empty = jnp.zeros((40, 0) if axis == 1 else (0, 40), jnp.bfloat16)
+    assert np.array_equal(np.asarray(cpu.matvec(empty, w_empty, axis)), np.zeros((rows, 40), np.float32))
 
 
 @pytest.mark.parametrize("axis", [1, 0])
@@ -66,10 +89,7 @@ def test_amx_rows_are_the_sums_of_other_amx_calls_to_the_bit(built, axis):
     call of 64 rows equals calls of 16, 17 and 31 rows to the bit (the same rows; 16 is `amx_min_rows`)."""
     if cpu.amx_min_rows() == 0:
         pytest.skip("no AMX tiles here")
-    rng = np.random.default_rng(12)
-    x_RK = jnp.asarray(rng.standard_normal((64, 512)), jnp.float32)
-    w_NK = _weights(rng, 200, 512)
-    w = w_NK if axis == 1 else jnp.array(w_NK.T, copy=True)
+    x_RK, _, w = _operands(np.random.default_rng(12), 64, 512, 200, axis)
     run = jax.jit(lambda x, w: cpu.matvec(x, w, axis))
     whole = np.asarray(run(x_RK, w))
     parts = np.concatenate([np.asarray(run(x_RK[a:b], w)) for a, b in ((0, 16), (16, 33), (33, 64))])
@@ -82,10 +102,7 @@ def test_matvec_rows_are_the_sums_of_fewer_rows_to_the_bit(built, axis):
     AVX-512; input-major: eight weight rows per pass), each output still summed in the same order: a call of 64
     rows equals, bit for bit, calls of 4 rows (one weight row at a time) and, input-major, of 1 row. (K = 520 is
     not a multiple of 32, so no call here runs on AMX tiles.)"""
-    rng = np.random.default_rng(11)
-    x_RK = jnp.asarray(rng.standard_normal((64, 520)), jnp.float32)
-    w_NK = _weights(rng, 131, 520)
-    w = w_NK if axis == 1 else jnp.array(w_NK.T, copy=True)
+    x_RK, _, w = _operands(np.random.default_rng(11), 64, 520, 131, axis)
     run = jax.jit(lambda x, w: cpu.matvec(x, w, axis))
     whole = np.asarray(run(x_RK, w))
     fours = np.concatenate([np.asarray(run(x_RK[r : r + 4], w)) for r in range(0, 64, 4)])

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
@@ -270,8 +271,11 @@ void matvec_kn_cols(const float* x, const uint16_t* w, float* y, int64_t R, int6
 // (`split3`: each part takes the next 8 significant bits of the 24 a float32 has, by truncation). A bfloat16 times a
 // bfloat16 is exact in float32 (8 x 8 significant bits), so every product of a weight and an activation part is
 // exact, and the three parts' products add up to the float32 product of the weight and the activation; only the
-// order of the float32 additions differs from the other loops (and the tile unit flushes float32 denormals to zero,
-// values below 1.2e-38). Three parts cost three tile products: measured on the default preset's shapes (2-core
+// order of the float32 additions differs from the other loops. Where they can differ more: the tile unit reads
+// bfloat16 inputs below 2^-126 (1.2e-38) as zero, so a weight that small counts as zero, and an activation below
+// about 2^-110 (7.7e-34) loses the parts that fall below it (up to 2^-8 of its value below 2^-118); an infinite
+// weight gives NaN (it meets a zero part), where the loops give an infinity. Activations and weights of a model
+// are far from both. Three parts cost three tile products: measured on the default preset's shapes (2-core
 // Xeon, one thread, weights in cache) 220-300 GFLOP/s of float32-equivalent products at 64 rows, against about
 // 150 per thread for the AVX-512 tiles above.
 //
@@ -327,10 +331,16 @@ void split3(const float* x, uint16_t* parts, int64_t R, int64_t Rp, int64_t K, i
     }
     for (int64_t k = 0; k < K; k += 16) {  // K is a multiple of 32
       const __m512 v = _mm512_loadu_ps(x + r * K + k);
-      const __m512i b0 = _mm512_and_si512(_mm512_castps_si512(v), top);
+      __m512i b0 = _mm512_and_si512(_mm512_castps_si512(v), top);
       const __m512 rest = _mm512_sub_ps(v, _mm512_castsi512_ps(b0));  // exact
-      const __m512i b1 = _mm512_and_si512(_mm512_castps_si512(rest), top);
-      const __m512i b2 = _mm512_castps_si512(_mm512_sub_ps(rest, _mm512_castsi512_ps(b1)));  // <= 8 bits: exact
+      __m512i b1 = _mm512_and_si512(_mm512_castps_si512(rest), top);
+      __m512i b2 = _mm512_castps_si512(_mm512_sub_ps(rest, _mm512_castsi512_ps(b1)));  // <= 8 bits: exact
+      // An infinity is its first part alone (inf - inf would make the others NaN), a NaN a quiet NaN (truncating
+      // one whose payload lies in the low 16 bits would leave an infinity).
+      const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(v), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+      b0 = _mm512_mask_or_epi32(b0, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), b0, _mm512_set1_epi32(0x7FC00000));
+      b1 = _mm512_maskz_mov_epi32(finite, b1);
+      b2 = _mm512_maskz_mov_epi32(finite, b2);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p0 + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b0, 16)));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p1 + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b1, 16)));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p2 + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b2, 16)));
@@ -350,6 +360,21 @@ void pairs_by_row(const uint16_t* parts, uint32_t* pairs, int64_t Rp, int64_t K,
     for (int64_t kk = 0; kk < half; ++kk)
       _mm512_storeu_si512(dst + kk * 16, _mm512_i32gather_epi32(rows, src + kk, 4));
   }
+}
+
+inline void zero_c() {  // C tiles 0-3
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+// C tile 2i + j += A tile 4 + i times B tile 6 + j (i, j in 0, 1).
+inline void products_2x2() {
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
 }
 
 // Stores C tile t (0-3; the intrinsic takes the register as a literal) to `to`, rows `stride` bytes apart.
@@ -372,10 +397,7 @@ void amx_nk(const uint32_t* pairs, const uint16_t* w, float* y, int64_t R, int64
     const uint16_t* wa = w + n * K;
     const uint16_t* wb = wa + 16 * K;
     for (int64_t rb = 0; rb < blocks; rb += 2) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
+      zero_c();
       for (int64_t k = 0; k < K; k += 32) {
         _tile_loadd(4, wa + k, 2 * K);
         _tile_loadd(5, wb + k, 2 * K);
@@ -383,10 +405,7 @@ void amx_nk(const uint32_t* pairs, const uint16_t* w, float* y, int64_t R, int64
           const uint32_t* b = pairs + s * part + rb * half * 16 + k / 2 * 16;
           _tile_loadd(6, b, 64);
           _tile_loadd(7, b + half * 16, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
+          products_2x2();
         }
       }
       for (int t = 0; t < 4; ++t) {
@@ -433,10 +452,7 @@ void amx_kn(const uint16_t* parts, const uint16_t* w, float* y, uint16_t* panels
       const uint16_t* panel = panels + p * K * 32;
       const int64_t n = s0 + 32 * p;
       for (int64_t r = 0; r < Rp; r += 32) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero_c();
         for (int64_t k = 0; k < K; k += 32) {
           _tile_loadd(6, panel + k / 32 * 1024, 64);
           _tile_loadd(7, panel + k / 32 * 1024 + 512, 64);
@@ -444,10 +460,7 @@ void amx_kn(const uint16_t* parts, const uint16_t* w, float* y, uint16_t* panels
             const uint16_t* a = parts + (s * Rp + r) * K + k;
             _tile_loadd(4, a, 2 * K);
             _tile_loadd(5, a + 16 * K, 2 * K);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            products_2x2();
           }
         }
         for (int t = 0; t < 4; ++t) {
@@ -466,19 +479,19 @@ void amx_kn(const uint16_t* parts, const uint16_t* w, float* y, uint16_t* panels
   _tile_release();
 }
 
-// y = x . w on the tiles where they apply (R >= kAmxMinRows, K a multiple of 32, at least 32 output columns);
-// false (nothing written) otherwise. Columns past the last multiple of 32 go to `rest(n0, n1)`, the other loops.
+// y = x . w on the tiles where they apply (R >= kAmxMinRows, K a positive multiple of 32, at least 32 output
+// columns); false (nothing written) otherwise. Columns past the last multiple of 32 go to `rest(n0, n1)`, the other
+// loops, for all rows. Rows go through in blocks of kAmxRowBlock, which bounds the scratch (about 12 bytes per
+// row and contraction index: 24 MiB at K = 8192); each output's sum is the same in any block.
+constexpr int64_t kAmxRowBlock = 256;
+
 template <bool kOutputMajor>
 bool amx_product(ffi::ThreadPool& pool, const float* x, const uint16_t* w, float* y, int64_t R, int64_t K, int64_t N,
                  const std::function<void(int64_t, int64_t)>& rest) {
-  if (R < kAmxMinRows || K % 32 != 0 || N < 32 || !amx_ready()) return false;
-  const int64_t Rp = (R + 31) / 32 * 32, N32 = N / 32 * 32;
-  std::vector<uint16_t> parts(3 * Rp * K);
-  std::vector<uint32_t> pairs(kOutputMajor ? 3 * Rp * K / 2 : 0);
-  const uint16_t* wp = w;
-  parallel(pool, (Rp + 15) / 16, [&](int64_t i) { split3(x, parts.data(), R, Rp, K, i * 16, i * 16 + 16); });
-  if (kOutputMajor)
-    parallel(pool, 3 * Rp / 16, [&](int64_t b) { pairs_by_row(parts.data(), pairs.data(), Rp, K, b, b + 1); });
+  if (R < kAmxMinRows || K <= 0 || K % 32 != 0 || N < 32 || !amx_ready()) return false;
+  const int64_t N32 = N / 32 * 32, most = (std::min(R, kAmxRowBlock) + 31) / 32 * 32;
+  std::vector<uint16_t> parts(3 * most * K);
+  std::vector<uint32_t> pairs(kOutputMajor ? 3 * most * K / 2 : 0);
   // Chunks of whole panels of 32 output columns. Output-major: about 64 KiB of weight each (at least one panel per
   // thread). Input-major: one per thread, as wide as that allows (the longer the run read from each weight row,
   // the better memory keeps up; `amx_kn` packs it in spans).
@@ -487,16 +500,25 @@ bool amx_product(ffi::ThreadPool& pool, const float* x, const uint16_t* w, float
   const int64_t per = kOutputMajor ? std::max<int64_t>(1, std::min<int64_t>(kChunkBytes / (64 * K), per_thread))
                                    : per_thread;
   const int64_t chunks = (panels + per - 1) / per;
-  parallel(pool, chunks + (N32 < N ? 1 : 0), [&](int64_t i) {
-    if (i == chunks) return rest(N32, N);
-    const int64_t n0 = i * per * 32, n1 = std::min(N32, (i + 1) * per * 32);
-    if (kOutputMajor) {
-      amx_nk(pairs.data(), wp, y, R, Rp, K, N, n0, n1);
-    } else {
-      std::vector<uint16_t> packed(kSpan * K * 32);
-      amx_kn(parts.data(), wp, y, packed.data(), R, Rp, K, N, n0, n1);
-    }
-  });
+  for (int64_t r0 = 0; r0 < R; r0 += kAmxRowBlock) {
+    const int64_t rows = std::min(kAmxRowBlock, R - r0), Rp = (rows + 31) / 32 * 32;
+    const float* xb = x + r0 * K;
+    float* yb = y + r0 * N;
+    parallel(pool, Rp / 16, [&](int64_t i) { split3(xb, parts.data(), rows, Rp, K, i * 16, i * 16 + 16); });
+    if (kOutputMajor)
+      parallel(pool, 3 * Rp / 16, [&](int64_t b) { pairs_by_row(parts.data(), pairs.data(), Rp, K, b, b + 1); });
+    const bool with_rest = r0 == 0 && N32 < N;  // the leftover columns of all rows, once, beside the first block
+    parallel(pool, chunks + (with_rest ? 1 : 0), [&](int64_t i) {
+      if (i == chunks) return rest(N32, N);
+      const int64_t n0 = i * per * 32, n1 = std::min(N32, (i + 1) * per * 32);
+      if (kOutputMajor) {
+        amx_nk(pairs.data(), w, yb, rows, Rp, K, N, n0, n1);
+      } else {
+        std::vector<uint16_t> packed(kSpan * K * 32);
+        amx_kn(parts.data(), w, yb, packed.data(), rows, Rp, K, N, n0, n1);
+      }
+    });
+  }
   return true;
 }
 #endif
