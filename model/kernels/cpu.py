@@ -224,5 +224,5 @@ def to_float32(w: jax.Array) -> jax.Array:
     return jax.ffi.ffi_call(TARGETS["to_f32"], result, vmap_method="sequential")(w)
 
 
-__all__ = ["AMX_SWITCH", "MAX_ROWS", "MAX_ROWS_WITHOUT_TILES", "MAX_ROWS_WITH_AMX", "amx_min_rows", "availability", "available",
-           "engine_plan", "matvec", "max_rows", "tile_rows", "to_float32"]
+__all__ = ["AMX_SWITCH", "MAX_ROWS", "MAX_ROWS_WITHOUT_TILES", "MAX_ROWS_WITH_AMX", "amx_min_rows", "availability",
+           "available", "engine_plan", "matvec", "max_rows", "tile_rows", "to_float32"]

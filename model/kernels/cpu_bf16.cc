@@ -285,7 +285,8 @@ void matvec_kn_cols(const float* x, const uint16_t* w, float* y, int64_t R, int6
 //   output-major w [N, K]: A = 16 weight rows read in place (stride 2K bytes), B = the activations' parts arranged
 //     as pairs by a gather (`pairs_by_row`, once per call); C holds y^T, written transposed.
 //   input-major w [K, N]: A = 16 rows of an activation part (row-major, stride 2K), B = 16 weight columns, pairs of
-//     weight rows 2kk and 2kk+1 interleaved (`pack_kn`, once per panel of 32 columns); C holds y, written in place.
+//     weight rows 2kk and 2kk+1 interleaved (packed by `amx_kn`, once per panel of 32 columns); C holds y, written
+//     in place.
 #if GEMMA4_AMX
 constexpr int64_t kAmxMinRows = 16;
 
