@@ -27,7 +27,6 @@
 #include <memory>
 #include <string>
 #include <thread>
-#include <vector>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__linux__)
 #define GEMMA4_AMX 1
@@ -480,6 +479,12 @@ void amx_kn(const uint16_t* parts, const uint16_t* w, float* y, uint16_t* panels
   _tile_release();
 }
 
+// n elements of T, uninitialized (`new T[n]`, not `new T[n]()`): scratch that is written whole before it is read.
+template <typename T>
+std::unique_ptr<T[]> scratch(int64_t n) {
+  return std::unique_ptr<T[]>(new T[n]);
+}
+
 // y = x . w on the tiles where they apply (R >= kAmxMinRows, K a positive multiple of 32, at least 32 output
 // columns); false (nothing written) otherwise. Columns past the last multiple of 32 go to `rest(n0, n1)`, the other
 // loops, for all rows. Rows go through in blocks of kAmxRowBlock, which bounds the scratch (about 12 bytes per
@@ -491,8 +496,11 @@ bool amx_product(ffi::ThreadPool& pool, const float* x, const uint16_t* w, float
                  const std::function<void(int64_t, int64_t)>& rest) {
   if (R < kAmxMinRows || K <= 0 || K % 32 != 0 || N < 32 || !amx_ready()) return false;
   const int64_t N32 = N / 32 * 32, most = (std::min(R, kAmxRowBlock) + 31) / 32 * 32;
-  std::vector<uint16_t> parts(3 * most * K);
-  std::vector<uint32_t> pairs(kOutputMajor ? 3 * most * K / 2 : 0);
+  // Scratch left uninitialized (a std::vector would zero it, 6 bytes per row and contraction index each, on every
+  // call): each block's `split3` writes all of parts [3][Rp][K] (rows past R as zeros), and `pairs_by_row` all of
+  // pairs [3][Rp/16][K/2][16], before anything reads them; nothing reads past a block's Rp (`amx_nk`, `amx_kn`).
+  const auto parts = scratch<uint16_t>(3 * most * K);
+  const auto pairs = scratch<uint32_t>(kOutputMajor ? 3 * most * K / 2 : 0);
   // Chunks of whole panels of 32 output columns. Output-major: about 64 KiB of weight each (at least one panel per
   // thread). Input-major: one per thread, as wide as that allows (the longer the run read from each weight row,
   // the better memory keeps up; `amx_kn` packs it in spans).
@@ -505,18 +513,18 @@ bool amx_product(ffi::ThreadPool& pool, const float* x, const uint16_t* w, float
     const int64_t rows = std::min(kAmxRowBlock, R - r0), Rp = (rows + 31) / 32 * 32;
     const float* xb = x + r0 * K;
     float* yb = y + r0 * N;
-    parallel(pool, Rp / 16, [&](int64_t i) { split3(xb, parts.data(), rows, Rp, K, i * 16, i * 16 + 16); });
+    parallel(pool, Rp / 16, [&](int64_t i) { split3(xb, parts.get(), rows, Rp, K, i * 16, i * 16 + 16); });
     if (kOutputMajor)
-      parallel(pool, 3 * Rp / 16, [&](int64_t b) { pairs_by_row(parts.data(), pairs.data(), Rp, K, b, b + 1); });
+      parallel(pool, 3 * Rp / 16, [&](int64_t b) { pairs_by_row(parts.get(), pairs.get(), Rp, K, b, b + 1); });
     const bool with_rest = r0 == 0 && N32 < N;  // the leftover columns of all rows, once, beside the first block
     parallel(pool, chunks + (with_rest ? 1 : 0), [&](int64_t i) {
       if (i == chunks) return rest(N32, N);
       const int64_t n0 = i * per * 32, n1 = std::min(N32, (i + 1) * per * 32);
       if (kOutputMajor) {
-        amx_nk(pairs.data(), w, yb, rows, Rp, K, N, n0, n1);
+        amx_nk(pairs.get(), w, yb, rows, Rp, K, N, n0, n1);
       } else {
-        std::vector<uint16_t> packed(kSpan * K * 32);
-        amx_kn(parts.data(), w, yb, packed.data(), rows, Rp, K, N, n0, n1);
+        const auto packed = scratch<uint16_t>(kSpan * K * 32);  // `amx_kn` writes each panel whole before reading it
+        amx_kn(parts.get(), w, yb, packed.get(), rows, Rp, K, N, n0, n1);
       }
     });
   }
