@@ -133,13 +133,14 @@ def test_rows_up_to_max_rows_take_the_kernel_and_more_are_widened(built):
 
 def test_the_amx_switch_turns_the_tiles_off_and_the_rows_fall_back(built):
     """`GEMMA4_BENCH_CPU_AMX=off` (read once per process): no AMX tiles, so `max_rows` is the AVX-512 loops' and
-    the manifest's kernel name is the plain one."""
-    code = ("from model.kernels import cpu; from model.engine import cpu_kernel_name; ok, _ = cpu.availability(); "
-            "print(ok, cpu.amx_min_rows(), cpu.max_rows(), cpu_kernel_name())")  # fmt: skip
+    the manifest's kernel name is the plain one. Before the kernels load, a fresh process reports no tiles."""
+    code = ("from model.kernels import cpu; from model.engine import cpu_kernel_name; "
+            "before = (cpu.tile_rows(), cpu.amx_min_rows()); ok, _ = cpu.availability(); "
+            "print(*before, ok, cpu.tile_rows(), cpu.amx_min_rows(), cpu.max_rows(), cpu_kernel_name())")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, cpu.AMX_SWITCH: "off", "JAX_PLATFORMS": "cpu"}).stdout.split()  # fmt: skip
     rows = cpu.MAX_ROWS if cpu.tile_rows() > 0 else cpu.MAX_ROWS_WITHOUT_TILES
-    assert out == ["True", "0", str(rows), "bf16=cpu"]
+    assert out == ["0", "0", "True", str(cpu.tile_rows()), "0", str(rows), "bf16=cpu"]
 
 
 def test_to_float32_is_exact(built):

@@ -33,6 +33,7 @@ measure XLA's path, "leak one").
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import os
@@ -132,6 +133,23 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KernelLibrary:
+    """The kernel library as this process loaded it (`_loaded`), or the reason it did not."""
+
+    loaded: bool
+    """Whether the library is loaded and its targets registered with XLA:CPU."""
+    how: str
+    """One line: how it was loaded (`_build`: "built ...", "cached build ...") or why not."""
+    tile_rows: int = 0
+    """Weight rows per tile in the products of many activation rows (`tile_rows`); 0 without tiles."""
+    amx_min_rows: int = 0
+    """The fewest activation rows multiplied on AMX tiles (`amx_min_rows`); 0 where they never are."""
+
+
+_NOT_LOADED = KernelLibrary(loaded=False, how="not loaded yet (availability)")
+
+
 def availability() -> tuple[bool, str]:
     """(whether the kernels are loaded and registered with XLA:CPU, one line saying how or why not). Built and
     registered on the first call in a process (`_loaded`); `GEMMA4_BENCH_CPU_KERNELS=0` is read on every call, so
@@ -141,43 +159,44 @@ def availability() -> tuple[bool, str]:
         return False, f"off ({ENV_SWITCH}={switch})"
     if jax.default_backend() != "cpu":
         return False, f"not a CPU backend ({jax.default_backend()})"
-    return _loaded()
+    library = _loaded()
+    return library.loaded, library.how
 
 
 @functools.cache
-def _loaded() -> tuple[bool, str]:
+def _loaded() -> KernelLibrary:
+    """The library built (`_build`), loaded and registered, once per process; what it says of its tiles."""
     from model.builtin import cache_root  # the project's cache folder
 
     try:
         lib_path, how = _build(cache_root() / "kernels")
         if lib_path is None:
-            return False, how
+            return KernelLibrary(loaded=False, how=how)
         lib = ctypes.cdll.LoadLibrary(str(lib_path))
         for name in TARGETS.values():
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
-        global _TILE_ROWS, _AMX_MIN_ROWS
-        _TILE_ROWS = int(lib.gemma4_bf16_tile_rows())
-        _AMX_MIN_ROWS = int(lib.gemma4_bf16_amx_min_rows())
+        tiles, amx = int(lib.gemma4_bf16_tile_rows()), int(lib.gemma4_bf16_amx_min_rows())
     except (OSError, AttributeError, ValueError, subprocess.SubprocessError) as e:
-        return False, f"kernel library not loaded: {e}"
-    return True, how
+        return KernelLibrary(loaded=False, how=f"kernel library not loaded: {e}")
+    return KernelLibrary(loaded=True, how=how, tile_rows=tiles, amx_min_rows=amx)
 
 
-_TILE_ROWS = 0  # set by `_loaded` from the library
-_AMX_MIN_ROWS = 0  # set by `_loaded` from the library
+def _library() -> KernelLibrary:
+    """`_loaded()`'s record where it has run in this process, else `_NOT_LOADED` (this builds and loads nothing)."""
+    return _loaded() if _loaded.cache_info().currsize else _NOT_LOADED
 
 
 def tile_rows() -> int:
     """Weight rows per tile in the loaded kernel's products of many activation rows (4 where it was compiled with
     AVX-512), 0 without tiles or before the kernels are loaded (`availability`)."""
-    return _TILE_ROWS
+    return _library().tile_rows
 
 
 def amx_min_rows() -> int:
     """The fewest activation rows the loaded kernel multiplies on AMX tiles (16 where it was built with AMX-BF16 and
     Linux granted the process the tile state; `cpu_bf16.cc`), 0 where it never does or before the kernels are
     loaded (`availability`)."""
-    return _AMX_MIN_ROWS
+    return _library().amx_min_rows
 
 
 def max_rows() -> int:
