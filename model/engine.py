@@ -390,7 +390,8 @@ CPU_BF16_KERNEL_AMX = "bf16=cpu-amx"
 
 def cpu_kernel_name() -> str:
     """The manifest's name of the CPU kernels as this process loads them (`model.kernels.cpu.availability`, which
-    builds them on first use): `CPU_BF16_KERNEL_AMX` with AMX tiles, else `CPU_BF16_KERNEL`."""
+    builds them on first use; its EngineError for a bad switch): `CPU_BF16_KERNEL_AMX` with AMX tiles, else
+    `CPU_BF16_KERNEL`."""
     from model.kernels.cpu import amx_min_rows, availability
 
     availability()
@@ -838,15 +839,17 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     at this config's shapes before anything compiles (logged, and recorded in the engine's `kernel` plan), or
     XLA's product. Returns (engine, load report: path,
     prefixes, tensors, ignored keys, stored dtypes, content_hash (computed while loading, `load_params`), load_s
-    (seconds, hashing included)). Raises CheckpointError / ConfigError / TokenizerError, and KernelError for a
-    forced kernel the device cannot run or whose tiles do not fit (before the weights load).
+    (seconds, hashing included)). Raises CheckpointError / ConfigError / TokenizerError, KernelError for a
+    forced kernel the device cannot run or whose tiles do not fit, and EngineError for a value of an on/off switch
+    (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_KERNELS, GEMMA4_BENCH_CPU_AMX) that is neither on nor off (all
+    before the weights load).
     """
     import logging
 
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
     from model.kernels.choice import log_plan, plan_kernel, with_kernel_mode, with_tilings
-    from model.kernels.cpu import engine_plan
+    from model.kernels.cpu import check_switches, engine_plan
     from model.policy import decide_policy
     from model.tokenizer import GemmaTokenizer
 
@@ -855,6 +858,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     if log_policy:  # callers that log it themselves, first thing, pass False
         log_policy_line(policy)
     options = decide_xla_options(policy.platform)  # EngineError for a bad switch value, before anything loads
+    check_switches()  # the same for the CPU kernels' switches
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
     plan = None

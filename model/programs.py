@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from model.errors import EngineError
+from model.switches import switch_on
 
 DISABLED_PASS = "tree_reduction_rewriter"
 """The XLA pass the decode programs skip on CPU.
@@ -48,8 +48,6 @@ ENV_SWITCH = "GEMMA4_BENCH_XLA_CPU_OPTIONS"
 """Environment variable: 0 / false / off / no makes engines made afterwards compile their decode programs with XLA's
 default passes (to measure the difference); 1 / true / on / yes or unset: `CPU_COMPILER_OPTIONS_TEXT` on CPU."""
 
-_ON, _OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
-
 
 def _cpu_compiler_options(xla_flags: str) -> dict[str, str]:
     """The `jax.jit` compiler options of the CPU variant: `DISABLED_PASS` added to the passes that `xla_flags` (the
@@ -63,12 +61,8 @@ def _cpu_compiler_options(xla_flags: str) -> dict[str, str]:
 def xla_options(backend: str | None = None) -> str | None:
     """What an engine made now on `backend` (default: `jax.default_backend()`) compiles its decode programs with:
     `CPU_COMPILER_OPTIONS_TEXT` on CPU unless `ENV_SWITCH` is off, else None (XLA's defaults). Raises EngineError
-    for a switch value that is neither on nor off."""
-    value = os.environ.get(ENV_SWITCH, "1").strip().lower()
-    if value not in _ON + _OFF:
-        raise EngineError(f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r}: expected 1/true/on/yes or 0/false/off/no; "
-                          "unset it for the default (on)")  # fmt: skip
-    if (backend or jax.default_backend()) != "cpu" or value in _OFF:
+    for a switch value that is neither on nor off (`model.switches.switch_on`)."""
+    if not switch_on(ENV_SWITCH) or (backend or jax.default_backend()) != "cpu":
         return None
     return CPU_COMPILER_OPTIONS_TEXT
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from model import quant
+from model.errors import EngineError
 from model.kernels import cpu
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernels")
@@ -317,3 +318,50 @@ def test_cxx_may_carry_arguments_and_the_switch_takes_the_usual_words(monkeypatc
     for word in ("0", "false", "OFF", "no"):
         monkeypatch.setenv(cpu.ENV_SWITCH, word)
         assert cpu.availability() == (False, f"off ({cpu.ENV_SWITCH}={word})")
+
+
+def test_the_kernel_switch_on_words_load_the_kernels_and_other_values_are_refused(built, monkeypatch):
+    for word in ("1", "TRUE", " on ", "yes"):
+        monkeypatch.setenv(cpu.ENV_SWITCH, word)
+        assert cpu.availability() == (True, built) and cpu.check_switches() is None
+    for bad in ("of", "", "2", "disable"):
+        monkeypatch.setenv(cpu.ENV_SWITCH, bad)
+        want = f"{cpu.ENV_SWITCH}={bad!r}: expected 1/true/on/yes or 0/false/off/no; unset it for the default (on)"
+        for refused in (cpu.availability, cpu.available, cpu.check_switches,
+                        lambda: cpu.engine_plan("cpu", "bfloat16", "float32")):  # fmt: skip
+            with pytest.raises(EngineError) as raised:
+                refused()
+            assert str(raised.value) == want
+
+
+def test_a_bad_amx_switch_is_refused_before_the_library_loads(monkeypatch):
+    """The library reads `AMX_SWITCH` itself, once, and would take a typo for "on": `_loaded` refuses it before
+    building or loading anything (and caches nothing, so a fixed value loads on the next call)."""
+
+    def build(out_dir):
+        raise AssertionError("built despite a bad switch")
+
+    monkeypatch.setattr(cpu, "_build", build)
+    for bad in ("of", "0ff", "none"):
+        monkeypatch.setenv(cpu.AMX_SWITCH, bad)
+        for refused in (cpu._loaded.__wrapped__, cpu.check_switches):
+            with pytest.raises(EngineError, match=f"^{cpu.AMX_SWITCH}={bad!r}: expected 1/true/on/yes or 0/false"):
+                refused()
+    for word in ("0", " Off ", "1", "YES"):  # on and off pass the check and reach the build
+        monkeypatch.setenv(cpu.AMX_SWITCH, word)
+        cpu.check_switches()
+        with pytest.raises(AssertionError, match="built despite"):
+            cpu._loaded.__wrapped__()
+
+
+def test_a_bad_switch_is_one_line_and_exit_2_from_the_cli(tmp_path):
+    """`bench sweep` with bfloat16 weights (the engine's load, as in `bench profile`, `bench generate` and `bench
+    serve`): refused before the weights load; no kernel built, no run folder made."""
+    from conftest import assert_one_line_error, run_cli
+
+    env = {"GEMMA4_BENCH_CACHE": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu", cpu.AMX_SWITCH: "of"}
+    args = ["sweep", "-c", "builtin:tiny", "--inputs", "20", "--weight-dtype", "bfloat16", "--runs-dir",
+            str(tmp_path / "runs")]  # fmt: skip
+    proc = run_cli(args, env=env)
+    assert_one_line_error(proc, f"{cpu.AMX_SWITCH}='of'", "expected 1/true/on/yes or 0/false/off/no")
+    assert not (tmp_path / "cache" / "kernels").exists() and not (tmp_path / "runs").exists()

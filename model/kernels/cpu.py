@@ -15,7 +15,8 @@ Where the CPU has AMX-BF16 and Linux grants the process the tile state (`amx_min
 more rows of a contraction whose length is a multiple of 32 on AMX tiles: each float32 activation split into three
 bfloat16 parts that sum to it exactly, so the products are still exact and the sums float32 (`cpu_bf16.cc`). Then
 every row count takes `matvec` (`MAX_ROWS_WITH_AMX`) and no weight is widened. `GEMMA4_BENCH_CPU_AMX=0` (or false,
-off, no; read once per process, by the library) turns the tiles off.
+off, no; read once per process, by the library) turns the tiles off; a value that is neither on nor off is refused in
+Python before the library loads (`_loaded`).
 
 Why: XLA:CPU widens a bfloat16 weight before a product at about 1.4 GB/s of stored bytes (chain of 100 [4096, 256]
 matrix-vector products, 2-core Xeon, jax 0.12: 148 ms against 19 ms for the same products in float32), so storing
@@ -27,7 +28,8 @@ headers, CPU) into `<cache root>/kernels/` (`model.builtin.cache_root`) with `$C
 -march=native`, and the XLA FFI headers that jaxlib ships (`jax.ffi.include_dir()`). Where that fails (no compiler,
 no headers, not a CPU backend) `availability()` says why and the engine stays on XLA's product (`model.quant`), so
 nothing breaks: it is only slower. `GEMMA4_BENCH_CPU_KERNELS=0` (or false, off, no) turns the kernels off (to
-measure XLA's path, "leak one").
+measure XLA's path, "leak one"); a value of either switch other than 1/true/on/yes or 0/false/off/no is an
+EngineError (`model.switches.switch_on`), not a silent "on".
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from model.switches import switch_on
+
 SOURCE = Path(__file__).with_name("cpu_bf16.cc")
 TARGETS = {"matvec_nk": "gemma4_bf16_matvec_nk", "matvec_kn": "gemma4_bf16_matvec_kn", "to_f32": "gemma4_bf16_to_f32"}
 MAX_ROWS = 64
@@ -65,8 +69,11 @@ takes `matvec`, and no weight is widened. Measured here (2-core Xeon with AMX-BF
 weights of the default preset's shapes, 150 MiB; alternating in one process, medians of 7), `matvec` against
 widening and XLA's float32 dot: 16 rows 46 / 142 ms, 64 rows 75 / 174, 128 rows 111 / 218, 256 rows 217 / 342."""
 ENV_SWITCH = "GEMMA4_BENCH_CPU_KERNELS"
+"""Read by `availability` on every call: 0, false, off or no keeps the kernels off (XLA's product); 1, true, on, yes
+or unset: on. Any other value is refused (EngineError, `model.switches.switch_on`)."""
 AMX_SWITCH = "GEMMA4_BENCH_CPU_AMX"
-"""Read by the library (`cpu_bf16.cc`, once per process): 0, false, off or no keeps products off the AMX tiles."""
+"""Read by the library (`cpu_bf16.cc`, once per process): 0, false, off or no keeps products off the AMX tiles.
+Checked first by `_loaded` (and `check_switches`), which refuses a value neither on nor off before the library loads."""
 
 
 def _cpu_signature() -> str:
@@ -150,13 +157,23 @@ class KernelLibrary:
 _NOT_LOADED = KernelLibrary(loaded=False, how="not loaded yet (availability)")
 
 
+def check_switches() -> None:
+    """Raises EngineError for a value of `ENV_SWITCH` or `AMX_SWITCH` that is neither on nor off (one line:
+    `model.switches.switch_on`); builds and loads nothing. `model.engine.load_engine` calls it before the weights
+    load, so a typo fails at once."""
+    switch_on(ENV_SWITCH)
+    switch_on(AMX_SWITCH)
+
+
 def availability() -> tuple[bool, str]:
     """(whether the kernels are loaded and registered with XLA:CPU, one line saying how or why not). Built and
     registered on the first call in a process (`_loaded`); `GEMMA4_BENCH_CPU_KERNELS=0` is read on every call, so
-    a trace made after setting it uses XLA's product. Never raises."""
-    switch = os.environ.get(ENV_SWITCH, "1")
-    if switch.strip().lower() in ("0", "false", "off", "no"):
-        return False, f"off ({ENV_SWITCH}={switch})"
+    a trace made after setting it uses XLA's product. A library that cannot be built or loaded is a reason, not an
+    error. Raises EngineError (one line, `model.switches.switch_on`) for a value of `ENV_SWITCH` that is neither
+    on nor off, on every call, and of `AMX_SWITCH` on a call that would load the library (checked before it loads,
+    since the library reads that switch itself, once); nothing is loaded then."""
+    if not switch_on(ENV_SWITCH):
+        return False, f"off ({ENV_SWITCH}={os.environ[ENV_SWITCH]})"
     if jax.default_backend() != "cpu":
         return False, f"not a CPU backend ({jax.default_backend()})"
     library = _loaded()
@@ -165,9 +182,11 @@ def availability() -> tuple[bool, str]:
 
 @functools.cache
 def _loaded() -> KernelLibrary:
-    """The library built (`_build`), loaded and registered, once per process; what it says of its tiles."""
+    """The library built (`_build`), loaded and registered, once per process; what it says of its tiles. Raises
+    EngineError for a bad `AMX_SWITCH` before anything is built (not cached: the next call checks again)."""
     from model.builtin import cache_root  # the project's cache folder
 
+    switch_on(AMX_SWITCH)  # the library reads it itself (once, as on/off): a typo must not reach it as "on"
     try:
         lib_path, how = _build(cache_root() / "kernels")
         if lib_path is None:
@@ -208,14 +227,14 @@ def max_rows() -> int:
 
 
 def available() -> bool:
-    """Whether `matvec` and `to_float32` can run (`availability`)."""
+    """Whether `matvec` and `to_float32` can run (`availability`, whose EngineError for a bad switch it raises)."""
     return availability()[0]
 
 
 def engine_plan(platform: str, weight_dtype: str, activation_dtype: str) -> tuple[bool, str | None]:
     """Whether an engine of this policy multiplies its weights with these kernels, and the line that says how or
     why not (None where the question does not arise: not a CPU, or the weights are not bfloat16 under float32
-    activations). Builds the kernels on first use (`availability`)."""
+    activations). Builds the kernels on first use (`availability`); raises its EngineError for a bad switch."""
     if platform != "cpu" or weight_dtype != "bfloat16" or activation_dtype != "float32":
         return False, None
     ok, how = availability()
@@ -243,5 +262,6 @@ def to_float32(w: jax.Array) -> jax.Array:
     return jax.ffi.ffi_call(TARGETS["to_f32"], result, vmap_method="sequential")(w)
 
 
-__all__ = ["AMX_SWITCH", "MAX_ROWS", "MAX_ROWS_WITHOUT_TILES", "MAX_ROWS_WITH_AMX", "amx_min_rows", "availability",
-           "available", "engine_plan", "matvec", "max_rows", "tile_rows", "to_float32"]
+__all__ = ["AMX_SWITCH", "ENV_SWITCH", "MAX_ROWS", "MAX_ROWS_WITHOUT_TILES", "MAX_ROWS_WITH_AMX", "amx_min_rows",
+           "availability", "available", "check_switches", "engine_plan", "matvec", "max_rows", "tile_rows",
+           "to_float32"]

@@ -289,16 +289,17 @@ void matvec_kn_cols(const float* x, const uint16_t* w, float* y, int64_t R, int6
 #if GEMMA4_AMX
 constexpr int64_t kAmxMinRows = 16;
 
-// Whether the tile unit may run in this process: not switched off (GEMMA4_BENCH_CPU_AMX=0, false, off or no, read
-// once), and Linux (5.16+) grants the XTILEDATA state on request (arch_prctl(ARCH_REQ_XCOMP_PERM,
-// XFEATURE_XTILEDATA)); asked once.
+// Whether the tile unit may run in this process: not switched off (GEMMA4_BENCH_CPU_AMX=0, false, off or no, any
+// case, ASCII whitespace around it ignored; read once. model/kernels/cpu.py refuses any value but these and 1,
+// true, on, yes before it loads this library, stripping the same whitespace), and Linux (5.16+) grants the
+// XTILEDATA state on request (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)); asked once.
 bool amx_ready() {
   static const bool ready = [] {
     if (const char* v = std::getenv("GEMMA4_BENCH_CPU_AMX")) {
       std::string s(v);
       for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-      s.erase(0, s.find_first_not_of(" \t"));
-      s.erase(s.find_last_not_of(" \t") + 1);
+      s.erase(0, s.find_first_not_of(" \t\n\r\f\v"));
+      s.erase(s.find_last_not_of(" \t\n\r\f\v") + 1);
       if (s == "0" || s == "false" || s == "off" || s == "no") return false;
     }
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
