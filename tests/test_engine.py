@@ -145,7 +145,7 @@ def test_generation_is_exactly_max_new_tokens_and_timed(params):
     assert gen.prefill_ms > 0 and all(s > 0 for s in gen.step_ms)
 
 
-def test_the_host_loop_dispatches_the_next_step_before_it_reads_a_token(params, monkeypatch):
+def test_the_host_loop_dispatches_steps_ahead_before_it_reads_a_token(params, monkeypatch):
     import model.engine as engine_module
 
     engine = Engine(params, CFG, decide_policy("float32"), buckets=(16,))
@@ -157,14 +157,51 @@ def test_the_host_loop_dispatches_the_next_step_before_it_reads_a_token(params, 
         return real(*args, **kwargs)
 
     monkeypatch.setattr(engine_module, "_decode_program", counted)
+    ahead = engine_module.HOST_LOOP_AHEAD
+    assert ahead == 2
     gen = engine.generate([2, 3, 4], 9, on_token=lambda t: events.append("token") and None)
     assert gen.token_ids == plain and len(gen.step_ms) == 8
-    # prefill gives token 1; step 2 is dispatched before token 1 is read, step n + 1 before token n, none past 9
-    assert events == ["token", "dispatch", "dispatch", "token", *["dispatch", "token"] * 6, "token"]
+    # prefill gives token 1; steps 2 .. 1 + ahead are dispatched before token 2 is read, step n + ahead before
+    # token n, none past 9
+    assert events == ["token", *["dispatch"] * ahead, *["dispatch", "token"] * (8 - ahead), *["token"] * ahead]
     events.clear()
     stopped = engine.generate([2, 3, 4], 9, on_token=lambda t: (events.append("token"), events.count("token") == 4)[1])
     assert stopped.token_ids == plain[:4]
-    assert events.count("dispatch") == 4  # 3 steps gave tokens 2-4; the 4th was dispatched ahead, then not read
+    assert events.count("dispatch") == 3 + ahead  # 3 steps gave tokens 2-4; `ahead` more were dispatched, not read
+
+
+class _Token:
+    """A stand-in for a step's token array: records when its copy to the host was begun."""
+
+    def __init__(self, n: int, log: list):
+        self.n, self.log = n, log
+
+    def copy_to_host_async(self) -> None:
+        self.log.append(("copy", self.n))
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 7])
+@pytest.mark.parametrize("ahead", [1, 2, 3])
+def test_dispatched_ahead_keeps_that_many_steps_in_flight_and_begins_each_copy_at_dispatch(monkeypatch, steps, ahead):
+    import model.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "HOST_LOOP_AHEAD", ahead)
+    log: list = []
+
+    def step(cache, token):
+        n = cache + 1  # the "cache" counts the steps run; each step's input is the previous step's token
+        assert token.n == cache
+        log.append(("dispatch", n))
+        return _Token(n, log), n
+
+    read = []
+    for token in engine_module._dispatched_ahead(step, 0, _Token(0, log), steps):
+        dispatched = [n for what, n in log if what == "dispatch"]
+        assert ("copy", token.n) in log and log.index(("copy", token.n)) == log.index(("dispatch", token.n)) + 1
+        assert len(dispatched) == min(token.n + ahead, steps)  # `ahead` past the one read, never past the last
+        read.append(token.n)
+    assert read == list(range(1, steps + 1))
+    assert [n for what, n in log if what == "dispatch"] == list(range(1, steps + 1))
 
 
 def test_prompt_longer_than_the_largest_bucket_is_a_clear_error(params):
