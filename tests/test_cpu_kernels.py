@@ -315,9 +315,9 @@ def test_a_damaged_cached_library_is_rebuilt_not_loaded(built, tmp_path):
 def test_cxx_may_carry_arguments_and_the_switch_takes_the_usual_words(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", "env c++")  # a launcher before the compiler, as `ccache g++`
     assert cpu._compiler()[1:] == ["c++"]
-    for word in ("0", "false", "OFF", "no"):
+    for word in ("0", "false", "OFF", "no", " off\t", "\nNo "):  # the reason shows the word without its spaces
         monkeypatch.setenv(cpu.ENV_SWITCH, word)
-        assert cpu.availability() == (False, f"off ({cpu.ENV_SWITCH}={word})")
+        assert cpu.availability() == (False, f"off ({cpu.ENV_SWITCH}={word.strip()})")
 
 
 def test_the_kernel_switch_on_words_load_the_kernels_and_other_values_are_refused(built, monkeypatch):
@@ -344,14 +344,14 @@ def test_a_bad_amx_switch_is_refused_before_the_library_loads(monkeypatch):
     monkeypatch.setattr(cpu, "_build", build)
     for bad in ("of", "0ff", "none"):
         monkeypatch.setenv(cpu.AMX_SWITCH, bad)
-        for refused in (cpu._loaded.__wrapped__, cpu.check_switches):
+        for refused in (cpu._load, cpu.check_switches):
             with pytest.raises(EngineError, match=f"^{cpu.AMX_SWITCH}={bad!r}: expected 1/true/on/yes or 0/false"):
                 refused()
     for word in ("0", " Off ", "1", "YES"):  # on and off pass the check and reach the build
         monkeypatch.setenv(cpu.AMX_SWITCH, word)
         cpu.check_switches()
         with pytest.raises(AssertionError, match="built despite"):
-            cpu._loaded.__wrapped__()
+            cpu._load()
 
 
 def test_a_bad_switch_is_one_line_and_exit_2_from_the_cli(tmp_path):
@@ -365,3 +365,29 @@ def test_a_bad_switch_is_one_line_and_exit_2_from_the_cli(tmp_path):
     proc = run_cli(args, env=env)
     assert_one_line_error(proc, f"{cpu.AMX_SWITCH}='of'", "expected 1/true/on/yes or 0/false/off/no")
     assert not (tmp_path / "cache" / "kernels").exists() and not (tmp_path / "runs").exists()
+
+
+def test_the_library_loads_once_however_many_threads_ask_at_once(monkeypatch):
+    """`_loaded` runs `_load` once per process and hands every caller the same record; `_library` sees nothing
+    before it and that record after (it loads nothing itself)."""
+    import threading
+    import time
+
+    calls = []
+
+    def load():
+        calls.append(threading.get_ident())
+        time.sleep(0.05)  # long enough for the other threads to arrive while it runs
+        return cpu.KernelLibrary(loaded=False, how="stand-in")
+
+    monkeypatch.setattr(cpu, "_LIBRARY", None)
+    monkeypatch.setattr(cpu, "_load", load)
+    assert cpu._library() is cpu._NOT_LOADED and not calls
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(cpu._loaded())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(got) == 8 and all(g is got[0] for g in got) and got[0].how == "stand-in"
+    assert cpu._library() is got[0]

@@ -727,3 +727,16 @@ def test_a_bad_weight_dtype_is_one_line_before_the_port_opens():
         taken.listen()
         proc = run_cli(["serve", "--port", str(taken.getsockname()[1]), "--weight-dtype", "int3"], timeout=120)
     assert_one_line_error(proc, "--weight-dtype int3", "unknown dtype", "bfloat16")
+
+
+@pytest.mark.parametrize("switch", ["GEMMA4_BENCH_XLA_CPU_OPTIONS", "GEMMA4_BENCH_CPU_KERNELS", "GEMMA4_BENCH_CPU_AMX"])
+def test_a_bad_engine_switch_is_one_line_before_the_port_opens(switch):
+    """The engine would refuse the value only when it loads, after the port has opened: `bench serve` refuses it
+    first, in one line, and exits 2 with the port never bound (a port in use would otherwise be the error)."""
+    from conftest import assert_one_line_error, run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = run_cli(["serve", "--port", str(taken.getsockname()[1])], env={switch: "of"}, timeout=120)
+    assert_one_line_error(proc, f"{switch}='of'", "expected 1/true/on/yes or 0/false/off/no")

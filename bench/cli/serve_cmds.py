@@ -46,7 +46,9 @@ def _is_loopback(host: str) -> bool:
 def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_length: int | None, buckets: str | None,
                    max_body_bytes: int, api_key: str | None, max_batch: int = 1, max_queue: int = 0,
                    request_deadline: float | None = None, weight_dtype: str | None = None) -> None:  # fmt: skip
-    """Refuse bad `bench serve` options before the port opens. Raises InputError (or the checkpoint's error)."""
+    """Refuse bad `bench serve` options before the port opens. Raises InputError, the checkpoint's error, or
+    EngineError for an engine switch (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_KERNELS, GEMMA4_BENCH_CPU_AMX)
+    that is neither on nor off."""
     import math
 
     if not 0 < port < 65536:
@@ -74,6 +76,12 @@ def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_len
         from model.checkpoint import resolve_checkpoint
 
         resolve_checkpoint(checkpoint)  # a bad path or repo id fails here, before the port opens
+    from model.kernels.cpu import check_switches
+    from model.programs import ENV_SWITCH as XLA_SWITCH
+    from model.switches import switch_on
+
+    switch_on(XLA_SWITCH)  # the engine's on/off switches: a typo fails here, not after the port has opened
+    check_switches()
 
 
 def exposure_warning(host: str, api_key: str | None) -> str | None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
 import hashlib
 import os
 import platform
@@ -44,12 +43,13 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from model.switches import switch_on
+from model.switches import SPACE, switch_on
 
 SOURCE = Path(__file__).with_name("cpu_bf16.cc")
 TARGETS = {"matvec_nk": "gemma4_bf16_matvec_nk", "matvec_kn": "gemma4_bf16_matvec_kn", "to_f32": "gemma4_bf16_to_f32"}
@@ -173,17 +173,31 @@ def availability() -> tuple[bool, str]:
     on nor off, on every call, and of `AMX_SWITCH` on a call that would load the library (checked before it loads,
     since the library reads that switch itself, once); nothing is loaded then."""
     if not switch_on(ENV_SWITCH):
-        return False, f"off ({ENV_SWITCH}={os.environ[ENV_SWITCH]})"
+        return False, f"off ({ENV_SWITCH}={os.environ[ENV_SWITCH].strip(SPACE)})"
     if jax.default_backend() != "cpu":
         return False, f"not a CPU backend ({jax.default_backend()})"
     library = _loaded()
     return library.loaded, library.how
 
 
-@functools.cache
+_LIBRARY: KernelLibrary | None = None
+"""`_load`'s record once it has returned in this process (`_loaded`); None before."""
+_LIBRARY_LOCK = threading.Lock()
+
+
 def _loaded() -> KernelLibrary:
-    """The library built (`_build`), loaded and registered, once per process; what it says of its tiles. Raises
-    EngineError for a bad `AMX_SWITCH` before anything is built (not cached: the next call checks again)."""
+    """The library built, loaded and registered (`_load`), once per process, however many threads ask at once.
+    Raises EngineError for a bad `AMX_SWITCH` (`_load`; nothing is recorded, so the next call checks again)."""
+    global _LIBRARY
+    with _LIBRARY_LOCK:
+        if _LIBRARY is None:
+            _LIBRARY = _load()
+        return _LIBRARY
+
+
+def _load() -> KernelLibrary:
+    """Build (`_build`), load and register the library; what it says of its tiles. Raises EngineError for a bad
+    `AMX_SWITCH` before anything is built."""
     from model.builtin import cache_root  # the project's cache folder
 
     switch_on(AMX_SWITCH)  # the library reads it itself (once, as on/off): a typo must not reach it as "on"
@@ -202,7 +216,7 @@ def _loaded() -> KernelLibrary:
 
 def _library() -> KernelLibrary:
     """`_loaded()`'s record where it has run in this process, else `_NOT_LOADED` (this builds and loads nothing)."""
-    return _loaded() if _loaded.cache_info().currsize else _NOT_LOADED
+    return _LIBRARY or _NOT_LOADED
 
 
 def tile_rows() -> int:
