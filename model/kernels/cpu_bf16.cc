@@ -362,7 +362,7 @@ void split3(const float* x, uint16_t* parts, int64_t R, int64_t Rp, int64_t K, i
 
 // parts [3][Rp][K] -> pairs [3][Rp/16][K/2][16] (uint32: a pair of bfloat16 at 2kk, 2kk+1 of one row): the B tiles
 // of the output-major product, 16 activation rows as its 16 columns.
-void pairs_by_row(const uint16_t* parts, uint32_t* pairs, int64_t Rp, int64_t K, int64_t b0, int64_t b1) {
+void pairs_by_row(const uint16_t* parts, uint32_t* pairs, int64_t K, int64_t b0, int64_t b1) {
   const int64_t half = K / 2;
   const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                           _mm512_set1_epi32(int(half)));
@@ -521,13 +521,15 @@ bool amx_product(ffi::ThreadPool& pool, const float* x, const uint16_t* w, float
   const int64_t per = kOutputMajor ? std::max<int64_t>(1, std::min<int64_t>(kChunkBytes / (64 * K), per_thread))
                                    : per_thread;
   const int64_t chunks = (panels + per - 1) / per;
+  // Input-major: one span buffer per chunk, for the whole call (`amx_kn` writes each panel whole before reading it).
+  const auto packed = scratch<uint16_t>(kOutputMajor ? 0 : chunks * kSpan * K * 32);
   for (int64_t r0 = 0; r0 < R; r0 += kAmxRowBlock) {
     const int64_t rows = std::min(kAmxRowBlock, R - r0), Rp = (rows + 31) / 32 * 32;
     const float* xb = x + r0 * K;
     float* yb = y + r0 * N;
     parallel(pool, Rp / 16, [&](int64_t i) { split3(xb, parts.get(), rows, Rp, K, i * 16, i * 16 + 16); });
     if (kOutputMajor)
-      parallel(pool, 3 * Rp / 16, [&](int64_t b) { pairs_by_row(parts.get(), pairs.get(), Rp, K, b, b + 1); });
+      parallel(pool, 3 * Rp / 16, [&](int64_t b) { pairs_by_row(parts.get(), pairs.get(), K, b, b + 1); });
     const bool with_rest = r0 == 0 && N32 < N;  // the leftover columns of all rows, once, beside the first block
     parallel(pool, chunks + (with_rest ? 1 : 0), [&](int64_t i) {
       if (i == chunks) return rest(N32, N);
@@ -535,8 +537,7 @@ bool amx_product(ffi::ThreadPool& pool, const float* x, const uint16_t* w, float
       if (kOutputMajor) {
         amx_nk(pairs.get(), w, yb, rows, Rp, K, N, n0, n1);
       } else {
-        const auto packed = scratch<uint16_t>(kSpan * K * 32);  // `amx_kn` writes each panel whole before reading it
-        amx_kn(parts.get(), w, yb, packed.get(), rows, Rp, K, N, n0, n1);
+        amx_kn(parts.get(), w, yb, packed.get() + i * kSpan * K * 32, rows, Rp, K, N, n0, n1);
       }
     });
   }
