@@ -145,6 +145,7 @@ def test_interrupted_sweep_keeps_finished_cells_and_resumes(env, tmp_path):
     done = run.finished_inputs()
     assert 1 <= len(done) < 4 and run.status == "incomplete"
     assert validate_run(cells.parent) == []
+    assert "copy_bandwidth_end" not in run.manifest["rates"]  # a stopped sweep stops: no probe after its last cell
     changed = run_cli(["sweep", "--max-new-tokens", "16", "--resume", str(cells.parent)], env=env)
     assert_one_line_error(changed, "--max-new-tokens 16 differs", "24")
     # Flags not given are the run's own (inputs, max_new_tokens, repeats and the checkpoint).
@@ -152,6 +153,8 @@ def test_interrupted_sweep_keeps_finished_cells_and_resumes(env, tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     run = open_run(cells.parent)
     assert run.status == "complete" and sorted(run.finished_inputs()) == [20, 41, 70, 100]
+    assert run.manifest["rates"]["copy_bandwidth_end"]["bytes_per_s"] > 0  # the resumed sweep's end, beside the start
+    assert "device copy bandwidth after the last cell" in (cells.parent / "run.log").read_text()
     assert [c.input_tokens for c in run.cells()][: len(done)] == done  # the earlier cells kept as they were
 
 

@@ -19,7 +19,7 @@ from bench.cli.sweep_cmds import sweep_table
 from bench.report import build_report
 from bench.runs import failed_cell, open_run, summarize_cell
 from bench.runs.columns import ROOFLINE_COLUMNS, TABLE_COLUMNS, table_columns
-from bench.sweep.rates import RATES_KEY, DeviceRates, rates_of, with_rooflines
+from bench.sweep.rates import END_KEY, RATES_KEY, DeviceRates, drift_lines, drift_pct, rates_of, with_rooflines
 from model.config import TINY
 from model.flops import prefill_chunk, prefill_flops
 
@@ -46,6 +46,9 @@ def test_an_in_process_sweep_records_its_rates_and_every_row_its_rooflines(tiny_
     assert rates is not None and rates.bandwidth_bytes_s == bw["bytes_per_s"] and rates.matmul_flop_s == mm["flop_s"]
     assert rates.read_bandwidth_bytes_s == read["bytes_per_s"]
     assert rates.line in (folder / "run.log").read_text()  # printed once, before the first cell
+    end = manifest[RATES_KEY][END_KEY]  # measured again after the last cell, as the start's
+    assert end["bytes_per_s"] == pytest.approx(end["bytes_moved"] / end["median_s"]) and end["n_bytes"] == bw["n_bytes"]
+    assert drift_lines(bw["bytes_per_s"], end["bytes_per_s"])[0] in (folder / "run.log").read_text()
     assert "GiB/s" in rates.line and "GFLOP/s" in rates.line and "read-only bandwidth" in rates.line
     cells = open_run(folder).cells()
     for c in cells:
@@ -74,6 +77,19 @@ def test_the_arithmetic_and_its_gaps():
     failed = failed_cell(41, "out of memory")
     assert with_rooflines(failed, bytes_per_step=100, prefill_flops=10, rates=RATES) == failed
     assert rates_of({}) is None and rates_of({RATES_KEY: {"copy_bandwidth": {"bytes_per_s": 0}}}) is None
+
+
+def test_the_drift_after_the_last_cell_is_one_line_and_a_warning_past_ten_percent():
+    gib = 2.0**30
+    assert drift_pct(20 * gib, 22 * gib) == pytest.approx(10.0) and drift_pct(20 * gib, 17 * gib) == pytest.approx(-15.0)
+    line, warning = drift_lines(20 * gib, 22 * gib)  # 10%: said, not warned
+    assert line == ("device copy bandwidth after the last cell: 22.00 GiB/s, +10.0% against the 20.00 GiB/s the "
+                    "roofline shares are divided by") and warning is None
+    for end, said in ((22.1, "+10.5%"), (17.0, "-15.0%")):
+        line, warning = drift_lines(20 * gib, end * gib)
+        assert said in line and warning is not None and warning.startswith(f"warning: the copy bandwidth moved {said}")
+    with pytest.raises(ValueError, match="expected bytes/s > 0"):
+        drift_pct(0.0, 1.0)
 
 
 def test_measure_rates_records_the_read_bandwidth_beside_the_copy(monkeypatch):

@@ -434,7 +434,27 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
         run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)),
                   skip=run.finished_cells() if config.batches else run.finished_inputs(), should_stop=stop,
                   prompts=prompts, rates=rates, batch_prompts=batch_prompts)  # fmt: skip
+        if not stop():
+            _end_bandwidth(run, rates, log)
     _print_table(run, log)
+
+
+def _end_bandwidth(run, rates, log) -> None:
+    """The copy bandwidth measured again after the last cell (`bench.profile.bandwidth.measure_bandwidth`, as at the
+    start): recorded under the manifest's `RATES_KEY` as `bench.sweep.rates.END_KEY`, its line logged and in
+    run.log, with a warning where it moved more than `DRIFT_WARN_PCT` from the start's (`drift_lines`)."""
+    from bench.profile.bandwidth import measure_bandwidth
+    from bench.sweep.rates import END_KEY, drift_lines
+
+    end = measure_bandwidth()
+    recorded = run.manifest.get(RATES_KEY) or dict(rates.measured)
+    run.update_manifest(**{RATES_KEY: {**recorded, END_KEY: end.to_json()}})
+    line, warning = drift_lines(rates.bandwidth_bytes_s, end.bytes_per_s)
+    log.info(line)
+    run.log(line)
+    if warning is not None:
+        log.warning(warning)
+        run.log(warning)
 
 
 def _sweep_rates(engine, resumed, log):

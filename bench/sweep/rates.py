@@ -19,6 +19,11 @@ Each measured cell row then gets (`with_rooflines`, fields of `bench.runs.CellRo
   prefill_flops / median prefill time, `prefill_matmul_share_pct` = prefill_flop_s / matmul rate x 100.
 `--target` sweeps measure no rates: the server's device is not this process's.
 
+After its last cell an in-process sweep that was not stopped measures the copy bandwidth again and records it
+under `RATES_KEY` as `END_KEY` (`drift_lines`): how far the host moved while the cells ran. The shares stay against
+the start's measurement (one denominator per run); the end one says how much of a difference between cells of one
+run the host's drift alone could make.
+
 A batch cell (`CellRow.batch` B, `bench sweep --batch`; measurement.md "Batches"): bytes_per_step =
 `Engine.decode_bytes(n, max_new_tokens, batch=B)["total"]` (the weights once plus every row's KV cache), the shares
 from the per-sequence gauge (one step per token of every row: bytes per step x steps per second), prefill_flops
@@ -77,6 +82,37 @@ def measure_rates(compute_dtype: str, *, device=None) -> DeviceRates:
                        read_bandwidth_bytes_s=read.bytes_per_s,
                        measured={"copy_bandwidth": bw.to_json(), "read_bandwidth": read.to_json(),
                                  "matmul": mm.to_json()})  # fmt: skip
+
+
+END_KEY = "copy_bandwidth_end"
+"""The key, under the manifest's `RATES_KEY`, of the copy bandwidth measured again after a sweep's last cell
+(`BandwidthResult.to_json()`); absent from runs recorded before it, and from stopped or failed sweeps."""
+
+DRIFT_WARN_PCT = 10.0
+"""A sweep warns when its copy bandwidth at the end differs from the start's by more than this (percent). On the
+2-core Xeon this project was built on, the copy measured 18.8-22.0 GiB/s at the starts of set 9's sweeps within
+about an hour (README, set 9), and the changes such sets compared were 5-10%."""
+
+
+def drift_pct(start_bytes_s: float, end_bytes_s: float) -> float:
+    """How far the copy bandwidth moved during a sweep, percent of the start's: (end - start) / start x 100.
+    Raises ValueError for a start that is not a positive number."""
+    if not start_bytes_s > 0:
+        raise ValueError(f"start bandwidth {start_bytes_s!r}: expected bytes/s > 0")
+    return 100.0 * (end_bytes_s - start_bytes_s) / start_bytes_s
+
+
+def drift_lines(start_bytes_s: float, end_bytes_s: float) -> tuple[str, str | None]:
+    """(the run.log line of the copy bandwidth measured after the last cell against the start's, in GiB/s and
+    `drift_pct`; a warning line when the drift exceeds `DRIFT_WARN_PCT` either way, else None). Bytes/s in."""
+    drift = drift_pct(start_bytes_s, end_bytes_s)
+    line = (f"device copy bandwidth after the last cell: {end_bytes_s / 2**30:,.2f} GiB/s, {drift:+.1f}% against the "
+            f"{start_bytes_s / 2**30:,.2f} GiB/s the roofline shares are divided by")  # fmt: skip
+    if abs(drift) <= DRIFT_WARN_PCT:
+        return line, None
+    return line, (f"warning: the copy bandwidth moved {drift:+.1f}% while the cells ran: this host drifted, so cells "
+                  "of this run and runs of another hour differ by that much with nothing changed; compare builds "
+                  "paired in one session, as ratios (measurement.md, Comparisons)")  # fmt: skip
 
 
 def rates_of(extra: Mapping[str, Any]) -> DeviceRates | None:
