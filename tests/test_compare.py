@@ -30,6 +30,20 @@ def _pair(tmp_path: Path, *, cand_gauge: float = 20.0, cand_ids=None, **cand_kwa
 
 
 # ---- the library ---------------------------------------------------------------------------------------------------
+def test_each_hosts_copy_bandwidth_is_a_note_never_a_threshold(tmp_path: Path) -> None:
+    base, cand = _pair(tmp_path)
+    assert not any("copy bandwidth" in n for n in compare_runs(base.path, cand.path).notes)  # neither measured one
+    gib = 2**30
+    base.update_manifest(rates={"copy_bandwidth": {"bytes_per_s": 18.75 * gib}})  # a run from before the end probe
+    assert not any("copy bandwidth" in n for n in compare_runs(base.path, cand.path).notes)  # one side only
+    cand.update_manifest(rates={"copy_bandwidth": {"bytes_per_s": 22.5 * gib},
+                                "copy_bandwidth_end": {"bytes_per_s": 20.25 * gib}})  # fmt: skip
+    result = compare_runs(base.path, cand.path)
+    assert ("host copy bandwidth (GiB/s, before the first cell -> after the last): baseline 18.75, candidate 22.50 "
+            "-> 20.25; the candidate's start is +20.0% against the baseline's") in result.notes
+    assert result.passed and result.failures == []
+
+
 def test_identical_runs_pass(tmp_path: Path) -> None:
     base, cand = _pair(tmp_path)
     result = compare_runs(base.path, cand.path, require_same_tokens=True)

@@ -48,6 +48,7 @@ from typing import Any
 
 from bench.runs import CellRow, LoadRow, Manifest, RunFolder, Sample, cell_key, open_complete_run
 from bench.runs.logits import read_logits
+from bench.runs.manifest import copy_bandwidths_of
 
 SINGLE_VARIABLE_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("build id", ("build_id",)),
@@ -447,6 +448,8 @@ def compare_runs(
             elif t.status == "unknown":
                 failures.append(f"{t.input_tokens} input tokens: token agreement cannot be checked ({t.note})")
     levels = _level_deltas(base, cand, max_slowdown_pct, failures, notes)
+    if (host := _bandwidth_note(base.manifest, cand.manifest)) is not None:
+        notes.append(host)
     same, _ = single_variable(base.manifest, cand.manifest)
     variable = quant_variable(base.typed_manifest, cand.typed_manifest)
     return Comparison(
@@ -455,6 +458,23 @@ def compare_runs(
         failures=failures, notes=notes, partial=partial, variable=variable, logits=_logit_agreement(base, cand, shared),
         levels=levels,
     )  # fmt: skip
+
+
+def _bandwidth_note(base: dict, cand: dict) -> str | None:
+    """The note on the two hosts' memory: each run's copy bandwidth (GiB/s) before its first cell and, where it was
+    measured, after its last (`bench.runs.manifest.copy_bandwidths_of`), and the candidate's start against the
+    baseline's in percent. None unless both runs measured a start (in-process sweeps). A fact, never a threshold:
+    it says how much of a speed difference the host alone may account for (measurement.md, Comparisons)."""
+    (b0, b1), (c0, c1) = copy_bandwidths_of(base), copy_bandwidths_of(cand)
+    if b0 is None or c0 is None:
+        return None
+
+    def span(start: float, end: float | None) -> str:
+        return f"{start / 2**30:,.2f}" + ("" if end is None else f" -> {end / 2**30:,.2f}")
+
+    return (f"host copy bandwidth (GiB/s, before the first cell -> after the last): baseline {span(b0, b1)}, "
+            f"candidate {span(c0, c1)}; the candidate's start is {100 * (c0 - b0) / b0:+.1f}% against the "
+            "baseline's")  # fmt: skip
 
 
 def _level_deltas(base: RunFolder, cand: RunFolder, max_slowdown_pct: float, failures: list[str],

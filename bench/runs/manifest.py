@@ -365,6 +365,22 @@ def read_bandwidth_of(manifest: Mapping[str, Any]) -> float | None:
     return read if read > 0 else None
 
 
+def copy_bandwidths_of(manifest: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(the copy bandwidth a sweep measured before its first cell, the one it measured after its last), bytes/s,
+    from a manifest's top-level keys: `RATES_KEY` -> `copy_bandwidth` / `copy_bandwidth_end` -> `bytes_per_s`
+    (`bench.sweep.rates`). Each None where the run has none (a `--target` sweep, a published run, a stopped sweep's
+    end, a run recorded before the end was measured) or it is not a positive number."""
+
+    def one(key: str) -> float | None:
+        try:
+            value = float(manifest[RATES_KEY][key]["bytes_per_s"])
+        except (TypeError, KeyError, ValueError):
+            return None
+        return value if value > 0 else None
+
+    return one("copy_bandwidth"), one("copy_bandwidth_end")
+
+
 # ---- the one build id and the one builder ---------------------------------------------------------------------
 DENSE_BUILD_ID_KEY = "dense_build_id"
 """The manifest key of `Manifest.dense_build_id`: the build id of the same payload unquantized."""
