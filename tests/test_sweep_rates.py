@@ -152,6 +152,12 @@ def test_rows_without_rooflines_print_as_before_and_rows_with_them_show_them(tmp
     assert f"| 41 | 1,234,567 | {share} |" in rooflines  # no device-loop column: no cell has one
     rows_csv = (tmp_path / "out" / "rows.csv").read_text()
     assert "bytes_per_step" in rows_csv.splitlines()[0] and "1234567" in rows_csv
+    assert "after the last" not in rooflines  # the run recorded no copy bandwidth after its last cell
+    new.update_manifest(rates={"copy_bandwidth": {"bytes_per_s": 20 * 2**30},
+                               "copy_bandwidth_end": {"bytes_per_s": 17 * 2**30}})  # fmt: skip
+    md = build_report([new.path], tmp_path / "out-end", runs_dir=runs).markdown.read_text()
+    assert ("copy bandwidth 20.00 GiB/s before the first cell (the shares' denominator), 17.00 GiB/s after the last "
+            "(-15.0%): how far this host drifted while the cells ran.") in md.split("**rooflines: ")[1]
     old_md = build_report([old.path], tmp_path / "out-old", runs_dir=runs).markdown.read_text()
     assert "rooflines: " not in old_md  # an archived run's report is what it was
     assert "bytes_per_step" not in (tmp_path / "out-old" / "rows.csv").read_text()

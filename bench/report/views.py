@@ -35,7 +35,7 @@ from typing import Any
 from bench.report.groups import Group
 from bench.report.rows import RowColumn, columns
 from bench.report.tables import rate_text, sweep_report_table
-from bench.runs import read_bandwidth_of
+from bench.runs import copy_bandwidths_of, read_bandwidth_of
 from bench.runs.columns import (
     AGGREGATE,
     BATCH,
@@ -152,8 +152,9 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
     """The rooflines (measurement.md, "Rooflines"; bench/runs/records.py `CellRow`) of those of `views` whose cells
     have them, one run per table: bytes per decode step, the bandwidth roofline share of each loop's gauge, the
     prefill's GFLOP/s and its share of the measured matrix-product rate, each column where a cell has it, a share
-    above 100% explained under it (`bench.runs.columns.table_notes`). [] when no run has them (runs measured
-    before the sweep measured its rates)."""
+    above 100% explained under it (`bench.runs.columns.table_notes`), and the run's copy bandwidth before its first
+    cell and after its last where it measured both (`bench.runs.copy_bandwidths_of`). [] when no run has them
+    (runs measured before the sweep measured its rates)."""
     wanted = (BYTES_PER_STEP, ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_GFLOP_S, PREFILL_MATMUL_SHARE)
     out = []
     for v in views:
@@ -166,6 +167,11 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
                  "prefill FLOP / median prefill time / the run's measured matrix-product rate (same session)."]
         notes += [n.removeprefix("note: ") for n in table_notes(cols, [v.cells[s] for s in sizes],
                                                                 read_bandwidth_bytes_s=read_bandwidth_of(v.m))]
+        start, end = copy_bandwidths_of(v.m)
+        if start is not None and end is not None:  # measured again after the last cell (bench.sweep.rates)
+            notes.append(f"copy bandwidth {start / 2**30:,.2f} GiB/s before the first cell (the shares' denominator), "
+                         f"{end / 2**30:,.2f} GiB/s after the last ({100 * (end - start) / start:+.1f}%): how far this "
+                         "host drifted while the cells ran.")  # fmt: skip
         out.append(Table(title=f"rooflines: {v.label}", header=["input tokens", *(c.header for c in cols)],
                          rows=rows, notes=notes, kind="rooflines"))  # fmt: skip
     return out

@@ -14,7 +14,8 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
 - `Manifest` and its parts (`PeerEngine`: another engine measured as a peer), `build_manifest` (the one
   builder), `payload_build_id` (the one build id), `engine_config_of`, `policy_facts`, `checkpoint_facts`,
   `checkpoint_id`, `checkpoint_source`, `portable_dir`, `local_dir`, `RATES_KEY` (a sweep's measured rates) and
-  `read_bandwidth_of` (its read-only bandwidth, None for older runs)  (bench.runs.manifest)
+  `read_bandwidth_of` (its read-only bandwidth, None for older runs), `copy_bandwidths_of` (its copy bandwidth
+  before the first cell and after the last)  (bench.runs.manifest)
 - environment facts and the raw build id hash                         (bench.runs.environment)
 - the sweep cell's columns and the one number format, for every printer (bench.runs.columns)
 """
@@ -56,6 +57,7 @@ from bench.runs.manifest import (
     checkpoint_facts,
     checkpoint_id,
     checkpoint_source,
+    copy_bandwidths_of,
     engine_config_of,
     local_dir,
     payload_build_id,
@@ -109,7 +111,8 @@ __all__ = [
     "failed_level", "summarize_level",
     "CheckpointFacts", "CompileCacheFacts", "EngineConfig", "GitState", "Manifest", "PeerEngine", "Provenance",
     "TargetFacts",
-    "Workload", "build_manifest", "checkpoint_facts", "checkpoint_id", "checkpoint_source", "engine_config_of",
+    "Workload", "build_manifest", "checkpoint_facts", "checkpoint_id", "checkpoint_source", "copy_bandwidths_of",
+    "engine_config_of",
     "local_dir", "payload_build_id", "policy_facts", "portable_dir", "RATES_KEY", "read_bandwidth_of",
     "CELLS_CSV", "CELLS_JSONL", "LOAD_JSONL", "LOAD_SAMPLES", "LOG", "MANIFEST", "MANIFEST_FIELDS", "PROFILE", "PROFILE_SCHEMA_VERSION",
     "PROVENANCES", "READABLE_VERSIONS", "SAMPLES", "SCHEMA_VERSION", "STATUSES", "RunFiles", "manifest_problems",
