@@ -23,6 +23,10 @@ vocabulary entries, and whether their argmax (the first greedy token) agrees. Ov
 figure per cell (input size); nothing is pooled. A run without logits says "no logits recorded", never fails; these
 figures are shown, never a threshold.
 
+Where both runs measured their host's copy bandwidth (in-process sweeps, `bench.runs.copy_bandwidths_of`), a note
+gives each one's before its first cell and after its last, and the candidate's start against the baseline's: how
+much of a speed difference the host alone may account for. Shown, never a threshold.
+
 The device decode loop's figures (`--decode-loop device|both`) are compared where both runs have them
 (`CellDelta.device_gauge_delta_pct`, each side's host overhead per step): shown, never a threshold, so a run
 without them compares as it always did.
@@ -46,9 +50,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from bench.runs import CellRow, LoadRow, Manifest, RunFolder, Sample, cell_key, open_complete_run
+from bench.runs import CellRow, LoadRow, Manifest, RunFolder, Sample, cell_key, copy_bandwidths_of, open_complete_run
 from bench.runs.logits import read_logits
-from bench.runs.manifest import copy_bandwidths_of
 
 SINGLE_VARIABLE_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("build id", ("build_id",)),

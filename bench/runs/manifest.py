@@ -365,9 +365,14 @@ def read_bandwidth_of(manifest: Mapping[str, Any]) -> float | None:
     return read if read > 0 else None
 
 
+COPY_END_KEY = "copy_bandwidth_end"
+"""The key, under `RATES_KEY`, of the copy bandwidth an in-process sweep measured again after its last cell
+(`bench.sweep.rates.END_KEY`); absent from runs recorded before it, and from stopped or failed sweeps."""
+
+
 def copy_bandwidths_of(manifest: Mapping[str, Any]) -> tuple[float | None, float | None]:
     """(the copy bandwidth a sweep measured before its first cell, the one it measured after its last), bytes/s,
-    from a manifest's top-level keys: `RATES_KEY` -> `copy_bandwidth` / `copy_bandwidth_end` -> `bytes_per_s`
+    from a manifest's top-level keys: `RATES_KEY` -> `copy_bandwidth` / `COPY_END_KEY` -> `bytes_per_s`
     (`bench.sweep.rates`). Each None where the run has none (a `--target` sweep, a published run, a stopped sweep's
     end, a run recorded before the end was measured) or it is not a positive number."""
 
@@ -378,7 +383,7 @@ def copy_bandwidths_of(manifest: Mapping[str, Any]) -> tuple[float | None, float
             return None
         return value if value > 0 else None
 
-    return one("copy_bandwidth"), one("copy_bandwidth_end")
+    return one("copy_bandwidth"), one(COPY_END_KEY)
 
 
 # ---- the one build id and the one builder ---------------------------------------------------------------------

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.profile.roofline import roofline_share
-from bench.runs.manifest import RATES_KEY, read_bandwidth_of
+from bench.runs.manifest import COPY_END_KEY, RATES_KEY, read_bandwidth_of
 from bench.runs.records import CellRow
 
 
@@ -84,9 +84,9 @@ def measure_rates(compute_dtype: str, *, device=None) -> DeviceRates:
                                  "matmul": mm.to_json()})  # fmt: skip
 
 
-END_KEY = "copy_bandwidth_end"
+END_KEY = COPY_END_KEY
 """The key, under the manifest's `RATES_KEY`, of the copy bandwidth measured again after a sweep's last cell
-(`BandwidthResult.to_json()`); absent from runs recorded before it, and from stopped or failed sweeps."""
+(`BandwidthResult.to_json()`; `bench.runs.manifest.COPY_END_KEY`, which the report and `bench compare` read)."""
 
 DRIFT_WARN_PCT = 10.0
 """A sweep warns when its copy bandwidth at the end differs from the start's by more than this (percent). On the
