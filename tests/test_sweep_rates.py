@@ -19,7 +19,8 @@ from bench.cli.sweep_cmds import sweep_table
 from bench.report import build_report
 from bench.runs import failed_cell, open_run, summarize_cell
 from bench.runs.columns import ROOFLINE_COLUMNS, TABLE_COLUMNS, table_columns
-from bench.sweep.rates import END_KEY, RATES_KEY, DeviceRates, drift_lines, drift_pct, rates_of, with_rooflines
+from bench.runs.manifest import COPY_END_KEY, drift_pct
+from bench.sweep.rates import RATES_KEY, DeviceRates, drift_lines, rates_of, with_rooflines
 from model.config import TINY
 from model.flops import prefill_chunk, prefill_flops
 
@@ -46,7 +47,7 @@ def test_an_in_process_sweep_records_its_rates_and_every_row_its_rooflines(tiny_
     assert rates is not None and rates.bandwidth_bytes_s == bw["bytes_per_s"] and rates.matmul_flop_s == mm["flop_s"]
     assert rates.read_bandwidth_bytes_s == read["bytes_per_s"]
     assert rates.line in (folder / "run.log").read_text()  # printed once, before the first cell
-    end = manifest[RATES_KEY][END_KEY]  # measured again after the last cell, as the start's
+    end = manifest[RATES_KEY][COPY_END_KEY]  # measured again after the last cell, as the start's
     assert end["bytes_per_s"] == pytest.approx(end["bytes_moved"] / end["median_s"]) and end["n_bytes"] == bw["n_bytes"]
     assert drift_lines(bw["bytes_per_s"], end["bytes_per_s"])[0] in (folder / "run.log").read_text()
     assert "GiB/s" in rates.line and "GFLOP/s" in rates.line and "read-only bandwidth" in rates.line

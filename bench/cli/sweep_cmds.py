@@ -441,14 +441,15 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
 
 def _end_bandwidth(run, rates, log) -> None:
     """The copy bandwidth measured again after the last cell (`bench.profile.bandwidth.measure_bandwidth`, as at the
-    start): recorded under the manifest's `RATES_KEY` as `bench.sweep.rates.END_KEY`, its line logged and in
+    start): recorded under the manifest's `RATES_KEY` as `bench.runs.manifest.COPY_END_KEY`, its line logged and in
     run.log, with a warning where it moved more than `DRIFT_WARN_PCT` from the start's (`drift_lines`)."""
     from bench.profile.bandwidth import measure_bandwidth
-    from bench.sweep.rates import END_KEY, drift_lines
+    from bench.runs.manifest import COPY_END_KEY
+    from bench.sweep.rates import drift_lines
 
     end = measure_bandwidth()
     recorded = run.manifest.get(RATES_KEY) or dict(rates.measured)
-    run.update_manifest(**{RATES_KEY: {**recorded, END_KEY: end.to_json()}})
+    run.update_manifest(**{RATES_KEY: {**recorded, COPY_END_KEY: end.to_json()}})
     line, warning = drift_lines(rates.bandwidth_bytes_s, end.bytes_per_s)
     log.info(line)
     run.log(line)

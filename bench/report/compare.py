@@ -50,7 +50,17 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from bench.runs import CellRow, LoadRow, Manifest, RunFolder, Sample, cell_key, copy_bandwidths_of, open_complete_run
+from bench.runs import (
+    CellRow,
+    LoadRow,
+    Manifest,
+    RunFolder,
+    Sample,
+    cell_key,
+    copy_bandwidths_of,
+    drift_pct,
+    open_complete_run,
+)
 from bench.runs.logits import read_logits
 
 SINGLE_VARIABLE_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -476,7 +486,7 @@ def _bandwidth_note(base: dict, cand: dict) -> str | None:
         return f"{start / 2**30:,.2f}" + ("" if end is None else f" -> {end / 2**30:,.2f}")
 
     return (f"host copy bandwidth (GiB/s, before the first cell -> after the last): baseline {span(b0, b1)}, "
-            f"candidate {span(c0, c1)}; the candidate's start is {100 * (c0 - b0) / b0:+.1f}% against the "
+            f"candidate {span(c0, c1)}; the candidate's start is {drift_pct(b0, c0):+.1f}% against the "
             "baseline's")  # fmt: skip
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from bench.report.groups import Group
 from bench.report.rows import RowColumn, columns
 from bench.report.tables import rate_text, sweep_report_table
-from bench.runs import copy_bandwidths_of, read_bandwidth_of
+from bench.runs import copy_bandwidths_of, drift_pct, read_bandwidth_of
 from bench.runs.columns import (
     AGGREGATE,
     BATCH,
@@ -170,7 +170,7 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
         start, end = copy_bandwidths_of(v.m)
         if start is not None and end is not None:  # measured again after the last cell (bench.sweep.rates)
             notes.append(f"copy bandwidth {start / 2**30:,.2f} GiB/s before the first cell (the shares' denominator), "
-                         f"{end / 2**30:,.2f} GiB/s after the last ({100 * (end - start) / start:+.1f}%): how far this "
+                         f"{end / 2**30:,.2f} GiB/s after the last ({drift_pct(start, end):+.1f}%): how far this "
                          "host drifted while the cells ran.")  # fmt: skip
         out.append(Table(title=f"rooflines: {v.label}", header=["input tokens", *(c.header for c in cols)],
                          rows=rows, notes=notes, kind="rooflines"))  # fmt: skip

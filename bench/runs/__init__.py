@@ -15,7 +15,7 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
   builder), `payload_build_id` (the one build id), `engine_config_of`, `policy_facts`, `checkpoint_facts`,
   `checkpoint_id`, `checkpoint_source`, `portable_dir`, `local_dir`, `RATES_KEY` (a sweep's measured rates) and
   `read_bandwidth_of` (its read-only bandwidth, None for older runs), `copy_bandwidths_of` (its copy bandwidth
-  before the first cell and after the last)  (bench.runs.manifest)
+  before the first cell and after the last) and `drift_pct`  (bench.runs.manifest)
 - environment facts and the raw build id hash                         (bench.runs.environment)
 - the sweep cell's columns and the one number format, for every printer (bench.runs.columns)
 """
@@ -58,6 +58,7 @@ from bench.runs.manifest import (
     checkpoint_id,
     checkpoint_source,
     copy_bandwidths_of,
+    drift_pct,
     engine_config_of,
     local_dir,
     payload_build_id,
@@ -112,7 +113,7 @@ __all__ = [
     "CheckpointFacts", "CompileCacheFacts", "EngineConfig", "GitState", "Manifest", "PeerEngine", "Provenance",
     "TargetFacts",
     "Workload", "build_manifest", "checkpoint_facts", "checkpoint_id", "checkpoint_source", "copy_bandwidths_of",
-    "engine_config_of",
+    "drift_pct", "engine_config_of",
     "local_dir", "payload_build_id", "policy_facts", "portable_dir", "RATES_KEY", "read_bandwidth_of",
     "CELLS_CSV", "CELLS_JSONL", "LOAD_JSONL", "LOAD_SAMPLES", "LOG", "MANIFEST", "MANIFEST_FIELDS", "PROFILE", "PROFILE_SCHEMA_VERSION",
     "PROVENANCES", "READABLE_VERSIONS", "SAMPLES", "SCHEMA_VERSION", "STATUSES", "RunFiles", "manifest_problems",

@@ -353,21 +353,27 @@ RATES_KEY = "rates"
 (`bench.sweep.rates`: `copy_bandwidth`, `read_bandwidth`, `matmul`, each its measurement's JSON)."""
 
 
+def _positive_rate(manifest: Mapping[str, Any], key: str) -> float | None:
+    """`manifest[RATES_KEY][key]["bytes_per_s"]` as a float, None where it is missing or not a positive number."""
+    try:
+        value = float(manifest[RATES_KEY][key]["bytes_per_s"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
 def read_bandwidth_of(manifest: Mapping[str, Any]) -> float | None:
     """The read-only bandwidth (bytes/s, `bench.profile.bandwidth.measure_read_bandwidth`) a run measured beside its
     copy, from a manifest's top-level keys (`Manifest.extra`, or the parsed manifest.json): `RATES_KEY` ->
     `read_bandwidth` -> `bytes_per_s`. None when the run has none (recorded before it was measured, a `--target`
     sweep, a published run) or it is not a positive number. No share is divided by it (measurement.md)."""
-    try:
-        read = float(manifest[RATES_KEY]["read_bandwidth"]["bytes_per_s"])
-    except (TypeError, KeyError, ValueError):
-        return None
-    return read if read > 0 else None
+    return _positive_rate(manifest, "read_bandwidth")
 
 
 COPY_END_KEY = "copy_bandwidth_end"
 """The key, under `RATES_KEY`, of the copy bandwidth an in-process sweep measured again after its last cell
-(`bench.sweep.rates.END_KEY`); absent from runs recorded before it, and from stopped or failed sweeps."""
+(`BandwidthResult.to_json()`, written by `bench sweep`); absent from runs recorded before it, and from stopped or
+failed sweeps."""
 
 
 def copy_bandwidths_of(manifest: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -375,15 +381,16 @@ def copy_bandwidths_of(manifest: Mapping[str, Any]) -> tuple[float | None, float
     from a manifest's top-level keys: `RATES_KEY` -> `copy_bandwidth` / `COPY_END_KEY` -> `bytes_per_s`
     (`bench.sweep.rates`). Each None where the run has none (a `--target` sweep, a published run, a stopped sweep's
     end, a run recorded before the end was measured) or it is not a positive number."""
+    return _positive_rate(manifest, "copy_bandwidth"), _positive_rate(manifest, COPY_END_KEY)
 
-    def one(key: str) -> float | None:
-        try:
-            value = float(manifest[RATES_KEY][key]["bytes_per_s"])
-        except (TypeError, KeyError, ValueError):
-            return None
-        return value if value > 0 else None
 
-    return one("copy_bandwidth"), one(COPY_END_KEY)
+def drift_pct(start_bytes_s: float, end_bytes_s: float) -> float:
+    """How far a bandwidth moved from `start_bytes_s` to `end_bytes_s`, percent of the start's: (end - start) /
+    start x 100 (the sweep's end line, the report's note, `bench compare`'s host note). Raises ValueError for a
+    start that is not a positive number."""
+    if not start_bytes_s > 0:
+        raise ValueError(f"start bandwidth {start_bytes_s!r}: expected bytes/s > 0")
+    return 100.0 * (end_bytes_s - start_bytes_s) / start_bytes_s
 
 
 # ---- the one build id and the one builder ---------------------------------------------------------------------

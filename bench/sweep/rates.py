@@ -20,7 +20,7 @@ Each measured cell row then gets (`with_rooflines`, fields of `bench.runs.CellRo
 `--target` sweeps measure no rates: the server's device is not this process's.
 
 After its last cell an in-process sweep that was not stopped measures the copy bandwidth again and records it
-under `RATES_KEY` as `END_KEY` (`drift_lines`): how far the host moved while the cells ran. The shares stay against
+under `RATES_KEY` as `COPY_END_KEY` (`drift_lines`): how far the host moved while the cells ran. The shares stay against
 the start's measurement (one denominator per run); the end one says how much of a difference between cells of one
 run the host's drift alone could make.
 
@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.profile.roofline import roofline_share
-from bench.runs.manifest import COPY_END_KEY, RATES_KEY, read_bandwidth_of
+from bench.runs.manifest import COPY_END_KEY, RATES_KEY, drift_pct, read_bandwidth_of
 from bench.runs.records import CellRow
 
 
@@ -84,27 +84,15 @@ def measure_rates(compute_dtype: str, *, device=None) -> DeviceRates:
                                  "matmul": mm.to_json()})  # fmt: skip
 
 
-END_KEY = COPY_END_KEY
-"""The key, under the manifest's `RATES_KEY`, of the copy bandwidth measured again after a sweep's last cell
-(`BandwidthResult.to_json()`; `bench.runs.manifest.COPY_END_KEY`, which the report and `bench compare` read)."""
-
 DRIFT_WARN_PCT = 10.0
 """A sweep warns when its copy bandwidth at the end differs from the start's by more than this (percent). On the
 2-core Xeon this project was built on, the copy measured 18.8-22.0 GiB/s at the starts of set 9's sweeps within
 about an hour (README, set 9), and the changes such sets compared were 5-10%."""
 
 
-def drift_pct(start_bytes_s: float, end_bytes_s: float) -> float:
-    """How far the copy bandwidth moved during a sweep, percent of the start's: (end - start) / start x 100.
-    Raises ValueError for a start that is not a positive number."""
-    if not start_bytes_s > 0:
-        raise ValueError(f"start bandwidth {start_bytes_s!r}: expected bytes/s > 0")
-    return 100.0 * (end_bytes_s - start_bytes_s) / start_bytes_s
-
-
 def drift_lines(start_bytes_s: float, end_bytes_s: float) -> tuple[str, str | None]:
     """(the run.log line of the copy bandwidth measured after the last cell against the start's, in GiB/s and
-    `drift_pct`; a warning line when the drift exceeds `DRIFT_WARN_PCT` either way, else None). Bytes/s in."""
+    `bench.runs.manifest.drift_pct`; a warning line when the drift exceeds `DRIFT_WARN_PCT` either way, else None). Bytes/s in."""
     drift = drift_pct(start_bytes_s, end_bytes_s)
     line = (f"device copy bandwidth after the last cell: {end_bytes_s / 2**30:,.2f} GiB/s, {drift:+.1f}% against the "
             f"{start_bytes_s / 2**30:,.2f} GiB/s the roofline shares are divided by")  # fmt: skip
