@@ -857,6 +857,19 @@ def memory_capacity(weight_bytes: int, device=None) -> tuple[int, str]:
     return host + weight_bytes, "of host memory (MemAvailable + the weights already loaded)"
 
 
+def check_engine_switches() -> None:
+    """Raises EngineError (one line, `model.switches.switch_on`) for a value of an engine's on/off switch that is
+    neither on nor off: `model.programs.ENV_SWITCH` (GEMMA4_BENCH_XLA_CPU_OPTIONS) and the CPU kernels' two
+    (`model.kernels.cpu.check_switches`). Loads and builds nothing: `load_engine` calls it before the weights load,
+    `bench serve` before its port opens."""
+    from model.kernels.cpu import check_switches
+    from model.programs import ENV_SWITCH
+    from model.switches import switch_on
+
+    switch_on(ENV_SWITCH)
+    check_switches()
+
+
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,
                 buckets: Sequence[int] | None = None, log_policy: bool = True, quant: QuantSpec = NO_QUANT,
                 scale_dtype: str = "bfloat16", kernel: str | None = None) -> tuple[Engine, dict]:  # fmt: skip
@@ -881,7 +894,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
     from model.kernels.choice import log_plan, plan_kernel, with_kernel_mode, with_tilings
-    from model.kernels.cpu import check_switches, engine_plan
+    from model.kernels.cpu import engine_plan
     from model.policy import decide_policy
     from model.tokenizer import GemmaTokenizer
 
@@ -889,8 +902,8 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     log = logging.getLogger("model.engine")
     if log_policy:  # callers that log it themselves, first thing, pass False
         log_policy_line(policy)
-    options = decide_xla_options(policy.platform)  # EngineError for a bad switch value, before anything loads
-    check_switches()  # the same for the CPU kernels' switches
+    check_engine_switches()  # EngineError for a bad switch value, before anything loads
+    options = decide_xla_options(policy.platform)
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
     plan = None

@@ -76,12 +76,9 @@ def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_len
         from model.checkpoint import resolve_checkpoint
 
         resolve_checkpoint(checkpoint)  # a bad path or repo id fails here, before the port opens
-    from model.kernels.cpu import check_switches
-    from model.programs import ENV_SWITCH as XLA_SWITCH
-    from model.switches import switch_on
+    from model.engine import check_engine_switches
 
-    switch_on(XLA_SWITCH)  # the engine's on/off switches: a typo fails here, not after the port has opened
-    check_switches()
+    check_engine_switches()  # a typo in an engine switch fails here, not after the port has opened
 
 
 def exposure_warning(host: str, api_key: str | None) -> str | None:
