@@ -60,7 +60,7 @@ from model.config import ModelConfig
 from model.errors import EngineError
 from model.limits import DEFAULT_BUCKETS, PromptLimits, bucket_ladder, prompt_limits  # noqa: F401 -- re-exported
 from model.forward import decode_step, prefill
-from model.packed import STACK_SWITCH, PackedParams, as_params, decide_stacking, pack_params
+from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
 from model.programs import program, xla_options_line
@@ -410,29 +410,16 @@ class Engine:
     input-major projections transposed), else None; recorded in the manifest as the engine's kernel.
     `xla_options`: the XLA options its decode programs compile with (`model.programs.xla_options`, decided from the
     policy's platform and GEMMA4_BENCH_XLA_CPU_OPTIONS when not given; None: XLA's defaults), passed to every call
-    of one and recorded in the manifest. `stack_matrices`: whether its programs receive the matrices stacked by
-    shape (`model.packed`; decided from the policy's platform, the quantization and GEMMA4_BENCH_STACK_MATRICES
-    when not given, `model.packed.decide_stacking`); then the engine holds the stacks only (made here, while the
-    caller's `params` still exist: the stacked matrices' bytes twice until the caller drops them, unless
-    `release_params` deletes each matrix once its stack exists, as `load_engine` does), and `params` is unpacked
-    from them on each read. Raises EngineError for a bad GEMMA4_BENCH_XLA_CPU_OPTIONS or
-    GEMMA4_BENCH_STACK_MATRICES value, a prompt that no bucket holds or a max_new_tokens below 1.
+    of one and recorded in the manifest. Raises EngineError for a bad GEMMA4_BENCH_XLA_CPU_OPTIONS value, a prompt
+    that no bucket holds or a max_new_tokens below 1.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, policy: DevicePolicy, *, max_length: int | None = None,
                  buckets: Sequence[int] | None = None, tokenizer=None, quant: QuantSpec = NO_QUANT,
                  scale_dtype: str = "bfloat16", kernel=None, cpu_kernel: str | None = None,
-                 xla_options: str | None | object = _DECIDE, stack_matrices: bool | object = _DECIDE,
-                 release_params: bool = False):  # fmt: skip
+                 xla_options: str | None | object = _DECIDE):  # fmt: skip
+        self.params = params
         self.xla_options = decide_xla_options(policy.platform) if xla_options is _DECIDE else xla_options
-        if stack_matrices is _DECIDE:
-            stack_matrices = decide_stacking(policy.platform, quantized=bool(quant.names))
-        self.stack_matrices = bool(stack_matrices)
-        self._params = params
-        self._param_shapes = jax.eval_shape(lambda: params)
-        if self.stack_matrices:  # the programs' tree now; the engine keeps no reference to the separate matrices
-            self.call_params = pack_params(params, stack=True, release=release_params)
-            self._params = None
         self.cfg = cfg
         self.policy = policy
         self.quant = quant
@@ -449,32 +436,17 @@ class Engine:
         CompileCounter.install()
 
     @property
-    def params(self) -> Params:
-        """The parameter tree (`model.params.Params`, the policy's weight dtype on the device). With the matrices
-        stacked (`stack_matrices`), a tree unpacked from `call_params` at each read, outside any program: new
-        device arrays, every matrix copied out of its stack (for references such as `full_logits` and tests; the
-        programs read the stacks in place)."""
-        return self._params if self._params is not None else as_params(self.call_params)
-
-    @property
     def weight_bytes(self) -> int:
         """The weight-bytes gauge: bytes of the parameters as placed on the device, dense leaves at their dtype and
         quantized leaves at their packed values plus scales (`model.quant.tree_bytes`; int4 counts two values per
         byte, not `nbytes`). Equals `model.accounting.weight_bytes` of the config, policy and quantization."""
-        return param_bytes(self._param_shapes)
-
-    @property
-    def matrix_stacks(self) -> int | None:
-        """How many stacked arrays the programs receive the matrices in (`model.packed`; 6 for the default preset),
-        None when each matrix is a buffer of its own (`stack_matrices` off). Recorded in the manifest."""
-        return len(self.call_params.stacks) if self.stack_matrices else None
+        return param_bytes(self.params)
 
     @functools.cached_property
     def call_params(self) -> PackedParams:
         """`params` as the engine's programs receive them (`model.packed.pack_params`: the one-dimensional leaves
-        in one vector per dtype: 214 buffers instead of 475 on the 35-layer presets), made on first use; with
-        `stack_matrices`, made when the engine is, the matrices stacked by shape as well (10 buffers)."""
-        return pack_params(self._params)
+        in one vector per dtype: 214 buffers instead of 475 on the 35-layer presets), made on first use."""
+        return pack_params(self.params)
 
     @functools.cached_property
     def batch_params(self) -> Params:
@@ -495,8 +467,8 @@ class Engine:
 
     @functools.cached_property
     def _batch_call_params(self) -> PackedParams:
-        """`batch_params` packed (`call_params` itself where the two trees are one: off CPU)."""
-        return pack_params(self.batch_params) if self._batch_copy else self.call_params
+        """`batch_params` packed (`call_params` itself where the two trees are one)."""
+        return self.call_params if self.batch_params is self.params else pack_params(self.batch_params)
 
     def decode_params(self, rows: int) -> PackedParams:
         """The parameters a decode step of `rows` rows reads, packed as programs receive them
@@ -887,15 +859,14 @@ def memory_capacity(weight_bytes: int, device=None) -> tuple[int, str]:
 
 def check_engine_switches() -> None:
     """Raises EngineError (one line, `model.switches.switch_on`) for a value of an engine's on/off switch that is
-    neither on nor off: `model.programs.ENV_SWITCH` (GEMMA4_BENCH_XLA_CPU_OPTIONS), `model.packed.STACK_SWITCH`
-    (GEMMA4_BENCH_STACK_MATRICES) and the CPU kernels' two (`model.kernels.cpu.check_switches`). Loads and builds nothing: `load_engine` calls it before the weights load,
+    neither on nor off: `model.programs.ENV_SWITCH` (GEMMA4_BENCH_XLA_CPU_OPTIONS) and the CPU kernels' two
+    (`model.kernels.cpu.check_switches`). Loads and builds nothing: `load_engine` calls it before the weights load,
     `bench serve` before its port opens."""
     from model.kernels.cpu import check_switches
     from model.programs import ENV_SWITCH
     from model.switches import switch_on
 
     switch_on(ENV_SWITCH)
-    decide_stacking("cpu", quantized=False)  # reads GEMMA4_BENCH_STACK_MATRICES; the answer is not needed here
     check_switches()
 
 
@@ -915,8 +886,8 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     prefixes, tensors, ignored keys, stored dtypes, content_hash (computed while loading, `load_params`), load_s
     (seconds, hashing included)). Raises CheckpointError / ConfigError / TokenizerError, KernelError for a
     forced kernel the device cannot run or whose tiles do not fit, and EngineError for a value of an on/off switch
-    (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_STACK_MATRICES, GEMMA4_BENCH_CPU_KERNELS, GEMMA4_BENCH_CPU_AMX) that
-    is neither on nor off (all before the weights load).
+    (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_KERNELS, GEMMA4_BENCH_CPU_AMX) that is neither on nor off (all
+    before the weights load).
     """
     import logging
 
@@ -959,13 +930,10 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
         (log.info if cpu_kernel else log.warning)(cpu_line)
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
-                    scale_dtype=scale_dtype, kernel=plan, release_params=True,
+                    scale_dtype=scale_dtype, kernel=plan,
                     cpu_kernel=cpu_kernel_name() if cpu_kernel else None, xla_options=options)  # fmt: skip
     if (options_line := xla_options_line(engine.xla_options, policy.platform)) is not None:
         log.info(options_line)
-    if engine.stack_matrices:
-        log.info(f"the programs receive the matrices in {engine.matrix_stacks} stacks, one per shape "
-                 f"(model/packed.py; {STACK_SWITCH}=0 passes each on its own)")  # fmt: skip
     return engine, report
 
 

@@ -333,26 +333,3 @@ def test_a_decode_loop_the_engine_cannot_run_is_a_clear_error(params, kwargs, ne
     engine = Engine(params, CFG, decide_policy("float32"), buckets=(16,))
     with pytest.raises(EngineError, match=needle):
         engine.generate([2, 5, 6], 8, **kwargs)
-
-
-def test_an_engine_with_stacked_matrices_generates_the_same_tokens_from_stacks_alone(params):
-    plain = Engine(params, CFG, decide_policy("float32"), buckets=(16, 32), stack_matrices=False)
-    own = jax.tree_util.tree_map(jnp.array, params)  # a copy the stacked engine may release
-    stacked = Engine(own, CFG, decide_policy("float32"), buckets=(16, 32), stack_matrices=True, release_params=True)
-    assert (plain.stack_matrices, stacked.stack_matrices, plain.matrix_stacks) == (False, True, None)
-    assert stacked.matrix_stacks == len(stacked.call_params.stacks) >= 2
-    kept = {id(x) for x in stacked.call_params.others}  # a matrix of a shape of its own is not stacked
-    for x in jax.tree_util.tree_leaves(own):  # the engine holds the stacks, not the stacked matrices
-        assert x.is_deleted() == (x.ndim > 1 and id(x) not in kept)
-    assert sum(s.shape[0] for s in stacked.call_params.stacks) == sum(
-        x.is_deleted() for x in jax.tree_util.tree_leaves(own))
-    assert len(jax.tree_util.tree_leaves(stacked.call_params)) < len(jax.tree_util.tree_leaves(plain.call_params))
-    assert stacked.weight_bytes == plain.weight_bytes
-    for a, b in zip(jax.tree_util.tree_leaves(stacked.params), jax.tree_util.tree_leaves(params), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # unpacked from the stacks on reading
-    prompt = [2, 17, 33, 90, 4]
-    want = plain.generate(prompt, 12).token_ids
-    assert stacked.generate(prompt, 12).token_ids == want
-    assert stacked.generate(prompt, 12, decode_loop="device").token_ids == want
-    rows = stacked.generate_batch([prompt, [5, 6, 7]], 12).token_ids
-    assert rows[0] == want and rows == plain.generate_batch([prompt, [5, 6, 7]], 12).token_ids

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from model.config import TINY
-from model.errors import EngineError
-from model.packed import STACK_SWITCH, PackedParams, as_params, decide_stacking, pack_params
+from model.packed import PackedParams, as_params, pack_params
 from model.params import init_params
 from model.quant import quantize_params
 from model.quantspec import parse_quant
@@ -63,59 +62,3 @@ def test_a_packed_tree_is_a_pytree_with_a_static_layout():
     again = jax.tree_util.tree_unflatten(treedef, leaves)
     assert isinstance(again, PackedParams) and again.layout == packed.layout
     hash(packed.layout)  # jit keys its cache on it
-
-
-def test_stacking_puts_each_group_of_same_shaped_matrices_in_one_array_and_unpacks_exactly():
-    params = _tree()
-    leaves = jax.tree_util.tree_leaves(params)
-    matrices = [x for x in leaves if x.ndim > 1]
-    packed = pack_params(params, stack=True)
-    groups = {}
-    for x in matrices:
-        groups.setdefault((x.shape, str(x.dtype)), []).append(x)
-    shared = {k: v for k, v in groups.items() if len(v) > 1}
-    assert len(shared) >= 2  # the tiny preset has layers of two kinds, several of each
-    assert sorted((s.shape[0], tuple(s.shape[1:])) for s in packed.stacks) == sorted(
-        (len(v), k[0]) for k, v in shared.items())
-    assert len(packed.others) == sum(len(v) for v in groups.values() if len(v) == 1)  # a lone shape stays its own
-    assert len(jax.tree_util.tree_leaves(packed)) == 1 + len(shared) + len(packed.others) < len(leaves)
-    _assert_same_tree(as_params(packed), params)
-    _assert_same_tree(jax.jit(as_params)(packed), params)  # static indices into the stacks, inside a program
-
-
-def test_stacking_a_quantized_tree_gives_back_the_same_tree():
-    params = quantize_params(_tree(np.float32), parse_quant("w8,ple8,int8_lm_head"))
-    packed = pack_params(params, stack=True)
-    assert packed.stacks
-    _assert_same_tree(jax.jit(as_params)(packed), params)
-
-
-def test_release_deletes_each_stacked_matrix_and_keeps_the_rest():
-    params = _tree()
-    want = jax.tree_util.tree_map(np.asarray, params)
-    packed = pack_params(params, stack=True, release=True)
-    stacked = {id(leaf) for leaf in jax.tree_util.tree_leaves(params)} - {id(x) for x in packed.others}
-    for leaf in jax.tree_util.tree_leaves(params):
-        assert leaf.is_deleted() == (id(leaf) in stacked and leaf.ndim > 1)
-    _assert_same_tree(as_params(packed), want)
-
-
-@pytest.mark.parametrize("platform,quantized,value,want", [
-    ("tpu", False, None, True), ("tpu", True, None, False), ("cpu", False, None, False), ("gpu", False, None, False),
-    ("cpu", False, "1", True), ("gpu", True, " ON ", True), ("tpu", False, "off", False), ("tpu", False, "No", False),
-])  # fmt: skip
-def test_engines_stack_on_a_tpu_with_dense_weights_unless_the_switch_says_otherwise(
-        monkeypatch, platform, quantized, value, want):  # fmt: skip
-    if value is None:
-        monkeypatch.delenv(STACK_SWITCH, raising=False)
-    else:
-        monkeypatch.setenv(STACK_SWITCH, value)
-    assert decide_stacking(platform, quantized=quantized) is want
-
-
-def test_a_stacking_switch_that_is_neither_on_nor_off_is_one_clear_line(monkeypatch):
-    monkeypatch.setenv(STACK_SWITCH, "stack")
-    with pytest.raises(EngineError) as err:
-        decide_stacking("tpu", quantized=False)
-    assert str(err.value) == (f"{STACK_SWITCH}='stack': expected 1/true/on/yes or 0/false/off/no; unset it for the "
-                              "default (stacked on a TPU with dense weights, else not)")

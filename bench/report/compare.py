@@ -163,9 +163,9 @@ def describe_differences(diffs: list[Difference]) -> str:
 
 
 QUANT_CONSEQUENCES = ("build id", "weight bytes", "configuration.quantization", "configuration.scale_dtype",
-                      "configuration.kernel", "configuration.kernel_tiles", "configuration.matrix_stacks")  # fmt: skip
-"""The single-variable keys a change of `--quant` changes by itself: its build, weight bytes, the two fields, the
-w4 kernel fields (recorded with w4 weights only) and the matrix stacks (a TPU engine stacks dense weights only)."""
+                      "configuration.kernel", "configuration.kernel_tiles")  # fmt: skip
+"""The single-variable keys a change of `--quant` changes by itself: its build, weight bytes, the two fields, and
+the w4 kernel fields (recorded with w4 weights only)."""
 
 
 def quant_variable(base: Manifest, cand: Manifest) -> str | None:

@@ -104,9 +104,7 @@ class EngineConfig:
     does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id: other tiles, another build.
     `xla_options`: the XLA options the engine compiled its decode programs with (`model.programs.xla_options`,
     e.g. "xla_disable_hlo_passes=tree_reduction_rewriter" on CPU), None for XLA's defaults and in manifests from
-    before it was recorded; it enters the build id. `matrix_stacks`: how many stacked arrays the engine's programs
-    received the matrices in (`model.packed`, e.g. 6 for the default preset on a TPU), None where each matrix was a
-    buffer of its own and in manifests from before it was recorded; it enters the build id.
+    before it was recorded; it enters the build id.
     """
 
     buckets: tuple[int, ...] | None = None
@@ -121,7 +119,6 @@ class EngineConfig:
     kernel: str | None = None
     kernel_tiles: Mapping[str, str] | None = None
     xla_options: str | None = None
-    matrix_stacks: int | None = None
 
     @property
     def quantized(self) -> bool:
@@ -135,11 +132,10 @@ class EngineConfig:
         return {**d, "buckets": list(self.buckets) if self.buckets is not None else None}
 
     def dense(self) -> EngineConfig:
-        """The same configuration without quantization (quantization "none", no scale dtype, no w4 kernel, and no
-        matrix stacks: an engine decides to stack from its quantization, `model.packed.decide_stacking`): the
+        """The same configuration without quantization (quantization "none", no scale dtype, no w4 kernel): the
         payload whose build id `dense_build_id` names."""
         return dataclasses.replace(self, quantization="none", scale_dtype=None, kernel=cpu_kernel_of(self.kernel),
-                                   kernel_tiles=None, matrix_stacks=None)  # fmt: skip
+                                   kernel_tiles=None)  # fmt: skip
 
 
 def w4_kernel_of(kernel: str | None) -> str | None:
@@ -453,8 +449,7 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
     quantization (`engine.quant.canonical`, "none" for dense or an engine without `quant`; `engine.scale_dtype`
     only when something is quantized) and w4 kernel (`engine.kernel`, a `model.kernels.choice.KernelPlan`: its
     option and tiles; None without one) and its CPU kernel for bfloat16 weights (`engine.cpu_kernel`, "bf16=cpu", or
-    None), joined by `kernel_text`, the XLA options of its decode programs (`engine.xla_options`) and its matrix
-    stacks (`engine.matrix_stacks`)."""
+    None), joined by `kernel_text`, and the XLA options of its decode programs (`engine.xla_options`)."""
     pol = engine.policy
     quant = getattr(engine, "quant", None)
     quantization = quant.canonical if quant is not None else "none"
@@ -467,8 +462,7 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
                         kernel=kernel_text(plan.option if plan is not None else None,
                                            getattr(engine, "cpu_kernel", None)),
                         kernel_tiles=plan.tiles if plan is not None else None,
-                        xla_options=getattr(engine, "xla_options", None),
-                        matrix_stacks=getattr(engine, "matrix_stacks", None))  # fmt: skip
+                        xla_options=getattr(engine, "xla_options", None))  # fmt: skip
 
 
 def policy_facts(pol: Any) -> dict[str, Any]:
