@@ -42,6 +42,11 @@ def test_each_hosts_copy_bandwidth_is_a_note_never_a_threshold(tmp_path: Path) -
     assert ("host copy bandwidth (GiB/s, before the first cell -> after the last): baseline 18.75, candidate 22.50 "
             "-> 20.25; the candidate's start is +20.0% against the baseline's") in result.notes
     assert result.passed and result.failures == []
+    for platforms, whose in ((("tpu", "tpu"), "device "), (("cpu", "gpu"), ""), (("gpu", None), "")):
+        for run, platform in zip((base, cand), platforms, strict=True):
+            run.update_manifest(device={"platform": platform, "device_kind": "x", "count": 1})
+        notes = [n for n in compare_runs(base.path, cand.path).notes if "copy bandwidth" in n]
+        assert len(notes) == 1 and notes[0].startswith(f"{whose}copy bandwidth (GiB/s"), (platforms, notes)
 
 
 def test_identical_runs_pass(tmp_path: Path) -> None:

@@ -474,10 +474,12 @@ def compare_runs(
 
 
 def _bandwidth_note(base: dict, cand: dict) -> str | None:
-    """The note on the two hosts' memory: each run's copy bandwidth (GiB/s) before its first cell and, where it was
-    measured, after its last (`bench.runs.manifest.copy_bandwidths_of`), and the candidate's start against the
-    baseline's in percent. None unless both runs measured a start (in-process sweeps). A fact, never a threshold:
-    it says how much of a speed difference the host alone may account for (measurement.md, Comparisons)."""
+    """The note on the two machines' memory: each run's copy bandwidth (GiB/s) before its first cell and, where it
+    was measured, after its last (`bench.runs.manifest.copy_bandwidths_of`), and the candidate's start against the
+    baseline's in percent; called the host's when both runs ran on CPU, the device's when neither did (a TPU's or
+    GPU's memory), else neither. None unless both runs measured a start (in-process sweeps). A fact, never a
+    threshold: it says how much of a speed difference the machine alone may account for (measurement.md,
+    Comparisons)."""
     (b0, b1), (c0, c1) = copy_bandwidths_of(base), copy_bandwidths_of(cand)
     if b0 is None or c0 is None:
         return None
@@ -485,7 +487,9 @@ def _bandwidth_note(base: dict, cand: dict) -> str | None:
     def span(start: float, end: float | None) -> str:
         return f"{start / 2**30:,.2f}" + ("" if end is None else f" -> {end / 2**30:,.2f}")
 
-    return (f"host copy bandwidth (GiB/s, before the first cell -> after the last): baseline {span(b0, b1)}, "
+    platforms = {(m.get("device") or {}).get("platform") for m in (base, cand)}
+    whose = "host " if platforms == {"cpu"} else "" if None in platforms or "cpu" in platforms else "device "
+    return (f"{whose}copy bandwidth (GiB/s, before the first cell -> after the last): baseline {span(b0, b1)}, "
             f"candidate {span(c0, c1)}; the candidate's start is {drift_pct(b0, c0):+.1f}% against the "
             "baseline's")  # fmt: skip
 
