@@ -582,7 +582,7 @@ class Engine:
         traces0 = CompileCounter.traces
         t0 = time.perf_counter_ns()  # from here: the ids' copy to the device, prefill, first token on the host
         token_B, cache = self._prefill(ids, len(prompt_ids), bucket + max_new_tokens, args, sampling.greedy)
-        tokens = [int(token_B[0])]
+        tokens = [int(np.asarray(token_B)[0])]  # token_B[0] would run a device gather before the copy
         times = [time.perf_counter_ns()]
         arrived = None
         if decode_loop == "device":
