@@ -345,17 +345,21 @@ def _prefill_rows(params: Params, cfg: ModelConfig, ids_BT: jax.Array, length_B:
 
 
 def decode_step(
-    params: Params, cfg: ModelConfig, token_B: jax.Array, cache: KVCache, *, dtype=None
+    params: Params, cfg: ModelConfig, token_B: jax.Array, cache: KVCache, *, dtype=None, rows: jax.Array | None = None
 ) -> tuple[jax.Array, KVCache]:
     """One token per row at absolute position `cache.length`: returns float32 logits [B,V] and the cache with
     that position written (full layers: slot p; sliding layers: ring slot p mod R) and length + 1.
     A per-row length [B] decodes row b at its own position p_b: its own RoPE angle, its own slot (written by a
     scatter of one slot per row instead of one slice for all rows), its own visible slots.
+    `rows` (int32 [k], distinct row indices; the cache's lengths per row [B]): only those rows of the cache decode,
+    token_B [k] holding row rows[j]'s token and the logits [k,V] its logits; each attention reads a copy of those
+    rows of its KV source (a gather of k rows), every other row is neither read nor written, and only those rows'
+    lengths move. The same arithmetic per row as decoding every row.
     `dtype` is the activation dtype (default: the cache's); K/V are stored in the cache's dtype."""
     b = token_B.shape[0]
     kv_dtype = cache.k[0].dtype if cache.k else jnp.float32
     dtype = dtype or kv_dtype
-    p = cache.length
+    p = cache.length if rows is None else cache.length[rows]
     ids_B1 = token_B[:, None]
     pos_B1 = _positions_B1(p, b)
     h_B1D = embed(params, cfg, ids_B1, dtype)
@@ -369,23 +373,30 @@ def decode_step(
             src = cfg.kv_source(i)
             if not cfg.is_kv_shared(i):
                 slot = jnp.mod(p, new_k[i].shape[2]) if cfg.is_sliding(i) else p
-                k_new = _write_position(new_k[i], k_BK1H.astype(kv_dtype), slot)
-                v_new = _write_position(new_v[i], v_BK1H.astype(kv_dtype), slot)
+                k_new = _write_position(new_k[i], k_BK1H.astype(kv_dtype), slot, rows)
+                v_new = _write_position(new_v[i], v_BK1H.astype(kv_dtype), slot, rows)
                 # The barrier keeps XLA from duplicating each update into its readers (the step's output and the
                 # attention below), which made XLA:CPU copy every cache buffer several times per decode step.
                 new_k[i], new_v[i] = jax.lax.optimization_barrier((k_new, v_new))
             k_BKSH, v_BKSH = new_k[src], new_v[src]
+            if rows is not None:
+                k_BKSH, v_BKSH = jnp.take(k_BKSH, rows, axis=0), jnp.take(v_BKSH, rows, axis=0)
             s = k_BKSH.shape[2]
             vis_S = _cache_visible(cfg, i, p, s)
             o_B1NH = attend_one(q_B1NH, k_BKSH, v_BKSH, _row_mask(vis_S, b))
             h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
     out_BV = logits(params, cfg, h_B1D)[:, 0]
-    return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=p + 1)
+    length = p + 1 if rows is None else cache.length.at[rows].set(p + 1, unique_indices=True)
+    return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=length)
 
 
-def _write_position(buf_BKSH: jax.Array, x_BK1H: jax.Array, slot: jax.Array) -> jax.Array:
+def _write_position(buf_BKSH: jax.Array, x_BK1H: jax.Array, slot: jax.Array, rows: jax.Array | None = None
+                    ) -> jax.Array:  # fmt: skip
     """One decode position per row [B,K,1,H] written into the cache buffer [B,K,S,H] at `slot`: an int32 scalar
-    (every row the same slot: one slice) or [B] (row b at slot_b: a scatter of B rows)."""
+    (every row the same slot: one slice) or [B] (row b at slot_b: a scatter of B rows). With `rows` [k] (x and
+    slot [k]): row rows[j] of the buffer at slot_j, a scatter of k rows, the others untouched."""
+    if rows is not None:
+        return buf_BKSH.at[rows, :, slot].set(x_BK1H[:, :, 0], unique_indices=True)
     if jnp.ndim(slot) == 0:
         return jax.lax.dynamic_update_slice(buf_BKSH, x_BK1H, (0, 0, slot, 0))
     rows_B = jnp.arange(buf_BKSH.shape[0])

@@ -115,6 +115,7 @@ def test_health_names_the_batched_slots_and_their_length(served):
     serving = served.health.json()["serving"]
     assert serving["max_batch"] == 3 and serving["slot_positions"] == MAX_LENGTH
     assert serving["slot_engine"].startswith("batched: 3 slots decoded together")
+    assert "a step decodes 1 or 3 rows" in serving["slot_engine"]  # model.slots.row_counts(3) == (1,)
 
 
 def test_a_request_beyond_the_slots_length_is_a_400_naming_max_tokens(served):

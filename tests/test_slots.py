@@ -1,7 +1,8 @@
 """Decode slots (model/slots.py) and `BatchedSlots` (bench/serve/slots.py) on the tiny config (float32 CPU):
 sequences joining a batched cache at different steps, with different prompt lengths, decode the tokens of their
 prompts alone; a slot freed mid-generation and reused by a shorter prompt leaks nothing of its previous occupant;
-every step is one jitted call for all slots; joining and leaving compile nothing once warm; a sampled slot draws
+every step is one jitted call of the occupied rows (fewer than all while they fit in a smaller row count, the
+other rows untouched); joining and leaving compile nothing once warm; a sampled slot draws
 what `generate` draws with its seed; the slots' memory is checked before anything is allocated."""
 
 from __future__ import annotations
@@ -111,16 +112,22 @@ def test_a_reused_slot_keeps_nothing_of_its_previous_occupant(engine, decoder, p
     assert run.tokens[1] == alone[1]
 
 
-def test_every_step_is_one_jitted_call_for_all_slots_and_joining_or_leaving_compiles_nothing(
+def test_every_step_is_one_jitted_call_of_the_occupied_rows_and_joining_or_leaving_compiles_nothing(
         decoder, prompts, alone, monkeypatch):  # fmt: skip
-    calls = []
-    real = slots_module._slot_step_program
+    calls = []  # (rows the call decoded, occupied rows among them)
+    real_all, real_rows = slots_module._slot_step_program, slots_module._slot_rows_step_program
 
-    def counted(*args, **kwargs):
-        calls.append(int(np.sum(np.asarray(args[3]))))  # the occupied rows this call decoded
-        return real(*args, **kwargs)
+    def counted_all(*args, **kwargs):
+        calls.append((SLOTS, int(np.sum(np.asarray(args[3])))))
+        return real_all(*args, **kwargs)
 
-    monkeypatch.setattr(slots_module, "_slot_step_program", counted)
+    def counted_rows(*args, **kwargs):
+        rows_k = np.asarray(args[5])
+        calls.append((len(rows_k), int(np.sum(np.asarray(args[3])[rows_k]))))
+        return real_rows(*args, **kwargs)
+
+    monkeypatch.setattr(slots_module, "_slot_step_program", counted_all)
+    monkeypatch.setattr(slots_module, "_slot_rows_step_program", counted_rows)
     traces0 = CompileCounter.traces
     run = _Schedule(decoder, prompts)
     run.join(2, 3)
@@ -130,9 +137,37 @@ def test_every_step_is_one_jitted_call_for_all_slots_and_joining_or_leaving_comp
     run.join(1, 1)  # all three slots now
     run.drain()
     assert CompileCounter.traces == traces0  # three slots, three bucket-32 lengths, joins and leaves: no compile
-    assert len(calls) == decoder.steps - 2  # warm-up ran 2 steps; every other step was one call for all slots
-    assert 3 in calls and 1 in calls  # ... with three slots occupied, and with one
+    assert decoder.row_counts == (1,)  # of 3 slots, a lone row steps alone
+    assert len(calls) == decoder.steps - 4  # warm-up ran 4 steps (1 row and all 3, greedy and sampled)
+    assert (1, 1) in calls and (SLOTS, 3) in calls and (SLOTS, 2) in calls  # one row alone; all rows past that
+    assert all(k == SLOTS or occupied == k == 1 for k, occupied in calls)
     assert [run.tokens[k] for k in (1, 2, 3)] == alone[1:]
+
+
+def test_a_step_of_fewer_rows_decodes_them_alone_and_leaves_every_other_row_untouched(engine, prompts, alone):
+    dec = engine.slot_decoder(4, CACHE_LEN)  # row counts 1 and 2 of 4 slots
+    dec.warmup(20)
+    assert dec.row_counts == (1, 2)
+    run = _Schedule(dec, prompts)
+    run.join(3, 0)
+    seen = []
+    for joins in ([], [(1, 2)], [], [(0, 1)], [(2, 3)]):
+        for slot, k in joins:
+            run.join(slot, k)
+        occupied = dec.active
+        rows = dec.step_rows()
+        stepped = [*occupied, *(s for s in range(4) if s not in occupied)][:rows]  # then the lowest free rows
+        before = [(np.asarray(k).copy(), np.asarray(v).copy()) for k, v in zip(dec._cache.k, dec._cache.v)]
+        run.step()
+        seen.append(rows)
+        for (k0, v0), k, v in zip(before, dec._cache.k, dec._cache.v, strict=True):
+            for r in set(range(4)) - set(stepped):  # every slot of every layer as it was
+                np.testing.assert_array_equal(np.asarray(k)[r], k0[r])
+                np.testing.assert_array_equal(np.asarray(v)[r], v0[r])
+    run.drain()
+    assert seen == [1, 2, 2, 4, 4]
+    assert run.tokens == dict(enumerate(alone))
+    assert dec.active == ()
 
 
 SAMPLING = Sampling(temperature=0.8, top_k=50, top_p=0.9, seed=7)

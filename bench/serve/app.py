@@ -54,10 +54,10 @@ Timing definitions (../shared/measurement.md): server-side TTFT runs from the ar
 (queue wait included) to the first generated id on the host; the decode gauge is (generated - 1) / (last id - first
 id), in tok/s. Each distinct shape compiles once: with `SequentialSlots` (bucket, max_tokens, greedy or sampling);
 with `BatchedSlots` a prefill per (bucket, greedy or sampling) at the slots' fixed cache length, whatever
-max_tokens, and the slots' step (greedy, and with a sampled slot). Name the shapes clients will use in
-`--warmup-shapes` so that no client request pays a compile: a warm-up shape compiles, through the slot engine, its
-greedy prefill and, for `BatchedSlots`, the insert and both steps (a compile in a running server stalls every
-slot).
+max_tokens, and the slots' steps (one per row count a step decodes, `model.slots.row_counts`, and all the slots;
+greedy, and with a sampled slot). Name the shapes clients will use in `--warmup-shapes` so that no client request
+pays a compile: a warm-up shape compiles, through the slot engine, its greedy prefill and, for `BatchedSlots`, the
+insert and every step (a compile in a running server stalls every slot).
 
 Errors follow OpenAI's body, `{"error": {"message", "type", "param", "code"}}`, and are counted in /metrics by type:
 400 for a malformed body or a bad field (code `invalid_value`, `invalid_json`, `unsupported_parameter`,

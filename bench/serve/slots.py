@@ -9,10 +9,11 @@ string, a disconnect, a deadline): a slot engine never ends one by itself.
 Two implementations; `default_slots` picks one (`BatchedSlots` for max_batch > 1, `SequentialSlots` for 1):
 
 `BatchedSlots` (continuous batching): the slots are the rows of one batched KV cache (`model.slots.SlotDecoder`,
-`Engine.slot_decoder(max_batch, cache_len)`), and a `step` is ONE jitted decode step of all rows, each at its own
-position. A joining request's prefill runs alone (its own bucket) and its row is copied into its slot. Every
+`Engine.slot_decoder(max_batch, cache_len)`), and a `step` is ONE jitted decode step of the occupied rows, each at
+its own position: of just those rows (and free ones up to a power of two) while they fit in half the slots, else of
+all rows. A joining request's prefill runs alone (its own bucket) and its row is copied into its slot. Every
 request's prompt + max_tokens must fit the slots' cache length (`max_context`: the server's --max-length), a free
-slot costs its share of every step, and greedy tokens equal the request's tokens alone (`model.slots`).
+slot in a step costs its share of it, and greedy tokens equal the request's tokens alone (`model.slots`).
 
 `SequentialSlots` runs each slot as an independent single-sequence generation (`model.engine.Engine.generate`,
 batch 1), and a `step` advances them **one after another**, one jitted B=1 decode step each. That is correct (the
@@ -215,9 +216,11 @@ class BatchedSlots:
         self.engine, self.max_batch = engine, max_batch
         self.max_context = self.decoder.cache_len
         self._started: dict[int, tuple[int, int, int]] = {}  # slot -> (traces when it joined, bucket, resets)
-        self.description = (f"batched: {max_batch} slots decoded together, one jitted step of all slots per "
-                            f"scheduler step ({self.max_context} positions per slot, --max-length; a free slot "
-                            "still costs its share of each step)")  # fmt: skip
+        counts = ", ".join(map(str, self.decoder.row_counts))
+        self.description = (f"batched: {max_batch} slots decoded together, one jitted step of the occupied slots per "
+                            f"scheduler step ({self.max_context} positions per slot, --max-length; a step decodes "
+                            f"{counts + ' or ' if counts else ''}{max_batch} rows, the fewest that hold the occupied "
+                            "ones, and a free row in it costs its share)")  # fmt: skip
 
     def prefill_into(self, slot: int, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Any, *,
                      stop_at_eos: bool) -> Token:  # fmt: skip
@@ -270,8 +273,8 @@ class BatchedSlots:
 
     def warmup(self, n_tokens: int, max_new_tokens: int) -> None:
         """Compile what a request of `n_tokens` prompt tokens runs in a slot (`SlotDecoder.warmup`: its greedy
-        prefill at its bucket, the insert, both step programs). Raises EngineError for a shape the slots cannot
-        hold (prompt + max_new_tokens above `max_context`)."""
+        prefill at its bucket, the insert, the step of each row count, greedy and sampled). Raises EngineError
+        for a shape the slots cannot hold (prompt + max_new_tokens above `max_context`)."""
         self.decoder.warmup(n_tokens, max_new_tokens)
 
 
