@@ -20,10 +20,12 @@ other rows are neither read nor written. Past that, every row (`_slot_step_progr
 carried along: it decodes its stale token at position 0 of its own row (its length is held at 0 after every step,
 so it never runs past the cache), and its token is ignored. It costs its share of that step on the device (the
 weights are read once per step whatever the rows, but its projections, attention over its S slots and logits are
-computed like an occupied row's). Measured on the default preset (bfloat16 weights, 2-core Xeon, 41-token prompts,
-8 slots, greedy; ms per step with k rows against all 8): one occupied row 19.7 against 87.4 at S = 1,024 and 60.1
-against 221.4 at S = 8,192 (the server's default); two rows 29.4 against 74.8 (S = 1,024) and 90.9 against 228.4
-(S = 8,192); four rows 54.6 against 63.0 and 152.8 against 181.0.
+computed like an occupied row's). Measured on the default preset (2-core Xeon, 41-token prompts, 8 slots, greedy,
+in one process; ms per step with k rows against all 8, at S = 1,024 and at 8,192, the server's default):
+- bfloat16 weights: one occupied row 19.7 / 87.4 and 60.1 / 221.4; two 29.4 / 74.8 and 90.9 / 228.4; four 54.6 /
+  63.0 and 152.8 / 181.0;
+- float32 weights: one 25.4 / 69.4 and 55.5 / 181.9; two 34.9 / 71.4 and 99.0 / 186.4; four 54.7 / 74.0 and
+  172.3 / 197.6.
 
 Tokens: greedy rows equal `Engine.generate` of the same prompt alone (the same prefill computation, then the same
 per-row decode arithmetic as `Engine.generate_batch`, whose rows equal their prompts alone: tests/test_batch.py),
@@ -120,7 +122,7 @@ def _insert_program(cache, token_B, row, token_1, slot):
 
 ROWS_STEP_SHARE = 2
 """A step decodes only its occupied rows (`row_counts`) while they fit in 1 / ROWS_STEP_SHARE of the slots: at
-half of 8 slots a four-row step was still 0.84x-0.87x the time of the full one (the module docstring)."""
+half of 8 slots a four-row step still took 0.74x-0.87x the time of the full one (the module docstring)."""
 
 
 def row_counts(max_batch: int) -> tuple[int, ...]:
