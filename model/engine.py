@@ -14,7 +14,7 @@ of the longest, one length per row (`KVCache.length` [B]), each row at its own p
 bytes are checked against the device's (or host's) memory before anything is allocated (`check_batch`).
 `generate` keeps its single-sequence programs (one scalar length) and their tokens. Decode slots
 (`Engine.slot_decoder`, `model.slots`): sequences join and leave a fixed batch of rows between decode steps, one
-jitted step for all rows (continuous batching).
+jitted step of the occupied rows (continuous batching).
 
 Recompilation triggers (everything else is an array argument and never recompiles):
 1. a new bucket (the prefill program's input shape);
@@ -30,11 +30,12 @@ Recompilation triggers (everything else is an array argument and never recompile
 7. `Engine.next_token_logits` (the prefill's logits, for accuracy records): its own program per (bucket, cache
    length), compiled on its first call at that shape, outside any timed request.
 8. decode slots (`Engine.slot_decoder(max_batch, cache_len)`, `model.slots`, what `bench serve --max-batch N > 1`
-   runs): the step per (max_batch, cache_len) and greedy-only vs any sampled row; each prefill per (bucket,
+   runs): the step per (max_batch, cache_len, rows it decodes: each of `model.slots.row_counts(max_batch)` and
+   max_batch) and greedy-only vs any sampled row; each prefill per (bucket,
    cache_len) and greedy vs sampling (the single-sequence prefill program at the slots' cache_len, another shape
    than `generate`'s bucket + max_new_tokens); the insert of a prefilled row per (max_batch, cache_len). Which
    slot, the prompt's length within its bucket, max_new_tokens and the slots' occupancy compile nothing
-   (`SlotDecoder.warmup` compiles a bucket's programs and both steps).
+   (`SlotDecoder.warmup` compiles a bucket's programs and every step).
 Prompt length, position, temperature, top-k, top-p, seed and a block's trip count are traced values: changing them compiles nothing.
 `CompileCounter` counts every trace/compile (jax.monitoring), so a timed region can prove it compiled nothing.
 """

@@ -17,8 +17,9 @@ How many rows a step decodes: while the occupied rows fit in a row count k of `r
 half the slots: 1, 2 and 4 of 8), the step decodes k rows, the occupied ones and the lowest free ones up to k
 (`_slot_rows_step_program`: `decode_step` with `rows`, each attention reading a gathered copy of those rows); the
 other rows are neither read nor written. Past that, every row (`_slot_step_program`). A free row in a step is
-carried along: it decodes its stale token at position 0 of its own row (its length is held at 0 after every step,
-so it never runs past the cache), and its token is ignored. It costs its share of that step on the device (the
+carried along: it decodes its stale token at its own row's length (its old length in the first step after it was
+freed, then 0: every step holds a free row's length at 0, so it never runs past the cache), and its token is
+ignored. It costs its share of that step on the device (the
 weights are read once per step whatever the rows, but its projections, attention over its S slots and logits are
 computed like an occupied row's). Measured on the default preset (2-core Xeon, 41-token prompts, 8 slots, greedy,
 in one process; ms per step with k rows against all 8, at S = 1,024 and at 8,192, the server's default):
@@ -29,8 +30,8 @@ in one process; ms per step with k rows against all 8, at S = 1,024 and at 8,192
 
 Tokens: greedy rows equal `Engine.generate` of the same prompt alone (the same prefill computation, then the same
 per-row decode arithmetic as `Engine.generate_batch`, whose rows equal their prompts alone: tests/test_batch.py),
-up to float summation order (the slots' cache length S differs from `generate`'s bucket + max_new_tokens, and the
-batch size from 1); measured equal on the tiny preset (tests/test_slots.py). A sampled row at position p draws with
+up to float summation order (the slots' cache length S differs from `generate`'s bucket + max_new_tokens, the
+batch size from 1, and the rows a step decodes change as others join and leave); measured equal on the tiny preset (tests/test_slots.py). A sampled row at position p draws with
 the key `generate` uses at p (fold_in(PRNGKey(seed), p)), with its own temperature, top-k and top-p.
 
 Compiled shapes (see the recompilation triggers of `model.engine`): the step per (B, S, rows decoded: each of
@@ -151,7 +152,7 @@ class SlotDecoder:
         engine.check_slots(max_batch, cache_len)
         self.engine, self.max_batch, self.cache_len = engine, max_batch, cache_len
         self.row_counts = row_counts(max_batch)
-        self.steps = 0  # decode steps run (each one jitted call for all rows)
+        self.steps = 0  # decode steps run (each one jitted call)
         self.resets = -1  # times the batched cache was rebuilt after a failed program (`_reset`)
         self._reset()
 
@@ -171,6 +172,7 @@ class SlotDecoder:
         self._seed = np.zeros(b, np.uint32)
         self._greedy = np.ones(b, bool)
         self._rows = None  # the device copies of the per-row settings; rebuilt after a join or a leave
+        self._rows_k: dict[int, jax.Array] = {}  # per row count k: the rows a step of k decodes, int32 [k]; as `_rows`
         self.resets += 1
 
     @property
@@ -272,8 +274,9 @@ class SlotDecoder:
         """Compile (or load from the persistent cache) the programs a request of `n_tokens` prompt tokens runs:
         its greedy prefill at its bucket, the insert, and the steps of every row count (`row_counts` and all
         `max_batch` rows), greedy and with a sampled row (the steps do not depend on the prompt). Runs a BOS prompt
-        in the first free slot, steps once with each step program, and frees the slot. Returns the jit traces it
-        took (`CompileCounter.traces`). Raises EngineError when no slot is free, or as `prefill`."""
+        in the first free slot, steps once with each step program, and frees the slot: meant for slots nobody
+        occupies yet (a server's start), as an occupied row those steps decode loses their tokens. Returns the jit
+        traces it took (`CompileCounter.traces`). Raises EngineError when no slot is free, or as `prefill`."""
         free = [s for s in range(self.max_batch) if not self._active[s]]
         if not free:
             raise EngineError("no free slot to warm up in")

@@ -39,14 +39,10 @@ def test_each_hosts_copy_bandwidth_is_a_note_never_a_threshold(tmp_path: Path) -
     cand.update_manifest(rates={"copy_bandwidth": {"bytes_per_s": 22.5 * gib},
                                 "copy_bandwidth_end": {"bytes_per_s": 20.25 * gib}})  # fmt: skip
     result = compare_runs(base.path, cand.path)
-    assert ("host copy bandwidth (GiB/s, before the first cell -> after the last): baseline 18.75, candidate 22.50 "
+    assert ("device copy bandwidth (GiB/s, before the first cell -> after the last): baseline 18.75, candidate 22.50 "
             "-> 20.25; the candidate's start is +20.0% against the baseline's") in result.notes
     assert result.passed and result.failures == []
-    for platforms, whose in ((("tpu", "tpu"), "device "), (("cpu", "gpu"), ""), (("gpu", None), "")):
-        for run, platform in zip((base, cand), platforms, strict=True):
-            run.update_manifest(device={"platform": platform, "device_kind": "x", "count": 1})
-        notes = [n for n in compare_runs(base.path, cand.path).notes if "copy bandwidth" in n]
-        assert len(notes) == 1 and notes[0].startswith(f"{whose}copy bandwidth (GiB/s"), (platforms, notes)
+    assert not any("host" in n for n in result.notes)  # the sweep's word: the device's memory (a CPU's on CPU)
 
 
 def test_identical_runs_pass(tmp_path: Path) -> None:

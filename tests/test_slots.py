@@ -47,7 +47,7 @@ def alone(engine, prompts):
 @pytest.fixture
 def decoder(engine):
     dec = engine.slot_decoder(SLOTS, CACHE_LEN)
-    dec.warmup(20)  # the bucket of every prompt here (32), the insert and both steps
+    dec.warmup(20)  # the bucket of every prompt here (32), the insert and every step (1 row and 3, both kinds)
     return dec
 
 
@@ -158,12 +158,16 @@ def test_a_step_of_fewer_rows_decodes_them_alone_and_leaves_every_other_row_unto
         rows = dec.step_rows()
         stepped = [*occupied, *(s for s in range(4) if s not in occupied)][:rows]  # then the lowest free rows
         before = [(np.asarray(k).copy(), np.asarray(v).copy()) for k, v in zip(dec._cache.k, dec._cache.v)]
+        token0 = np.asarray(dec._token_B).copy()
         run.step()
         seen.append(rows)
+        outside = set(range(4)) - set(stepped)  # free rows, all of them
         for (k0, v0), k, v in zip(before, dec._cache.k, dec._cache.v, strict=True):
-            for r in set(range(4)) - set(stepped):  # every slot of every layer as it was
+            for r in outside:  # every slot of every layer as it was
                 np.testing.assert_array_equal(np.asarray(k)[r], k0[r])
                 np.testing.assert_array_equal(np.asarray(v)[r], v0[r])
+        for r in outside:  # its token as it was; its length held at 0 like every free row's
+            assert int(np.asarray(dec._token_B)[r]) == token0[r] and int(np.asarray(dec._cache.length)[r]) == 0
     run.drain()
     assert seen == [1, 2, 2, 4, 4]
     assert run.tokens == dict(enumerate(alone))

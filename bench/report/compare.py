@@ -474,12 +474,11 @@ def compare_runs(
 
 
 def _bandwidth_note(base: dict, cand: dict) -> str | None:
-    """The note on the two machines' memory: each run's copy bandwidth (GiB/s) before its first cell and, where it
+    """The note on the two devices' memory: each run's copy bandwidth (GiB/s) before its first cell and, where it
     was measured, after its last (`bench.runs.manifest.copy_bandwidths_of`), and the candidate's start against the
-    baseline's in percent; called the host's when both runs ran on CPU, the device's when neither did (a TPU's or
-    GPU's memory), else neither. None unless both runs measured a start (in-process sweeps). A fact, never a
-    threshold: it says how much of a speed difference the machine alone may account for (measurement.md,
-    Comparisons)."""
+    baseline's in percent. "device" as the sweep's own lines say it: the CPU's memory on a CPU run, the chip's on a
+    TPU or GPU. None unless both runs measured a start (in-process sweeps). A fact, never a threshold: it says how
+    much of a speed difference the machine alone may account for (measurement.md, Comparisons)."""
     (b0, b1), (c0, c1) = copy_bandwidths_of(base), copy_bandwidths_of(cand)
     if b0 is None or c0 is None:
         return None
@@ -487,9 +486,7 @@ def _bandwidth_note(base: dict, cand: dict) -> str | None:
     def span(start: float, end: float | None) -> str:
         return f"{start / 2**30:,.2f}" + ("" if end is None else f" -> {end / 2**30:,.2f}")
 
-    platforms = {(m.get("device") or {}).get("platform") for m in (base, cand)}
-    whose = "host " if platforms == {"cpu"} else "" if None in platforms or "cpu" in platforms else "device "
-    return (f"{whose}copy bandwidth (GiB/s, before the first cell -> after the last): baseline {span(b0, b1)}, "
+    return (f"device copy bandwidth (GiB/s, before the first cell -> after the last): baseline {span(b0, b1)}, "
             f"candidate {span(c0, c1)}; the candidate's start is {drift_pct(b0, c0):+.1f}% against the "
             "baseline's")  # fmt: skip
 

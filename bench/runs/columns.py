@@ -214,7 +214,8 @@ def cell_name(row: CellRow) -> str:
 _OVER_100 = (
     ((ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE), 100.0,
      "the step read its bytes faster than the measured copy moves them (the copy counts bytes read + written; a "
-     "read-only stream can be faster), so the copy is not the ceiling on this device"),
+     "read-only stream can be faster), so the copy is not the ceiling on this device, or other work on the machine "
+     "slowed the probe (compare the copy bandwidth after the last cell)"),
     ((PREFILL_MATMUL_SHARE,), 100.0,
      "the prefill's matrix products ran faster than the measured matrix-product rate at its probe shape"),
 )  # fmt: skip

@@ -198,8 +198,8 @@ class SequentialSlots:
 
 class BatchedSlots:
     """`SlotEngine` with continuous batching: the slots are the rows of one batched KV cache (`model.slots.
-    SlotDecoder` over `engine.slot_decoder(max_batch, cache_len)`), one jitted decode step for all of them per
-    `step` (see the module docstring). `cache_len`: positions per slot, the most a prompt + max_tokens may total
+    SlotDecoder` over `engine.slot_decoder(max_batch, cache_len)`), one jitted decode step of the occupied ones
+    per `step` (see the module docstring). `cache_len`: positions per slot, the most a prompt + max_tokens may total
     (`max_context`; default `engine.max_length`, the server's --max-length). Stop at EOS, stop strings,
     disconnects and deadlines are the scheduler's: a released slot is freed at once and its row carried along
     unused until a request joins it. Raises ValueError for max_batch < 1, and the engine's EngineError when the
@@ -235,8 +235,8 @@ class BatchedSlots:
         return Token(first.token_id, t_ns)
 
     def step(self, slots: Sequence[int]) -> dict[int, Token | BaseException]:
-        """See `SlotEngine.step`: ONE decode step of every row (`SlotDecoder.step`), whose tokens arrive on the
-        host together. A slot that is not occupied, or whose sequence was lost when the batched cache was rebuilt
+        """See `SlotEngine.step`: ONE decode step of the occupied rows (`SlotDecoder.step`), whose tokens arrive
+        on the host together. A slot that is not occupied, or whose sequence was lost when the batched cache was rebuilt
         after an engine error (`SlotDecoder.resets`), answers RuntimeError; a step that raised raises (the
         scheduler ends every slot with it)."""
         resets = self.decoder.resets
