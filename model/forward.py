@@ -398,11 +398,9 @@ def _write_position(buf_BKSH: jax.Array, x_BK1H: jax.Array, slot: jax.Array, row
     """One decode position per row [B,K,1,H] written into the cache buffer [B,K,S,H] at `slot`: an int32 scalar
     (every row the same slot: one slice) or [B] (row b at slot_b: a scatter of B rows). With `rows` [k] (x and
     slot [k]): row rows[j] of the buffer at slot_j, a scatter of k rows, the others untouched."""
-    if rows is not None:
-        return buf_BKSH.at[rows, :, slot].set(x_BK1H[:, :, 0], unique_indices=True)
-    if jnp.ndim(slot) == 0:
+    if rows is None and jnp.ndim(slot) == 0:
         return jax.lax.dynamic_update_slice(buf_BKSH, x_BK1H, (0, 0, slot, 0))
-    rows_B = jnp.arange(buf_BKSH.shape[0])
+    rows_B = jnp.arange(buf_BKSH.shape[0]) if rows is None else rows
     return buf_BKSH.at[rows_B, :, slot].set(x_BK1H[:, :, 0], unique_indices=True)
 
 

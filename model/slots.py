@@ -19,10 +19,10 @@ half the slots: 1, 2 and 4 of 8), the step decodes k rows, the occupied ones and
 other rows are neither read nor written. Past that, every row (`_slot_step_program`). A free row in a step is
 carried along: it decodes its stale token at its own row's length (its old length in the first step after it was
 freed, then 0: every step holds a free row's length at 0, so it never runs past the cache), and its token is
-ignored. It costs its share of that step on the device (the
-weights are read once per step whatever the rows, but its projections, attention over its S slots and logits are
-computed like an occupied row's). Measured on the default preset (2-core Xeon, 41-token prompts, 8 slots, greedy,
-in one process; ms per step with k rows against all 8, at S = 1,024 and at 8,192, the server's default):
+ignored. It costs its share of that step on the device (the weights are read once per step whatever the rows, but
+its projections, attention over its S slots and logits are computed like an occupied row's). Measured on the
+default preset (2-core Xeon, 41-token prompts, 8 slots, greedy, in one process; ms per step with k rows against
+all 8, at S = 1,024 and at 8,192, the server's default):
 - bfloat16 weights: one occupied row 19.7 / 87.4 and 60.1 / 221.4; two 29.4 / 74.8 and 90.9 / 228.4; four 54.6 /
   63.0 and 152.8 / 181.0;
 - float32 weights: one 25.4 / 69.4 and 55.5 / 181.9; two 34.9 / 71.4 and 99.0 / 186.4; four 54.7 / 74.0 and
@@ -31,8 +31,9 @@ in one process; ms per step with k rows against all 8, at S = 1,024 and at 8,192
 Tokens: greedy rows equal `Engine.generate` of the same prompt alone (the same prefill computation, then the same
 per-row decode arithmetic as `Engine.generate_batch`, whose rows equal their prompts alone: tests/test_batch.py),
 up to float summation order (the slots' cache length S differs from `generate`'s bucket + max_new_tokens, the
-batch size from 1, and the rows a step decodes change as others join and leave); measured equal on the tiny preset (tests/test_slots.py). A sampled row at position p draws with
-the key `generate` uses at p (fold_in(PRNGKey(seed), p)), with its own temperature, top-k and top-p.
+batch size from 1, and the rows a step decodes change as others join and leave); measured equal on the tiny preset
+(tests/test_slots.py). A sampled row at position p draws with the key `generate` uses at p
+(fold_in(PRNGKey(seed), p)), with its own temperature, top-k and top-p.
 
 Compiled shapes (see the recompilation triggers of `model.engine`): the step per (B, S, rows decoded: each of
 `row_counts` and B) and greedy-only vs any sampled row (the sampled step sorts the vocabulary for every row it
@@ -84,10 +85,17 @@ def _slot_step_program(params, cache, token_B, active_B, rows, *, cfg, act_dtype
     with jax.named_scope("decode_step"):
         position_B = cache.length
         logits_BV, cache = decode_step(as_params(params), cfg, token_B, cache, dtype=DTYPES[act_dtype])
-        next_B = _choose(logits_BV, position_B, None, True) if greedy else _choose_rows(logits_BV, position_B, rows)
-        next_B = jnp.where(active_B, next_B, token_B)
+        next_B = _next_tokens(logits_BV, position_B, token_B, active_B, rows, greedy)
         length_B = jnp.where(active_B, cache.length, 0)
         return next_B, KVCache(k=cache.k, v=cache.v, length=length_B)
+
+
+def _next_tokens(logits_BV, position_B, token_B, active_B, rows, greedy: bool) -> jax.Array:
+    """Each row's next token [B] (int32) from its float32 logits [B,V] at its positions [B]: argmax when `greedy`
+    (every occupied row greedy), else `_choose_rows` with the rows' settings `rows`; a free row (`active_B` False)
+    keeps its token."""
+    next_B = _choose(logits_BV, position_B, None, True) if greedy else _choose_rows(logits_BV, position_B, rows)
+    return jnp.where(active_B, next_B, token_B)
 
 
 @program(static_argnames=("cfg", "act_dtype", "greedy"), donate_argnames=("cache", "token_B"))
@@ -99,11 +107,7 @@ def _slot_rows_step_program(params, cache, token_B, active_B, rows, rows_k, *, c
     with jax.named_scope("decode_step"):
         position_k, token_k = cache.length[rows_k], token_B[rows_k]
         logits_kV, cache = decode_step(as_params(params), cfg, token_k, cache, dtype=DTYPES[act_dtype], rows=rows_k)
-        if greedy:
-            next_k = _choose(logits_kV, position_k, None, True)
-        else:
-            next_k = _choose_rows(logits_kV, position_k, tuple(a[rows_k] for a in rows))
-        next_k = jnp.where(active_B[rows_k], next_k, token_k)
+        next_k = _next_tokens(logits_kV, position_k, token_k, active_B[rows_k], tuple(a[rows_k] for a in rows), greedy)
         token_B = token_B.at[rows_k].set(next_k, unique_indices=True)
         length_B = jnp.where(active_B, cache.length, 0)
         return token_B, KVCache(k=cache.k, v=cache.v, length=length_B)

@@ -170,8 +170,9 @@ def test_shares_above_100_and_a_negative_host_overhead_get_one_footnote_each() -
     roof, prefill, overhead = table_notes(table_columns(rows), rows)
     assert roof.startswith("note: roofline % above 100 (41: 102.9, device loop 41: 135.8): the step read its bytes "
                            "faster than the measured copy moves them (the copy counts bytes read + written; ")
+    # 521 at exactly 100 is not above it
     assert roof.endswith("so the copy is not the ceiling on this device, or other work on the machine slowed the "
-                         "probe (compare the copy bandwidth after the last cell).")  # 521 at exactly 100 is not above it
+                         "probe (compare the copy bandwidth after the last cell).")
     assert prefill.startswith("note: prefill matmul % above 100 (521: 104.2): ") and "probe shape" in prefill
     below = HOST_OVERHEAD.text(rows[1])
     assert rows[1].host_overhead_ms < 0 and rows[0].host_overhead_ms > 0 and rows[2].host_overhead_ms > 0

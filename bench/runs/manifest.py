@@ -386,7 +386,7 @@ def copy_bandwidths_of(manifest: Mapping[str, Any]) -> tuple[float | None, float
 
 def drift_pct(start_bytes_s: float, end_bytes_s: float) -> float:
     """How far a bandwidth moved from `start_bytes_s` to `end_bytes_s`, percent of the start's: (end - start) /
-    start x 100 (the sweep's end line, the report's note, `bench compare`'s host note). Raises ValueError for a
+    start x 100 (the sweep's end line, the report's note, `bench compare`'s bandwidth note). Raises ValueError for a
     start that is not a positive number."""
     if not start_bytes_s > 0:
         raise ValueError(f"start bandwidth {start_bytes_s!r}: expected bytes/s > 0")

@@ -92,7 +92,8 @@ about an hour (README, set 9), and the changes such sets compared were 5-10%."""
 
 def drift_lines(start_bytes_s: float, end_bytes_s: float) -> tuple[str, str | None]:
     """(the run.log line of the copy bandwidth measured after the last cell against the start's, in GiB/s and
-    `bench.runs.manifest.drift_pct`; a warning line when the drift exceeds `DRIFT_WARN_PCT` either way, else None). Bytes/s in."""
+    `bench.runs.manifest.drift_pct`; a warning line when the drift exceeds `DRIFT_WARN_PCT` either way, else
+    None). Bytes/s in."""
     drift = drift_pct(start_bytes_s, end_bytes_s)
     line = (f"device copy bandwidth after the last cell: {end_bytes_s / 2**30:,.2f} GiB/s, {drift:+.1f}% against the "
             f"{start_bytes_s / 2**30:,.2f} GiB/s the roofline shares are divided by")  # fmt: skip
