@@ -175,6 +175,7 @@ class SlotDecoder:
         self._top_p = np.ones(b, np.float32)
         self._seed = np.zeros(b, np.uint32)
         self._greedy = np.ones(b, bool)
+        self._left = np.zeros(b, np.int64)  # per row: the steps its prefill's max_new_tokens still allows
         self._rows = None  # the device copies of the per-row settings; rebuilt after a join or a leave
         self._rows_k: dict[int, jax.Array] = {}  # per row count k: the rows a step of k decodes, int32 [k]; as `_rows`
         self.resets += 1
@@ -218,17 +219,26 @@ class SlotDecoder:
         self._temperature[slot] = max(sampling.temperature, 1e-6)  # as Sampling.args
         self._top_k[slot], self._top_p[slot], self._seed[slot] = sampling.top_k, sampling.top_p, sampling.seed
         self._greedy[slot] = sampling.greedy
+        self._left[slot] = max_new_tokens - 1  # the prefill made the first of them
         self._rows = None
         return SlotPrefill(token_id=int(np.asarray(token_1)[0]), bucket=bucket)
 
     def step(self) -> np.ndarray:
         """One decode step (one jitted call) of every occupied row: of `step_rows` rows, the occupied ones and free
         ones up to that count, the others untouched. The next token of each row, int numpy [max_batch] (a free
-        row's entry is meaningless). Raises EngineError when no slot is occupied, and whatever the device
-        raised for the step, after which every slot is free (`resets` + 1)."""
+        row's entry is meaningless). Raises EngineError, before anything runs and with every row kept, when no
+        slot is occupied or an occupied row has made the max_new_tokens its `prefill` was given (its cache may
+        hold no more: free it first); whatever the device raised for the step, after which every slot is free
+        (`resets` + 1)."""
         if not self._active.any():
             raise EngineError("no occupied slot to step")
-        return self._step(greedy=bool(self._greedy[self._active].all()))
+        spent = np.flatnonzero(self._active & (self._left <= 0))
+        if spent.size:
+            raise EngineError(f"slot {int(spent[0])} has made every new token its prefill's max_new_tokens allowed: "
+                              "free it before the next step")  # fmt: skip
+        tokens = self._step(greedy=bool(self._greedy[self._active].all()))
+        self._left[self._active] -= 1
+        return tokens
 
     def step_rows(self) -> int:
         """How many rows the next `step` decodes: the fewest of `row_counts` that hold every occupied row, else all
@@ -277,21 +287,25 @@ class SlotDecoder:
     def warmup(self, n_tokens: int, max_new_tokens: int = 1) -> int:
         """Compile (or load from the persistent cache) the programs a request of `n_tokens` prompt tokens runs:
         its greedy prefill at its bucket, the insert, and the steps of every row count (`row_counts` and all
-        `max_batch` rows), greedy and with a sampled row (the steps do not depend on the prompt). Runs a BOS prompt
-        in the first free slot, steps once with each step program, and frees the slot: meant for slots nobody
-        occupies yet (a server's start), as an occupied row those steps decode loses their tokens. Returns the jit
-        traces it took (`CompileCounter.traces`). Raises EngineError when no slot is free, or as `prefill`."""
+        `max_batch` rows), greedy and with a sampled row (the steps do not depend on the prompt), then its sampled
+        prefill. Runs a BOS prompt in the first free slot, steps once with each step program, frees the slot,
+        prefills it again with a sampled request and frees it: meant for slots nobody occupies yet (a server's
+        start), as an occupied row those steps decode loses their tokens. Returns the jit traces it took
+        (`CompileCounter.traces`). Raises EngineError when no slot is free, or as `prefill`."""
         free = [s for s in range(self.max_batch) if not self._active[s]]
         if not free:
             raise EngineError("no free slot to warm up in")
         traces0 = CompileCounter.traces
-        self.prefill(free[0], [self.engine.cfg.bos_token_id] * n_tokens, max(max_new_tokens, 2))
+        prompt = [self.engine.cfg.bos_token_id] * n_tokens
+        self.prefill(free[0], prompt, max(max_new_tokens, 2))
         try:
             for k in (*self.row_counts, self.max_batch):
                 self._step(greedy=True, k=k)
                 self._step(greedy=False, k=k)
         finally:
             self.free(free[0])
+        self.prefill(free[0], prompt, max(max_new_tokens, 2), Sampling(temperature=1.0))
+        self.free(free[0])
         return CompileCounter.traces - traces0
 
 

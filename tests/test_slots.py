@@ -217,6 +217,32 @@ def test_refusals_leave_the_slot_free(decoder, prompts):
         decoder.step()
 
 
+def test_a_row_that_made_its_max_new_tokens_is_refused_another_step_and_every_row_is_kept(decoder, prompts):
+    decoder.prefill(0, prompts[1], 3)  # the prefill's token, then room for two steps
+    decoder.prefill(2, prompts[2], MAX_NEW)
+    decoder.step()
+    decoder.step()
+    lengths, token_B = np.asarray(decoder._cache.length).copy(), np.asarray(decoder._token_B).copy()
+    steps = decoder.steps
+    with pytest.raises(EngineError, match="slot 0 has made every new token its prefill's max_new_tokens allowed"):
+        decoder.step()
+    assert decoder.active == (0, 2) and decoder.resets == 0 and decoder.steps == steps  # nothing ran, nothing lost
+    np.testing.assert_array_equal(np.asarray(decoder._cache.length), lengths)
+    np.testing.assert_array_equal(np.asarray(decoder._token_B), token_B)
+    decoder.free(0)
+    decoder.step()  # the other row goes on
+    assert int(np.asarray(decoder._cache.length)[2]) == lengths[2] + 1
+    decoder.free(2)
+
+
+def test_a_sampled_request_after_warm_up_compiles_nothing(decoder, prompts):
+    traces0 = CompileCounter.traces
+    decoder.prefill(1, prompts[3], MAX_NEW, SAMPLING)  # warm-up prefilled sampled at this bucket too
+    decoder.step()
+    decoder.free(1)
+    assert CompileCounter.traces == traces0
+
+
 def test_the_slots_memory_is_checked_before_anything_is_allocated(engine):
     with pytest.raises(EngineError) as err:
         engine.slot_decoder(10**9, CACHE_LEN)

@@ -56,8 +56,8 @@ id), in tok/s. Each distinct shape compiles once: with `SequentialSlots` (bucket
 with `BatchedSlots` a prefill per (bucket, greedy or sampling) at the slots' fixed cache length, whatever
 max_tokens, and the slots' steps (one per row count a step decodes, `model.slots.row_counts`, and all the slots;
 greedy, and with a sampled slot). Name the shapes clients will use in `--warmup-shapes` so that no client request
-pays a compile: a warm-up shape compiles, through the slot engine, its greedy prefill and, for `BatchedSlots`, the
-insert and every step (a compile in a running server stalls every slot).
+pays a compile: a warm-up shape compiles, through the slot engine, its greedy prefill and, for `BatchedSlots`, its
+sampled prefill, the insert and every step (a compile in a running server stalls every slot).
 
 Errors follow OpenAI's body, `{"error": {"message", "type", "param", "code"}}`, and are counted in /metrics by type:
 400 for a malformed body or a bad field (code `invalid_value`, `invalid_json`, `unsupported_parameter`,
