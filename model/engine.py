@@ -390,6 +390,11 @@ CPU_BF16_KERNEL_AMX = "bf16=cpu-amx"
 (`model.kernels.cpu.amx_min_rows`): another product of many rows, so another build."""
 
 
+CPU_ATTENTION_KERNEL = "attention=cpu"
+"""The manifest's kernel name for decode attention run by the engine's CPU kernel (`model.kernels.cpu.decode_attention`,
+float32 KV caches on CPU): it reads only the visible positions of each cache, so `Engine.decode_bytes` counts those."""
+
+
 def cpu_kernel_name() -> str:
     """The manifest's name of the CPU kernels as this process loads them (`model.kernels.cpu.availability`, which
     builds them on first use; its EngineError for a bad switch): `CPU_BF16_KERNEL_AMX` with AMX tiles, else
@@ -406,9 +411,10 @@ class Engine:
     `params` must already be in the policy's weight dtype on the device, and quantized as `quant` says (a
     `model.quantspec.QuantSpec`, scales of `scale_dtype`; `model.quant.quantize_params` or a quantizing
     `model.checkpoint.load_params`). `kernel`: the `model.kernels.choice.KernelPlan` the w4 projections' tilings
-    come from (None without w4 weights), recorded in the manifest. `cpu_kernel`: `CPU_BF16_KERNEL` when the
-    engine's CPU kernels multiply its bfloat16 weights (`model.kernels.cpu`; `load_engine` then holds the
-    input-major projections transposed), else None; recorded in the manifest as the engine's kernel.
+    come from (None without w4 weights), recorded in the manifest. `cpu_kernel`: the engine's CPU kernels, as
+    space-separated names: `CPU_BF16_KERNEL` when they multiply its bfloat16 weights (`model.kernels.cpu`;
+    `load_engine` then holds the input-major projections transposed), `CPU_ATTENTION_KERNEL` when they run its
+    decode attention; None for neither. Recorded in the manifest as the engine's kernel.
     `xla_options`: the XLA options its decode programs compile with (`model.programs.xla_options`, decided from the
     policy's platform and GEMMA4_BENCH_XLA_CPU_OPTIONS when not given; None: XLA's defaults), passed to every call
     of one and recorded in the manifest. Raises EngineError for a bad GEMMA4_BENCH_XLA_CPU_OPTIONS value, a prompt
@@ -435,6 +441,23 @@ class Engine:
         self.buckets = self.limits.buckets
         self.explicit_buckets = self.limits.explicit_buckets  # the limit's flag: --buckets if given, else --max-length
         CompileCounter.install()
+
+    def decode_positions(self, n_tokens: int, max_new_tokens: int) -> int:
+        """The cache positions a decode step's attention reads per full-attention layer (a sliding layer: up to its
+        window), for a request of `n_tokens` prompt tokens and `max_new_tokens` new ones: the whole buffer, bucket
+        + max_new_tokens, for XLA's products; n_tokens + max_new_tokens // 2 where only the visible positions are
+        read (`reads_visible_kv`): the mean of the n + 1 .. n + max_new_tokens - 1 positions its steps see, rounded
+        down. Raises EngineError as `bucket_for`."""
+        if self.reads_visible_kv:
+            return n_tokens + max_new_tokens // 2
+        return self.bucket_for(n_tokens) + max_new_tokens
+
+    @property
+    def reads_visible_kv(self) -> bool:
+        """Whether decode attention reads only the visible positions of the KV cache: the CPU kernel
+        (`CPU_ATTENTION_KERNEL` in `cpu_kernel`, as `load_engine` decides) rather than XLA's products over the whole
+        buffer."""
+        return CPU_ATTENTION_KERNEL in (self.cpu_kernel or "").split()
 
     @property
     def weight_bytes(self) -> int:
@@ -481,14 +504,15 @@ class Engine:
         `weights` (every weight the step touches at its stored size: one row of each embedding table, the whole
         tied table for the logits; quantized leaves at their packed size plus scales: one PLE row, the int8 head
         whole) and `kv_cache` (K and V read by the attention of every layer: the whole buffer of bucket +
-        max_new_tokens positions of its KV source, masked slots included), and their `total`; both from
+        max_new_tokens positions of its KV source, masked slots included; with the CPU attention kernel
+        the positions a step sees: `decode_positions`), and their `total`; both from
         `model.accounting` (`decode_weight_bytes`, `kv_read_bytes`). A step of `batch` rows reads the weights
         once and every row's cache (measurement.md, "Batches"), the gathered rows (one embedding and one PLE row
         per row) counted once, as their bytes are negligible (D + X values a row)."""
         weights = decode_weight_bytes(self.cfg, np.dtype(DTYPES[self.policy.weight_dtype]).itemsize,
                                       scale_itemsize=np.dtype(DTYPES[self.scale_dtype]).itemsize, quant=self.quant)
-        cache_len = self.bucket_for(n_tokens) + max_new_tokens
-        kv = batch * kv_read_bytes(self.cfg, cache_len, np.dtype(DTYPES[self.policy.kv_dtype]).itemsize)
+        positions = self.decode_positions(n_tokens, max_new_tokens)
+        kv = batch * kv_read_bytes(self.cfg, positions, np.dtype(DTYPES[self.policy.kv_dtype]).itemsize)
         return {"weights": weights, "kv_cache": kv, "total": weights + kv}
 
     def check_batch(self, batch: int, n_tokens: int, max_new_tokens: int) -> BatchMemory:
@@ -895,7 +919,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
     from model.kernels.choice import log_plan, plan_kernel, with_kernel_mode, with_tilings
-    from model.kernels.cpu import engine_plan
+    from model.kernels.cpu import attention_plan, engine_plan
     from model.policy import decide_policy
     from model.tokenizer import GemmaTokenizer
 
@@ -921,6 +945,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     if plan is not None and plan.impl == "pallas":
         params = with_tilings(params, plan)
     cpu_kernel, cpu_line = engine_plan(policy.platform, policy.weight_dtype, policy.activation_dtype)
+    cpu_attention, attention_line = attention_plan(policy.platform, policy.kv_dtype, policy.activation_dtype)
     if cpu_kernel:  # the kernels read [N, K] weights: the input-major projections held transposed instead
         params = output_major_params(params, release=True)  # one leaf at a time: the peak stays near the weights
     jax.block_until_ready(params)
@@ -929,10 +954,14 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
              f"converted once at load to {policy.weight_dtype}, quant {quant.canonical}) in {report['load_s']:.1f} s")  # fmt: skip
     if cpu_line:
         (log.info if cpu_kernel else log.warning)(cpu_line)
+    if attention_line:
+        log.info(attention_line)
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
                     scale_dtype=scale_dtype, kernel=plan,
-                    cpu_kernel=cpu_kernel_name() if cpu_kernel else None, xla_options=options)  # fmt: skip
+                    cpu_kernel=" ".join(name for name, on in ((cpu_kernel_name(), cpu_kernel),
+                                                              (CPU_ATTENTION_KERNEL, cpu_attention)) if on) or None,
+                    xla_options=options)  # fmt: skip
     if (options_line := xla_options_line(engine.xla_options, policy.platform)) is not None:
         log.info(options_line)
     return engine, report

@@ -352,9 +352,9 @@ def decode_step(
     A per-row length [B] decodes row b at its own position p_b: its own RoPE angle, its own slot (written by a
     scatter of one slot per row instead of one slice for all rows), its own visible slots.
     `rows` (int32 [k], distinct row indices in 0..B-1; the cache's lengths per row [B]): only those rows of the
-    cache decode, token_B [k] holding row rows[j]'s token and the logits [k,V] its logits; each attention reads a
-    copy of those rows of its KV source (a gather of k rows), every other row is neither read nor written, and
-    only those rows' lengths move. Each row's arithmetic is that of decoding every row, up to float rounding (XLA
+    cache decode, token_B [k] holding row rows[j]'s token and the logits [k,V] its logits; each attention reads
+    those rows of its KV source (`attend_one` with rows: in place with the CPU kernel, else a gathered copy of k
+    rows), every other row is neither read nor written, and only those rows' lengths move. Each row's arithmetic is that of decoding every row, up to float rounding (XLA
     may sum in another order at another row count: on the tiny preset up to 2.8e-7 in the logits). Not checked
     (the caller's promise, as `model.slots` keeps it): a scalar length raises IndexError; repeated rows give
     undefined results; a row out of range is read as the last row and its writes are dropped.
@@ -381,12 +381,10 @@ def decode_step(
                 # The barrier keeps XLA from duplicating each update into its readers (the step's output and the
                 # attention below), which made XLA:CPU copy every cache buffer several times per decode step.
                 new_k[i], new_v[i] = jax.lax.optimization_barrier((k_new, v_new))
-            k_BKSH, v_BKSH = new_k[src], new_v[src]
-            if rows is not None:
-                k_BKSH, v_BKSH = jnp.take(k_BKSH, rows, axis=0), jnp.take(v_BKSH, rows, axis=0)
+            k_BKSH, v_BKSH = new_k[src], new_v[src]  # with `rows`: every row, attend_one reads those decoded
             s = k_BKSH.shape[2]
             vis_S = _cache_visible(cfg, i, p, s)
-            o_B1NH = attend_one(q_B1NH, k_BKSH, v_BKSH, _row_mask(vis_S, b))
+            o_B1NH = attend_one(q_B1NH, k_BKSH, v_BKSH, _row_mask(vis_S, b), rows)
             h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
     out_BV = logits(params, cfg, h_B1D)[:, 0]
     length = p + 1 if rows is None else cache.length.at[rows].set(p + 1, unique_indices=True)

@@ -221,14 +221,14 @@ def test_an_engine_with_bfloat16_weights_decodes_the_float32_engines_tokens(buil
     """The built-in checkpoint is stored in bfloat16, so float32 weights hold the same values: the kernels' engine
     must produce the same greedy tokens, and so must the XLA path with the kernels off."""
     from model.builtin import ensure_builtin
-    from model.engine import cpu_kernel_name, load_engine
+    from model.engine import CPU_ATTENTION_KERNEL, cpu_kernel_name, load_engine
     from model.policy import decide_policy
 
     path = ensure_builtin("tiny")
     prompt = [2, 17, 99, 5, 300, 41, 7, 8, 250, 3]
     f32, _ = load_engine(path, policy=decide_policy())
     bf16, _ = load_engine(path, policy=decide_policy(weight_dtype="bfloat16"))
-    assert bf16.cpu_kernel == cpu_kernel_name() and f32.cpu_kernel is None
+    assert bf16.cpu_kernel == f"{cpu_kernel_name()} {CPU_ATTENTION_KERNEL}" and f32.cpu_kernel == CPU_ATTENTION_KERNEL
     assert isinstance(bf16.params.layers[0].qkv_DX, quant.OutputMajor)  # the kernels read [N, K]
     assert bf16.batch_copy_bytes == 0  # already transposed: a batch needs no second copy
     want = f32.generate(prompt, 12).token_ids
@@ -269,6 +269,8 @@ def test_the_manifest_names_the_w4_product_and_the_cpu_kernel_side_by_side():
     assert kernel_text("w4a16=xla", "bf16=cpu") == "w4a16=xla bf16=cpu" and kernel_text(None, None) is None
     assert (w4_kernel_of("w4a16=xla bf16=cpu"), cpu_kernel_of("w4a16=xla bf16=cpu")) == ("w4a16=xla", "bf16=cpu")
     assert (w4_kernel_of("bf16=cpu"), cpu_kernel_of("w4a16=pallas"), w4_kernel_of(None)) == (None, None, None)
+    both = "w4a16=xla bf16=cpu attention=cpu"  # the CPU kernels' names, all of them
+    assert (w4_kernel_of(both), cpu_kernel_of(both)) == ("w4a16=xla", "bf16=cpu attention=cpu")
     # the dense payload of a quantized bfloat16 run keeps its CPU kernel: quantization stays the only difference
     assert EngineConfig(quantization="w4", kernel="w4a16=xla bf16=cpu").dense().kernel == "bf16=cpu"
     assert EngineConfig(quantization="w4", kernel="w4a16=xla").dense().kernel is None

@@ -451,6 +451,8 @@ def test_a_trace_without_step_annotations_is_a_trace_error(tmp_path):
     ("gemma4_bf16_to_f32", "dtype_conversion"),  # the engine's CPU kernel widening a weight (model/kernels/cpu.py)
     ("gemma4_bf16_matvec_nk", "matmul_fp32"),  # float32 sums of bfloat16 weights widened in registers
     ("gemma4_bf16_matvec_kn", "matmul_fp32"),
+    ("gemma4_decode_attention", "attention"),  # decode attention over a float32 cache, with no scope on the call
+    ("gemma4_decode_attention_rows", "attention"),
     ("__cublas$gemm", "matmul_16bit"),  # a library GEMM still counts as a product of its operands' dtype
 ])  # fmt: skip
 def test_the_engines_cpu_kernels_are_classified_by_what_they_do_not_by_the_gemm_in_gemma(target, category):

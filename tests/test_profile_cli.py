@@ -22,7 +22,7 @@ import pytest
 
 from conftest import bench_in_process
 from bench.cli.profile_cmds import nvidia_gpu_expected
-from model.engine import cpu_kernel_name
+from model.engine import CPU_ATTENTION_KERNEL, cpu_kernel_name
 
 STEPS = 3
 
@@ -189,7 +189,9 @@ def test_the_cpu_kernels_remove_leak_one_and_the_manifest_names_them(kernels, le
     _, leaky = leak
     assert prof["config"]["weight_dtype"] == "bfloat16" and prof["categories"]["dtype_conversion"]["pct"] < 2.0
     assert prof["config"]["decode_bytes"]["weights"] == leaky["config"]["decode_bytes"]["weights"]
-    assert json.loads((run / "manifest.json").read_text())["engine_config"]["kernel"] == cpu_kernel_name()
+    assert json.loads((run / "manifest.json").read_text())["engine_config"]["kernel"] == (
+        f"{cpu_kernel_name()} {CPU_ATTENTION_KERNEL}")
+    assert prof["categories"]["attention"]["pct"] > 0  # the attention kernel's calls, by their named scope
     assert json.loads((leak[0] / "manifest.json").read_text())["engine_config"]["kernel"] is None
 
 

@@ -639,20 +639,21 @@ def test_sweep_refuses_a_mismatched_tokenizer_and_an_unreachable_target(server, 
 # ---- --weight-dtype ---------------------------------------------------------------------------------------------------
 def test_weight_dtype_bfloat16_is_the_served_engines_and_health_names_it_with_the_kernel(tiny_checkpoint):
     """What `bench serve --weight-dtype bfloat16` loads (`load_served_model`): bfloat16 weights under the float32
-    policy, the build id and kernel a sweep manifest of the same payload records ("bf16=cpu" where the CPU kernels
-    built), both on /health, and batched slots that serve it."""
+    policy, the build id and kernel a sweep manifest of the same payload records ("bf16=cpu attention=cpu" where the
+    CPU kernels built), both on /health, and batched slots that serve it."""
     from bench.cli.common import engine_manifest, open_engine
     from bench.cli.serve_cmds import load_served_model
     from bench.runs.manifest import Workload
     from bench.serve import create_app, default_slots
-    from model.engine import cpu_kernel_name
+    from model.engine import CPU_ATTENTION_KERNEL, cpu_kernel_name
     from model.kernels import cpu
 
     spec = str(tiny_checkpoint)
     loaded = load_served_model(spec, "float32", 64, "off", weight_dtype="bfloat16")
     pol = loaded.engine.policy
     assert (pol.weight_dtype, pol.compute_dtype) == ("bfloat16", "float32")
-    assert loaded.kernel == (cpu_kernel_name() if cpu.available() else None)  # "bf16=cpu", "bf16=cpu-amx" with AMX
+    # "bf16=cpu attention=cpu" ("bf16=cpu-amx ..." with AMX tiles): the products and decode attention
+    assert loaded.kernel == (f"{cpu_kernel_name()} {CPU_ATTENTION_KERNEL}" if cpu.available() else None)
     engine, report, _, cache = open_engine(spec, "float32", 64, "off", weight_dtype="bfloat16")
     swept = engine_manifest("sweep", engine, report, spec, cache, Workload())
     assert (swept.engine.weight_dtype, swept.engine.kernel) == ("bfloat16", loaded.kernel)
@@ -678,7 +679,7 @@ def test_bench_serve_passes_weight_dtype_to_the_engine(tiny_checkpoint, tmp_path
     import subprocess
     import sys
 
-    from model.engine import cpu_kernel_name
+    from model.engine import CPU_ATTENTION_KERNEL, cpu_kernel_name
     from model.kernels import cpu
 
     with socket.socket() as probe:
@@ -703,7 +704,8 @@ def test_bench_serve_passes_weight_dtype_to_the_engine(tiny_checkpoint, tmp_path
                 pass
         h = health.json()
         assert (h["dtype_policy"]["weights"], h["dtype_policy"]["compute"]) == ("bfloat16", "float32")
-        assert h["kernel"] == (cpu_kernel_name() if cpu.available() else None)  # this machine's build, as the server's
+        # this machine's build, as the server's: the products and decode attention
+        assert h["kernel"] == (f"{cpu_kernel_name()} {CPU_ATTENTION_KERNEL}" if cpu.available() else None)
     finally:
         proc.send_signal(signal.SIGINT)
         try:

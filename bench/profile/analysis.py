@@ -31,8 +31,8 @@ Categories, each device nanosecond in exactly one, decided in this order (first 
    fuses an HLO dot/convolution, which XLA's TPU backend runs on the matrix units, the MXU
    (`bench.profile.classify.is_mxu_op`); without HLO, a TPU op named after one (`convolution_add_fusion`).
    Absent (None) on CPU.
-3. attention: an op under a named scope containing "attention"; without HLO, kernel names of attention
-   libraries (fmha, flash, sdpa).
+3. attention: an op under a named scope containing "attention", or the engine's CPU decode-attention kernel
+   (custom call `gemma4_decode_attention*`); without HLO, kernel names of attention libraries (fmha, flash, sdpa).
 4. matmul_fp32 / matmul_16bit: `dot`, `convolution`, a fusion containing one, or a gemm/matmul custom call, split
    by the dot's operand dtypes (any f32/f64 operand -> fp32; all of bf16/f16/8-bit/4-bit -> 16bit); without HLO,
    from the kernel name (`gemv2T_kernel_val<..., float, ...>`, `sgemm`, `__half`, `bf16`). A product whose operand

@@ -36,6 +36,9 @@ conversion, whose only operand is the bfloat16 weight."""
 _CPU_MATVEC_TARGET = re.compile(r"^gemma4_bf16_matvec_")
 """The engine's CPU matrix-vector kernels (`model.kernels.cpu.matvec`): float32 products of bfloat16 weights widened
 in registers, so float32 matrix products."""
+_CPU_ATTENTION_TARGET = re.compile(r"^gemma4_decode_attention")
+"""The engine's CPU decode-attention kernels (`model.kernels.cpu.decode_attention`, with or without rows): attention,
+whatever scope the call carries."""
 
 
 # ---- tensor cores ----------------------------------------------------------------------------------------------
@@ -160,6 +163,8 @@ def classify_hlo(instr: HloInstruction, module: HloModule, kernel: str, platform
         return "dtype_conversion", ""
     if instr.opcode == "custom-call" and _CPU_MATVEC_TARGET.search(instr.custom_call_target):
         return "matmul_fp32", ""
+    if instr.opcode == "custom-call" and _CPU_ATTENTION_TARGET.search(instr.custom_call_target):
+        return "attention", ""
     if platform == "gpu" and is_tensor_core_kernel(kernel):
         return "tensor_core", ""
     dots = [i for i in [instr, *inner] if i.opcode in ("dot", "convolution")]

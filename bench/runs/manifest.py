@@ -144,8 +144,9 @@ def w4_kernel_of(kernel: str | None) -> str | None:
 
 
 def cpu_kernel_of(kernel: str | None) -> str | None:
-    """The CPU kernel's part of an `EngineConfig.kernel` text ("bf16=cpu"), else None."""
-    return next((part for part in (kernel or "").split() if part.startswith("bf16=")), None)
+    """The CPU kernels' part of an `EngineConfig.kernel` text ("bf16=cpu", "attention=cpu", "bf16=cpu attention=cpu":
+    every name but the w4 product's), else None."""
+    return " ".join(part for part in (kernel or "").split() if not part.startswith("w4a16=")) or None
 
 
 def kernel_text(w4: str | None, cpu: str | None) -> str | None:

@@ -161,14 +161,15 @@ def with_batch_figures(row: CellRow, *, flops_per_step: int, bytes_per_step: int
 
 def batch_rows(engine, max_new_tokens: int) -> Callable[[CellRow], CellRow]:
     """The function that gives a `--batch` sweep's row of `engine` its batch figures (`with_batch_figures`): the
-    FLOPs of one decode step of B rows over caches of bucket + max_new_tokens slots (`model.flops.decode_flops`)
-    and the bytes it reads (`Engine.decode_bytes(..., batch=B)`)."""
+    FLOPs of one decode step of B rows over the cache positions its attention reads (`model.flops.decode_flops`
+    over `Engine.decode_positions`: bucket + max_new_tokens slots, or the visible ones with the CPU attention
+    kernel) and the bytes it reads (`Engine.decode_bytes(..., batch=B)`)."""
     from model.flops import decode_flops
 
     def finish(row: CellRow) -> CellRow:
         n, b = row.input_tokens, row.batch or 1
-        cache_len = engine.bucket_for(n) + max_new_tokens
-        return with_batch_figures(row, flops_per_step=int(decode_flops(engine.cfg, cache_len, b)),
+        positions = engine.decode_positions(n, max_new_tokens)
+        return with_batch_figures(row, flops_per_step=int(decode_flops(engine.cfg, positions, b)),
                                   bytes_per_step=engine.decode_bytes(n, max_new_tokens, batch=b)["total"])  # fmt: skip
 
     return finish

@@ -10,6 +10,10 @@ output length.
   values; only the order of the additions differs from XLA's dot).
 - `to_float32(w)`: the weight widened to float32 (any shape), for products of many rows (prefill), which XLA's
   float32 matrix product then runs.
+- `decode_attention(q, k, v, mask)`: decode attention over a float32 KV cache, for every weight dtype
+  (`model.layers.attend_one`): each thread takes chunks of positions, reads only the visible keys and values of
+  its chunk, once, and keeps its own softmax state; the chunks are merged at the end. XLA's two products read the
+  whole buffer, masked positions included, each at about 15 GB/s here.
 
 Where the CPU has AMX-BF16 and Linux grants the process the tile state (`amx_min_rows`), `matvec` multiplies 16 or
 more rows of a contraction whose length is a multiple of 32 on AMX tiles: each float32 activation split into three
@@ -52,7 +56,8 @@ import jax.numpy as jnp
 from model.switches import SPACE, switch_on
 
 SOURCE = Path(__file__).with_name("cpu_bf16.cc")
-TARGETS = {"matvec_nk": "gemma4_bf16_matvec_nk", "matvec_kn": "gemma4_bf16_matvec_kn", "to_f32": "gemma4_bf16_to_f32"}
+TARGETS = {"matvec_nk": "gemma4_bf16_matvec_nk", "matvec_kn": "gemma4_bf16_matvec_kn", "to_f32": "gemma4_bf16_to_f32",
+           "attention": "gemma4_decode_attention", "attention_rows": "gemma4_decode_attention_rows"}
 MAX_ROWS = 64
 """Most activation rows for which `model.quant.matmul` multiplies a bfloat16 weight with `matvec` where the kernel
 multiplies tiles of weight rows by activation rows (built with AVX-512: `tile_rows`); with more, the weight is
@@ -158,11 +163,12 @@ _NOT_LOADED = KernelLibrary(loaded=False, how="not loaded yet (availability)")
 
 
 def check_switches() -> None:
-    """Raises EngineError for a value of `ENV_SWITCH` or `AMX_SWITCH` that is neither on nor off (one line:
-    `model.switches.switch_on`); builds and loads nothing. `model.engine.load_engine` calls it before the weights
-    load, so a typo fails at once."""
+    """Raises EngineError for a value of `ENV_SWITCH`, `AMX_SWITCH` or `ATTENTION_SWITCH` that is neither on nor off
+    (one line: `model.switches.switch_on`); builds and loads nothing. `model.engine.load_engine` calls it before
+    the weights load, so a typo fails at once."""
     switch_on(ENV_SWITCH)
     switch_on(AMX_SWITCH)
+    switch_on(ATTENTION_SWITCH)
 
 
 def availability() -> tuple[bool, str]:
@@ -259,6 +265,21 @@ def engine_plan(platform: str, weight_dtype: str, activation_dtype: str) -> tupl
                    f"about 8x slower decode (the CPU kernels are not in use: {how})")
 
 
+def attention_plan(platform: str, kv_dtype: str, activation_dtype: str) -> tuple[bool, str | None]:
+    """Whether an engine of this policy runs its decode attention through `decode_attention` (a float32 KV cache
+    and activations on CPU, `attention_available`), and the line that says so or why not (None where the question
+    does not arise: not a CPU, or another dtype). Layers whose G is not in `ATTENTION_GROUPS` keep XLA's products
+    (no Gemma 4 config has one). Builds the kernels on first use; raises EngineError for a bad switch."""
+    if platform != "cpu" or kv_dtype != "float32" or activation_dtype != "float32":
+        return False, None
+    if not switch_on(ATTENTION_SWITCH):
+        return False, f"decode attention: XLA's products over the whole KV cache ({ATTENTION_SWITCH} off)"
+    ok, how = availability()
+    if ok:
+        return True, f"decode attention: the engine's CPU kernel ({SOURCE.name}), reading the visible positions only"
+    return False, f"decode attention: XLA's products over the whole KV cache (the CPU kernels are not in use: {how})"
+
+
 def matvec(x_RK: jax.Array, w: jax.Array, axis: int) -> jax.Array:
     """float32 [R, N]: x [R, K] (float32) times the bfloat16 weight `w` contracted along `axis` (1: w [N, K],
     0: w [K, N]). Call only when `available()`. Under `jax.vmap`, one call per mapped element (the engine never
@@ -276,6 +297,35 @@ def to_float32(w: jax.Array) -> jax.Array:
     return jax.ffi.ffi_call(TARGETS["to_f32"], result, vmap_method="sequential")(w)
 
 
-__all__ = ["AMX_SWITCH", "ENV_SWITCH", "MAX_ROWS", "MAX_ROWS_WITHOUT_TILES", "MAX_ROWS_WITH_AMX", "amx_min_rows",
-           "availability", "available", "check_switches", "engine_plan", "matvec", "max_rows", "tile_rows",
-           "to_float32"]
+ATTENTION_GROUPS = (1, 2, 4, 8)
+"""Query heads per KV head (G) that `decode_attention` is compiled for."""
+ATTENTION_SWITCH = "GEMMA4_BENCH_CPU_ATTENTION"
+"""Read at every trace (`attention_available`): 0, false, off or no keeps decode attention on XLA's two products
+(to measure them); on or unset: the kernel, where the kernels are on (`ENV_SWITCH`). Any other value is refused
+(EngineError, `model.switches.switch_on`)."""
+
+
+def attention_available() -> bool:
+    """Whether decode attention runs `decode_attention`: `ATTENTION_SWITCH` on and the kernels loaded
+    (`availability`, which this builds and loads on first use). Raises EngineError for a bad value of either switch."""
+    return switch_on(ATTENTION_SWITCH) and available()
+
+
+def decode_attention(q_BKGH: jax.Array, k_CKSH: jax.Array, v_CKSH: jax.Array, mask_BS: jax.Array,
+                     rows_B: jax.Array | None = None) -> jax.Array:
+    """float32 [B, K, G, H]: one query position per row against a float32 KV cache, softmax over the visible
+    positions (mask [B, S] bool, True = visible), scale 1.0; q [B, K, G, H], k and v [C, K, S, H] float32, G in
+    `ATTENTION_GROUPS`. Query row b reads cache row b (C = B), or with `rows_B` (int32 [B], each in 0..C-1) cache
+    row rows_B[b], in place (no gathered copy of those rows). Only the visible positions' keys and values are read
+    (`cpu_bf16.cc`); a row with none visible gets zeros. Call only when `available()`. No derivative rule. A row
+    index out of range fails the call (XLA raises the kernel's InvalidArgument)."""
+    result = jax.ShapeDtypeStruct(q_BKGH.shape, jnp.float32)
+    if rows_B is None:
+        return jax.ffi.ffi_call(TARGETS["attention"], result, vmap_method="sequential")(q_BKGH, k_CKSH, v_CKSH, mask_BS)
+    call = jax.ffi.ffi_call(TARGETS["attention_rows"], result, vmap_method="sequential")
+    return call(q_BKGH, k_CKSH, v_CKSH, mask_BS, rows_B.astype(jnp.int32))
+
+
+__all__ = ["AMX_SWITCH", "ATTENTION_GROUPS", "ATTENTION_SWITCH", "ENV_SWITCH", "MAX_ROWS", "MAX_ROWS_WITHOUT_TILES",
+           "MAX_ROWS_WITH_AMX", "amx_min_rows", "attention_available", "attention_plan", "availability", "available",
+           "check_switches", "decode_attention", "engine_plan", "matvec", "max_rows", "tile_rows", "to_float32"]

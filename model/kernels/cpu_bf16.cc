@@ -8,6 +8,9 @@
 //   gemma4_bf16_matvec_nk: y[R, N] = x[R, K] . w[N, K]^T  (the weight output-major: contraction axis minor)
 //   gemma4_bf16_matvec_kn: y[R, N] = x[R, K] . w[K, N]    (the weight input-major: contraction axis major)
 //   gemma4_bf16_to_f32:    y = float32(w), any shape       (the prefill path: then XLA's float32 product)
+//   gemma4_decode_attention: o[B, K, G, H] = softmax(k . q) v over the visible positions of a float32 KV cache
+//                            (one query position per row: decode), reading only those positions
+//   gemma4_decode_attention_rows: the same, query row b against cache row rows[b] (decode slots' row steps)
 //
 // Work is cut into chunks (of output rows, output columns, or elements) that the calling thread and up to
 // `num_threads` - 1 tasks of XLA's intra-op thread pool claim from one atomic counter. The caller waits only for
@@ -271,6 +274,12 @@ void matvec_kn_cols(const float* x, const uint16_t* w, float* y, int64_t R, int6
   }
 }
 
+// n elements of T, uninitialized (`new T[n]`, not `new T[n]()`): scratch that is written whole before it is read.
+template <typename T>
+std::unique_ptr<T[]> scratch(int64_t n) {
+  return std::unique_ptr<T[]>(new T[n]);
+}
+
 // ---- Products of many activation rows on AMX tiles (Intel Advanced Matrix Extensions, BF16) ----
 //
 // Where the CPU has AMX-BF16 (Sapphire Rapids and later) and Linux grants the process its tile state, products of
@@ -491,11 +500,6 @@ void amx_kn(const uint16_t* parts, const uint16_t* w, float* y, uint16_t* panels
   _tile_release();
 }
 
-// n elements of T, uninitialized (`new T[n]`, not `new T[n]()`): scratch that is written whole before it is read.
-template <typename T>
-std::unique_ptr<T[]> scratch(int64_t n) {
-  return std::unique_ptr<T[]>(new T[n]);
-}
 
 // y = x . w on the tiles where they apply (R >= kAmxMinRows, K a positive multiple of 32, at least 32 output
 // columns); false (nothing written) otherwise. Columns past the last multiple of 32 go to `rest(n0, n1)`, the other
@@ -603,6 +607,163 @@ ffi::Error ToF32(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> w, ffi::ResultBuff
   return ffi::Error::Success();
 }
 
+// ---- Decode attention over a float32 KV cache (one query position per row) ----
+//
+// o[b, kh, g, :] = sum_s p[s, g] v[b, kh, s, :], p = softmax over the visible positions s (mask[b, s]) of the scores
+// k[b, kh, s, :] . q[b, kh, g, :] (scale 1.0: Gemma 4 normalizes q and k instead). The positions are cut into chunks
+// of kAttnChunk that the threads claim (`parallel`); each chunk reads only its visible keys and values, once, and
+// keeps its own softmax state (running max m, sum l, unnormalized output acc), and the chunks are merged at the end
+// by rescaling each with exp(m_chunk - m) (the softmax of the whole row, summed in another order: "online softmax",
+// Milakov and Gimelshein 2018, arXiv:1805.02867). A row with no visible position gets zeros.
+constexpr int64_t kAttnChunk = 256;
+
+struct AttnDims {
+  int64_t B, Kh, G, S, H;  // B query rows (and mask rows)
+  const int32_t* rows;     // query row b reads cache row rows[b]; nullptr: row b
+};
+
+template <int G>
+void attn_chunk(const float* q, const float* k, const float* v, const bool* vis, int64_t S, int64_t H, int64_t s0,
+                int64_t s1, float* m_out, float* l_out, float* acc) {
+  float score[kAttnChunk][G];
+  float m[G];
+  for (int g = 0; g < G; ++g) m[g] = -INFINITY;
+  const int64_t h16 = H / 16 * 16;
+  for (int64_t s = s0; s < s1; ++s) {
+    if (!vis[s]) continue;
+    const float* k_s = k + s * H;
+    __builtin_prefetch(k_s + 8 * H);
+    f32x16 a[G] = {};
+    for (int64_t h = 0; h < h16; h += 16) {
+      const f32x16 kv = load_f32(k_s + h);
+      for (int g = 0; g < G; ++g) a[g] += kv * load_f32(q + g * H + h);
+    }
+    for (int g = 0; g < G; ++g) {
+      float sum = lane_sum(a[g]);
+      for (int64_t h = h16; h < H; ++h) sum += k_s[h] * q[g * H + h];
+      score[s - s0][g] = sum;
+      m[g] = std::max(m[g], sum);
+    }
+  }
+  float l[G] = {};
+  for (int64_t s = s0; s < s1; ++s) {
+    if (!vis[s]) continue;
+    for (int g = 0; g < G; ++g) {
+      const float e = std::exp(score[s - s0][g] - m[g]);
+      score[s - s0][g] = e;
+      l[g] += e;
+    }
+  }
+  for (int g = 0; g < G; ++g) m_out[g] = m[g], l_out[g] = l[g];
+  std::fill(acc, acc + G * H, 0.f);
+  if (m[0] == -INFINITY) return;  // nothing visible in this chunk
+  // acc[g, :] = sum_s e[s, g] v[s, :], 32 lanes of H at a time for all G (2G accumulators in registers), over the
+  // chunk's visible positions (the chunk's values stay in L2 across the lane blocks).
+  int64_t h = 0;
+  for (; h + 32 <= H; h += 32) {
+    f32x16 o0[G] = {}, o1[G] = {};
+    for (int64_t s = s0; s < s1; ++s) {
+      if (!vis[s]) continue;
+      const f32x16 v0 = load_f32(v + s * H + h), v1 = load_f32(v + s * H + h + 16);
+      for (int g = 0; g < G; ++g) {
+        const float e = score[s - s0][g];
+        o0[g] += e * v0;
+        o1[g] += e * v1;
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      std::memcpy(acc + g * H + h, &o0[g], sizeof(f32x16));
+      std::memcpy(acc + g * H + h + 16, &o1[g], sizeof(f32x16));
+    }
+  }
+  for (; h < H; ++h)
+    for (int64_t s = s0; s < s1; ++s)
+      if (vis[s])
+        for (int g = 0; g < G; ++g) acc[g * H + h] += score[s - s0][g] * v[s * H + h];
+}
+
+template <int G>
+void decode_attention(ffi::ThreadPool& pool, const float* q, const float* k, const float* v, const bool* mask,
+                      float* o, AttnDims d) {
+  const int64_t H = d.H, S = d.S, per_row = (S + kAttnChunk - 1) / kAttnChunk, heads = d.B * d.Kh;
+  const int64_t items = heads * per_row;
+  const auto m = scratch<float>(items * G), l = scratch<float>(items * G), acc = scratch<float>(items * G * H);
+  parallel(pool, items, [&](int64_t i) {
+    const int64_t head = i / per_row, c = i % per_row, b = head / d.Kh;
+    const int64_t cache_head = (d.rows ? d.rows[b] : b) * d.Kh + head % d.Kh;
+    const int64_t s0 = c * kAttnChunk, s1 = std::min(S, s0 + kAttnChunk);
+    attn_chunk<G>(q + head * G * H, k + cache_head * S * H, v + cache_head * S * H, mask + b * S, S, H, s0, s1,
+                  m.get() + i * G, l.get() + i * G, acc.get() + i * G * H);
+  });
+  for (int64_t head = 0; head < heads; ++head) {
+    for (int g = 0; g < G; ++g) {
+      float top = -INFINITY;
+      for (int64_t c = 0; c < per_row; ++c) top = std::max(top, m[(head * per_row + c) * G + g]);
+      float* out = o + (head * G + g) * H;
+      std::fill(out, out + H, 0.f);
+      if (top == -INFINITY) continue;
+      float total = 0.f;
+      for (int64_t c = 0; c < per_row; ++c) {
+        const int64_t i = head * per_row + c;
+        if (m[i * G + g] == -INFINITY) continue;
+        const float scale = std::exp(m[i * G + g] - top);
+        total += scale * l[i * G + g];
+        const float* part = acc.get() + (i * G + g) * H;
+        for (int64_t h = 0; h < H; ++h) out[h] += scale * part[h];
+      }
+      const float inv = 1.f / total;
+      for (int64_t h = 0; h < H; ++h) out[h] *= inv;
+    }
+  }
+}
+
+// q [B, K, G, H], k and v [C, K, S, H] (C cache rows: B, or any number with `rows`), mask [B, S], rows [B] or
+// nullptr; o [B, K, G, H].
+ffi::Error attention(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k,
+                     ffi::Buffer<ffi::F32>& v, ffi::Buffer<ffi::PRED>& mask, const int32_t* rows,
+                     ffi::ResultBuffer<ffi::F32>& o) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = mask.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 2 || kd[1] != qd[1] || kd[3] != qd[3] ||
+      (rows == nullptr && kd[0] != qd[0]) || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] || vd[3] != kd[3] ||
+      md[0] != qd[0] || md[1] != kd[2])
+    return ffi::Error::InvalidArgument(
+        "gemma4_decode_attention: expected q [B, K, G, H], k and v [B, K, S, H] (with rows: [C, K, S, H]), "
+        "mask [B, S]");
+  for (int64_t b = 0; rows != nullptr && b < qd[0]; ++b)
+    if (rows[b] < 0 || rows[b] >= kd[0])
+      return ffi::Error::InvalidArgument("gemma4_decode_attention_rows: a row index outside the cache's rows");
+  const AttnDims d{qd[0], qd[1], qd[2], kd[2], qd[3], rows};
+  const float* qp = q.typed_data();
+  const float* kp = k.typed_data();
+  const float* vp = v.typed_data();
+  const bool* mp = mask.typed_data();
+  float* op = o->typed_data();
+  switch (d.G) {
+    case 1: decode_attention<1>(pool, qp, kp, vp, mp, op, d); break;
+    case 2: decode_attention<2>(pool, qp, kp, vp, mp, op, d); break;
+    case 4: decode_attention<4>(pool, qp, kp, vp, mp, op, d); break;
+    case 8: decode_attention<8>(pool, qp, kp, vp, mp, op, d); break;
+    default:
+      return ffi::Error::InvalidArgument(
+          "gemma4_decode_attention: G (query heads per KV head) must be 1, 2, 4 or 8");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                           ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask, ffi::ResultBuffer<ffi::F32> o) {
+  return attention(pool, q, k, v, mask, nullptr, o);
+}
+
+// Query row b against cache row rows[b] (decode slots stepping some of their rows: no gathered copy of the cache).
+ffi::Error DecodeAttentionRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                               ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> rows,
+                               ffi::ResultBuffer<ffi::F32> o) {
+  if (rows.dimensions().size() != 1 || rows.dimensions()[0] != q.dimensions()[0])
+    return ffi::Error::InvalidArgument("gemma4_decode_attention_rows: expected rows [B], one per query row");
+  return attention(pool, q, k, v, mask, rows.typed_data(), o);
+}
+
 }  // namespace
 
 #define GEMMA4_MATVEC_BINDING                                                                       \
@@ -614,6 +775,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_matvec_kn, Matvec<false>, GEMMA4_MATVE
 XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_to_f32, ToF32,
                               ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::BF16>>().Ret<
                                   ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_decode_attention, DecodeAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_decode_attention_rows, DecodeAttentionRows,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 // How many weight rows `matvec` multiplies at a time in a tile for many activation rows (0: no tiles, this CPU
 // has no AVX-512), for `model.kernels.cpu.max_rows`.

@@ -1,0 +1,163 @@
+"""Decode attention through the engine's CPU kernel (`model.kernels.cpu.decode_attention`, cpu_bf16.cc): the same
+function as XLA's products in `model.layers.attend_one` (every G it is compiled for, prefix and scattered masks,
+head sizes with tails), only visible positions read, `attend_one` taking it where it applies and not elsewhere, and
+an engine that uses it: its manifest name, its bytes per step, and the greedy tokens of the engine without it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model.kernels import cpu
+from model.layers import attend, attend_one
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernels")
+
+
+@pytest.fixture(scope="module")
+def built():
+    ok, how = cpu.availability()
+    if not ok:
+        pytest.skip(f"the CPU kernels are not available here: {how}")
+    return how
+
+
+def _case(seed: int, b: int, k: int, g: int, s: int, h: int, mask: str):
+    """q [B,K,G,H], k/v [B,K,S,H] float32 random normal, mask [B,S]: "prefix" (row b sees slots 0..p_b, as a full
+    layer), "scattered" (a random subset with slot 0, as a sliding layer's ring), or "all"."""
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((b, k, g, h)), jnp.float32)
+    kc = jnp.asarray(rng.standard_normal((b, k, s, h)), jnp.float32)
+    vc = jnp.asarray(rng.standard_normal((b, k, s, h)), jnp.float32)
+    if mask == "prefix":
+        m = np.arange(s)[None, :] <= rng.integers(0, s, size=b)[:, None]
+    elif mask == "scattered":
+        m = rng.random((b, s)) < 0.6
+        m[:, 0] = True
+    else:
+        m = np.ones((b, s), bool)
+    return q, kc, vc, jnp.asarray(m)
+
+
+def _xla(q_BKGH, k_BKSH, v_BKSH, mask_BS):
+    """The reference: `attend` (query-major, XLA's products, no kernel) on the same operands, [B,K,G,H]."""
+    b, k, g, h = q_BKGH.shape
+    q_B1NH = q_BKGH.reshape(b, 1, k * g, h)
+    return attend(q_B1NH, k_BKSH, v_BKSH, mask_BS[:, None, :]).reshape(b, k, g, h)
+
+
+@pytest.mark.parametrize(("b", "k", "g", "s", "h", "mask"), [
+    (1, 1, 8, 4160, 512, "prefix"),  # the default preset's full layer at 3593 tokens: 17 chunks of 256
+    (1, 1, 8, 512, 256, "scattered"),  # a sliding layer's ring
+    (3, 1, 8, 300, 256, "prefix"),  # rows of their own lengths (batches, decode slots)
+    (2, 2, 4, 257, 48, "scattered"),  # a chunk of one position; H with a 16-lane tail past the 32-lane blocks
+    (1, 4, 2, 40, 20, "all"),  # H below one 32-lane block
+    (2, 1, 1, 600, 64, "prefix"),
+])  # fmt: skip
+def test_the_kernel_computes_what_xlas_products_compute(built, b, k, g, s, h, mask):
+    q, kc, vc, m = _case(b * 1000 + s, b, k, g, s, h, mask)
+    got = jax.jit(cpu.decode_attention)(q, kc, vc, m)
+    want = _xla(q, kc, vc, m)
+    assert got.shape == (b, k, g, h) and got.dtype == jnp.float32
+    # float32 sums in another order, over scores of size ~sqrt(H), as tests/test_decode_forms.py allows
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+def test_masked_positions_are_never_read_and_a_row_with_none_visible_is_zero(built):
+    q, kc, vc, m = _case(7, 2, 1, 8, 700, 64, "prefix")
+    m = m.at[1].set(False)  # row 1 sees nothing
+    hidden = ~np.asarray(m)[:, None, :, None]
+    poisoned = [jnp.where(hidden, jnp.nan, c) for c in (kc, vc)]  # NaN wherever the mask hides a position
+    got = np.asarray(jax.jit(cpu.decode_attention)(q, *poisoned, m))
+    assert np.isfinite(got).all() and not got[1].any()
+    np.testing.assert_array_equal(got[0], np.asarray(jax.jit(cpu.decode_attention)(q, kc, vc, m))[0])
+
+
+def test_with_rows_each_query_reads_its_cache_row_in_place(built):
+    q, kc, vc, m = _case(5, 3, 1, 8, 520, 64, "prefix")
+    cache_k, cache_v = [jnp.concatenate([c, -c], axis=0) for c in (kc, vc)]  # 6 cache rows, 3 of them decoded
+    rows = jnp.asarray([4, 0, 2], jnp.int32)
+    got = jax.jit(cpu.decode_attention)(q, cache_k, cache_v, m, rows)
+    want = _xla(q, jnp.take(cache_k, rows, axis=0), jnp.take(cache_v, rows, axis=0), m)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    q_B1NH = q.reshape(3, 1, 8, 64)  # attend_one with rows: the kernel reads in place, XLA's products a gathered copy
+    assert "gemma4_decode_attention_rows" in _targets(q_B1NH, cache_k, cache_v, m, rows)
+    with pytest.raises(Exception, match="a row index outside the cache's rows"):
+        jax.block_until_ready(jax.jit(cpu.decode_attention)(q, cache_k, cache_v, m, jnp.asarray([4, 6, 0], jnp.int32)))
+
+
+def _targets(*args) -> str:
+    return jax.jit(lambda *a: attend_one(*a)).lower(*args).as_text()  # a new function: a new trace
+
+
+def test_attend_one_takes_the_kernel_where_it_applies_and_xlas_products_elsewhere(built, monkeypatch):
+    q, kc, vc, m = _case(1, 1, 1, 8, 64, 32, "prefix")
+    q_B1NH = q.reshape(1, 1, 8, 32)
+    assert "gemma4_decode_attention" in _targets(q_B1NH, kc, vc, m)
+    got = jax.jit(lambda *a: attend_one(*a))(q_B1NH, kc, vc, m)
+    np.testing.assert_allclose(np.asarray(got).reshape(q.shape), np.asarray(_xla(q, kc, vc, m)), rtol=1e-4, atol=1e-4)
+    bf16 = [a.astype(jnp.bfloat16) for a in (q_B1NH, kc, vc)]  # a bfloat16 cache: XLA's products
+    assert "gemma4_decode_attention" not in _targets(*bf16, m)
+    q3 = jnp.ones((1, 1, 3, 32), jnp.float32)  # G = 3: not compiled for it
+    assert "gemma4_decode_attention" not in _targets(q3, kc, vc, m)
+    monkeypatch.setenv(cpu.ATTENTION_SWITCH, "off")
+    assert "gemma4_decode_attention" not in _targets(q_B1NH, kc, vc, m)
+    rows = jnp.asarray([0], jnp.int32)  # XLA's products of a gathered copy of the rows
+    got = jax.jit(lambda *a: attend_one(*a))(q_B1NH, kc, vc, m, rows)
+    np.testing.assert_allclose(np.asarray(got).reshape(q.shape), np.asarray(_xla(q, kc, vc, m)), rtol=1e-4, atol=1e-4)
+    assert cpu.attention_plan("cpu", "float32", "float32") == (
+        False, f"decode attention: XLA's products over the whole KV cache ({cpu.ATTENTION_SWITCH} off)")
+    monkeypatch.setenv(cpu.ATTENTION_SWITCH, "of")
+    with pytest.raises(Exception, match=f"{cpu.ATTENTION_SWITCH}='of': expected 1/true/on/yes or 0/false/off/no"):
+        cpu.check_switches()
+
+
+def test_the_attention_plan_applies_to_float32_caches_on_cpu_only(built):
+    on, line = cpu.attention_plan("cpu", "float32", "float32")
+    assert on and "reading the visible positions only" in line
+    assert cpu.attention_plan("cpu", "bfloat16", "bfloat16") == (False, None)
+    assert cpu.attention_plan("gpu", "float32", "float32") == (False, None)
+
+
+_TOKENS = """
+import json, sys
+from model.builtin import ensure_builtin
+from model.engine import load_engine
+from model.policy import decide_policy
+engine, _ = load_engine(ensure_builtin("tiny"), policy=decide_policy())
+prompt = [2, 17, 99, 5, 300, 41, 7, 8, 250, 3] * 5
+print(json.dumps({"kernel": engine.cpu_kernel, "host": engine.generate(prompt, 24).token_ids,
+                  "device": engine.generate(prompt, 24, decode_loop="device").token_ids,
+                  "batch": engine.generate_batch([prompt, prompt[:17]], 8).token_ids,
+                  "bytes": engine.decode_bytes(len(prompt), 24)}))
+"""
+
+
+def _engine_facts(switch: str) -> dict:
+    """What the tiny preset's float32 engine says and decodes in a fresh process with the attention switch at
+    `switch` (programs are traced once per process: a switch flipped later would meet programs already traced)."""
+    env = {**os.environ, cpu.ATTENTION_SWITCH: switch, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", _TOKENS], capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_an_engine_with_the_kernel_decodes_the_tokens_of_the_engine_without_it_and_counts_what_it_reads(built):
+    from model.accounting import kv_read_bytes
+    from model.config import TINY
+    from model.engine import CPU_ATTENTION_KERNEL
+
+    on, off = _engine_facts("on"), _engine_facts("off")
+    assert on["kernel"] == CPU_ATTENTION_KERNEL and off["kernel"] is None
+    assert (on["host"], on["device"], on["batch"]) == (off["host"], off["device"], off["batch"])
+    assert on["host"] == on["device"]
+    # bytes per step: the kernel reads the positions a step sees (50 + 24 // 2 on average), XLA the whole buffer
+    assert on["bytes"]["weights"] == off["bytes"]["weights"]
+    assert on["bytes"]["kv_cache"] == kv_read_bytes(TINY, 50 + 12, 4) < off["bytes"]["kv_cache"]
