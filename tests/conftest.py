@@ -34,6 +34,18 @@ def _free_compiled_programs():
         gc.collect()
 
 
+@pytest.fixture(scope="module")
+def cpu_kernels_built() -> str:
+    """The engine's CPU kernels (`model.kernels.cpu`) built and loaded in this process: how (one line). Skips the
+    test where they cannot be (no C++ compiler or headers; `GEMMA4_BENCH_CPU_KERNELS=0`)."""
+    from model.kernels import cpu
+
+    ok, how = cpu.availability()
+    if not ok:
+        pytest.skip(f"the CPU kernels are not available here: {how}")
+    return how
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A built-in 'tiny' checkpoint (float32, seed 0) with a trained tokenizer, made once per test session."""

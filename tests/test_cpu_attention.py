@@ -21,14 +21,6 @@ from model.layers import attend, attend_one
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernels")
 
 
-@pytest.fixture(scope="module")
-def built():
-    ok, how = cpu.availability()
-    if not ok:
-        pytest.skip(f"the CPU kernels are not available here: {how}")
-    return how
-
-
 def _case(seed: int, b: int, k: int, g: int, s: int, h: int, mask: str):
     """q [B,K,G,H], k/v [B,K,S,H] float32 random normal, mask [B,S]: "prefix" (row b sees slots 0..p_b, as a full
     layer), "scattered" (a random subset with slot 0, as a sliding layer's ring), or "all"."""
@@ -61,7 +53,7 @@ def _xla(q_BKGH, k_BKSH, v_BKSH, mask_BS):
     (1, 4, 2, 40, 20, "all"),  # H below one 32-lane block
     (2, 1, 1, 600, 64, "prefix"),
 ])  # fmt: skip
-def test_the_kernel_computes_what_xlas_products_compute(built, b, k, g, s, h, mask):
+def test_the_kernel_computes_what_xlas_products_compute(cpu_kernels_built, b, k, g, s, h, mask):
     q, kc, vc, m = _case(b * 1000 + s, b, k, g, s, h, mask)
     got = jax.jit(cpu.decode_attention)(q, kc, vc, m)
     want = _xla(q, kc, vc, m)
@@ -70,7 +62,7 @@ def test_the_kernel_computes_what_xlas_products_compute(built, b, k, g, s, h, ma
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
-def test_masked_positions_are_never_read_and_a_row_with_none_visible_is_zero(built):
+def test_masked_positions_are_never_read_and_a_row_with_none_visible_is_zero(cpu_kernels_built):
     q, kc, vc, m = _case(7, 2, 1, 8, 700, 64, "prefix")
     m = m.at[1].set(False)  # row 1 sees nothing
     hidden = ~np.asarray(m)[:, None, :, None]
@@ -80,7 +72,7 @@ def test_masked_positions_are_never_read_and_a_row_with_none_visible_is_zero(bui
     np.testing.assert_array_equal(got[0], np.asarray(jax.jit(cpu.decode_attention)(q, kc, vc, m))[0])
 
 
-def test_with_rows_each_query_reads_its_cache_row_in_place(built):
+def test_with_rows_each_query_reads_its_cache_row_in_place(cpu_kernels_built):
     q, kc, vc, m = _case(5, 3, 1, 8, 520, 64, "prefix")
     cache_k, cache_v = [jnp.concatenate([c, -c], axis=0) for c in (kc, vc)]  # 6 cache rows, 3 of them decoded
     rows = jnp.asarray([4, 0, 2], jnp.int32)
@@ -97,7 +89,7 @@ def _targets(*args) -> str:
     return jax.jit(lambda *a: attend_one(*a)).lower(*args).as_text()  # a new function: a new trace
 
 
-def test_attend_one_takes_the_kernel_where_it_applies_and_xlas_products_elsewhere(built, monkeypatch):
+def test_attend_one_takes_the_kernel_where_it_applies_and_xlas_products_elsewhere(cpu_kernels_built, monkeypatch):
     q, kc, vc, m = _case(1, 1, 1, 8, 64, 32, "prefix")
     q_B1NH = q.reshape(1, 1, 8, 32)
     assert "gemma4_decode_attention" in _targets(q_B1NH, kc, vc, m)
@@ -119,7 +111,7 @@ def test_attend_one_takes_the_kernel_where_it_applies_and_xlas_products_elsewher
         cpu.check_switches()
 
 
-def test_the_attention_plan_applies_to_float32_caches_on_cpu_only(built):
+def test_the_attention_plan_applies_to_float32_caches_on_cpu_only(cpu_kernels_built):
     on, line = cpu.attention_plan("cpu", "float32", "float32")
     assert on and "reading the visible positions only" in line
     assert cpu.attention_plan("cpu", "bfloat16", "bfloat16") == (False, None)
@@ -149,7 +141,8 @@ def _engine_facts(switch: str) -> dict:
 
 
 @pytest.mark.slow
-def test_an_engine_with_the_kernel_decodes_the_tokens_of_the_engine_without_it_and_counts_what_it_reads(built):
+def test_an_engine_with_the_kernel_decodes_the_tokens_of_the_engine_without_it_and_counts_what_it_reads(
+        cpu_kernels_built):  # fmt: skip
     from model.accounting import kv_read_bytes
     from model.config import TINY
     from model.engine import CPU_ATTENTION_KERNEL

@@ -19,14 +19,6 @@ from model.kernels import cpu
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernels")
 
 
-@pytest.fixture(scope="module")
-def built():
-    ok, how = cpu.availability()
-    if not ok:
-        pytest.skip(f"the CPU kernels are not available here: {how}")
-    return how
-
-
 def _weights(rng, n, k):
     return jnp.asarray(rng.standard_normal((n, k)), jnp.float32).astype(jnp.bfloat16)
 
@@ -41,7 +33,7 @@ def _operands(rng, rows, k, n, axis):
 @pytest.mark.parametrize("rows, k, n", [(1, 256, 4096), (1, 2048, 256), (3, 100, 37), (9, 300, 70), (16, 1024, 300),
                                           (32, 256, 512), (1, 64, 70000), (64, 520, 131), (12, 10240, 9)])
 @pytest.mark.parametrize("axis", [1, 0])
-def test_matvec_equals_the_float32_product_of_the_widened_weight(built, rows, k, n, axis):
+def test_matvec_equals_the_float32_product_of_the_widened_weight(cpu_kernels_built, rows, k, n, axis):
     rng = np.random.default_rng(rows * 7 + k + n)
     x_RK = jnp.asarray(rng.standard_normal((rows, k)), jnp.float32)
     w_NK = _weights(rng, n, k)
@@ -55,7 +47,7 @@ def test_matvec_equals_the_float32_product_of_the_widened_weight(built, rows, k,
 @pytest.mark.parametrize("rows, k, n", [(16, 256, 32), (17, 256, 300), (41, 2048, 256), (64, 256, 2048),
                                           (128, 4096, 64), (130, 96, 8192), (33, 1024, 31), (300, 64, 70)])
 @pytest.mark.parametrize("axis", [1, 0])
-def test_many_rows_of_a_contraction_in_32s_equal_the_float32_product(built, rows, k, n, axis):
+def test_many_rows_of_a_contraction_in_32s_equal_the_float32_product(cpu_kernels_built, rows, k, n, axis):
     """Shapes the AMX tiles take where the CPU has them (at least `amx_min_rows` rows, K a multiple of 32; columns
     past the last multiple of 32, and fewer than 32, by the other loops): ragged rows, a leftover of columns, long
     and short contractions, more rows than one block of 256. Elsewhere the same shapes check the AVX-512 loops."""
@@ -67,7 +59,7 @@ def test_many_rows_of_a_contraction_in_32s_equal_the_float32_product(built, rows
 
 @pytest.mark.parametrize("rows", [15, 16])  # the loops, and the AMX tiles where the CPU has them
 @pytest.mark.parametrize("axis", [1, 0])
-def test_infinities_nans_and_an_empty_contraction_come_out_as_float32_products_do(built, rows, axis):
+def test_infinities_nans_and_an_empty_contraction_come_out_as_float32_products_do(cpu_kernels_built, rows, axis):
     """An infinite activation gives infinities (NaN where it meets a zero weight), a NaN gives NaN, on either path;
     a contraction of length 0 gives zeros (it divided by zero on the tiles once)."""
     rng = np.random.default_rng(4)
@@ -85,7 +77,7 @@ def test_infinities_nans_and_an_empty_contraction_come_out_as_float32_products_d
 
 
 @pytest.mark.parametrize("axis", [1, 0])
-def test_amx_rows_are_the_sums_of_other_amx_calls_to_the_bit(built, axis):
+def test_amx_rows_are_the_sums_of_other_amx_calls_to_the_bit(cpu_kernels_built, axis):
     """On AMX tiles each output is summed in an order that depends on neither the other rows nor their number: a
     call of 64 rows equals calls of 16, 17 and 31 rows to the bit (the same rows; 16 is `amx_min_rows`)."""
     if cpu.amx_min_rows() == 0:
@@ -98,7 +90,7 @@ def test_amx_rows_are_the_sums_of_other_amx_calls_to_the_bit(built, axis):
 
 
 @pytest.mark.parametrize("axis", [1, 0])
-def test_matvec_rows_are_the_sums_of_fewer_rows_to_the_bit(built, axis):
+def test_matvec_rows_are_the_sums_of_fewer_rows_to_the_bit(cpu_kernels_built, axis):
     """Many rows run other loops than few (output-major: tiles of weight rows by activation rows where the CPU has
     AVX-512; input-major: eight weight rows per pass), each output still summed in the same order: a call of 64
     rows equals, bit for bit, calls of 4 rows (one weight row at a time) and, input-major, of 1 row. (K = 520 is
@@ -113,7 +105,7 @@ def test_matvec_rows_are_the_sums_of_fewer_rows_to_the_bit(built, axis):
         assert np.array_equal(whole, ones)
 
 
-def test_rows_up_to_max_rows_take_the_kernel_and_more_are_widened(built):
+def test_rows_up_to_max_rows_take_the_kernel_and_more_are_widened(cpu_kernels_built):
     """33-64 rows take `matvec` only where the kernel has tiles (AVX-512), any number where it has AMX tiles;
     `max_rows` says which, and 1 more row than it is widened for XLA's dot."""
     if cpu.amx_min_rows() > 0:
@@ -132,7 +124,7 @@ def test_rows_up_to_max_rows_take_the_kernel_and_more_are_widened(built):
         assert "gemma4_bf16_to_f32" in targets(cpu.max_rows() + 1)
 
 
-def test_the_amx_switch_turns_the_tiles_off_and_the_rows_fall_back(built):
+def test_the_amx_switch_turns_the_tiles_off_and_the_rows_fall_back(cpu_kernels_built):
     """`GEMMA4_BENCH_CPU_AMX=off` (read once per process): no AMX tiles, so `max_rows` is the AVX-512 loops' and
     the manifest's kernel name is the plain one. Before the kernels load, a fresh process reports no tiles."""
     code = ("from model.kernels import cpu; from model.engine import cpu_kernel_name; "
@@ -144,13 +136,13 @@ def test_the_amx_switch_turns_the_tiles_off_and_the_rows_fall_back(built):
     assert out == ["0", "0", "True", str(cpu.tile_rows()), "0", str(rows), "bf16=cpu"]
 
 
-def test_to_float32_is_exact(built):
+def test_to_float32_is_exact(cpu_kernels_built):
     w = _weights(np.random.default_rng(0), 513, 77)
     got = jax.jit(cpu.to_float32)(w)
     assert got.dtype == jnp.float32 and np.array_equal(np.asarray(got), np.asarray(w.astype(jnp.float32)))
 
 
-def test_the_kernels_map_under_vmap(built):
+def test_the_kernels_map_under_vmap(cpu_kernels_built):
     rng = np.random.default_rng(5)
     x_BRK = jnp.asarray(rng.standard_normal((3, 2, 256)), jnp.float32)
     w_NK = _weights(rng, 96, 256)
@@ -173,7 +165,7 @@ def _ffi_targets(fn, *args) -> str:
     ("BTF,DF->BTD", (2, 1, 512), (256, 512), "gemma4_bf16_matvec_nk"),  # output-major, a batch of 2 rows
     ("BTD,DX->BTX", (1, 65, 256), (256, 640), "gemma4_bf16_to_f32"),  # past MAX_ROWS: widened once, XLA's dot
 ])  # fmt: skip
-def test_matmul_takes_the_kernels_for_bfloat16_weights(built, monkeypatch, spec, x_shape, w_shape, taken):
+def test_matmul_takes_the_kernels_for_bfloat16_weights(cpu_kernels_built, monkeypatch, spec, x_shape, w_shape, taken):
     if taken == "gemma4_bf16_to_f32" and cpu.amx_min_rows() > 0:
         taken = "gemma4_bf16_matvec_kn"  # with AMX tiles no weight is widened
     rng = np.random.default_rng(3)
@@ -188,7 +180,7 @@ def test_matmul_takes_the_kernels_for_bfloat16_weights(built, monkeypatch, spec,
     assert "gemma4_bf16" not in _ffi_targets(lambda x, w: quant.matmul(x, w, spec), x, w)
 
 
-def test_float32_weights_never_take_the_kernels(built):
+def test_float32_weights_never_take_the_kernels(cpu_kernels_built):
     x = jnp.ones((1, 1, 256), jnp.float32)
     w = jnp.ones((256, 640), jnp.float32)
     assert "gemma4_bf16" not in _ffi_targets(lambda x, w: quant.matmul(x, w, "BTD,DX->BTX"), x, w)
@@ -207,7 +199,7 @@ def test_a_failing_compile_says_why(monkeypatch, tmp_path):
     assert not list(tmp_path.rglob("*.so"))
 
 
-def test_engine_plan_applies_only_to_bfloat16_weights_under_float32_on_cpu(built, monkeypatch):
+def test_engine_plan_applies_only_to_bfloat16_weights_under_float32_on_cpu(cpu_kernels_built, monkeypatch):
     assert cpu.engine_plan("cpu", "float32", "float32") == (False, None)
     assert cpu.engine_plan("gpu", "bfloat16", "float32") == (False, None)
     on, line = cpu.engine_plan("cpu", "bfloat16", "float32")
@@ -217,7 +209,7 @@ def test_engine_plan_applies_only_to_bfloat16_weights_under_float32_on_cpu(built
     assert not off and "8x slower" in why and cpu.ENV_SWITCH in why
 
 
-def test_an_engine_with_bfloat16_weights_decodes_the_float32_engines_tokens(built, monkeypatch, tmp_path):
+def test_an_engine_with_bfloat16_weights_decodes_the_float32_engines_tokens(cpu_kernels_built, monkeypatch, tmp_path):
     """The built-in checkpoint is stored in bfloat16, so float32 weights hold the same values: the kernels' engine
     must produce the same greedy tokens, and so must the XLA path with the kernels off."""
     from model.builtin import ensure_builtin
@@ -304,7 +296,7 @@ def test_a_profile_joined_to_a_run_made_without_the_cpu_kernel_says_it_differs()
     assert _run_mismatches(run(None), setup(None)) == []  # float32, or a run from before kernels were recorded
 
 
-def test_a_damaged_cached_library_is_rebuilt_not_loaded(built, tmp_path):
+def test_a_damaged_cached_library_is_rebuilt_not_loaded(cpu_kernels_built, tmp_path):
     lib, how = cpu._build(tmp_path)
     assert lib is not None and how.startswith("built")
     assert cpu._build(tmp_path) == (lib, f"cached build {lib.name}")
@@ -322,10 +314,10 @@ def test_cxx_may_carry_arguments_and_the_switch_takes_the_usual_words(monkeypatc
         assert cpu.availability() == (False, f"off ({cpu.ENV_SWITCH}={word.strip()})")
 
 
-def test_the_kernel_switch_on_words_load_the_kernels_and_other_values_are_refused(built, monkeypatch):
+def test_the_kernel_switch_on_words_load_the_kernels_and_other_values_are_refused(cpu_kernels_built, monkeypatch):
     for word in ("1", "TRUE", " on ", "yes"):
         monkeypatch.setenv(cpu.ENV_SWITCH, word)
-        assert cpu.availability() == (True, built) and cpu.check_switches() is None
+        assert cpu.availability() == (True, cpu_kernels_built) and cpu.check_switches() is None
     for bad in ("of", "", "2", "disable"):
         monkeypatch.setenv(cpu.ENV_SWITCH, bad)
         want = f"{cpu.ENV_SWITCH}={bad!r}: expected 1/true/on/yes or 0/false/off/no; unset it for the default (on)"

@@ -776,24 +776,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_bf16_to_f32, ToF32,
                               ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::BF16>>().Ret<
                                   ffi::Buffer<ffi::F32>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_decode_attention, DecodeAttention,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+// q, k, v, mask: the arguments both attention targets take first.
+#define GEMMA4_ATTENTION_ARGS                                                                          \
+  ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>().Arg< \
+      ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::PRED>>()
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_decode_attention, DecodeAttention,
+                              GEMMA4_ATTENTION_ARGS.Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_decode_attention_rows, DecodeAttentionRows,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              GEMMA4_ATTENTION_ARGS.Arg<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::F32>>());
 
 // How many weight rows `matvec` multiplies at a time in a tile for many activation rows (0: no tiles, this CPU
 // has no AVX-512), for `model.kernels.cpu.max_rows`.
