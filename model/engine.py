@@ -884,7 +884,7 @@ def memory_capacity(weight_bytes: int, device=None) -> tuple[int, str]:
 
 def check_engine_switches() -> None:
     """Raises EngineError (one line, `model.switches.switch_on`) for a value of an engine's on/off switch that is
-    neither on nor off: `model.programs.ENV_SWITCH` (GEMMA4_BENCH_XLA_CPU_OPTIONS) and the CPU kernels' two
+    neither on nor off: `model.programs.ENV_SWITCH` (GEMMA4_BENCH_XLA_CPU_OPTIONS) and the CPU kernels' three
     (`model.kernels.cpu.check_switches`). Loads and builds nothing: `load_engine` calls it before the weights load,
     `bench serve` before its port opens."""
     from model.kernels.cpu import check_switches
@@ -911,8 +911,8 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     prefixes, tensors, ignored keys, stored dtypes, content_hash (computed while loading, `load_params`), load_s
     (seconds, hashing included)). Raises CheckpointError / ConfigError / TokenizerError, KernelError for a
     forced kernel the device cannot run or whose tiles do not fit, and EngineError for a value of an on/off switch
-    (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_KERNELS, GEMMA4_BENCH_CPU_AMX) that is neither on nor off (all
-    before the weights load).
+    (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_KERNELS, GEMMA4_BENCH_CPU_AMX, GEMMA4_BENCH_CPU_ATTENTION) that
+    is neither on nor off (all before the weights load).
     """
     import logging
 

@@ -120,7 +120,9 @@ def prefill_flops(
 
 def decode_flops(cfg: ModelConfig, cache_len: int, batch: int = 1) -> int:
     """Matrix-product FLOPs of one decode step of `batch` rows over caches of `cache_len` slots (bucket +
-    max_new_tokens; multiply-add = 2 FLOPs), for the arithmetic intensity of a step (measurement.md, "Batches").
+    max_new_tokens, or the positions a step sees where the CPU attention kernel reads only those:
+    `model.engine.Engine.decode_positions`; multiply-add = 2 FLOPs), for the arithmetic intensity of a step
+    (measurement.md, "Batches").
 
     Per row: every layer's projections (as `prefill_flops` counts them), its attention over the whole buffer of
     its KV source as the step computes it (masked slots included, as `model.accounting.kv_read_elements` counts

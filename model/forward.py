@@ -357,7 +357,8 @@ def decode_step(
     rows), every other row is neither read nor written, and only those rows' lengths move. Each row's arithmetic is that of decoding every row, up to float rounding (XLA
     may sum in another order at another row count: on the tiny preset up to 2.8e-7 in the logits). Not checked
     (the caller's promise, as `model.slots` keeps it): a scalar length raises IndexError; repeated rows give
-    undefined results; a row out of range is read as the last row and its writes are dropped.
+    undefined results; a row out of range fails the CPU attention kernel's call (INVALID_ARGUMENT) and reads NaN
+    through XLA's gather (its writes are dropped).
     `dtype` is the activation dtype (default: the cache's); K/V are stored in the cache's dtype."""
     b = token_B.shape[0]
     kv_dtype = cache.k[0].dtype if cache.k else jnp.float32

@@ -188,7 +188,8 @@ def attend_one(q_B1NH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BS:
     With `rows` (int32 [B]), k/v hold C rows [C,K,S,H] and query row b attends to cache row rows[b] (decode slots
     stepping some of their rows): the CPU kernel reads those rows in place, XLA's products a gathered copy.
     Where `_cpu_attention` holds (float32 on CPU), one call of the engine's CPU kernel
-    (`model.kernels.cpu.decode_attention`), which reads only the visible positions; otherwise XLA's two products
+    (`model.kernels.cpu.decode_attention`), which reads only the visible positions (a row with none visible: zeros,
+    where XLA's products give the mean of v; decode always sees its own position); otherwise XLA's two products
     over the whole cache, as follows.
     The scores are key-major, [B,K,S,G]: the product k q^T keeps the cache's long axis S outermost, so the key
     and value caches are each read once in place, and the softmax runs over S. With query-major scores

@@ -72,6 +72,20 @@ def test_masked_positions_are_never_read_and_a_row_with_none_visible_is_zero(cpu
     np.testing.assert_array_equal(got[0], np.asarray(jax.jit(cpu.decode_attention)(q, kc, vc, m))[0])
 
 
+def test_nan_and_infinite_scores_give_nan_as_xlas_softmax_does_and_spare_the_other_heads(cpu_kernels_built):
+    q, kc, vc, m = _case(9, 1, 1, 2, 600, 32, "all")  # 3 chunks
+    run = jax.jit(cpu.decode_attention)
+    kc = jnp.abs(kc) + 0.1  # positive keys: a query of -inf scores -inf everywhere
+    for bad in (jnp.nan, -jnp.inf):
+        q_bad = q.at[0, 0, 0].set(bad)  # head 0's query only
+        got, want = np.asarray(run(q_bad, kc, vc, m)), np.asarray(_xla(q_bad, kc, vc, m))
+        assert np.isnan(want[0, 0, 0]).all() and np.isnan(got[0, 0, 0]).all()
+        np.testing.assert_allclose(got[0, 0, 1], want[0, 0, 1], rtol=1e-4, atol=1e-4)  # the other head as XLA's
+    assert np.isnan(np.asarray(run(q, kc.at[0, 0, 256:512].set(jnp.nan), vc, m))).all()  # a whole chunk of NaN keys
+    only = jnp.asarray(np.arange(600)[None, :] == 300)  # the one visible position's key is NaN
+    assert np.isnan(np.asarray(run(q, kc.at[0, 0, 300].set(jnp.nan), vc, only))).all()
+
+
 def test_with_rows_each_query_reads_its_cache_row_in_place(cpu_kernels_built):
     q, kc, vc, m = _case(5, 3, 1, 8, 520, 64, "prefix")
     cache_k, cache_v = [jnp.concatenate([c, -c], axis=0) for c in (kc, vc)]  # 6 cache rows, 3 of them decoded

@@ -731,7 +731,8 @@ def test_a_bad_weight_dtype_is_one_line_before_the_port_opens():
     assert_one_line_error(proc, "--weight-dtype int3", "unknown dtype", "bfloat16")
 
 
-@pytest.mark.parametrize("switch", ["GEMMA4_BENCH_XLA_CPU_OPTIONS", "GEMMA4_BENCH_CPU_KERNELS", "GEMMA4_BENCH_CPU_AMX"])
+@pytest.mark.parametrize("switch", ["GEMMA4_BENCH_XLA_CPU_OPTIONS", "GEMMA4_BENCH_CPU_KERNELS", "GEMMA4_BENCH_CPU_AMX",
+                                    "GEMMA4_BENCH_CPU_ATTENTION"])
 def test_a_bad_engine_switch_is_one_line_before_the_port_opens(switch):
     """The engine would refuse the value only when it loads, after the port has opened: `bench serve` refuses it
     first, in one line, and exits 2 with the port never bound (a port in use would otherwise be the error)."""

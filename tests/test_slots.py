@@ -235,11 +235,13 @@ def test_a_row_that_made_its_max_new_tokens_is_refused_another_step_and_every_ro
     decoder.free(2)
 
 
-def test_a_sampled_request_after_warm_up_compiles_nothing(decoder, prompts):
+def test_a_sampled_request_after_warm_up_compiles_nothing(engine, prompts):
+    dec = engine.slot_decoder(SLOTS, CACHE_LEN - 1)  # a cache length no other test compiles: warm-up's programs only
+    dec.warmup(20)
     traces0 = CompileCounter.traces
-    decoder.prefill(1, prompts[3], MAX_NEW, SAMPLING)  # warm-up prefilled sampled at this bucket too
-    decoder.step()
-    decoder.free(1)
+    dec.prefill(1, prompts[3], MAX_NEW, SAMPLING)  # warm-up prefilled sampled at this bucket too
+    dec.step()
+    dec.free(1)
     assert CompileCounter.traces == traces0
 
 

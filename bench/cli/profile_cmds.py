@@ -98,8 +98,9 @@ def _sweep_gauge(run, n_tokens: int, batch: int = 1):
 
 def _profile_shape(engine, input_tokens: int, cell) -> int:
     """max_new_tokens of the profiled shape, which `--steps` never changes: the KV cache holds bucket +
-    max_new_tokens positions and decode attention reads all of them, so a shape that grew with N would make a
-    longer profile describe a different, slower program (bench.profile.capture, "Steps past the decode budget").
+    max_new_tokens positions and XLA's decode attention reads all of them (the CPU kernel: the visible ones, and
+    each chunk of them), so a shape that grew with N would make a longer profile describe a different, slower
+    program (bench.profile.capture, "Steps past the decode budget").
     Joining a run with a sweep cell at this size: the cell's own max_new_tokens (its compiled shape); otherwise
     the sweep's default cell shape (`SweepConfig.max_new_tokens`), shortened to the positions left after the
     prompt. At least the prefill's token, WARMUP_STEPS warm-up and one traced step; traced steps past the shape's

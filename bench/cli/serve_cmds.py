@@ -47,8 +47,8 @@ def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_len
                    max_body_bytes: int, api_key: str | None, max_batch: int = 1, max_queue: int = 0,
                    request_deadline: float | None = None, weight_dtype: str | None = None) -> None:  # fmt: skip
     """Refuse bad `bench serve` options before the port opens. Raises InputError, the checkpoint's error, or
-    EngineError for an engine switch (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_KERNELS, GEMMA4_BENCH_CPU_AMX)
-    that is neither on nor off."""
+    EngineError for an engine switch (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_KERNELS, GEMMA4_BENCH_CPU_AMX,
+    GEMMA4_BENCH_CPU_ATTENTION) that is neither on nor off."""
     import math
 
     if not 0 < port < 65536:

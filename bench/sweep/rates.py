@@ -12,7 +12,8 @@ cell (`measure_rates`), and records them in the run manifest under `RATES_KEY`:
   dtype, 2*M*N*K FLOP / median time), FLOP/s.
 
 Each measured cell row then gets (`with_rooflines`, fields of `bench.runs.CellRow`):
-- `bytes_per_step` = `Engine.decode_bytes(n, max_new_tokens)["total"]`: weights + KV cache at the compiled shape;
+- `bytes_per_step` = `Engine.decode_bytes(n, max_new_tokens)["total"]`: weights + the KV cache read (at the compiled
+  shape, or the positions a step sees with the CPU attention kernel: `Engine.decode_positions`);
 - `roofline_share_pct` = bytes_per_step x host-loop gauge tok/s (median) / copy bandwidth x 100, and
   `device_roofline_share_pct` the same with the device loop's gauge, where the cell has one;
 - `prefill_flops` (`prefill_flops_of`: `model.flops.prefill_flops` at the cell's compiled shape), `prefill_flop_s` =

@@ -629,8 +629,10 @@ void attn_chunk(const float* q, const float* k, const float* v, const bool* vis,
   float m[G];
   for (int g = 0; g < G; ++g) m[g] = -INFINITY;
   const int64_t h16 = H / 16 * 16;
+  bool seen = false;  // a visible position in this chunk
   for (int64_t s = s0; s < s1; ++s) {
     if (!vis[s]) continue;
+    seen = true;
     const float* k_s = k + s * H;
     __builtin_prefetch(k_s + 8 * H);
     f32x16 a[G] = {};
@@ -642,7 +644,7 @@ void attn_chunk(const float* q, const float* k, const float* v, const bool* vis,
       float sum = lane_sum(a[g]);
       for (int64_t h = h16; h < H; ++h) sum += k_s[h] * q[g * H + h];
       score[s - s0][g] = sum;
-      m[g] = std::max(m[g], sum);
+      if (std::isnan(sum) || sum > m[g]) m[g] = sum;  // a NaN score makes the max NaN, as it makes XLA's softmax
     }
   }
   float l[G] = {};
@@ -656,7 +658,7 @@ void attn_chunk(const float* q, const float* k, const float* v, const bool* vis,
   }
   for (int g = 0; g < G; ++g) m_out[g] = m[g], l_out[g] = l[g];
   std::fill(acc, acc + G * H, 0.f);
-  if (m[0] == -INFINITY) return;  // nothing visible in this chunk
+  if (!seen) return;  // nothing visible in this chunk: l = 0 marks it for the merge
   // acc[g, :] = sum_s e[s, g] v[s, :], 32 lanes of H at a time for all G (2G accumulators in registers), over the
   // chunk's visible positions (the chunk's values stay in L2 across the lane blocks).
   int64_t h = 0;
@@ -697,15 +699,23 @@ void decode_attention(ffi::ThreadPool& pool, const float* q, const float* k, con
   });
   for (int64_t head = 0; head < heads; ++head) {
     for (int g = 0; g < G; ++g) {
+      // The chunks with a visible position (l > 0, or NaN) and their max, NaN if any is: NaN or infinite scores
+      // give what XLA's softmax gives (NaN), never a silently finite output.
+      bool any = false;
       float top = -INFINITY;
-      for (int64_t c = 0; c < per_row; ++c) top = std::max(top, m[(head * per_row + c) * G + g]);
+      for (int64_t c = 0; c < per_row; ++c) {
+        const int64_t i = head * per_row + c;
+        if (l[i * G + g] == 0.f) continue;
+        any = true;
+        if (std::isnan(m[i * G + g]) || m[i * G + g] > top) top = m[i * G + g];
+      }
       float* out = o + (head * G + g) * H;
       std::fill(out, out + H, 0.f);
-      if (top == -INFINITY) continue;
+      if (!any) continue;  // no visible position: zeros
       float total = 0.f;
       for (int64_t c = 0; c < per_row; ++c) {
         const int64_t i = head * per_row + c;
-        if (m[i * G + g] == -INFINITY) continue;
+        if (l[i * G + g] == 0.f) continue;
         const float scale = std::exp(m[i * G + g] - top);
         total += scale * l[i * G + g];
         const float* part = acc.get() + (i * G + g) * H;
