@@ -351,14 +351,14 @@ def decode_step(
     that position written (full layers: slot p; sliding layers: ring slot p mod R) and length + 1.
     A per-row length [B] decodes row b at its own position p_b: its own RoPE angle, its own slot (written by a
     scatter of one slot per row instead of one slice for all rows), its own visible slots.
-    `rows` (int32 [k], distinct row indices in 0..B-1; the cache's lengths per row [B]): only those rows of the
-    cache decode, token_B [k] holding row rows[j]'s token and the logits [k,V] its logits; each attention reads
-    those rows of its KV source (`attend_one` with rows: in place with the CPU kernel, else a gathered copy of k
-    rows), every other row is neither read nor written, and only those rows' lengths move. Each row's arithmetic is that of decoding every row, up to float rounding (XLA
-    may sum in another order at another row count: on the tiny preset up to 2.8e-7 in the logits). Not checked
-    (the caller's promise, as `model.slots` keeps it): a scalar length raises IndexError; repeated rows give
-    undefined results; a row out of range fails the CPU attention kernel's call (INVALID_ARGUMENT) and reads NaN
-    through XLA's gather (its writes are dropped).
+    `rows` (int32 [k], distinct row indices in 0..B-1; the cache's lengths per row [B]): only those rows of the cache
+    decode, token_B [k] holding row rows[j]'s token and the logits [k,V] its logits; each attention reads those rows of
+    its KV source (`attend_one` with rows: in place with the CPU kernel, else a gathered copy of k rows), every other
+    row is neither read nor written, and only those rows' lengths move. Each row's arithmetic is that of decoding every
+    row, up to float rounding (XLA may sum in another order at another row count: on the tiny preset up to 2.8e-7 in the
+    logits). Not checked (the caller's promise, as `model.slots` keeps it): a scalar length raises IndexError; repeated
+    rows give undefined results; a row out of range fails the CPU attention kernel's call (INVALID_ARGUMENT) and reads
+    NaN through XLA's gather (its writes are dropped).
     `dtype` is the activation dtype (default: the cache's); K/V are stored in the cache's dtype."""
     b = token_B.shape[0]
     kv_dtype = cache.k[0].dtype if cache.k else jnp.float32

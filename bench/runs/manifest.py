@@ -96,12 +96,13 @@ class EngineConfig:
     quantization scales, None when nothing is quantized (a dense run has no scales: its build does not depend on
     `--scale-dtype`); dtypes by name ("float32", "bfloat16", ...). A manifest written before `--quant` existed
     records quantization "none" (or nothing) and no scale dtype: it reads as dense.
-    `kernel`: how w4 weights were multiplied, "w4a16=pallas" (the fused kernel) or "w4a16=xla", None without w4
-    weights (and in manifests from before the kernel); "bf16=cpu" where the engine's CPU kernels multiplied
-    bfloat16 weights (`model.kernels.cpu`) and "attention=cpu" where their decode attention ran, after the w4
-    kernel's name where there are both ("w4a16=xla bf16=cpu attention=cpu": `w4_kernel_of`, `cpu_kernel_of`); `kernel_tiles`: with pallas, the tiling of each projection
-    ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...}, "xla (why)" for one the kernel
-    does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id: other tiles, another build.
+    `kernel`: how w4 weights were multiplied, "w4a16=pallas" (the fused kernel) or "w4a16=xla", None without w4 weights
+    (and in manifests from before the kernel); "bf16=cpu" where the engine's CPU kernels multiplied bfloat16 weights
+    (`model.kernels.cpu`) and "attention=cpu" where their decode attention ran, after the w4 kernel's name where there
+    are both ("w4a16=xla bf16=cpu attention=cpu": `w4_kernel_of`, `cpu_kernel_of`); `kernel_tiles`: with pallas, the
+    tiling of each projection ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...}, "xla (why)"
+    for one the kernel does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id: other tiles,
+    another build.
     `xla_options`: the XLA options the engine compiled its decode programs with (`model.programs.xla_options`,
     e.g. "xla_disable_hlo_passes=tree_reduction_rewriter" on CPU), None for XLA's defaults and in manifests from
     before it was recorded; it enters the build id.
@@ -446,11 +447,11 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
 
 # ---- facts of a loaded engine, without jax (duck-typed) ---------------------------------------------------------
 def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
-    """The `EngineConfig` of a loaded `model.engine.Engine`: its buckets, max_length, policy's dtypes and
-    quantization (`engine.quant.canonical`, "none" for dense or an engine without `quant`; `engine.scale_dtype`
-    only when something is quantized) and w4 kernel (`engine.kernel`, a `model.kernels.choice.KernelPlan`: its
-    option and tiles; None without one) and its CPU kernels (`engine.cpu_kernel`, e.g. "bf16=cpu attention=cpu",
-    "attention=cpu", or None), joined by `kernel_text`, and the XLA options of its decode programs (`engine.xla_options`)."""
+    """The `EngineConfig` of a loaded `model.engine.Engine`: its buckets, max_length, policy's dtypes and quantization
+    (`engine.quant.canonical`, "none" for dense or an engine without `quant`; `engine.scale_dtype` only when something
+    is quantized) and w4 kernel (`engine.kernel`, a `model.kernels.choice.KernelPlan`: its option and tiles; None
+    without one) and its CPU kernels (`engine.cpu_kernel`, e.g. "bf16=cpu attention=cpu", "attention=cpu", or None),
+    joined by `kernel_text`, and the XLA options of its decode programs (`engine.xla_options`)."""
     pol = engine.policy
     quant = getattr(engine, "quant", None)
     quantization = quant.canonical if quant is not None else "none"

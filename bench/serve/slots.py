@@ -272,8 +272,8 @@ class BatchedSlots:
             self.release(slot)
 
     def warmup(self, n_tokens: int, max_new_tokens: int) -> None:
-        """Compile what a request of `n_tokens` prompt tokens runs in a slot (`SlotDecoder.warmup`: its greedy
-        and sampled prefill at its bucket, the insert, the step of each row count, greedy and sampled). Raises EngineError
+        """Compile what a request of `n_tokens` prompt tokens runs in a slot (`SlotDecoder.warmup`: its greedy and
+        sampled prefill at its bucket, the insert, the step of each row count, greedy and sampled). Raises EngineError
         for a shape the slots cannot hold (prompt + max_new_tokens above `max_context`)."""
         self.decoder.warmup(n_tokens, max_new_tokens)
 
