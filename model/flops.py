@@ -1,7 +1,7 @@
 """The prefill's work as arithmetic: its chunk size and the FLOPs it computes for a prompt.
 
 Pure functions of a `ModelConfig` on Python ints: no jax and no numpy, so the report can put a prefill's achieved
-FLOP/s beside the measured matrix-product rate on archived runs (measurement.md, "Rooflines": prefill is
+FLOP/s beside the measured matrix-product rate on archived runs (docs/method.md, "Rooflines": prefill is
 compute-bound). `model.forward.prefill` takes its chunk from `prefill_chunk`, so both count the same program.
 
 Key: D model width, N query heads, K kv heads, H head dim, F feed-forward width, P per-layer-input (PLE) width,
@@ -122,7 +122,7 @@ def decode_flops(cfg: ModelConfig, cache_len: int, batch: int = 1) -> int:
     """Matrix-product FLOPs of one decode step of `batch` rows over caches of `cache_len` slots (bucket +
     max_new_tokens, or the positions a step sees where the CPU attention kernel reads only those:
     `model.engine.Engine.decode_positions`; multiply-add = 2 FLOPs), for the arithmetic intensity of a step
-    (measurement.md, "Batches").
+    (docs/method.md, "Batches").
 
     Per row: every layer's projections (as `prefill_flops` counts them), its attention over the whole buffer of
     its KV source as the step computes it (masked slots included, as `model.accounting.kv_read_elements` counts

@@ -5,8 +5,8 @@ default preset's decode step (2-core Xeon, jax 0.12, bfloat16 weights, 41 tokens
 return), with the 475 parameter leaves as they are against the 262 one-dimensional leaves (norm weights and layer
 scalars) packed into one vector per dtype: 1.89-2.08 -> 1.31-1.40 ms with each call alone (two rounds of 30 calls),
 3.02 -> 2.30 ms while the step before it runs (the host loop's dispatch ahead, 14 rounds of 30 steps). A decode
-step is one call per generated token in the host loop, so this is host overhead per token (measurement.md, "Host
-overhead"): on the lent TPU v5e it was 0.94 ms of the default preset's 1.37 ms host-loop step
+step is one call per generated token in the host loop, so this is host overhead per token (docs/method.md,
+"Decode loops and host overhead"): on the lent TPU v5e it was 0.94 ms of the default preset's 1.37 ms host-loop step
 (runs/2026-12-06-tpu-new-tpuv5e).
 
 `pack_params` concatenates the one-dimensional leaves once, outside any program; inside a program,

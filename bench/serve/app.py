@@ -50,7 +50,7 @@ the event loop through `call_soon_threadsafe`, so neither streaming nor a slow c
 request whose client disconnects is cancelled at once (`bench.serve.answer`): dropped before it starts when it is
 still queued, its slot freed at the next step boundary when it runs.
 
-Timing definitions (../shared/measurement.md): server-side TTFT runs from the arrival of the request at its handler
+Timing definitions (docs/method.md): server-side TTFT runs from the arrival of the request at its handler
 (queue wait included) to the first generated id on the host; the decode gauge is (generated - 1) / (last id - first
 id), in tok/s. Each distinct shape compiles once: with `SequentialSlots` (bucket, max_tokens, greedy or sampling);
 with `BatchedSlots` a prefill per (bucket, greedy or sampling) at the slots' fixed cache length, whatever
