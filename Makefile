@@ -127,7 +127,7 @@ report: $(STAMP)
 generate: $(STAMP)
 	$(BENCH) generate --prompt "Explain what a KV cache is." $(ARGS)
 
-lock: $(STAMP)
+lock: $(DOCS_STAMP)  # the docs extra installed, so its pins stay in constraints.txt
 	$(PY) -m pip freeze --exclude-editable | grep -v '^gemma4-bench' > constraints.txt
 
 clean:
