@@ -131,4 +131,4 @@ lock: $(DOCS_STAMP)  # the docs extra installed, so its pins stay in constraints
 	$(PY) -m pip freeze --exclude-editable | grep -v '^gemma4-bench' > constraints.txt
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info
