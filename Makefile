@@ -15,7 +15,7 @@ PEER_DIR     := .cache/peer
 PEER_THREADS ?= 2
 PEER_NAME    ?=
 
-.PHONY: help venv fleet-venv test-fleet test test-fast test-heavy gpu-rehearsal tpu-rehearsal sweep peer profile report generate lock clean
+.PHONY: help venv docs fleet-venv test-fleet test test-fast test-heavy gpu-rehearsal tpu-rehearsal sweep peer profile report generate lock clean
 
 help:
 	@echo "make sweep    run the default sweep (inputs $(INPUTS)) on the built-in checkpoint; writes runs/<name>/"
@@ -24,6 +24,7 @@ help:
 	@echo "make peer     transformers on the same checkpoint, prompts and token counts (its own .venv-peer); writes runs/<name>/"
 	@echo "make profile  xprof trace of 20 decode steps + device-time breakdown, added to the latest sweep run"
 	@echo "make report   tables and plots comparing the archived runs in runs/ -> reports/latest/"
+	@echo "make docs     the documentation site (docs/, mkdocs.yml) built strictly into site/"
 	@echo "make test-fleet  the bench fleet tests in .venv-fleet (SkyPilot installed: its schema checks run)"
 	@echo "make gpu-rehearsal  scripts/gpu-run.sh --tiny on this CPU with the GPU image's packages + carried wheels"
 	@echo "make tpu-rehearsal  the same with the TPU image's Python 3.11 + jax 0.10.2 + scripts/tpu-wheels.sh's wheels"
@@ -62,7 +63,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not heavy" $(ARGS)
 
 # bench fleet (SkyPilot) in its own venv: skypilot 0.14.1 pins click < 8.2 and uvicorn < 0.36, which constraints.txt
-# refuses; constraints-fleet.txt lowers those pins (README, "On a fleet").
+# refuses; constraints-fleet.txt lowers those pins (docs/devices/fleet.md).
 FLEET_VENV  := .venv-fleet
 FLEET_STAMP := $(FLEET_VENV)/.installed
 $(FLEET_STAMP): pyproject.toml constraints-fleet.txt
@@ -79,6 +80,17 @@ fleet-venv: $(FLEET_STAMP)
 
 test-fleet: $(FLEET_STAMP)
 	$(FLEET_VENV)/bin/python -m pytest -q tests/test_fleet.py tests/test_fleet_schema.py $(ARGS)
+
+# The documentation site: MkDocs + Material (the `docs` extra, pinned by constraints.txt) installed into .venv
+# beside the project, then a strict build into site/ (git-ignored): a link or #anchor that does not resolve inside
+# docs/ fails it (mkdocs.yml's validation). NO_MKDOCS_2_WARNING quiets the theme's banner about its successor.
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -qq -c constraints.txt -e '.[docs]'
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # Needs no .venv: it builds (and caches) its own venv of the GPU image's versions; see scripts/gpu-rehearsal.sh.
 gpu-rehearsal:
@@ -115,8 +127,8 @@ report: $(STAMP)
 generate: $(STAMP)
 	$(BENCH) generate --prompt "Explain what a KV cache is." $(ARGS)
 
-lock: $(STAMP)
+lock: $(DOCS_STAMP)  # the docs extra installed, so its pins stay in constraints.txt
 	$(PY) -m pip freeze --exclude-editable | grep -v '^gemma4-bench' > constraints.txt
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -11,7 +11,7 @@ Key: V vocab, D model width, L layers, N query heads, K kv heads, H head dim (pe
 Counts are scalars (elements); bytes are counts x bytes per stored scalar. The counts are grouped the way a
 storage layout treats them (`ParamCounts`, `DecodeReads`: the body, the tied embedding table, the PLE table), so a
 layout that gives each group its own bits per scalar (e.g. the published runs' `bench.profile.roofline.WeightLayout`)
-multiplies group by group. Source of the bytes a step reads: measurement.md, "Rooflines".
+multiplies group by group. Source of the bytes a step reads: docs/method.md, "Rooflines".
 
 Weight bytes by component under a quantization option set (`weight_bytes_by_component`): every leaf at the body
 dtype's itemsize, except the leaves `model.quantspec.leaf_layout` quantizes, which count their packed values
@@ -135,7 +135,7 @@ class DecodeReads:
 
     body: every non-embedding parameter, once; input_embedding_row: one row of embed_VD (D), the input lookup;
     ple_row: one row of the PLE table (X, 0 when P = 0), a gather per token; lm_head: the whole tied table
-    (V x D) once more, for the logits. Source: measurement.md "bytes per decode step".
+    (V x D) once more, for the logits. Source: docs/method.md "Rooflines".
     """
 
     body: int

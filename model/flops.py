@@ -1,7 +1,7 @@
 """The prefill's work as arithmetic: its chunk size and the FLOPs it computes for a prompt.
 
 Pure functions of a `ModelConfig` on Python ints: no jax and no numpy, so the report can put a prefill's achieved
-FLOP/s beside the measured matrix-product rate on archived runs (measurement.md, "Rooflines": prefill is
+FLOP/s beside the measured matrix-product rate on archived runs (docs/method.md, "Rooflines": prefill is
 compute-bound). `model.forward.prefill` takes its chunk from `prefill_chunk`, so both count the same program.
 
 Key: D model width, N query heads, K kv heads, H head dim, F feed-forward width, P per-layer-input (PLE) width,
@@ -14,15 +14,9 @@ from model.config import ModelConfig
 
 PREFILL_CHUNK = 128
 """Prompt positions per prefill chunk (`model.forward.prefill`), capped by the bucket and the sliding window.
-Measured on the default preset (2-core CPU shared with other jobs, float32, random weights, jitted prefill into a
-cache of bucket + 64 slots; chunk sizes interleaved round by round, median of 3, [min..max]): 521 tokens (bucket
-1024) 2.60 s [2.41..2.64] with 128, 3.04 s [2.84..3.08] with 256, 4.61 s [4.56..4.78] with 512; 3593 tokens
-(bucket 4096) 19.4 s [19.1..21.2], 21.8 s [19.4..22.7], 27.9 s [26.9..28.3]. A second pair of runs: 64 and 128
-equal within noise (2.42 vs 2.59 s at 521, 21.9 vs 22.0 s at 3593), so 128, with half the loop trips. Against
-the unrolled whole-bucket prefill it replaced, interleaved in one session (old -> chunks of 128): 41 tokens
-178 -> 162 ms, 521 tokens 4.31 -> 2.52 s, 2057 tokens 13.2 -> 10.7 s, 3593 tokens 30.8 -> 19.6 s; compile 14-19 s
-either way. Smaller chunks win here because a sliding layer's chunk reads R + C keys per query (W = 512) and the
-full layers waste only C / 2 per query; a GPU, where larger matrix products pay, was not measured."""
+128 because on the default preset (2-core CPU) it was as fast as 64 with half the loop trips, and faster than 256
+and 512: a sliding layer's chunk reads R + C keys per query, so smaller chunks waste less; a GPU was not measured.
+The measurements: docs/engine.md, "Prefill"."""
 
 
 def prefill_chunk(cfg: ModelConfig, bucket: int, chunk: int = PREFILL_CHUNK) -> int:
@@ -122,7 +116,7 @@ def decode_flops(cfg: ModelConfig, cache_len: int, batch: int = 1) -> int:
     """Matrix-product FLOPs of one decode step of `batch` rows over caches of `cache_len` slots (bucket +
     max_new_tokens, or the positions a step sees where the CPU attention kernel reads only those:
     `model.engine.Engine.decode_positions`; multiply-add = 2 FLOPs), for the arithmetic intensity of a step
-    (measurement.md, "Batches").
+    (docs/method.md, "Batches").
 
     Per row: every layer's projections (as `prefill_flops` counts them), its attention over the whole buffer of
     its KV source as the step computes it (masked slots included, as `model.accounting.kv_read_elements` counts

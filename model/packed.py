@@ -1,13 +1,10 @@
 """The parameters as the engine's jitted programs receive them: fewer arguments per call.
 
-Every argument buffer of a jitted call costs host time at every call, before the device starts: measured on the
-default preset's decode step (2-core Xeon, jax 0.12, bfloat16 weights, 41 tokens; median time for the call to
-return), with the 475 parameter leaves as they are against the 262 one-dimensional leaves (norm weights and layer
-scalars) packed into one vector per dtype: 1.89-2.08 -> 1.31-1.40 ms with each call alone (two rounds of 30 calls),
-3.02 -> 2.30 ms while the step before it runs (the host loop's dispatch ahead, 14 rounds of 30 steps). A decode
-step is one call per generated token in the host loop, so this is host overhead per token (measurement.md, "Host
-overhead"): on the lent TPU v5e it was 0.94 ms of the default preset's 1.37 ms host-loop step
-(runs/2026-12-06-tpu-new-tpuv5e).
+Every argument buffer of a jitted call costs host time at every call, before the device starts, and a decode step
+is one call per generated token in the host loop, so fewer buffers are less host overhead per token (docs/method.md,
+"Decode loops and host overhead"). Packing the one-dimensional leaves cut a decode step's call by 24-33% on the
+2-core Xeon and sped up the TPU v5e's host loop by 28-33%; the measurements:
+reports/2026-12-06-filing-build-dispatch-ahead/notes.md, "Why model/packed.py".
 
 `pack_params` concatenates the one-dimensional leaves once, outside any program; inside a program,
 `as_params(packed)` gives back the same `model.params.Params` tree, each packed leaf a static slice of its vector

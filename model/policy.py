@@ -1,6 +1,6 @@
 """The dtype policy: what the live device is, and which dtypes it computes in. Never read from a config file.
 
-Rules (the published T4G/L4 report, "Leak One"; measurement.md "Facts measured on this kind of machine"):
+Rules (the published T4G/L4 report, "Leak One"; docs/method.md "Measured facts behind the defaults"):
 - CPU -> float32 (XLA:CPU emulates bfloat16: a matrix-vector product ran 19x slower here);
 - NVIDIA compute capability < 8.0 (Turing and older) -> float16: no bfloat16 datapath, bfloat16 is emulated
   through float32 and cost 87% of decode in the report;

@@ -30,12 +30,9 @@ way. With the pass off the square and the sum are one fusion: the default preset
 thunks to 1079 (41 tokens; 1582 -> 1114 at 3593). Every thunk costs host time at each call (XLA:CPU builds a
 buffer-table entry per allocation, most of them the scalars of reduce computations) as well as time to run.
 
-Measured on the default preset, paired in one process (2-core Xeon, jax 0.12, 64 new tokens, options on / off,
-the median of the paired ratios of time per step over 6-8 alternating requests): bfloat16 weights (the CPU
-kernels) at 41 input tokens, host loop 0.908, 0.902 and 0.909 in three runs, device loop 0.889, 0.961 and 0.987; at
-521 tokens host 0.926 and 1.057 in two runs, device 1.006 and 0.965; float32 weights at 41 tokens host 1.016,
-device 0.997. Greedy tokens equal in every run; the next-token logits of decode steps differed by at most 8.9e-8.
-Prefill keeps the pass: with it off there, TTFT measured 1.049 at 41 tokens and 1.019-1.095 at 521.
+Paired in one process on the 2-core Xeon it shortened a bfloat16-weight decode step by about 9% at 41 tokens
+(host loop), with greedy tokens equal, and gained nothing with float32 weights; prefill keeps the pass, which
+measured faster there. The measurements: docs/engine.md, "Kernels" (the tree-reduction pass).
 
 What the sums lose: the pass's windows bound a float32 sum of n values to about (32 + n/32) x 2^-24 of exact in the
 worst case; one reduce to about n x 2^-24 (n: the model width, 256-2560 on the presets, and the cache length of

@@ -21,16 +21,10 @@ attention kernel, else a gathered copy); the other rows are neither read nor wri
 carried along: it decodes its stale token at its own row's length (its old length in the first step after it was
 freed, then 0: every step holds a free row's length at 0, so it never runs past the cache), and its token is
 ignored. It costs its share of that step on the device (the weights are read once per step whatever the rows, but
-its projections, attention over the positions it sees and logits are computed like an occupied row's). Measured on
-the default preset (2-core Xeon, 41-token prompts, 8 slots, greedy, in one process, with XLA's attention over the
-whole cache; ms per step with k rows against all 8, at S = 1,024 and at 8,192, the server's default):
-- bfloat16 weights: one occupied row 19.7 / 87.4 and 60.1 / 221.4; two 29.4 / 74.8 and 90.9 / 228.4; four 54.6 /
-  63.0 and 152.8 / 181.0;
-- float32 weights: one 25.4 / 69.4 and 55.5 / 181.9; two 34.9 / 71.4 and 99.0 / 186.4; four 54.7 / 74.0 and
-  172.3 / 197.6.
-With the CPU attention kernel (`model.layers.attend_one`), which reads only the positions each row sees (2-core
-EPYC, S = 8,192, bfloat16 weights, two processes each way, ms per step with the kernel / with XLA's attention):
-one occupied row 10.8, 10.4 / 43.6, 34.1; four 20.9, 19.5 / 144.0, 149.7; all eight 31.5, 38.1 / 167.6, 166.7.
+its projections, attention over the positions it sees and logits are computed like an occupied row's).
+Stepping only the occupied rows made a lone request's step 2.7-4.4x shorter on the default preset (one row against
+all 8, 2-core Xeon, XLA's attention); the measurements, with XLA's attention and with the CPU attention kernel:
+reports/2026-12-02-batch-serve-cpu/notes.md, "Decode slots, one process".
 
 Tokens: greedy rows equal `Engine.generate` of the same prompt alone (the same prefill computation, then the same
 per-row decode arithmetic as `Engine.generate_batch`, whose rows equal their prompts alone: tests/test_batch.py),
@@ -131,7 +125,8 @@ def _insert_program(cache, token_B, row, token_1, slot):
 
 ROWS_STEP_SHARE = 2
 """A step decodes only its occupied rows (`row_counts`) while they fit in 1 / ROWS_STEP_SHARE of the slots: at
-half of 8 slots a four-row step still took 0.74x-0.87x the time of the full one (the module docstring)."""
+half of 8 slots a four-row step still took 0.74x-0.87x the time of the full one
+(reports/2026-12-02-batch-serve-cpu/notes.md, "Decode slots, one process")."""
 
 
 def row_counts(max_batch: int) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ sweep's own exact-length prompt: text and ids) and writes one JSON line per requ
 three steps, with this script in its own venv (.venv-peer: Python 3.11, torch 2.13.0 CPU, transformers 5.24.0,
 safetensors, numpy); the project's own venv never installs torch.
 
-What it measures, as `bench sweep` does (../shared/measurement.md, "Per request" and "Per cell"):
+What it measures, as `bench sweep` does (docs/method.md, "Per request" and "Per cell"):
 - the model: `AutoModelForCausalLM` on the plan's checkpoint folder, float32 weights and compute, the attention
   implementation `--attn` (default sdpa), eval mode, every request under `torch.inference_mode`, on the CPU with
   `torch.set_num_threads(--threads)` (default 2);

@@ -1,6 +1,6 @@
 """Synthetic measured run folders for the run-folder, report and compare tests (no engine, no jax).
 
-Every number is consistent with measurement.md: gauge = (n - 1) / decode time, end-to-end = n / e2e time,
+Every number is consistent with docs/method.md: gauge = (n - 1) / decode time, end-to-end = n / e2e time,
 TPOT = (e2e - TTFT) / (n - 1); the timed repeats vary by a small, fixed jitter so medians sit inside min..max.
 """
 

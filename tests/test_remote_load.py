@@ -1,7 +1,7 @@
 """`bench sweep --target URL --concurrency ...` (bench/sweep/load.py) against the fake OpenAI-compatible endpoint of
 test_remote.py (no engine on the server side): levels of exact-size requests with at most C in flight, Poisson
 arrivals from a seed, per-request samples with their inter-token latencies, per-level rows with the serving
-definitions (measurement.md, "Serving under load"), validity, the target's answers in the manifest, stop and
+definitions (docs/method.md, "Serving under load"), validity, the target's answers in the manifest, stop and
 resume, and the flags' one-line errors. The records' arithmetic (`summarize_level`) is checked on made-up samples.
 """
 

@@ -1,5 +1,5 @@
 """`bench sweep --batch`, `bench profile --batch`, the report and `bench compare` of batch cells
-(measurement.md, "Batches").
+(docs/method.md, "Batches").
 
 Fast: the flag's parsing and refusals (one line, exit 2, before the checkpoint loads), the records of a batch cell
 (aggregate = B x the per-sequence gauge, every row's length in validity, a cell keyed by (input tokens, batch), old

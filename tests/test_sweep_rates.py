@@ -1,4 +1,4 @@
-"""The sweep's rooflines (measurement.md, "Rooflines"): the copy bandwidth and matrix-product rate measured once per
+"""The sweep's rooflines (docs/method.md, "Rooflines"): the copy bandwidth and matrix-product rate measured once per
 in-process sweep and recorded in the manifest; each row's bytes per step, bandwidth roofline shares and prefill
 FLOP/s against the matrix-product rate, recomputed here from the row's own numbers; rows without them (archived
 runs) print as they did. No speed is asserted."""

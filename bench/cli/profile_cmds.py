@@ -1,6 +1,6 @@
 """`bench profile` (capture + analyse N decode steps), `bench profile analyze` (any saved trace), `bench bandwidth`.
 
-Definitions: measurement.md, "Profiles" and "Rooflines". The library does the work (`bench.profile.capture`,
+Definitions: docs/method.md, "Profiles" and "Rooflines". The library does the work (`bench.profile.capture`,
 `bench.profile.analysis`, `bench.profile.bandwidth`); this module parses flags, writes the run folder and prints.
 
 GPU flags: XLA reads XLA_FLAGS once, when jax initialises its backend, so `bench profile` decides whether it is
@@ -733,7 +733,7 @@ def bandwidth(
 ) -> None:
     """Measure the device's memory bandwidth with a large device-to-device copy (read + written bytes / time), then
     with a read-only pass over a buffer of the same size (bytes read / time). Roofline shares are against the copy
-    (measurement.md); the read-only figure says how far above it a decode step, which only reads, can go."""
+    (docs/method.md); the read-only figure says how far above it a decode step, which only reads, can go."""
     from bench.profile.bandwidth import MiB, measure_bandwidth, measure_read_bandwidth
 
     if n_bytes is not None and n_bytes < MiB:

@@ -62,7 +62,7 @@ def knee_lines(cells) -> list[str]:
     if not found:
         return []
     head = (f"knee: the smallest batch whose median decode step exceeds B = 1's by more than {100 * KNEE_FRACTION:.0f}% "
-            "(measurement.md, Batches); beyond it decode is no longer bound by reading the weights")  # fmt: skip
+            "(docs/method.md, Batches); beyond it decode is no longer bound by reading the weights")  # fmt: skip
     return [head, *(f"  {k.line}" for k in found)]
 
 
@@ -468,7 +468,7 @@ def _sweep_rates(engine, resumed, log):
     if stored is not None:
         log.info(f"{stored.line} (the resumed run's)")
         return stored, False
-    log.info("measuring the device's copy bandwidth, read-only bandwidth and matrix-product rate (measurement.md, "
+    log.info("measuring the device's copy bandwidth, read-only bandwidth and matrix-product rate (docs/method.md, "
              "Rooflines)")
     rates = measure_rates(engine.policy.compute_dtype)
     log.info(rates.line)

@@ -1,4 +1,4 @@
-"""The measurement definitions shared by the sweep and the server (`../shared/measurement.md`).
+"""The measurement definitions shared by the sweep and the server (`docs/method.md`).
 
 - `exact_prompt`, `Prompt`, `min_prompt_tokens`, `row_prompts`
                                                         (bench.measure.prompts: prompts of exactly N tokens; B

@@ -1,4 +1,4 @@
-"""The figures of a batch cell that are arithmetic on measured ones (../shared/measurement.md, "Batches").
+"""The figures of a batch cell that are arithmetic on measured ones (docs/method.md, "Batches").
 
 - aggregate throughput: all rows' tokens after the first / decode time = B x the per-sequence gauge (rows in
   lockstep share one decode time);

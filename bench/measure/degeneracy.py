@@ -2,7 +2,7 @@
 
 A broken KV cache (e.g. padding evicting a real position from the sliding ring) does not crash and does not
 produce NaNs: it returns a clean success whose text is "The The The ...". Timing numbers cannot see that; this
-check on the output can. See `../shared/measurement.md` (Degeneracy).
+check on the output can. See `docs/method.md` (Degeneracy).
 
 Two rules, both on token ids only (no tokenizer needed), both "most of the output":
 

@@ -1,6 +1,6 @@
 """Benchmark prompts of natural text whose token count, BOS and chat template included, is exact.
 
-"Input tokens" (`../shared/measurement.md`): the exact number of ids fed to the model for one request, BOS and chat
+"Input tokens" (`docs/method.md`): the exact number of ids fed to the model for one request, BOS and chat
 template included; `--inputs 41` means 41 ids, checked after tokenization.
 
 How a prompt of n tokens is found: the user message is a prefix of one fixed source text (by default the shipped
@@ -94,7 +94,7 @@ def exact_prompt(tokenizer: GemmaTokenizer, n_tokens: int, *, text: str | None =
 
 
 def row_prompts(tokenizer: GemmaTokenizer, n_tokens: int, batch: int, *, text: str | None = None) -> list[Prompt]:
-    """`batch` different prompts of exactly `n_tokens` ids each, for the rows of a batch (measurement.md,
+    """`batch` different prompts of exactly `n_tokens` ids each, for the rows of a batch (docs/method.md,
     "Batches": the rows do equal work, on different text). Row 0 is `exact_prompt(tokenizer, n_tokens, text=text)`,
     the B = 1 cell's prompt; row r is the exact prompt of the source rotated to start at its r-th sentence (the
     text from there on, then the text before it), skipping a start whose prompt equals an earlier row's.

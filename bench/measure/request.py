@@ -1,4 +1,4 @@
-"""One request measured, per ../shared/measurement.md ("Per request").
+"""One request measured, per docs/method.md ("Per request").
 
 Times come from `time.perf_counter_ns` (monotonic) and are read only once a token id has arrived on the host,
 so the device has finished the work behind it:
@@ -34,7 +34,7 @@ class Measured:
 
 
 def request_times(t_start_ns: int, t_tokens_ns: list[int], t_end_ns: int | None, n_generated: int) -> dict:
-    """The per-request numbers of measurement.md from host timestamps (perf_counter_ns): `ttft_ms` (start -> first
+    """The per-request numbers of docs/method.md from host timestamps (perf_counter_ns): `ttft_ms` (start -> first
     token), `decode_ms` (first -> last token; None with one token), `e2e_ms` (start -> end; None without an end),
     `gauge_tok_s` = (n - 1) / decode time, `e2e_tok_s` = n / e2e time, `tpot_ms` = (e2e - TTFT) / (n - 1), and
     `step_ms` (gaps between token arrivals). `t_tokens_ns` holds one arrival per observed token (a server stream
@@ -93,7 +93,7 @@ def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, r
 
 def measure_batch_request(engine, prompts, max_new_tokens: int, *, kind: str, repeat: int,
                           decode_loop: str = "host", block: int | None = None) -> Measured:  # fmt: skip
-    """Run and time one batch request (measurement.md, "Batches"): the B = len(prompts) prompts (`Prompt`s of one
+    """Run and time one batch request (docs/method.md, "Batches"): the B = len(prompts) prompts (`Prompt`s of one
     exact size, e.g. `bench.measure.prompts.row_prompts`) tokenized inside the timed region, decoded together by
     `engine.generate_batch` (exactly `max_new_tokens` per row, EOS ignored), every row detokenized. The times are
     the batch's, which every row shares (its rows run in lockstep): TTFT = request start -> the first tokens of all

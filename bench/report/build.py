@@ -517,7 +517,7 @@ def _load_blocks(group: Group, base: RunView, out: Path) -> tuple[list[Any], lis
         return [], []
     header, _, text = load_report_table(views)
     table = Table(title="Serving under load (per level)", header=header, rows=text, kind="load",
-                  notes=["measurement.md, \"Serving under load\": output tok/s = generated tokens of the level / its "
+                  notes=["docs/method.md, \"Serving under load\": output tok/s = generated tokens of the level / its "
                          "wall time; TTFT, TPOT, e2e over its requests, ITL over every gap between tokens; queue "
                          "where the server reports it; valid: every request succeeded with exactly max_new_tokens."])  # fmt: skip
     lines = []
@@ -557,7 +557,7 @@ def _published_notes(published: list[RunView]) -> list[Any]:
     items = [f"Published runs ({', '.join(v.label for v in published)}) hold no raw samples: medians only, as published."]
     for d in sorted({(v.m.get("sweep") or {}).get("gauge_definition") for v in published} - {None}):
         items.append(f"Published gauge definition: \"{d}\". This harness's gauge is (generated tokens − 1) / decode "
-                     "time (measurement.md); for 64 tokens the two differ by 64/63 (1.6%) for one decode time.")
+                     "time (docs/method.md); for 64 tokens the two differ by 64/63 (1.6%) for one decode time.")
     return [Bullets(items=items)]
 
 

@@ -16,7 +16,7 @@ whose own repeats disagree gets a note): the host loop's, or the device loop's i
 `TokenAgreement` gives the index of the first differing token and the share of the compared positions (all
 `max_new_tokens` of them, 64 by default) whose ids are equal, position by position.
 
-Accuracy (a quantized run against a dense one, measurement.md "Quantized weights"): where both runs recorded the
+Accuracy (a quantized run against a dense one, docs/method.md "Quantized weights"): where both runs recorded the
 next-token logits of a cell (`bench.runs.logits`: float32 [V], the prefill's logits at the prompt's last position,
 softcap applied), `LogitAgreement` gives max_v |a_v - b_v| and mean_v |a_v - b_v| in logit units over the V
 vocabulary entries, and whether their argmax (the first greedy token) agrees. Over the sweep's prompts means one
@@ -39,7 +39,7 @@ Partial cells (fewer timed repeats than planned: a stopped sweep, or `--max-dura
 the verdict like any cell: their medians are of the repeats they have, which is a real but thinner measurement.
 They are never silent: `Comparison.partial` names each one (side, run, input size, k of N repeats, what stopped
 it) and `Comparison.verdict` reads "PASS with partial cells: ..." (or FAIL). A single-variable comparison needs equal build id, checkpoint hash,
-configuration and weight bytes (measurement.md, "Comparisons"); `manifest_differences` says which differ. Two runs
+configuration and weight bytes (docs/method.md, "Comparisons"); `manifest_differences` says which differ. Two runs
 that differ only in quantization (`quant_variable`: the quantization and what it changes by itself, with equal
 dense build ids) are a single-variable comparison in it (`Comparison.variable`).
 """
@@ -478,7 +478,7 @@ def _bandwidth_note(base: dict, cand: dict) -> str | None:
     was measured, after its last (`bench.runs.manifest.copy_bandwidths_of`), and the candidate's start against the
     baseline's in percent. "device" as the sweep's own lines say it: the CPU's memory on a CPU run, the chip's on a
     TPU or GPU. None unless both runs measured a start (in-process sweeps). A fact, never a threshold: it says how
-    much of a speed difference the machine alone may account for (measurement.md, Comparisons)."""
+    much of a speed difference the machine alone may account for (docs/method.md, Comparisons)."""
     (b0, b1), (c0, c1) = copy_bandwidths_of(base), copy_bandwidths_of(cand)
     if b0 is None or c0 is None:
         return None

@@ -11,7 +11,7 @@
 - `history_tables`: one configuration over time (device, batch, concurrency fixed), one line per run with each
   cell's median and (min–max), the last `MAX_HISTORY_ROWS` runs.
 
-Batches (`bench sweep --batch`; measurement.md "Batches"): `batch_tables`, per run with batch cells, input tokens
+Batches (`bench sweep --batch`; docs/method.md "Batches"): `batch_tables`, per run with batch cells, input tokens
 and batch down, the per-sequence gauge, aggregate throughput, TTFT of the batch prefill, step time (median, p99),
 bytes per step, roofline share, FLOP per byte and rows differing from B = 1 across, the knee per input size under
 it; `batch_profile_table`, where the group's profiles were taken at more than one batch (`bench profile --batch`),
@@ -149,7 +149,7 @@ ROOFLINE_RUNS_PER_TABLE = 1  # 1 + up to 5 columns per run <= 10
 
 
 def roofline_tables(views: Sequence[Any]) -> list[Table]:
-    """The rooflines (measurement.md, "Rooflines"; bench/runs/records.py `CellRow`) of those of `views` whose cells
+    """The rooflines (docs/method.md, "Rooflines"; bench/runs/records.py `CellRow`) of those of `views` whose cells
     have them, one run per table: bytes per decode step, the bandwidth roofline share of each loop's gauge, the
     prefill's GFLOP/s and its share of the measured matrix-product rate, each column where a cell has it, a share
     above 100% explained under it (`bench.runs.columns.table_notes`), and the run's copy bandwidth before its first

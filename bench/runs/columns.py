@@ -159,14 +159,14 @@ cell; `CellRow`) and its timed repeats. Optional: every printer shows them only 
 ROOFLINE_COLUMNS: tuple[Column, ...] = (
     BYTES_PER_STEP, ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_FLOPS, PREFILL_GFLOP_S, PREFILL_MATMUL_SHARE,
 )  # fmt: skip
-"""The rooflines of an in-process sweep (`CellRow`; measurement.md, "Rooflines"): bytes one decode step reads,
+"""The rooflines of an in-process sweep (`CellRow`; docs/method.md, "Rooflines"): bytes one decode step reads,
 the bandwidth roofline share of each loop's gauge (bytes/step x gauge / the run's measured copy bandwidth), the
 prefill's matrix-product FLOP, its FLOP/s (printed as GFLOP/s) and their share of the run's measured
 matrix-product rate. Optional, like the device-loop columns (`present`)."""
 OPTIONAL_COLUMNS: tuple[Column, ...] = DEVICE_LOOP_COLUMNS + ROOFLINE_COLUMNS
 """The columns of optional `CellRow` fields: a printer shows each only where some row has a value (`present`)."""
 BATCH_COLUMNS: tuple[Column, ...] = (AGGREGATE, STEP, STEP_P99, BYTES_PER_STEP, INTENSITY, ROWS_DIFFER)
-"""A `--batch` sweep's cell figures (`CellRow`; measurement.md, "Batches") beside the per-sequence gauge: the
+"""A `--batch` sweep's cell figures (`CellRow`; docs/method.md, "Batches") beside the per-sequence gauge: the
 aggregate throughput (B x the gauge: median, min–max), the decode step's median and p99 (ms, host loop), the
 bytes one step reads (weights once, every row's KV cache), the arithmetic intensity (FLOP per byte of a step) and
 how many rows' greedy tokens differ from their prompt's at B = 1. Shown only where a row has `batch`
@@ -231,7 +231,7 @@ def table_notes(columns: Sequence[Column], rows: Iterable[CellRow | None], *,
 
     `read_bandwidth_bytes_s`: the run's measured read-only bandwidth (bytes/s; `bench.runs.manifest.
     read_bandwidth_of`), None when it has none. With it, the roofline note also gives it in GiB/s and those cells'
-    shares against it (`read_shares`), the roofline % itself staying against the copy (measurement.md)."""
+    shares against it (`read_shares`), the roofline % itself staying against the copy (docs/method.md)."""
     rows = [r for r in rows if r is not None]
     out = []
     for shares, limit, meaning in _OVER_100:
@@ -255,7 +255,7 @@ _ROOFLINE_GAUGES = {ROOFLINE_SHARE.key: GAUGE.key, DEVICE_ROOFLINE_SHARE.key: DE
 def read_shares(cells: Sequence[tuple[Column, CellRow]], read_bandwidth_bytes_s: float | None) -> str:
     """The roofline note's tail for `cells` ((roofline share column, row) pairs) against a read-only bandwidth:
     "; the read-only probe measured X GiB/s: against it that share is Y%" (or "those shares are Y–Z%", their
-    range), each share = bytes per step x that loop's gauge tok/s / `read_bandwidth_bytes_s` x 100 (measurement.md's
+    range), each share = bytes per step x that loop's gauge tok/s / `read_bandwidth_bytes_s` x 100 (docs/method.md's
     share with the read-only bandwidth in place of the copy's). "" without a read bandwidth or a cell with both
     figures."""
     if not read_bandwidth_bytes_s:

@@ -25,7 +25,7 @@ Order of writes for a cell: its samples as they are measured, then `append_cell`
 its samples. A cell stopped part-way (a signal) gets a partial row (`CellRow.partial`); one cut by a kill or a
 second signal has samples and no row yet; `--resume` completes both (`bench.sweep.local.sweep_cells`).
 
-Definitions of every number: `../shared/measurement.md`. Errors: `RunFolderError` for a folder that is missing,
+Definitions of every number: `docs/method.md`. Errors: `RunFolderError` for a folder that is missing,
 exists already, is unwritable, corrupt or of another schema version; `InputError` for a bad label.
 
 This module is the folder: creating, writing (atomically) and ending runs. The writer lock and the liveness of a

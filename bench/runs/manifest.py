@@ -368,7 +368,7 @@ def read_bandwidth_of(manifest: Mapping[str, Any]) -> float | None:
     """The read-only bandwidth (bytes/s, `bench.profile.bandwidth.measure_read_bandwidth`) a run measured beside its
     copy, from a manifest's top-level keys (`Manifest.extra`, or the parsed manifest.json): `RATES_KEY` ->
     `read_bandwidth` -> `bytes_per_s`. None when the run has none (recorded before it was measured, a `--target`
-    sweep, a published run) or it is not a positive number. No share is divided by it (measurement.md)."""
+    sweep, a published run) or it is not a positive number. No share is divided by it (docs/method.md)."""
     return _positive_rate(manifest, "read_bandwidth")
 
 

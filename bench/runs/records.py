@@ -2,7 +2,7 @@
 sweep under load (`bench sweep --target URL --concurrency ...`), `LoadRow` (one per load level: input size x
 concurrency x request rate) and `LoadSample` (one per request of a level).
 
-`summarize_cell` turns one input size's raw samples into its `CellRow`, following `../shared/measurement.md`
+`summarize_cell` turns one input size's raw samples into its `CellRow`, following `docs/method.md`
 ("Per request", "Per cell"); `failed_cell` records a cell that could not be measured; `summarize_level` and
 `failed_level` do the same for a load level ("Serving under load"). `row_problems` checks a parsed JSON object
 against a record's fields and types (the run-folder validator uses it).
@@ -54,7 +54,7 @@ class CellRow:
     other figures are the host loop's repeats, or, when only the device loop ran, the device loop's (no per-step
     median or p99 then: it has no per-step times).
 
-    The **rooflines** (measurement.md, "Rooflines"; an in-process sweep, `bench.sweep.rates`) add optional fields,
+    The **rooflines** (docs/method.md, "Rooflines"; an in-process sweep, `bench.sweep.rates`) add optional fields,
     absent from rows without them (older runs, `--target` sweeps): `bytes_per_step` (bytes one decode step reads at
     the compiled shape: weights + KV cache), `roofline_share_pct` = bytes_per_step x gauge tok/s (median) / the
     run's measured copy bandwidth (bytes/s) x 100, `device_roofline_share_pct` the same with the device loop's
@@ -175,7 +175,7 @@ LEVEL_STATUSES = ("ok", "failed")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LoadSample:
-    """One request of a load level (measurement.md, "Serving under load"), client-side, `time.perf_counter_ns`
+    """One request of a load level (docs/method.md, "Serving under load"), client-side, `time.perf_counter_ns`
     read as each streamed chunk arrives.
 
     `kind`: "warmup" (one per input size, alone, before its levels; not in any level's figures) or "timed".
@@ -217,7 +217,7 @@ class LoadSample:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LoadRow:
-    """One load level summarised (measurement.md, "Serving under load"): `num_requests` timed requests of exactly
+    """One load level summarised (docs/method.md, "Serving under load"): `num_requests` timed requests of exactly
     `input_tokens` tokens and `max_new_tokens` new ones (EOS ignored), at most `concurrency` in flight, arriving
     as a Poisson process of `request_rate` req/s (None: as fast as the cap allows; `seed` seeds the arrivals).
 
@@ -373,7 +373,7 @@ def summarize_cell(
     repeats_planned: int | None = None,
     batch: int | None = None,
 ) -> CellRow:
-    """Summarise the raw requests of one input size into a `CellRow` (measurement.md, "Per cell").
+    """Summarise the raw requests of one input size into a `CellRow` (docs/method.md, "Per cell").
 
     Medians (and min/max) are over the timed repeats only; warm-up requests are ignored; the cold request (if
     any; kind "cold" only: a resumed run's "cold-resume" request is not the run's cold start) gives
@@ -529,7 +529,7 @@ def summarize_level(samples: Iterable[LoadSample], *, input_tokens: int, concurr
                     request_rate: float | None, seed: int | None, max_new_tokens: int, num_requests: int,
                     duration_s: float, compile_events: int | None) -> LoadRow:  # fmt: skip
     """The `LoadRow` of one level from its timed `LoadSample`s (others, and other levels', are left out), following
-    measurement.md "Serving under load" (see `LoadRow`). `duration_s`: the level's wall time (s), > 0.
+    docs/method.md "Serving under load" (see `LoadRow`). `duration_s`: the level's wall time (s), > 0.
     Validity: exactly `num_requests` timed requests, each ok with `generated_tokens` == `max_new_tokens`, and
     `compile_events` not > 0. Raises ValueError for a duration <= 0."""
     if not duration_s > 0:

@@ -50,7 +50,7 @@ the event loop through `call_soon_threadsafe`, so neither streaming nor a slow c
 request whose client disconnects is cancelled at once (`bench.serve.answer`): dropped before it starts when it is
 still queued, its slot freed at the next step boundary when it runs.
 
-Timing definitions (../shared/measurement.md): server-side TTFT runs from the arrival of the request at its handler
+Timing definitions (docs/method.md): server-side TTFT runs from the arrival of the request at its handler
 (queue wait included) to the first generated id on the host; the decode gauge is (generated - 1) / (last id - first
 id), in tok/s. Each distinct shape compiles once: with `SequentialSlots` (bucket, max_tokens, greedy or sampling);
 with `BatchedSlots` a prefill per (bucket, greedy or sampling) at the slots' fixed cache length, whatever
@@ -130,8 +130,9 @@ class LoadedModel:
     checkpoint and engine configuration records (None when unknown). compile_cache: {"dir": persistent compilation cache folder, or None when
     off}. quantization: "none" or the `--quant` option set (canonical text); scale_dtype: the dtype of its scales
     (None when nothing is quantized). kernel: the engine's own kernels as a sweep manifest names them
-    (`bench.runs.manifest.EngineConfig.kernel`: "w4a16=pallas" or "w4a16=xla" for w4 weights, "bf16=cpu" for
-    bfloat16 weights multiplied by the CPU kernels, both space-separated; None: XLA's products throughout).
+    (`bench.runs.manifest.EngineConfig.kernel`: "w4a16=pallas" or "w4a16=xla" for w4 weights, "bf16=cpu" or
+    "bf16=cpu-amx" for bfloat16 weights multiplied by the CPU kernels, "attention=cpu" for decode attention's CPU
+    kernel, space-separated; None: XLA's products and attention throughout).
     """
 
     engine: Any  # model.engine.Engine (or anything with its generate/bucket_for/tokenizer/policy/cfg)

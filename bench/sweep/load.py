@@ -1,5 +1,5 @@
 """`bench sweep --target URL --concurrency 1,4,16 [--request-rate R] [--num-requests N]`: any OpenAI-compatible
-endpoint measured under load, the way serving benchmarks do (../shared/measurement.md, "Serving under load").
+endpoint measured under load, the way serving benchmarks do (docs/method.md, "Serving under load").
 
 Per input size (the sweep's own exact-size prompts, built and checked as `bench sweep --target` builds them): one
 warm-up request alone (kind "warmup": compiles and caches whatever the server needs; in no level's figures), then

@@ -1,6 +1,6 @@
 """`bench sweep`: cells of exact input sizes, each warmed up at its compiled shape, then timed repeats.
 
-Order of work (../shared/measurement.md "Per cell"):
+Order of work (docs/method.md "Per cell"):
 1. every prompt is built and its exact token count checked before anything is measured;
 2. the first request of the fresh engine is recorded separately as `cold` (it compiles, or restores from the
    persistent compilation cache, the programs of the first shape);
@@ -11,7 +11,7 @@ Order of work (../shared/measurement.md "Per cell"):
    interrupted sweep keeps every finished cell; a cell that fails (e.g. out of memory) is recorded as failed and
    the sweep goes on.
 
-Batches (`SweepConfig.batches`, `bench sweep --batch 1,4,16`; measurement.md "Batches"): a cell is (input tokens,
+Batches (`SweepConfig.batches`, `bench sweep --batch 1,4,16`; docs/method.md "Batches"): a cell is (input tokens,
 B), in the order input size, then batch as given. A B = 1 cell is exactly the cell of a sweep without --batch (the
 same prompt, `Engine.generate`, the same gauge and tokens); a B > 1 cell decodes B different prompts of the exact
 size together (`bench.measure.prompts.row_prompts`, row 0 the B = 1 prompt; `Engine.generate_batch`), one `Sample`

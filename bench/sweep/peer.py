@@ -173,7 +173,7 @@ def _parse_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 def peer_sample(req: Mapping[str, Any], where: str) -> Sample:
-    """The `Sample` of one raw request, by the sweep's definitions (`request_times`, measurement.md "Per
+    """The `Sample` of one raw request, by the sweep's definitions (`request_times`, docs/method.md "Per
     request"; prefill = the prefill forward's start to the first id on the host; degeneracy judged here).
     PeerError when its times are not in order or its ids are not token ids."""
     _check_fields(req, _REQUEST_FIELDS, where)

@@ -1,5 +1,5 @@
 """The device's measured rates for one in-process sweep, and the roofline fields they give each cell row
-(../shared/measurement.md, "Rooflines").
+(docs/method.md, "Rooflines").
 
 An in-process sweep measures its rates once, on the live device, after the engine is loaded and before its first
 cell (`measure_rates`), and records them in the run manifest under `RATES_KEY`:
@@ -7,7 +7,7 @@ cell (`measure_rates`), and records them in the run manifest under `RATES_KEY`:
   donated device-to-device copy), bytes/s;
 - `read_bandwidth`: `bench.profile.bandwidth.measure_read_bandwidth` (bytes read / median time of a read-only pass
   over a buffer of the copy's size), bytes/s: recorded and printed beside the copy, never a roofline denominator
-  (the shares stay against the copy, measurement.md); runs recorded before it have none;
+  (the shares stay against the copy, docs/method.md); runs recorded before it have none;
 - `matmul`: `bench.profile.matmul.measure_matmul_rate` (a jitted [M,K]x[K,N] product in the policy's compute
   dtype, 2*M*N*K FLOP / median time), FLOP/s.
 
@@ -25,7 +25,7 @@ under `RATES_KEY` as `COPY_END_KEY` (`drift_lines`): how far the host moved whil
 the start's measurement (one denominator per run); the end one says how much of a difference between cells of one
 run the host's drift alone could make.
 
-A batch cell (`CellRow.batch` B, `bench sweep --batch`; measurement.md "Batches"): bytes_per_step =
+A batch cell (`CellRow.batch` B, `bench sweep --batch`; docs/method.md "Batches"): bytes_per_step =
 `Engine.decode_bytes(n, max_new_tokens, batch=B)["total"]` (the weights once plus every row's KV cache), the shares
 from the per-sequence gauge (one step per token of every row: bytes per step x steps per second), prefill_flops
 B x one row's. `batch_rows` adds `flops_per_step` (`model.flops.decode_flops` of B rows) and `arithmetic_intensity`
@@ -102,7 +102,7 @@ def drift_lines(start_bytes_s: float, end_bytes_s: float) -> tuple[str, str | No
         return line, None
     return line, (f"warning: the copy bandwidth moved {drift:+.1f}% while the cells ran: this host drifted, so cells "
                   "of this run and runs of another hour differ by that much with nothing changed; compare builds "
-                  "paired in one session, as ratios (measurement.md, Comparisons)")  # fmt: skip
+                  "paired in one session, as ratios (docs/method.md, Comparisons)")  # fmt: skip
 
 
 def rates_of(extra: Mapping[str, Any]) -> DeviceRates | None:

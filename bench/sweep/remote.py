@@ -1,6 +1,6 @@
 """`bench sweep --target http://HOST:PORT/v1`: the sweep measured through any OpenAI-compatible server.
 
-Same cells, warm-up and statistics as the in-process sweep (bench/sweep/local.py, ../shared/measurement.md): every
+Same cells, warm-up and statistics as the in-process sweep (bench/sweep/local.py, docs/method.md): every
 prompt built and sized first; the first request recorded as `cold` (the first request of this sweep: whether the
 server was fresh is not knowable from outside); per cell one warm-up request, then the timed repeats; each cell
 summarised by `bench.runs.records.summarize_cell` and written to the run folder as it ends. SIGTERM / Ctrl-C stop it as
