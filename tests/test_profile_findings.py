@@ -398,3 +398,13 @@ def test_the_report_renders_findings_and_not_recorded_for_an_archived_profile(tm
     assert ": not recorded (a profile from before findings)" in md
     assert "copy.191 (jit__decode_program); moves 2.349 GB per step" in md
     assert any("copy.191" in f for f in report.findings)
+    rows = {r[0]: r[1:] for r in _profile_csv(tmp_path / "out" / "profile.csv")}
+    assert rows["profile_findings"] == ["", "1"]  # the archived run recorded none: empty, not 0
+    assert "| findings (bench/profile/findings.py) | not recorded | 1 (listed in the group's findings) |" in md
+
+
+def _profile_csv(path: Path) -> list[list[str]]:
+    import csv
+
+    with path.open() as f:
+        return list(csv.reader(f))
