@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.profile.findings import OP_BYTES_SHARE, PARAM_MIN_BYTES, format_finding, profile_findings
+from bench.profile.findings import (
+    MAX_LISTED,
+    OP_BYTES_SHARE,
+    PARAM_MIN_SHARE,
+    format_finding,
+    profile_findings,
+    stored_findings,
+)
 from bench.profile.hloops import (
     bytes_from_hlo,
     instruction_text,
@@ -166,10 +173,10 @@ def test_rules_name_the_relayout_and_leave_the_lm_head_and_small_copies_alone():
     relayout = {"kind": "layout change", "ops": ["copy"], "parameter": "params_ple_table.3", "parameter_number": 0,
                 "parameter_shape": "u8[262144,4480]{1,0:T(32,128)(4,1)}",
                 "result_shape": "u8[262144,4480]{1,0:T(8,128)(4,1)}", "parameter_bytes": ROWS * WIDTH}  # fmt: skip
-    small = {**relayout, "kind": "copy", "parameter": "pos.1", "parameter_bytes": PARAM_MIN_BYTES - 1}
+    small = {**relayout, "kind": "copy", "parameter": "pos.1", "parameter_bytes": int(PARAM_MIN_SHARE * STEP_BYTES) - 1}
     ops = [_row("copy.191", 2 * ROWS * WIDTH, rewrite=relayout, pct=38.4, total_ms=71.4),
            _row("lm_head_fusion", 0.176 * STEP_BYTES),  # the largest weight read once: under the share
-           _row("copy.7", 2 * (PARAM_MIN_BYTES - 1), rewrite=small), _row("while.3", None)]  # fmt: skip
+           _row("copy.7", 2 * small["parameter_bytes"], rewrite=small), _row("while.3", None)]  # fmt: skip
     found = profile_findings(ops, steps=20, step_bytes=STEP_BYTES, step_bytes_source="engine")
     assert [f["op"] for f in found] == ["copy.191"]
     (f,) = found
@@ -186,6 +193,20 @@ def test_rules_name_the_relayout_and_leave_the_lm_head_and_small_copies_alone():
     assert alone[0]["step_bytes"] == pytest.approx(2 * ROWS * WIDTH + 0.176 * STEP_BYTES)
     with pytest.raises(ValueError):
         profile_findings(ops, steps=0)
+
+
+def test_leak_one_in_a_big_model_is_listed_up_to_a_limit_then_summed():
+    widen = {"kind": "dtype conversion", "ops": ["convert"], "parameter": "w", "parameter_number": 3,
+             "parameter_shape": "bf16[1536,6144]{1,0}", "result_shape": "f32[1536,6144]{1,0}",
+             "parameter_bytes": 1536 * 6144 * 2}  # fmt: skip
+    ops = [_row(f"wrapped_convert.{i}", 3 * 1536 * 6144 * 2, rewrite=widen) for i in range(MAX_LISTED + 5)]
+    found = profile_findings(ops, steps=1, step_bytes=4.565e9, step_bytes_source="engine")
+    assert len(found) == MAX_LISTED + 5 and all(f["rules"] == ["parameter rewrite"] for f in found)
+    lines = stored_findings({"findings": found})
+    assert len(lines) == MAX_LISTED + 1
+    assert lines[-1] == ("and 5 more (dtype conversion; 0.283 GB per step in all): profile.json's `findings` lists "
+                         "every one")  # fmt: skip
+    assert stored_findings({}) is None and stored_findings({"findings": []}) == []
 
 
 # ---- a TPU-shaped trace: XLA Ops metadata stats and an HLO proto -------------------------------------------------
@@ -278,7 +299,7 @@ def test_a_tpu_trace_gives_bytes_from_its_stat_and_names_the_relayout():
     assert [f["op"] for f in data["findings"]] == ["copy.191"]
     assert data["findings"][0]["rules"] == ["bytes share", "parameter rewrite"]
     assert data["findings"][0]["step_bytes_source"] == "the engine's bytes per decode step (roofline)"
-    assert data["findings_rules"] == {"op_bytes_share": OP_BYTES_SHARE, "param_min_bytes": PARAM_MIN_BYTES}
+    assert data["findings_rules"] == {"op_bytes_share": OP_BYTES_SHARE, "param_min_share": PARAM_MIN_SHARE}
     json.dumps(data)  # profile.json stays JSON
 
 
@@ -367,7 +388,7 @@ def test_the_profile_prints_findings_or_says_they_were_not_recorded():
     assert "findings: not recorded" in console.export_text()
     ops = [_row("copy.191", 2 * ROWS * WIDTH)]
     new = {**old, "findings": profile_findings(ops, steps=20, step_bytes=STEP_BYTES, step_bytes_source="engine"),
-           "findings_rules": {"op_bytes_share": OP_BYTES_SHARE, "param_min_bytes": PARAM_MIN_BYTES}}  # fmt: skip
+           "findings_rules": {"op_bytes_share": OP_BYTES_SHARE, "param_min_share": PARAM_MIN_SHARE}}  # fmt: skip
     console = Console(record=True, width=200)
     print_findings(new, console)
     out = console.export_text()
@@ -394,7 +415,7 @@ def test_the_report_renders_findings_and_not_recorded_for_an_archived_profile(tm
     (new / "manifest.json").write_text(json.dumps(manifest))
     report = build_report([old, new], tmp_path / "out", selection=None)
     md = report.markdown.read_text()
-    assert "In the profiles (bench/profile/findings.py)" in md
+    assert "In the profiles (bench/profile/findings.py: an op moving more than 25% of the step's bytes" in md
     assert ": not recorded (a profile from before findings)" in md
     assert "copy.191 (jit__decode_program); moves 2.349 GB per step" in md
     assert any("copy.191" in f for f in report.findings)

@@ -258,18 +258,16 @@ def _bytes_text(n: float | None) -> str:
 def print_findings(data: dict, console) -> None:
     """The findings of a profile.json dict (`bench.profile.findings`), one line each, under the rules in force;
     "none" when it has none, "not recorded" when it was written before findings existed."""
-    from bench.profile.findings import stored_findings
+    from bench.profile.findings import rules_text, stored_findings
 
     lines = stored_findings(data)
     if lines is None:
         console.print("findings: not recorded (a profile.json from before findings; `bench profile analyze RUN "
                       "--update` adds them where the trace is kept)", soft_wrap=True)  # fmt: skip
         return
-    rules = data.get("findings_rules") or {}
-    share, least = rules.get("op_bytes_share"), rules.get("param_min_bytes")
-    said = (f" (rules: an op moving more than {100 * share:.0f}% of the step's bytes; a copy, transpose, layout "
-            f"change or dtype conversion of a parameter of at least {_bytes_text(least)})") if share and least else ""
-    console.print(f"findings: {len(lines) or 'none'}{said}", soft_wrap=True)
+    said = rules_text(data.get("findings_rules") or {})
+    count = len(data.get("findings") or [])
+    console.print(f"findings: {count or 'none'}" + (f" (rules: {said})" if said else ""), soft_wrap=True)
     for line in lines:
         console.print(f"finding: {line}", soft_wrap=True, style="bold")
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
-from bench.profile.findings import OP_BYTES_SHARE, PARAM_MIN_BYTES, stored_findings
+from bench.profile.findings import rules_text, stored_findings
 from bench.profile.roofline import roofline_share_pct
 from bench.report.compare import (
     describe_differences,
@@ -586,10 +586,7 @@ def _profile_blocks(group: Group, views: list[RunView], out: Path) -> tuple[list
     return blocks + [Plot(file=png.name, alt=f"{group.gid}: device time by category")], [png]
 
 
-PROFILE_FINDINGS_INTRO = (
-    f"In the profiles (bench/profile/findings.py): an op moving more than {100 * OP_BYTES_SHARE:.0f}% of the step's "
-    f"bytes per step, and any copy, transpose, layout change or dtype conversion of a parameter of at least "
-    f"{PARAM_MIN_BYTES // 1024} KiB inside the profiled program:")  # fmt: skip
+PROFILE_FINDINGS_INTRO = f"In the profiles (bench/profile/findings.py: {rules_text()}):"
 NOT_RECORDED = ": not recorded (a profile from before findings)"
 NO_FINDINGS = ": none"
 
