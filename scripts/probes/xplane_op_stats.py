@@ -9,6 +9,14 @@ PLE table), traces 3 calls of each with `jax.profiler`, and writes into $OUT (or
   value, bytes shown by length);
 - `<program>.xplane.pb`: the raw trace (small), to build test fixtures from.
 Usage: OUT=/tmp/out python scripts/probes/xplane_op_stats.py
+
+What it showed on the lent TPU v5e (jax 0.10.2, 2026-12-07; the facts `bench.profile.xspace` and
+`bench.profile.analysis` rely on): the `XLA Ops` event names are the instructions' HLO text with operand shapes and
+tiled layouts; `gather_row` relaid its parameter out every call, `%copy = u8[65536,4480]{1,0:T(8,128)(4,1)}
+copy(u8[65536,4480]{1,0:T(32,128)(4,1)} %T.1)`, 0.89 ms a call (E2B's `copy.191` in small); the events' own stats
+are only device_offset_ps / device_duration_ps, while their metadata carry `bytes_accessed` (587202560 for that
+copy: read + written), `raw_bytes_accessed`, `shape_with_layout`, `hlo_category` ("data formatting"), `flops`,
+`tf_op`, `source`; the HLO proto on `/host:metadata` holds the parameter numbers and tiled layouts.
 """
 
 from __future__ import annotations
