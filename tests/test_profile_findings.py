@@ -73,6 +73,13 @@ def test_tpu_op_text_parses_into_name_shapes_and_operands():
         "%copy-start = (bf16[8]{0:S(1)}, bf16[8]{0}, u32[]{:S(2)}) copy-start(bf16[8]{0} %W.1)")  # fmt: skip
     assert tuple_result.opcode == "copy-start" and tuple_result.shape.startswith("(bf16[8]")
     assert parse_instruction_text("nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTT") is None  # a GPU kernel name
+    cpu = parse_instruction_text(  # the form `instruction_text` builds for a CPU op from the trace's HLO proto
+        "%copy_slice_fusion = f32[512,512]{1,0} fusion(f32[512,1024]{1,0} %w.1), kind=kLoop, "
+        "calls=%fused_computation.1")  # fmt: skip
+    assert (cpu.name, cpu.opcode, cpu.operands) == ("copy_slice_fusion", "fusion", (("f32[512,1024]{1,0}", "w.1"),))
+    assert text_bytes(cpu) == 512 * 1024 * 4 + 512 * 512 * 4
+    scalar = parse_instruction_text("%add.1 = f32[] add(f32[] %a, f32[] %b)")
+    assert scalar.shape == "f32[]" and text_bytes(scalar) == 12
 
 
 # ---- parameter rewrites and bytes on a parsed module -------------------------------------------------------------
