@@ -305,7 +305,7 @@ def test_a_tpu_trace_gives_bytes_from_its_stat_and_names_the_relayout():
     data = attach_roofline(analysis, bytes_per_step=STEP_BYTES, bandwidth_bytes_s=819e9).to_json()
     assert [f["op"] for f in data["findings"]] == ["copy.191"]
     assert data["findings"][0]["rules"] == ["bytes share", "parameter rewrite"]
-    assert data["findings"][0]["step_bytes_source"] == "the engine's bytes per decode step (roofline)"
+    assert data["findings"][0]["step_bytes_source"] == "the roofline's bytes per step"
     assert data["findings_rules"] == {"op_bytes_share": OP_BYTES_SHARE, "param_min_share": PARAM_MIN_SHARE}
     json.dumps(data)  # profile.json stays JSON
 

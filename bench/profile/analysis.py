@@ -216,7 +216,7 @@ class ProfileAnalysis:
         """`bench.profile.findings.profile_findings` over every op row (not only the top rows profile.json keeps):
         the step's bytes are the roofline's (the engine's bytes per decode step) when attached, else the ops'."""
         step_bytes = self.roofline.bytes_per_step if self.roofline is not None else None
-        source = "the engine's bytes per decode step (roofline)" if step_bytes is not None else ""
+        source = "the roofline's bytes per step" if step_bytes is not None else ""
         return profile_findings([row.to_json() for row in self.ops], steps=self.steps, step_bytes=step_bytes,
                                 step_bytes_source=source)  # fmt: skip
 
