@@ -466,3 +466,11 @@ def test_the_engines_cpu_kernels_are_classified_by_what_they_do_not_by_the_gemm_
         call = dataclasses.replace(call, operand_dtypes=("bf16", "bf16"))
     module = _module(("main", [_instr("p0", "parameter"), call]))
     assert classify_hlo(call, module, "ffi_call.7", "cpu")[0] == category
+
+
+def test_leak_one_is_named_as_a_conversion_of_each_weight_and_matched_dtypes_name_none(leak, matched):
+    # bench.profile.findings: the published report's dtype-conversion tax, found here without reading the table
+    named = [f for f in leak[1].to_json()["findings"] if "parameter rewrite" in f["rules"]]
+    assert len(named) == 4 and {f["rewrite"]["kind"] for f in named} == {"dtype conversion"}
+    assert all(f["rewrite"]["parameter_shape"].startswith(f"bf16[{D},{D}]") for f in named)
+    assert not [f for f in matched[1].to_json()["findings"] if "parameter rewrite" in f["rules"]]

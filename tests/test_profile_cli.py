@@ -184,6 +184,25 @@ def test_leak_one_visible_through_the_cli(leak, matched):
     assert clean["categories"]["dtype_conversion"]["pct"] < 2.0
 
 
+def test_leak_one_is_named_by_the_findings_and_matched_weights_give_none(leak, matched, capsys):
+    # bench.profile.findings: the published report's dtype-conversion tax, named without reading the tables
+    run, bad = leak
+    named = [f for f in bad["findings"] if "parameter rewrite" in f["rules"]]
+    assert named and {f["rewrite"]["kind"] for f in named} == {"dtype conversion"}
+    assert all(f["rewrite"]["parameter_shape"].startswith("bf16[") and f["rewrite"]["result_shape"].startswith("f32[")
+               for f in named)  # fmt: skip
+    _, good = matched
+    assert not [f for f in good["findings"] if "parameter rewrite" in f["rules"]]
+    assert good["findings_rules"]["param_min_share"] > 0
+    for row in good["ops"]:  # every top op: its HLO text and the bytes it moves, from the trace's HLO shapes
+        assert row["hlo"].startswith(f"%{row['hlo_op']} = ") and row["bytes_source"] == "bytes from shapes"
+    capsys.readouterr()
+    assert bench_in_process(["profile", "analyze", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"findings: {len(bad['findings'])} (rules: an op moving more than" in out
+    assert "finding: " in out and "dtype conversion of parameter" in out and "bytes from shapes" in out
+
+
 def test_the_cpu_kernels_remove_leak_one_and_the_manifest_names_them(kernels, leak):
     run, prof = kernels
     _, leaky = leak

@@ -249,8 +249,32 @@ def _signals_interrupt():
         yield
 
 
+def _bytes_text(n: float | None) -> str:
+    if n is None:
+        return "—"
+    return f"{n / 2**30:,.3f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
+
+
+def print_findings(data: dict, console) -> None:
+    """The findings of a profile.json dict (`bench.profile.findings`), one line each, under the rules in force;
+    "none" when it has none, "not recorded" when it was written before findings existed."""
+    from bench.profile.findings import rules_text, stored_findings
+
+    lines = stored_findings(data)
+    if lines is None:
+        console.print("findings: not recorded (a profile.json from before findings; `bench profile analyze RUN "
+                      "--update` adds them where the trace is kept)", soft_wrap=True)  # fmt: skip
+        return
+    said = rules_text(data.get("findings_rules") or {})
+    count = len(data.get("findings") or [])
+    console.print(f"findings: {count or 'none'}" + (f" (rules: {said})" if said else ""), soft_wrap=True)
+    for line in lines:
+        console.print(f"finding: {line}", soft_wrap=True, style="bold")
+
+
 def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
-    """The published-shape table, the categories, and the top per-op rows of a profile.json dict. The category
+    """The published-shape table, the categories, the top per-op rows of a profile.json dict (each with its bytes
+    per step, their source and its HLO text, where recorded) and the findings. The category
     table labels each column for what it is: the share and ms over all traced steps (the headline, mean-based
     figures) beside the typical step's share (each op at its median event time)."""
     from rich.table import Table
@@ -276,6 +300,12 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
         summary.add_row("bytes per step", f"{roof['bytes_per_step'] / 2**20:,.1f} MiB")
         summary.add_row("tok/s used", f"{roof['tok_s']:.1f} ({roof['tok_s_source']})")
     totals = data["totals"]
+    if totals.get("op_bytes_per_step") is not None:
+        sources = ", ".join(f"{n} ops {src}" for src, n in (totals.get("op_bytes_sources") or {}).items() if n)
+        unknown = totals.get("op_bytes_unknown_pct") or 0.0
+        summary.add_row("bytes moved by the ops per step", f"{_bytes_text(totals['op_bytes_per_step'])} (read + "
+                        f"written; {sources or 'no op with bytes'}" + (f"; {unknown:.1f}% of device time in ops "
+                        "without bytes" if unknown else "") + ")")  # fmt: skip
     summary.add_row("ms per step (device)", f"{totals['ms_per_step']:.3f}")
     if totals.get("typical_step_ms") is not None:
         summary.add_row("typical step (device)", f"{totals['typical_step_ms']:.3f} ms (each op at its median)")
@@ -301,14 +331,27 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
             cats.add_row(name, f"{cat['pct']:.1f}%", f"{cat['ms']:.3f}", typ_text)
     console.print(cats)
 
-    ops = Table(title=f"top {min(top, len(data['ops']))} of {data.get('ops_total_rows', len(data['ops']))} ops/kernels")
-    for col in ("name", "hlo op", "module", "category", "count", "total ms", "mean ms", "share"):
-        ops.add_column(col, justify="right" if col in ("count", "total ms", "mean ms", "share") else "left",
-                       overflow="fold", max_width=48 if col == "name" else None)  # fmt: skip
-    for row in data["ops"][:top]:
-        ops.add_row(row["name"], row["hlo_op"], row["hlo_module"], row["category"], str(row["count"]),
-                    f"{row['total_ms']:.3f}", f"{row['mean_ms']:.4f}", f"{row['pct']:.1f}%")  # fmt: skip
+    rows = data["ops"][:top]
+    with_hlo_op = any(row["hlo_op"] != row["name"] for row in rows)  # a GPU kernel ran for an op of another name
+    with_bytes = any("bytes_per_step" in row for row in rows)  # absent from a profile.json older than op bytes
+    ops = Table(title=f"top {min(top, len(data['ops']))} of {data.get('ops_total_rows', len(data['ops']))} ops/kernels"
+                + (" (bytes per step: read + written)" if with_bytes else ""))  # fmt: skip
+    numeric = ("count", "total ms", "mean ms", "share", "bytes/step")
+    columns = ["name", *(["hlo op"] if with_hlo_op else []), "module", "category", "count", "total ms", "mean ms",
+               "share", *(["bytes/step", "bytes from", "HLO"] if with_bytes else [])]  # fmt: skip
+    widths = {"name": 40, "hlo op": 32, "HLO": 64, "bytes from": 12}
+    for col in columns:
+        ops.add_column(col, justify="right" if col in numeric else "left", overflow="fold", max_width=widths.get(col))
+    for row in rows:
+        cells = [row["name"], *([row["hlo_op"]] if with_hlo_op else []), row["hlo_module"], row["category"],
+                 str(row["count"]), f"{row['total_ms']:.3f}", f"{row['mean_ms']:.4f}", f"{row['pct']:.1f}%"]  # fmt: skip
+        if with_bytes:
+            source = {"trace bytes_accessed": "trace", "bytes from shapes": "shapes",
+                      "bytes from op text shapes": "op text"}.get(row.get("bytes_source") or "", "—")  # fmt: skip
+            cells += [_bytes_text(row.get("bytes_per_step")), source, row.get("hlo") or "—"]
+        ops.add_row(*cells)
     console.print(ops)
+    print_findings(data, console)
     for note in data.get("notes") or []:
         console.print(f"note: {note}")
 

@@ -44,6 +44,13 @@ Categories, each device nanosecond in exactly one, decided in this order (first 
    Memcpy*/Memset events.
 6. other_fusions: any other fusion (elementwise, reductions, norms).
 7. other: everything else (unfused elementwise ops, reductions, custom calls, control flow).
+
+Each op row also carries its HLO text, the bytes it moves per step and where they come from
+(`bench.profile.hloops`): XLA's cost analysis where the trace stores it (a TPU's `XLA Ops` event metadata stat
+`bytes_accessed`, bytes per run: "trace bytes_accessed"), else the HLO proto's operand and result shapes ("bytes
+from shapes"), else the shapes printed in the op's own HLO text ("bytes from op text shapes"); and whether the op
+rewrites a parameter of the program (`bench.profile.hloops.parameter_rewrite`). `bench.profile.findings` turns
+those into the profile's findings (profile.json `findings`).
 """
 
 from __future__ import annotations
@@ -60,7 +67,15 @@ from typing import Any
 from bench.errors import TraceError
 from bench.profile.capture import STEP_ANNOTATION
 from bench.profile.classify import classify_hlo, classify_name
-from bench.profile.xspace import HloInstruction, HloModule, hlo_modules
+from bench.profile.findings import RULES, profile_findings
+from bench.profile.hloops import (
+    bytes_from_hlo,
+    instruction_text,
+    parameter_rewrite,
+    parse_instruction_text,
+    text_bytes,
+)
+from bench.profile.xspace import HloInstruction, HloModule, event_metadata_stats, hlo_modules
 from bench.runs.schema import PROFILE_SCHEMA_VERSION  # profile.json's layout version, defined with the run folder's
 
 CATEGORIES = (
@@ -76,6 +91,12 @@ TPU_OPS_LINE, TPU_MODULES_LINE = "XLA Ops", "XLA Modules"
 TENSOR_CORE_PLATFORMS = ("gpu", "tpu")
 """Platforms with matrix units (`tensor_core`: GPU tensor cores, the TPU's MXU); elsewhere the category is absent."""
 _TPU_OP_TEXT = re.compile(r"%?([^\s=%]+) = ")
+BYTES_STAT = "bytes_accessed"
+"""The stat holding the bytes one run of an op reads and writes (XLA's cost analysis), on a TPU's `XLA Ops` event
+metadata (jax 0.10.2, v5e; `bench.profile.xspace.event_metadata_stats`), or on an event itself where a platform
+puts it there."""
+BYTES_SOURCES = ("trace bytes_accessed", "bytes from shapes", "bytes from op text shapes")
+"""Where an op row's bytes per step come from, best first (module doc)."""
 
 
 def tpu_op_name(event_name: str) -> str:
@@ -94,6 +115,10 @@ class OpRow:
     name: the event name (the HLO instruction on CPU, the kernel name on GPU); hlo_op / hlo_module: the op the
     event ran for ("" when the trace does not say); count: events; total_ms / mean_ms: exclusive device time
     (milliseconds); pct: share of total device time in %; category: one of CATEGORIES.
+    hlo: the op's HLO text with shapes and layouts (`%copy.191 = u8[...]{1,0:T(8,128)(4,1)} copy(...)`; "" when
+    the trace holds neither the text nor the HLO); bytes_per_step: bytes the op reads plus writes per traced step
+    (bytes per run x runs / steps; None when unknown, e.g. control flow without a bytes stat); bytes_source: one of
+    BYTES_SOURCES ("" when unknown); param_rewrite: `bench.profile.hloops.parameter_rewrite`'s facts, or None.
     """
 
     name: str
@@ -104,6 +129,10 @@ class OpRow:
     total_ms: float
     mean_ms: float
     pct: float
+    hlo: str = ""
+    bytes_per_step: float | None = None
+    bytes_source: str = ""
+    param_rewrite: dict | None = None
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -162,7 +191,9 @@ class ProfileAnalysis:
     def to_json(self) -> dict:
         """profile.json: `{"schema_version": 1, "device", "steps", "categories": {name: {"pct", "ms"}},
         "categories_typical_step": {name: {"pct", "ms" (per step)}}, "totals",
-        "ops": [top rows], "roofline": {...} (values None until attached), "notes", "trace"}`."""
+        "ops": [top rows], "roofline": {...} (values None until attached), "notes", "trace", "findings": [...]
+        (`bench.profile.findings.profile_findings` over every row, with the roofline's bytes per step as the
+        step's bytes when attached), "findings_rules": the thresholds in force}`."""
         empty_roofline = {k: None for k in ("bytes_per_step", "tok_s", "tok_s_source", "bandwidth_bytes_s",
                                             "bandwidth_n_bytes", "share_pct", "bandwidth_gib_s")}  # fmt: skip
         return {
@@ -177,7 +208,17 @@ class ProfileAnalysis:
             "roofline": self.roofline.to_json() if self.roofline else empty_roofline,
             "notes": list(self.notes),
             "trace": self.trace_path,
+            "findings": self.findings(),
+            "findings_rules": dict(RULES),
         }
+
+    def findings(self) -> list[dict]:
+        """`bench.profile.findings.profile_findings` over every op row (not only the top rows profile.json keeps):
+        the step's bytes are the roofline's (the engine's bytes per decode step) when attached, else the ops'."""
+        step_bytes = self.roofline.bytes_per_step if self.roofline is not None else None
+        source = "the roofline's bytes per step" if step_bytes is not None else ""
+        return profile_findings([row.to_json() for row in self.ops], steps=self.steps, step_bytes=step_bytes,
+                                step_bytes_source=source)  # fmt: skip
 
 
 def attach_roofline(
@@ -237,16 +278,17 @@ def analyze_xspace(
         profile = ProfileData.from_serialized_xspace(data)
         planes = list(profile.planes)
         modules = hlo_modules(data)
+        metadata_stats = event_metadata_stats(data)
     except Exception as exc:  # jax raises RuntimeError, the HLO reader ValueError/IndexError on garbage
         raise TraceError(f"{source} could not be read as an xprof trace ({type(exc).__name__}: {exc})") from exc
     if not planes:
         raise TraceError(f"{source} is not an xprof trace: it holds no planes")
     with warnings.catch_warnings():  # jaxlib's stat iterators warn "builtin type event_stats has no __module__"
         warnings.filterwarnings("ignore", message="builtin type", category=DeprecationWarning)
-        return _analyze_planes(planes, modules, source, step_name, notes)
+        return _analyze_planes(planes, modules, source, step_name, notes, metadata_stats)
 
 
-def _analyze_planes(planes, modules, source, step_name, notes) -> ProfileAnalysis:
+def _analyze_planes(planes, modules, source, step_name, notes, metadata_stats=None) -> ProfileAnalysis:
     steps = _step_windows(planes, step_name)
     if not steps:
         raise TraceError(f"{source} has no '{step_name}' step annotations: capture it with `bench profile` "
@@ -259,7 +301,7 @@ def _analyze_planes(planes, modules, source, step_name, notes) -> ProfileAnalysi
         platform, device_planes = "tpu", tpu_planes
     else:
         platform, device_planes = "cpu", [pl for pl in planes if pl.name == "/host:CPU"]
-    events = _device_events(device_planes, platform)
+    events = _device_events(device_planes, platform, metadata_stats or {})
     events = _inside_steps(events, steps)
     if not events:
         raise TraceError(f"{source} has {len(steps)} '{step_name}' steps but no device ops inside them")
@@ -294,19 +336,23 @@ class _Event:
     start: float
     end: float
     self_ns: float
+    text: str = ""  # the event's own name where it is the op's HLO text (TPU)
+    trace_bytes: float | None = None  # BYTES_STAT of one run, where the trace has it
 
 
-def _device_events(planes, platform: str) -> list[_Event]:
+def _device_events(planes, platform: str, metadata_stats: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[_Event]:
     """Device-work events with their exclusive time (nested op events on the same line are subtracted).
 
     GPU: the `Stream #N` lines (kernels, stats hlo_op/hlo_module/program_id). CPU: events of `/host:CPU` that carry
     an hlo_op stat. TPU: the `XLA Ops` line of each core plane (`TPU_OPS_LINE`); an op event's name is its HLO
     instruction's text, whose name (`tpu_op_name`) becomes the event's name and hlo_op; where its stats do not
     name the module, the `XLA Modules` event around it does ("jit_f(12)": module jit_f, program id 12), the line
-    layout xprof's TPU op profile reads."""
+    layout xprof's TPU op profile reads. An event's bytes per run: its own `BYTES_STAT`, else its metadata's
+    (`metadata_stats`: {plane: {event name: stats}}, `bench.profile.xspace.event_metadata_stats`)."""
     out: list[_Event] = []
     for plane in planes:
         modules = _tpu_module_windows(plane) if platform == "tpu" else []
+        plane_stats = metadata_stats.get(plane.name, {})
         for line in plane.lines:
             if platform == "gpu" and not line.name.startswith("Stream #"):
                 continue
@@ -324,7 +370,10 @@ def _device_events(planes, platform: str) -> list[_Event]:
                     if "hlo_module" not in st:
                         st.update(_module_at(modules, (ev.start_ns + ev.end_ns) / 2))
                 ids = (str(st.get(k, "")) for k in ("hlo_op", "hlo_module", "program_id"))
-                line_events.append(_Event(name, *ids, ev.start_ns, ev.end_ns, ev.duration_ns))
+                moved = st.get(BYTES_STAT, (plane_stats.get(ev.name) or {}).get(BYTES_STAT))
+                line_events.append(_Event(name, *ids, ev.start_ns, ev.end_ns, ev.duration_ns,
+                                          text=ev.name if name != ev.name else "",
+                                          trace_bytes=float(moved) if isinstance(moved, (int, float)) else None))  # fmt: skip
             line_events.sort(key=lambda e: (e.start, -e.end))
             open_events: list[_Event] = []
             for ev in line_events:
@@ -442,10 +491,13 @@ def _summarise(events, steps, modules, platform, device, source, notes) -> Profi
             flagged[detail] += ev.self_ns
         if matched:
             matched_ns += ev.self_ns
-        row = rows.setdefault((ev.name, ev.hlo_op, ev.hlo_module), [category, 0, 0.0, []])
+        row = rows.setdefault((ev.name, ev.hlo_op, ev.hlo_module), [category, 0, 0.0, [], ev, 0.0, 0])
         row[1] += 1
         row[2] += ev.self_ns
         row[3].append(ev.self_ns)
+        if ev.trace_bytes is not None:
+            row[5] += ev.trace_bytes
+            row[6] += 1
     total_ns = sum(cat_ns.values())
     if total_ns <= 0:
         raise TraceError(f"{source}: the device ops inside the steps add up to no time")
@@ -456,12 +508,14 @@ def _summarise(events, steps, modules, platform, device, source, notes) -> Profi
     if platform not in TENSOR_CORE_PLATFORMS:
         categories["tensor_core"] = (None, None)
     ops = tuple(sorted(
-        (OpRow(name, op, mod, cat, count, ns * ms, ns * ms / count, 100.0 * ns / total_ns)
-         for (name, op, mod), (cat, count, ns, _) in rows.items()),
+        (OpRow(name, op, mod, cat, count, ns * ms, ns * ms / count, 100.0 * ns / total_ns,
+               *_op_facts(modules, first, count, trace_bytes, with_bytes, len(steps)))
+         for (name, op, mod), (cat, count, ns, _, first, trace_bytes, with_bytes) in rows.items()),
         key=lambda r: (-r.total_ms, r.name, r.hlo_op),
     ))  # fmt: skip
     ms_per_step = total_ns * ms / len(steps)
-    typical, typical_ms = _typical_step(rows.values(), len(steps), platform)
+    typical, typical_ms = _typical_step([r[:4] for r in rows.values()], len(steps), platform)
+    known = [r for r in ops if r.bytes_per_step is not None]
     totals = {
         "device_ms": total_ns * ms,
         "steps": len(steps),
@@ -474,6 +528,9 @@ def _summarise(events, steps, modules, platform, device, source, notes) -> Profi
         "busy_ms": _busy_ns(events) * ms,
         "opaque_control_flow_ms": flagged["control_flow"] * ms,
         "hlo_matched_pct": 100.0 * matched_ns / total_ns,
+        "op_bytes_per_step": sum(r.bytes_per_step for r in known),  # type: ignore[misc]
+        "op_bytes_unknown_pct": sum(r.pct for r in ops if r.bytes_per_step is None),
+        "op_bytes_sources": {src: sum(1 for r in known if r.bytes_source == src) for src in BYTES_SOURCES},
     }
     notes = list(notes)
     if flagged["control_flow"] > 0:
@@ -486,6 +543,26 @@ def _summarise(events, steps, modules, platform, device, source, notes) -> Profi
     if not modules:
         notes.append("the trace holds no HLO protos: categories come from op and kernel names only")
     return ProfileAnalysis(device, len(steps), categories, totals, ops, None, tuple(notes), source, typical)
+
+
+def _op_facts(modules: Mapping[str, HloModule], ev: _Event, count: int, trace_bytes: float, with_bytes: int,
+              steps: int) -> tuple[str, float | None, str, dict | None]:  # fmt: skip
+    """(HLO text, bytes per step, their source, parameter rewrite) of one op row, from its first event: bytes from
+    the trace's stat when every event of the row has it, else from the HLO proto's shapes, else from the shapes of
+    the op's own text (see the module doc)."""
+    found = _candidates(modules, ev)
+    instr, module = found[0] if found else (None, None)
+    parsed = parse_instruction_text(ev.text) if ev.text else None
+    hlo = ev.text if parsed is not None else instruction_text(instr, module) if instr is not None else ""
+    rewrite = parameter_rewrite(instr, module) if instr is not None else None
+    if count and with_bytes == count:
+        return hlo, trace_bytes / steps, BYTES_SOURCES[0], rewrite
+    per_run = bytes_from_hlo(instr, module) if instr is not None else None
+    if per_run is not None:
+        return hlo, per_run * count / steps, BYTES_SOURCES[1], rewrite
+    if parsed is not None and parsed.opcode not in ("while", "call", "conditional"):
+        return hlo, text_bytes(parsed) * count / steps, BYTES_SOURCES[2], rewrite
+    return hlo, None, "", rewrite
 
 
 # ---- the published table's shape -------------------------------------------------------------------------------

@@ -10,17 +10,30 @@ Field numbers (stable parts of public schemas, checked against traces written by
 - `tsl/profiler/protobuf/xplane.proto`: XSpace.planes=1; XPlane.name=2, event_metadata=4 (map: key=1, value=2),
   stat_metadata=5 (map: key=1, value=2); XEventMetadata.name=2, stats=5; XStatMetadata.id=1, name=2;
   XStat.metadata_id=1, bytes_value=6.
-- `xla/service/hlo.proto`: HloProto.hlo_module=1; HloModuleProto.name=1, computations=3;
-  HloComputationProto.name=1, instructions=2, id=5, root_id=6; HloInstructionProto.name=1, opcode=2, shape=3,
-  metadata=7, fusion_kind=11, custom_call_target=28, id=35, operand_ids=36, called_computation_ids=38.
-- `xla/xla_data.proto`: ShapeProto.element_type=2, tuple_shapes=4; OpMetadata.op_type=1, op_name=2;
-  PrimitiveType numbers in `_PRIMITIVE_TYPES` below.
+- `xla/service/hlo.proto`: HloProto.hlo_module=1; HloModuleProto.name=1, entry_computation_name=2,
+  computations=3, entry_computation_id=6; HloComputationProto.name=1, instructions=2, id=5, root_id=6;
+  HloInstructionProto.name=1, opcode=2, shape=3, metadata=7, parameter_number=9, fusion_kind=11,
+  custom_call_target=28, id=35, operand_ids=36, called_computation_ids=38.
+- `xla/xla_data.proto`: ShapeProto.element_type=2, dimensions=3, tuple_shapes=4, layout=5;
+  LayoutProto.minor_to_major=1, tiles=6, element_size_in_bits=7, memory_space=8; TileProto.dimensions=1;
+  OpMetadata.op_type=1, op_name=2; PrimitiveType numbers in `_PRIMITIVE_TYPES` below. The parameter number, the
+  dimensions and the layout were checked against traces written by jax 0.10.2 on a TPU v5e (2026-12-07), whose
+  `XLA Ops` event names print the same shapes as HLO text (`u8[65536,4480]{1,0:T(8,128)(4,1)}`).
+
+Beside the HLO, `event_metadata_stats` reads the stats a device plane stores on its event metadata (not on each
+event, so `jax.profiler.ProfileData`'s event stats do not show them): on a TPU (jax 0.10.2, v5e) each `XLA Ops`
+metadata carries `bytes_accessed` (bytes one run of the op reads and writes, from XLA's cost analysis),
+`raw_bytes_accessed`, `shape_with_layout`, `hlo_category`, `flops`, `tf_op` and `source`. XStat value fields:
+double_value=2, uint64_value=3, int64_value=4, str_value=5, bytes_value=6, ref_value=7 (the id of a stat
+metadata whose name is the string); XEventMetadata.display_name=4.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 _METADATA_PLANE = "/host:metadata"
 _HLO_PROTO_STAT = "Hlo Proto"
@@ -42,7 +55,9 @@ class HloInstruction:
     result dtypes of the operands, in order. `op_name` is the JAX op path from the instruction metadata, e.g.
     `jit(step)/attention/dot_general`: named scopes are its middle segments. `users` names the instructions of the
     same computation that take this one as an operand. `called` lists called computations (a fusion's fused
-    computation, a while loop's body and condition).
+    computation, a while loop's body and condition). `shape` is the result shape as HLO text prints it, layout
+    included (`u8[262144,4480]{1,0:T(8,128)(4,1)}`, a tuple as `(bf16[8]{0}, u32[])`; "" when unknown);
+    `operands` names the operand instructions in order; `parameter_number` is set on `parameter` instructions.
     """
 
     name: str
@@ -54,6 +69,9 @@ class HloInstruction:
     custom_call_target: str
     called: tuple[str, ...]
     users: tuple[str, ...]
+    shape: str = ""
+    operands: tuple[str, ...] = ()
+    parameter_number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -67,11 +85,18 @@ class HloComputation:
 
 @dataclass(frozen=True)
 class HloModule:
-    """A compiled module: computations by name, and every instruction by name (names are unique per module)."""
+    """A compiled module: computations by name, and every instruction by name (names are unique per module).
+
+    `entry` names the entry computation ("" when the proto does not say); `computation_of` maps an instruction
+    to the computation holding it; `callers` maps a called computation to the first instruction calling it (a
+    fused computation to its fusion)."""
 
     name: str
     computations: dict[str, HloComputation]
     instructions: dict[str, HloInstruction]
+    entry: str = ""
+    computation_of: dict[str, str] = field(default_factory=dict)
+    callers: dict[str, str] = field(default_factory=dict)
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
@@ -132,20 +157,68 @@ def _shape_dtype(buf: bytes) -> str:
     return _PRIMITIVE_TYPES.get(element_type, f"type{element_type}")
 
 
+def _signed(value: int) -> int:
+    """A varint read as int64 (negative numbers are ten-byte two's complement)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _layout_text(buf: bytes) -> str:
+    """A LayoutProto as HLO text prints it: `{1,0:T(8,128)(4,1)E(4)S(1)}` (tiles, element bits, memory space)."""
+    minor_to_major, tiles, bits, space = [], [], 0, 0
+    for number, wire_type, value in _fields(buf):
+        if number == 1:
+            minor_to_major.extend(_ints(wire_type, value))
+        elif number == 6:
+            dims = [d for n, w, v in _fields(value) if n == 1 for d in _ints(w, v)]  # type: ignore[arg-type]
+            tiles.append("(" + ",".join("*" if _signed(d) < 0 else str(d) for d in dims) + ")")
+        elif number == 7:
+            bits = value  # type: ignore[assignment]
+        elif number == 8:
+            space = value  # type: ignore[assignment]
+    extra = ("T" + "".join(tiles) if tiles else "") + (f"E({bits})" if bits else "") + (f"S({space})" if space else "")
+    if not minor_to_major and not extra:
+        return ""  # a scalar without tiling: HLO text prints `f32[]`
+    return "{" + ",".join(str(d) for d in minor_to_major) + (":" + extra if extra else "") + "}"
+
+
+def _shape_text(buf: bytes) -> str:
+    """A ShapeProto as HLO text prints it: `bf16[8,128]{1,0}`, `f32[]`, a tuple `(s32[], f32[4]{0})`."""
+    element_type, dims, tuple_shapes, layout = 0, [], [], None
+    for number, wire_type, value in _fields(buf):
+        if number == 2:
+            element_type = value  # type: ignore[assignment]
+        elif number == 3:
+            dims.extend(_ints(wire_type, value))
+        elif number == 4:
+            tuple_shapes.append(value)
+        elif number == 5:
+            layout = value
+    if element_type == 13:
+        return "(" + ", ".join(_shape_text(t) for t in tuple_shapes) + ")"  # type: ignore[arg-type]
+    dtype = _PRIMITIVE_TYPES.get(element_type, f"type{element_type}")
+    text = f"{dtype}[{','.join(str(_signed(d)) for d in dims)}]"
+    return text + (_layout_text(layout) if layout is not None else "")  # type: ignore[arg-type]
+
+
 def _parse_module(hlo_proto: bytes) -> HloModule | None:
     module_bytes = next((v for n, _, v in _fields(hlo_proto) if n == 1), None)
     if module_bytes is None:
         return None
-    name, raw_computations = "", []
+    name, raw_computations, entry_name, entry_id = "", [], "", None
     for number, _, value in _fields(module_bytes):  # type: ignore[arg-type]
         if number == 1:
             name = _text(value)
+        elif number == 2:
+            entry_name = _text(value)
         elif number == 3:
             raw_computations.append(value)
+        elif number == 6:
+            entry_id = value
     # First pass: ids -> names and dtypes, so operands and called computations can be resolved by name.
     raw: list[tuple[str, int, int, list[dict]]] = []
     computation_names: dict[int, str] = {}
     dtype_by_id: dict[int, str] = {}
+    name_by_global_id: dict[int, str] = {}
     for comp in raw_computations:
         comp_name, comp_id, root_id, instrs = "", 0, 0, []
         for number, wire_type, value in _fields(comp):  # type: ignore[arg-type]
@@ -160,9 +233,12 @@ def _parse_module(hlo_proto: bytes) -> HloModule | None:
         computation_names[comp_id] = comp_name
         for ins in instrs:
             dtype_by_id[ins["id"]] = ins["dtype"]
+            name_by_global_id[ins["id"]] = ins["name"]
         raw.append((comp_name, comp_id, root_id, instrs))
     computations: dict[str, HloComputation] = {}
     instructions: dict[str, HloInstruction] = {}
+    computation_of: dict[str, str] = {}
+    callers: dict[str, str] = {}
     for comp_name, _, root_id, instrs in raw:
         built, root = [], ""
         name_by_id = {ins["id"]: ins["name"] for ins in instrs}
@@ -182,18 +258,25 @@ def _parse_module(hlo_proto: bytes) -> HloModule | None:
                 custom_call_target=ins["target"],
                 called=tuple(computation_names.get(c, "?") for c in ins["called"]),
                 users=tuple(users.get(ins["name"], ())),
+                shape=ins["shape"],
+                operands=tuple(name_by_global_id.get(i, "?") for i in ins["operands"]),
+                parameter_number=ins["param"] if ins["opcode"] == "parameter" else None,
             )
             built.append(hi)
             instructions[hi.name] = hi
+            computation_of[hi.name] = comp_name
+            for called in hi.called:
+                callers.setdefault(called, hi.name)
             if ins["id"] == root_id:
                 root = hi.name
         computations[comp_name] = HloComputation(comp_name, tuple(built), root or (built[-1].name if built else ""))
-    return HloModule(name, computations, instructions)
+    entry = computation_names.get(entry_id, "") if entry_id is not None else ""
+    return HloModule(name, computations, instructions, entry or entry_name, computation_of, callers)
 
 
 def _parse_instruction(buf: bytes) -> dict:
     ins = {"name": "", "opcode": "", "dtype": "?", "op_name": "", "fusion_kind": "", "target": "",
-           "id": -1, "operands": [], "called": []}
+           "id": -1, "operands": [], "called": [], "shape": "", "param": 0}
     for number, wire_type, value in _fields(buf):
         if number == 1:
             ins["name"] = _text(value)
@@ -201,8 +284,11 @@ def _parse_instruction(buf: bytes) -> dict:
             ins["opcode"] = _text(value)
         elif number == 3:
             ins["dtype"] = _shape_dtype(value)  # type: ignore[arg-type]
+            ins["shape"] = _shape_text(value)  # type: ignore[arg-type]
         elif number == 7:
             ins["op_name"] = next((_text(v) for n, _, v in _fields(value) if n == 2), "")  # type: ignore[arg-type]
+        elif number == 9:
+            ins["param"] = value
         elif number == 11:
             ins["fusion_kind"] = _text(value)
         elif number == 28:
@@ -258,3 +344,57 @@ def hlo_modules(xspace: bytes) -> dict[str, HloModule]:
                 if module is not None:
                     modules[event_name] = module
     return modules
+
+
+def _stat_value(stat: dict[int, Any], stat_names: dict[int, str]) -> Any:
+    """One XStat's value: a float (double, fixed64), an int (uint64 / int64), a str (str or ref value), bytes."""
+    if 2 in stat:
+        return struct.unpack("<d", bytes(stat[2]))[0]
+    if 3 in stat:
+        return stat[3]
+    if 4 in stat:
+        return _signed(stat[4])
+    if 5 in stat:
+        return _text(stat[5])
+    if 6 in stat:
+        return bytes(stat[6])
+    if 7 in stat:
+        return stat_names.get(stat[7], "")
+    return None
+
+
+def event_metadata_stats(xspace: bytes, plane_prefix: str = "/device:") -> dict[str, dict[str, dict[str, Any]]]:
+    """{plane name: {event metadata name: {stat name: value}}} for the planes whose name starts with
+    `plane_prefix`, keeping only metadata that carry stats (a TPU's `XLA Ops` metadata: `bytes_accessed`, ...;
+    see the module doc). An event's name is its metadata's name, so an event finds its stats by plane and name.
+    Raises ValueError when the bytes are not a protobuf message."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for number, _, plane in _fields(xspace):
+        if number != 1:
+            continue
+        plane_name, event_metadata, stat_names = "", [], {}
+        for p_number, _, value in _fields(plane):  # type: ignore[arg-type]
+            if p_number == 2:
+                plane_name = _text(value)
+            elif p_number == 4:
+                event_metadata.append(value)
+            elif p_number == 5:
+                entry = next((v for n, _, v in _fields(value) if n == 2), b"")  # type: ignore[arg-type]
+                fields = {n: v for n, _, v in _fields(entry)}  # type: ignore[arg-type]
+                stat_names[fields.get(1, 0)] = _text(fields.get(2, b""))
+        if not plane_name.startswith(plane_prefix):
+            continue
+        by_name: dict[str, dict[str, Any]] = {}
+        for entry in event_metadata:
+            meta = next((v for n, _, v in _fields(entry) if n == 2), b"")  # type: ignore[arg-type]
+            event_name, stats = "", {}
+            for m_number, _, m_value in _fields(meta):  # type: ignore[arg-type]
+                if m_number == 2:
+                    event_name = _text(m_value)
+                elif m_number == 5:
+                    stat = {n: v for n, _, v in _fields(m_value)}  # type: ignore[arg-type]
+                    stats[stat_names.get(stat.get(1, -1), "?")] = _stat_value(stat, stat_names)
+            if stats:
+                by_name[event_name] = stats
+        out[plane_name] = by_name
+    return out

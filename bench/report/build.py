@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
+from bench.profile.findings import rules_text, stored_findings
 from bench.profile.roofline import roofline_share_pct
 from bench.report.compare import (
     describe_differences,
@@ -494,6 +495,10 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
     comp = comparison_findings(compared, base) + history_findings(group)
     findings = [Bullets(items=decode or ["No run with sweep cells."]), "Cold vs warm:", Bullets(items=cold),
                 f"Against the baseline ({base.label}):", Bullets(items=comp or ["Only one run."])]
+    profiled = profile_findings(assign_labels(sorted((v for v in group.views if v.profile is not None),
+                                                     key=lambda v: v is not base)))  # fmt: skip
+    if profiled:
+        findings += [PROFILE_FINDINGS_INTRO, Bullets(items=profiled)]
     env_blocks = []
     shown = {v.name for v in dev}  # and the --batch sweeps of the batch tables, which device_views may leave out
     for chunk in _chunks(assign_labels(dev + [v for v in batch_views if v.name not in shown]), 6):
@@ -506,7 +511,7 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
     if prof:
         subs.append(Section(title=f"{gid} profile", level=3, anchor=f"{gid}-profile", blocks=prof))
     section.blocks.extend(subs)
-    return section, files + prof_files, decode + cold + comp
+    return section, files + prof_files, decode + cold + comp + [p for p in profiled if not p.endswith((NO_FINDINGS, NOT_RECORDED))]
 
 
 def _load_blocks(group: Group, base: RunView, out: Path) -> tuple[list[Any], list[Path]]:
@@ -579,6 +584,27 @@ def _profile_blocks(group: Group, views: list[RunView], out: Path) -> tuple[list
     if png is None:
         return blocks, []
     return blocks + [Plot(file=png.name, alt=f"{group.gid}: device time by category")], [png]
+
+
+PROFILE_FINDINGS_INTRO = f"In the profiles (bench/profile/findings.py: {rules_text()}):"
+NOT_RECORDED = ": not recorded (a profile from before findings)"
+NO_FINDINGS = ": none"
+
+
+def profile_findings(views: list[RunView]) -> list[str]:
+    """Per run with a profile.json: each finding its profile stored (`bench.profile.findings.format_finding`'s
+    line, after the run's label), "<label>: none" when it stored none, "<label>: not recorded" for a profile
+    written before findings existed (archived runs: nothing is derived for them after the fact)."""
+    out = []
+    for v in views:
+        lines = stored_findings(v.profile or {})
+        if lines is None:
+            out.append(f"{v.label}{NOT_RECORDED}")
+        elif not lines:
+            out.append(f"{v.label}{NO_FINDINGS}")
+        else:
+            out += [f"{v.label}: {line}" for line in lines]
+    return out
 
 
 def history_findings(group: Group) -> list[str]:

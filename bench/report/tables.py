@@ -20,6 +20,8 @@ profile.json keys read (other keys are ignored; the first alias present wins):
 - `config.batch` (rows per profiled decode step, `bench profile --batch`; 1 when absent).
 - `read_bandwidth.gib_s` (GiB/s): the read-only probe measured beside the copy (`bench profile` since it had one;
   "—" when absent). It is shown, never divided by: the roofline share stays against the copy.
+- `findings` (list; `bench profile` since it had them, `bench.profile.findings`): counted in the profile table
+  ("not recorded" when absent, never "none"); each is listed in the group's findings (bench/report/build.py).
 """
 
 from __future__ import annotations
@@ -354,7 +356,8 @@ def profile_figures(prof: dict[str, Any]) -> dict[str, Any]:
     decode_tok_s (and whether it came from the profile itself); `batch` (rows per profiled step: `config.batch`, 1
     when the profile records none); bandwidth_gib_s (GiB/s), bandwidth_kind, read_bandwidth_gib_s (GiB/s, None
     without a read-only probe), bytes_per_step (bytes), share_pct (%), share_approx; the derived share, bytes per
-    step and accounting terms; `categories` {name: pct} of every category with a share."""
+    step and accounting terms; `categories` {name: pct} of every category with a share; `findings`: how many
+    findings the profile stored (`bench.profile.findings`; None for a profile from before them)."""
     cats = prof.get("categories") or {}
     out: dict[str, Any] = {}
     for key, aliases in _CATEGORY_ALIASES.items():
@@ -384,6 +387,7 @@ def profile_figures(prof: dict[str, Any]) -> dict[str, Any]:
         derived_terms=(derived.get("account") or {}).get("terms"),
         categories={n: c.get("pct") for n, c in cats.items() if isinstance(c, dict) and c.get("pct") is not None},
         batch=(prof.get("config") or {}).get("batch") or 1,
+        findings=len(prof["findings"]) if isinstance(prof.get("findings"), list) else None,
     )  # fmt: skip
     return out
 
@@ -412,18 +416,22 @@ _PROFILE_ROWS = (  # (csv key, markdown label, text formatter of the figures)
      lambda f: fmt_pct(f["share_pct"], f["share_approx"])),
     ("roofline_share_derived_pct", "bandwidth roofline share, derived (bytes a step reads)",
      lambda f: fmt_pct(f["derived_share_pct"])),
+    ("profile_findings", "findings (bench/profile/findings.py)",
+     lambda f: "not recorded" if f["findings"] is None else "none" if not f["findings"]
+     else f"{f['findings']} (listed in the group's findings)"),
 )  # fmt: skip
 _PROFILE_RAW = {
     "dtype_conversion_pct": "dtype_conversion", "fp32_matmul_pct": "matmul_fp32", "tensor_core_pct": "tensor_core",
     "total_kernel_time_ms": "device_ms", "distinct_kernels": "distinct_kernels", "decode_gauge_tok_s": "decode_tok_s",
     "bandwidth_gib_s": "bandwidth_gib_s", "bandwidth_kind": "bandwidth_kind",
     "read_bandwidth_gib_s": "read_bandwidth_gib_s", "roofline_share_pct": "share_pct",
-    "roofline_share_derived_pct": "derived_share_pct",
+    "roofline_share_derived_pct": "derived_share_pct", "profile_findings": "findings",
 }  # fmt: skip
 
 
-_OPTIONAL_PROFILE_ROWS = frozenset({"read_bandwidth_gib_s"})
-"""Rows of `_PROFILE_ROWS` shown only where some profile has the figure."""
+_OPTIONAL_PROFILE_ROWS = frozenset({"read_bandwidth_gib_s", "profile_findings"})
+"""Rows of `_PROFILE_ROWS` shown only where some profile has the figure (profiles from before the read-only probe
+or the findings keep the table they had)."""
 
 
 def profile_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[str], list[list[str]]]:
