@@ -173,14 +173,61 @@ def measure_read_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_RE
     return _result(device, n_bytes, n_bytes, times, _READ_METHOD)
 
 
-def column_sums(rows: int):
-    """The read probe's known result: uint64 [READ_COLUMNS], the wrapping uint32 sums over the rows of uint32
-    `arange(rows * READ_COLUMNS)` viewed as [rows, READ_COLUMNS]. Column j holds i * READ_COLUMNS + j for i < rows,
-    so its sum is READ_COLUMNS * rows (rows - 1) / 2 + rows * j, mod 2**32."""
+def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS, *, block_bytes: int,
+                        device=None, interpret: bool = False) -> BandwidthResult:  # fmt: skip
+    """Time `repeats` passes of the Pallas streaming read (`bench.profile.stream`: HBM -> VMEM block by block,
+    summed into a 32 KiB accumulator) over an `n_bytes` buffer on `device` (default: jax's first device).
+
+    `bytes_moved` = n_bytes (read only; the 32 KiB written once per pass is not counted). `n_bytes` defaults to
+    `default_bytes(platform)` and is rounded down to a multiple of `block_bytes`. `block_bytes`: bytes of one
+    block, a multiple of 32 KiB (`bench.profile.stream.BLOCK_BYTES` are the TPU probe's). `interpret=True` runs the
+    kernel in Python (the tests, on a CPU; its time says nothing about memory). Raises InputError for `n_bytes`
+    under 1 MiB or under one block, or `repeats` under 1; ValueError for a block size that does not tile;
+    RuntimeError when a pass's result is wrong (a block was skipped). The kernel lowers for TPUs only (Mosaic):
+    call it elsewhere with `interpret=True`.
+    """
+    import functools
+
+    import jax
+    import jax.numpy as jnp
     import numpy as np
 
-    first = READ_COLUMNS * (rows * (rows - 1) // 2) % 2**32  # a Python int: exact at any size
-    return (first + rows * np.arange(READ_COLUMNS, dtype=np.uint64)) % 2**32
+    from bench.profile.stream import ROW_BYTES, STREAM_COLUMNS, block_rows_of, stream_column_sums
+
+    device = device if device is not None else jax.devices()[0]
+    block_rows = block_rows_of(block_bytes)
+    n_bytes = _checked_size("stream read", n_bytes, repeats, device.platform, multiple=block_bytes)
+    if n_bytes < block_bytes:
+        raise InputError(f"bandwidth stream read of {n_bytes} bytes: expected at least one block ({block_bytes})")
+    rows = n_bytes // ROW_BYTES
+
+    read = jax.jit(functools.partial(stream_column_sums, block_rows=block_rows, interpret=interpret))
+    src = jax.device_put(jnp.arange(rows * STREAM_COLUMNS, dtype=jnp.int32).reshape(rows, STREAM_COLUMNS), device)
+    jax.block_until_ready(read(src))  # warm-up: compiles
+    times, sums = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sums.append(jax.block_until_ready(read(src)))
+        times.append(time.perf_counter() - t0)
+    expected = column_sums(rows, STREAM_COLUMNS)
+    if any(not np.array_equal(np.asarray(s, dtype=np.uint64), expected) for s in sums):
+        raise RuntimeError("the stream read did not read every block: a column sum differs")
+    method = (f"Pallas TPU kernel: int32[{rows}, {STREAM_COLUMNS}] read HBM -> VMEM in blocks of "
+              f"{block_bytes // MiB if block_bytes % MiB == 0 else block_bytes / MiB} MiB ({block_rows} rows), "
+              f"summed into one [8, {STREAM_COLUMNS}] accumulator; every column sum checked"
+              + (" (interpret mode)" if interpret else ""))  # fmt: skip
+    return _result(device, n_bytes, n_bytes, times, method)
+
+
+def column_sums(rows: int, columns: int = READ_COLUMNS):
+    """The read probes' known result: uint64 [columns], the wrapping 32-bit sums over the rows of
+    `arange(rows * columns)` viewed as [rows, columns] (READ_COLUMNS: the XLA read probe's; the stream read's
+    int32 buffer gives the same bits). Column j holds i * columns + j for i < rows, so its sum is
+    columns * rows (rows - 1) / 2 + rows * j, mod 2**32."""
+    import numpy as np
+
+    first = columns * (rows * (rows - 1) // 2) % 2**32  # a Python int: exact at any size
+    return (first + rows * np.arange(columns, dtype=np.uint64)) % 2**32
 
 
 def _checked_size(what: str, n_bytes: int | None, repeats: int, platform: str, *, multiple: int) -> int:
