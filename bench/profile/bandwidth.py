@@ -219,6 +219,45 @@ def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEA
     return _result(device, n_bytes, n_bytes, times, method)
 
 
+STREAM_BLOCKS = {"tpu": (4 * MiB, 8 * MiB)}
+"""Per platform, the block sizes (bytes) of the Pallas streaming read that `measure_read_probes` runs beside XLA's
+read; a platform not listed has no Pallas streaming probe (the kernel lowers through Mosaic, for TPUs only)."""
+
+
+@dataclass(frozen=True)
+class ReadProbes:
+    """Every read-only probe `measure_read_probes` ran on one device, and the fastest (the measured read rate of
+    docs/method.md, "Rooflines"). probes: the `BandwidthResult`s in the order run; fastest: the one with the most
+    bytes read per second."""
+
+    probes: tuple[BandwidthResult, ...]
+
+    @property
+    def fastest(self) -> BandwidthResult:
+        """The probe with the highest bytes_per_s."""
+        return max(self.probes, key=lambda r: r.bytes_per_s)
+
+    def to_json(self) -> list[dict]:
+        """Each probe's `BandwidthResult.to_json()`, in the order run."""
+        return [r.to_json() for r in self.probes]
+
+
+def measure_read_probes(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS, *, device=None,
+                        interpret: bool = False) -> ReadProbes:  # fmt: skip
+    """The best read-only probes the device's platform has, each over `n_bytes` (default `default_bytes`): XLA's
+    read-only reduction (`measure_read_bandwidth`) everywhere, and on a platform in `STREAM_BLOCKS` (a TPU) the
+    Pallas streaming read (`measure_stream_read`) at each of its block sizes. `interpret=True` also runs the
+    streaming read where the platform has none (in interpret mode: the tests). Same errors as the probes."""
+    import jax
+
+    device = device if device is not None else jax.devices()[0]
+    probes = [measure_read_bandwidth(n_bytes, repeats, device=device)]
+    blocks = STREAM_BLOCKS.get(device.platform, ()) or ((64 * 1024,) if interpret else ())
+    for block in blocks:
+        probes.append(measure_stream_read(n_bytes, repeats, block_bytes=block, device=device, interpret=interpret))
+    return ReadProbes(tuple(probes))
+
+
 def column_sums(rows: int, columns: int = READ_COLUMNS):
     """The read probes' known result: uint64 [columns], the wrapping 32-bit sums over the rows of
     `arange(rows * columns)` viewed as [rows, columns] (READ_COLUMNS: the XLA read probe's; the stream read's

@@ -35,7 +35,8 @@ from typing import Any
 from bench.report.groups import Group
 from bench.report.rows import RowColumn, columns
 from bench.report.tables import rate_text, sweep_report_table
-from bench.runs import copy_bandwidths_of, drift_pct, read_bandwidth_of
+from bench.runs import copy_bandwidths_of, drift_pct
+from bench.runs.ceiling import ceiling_of
 from bench.runs.columns import (
     AGGREGATE,
     BATCH,
@@ -166,7 +167,7 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
         notes = ["roofline % = bytes per step x gauge tok/s / the run's measured copy bandwidth; prefill matmul % = "
                  "prefill FLOP / median prefill time / the run's measured matrix-product rate (same session)."]
         notes += [n.removeprefix("note: ") for n in table_notes(cols, [v.cells[s] for s in sizes],
-                                                                read_bandwidth_bytes_s=read_bandwidth_of(v.m))]
+                                                                ceiling=ceiling_of(v.m))]
         start, end = copy_bandwidths_of(v.m)
         if start is not None and end is not None:  # measured again after the last cell (bench.sweep.rates)
             notes.append(f"copy bandwidth {start / 2**30:,.2f} GiB/s before the first cell (the shares' denominator), "
@@ -201,8 +202,7 @@ def batch_tables(views: Sequence[Any]) -> list[Table]:
                  "bytes/step x gauge / the run's measured copy bandwidth; FLOP/byte = matrix-product FLOP of one "
                  "step / bytes/step; rows ≠ B=1 = rows whose greedy tokens differ from their prompt's alone."]
         notes += [f"knee (median step > {1 + KNEE_FRACTION:g} x B = 1's): {k.line}" for k in knees(cells)]
-        notes += [n.removeprefix("note: ") for n in table_notes(cols, cells,
-                                                                read_bandwidth_bytes_s=read_bandwidth_of(v.m))]
+        notes += [n.removeprefix("note: ") for n in table_notes(cols, cells, ceiling=ceiling_of(v.m))]
         out.append(Table(title=f"batches: {v.label}", header=["input tokens", BATCH.header, *(c.header for c in cols)],
                          rows=rows, notes=notes, kind="batches"))  # fmt: skip
     return out

@@ -258,10 +258,13 @@ class RooflineFinding:
             return (f"{head}. This run divided its shares by the device copy (read + written bytes; the definition "
                     f"before the read-rate ceiling), which a read-only step can beat{again}.")
         sheet = f"datasheet {c.datasheet.figure}" if c.datasheet else f"no datasheet figure for {c.device_kind}"
+        fewer = ("the step read fewer bytes from memory than its accounting counts (a cache or on-chip memory held "
+                 "part of them, or the bytes per step count bytes the compiled program does not read)")
+        why = (f"{fewer[0].upper()}{fewer[1:]}: no device streams faster than its maker's figure." if c.datasheet
+               else f"Either {fewer}, or the probe was slowed (other work on the machine) and no datasheet figure "
+                    "bounds it.")  # fmt: skip
         return (f"{head} (measured read {_rate(c.read_bytes_s)} by {c.read_probe or 'an unnamed probe'}; {sheet}). "
-                "Either the step read fewer bytes than its accounting counts (a cache or on-chip memory held part "
-                "of them, or the bytes per step overcount), or the probe was slowed (other work on the machine) "
-                "and no datasheet bounds it.")  # fmt: skip
+                f"{why}")
 
     def to_json(self) -> dict:
         """A JSON-ready dict: cell, loop, share_pct, bytes_per_step, tok_s, step_bytes_s, ceiling, line."""
