@@ -97,11 +97,13 @@ def test_the_read_probes_per_platform_and_the_fastest():
     assert [p["method"] for p in both.to_json()] == [p.method for p in both.probes]
 
 
+CPU_ENV = {"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin"}
+
+
 def test_the_tpu_probe_script_runs_on_a_cpu_in_interpret_mode(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "scripts/probes/stream_read.py"), "--mib", "1", "--blocks-kib",
                            "256", "512", "--repeats", "2", "--interpret", "--out", str(tmp_path)],
-                          capture_output=True, text=True, cwd=ROOT, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin"},
-                          timeout=300)  # fmt: skip
+                          capture_output=True, text=True, cwd=ROOT, env=CPU_ENV, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads((tmp_path / "stream_read.json").read_text())
     assert [p["probe"] for p in data["probes"]] == ["pallas_stream", "pallas_stream", "xla_read", "copy"]
@@ -110,5 +112,5 @@ def test_the_tpu_probe_script_runs_on_a_cpu_in_interpret_mode(tmp_path):
     assert data["datasheet"] is None and data["ceiling"]["chosen"] == "measured read"
     assert "ceiling: roofline ceiling" in done.stdout and "pallas_stream" in done.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "scripts/probes/stream_read.py"), "--blocks-kib", "48"],
-                         capture_output=True, text=True, cwd=ROOT, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin"})  # fmt: skip
+                         capture_output=True, text=True, cwd=ROOT, env=CPU_ENV)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.startswith("error: --mib 2048") and "multiples of 32 KiB" in bad.stderr

@@ -134,9 +134,10 @@ class Ceiling:
         """One line for a person: the denominator in GiB/s and GB/s, which figure it is, and the others beside it."""
         parts = [f"roofline ceiling {_rate(self.bytes_per_s)} = {self.chosen}"]
         if self.definition == CEILING_DEFINITION:
-            parts.append(f"the larger of the measured read {_rate(self.read_bytes_s)}"
-                         f"{f' ({self.read_probe})' if self.read_probe else ''} and the datasheet "
-                         f"{self.datasheet.figure + ' (' + self.datasheet.source + ')' if self.datasheet else '(none known for ' + str(self.device_kind) + ')'}")  # fmt: skip
+            probe = f" ({self.read_probe})" if self.read_probe else ""
+            sheet = (f"{self.datasheet.figure} ({self.datasheet.source})" if self.datasheet
+                     else f"(none known for {self.device_kind})")  # fmt: skip
+            parts.append(f"the larger of the measured read {_rate(self.read_bytes_s)}{probe} and the datasheet {sheet}")
         else:
             parts.append(f"this run predates the read-rate ceiling: its shares are against the device copy; "
                          f"measured read {_rate(self.read_bytes_s)}, datasheet "

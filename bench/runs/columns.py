@@ -235,8 +235,8 @@ def table_notes(columns: Sequence[Column], rows: Iterable[CellRow | None], *,
     out = [f.line for f in found]
     named = {(f.cell, f.loop) for f in found}
     over = [f"{'device loop ' if col is DEVICE_ROOFLINE_SHARE else ''}{cell_name(r)}: {col.text(r)}"
-            for col in shown for r in rows if (col.value(r) or 0.0) > 100.0
-            and (cell_name(r), "device loop" if col is DEVICE_ROOFLINE_SHARE else "host loop") not in named]  # fmt: skip
+            for col in shown for r in rows
+            if (col.value(r) or 0.0) > 100.0 and (cell_name(r), _loop(col)) not in named]  # fmt: skip
     if over:  # no ceiling, or a cell without its bytes per step or gauge: still said, never silent
         out.append(f"finding: {ROOFLINE_SHARE.header} above 100 ({', '.join(over)}): {_ROOFLINE_NO_CEILING}.")
     for shares, limit, meaning in _OVER_100:
@@ -255,16 +255,21 @@ _ROOFLINE_GAUGES = {ROOFLINE_SHARE.key: GAUGE.key, DEVICE_ROOFLINE_SHARE.key: DE
 """Per roofline share column's key, the key of the gauge it is the share of (the same loop's)."""
 
 
+def _loop(col: Column) -> str:
+    """The decode loop a roofline share column is of: "device loop" or "host loop"."""
+    return "device loop" if col is DEVICE_ROOFLINE_SHARE else "host loop"
+
+
 def roofline_findings(rows: Iterable[CellRow | None], ceiling: Ceiling | None,
-                      columns: Sequence[Column] = (ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE)) -> list[RooflineFinding]:  # fmt: skip
+                      columns: Sequence[Column] = (ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE),
+                      ) -> list[RooflineFinding]:  # fmt: skip
     """One `bench.runs.ceiling.RooflineFinding` per (row, roofline share column of `columns`) whose share is above
     100% of `ceiling` (the share as the row records it, with that loop's gauge and the row's bytes per step), in
     row order, host loop first. [] without a ceiling or a share above 100."""
     out = []
     for r in (r for r in rows if r is not None):
         for col in columns:
-            loop = "device loop" if col is DEVICE_ROOFLINE_SHARE else "host loop"
-            found = finding_of(cell_name(r), loop, col.value(r), r.bytes_per_step,
+            found = finding_of(cell_name(r), _loop(col), col.value(r), r.bytes_per_step,
                                getattr(r, _ROOFLINE_GAUGES[col.key]), ceiling)  # fmt: skip
             if found is not None:
                 out.append(found)
