@@ -52,12 +52,14 @@ def test_the_kernel_wraps_as_the_closed_form_says_and_sees_a_changed_block():
     changed = x.at[3000, 7].add(1)  # one entry of the third block: its column's sum moves by one
     diff = np.asarray(f(changed), dtype=np.uint64) - expected
     assert diff[7] == 1 and np.count_nonzero(diff) == 1
+    passes = jax.jit(functools.partial(stream_column_sums, block_rows=1024, passes=3, interpret=True))
+    np.testing.assert_array_equal(np.asarray(passes(x), dtype=np.uint64), expected * 3 % 2**32)  # every pass read
 
 
-@pytest.mark.parametrize("block_bytes", BLOCK_BYTES)
-def test_the_kernel_lowers_for_a_tpu_on_this_machine(block_bytes):
+@pytest.mark.parametrize(("block_bytes", "passes"), [(b, 1) for b in BLOCK_BYTES] + [(4 * MiB, 32)])
+def test_the_kernel_lowers_for_a_tpu_on_this_machine(block_bytes, passes):
     rows = 2 * block_bytes // ROW_BYTES
-    f = jax.jit(functools.partial(stream_column_sums, block_rows=block_rows_of(block_bytes)))
+    f = jax.jit(functools.partial(stream_column_sums, block_rows=block_rows_of(block_bytes), passes=passes))
     exported = jax.export.export(f, platforms=["tpu"])(jax.ShapeDtypeStruct((rows, STREAM_COLUMNS), jnp.int32))
     assert exported.platforms == ("tpu",)
     text = exported.mlir_module()
@@ -67,6 +69,8 @@ def test_the_kernel_lowers_for_a_tpu_on_this_machine(block_bytes):
 
 def test_block_sizes_and_shapes_that_do_not_tile_are_refused():
     assert block_rows_of(4 * MiB) == 1024 and vmem_limit_bytes(8 * MiB) == 2 * 8 * MiB + 2 * 32 * 1024 + 4 * MiB
+    with pytest.raises(ValueError, match="passes 0: expected at least 1"):
+        stream_sum(jnp.zeros((16, STREAM_COLUMNS), jnp.int32), 8, passes=0, interpret=True)
     for bad in (0, 1000, 16 * 1024):  # not a positive multiple of 32 KiB (8 rows of 4 KiB)
         with pytest.raises(ValueError, match="expected a positive multiple of 32768"):
             block_rows_of(bad)
@@ -77,11 +81,15 @@ def test_block_sizes_and_shapes_that_do_not_tile_are_refused():
         stream_sum(jnp.zeros((16, 512), jnp.int32), 8, interpret=True)
 
 
-def test_the_measurement_counts_the_bytes_read_once_and_checks_every_pass():
+def test_the_measurement_counts_every_pass_read_once_and_checks_every_call():
     result = measure_stream_read(MiB + 12345, repeats=2, block_bytes=256 * 1024, interpret=True)
     assert result.n_bytes == result.bytes_moved == MiB  # rounded down to whole blocks; read only
     assert len(result.times_s) == result.repeats == 2 and result.bytes_per_s == pytest.approx(MiB / result.median_s)
     assert "Pallas" in result.method and "interpret mode" in result.method and "0.25 MiB (64 rows)" in result.method
+    three = measure_stream_read(MiB, repeats=1, block_bytes=512 * 1024, passes=3, interpret=True)
+    assert three.n_bytes == MiB and three.bytes_moved == 3 * MiB and "3 time(s) per call" in three.method
+    with pytest.raises(InputError, match="passes 0: expected a whole number >= 1"):
+        measure_stream_read(MiB, repeats=1, block_bytes=256 * 1024, passes=0, interpret=True)
     with pytest.raises(InputError, match="expected a whole number >= 1048576"):
         measure_stream_read(MiB // 2, repeats=1, block_bytes=256 * 1024, interpret=True)
     with pytest.raises(InputError, match="expected at least one block"):
@@ -102,13 +110,13 @@ CPU_ENV = {"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin"}
 
 def test_the_tpu_probe_script_runs_on_a_cpu_in_interpret_mode(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "scripts/probes/stream_read.py"), "--mib", "1", "--blocks-kib",
-                           "256", "512", "--repeats", "2", "--interpret", "--out", str(tmp_path)],
+                           "256", "512", "--passes", "1", "2", "--repeats", "2", "--interpret", "--out", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT, env=CPU_ENV, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads((tmp_path / "stream_read.json").read_text())
-    assert [p["probe"] for p in data["probes"]] == ["pallas_stream", "pallas_stream", "xla_read", "copy"]
+    assert [p["probe"] for p in data["probes"]] == ["pallas_stream"] * 4 + ["xla_read", "copy"]  # 2 blocks x 2 passes
     assert all(p["n_bytes"] == MiB for p in data["probes"]) and data["interpret"] is True
-    assert data["fastest_read"]["method"] == data["probes"][2]["method"]  # interpret-mode times are not rates
+    assert data["fastest_read"]["method"] == data["probes"][4]["method"]  # interpret-mode times are not rates
     assert data["datasheet"] is None and data["ceiling"]["chosen"] == "measured read"
     assert "ceiling: roofline ceiling" in done.stdout and "pallas_stream" in done.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "scripts/probes/stream_read.py"), "--blocks-kib", "48"],

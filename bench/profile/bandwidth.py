@@ -174,18 +174,21 @@ def measure_read_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_RE
 
 
 def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS, *, block_bytes: int,
-                        device=None, interpret: bool = False) -> BandwidthResult:  # fmt: skip
-    """Time `repeats` passes of the Pallas streaming read (`bench.profile.stream`: HBM -> VMEM block by block,
-    summed into a 32 KiB accumulator) over an `n_bytes` buffer on `device` (default: jax's first device).
+                        passes: int = 1, device=None, interpret: bool = False) -> BandwidthResult:  # fmt: skip
+    """Time `repeats` calls of the Pallas streaming read (`bench.profile.stream`: HBM -> VMEM block by block,
+    summed into a 32 KiB accumulator), each reading an `n_bytes` buffer `passes` times, on `device` (default:
+    jax's first device).
 
-    `bytes_moved` = n_bytes (read only; the 32 KiB written once per pass is not counted). `n_bytes` defaults to
+    `bytes_moved` = passes x n_bytes (read only; the 32 KiB written once per call is not counted). `n_bytes` defaults to
     `default_bytes(platform)` and is rounded down to a multiple of `block_bytes`. `block_bytes`: bytes of one
     block, a multiple of 32 KiB (`bench.profile.stream.BLOCK_BYTES` are the TPU probe's). `interpret=True` runs the
     kernel in Python (the tests, on a CPU; its time says nothing about memory). Raises InputError for `n_bytes`
     under 1 MiB or under one block, or `repeats` under 1; ValueError for a block size that does not tile;
-    RuntimeError when a pass's result is wrong (a block was skipped). The kernel lowers for TPUs only (Mosaic):
+    RuntimeError when a call's result is wrong (a block was skipped). The kernel lowers for TPUs only (Mosaic):
     call it elsewhere with `interpret=True`.
     """
+    if not isinstance(passes, int) or passes < 1:
+        raise InputError(f"stream read passes {passes!r}: expected a whole number >= 1")
     import functools
 
     import jax
@@ -201,7 +204,7 @@ def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEA
         raise InputError(f"bandwidth stream read of {n_bytes} bytes: expected at least one block ({block_bytes})")
     rows = n_bytes // ROW_BYTES
 
-    read = jax.jit(functools.partial(stream_column_sums, block_rows=block_rows, interpret=interpret))
+    read = jax.jit(functools.partial(stream_column_sums, block_rows=block_rows, passes=passes, interpret=interpret))
     src = jax.device_put(jnp.arange(rows * STREAM_COLUMNS, dtype=jnp.int32).reshape(rows, STREAM_COLUMNS), device)
     jax.block_until_ready(read(src))  # warm-up: compiles
     times, sums = [], []
@@ -209,19 +212,23 @@ def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEA
         t0 = time.perf_counter()
         sums.append(jax.block_until_ready(read(src)))
         times.append(time.perf_counter() - t0)
-    expected = column_sums(rows, STREAM_COLUMNS)
+    expected = column_sums(rows, STREAM_COLUMNS) * passes % 2**32
     if any(not np.array_equal(np.asarray(s, dtype=np.uint64), expected) for s in sums):
         raise RuntimeError("the stream read did not read every block: a column sum differs")
-    method = (f"Pallas TPU kernel: int32[{rows}, {STREAM_COLUMNS}] read HBM -> VMEM in blocks of "
-              f"{block_bytes // MiB if block_bytes % MiB == 0 else block_bytes / MiB} MiB ({block_rows} rows), "
-              f"summed into one [8, {STREAM_COLUMNS}] accumulator; every column sum checked"
+    method = (f"Pallas TPU kernel: int32[{rows}, {STREAM_COLUMNS}] read HBM -> VMEM {passes} time(s) per call in "
+              f"blocks of {block_bytes // MiB if block_bytes % MiB == 0 else block_bytes / MiB} MiB ({block_rows} "
+              f"rows), summed into one [8, {STREAM_COLUMNS}] accumulator; every column sum checked"
               + (" (interpret mode)" if interpret else ""))  # fmt: skip
-    return _result(device, n_bytes, n_bytes, times, method)
+    return _result(device, n_bytes, passes * n_bytes, times, method)
 
 
-STREAM_BLOCKS = {"tpu": (4 * MiB, 8 * MiB)}
-"""Per platform, the block sizes (bytes) of the Pallas streaming read that `measure_read_probes` runs beside XLA's
-read; a platform not listed has no Pallas streaming probe (the kernel lowers through Mosaic, for TPUs only)."""
+STREAM_PROBES = {"tpu": ((4 * MiB, 32),)}
+"""Per platform, the (block bytes, passes per call) of each Pallas streaming read that `measure_read_probes` runs
+beside XLA's read; a platform not listed has no Pallas streaming probe (the kernel lowers through Mosaic, for TPUs
+only). On the TPU v5e (2 GiB buffer, jax 0.10.2, 2026-12-07; scripts/probes/stream_read.py) the block size did not
+matter (2-16 MiB within 1%), the passes did: one pass per call read 560-566 GiB/s (as XLA's read, 562), 4 passes
+655-659, 16 passes 690-691 GiB/s (742 GB/s; the decode step's own reads, issue 43: 686 GiB/s), the increment from
+4 to 16 passes 703 GiB/s: a call's fixed cost is about 0.6 ms. 32 passes of 2 GiB take about 90 ms a call."""
 
 
 @dataclass(frozen=True)
@@ -245,16 +252,18 @@ class ReadProbes:
 def measure_read_probes(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS, *, device=None,
                         interpret: bool = False) -> ReadProbes:  # fmt: skip
     """The best read-only probes the device's platform has, each over `n_bytes` (default `default_bytes`): XLA's
-    read-only reduction (`measure_read_bandwidth`) everywhere, and on a platform in `STREAM_BLOCKS` (a TPU) the
-    Pallas streaming read (`measure_stream_read`) at each of its block sizes. `interpret=True` also runs the
-    streaming read where the platform has none (in interpret mode: the tests). Same errors as the probes."""
+    read-only reduction (`measure_read_bandwidth`) everywhere, and on a platform in `STREAM_PROBES` (a TPU) the
+    Pallas streaming read (`measure_stream_read`) at each of its (block size, passes). `interpret=True` also runs
+    the streaming read where the platform has none, in interpret mode (64 KiB blocks, 2 passes: the tests). Same
+    errors as the probes."""
     import jax
 
     device = device if device is not None else jax.devices()[0]
     probes = [measure_read_bandwidth(n_bytes, repeats, device=device)]
-    blocks = STREAM_BLOCKS.get(device.platform, ()) or ((64 * 1024,) if interpret else ())
-    for block in blocks:
-        probes.append(measure_stream_read(n_bytes, repeats, block_bytes=block, device=device, interpret=interpret))
+    streams = STREAM_PROBES.get(device.platform, ()) or (((64 * 1024, 2),) if interpret else ())
+    for block, passes in streams:
+        probes.append(measure_stream_read(n_bytes, repeats, block_bytes=block, passes=passes, device=device,
+                                          interpret=interpret))  # fmt: skip
     return ReadProbes(tuple(probes))
 
 

@@ -3,7 +3,7 @@ read-only reduction, and a donated device copy, on one buffer size, each the med
 after one untimed warm-up pass (it compiles). Writes $OUT/stream_read.json (or --out DIR) and prints one line per
 probe. Needs only jax, numpy and this repository on PYTHONPATH (Python 3.11 + jax 0.10.2 on the lent TPU machine).
 
-On the TPU (about a minute, 2 GiB):
+On the TPU (about 30 s, 2 GiB):
     PYTHONPATH=. python scripts/probes/stream_read.py
 On a CPU (the kernel in interpret mode; its time says nothing about memory):
     PYTHONPATH=. JAX_PLATFORMS=cpu python scripts/probes/stream_read.py --mib 4 --blocks-kib 256 --repeats 3 \
@@ -35,13 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=2048, help="buffer size in MiB (default 2048)")
     parser.add_argument("--blocks-kib", type=int, nargs="+", default=[b // 1024 for b in BLOCK_BYTES],
                         help="Pallas block sizes in KiB, multiples of 32 (default 2048 4096 8192)")  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=10, help="timed passes per probe (default 10)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per probe (default 10)")
+    parser.add_argument("--passes", type=int, nargs="+", default=[1, 32],
+                        help="buffer passes per Pallas call, each tried at every block size (default 1 32)")
     parser.add_argument("--interpret", action="store_true", help="run the kernel in interpret mode (CPU tests)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for stream_read.json ($OUT)")
     args = parser.parse_args(argv)
-    if args.mib < 1 or args.repeats < 1 or any(b < 32 or b % 32 for b in args.blocks_kib):
+    if args.mib < 1 or args.repeats < 1 or min(args.passes) < 1 or any(b < 32 or b % 32 for b in args.blocks_kib):
         print(f"error: --mib {args.mib}, --repeats {args.repeats}, --blocks-kib {args.blocks_kib}: expected "
-              "--mib >= 1, --repeats >= 1 and blocks that are multiples of 32 KiB", file=sys.stderr)  # fmt: skip
+              "--mib >= 1, --repeats >= 1, --passes >= 1 and blocks that are multiples of 32 KiB",
+              file=sys.stderr)  # fmt: skip
         return 2
     if any(b * 1024 > args.mib * MiB for b in args.blocks_kib):
         print(f"error: --blocks-kib {args.blocks_kib}: a block exceeds the {args.mib} MiB buffer; choose smaller "
@@ -54,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     device = jax.devices()[0]
     print(f"jax {jax.__version__}, {device.platform} {device.device_kind}: {args.mib} MiB, {args.repeats} passes each")
     probes = []
-    for kib in args.blocks_kib:
-        probes.append(("pallas_stream", measure_stream_read(n_bytes, args.repeats, block_bytes=kib * 1024,
-                                                            interpret=args.interpret)))  # fmt: skip
+    for passes in args.passes:
+        for kib in args.blocks_kib:
+            probes.append(("pallas_stream", measure_stream_read(n_bytes, args.repeats, block_bytes=kib * 1024,
+                                                                passes=passes, interpret=args.interpret)))  # fmt: skip
     probes.append(("xla_read", measure_read_bandwidth(n_bytes, args.repeats)))
     probes.append(("copy", measure_bandwidth(n_bytes, args.repeats)))
     for name, r in probes:
