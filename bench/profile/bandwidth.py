@@ -1,4 +1,5 @@
-"""Measured memory bandwidth of the live device, and the bandwidth roofline share (measurement.md, "Rooflines").
+"""Measured memory bandwidth of the live device: the copy and the read probes the roofline's ceiling is chosen from
+(docs/method.md, "Rooflines"; bench/runs/ceiling.py).
 
 The bandwidth is that of a large device-to-device copy on the device being benchmarked, in the same process:
 bytes read + bytes written, over the median time of one copy. The copy is a jitted `dst.at[:].set(src)` with `dst`
@@ -11,16 +12,18 @@ not memory: 4-7 GB/s against 25 GB/s for the donated copy on this project's CPU 
 On this project's CPU machines a numpy copy gives about 27 GB/s on one core (measurement.md); the test suite checks
 that this measurement lands within a small factor of a numpy copy measured the same way.
 
-Beside the copy, `measure_read_bandwidth` measures a read-only stream: bytes read / the median time of one jitted
-reduction that must read every byte of an n-byte buffer. A decode step only reads its weights, and a read can be
-faster than a copy (no write traffic): on the TPU v5e the archived E2B decode steps read at up to 137% of the copy
-measured in the same run (device loop 100-137%, host loop 79-105%), so the copy is not the ceiling. The roofline
-share stays against the copy (measurement.md, "Rooflines"); the read figure is recorded beside it to say how far
-above the copy a step can honestly go. The form of the reduction, and why, is in `measure_read_bandwidth`'s
-docstring.
+Beside the copy, the read probes measure read-only streams: bytes read / the median time of one call that must
+read every byte of an n-byte buffer. A decode step only reads its weights, and a read can be faster than a copy (no
+write traffic): on the TPU v5e the archived E2B decode steps read at up to 137% of the copy measured in the same
+run, so the copy is not the ceiling. `measure_read_bandwidth` is XLA's read-only reduction (its form, and why, in
+its docstring); `measure_stream_read` is the Pallas streaming read (bench/profile/stream.py), which on a TPU walks
+the buffer many times per call and reaches the chip's streaming rate where XLA's reduction stops short of it
+(`STREAM_PROBES` has the numbers); `measure_read_probes` runs the probes a platform has, and its fastest is the
+measured read rate of the roofline's ceiling: max(that rate, the device's datasheet figure) (bench/runs/ceiling.py).
+The copy is recorded beside it, never its denominator.
 
-jax is imported only by `measure_bandwidth` and `measure_read_bandwidth`; the roofline share of a measured bandwidth
-is `bench.profile.roofline.roofline_share` (no jax, so the report can use it on archived runs).
+jax is imported only when a probe runs; the ceiling and the share are `bench.runs.ceiling` (no jax, so the report
+can use them on archived runs).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ class Ceiling:
             parts.append(f"the larger of the measured read {_rate(self.read_bytes_s)}{probe} and the datasheet {sheet}")
         else:
             parts.append(f"this run predates the read-rate ceiling: its shares are against the device copy; "
-                         f"measured read {_rate(self.read_bytes_s)}, datasheet "
+                         f"{_read(self.read_bytes_s)}, datasheet "
                          f"{self.datasheet.figure if self.datasheet else 'none known'}")  # fmt: skip
         if self.copy_bytes_s and self.chosen != "device copy":
             parts.append(f"device copy {_rate(self.copy_bytes_s)} (read + written, not the denominator)")
@@ -252,8 +252,8 @@ class RooflineFinding:
                 f"{_rate(self.step_bytes_s)}, above the {c.chosen} {_rate(c.bytes_per_s)}")  # fmt: skip
         if c.definition == COPY_DEFINITION:
             now = c.current_bytes_s
-            again = (f"; against the current ceiling ({_rate(now)}, max of the measured read "
-                     f"{_rate(c.read_bytes_s)} and the datasheet {c.datasheet.figure if c.datasheet else 'none'}) "
+            again = (f"; against the current ceiling, {_rate(now)} (the larger of {_read(c.read_bytes_s)} and the "
+                     f"datasheet {c.datasheet.figure if c.datasheet else 'none'}), "
                      f"the share is {100.0 * self.step_bytes_s / now:.1f}%" if now else
                      "; the run measured no read rate and its device has no datasheet figure")  # fmt: skip
             return (f"{head}. This run divided its shares by the device copy (read + written bytes; the definition "
@@ -291,6 +291,11 @@ def _positive(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if v > 0 else None
+
+
+def _read(bytes_s: float | None) -> str:
+    """"measured read 686.2 GiB/s (736.8 GB/s)", or "no measured read" for None."""
+    return f"measured read {_rate(bytes_s)}" if bytes_s else "no measured read"
 
 
 def _rate(bytes_s: float | None) -> str:
