@@ -53,10 +53,11 @@ _READ_METHOD = (f"jit(x.reshape(rows, {READ_TILE[0]}, {READ_TILE[1]}).sum(axis=0
 
 @dataclass(frozen=True)
 class BandwidthResult:
-    """One bandwidth measurement: a copy (`measure_bandwidth`) or a read-only stream (`measure_read_bandwidth`).
+    """One bandwidth measurement: a copy (`measure_bandwidth`) or a read-only stream (`measure_read_bandwidth`,
+    `measure_stream_read`).
 
     n_bytes: size of the buffer in bytes; each call moves `bytes_moved` bytes: 2 * n_bytes for a copy (read +
-    written), n_bytes for a read.
+    written), n_bytes for a read, passes * n_bytes for a streaming read of several passes per call.
     times_s: every timed call, in seconds (after one untimed warm-up call that compiles).
     bytes_per_s: bytes_moved / median(times_s).
     gib_s / gb_s: the same in GiB/s (2**30) and GB/s (10**9).

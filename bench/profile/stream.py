@@ -7,13 +7,13 @@ share against it read above 100%. One pass of this kernel per call reads no fast
 cost, about 0.6 ms, is a sixth of a 2 GiB pass. What the kernel adds is `passes`: one call walks the buffer many
 times with nothing between the passes for XLA to hoist or fuse away (a loop around XLA's reduction of an unchanged
 buffer could be computed once), and 16 passes read 690-691 GiB/s (742 GB/s), 91% of the 819 GB/s datasheet
-figure (`bench.profile.bandwidth.STREAM_PROBES` has the numbers). The kernel below reads the buffer block by block: the grid walks the blocks in
-order, Pallas's pipeline copies block i + 1 from HBM into VMEM while block i is summed, and every block is added
-into one resident [8, 1024] int32 accumulator (the output's only block, written back to HBM once at the end), so
-the kernel's HBM traffic is the buffer's bytes read plus 32 KiB written. One call can walk the buffer several
-times (`passes`): on the v5e a call's fixed cost (dispatch, launch, the wait for its end) was about 0.6 ms, a sixth
-of one 2 GiB pass (3.5 ms for 2 GiB against 6.4 ms for 4 GiB, jax 0.10.2, 2026-12-07), which a single pass
-would count as memory time.
+figure (`bench.profile.bandwidth.STREAM_PROBES` has the numbers; 32 passes read 697-698 GiB/s, 749 GB/s). A
+call's fixed cost was measured as the difference of one pass over 2 GiB (3.5 ms) and over 4 GiB (6.4 ms).
+
+The kernel reads the buffer block by block: the grid walks the blocks in order (`passes` times), Pallas's
+pipeline copies block i + 1 from HBM into VMEM while block i is summed, and every block is added into one resident
+[8, 1024] int32 accumulator (the output's only block, written back to HBM once at the end), so the kernel's HBM
+traffic is the buffer's bytes read `passes` times plus 32 KiB written.
 
 The buffer is int32 [rows, STREAM_COLUMNS] holding `arange(rows * STREAM_COLUMNS)`; the kernel's [8, 1024] output
 summed over its 8 rows (a 32 KiB XLA reduction after the kernel) gives each column's wrapping sum over all rows,
