@@ -34,7 +34,7 @@ CEILING_DEFINITION = "max(read, datasheet)"
 """The `Ceiling.definition` of the current denominator (module docstring)."""
 COPY_DEFINITION = "device copy"
 """The `Ceiling.definition` of runs recorded before it: the shares divided by the device copy's read + written
-bytes per second (measurement.md's first definition)."""
+bytes per second (the method's first definition)."""
 CEILING_KEY = "ceiling"
 """The key, under the run manifest's rates (`bench.runs.manifest.RATES_KEY`), of the run's `Ceiling.to_json()`."""
 FINDINGS_KEY = "roofline_findings"
