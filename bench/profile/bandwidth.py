@@ -9,9 +9,9 @@ n bytes, and no call allocates (a fresh output buffer would add page-fault time 
 not memory: 4-7 GB/s against 25 GB/s for the donated copy on this project's CPU machine). Also avoided: `x + 0`
 (XLA simplifies it to `x`, no copy at all) and timing the first call (it compiles).
 
-On this project's CPU machines a numpy copy gives about 27 GB/s on one core (docs/method.md, "Measured facts behind
-the defaults"); the test suite checks that this measurement lands within a small factor of a numpy copy measured
-the same way.
+On this project's CPU machines a numpy copy gives about 27 GB/s on one core
+(docs/method.md, "Measured facts behind the defaults"); the test suite checks that this measurement lands within a
+small factor of a numpy copy measured the same way.
 
 Beside the copy, the read probes measure read-only streams: bytes read / the median time of one call that must
 read every byte of an n-byte buffer. A decode step only reads its weights, and a read can be faster than a copy (no
