@@ -170,8 +170,11 @@ def test_rows_without_rooflines_print_as_before_and_rows_with_them_show_them(tmp
     new.update_manifest(rates={"copy_bandwidth": {"bytes_per_s": 20 * 2**30},
                                "copy_bandwidth_end": {"bytes_per_s": 17 * 2**30}})  # fmt: skip
     md = build_report([new.path], tmp_path / "out-end", runs_dir=runs).markdown.read_text()
-    assert ("copy bandwidth 20.00 GiB/s before the first cell (the shares' denominator), 17.00 GiB/s after the last "
-            "(-15.0%): how far this host drifted while the cells ran.") in md.split("**rooflines: ")[1]
+    tables = md.split("**rooflines: ")[1]
+    assert ("copy bandwidth 20.00 GiB/s before the first cell, 17.00 GiB/s after the last (-15.0%): how far this host "
+            "drifted while the cells ran.") in tables
+    assert ("the run's roofline ceiling (roofline ceiling 20.0 GiB/s (21.5 GB/s) = device copy; this run predates the "
+            "read-rate ceiling") in tables  # a run without a recorded ceiling says its shares are against its copy
     old_md = build_report([old.path], tmp_path / "out-old", runs_dir=runs).markdown.read_text()
     assert "rooflines: " not in old_md  # an archived run's report is what it was
     assert "bytes_per_step" not in (tmp_path / "out-old" / "rows.csv").read_text()

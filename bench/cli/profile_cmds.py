@@ -553,6 +553,11 @@ def _capture_into(run, setup, opts):
                                bandwidth_n_bytes=read_bw.n_bytes, gauge_tok_s=gauge)  # fmt: skip
     notes = [gauge_note, *_capture_notes(capture, setup.flags_info, opts.steps, max_new_tokens)]
     notes += [f"run folder differs from this profile: {m}" for m in mismatch]
+    roof = analysis.roofline
+    cell = str(opts.input_tokens) if opts.batch == 1 else f"{opts.input_tokens}x{opts.batch}"
+    found = finding_of(cell, f"profile, {roof.tok_s_source} rate", roof.share_pct, roof.bytes_per_step, roof.tok_s,
+                       ceiling)  # fmt: skip
+    notes += [found.line] if found is not None else []  # a share above 100% of the ceiling: said, and recorded
     data = analysis.to_json()
     data["trace"] = os.path.relpath(analysis.trace_path, run.path)  # relative: the run folder can move
     data["notes"] = list(data["notes"]) + notes
@@ -564,10 +569,8 @@ def _capture_into(run, setup, opts):
     data["read_probes"] = reads.to_json()
     data[CEILING_KEY] = ceiling.to_json()  # the roofline's denominator (bench/runs/ceiling.py)
     data["roofline"]["bandwidth_kind"] = f"ceiling: {ceiling.chosen} ({ceiling.definition})"
-    if (found := finding_of("profiled", "profile", data["roofline"].get("share_pct"), decode_bytes["total"],
-                            data["roofline"].get("tok_s"), ceiling)) is not None:  # fmt: skip
+    if found is not None:
         data[FINDINGS_KEY] = [found.to_json()]
-        notes.append(found.line)
     path = run.write_json("profile.json", data)
     for note in notes:
         run.log(f"profile note: {note}")
@@ -740,7 +743,7 @@ def analyze(
 
 
 CAPTURE_NOTE_OPENINGS = ("roofline uses ", "profiled on a GPU without", "GPU profile flags were set", "--steps ",
-                         "run folder differs from this profile")  # fmt: skip
+                         "run folder differs from this profile", "finding: roofline share")  # fmt: skip
 """How the notes `bench profile` adds to the analysis's begin (`_roofline_inputs`, `_capture_notes`): `--update`
 keeps them when an older profile.json has no `capture_notes`."""
 
