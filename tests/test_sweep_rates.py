@@ -18,9 +18,9 @@ from runfolders import cell_samples, make_measured_run
 from bench.cli.sweep_cmds import sweep_table
 from bench.report import build_report
 from bench.runs import failed_cell, open_run, summarize_cell
+from bench.runs.ceiling import CEILING_DEFINITION, COPY_DEFINITION, FINDINGS_KEY, roofline_ceiling
 from bench.runs.columns import ROOFLINE_COLUMNS, TABLE_COLUMNS, table_columns
 from bench.runs.manifest import COPY_END_KEY, drift_pct
-from bench.runs.ceiling import CEILING_DEFINITION, COPY_DEFINITION, FINDINGS_KEY, roofline_ceiling
 from bench.sweep.rates import RATES_KEY, DeviceRates, drift_lines, rates_of, with_rooflines
 from model.config import TINY
 from model.flops import prefill_chunk, prefill_flops

@@ -279,8 +279,8 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
     figures) beside the typical step's share (each op at its median event time)."""
     from rich.table import Table
 
-    from bench.runs.ceiling import Ceiling
     from bench.profile.analysis import format_profile_table
+    from bench.runs.ceiling import Ceiling
 
     console = console or make_console()
     device = data.get("device") or {}
@@ -513,9 +513,9 @@ def _capture_into(run, setup, opts):
     datasheet figure where larger, is the roofline's ceiling: bench/runs/ceiling.py), write `run`/profile.json (the
     caller ends the run)."""
     from bench.profile.analysis import analyze_trace, attach_roofline
-    from bench.runs.ceiling import CEILING_KEY, FINDINGS_KEY, finding_of, roofline_ceiling
     from bench.profile.bandwidth import measure_bandwidth, measure_read_probes
     from bench.profile.capture import batch_decode_steps, capture_steps, prompt_decode_steps
+    from bench.runs.ceiling import CEILING_KEY, FINDINGS_KEY, finding_of, roofline_ceiling
     from model.programs import xla_options_line
 
     opts.capturing = True
