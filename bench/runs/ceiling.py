@@ -4,8 +4,8 @@ to archived runs.
 
 - **measured read rate**: the fastest read-only stream measured on the device in the same process, by the best
   probe the platform has (`bench.profile.bandwidth`): on a TPU the faster of the Pallas streaming read (HBM ->
-  VMEM, `bench.profile.stream`) and XLA's read-only reduction; elsewhere XLA's read-only reduction. Bytes read /
-  median time of one pass; its probe is recorded with it.
+  VMEM, 32 passes over the buffer per call, `bench.profile.stream`) and XLA's read-only reduction; elsewhere XLA's
+  read-only reduction. Bytes read / median time of one call; its probe is recorded with it.
 - **datasheet figure**: the memory bandwidth the device's maker publishes for its `device_kind` (`DATASHEETS`, each
   with its source); none for CPUs, whose memory depends on the machine.
 - **ceiling** (the denominator) = max(measured read rate, datasheet figure where known). A decode step only reads,
@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bench.errors import InputError
+from bench.runs.manifest import RATES_KEY
 
 GIB = 2**30
 CEILING_DEFINITION = "max(read, datasheet)"
@@ -193,11 +194,11 @@ def roofline_ceiling(read_bytes_s: float, read_probe: str | None, device_kind: s
 
 def ceiling_of(manifest: Mapping[str, Any]) -> Ceiling | None:
     """The ceiling a run's shares were divided by, from a manifest's top-level keys (`Manifest.extra`, or the parsed
-    manifest.json): `rates` -> `CEILING_KEY` where the run recorded one; else, for a run recorded before it, its
-    device copy (`rates` -> `copy_bandwidth`) as a `COPY_DEFINITION` ceiling, with its read-only probe
+    manifest.json): `RATES_KEY` -> `CEILING_KEY` where the run recorded one; else, for a run recorded before it, its
+    device copy (`RATES_KEY` -> `copy_bandwidth`) as a `COPY_DEFINITION` ceiling, with its read-only probe
     (`read_bandwidth`) and the datasheet of its device kind beside it. None when the run measured no rates (a
     `--target` sweep, a published run)."""
-    rates = manifest.get("rates")
+    rates = manifest.get(RATES_KEY)
     if not isinstance(rates, Mapping):
         return None
     if isinstance(rates.get(CEILING_KEY), Mapping):
