@@ -18,6 +18,7 @@ from bench.cli.sweep_cmds import _print_table, sweep_table
 from bench.gpurun.summary import summary_lines
 from bench.report import build_report, rate_text
 from bench.runs import failed_cell, open_run, summarize_cell
+from bench.runs.ceiling import roofline_ceiling
 from bench.runs.columns import (
     CSV_COLUMNS,
     DASH,
@@ -29,6 +30,7 @@ from bench.runs.columns import (
     VALID,
     fmt_num,
     plain_table,
+    roofline_findings,
     table_columns,
     table_notes,
 )
@@ -165,14 +167,12 @@ def _surprising_cells() -> list:
     return [cell for _, cell in _surprising_samples_and_cells()]
 
 
-def test_shares_above_100_and_a_negative_host_overhead_get_one_footnote_each() -> None:
+def test_shares_above_100_and_a_negative_host_overhead_get_one_line_each() -> None:
     rows = _surprising_cells()
-    roof, prefill, overhead = table_notes(table_columns(rows), rows)
-    assert roof.startswith("note: roofline % above 100 (41: 102.9, device loop 41: 135.8): the step read its bytes "
-                           "faster than the measured copy moves them (the copy counts bytes read + written; ")
+    roof, prefill, overhead = table_notes(table_columns(rows), rows)  # no ceiling: one finding naming the cells
+    assert roof.startswith("finding: roofline % above 100 (41: 102.9, device loop 41: 135.8): the step read its "
+                           "bytes faster than the rate it is a share of; this run records no ceiling")
     # 521 at exactly 100 is not above it
-    assert roof.endswith("so the copy is not the ceiling on this device, or other work on the machine slowed the "
-                         "probe (compare the copy bandwidth after the last cell).")
     assert prefill.startswith("note: prefill matmul % above 100 (521: 104.2): ") and "probe shape" in prefill
     below = HOST_OVERHEAD.text(rows[1])
     assert rows[1].host_overhead_ms < 0 and rows[0].host_overhead_ms > 0 and rows[2].host_overhead_ms > 0
@@ -181,45 +181,47 @@ def test_shares_above_100_and_a_negative_host_overhead_get_one_footnote_each() -
     assert table_notes(TABLE_COLUMNS, rows) == []  # only for the columns a table shows
     assert table_notes(table_columns(rows), rows[2:]) == []
     batched = [dataclasses.replace(rows[0], batch=8)]
-    assert table_notes([ROOFLINE_SHARE], batched)[0].startswith("note: roofline % above 100 (41x8: 102.9): ")
+    assert table_notes([ROOFLINE_SHARE], batched)[0].startswith("finding: roofline % above 100 (41x8: 102.9): ")
 
 
-READ_TAIL = "; the read-only probe measured 25.0 GiB/s: against it those shares are 80.0–100.0%."
-"""The roofline note's tail for `_surprising_cells` at 1 GiB per step against a read-only 25 GiB/s: cell 41's host
-loop (20 tok/s) reads 80% of it, its device loop (25 tok/s) 100%; 521 (exactly 100% of the copy) is not named."""
+CEILING = roofline_ceiling(25 * 2**30, "a read probe", "cpu", copy_bytes_s=20 * 2**30)
+"""A CPU run's ceiling: its fastest read, 25 GiB/s (no datasheet for a CPU)."""
 
 
-def test_the_roofline_footnote_gives_the_read_only_share_where_a_read_bandwidth_was_measured() -> None:
+def test_a_share_above_100_of_the_ceiling_is_a_finding_per_cell_and_loop() -> None:
     rows = [dataclasses.replace(r, bytes_per_step=2**30) for r in _surprising_cells()]
     cols = table_columns(rows)
-    plain = table_notes(cols, rows)
-    roof, *others = table_notes(cols, rows, read_bandwidth_bytes_s=25 * 2**30)
-    assert roof == plain[0].removesuffix(".") + READ_TAIL  # the copy's note as it was, then the read-only share
-    assert others == plain[1:]  # the other notes do not change
-    host_only = table_notes([ROOFLINE_SHARE], rows, read_bandwidth_bytes_s=25 * 2**30)[0]
-    assert host_only.endswith("; the read-only probe measured 25.0 GiB/s: against it that share is 80.0%.")
-    assert table_notes(cols, _surprising_cells(), read_bandwidth_bytes_s=25 * 2**30) == table_notes(
-        cols, _surprising_cells())  # no bytes per step: no share against the read bandwidth either
-    assert table_notes(cols, rows[2:], read_bandwidth_bytes_s=25 * 2**30) == []  # nothing above 100: no note
+    host, device, *others = table_notes(cols, rows, ceiling=CEILING)
+    assert host.startswith("finding: roofline share 102.9% above 100 at cell 41 (host loop): the step read 1.074 GB x "
+                           "20.00 tok/s = 20.0 GiB/s (21.5 GB/s), above the measured read 25.0 GiB/s")
+    assert device.startswith("finding: roofline share 135.8% above 100 at cell 41 (device loop): ")
+    assert "no datasheet figure for cpu" in host and "or the probe was slowed" in host
+    assert others == table_notes(cols, rows)[1:]  # the other notes do not change
+    found = roofline_findings(rows, CEILING)
+    assert [(f.cell, f.loop, f.share_pct) for f in found] == [("41", "host loop", 102.9), ("41", "device loop", 135.8)]
+    assert table_notes([ROOFLINE_SHARE], rows, ceiling=CEILING) == [host]
+    # a cell without bytes per step: still a finding, naming it, never silent
+    assert table_notes(cols, _surprising_cells(), ceiling=CEILING) == table_notes(cols, _surprising_cells())
+    assert table_notes(cols, rows[2:], ceiling=CEILING) == []  # nothing above 100: no line
 
 
-def test_the_read_only_share_prints_under_every_table_of_a_run_that_measured_it(tmp_path: Path, capsys) -> None:
+def test_the_findings_print_under_every_table_of_a_run_that_recorded_its_ceiling(tmp_path: Path, capsys) -> None:
     run = make_measured_run(tmp_path / "runs", "read", inputs=(), status="running")
     for samples, cell in _surprising_samples_and_cells():
         run.append_samples(samples)
         run.append_cell(dataclasses.replace(cell, bytes_per_step=2**30))
     run.update_manifest(rates={"copy_bandwidth": {"bytes_per_s": 20.0 * 2**30}, "matmul": {"flop_s": 1e11},
-                               "read_bandwidth": {"bytes_per_s": 25.0 * 2**30}})  # fmt: skip
+                               "read_bandwidth": {"bytes_per_s": 25.0 * 2**30}, "ceiling": CEILING.to_json()})  # fmt: skip
     run.finish("complete")
     _print_table(run, logging.getLogger("test"))
-    (note,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note: roofline % above 100")]
-    assert note.endswith(READ_TAIL)
+    found = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("finding: roofline share")]
+    assert len(found) == 2 and "at cell 41 (host loop)" in found[0] and "at cell 41 (device loop)" in found[1]
     ctx = types.SimpleNamespace(device_line="device: tpu", policy_line="device policy: x", steps=[],
                                 bandwidth_lines=[], runs=[run.path], elapsed=lambda: 1.0, budget=10.0,
                                 outdir=tmp_path)  # fmt: skip
-    assert f"  {note}" in summary_lines(ctx, 0)
+    assert all(f"  {line}" in summary_lines(ctx, 0) for line in found)
     md = build_report([run.path], tmp_path / "out").markdown.read_text()
-    assert f"- {note.removeprefix('note: ')}" in md  # under the rooflines table
+    assert all(f"- {line}" in md for line in found)  # under the rooflines table
 
 
 def test_the_footnotes_print_under_the_terminal_table_and_the_gpu_run_summary(tmp_path: Path, capsys) -> None:
@@ -230,16 +232,16 @@ def test_the_footnotes_print_under_the_terminal_table_and_the_gpu_run_summary(tm
     run.finish("complete")
     _print_table(run, logging.getLogger("test"))
     out = capsys.readouterr().out
-    notes = [ln for ln in out.splitlines() if ln.startswith("note: ")]
-    assert [n.split(" (")[0] for n in notes] == ["note: roofline % above 100", "note: prefill matmul % above 100",
+    notes = [ln for ln in out.splitlines() if ln.startswith(("note: ", "finding: "))]
+    assert [n.split(" (")[0] for n in notes] == ["finding: roofline % above 100", "note: prefill matmul % above 100",
                                                  "note: host overhead ms/step below 0"]  # fmt: skip
     ctx = types.SimpleNamespace(device_line="device: tpu", policy_line="device policy: x", steps=[],
                                 bandwidth_lines=[], runs=[run.path], elapsed=lambda: 1.0, budget=10.0,
                                 outdir=tmp_path)  # fmt: skip
     lines = summary_lines(ctx, 0)
-    assert [f"  {n}" for n in notes] == [ln for ln in lines if ln.startswith("  note: ")]
+    assert [f"  {n}" for n in notes] == [ln for ln in lines if ln.startswith(("  note: ", "  finding: "))]
     md = build_report([run.path], tmp_path / "out").markdown.read_text()
-    assert "- roofline % above 100 (41: 102.9, device loop 41: 135.8): the step read its bytes faster" in md
+    assert "- finding: roofline % above 100 (41: 102.9, device loop 41: 135.8): the step read its bytes faster" in md
     assert "- prefill matmul % above 100 (521: 104.2): " in md  # under the rooflines table
     below = HOST_OVERHEAD.text(run.cells()[1])
     assert f"- CPU: host overhead ms/step below 0 (521: {below}): the device loop was slower" in md  # decode loops

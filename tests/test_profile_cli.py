@@ -99,11 +99,14 @@ def test_roofline_attached_from_engine_bytes_and_measured_bandwidth(matched):
     roof = prof["roofline"]
     assert roof["bytes_per_step"] == prof["config"]["decode_bytes"]["total"] > 0
     assert roof["tok_s_source"] == "profile"  # a new run has no sweep cell
-    assert roof["bandwidth_bytes_s"] == prof["bandwidth"]["bytes_per_s"] > 0
+    read = prof["read_bandwidth"]  # the fastest read probe: on a CPU, with no datasheet figure, the denominator
+    assert roof["bandwidth_bytes_s"] == read["bytes_per_s"] == prof["ceiling"]["bytes_per_s"] > 0
+    assert roof["bandwidth_kind"] == "ceiling: measured read (max(read, datasheet))"
+    assert prof["ceiling"]["copy_bytes_s"] == prof["bandwidth"]["bytes_per_s"] > 0  # the copy beside it
     assert roof["share_pct"] == pytest.approx(100 * roof["bytes_per_step"] * roof["tok_s"] / roof["bandwidth_bytes_s"])
-    read = prof["read_bandwidth"]  # measured beside the copy, never the share's denominator
     assert read["bytes_moved"] == read["n_bytes"] == prof["bandwidth"]["n_bytes"] and read["bytes_per_s"] > 0
-    assert read["method"] != prof["bandwidth"]["method"]
+    assert read["method"] != prof["bandwidth"]["method"] and prof["read_probes"] == [read]
+    assert ("roofline_findings" in prof) == (roof["share_pct"] > 100)  # a share above 100% is a finding
     assert prof["capture"]["nvidia_gpu_expected"] is False  # conftest sets JAX_PLATFORMS=cpu
 
 
@@ -235,7 +238,9 @@ def test_profile_replaces_a_runs_profile_only_when_asked(env, tmp_path, capsys):
     assert (run / "profile.json").read_bytes() == before and not (run / ".lock").exists()
     assert bench_in_process([*again, "--replace"]) == 0
     printed = capsys.readouterr().out
-    assert "read-only bandwidth" in printed and "x the copy" in printed  # beside the copy's, in the summary table
+    assert "roofline ceiling" in printed and "measured read" in printed  # the denominator, in the summary table
+    ceiling = json.loads((run / "profile.json").read_text())["ceiling"]
+    assert ceiling["chosen"] == "measured read" and ceiling["bytes_per_s"] > 0  # a CPU: no datasheet figure
     prof = json.loads((run / "profile.json").read_text())
     assert prof["steps"] == 2
     assert len(list(run.glob("profile/**/*.xplane.pb"))) == 2  # the earlier trace is kept
@@ -246,11 +251,13 @@ def test_bandwidth_command(capsys):
     assert bench_in_process(["bandwidth", "--bytes", str(8 * 2**20), "--repeats", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     copy = next(ln for ln in lines if ln.startswith("bandwidth: "))
-    read = next(ln for ln in lines if ln.startswith("read-only bandwidth: "))
+    (read,) = [ln for ln in lines if ln.startswith("read-only bandwidth: ")]  # a CPU: XLA's read probe alone
     assert "GiB/s" in copy and "GB/s" in copy and "GiB/s" in read and "GB/s" in read and "x the copy" in read
     assert any("16,777,216 bytes moved (read + written)" in ln and "median" in ln for ln in lines)
-    assert any(ln.startswith("read of 8 MiB: 8,388,608 bytes read, median") for ln in lines)
-    assert any(ln.startswith("read method: ") for ln in lines)
+    assert "; 8 MiB read, median" in read and "jit(x.reshape" in read
+    assert "datasheet: none known for cpu" in lines
+    (ceiling,) = [ln for ln in lines if ln.startswith("roofline ceiling ")]
+    assert "= measured read; the larger of the measured read" in ceiling and "not the denominator" in ceiling
 
 
 def test_gpu_guess_without_initialising_jax(tmp_path):

@@ -363,7 +363,7 @@ def test_a_profile_written_by_bench_profile_is_read(tmp_path: Path) -> None:
     run.write_json("profile.json", {**prof, "read_bandwidth": {"bytes_per_s": 33e9, "gib_s": 33e9 / 2**30}})
     build_report([run.path], tmp_path / "out-read")
     md = (tmp_path / "out-read" / "report.md").read_text()
-    assert "| read-only bandwidth (not the share's denominator) | 30.734 GiB/s |" in md
+    assert "| fastest read-only probe | 30.734 GiB/s |" in md
     assert "| bandwidth roofline share, as reported | 26.0% |" in md  # still the copy's
     rows = {r["metric"]: r for r in _csv(tmp_path / "out-read" / "profile.csv")}
     assert float(rows["read_bandwidth_gib_s"][run.name]) == 33e9 / 2**30  # unrounded

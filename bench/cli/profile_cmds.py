@@ -280,6 +280,7 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
     from rich.table import Table
 
     from bench.profile.analysis import format_profile_table
+    from bench.runs.ceiling import Ceiling
 
     console = console or make_console()
     device = data.get("device") or {}
@@ -291,11 +292,14 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
         summary.add_row(label, value)
     roof = data.get("roofline") or {}
     read = data.get("read_bandwidth") or {}
-    if read.get("bytes_per_s"):
+    ceiling = Ceiling.from_json(data["ceiling"]) if isinstance(data.get("ceiling"), dict) else None
+    if ceiling is not None:
+        summary.add_row("roofline ceiling", ceiling.line)
+    elif read.get("bytes_per_s"):  # a profile recorded before the ceiling: its share is against the copy
         copy = roof.get("bandwidth_bytes_s")
         vs = f"; {read['bytes_per_s'] / copy:.2f} x the copy" if copy else ""
-        summary.add_row("read-only bandwidth", f"{read['bytes_per_s'] / 2**30:,.3f} GiB/s (not the roofline's "
-                        f"denominator{vs})")  # fmt: skip
+        summary.add_row("read-only bandwidth", f"{read['bytes_per_s'] / 2**30:,.3f} GiB/s (recorded before the "
+                        f"read-rate ceiling: this profile's share is against the copy{vs})")  # fmt: skip
     if roof.get("bytes_per_step") is not None:
         summary.add_row("bytes per step", f"{roof['bytes_per_step'] / 2**20:,.1f} MiB")
         summary.add_row("tok/s used", f"{roof['tok_s']:.1f} ({roof['tok_s_source']})")
@@ -505,11 +509,13 @@ def _profile(joined, opts):
 
 
 def _capture_into(run, setup, opts):
-    """Trace, analyse, measure bandwidth (the copy, the roofline's denominator, and the read-only probe beside it),
-    write `run`/profile.json (the caller ends the run)."""
+    """Trace, analyse, measure bandwidth (the copy, and the read-only probes whose fastest, or the device's
+    datasheet figure where larger, is the roofline's ceiling: bench/runs/ceiling.py), write `run`/profile.json (the
+    caller ends the run)."""
     from bench.profile.analysis import analyze_trace, attach_roofline
-    from bench.profile.bandwidth import measure_bandwidth, measure_read_bandwidth
+    from bench.profile.bandwidth import measure_bandwidth, measure_read_probes
     from bench.profile.capture import batch_decode_steps, capture_steps, prompt_decode_steps
+    from bench.runs.ceiling import CEILING_KEY, FINDINGS_KEY, finding_of, roofline_ceiling
     from model.programs import xla_options_line
 
     opts.capturing = True
@@ -536,15 +542,22 @@ def _capture_into(run, setup, opts):
     run.log(f"captured {capture.n_steps} decode steps: {capture.xplane_path} ({capture.xplane_bytes} bytes)")
     analysis = analyze_trace(capture.xplane_path)
 
-    log.info("measuring device bandwidth (device-to-device copy, then a read-only pass)")
+    log.info("measuring device bandwidth (device-to-device copy, then the read-only probes)")
     bw = measure_bandwidth()
-    read_bw = measure_read_bandwidth()
+    reads = measure_read_probes()
+    read_bw = reads.fastest
+    ceiling = roofline_ceiling(read_bw.bytes_per_s, read_bw.method, read_bw.device_kind, copy_bytes_s=bw.bytes_per_s)
     decode_bytes, gauge, gauge_note = _roofline_inputs(engine, setup.cell, opts.input_tokens, max_new_tokens,
                                                        opts.batch)  # fmt: skip
-    analysis = attach_roofline(analysis, bytes_per_step=decode_bytes["total"], bandwidth_bytes_s=bw.bytes_per_s,
-                               bandwidth_n_bytes=bw.n_bytes, gauge_tok_s=gauge)  # fmt: skip
+    analysis = attach_roofline(analysis, bytes_per_step=decode_bytes["total"], bandwidth_bytes_s=ceiling.bytes_per_s,
+                               bandwidth_n_bytes=read_bw.n_bytes, gauge_tok_s=gauge)  # fmt: skip
     notes = [gauge_note, *_capture_notes(capture, setup.flags_info, opts.steps, max_new_tokens)]
     notes += [f"run folder differs from this profile: {m}" for m in mismatch]
+    roof = analysis.roofline
+    cell = str(opts.input_tokens) if opts.batch == 1 else f"{opts.input_tokens}x{opts.batch}"
+    found = finding_of(cell, f"profile, {roof.tok_s_source} rate", roof.share_pct, roof.bytes_per_step, roof.tok_s,
+                       ceiling)  # fmt: skip
+    notes += [found.line] if found is not None else []  # a share above 100% of the ceiling: said, and recorded
     data = analysis.to_json()
     data["trace"] = os.path.relpath(analysis.trace_path, run.path)  # relative: the run folder can move
     data["notes"] = list(data["notes"]) + notes
@@ -552,7 +565,12 @@ def _capture_into(run, setup, opts):
     data["config"] = _profile_config(setup, opts, bucket, decode_bytes)
     data["capture"] = _capture_facts(capture, run.path, setup.flags_info)
     data["bandwidth"] = bw.to_json()
-    data["read_bandwidth"] = read_bw.to_json()  # beside the copy; the roofline share stays against the copy
+    data["read_bandwidth"] = read_bw.to_json()  # the fastest read probe
+    data["read_probes"] = reads.to_json()
+    data[CEILING_KEY] = ceiling.to_json()  # the roofline's denominator (bench/runs/ceiling.py)
+    data["roofline"]["bandwidth_kind"] = f"ceiling: {ceiling.chosen} ({ceiling.definition})"
+    if found is not None:
+        data[FINDINGS_KEY] = [found.to_json()]
     path = run.write_json("profile.json", data)
     for note in notes:
         run.log(f"profile note: {note}")
@@ -706,8 +724,12 @@ def analyze(
     data = analysis.to_json()
     if stored is not None:  # a run folder: its trace named relative to it, as profile.json does
         data["trace"] = os.path.relpath(analysis.trace_path, trace)
-    if reattached and stored.get("read_bandwidth"):  # measured with the capture, beside its copy
-        data["read_bandwidth"] = stored["read_bandwidth"]
+    if reattached:  # measured with the capture: its read probes, ceiling and findings stay with its roofline
+        for key in ("read_bandwidth", "read_probes", "ceiling", "roofline_findings"):
+            if stored.get(key):
+                data[key] = stored[key]
+        if roof.get("bandwidth_kind"):
+            data["roofline"]["bandwidth_kind"] = roof["bandwidth_kind"]
     if update:
         _rewrite_profile(Path(trace), stored, data)
     if as_json:
@@ -721,7 +743,7 @@ def analyze(
 
 
 CAPTURE_NOTE_OPENINGS = ("roofline uses ", "profiled on a GPU without", "GPU profile flags were set", "--steps ",
-                         "run folder differs from this profile")  # fmt: skip
+                         "run folder differs from this profile", "finding: roofline share")  # fmt: skip
 """How the notes `bench profile` adds to the analysis's begin (`_roofline_inputs`, `_capture_notes`): `--update`
 keeps them when an older profile.json has no `capture_notes`."""
 
@@ -774,10 +796,12 @@ def bandwidth(
                                        "2 GiB on GPU and TPU)."),
     repeats: int = typer.Option(10, "--repeats", help="Timed copies, and timed reads (the median is reported)."),
 ) -> None:
-    """Measure the device's memory bandwidth with a large device-to-device copy (read + written bytes / time), then
-    with a read-only pass over a buffer of the same size (bytes read / time). Roofline shares are against the copy
-    (docs/method.md); the read-only figure says how far above it a decode step, which only reads, can go."""
-    from bench.profile.bandwidth import MiB, measure_bandwidth, measure_read_bandwidth
+    """Measure the device's memory bandwidth: a large device-to-device copy (read + written bytes / time), then the
+    read-only probes over a buffer of the same size (bytes read / time: XLA's reduction, and on a TPU the Pallas
+    streaming read), and print the roofline ceiling they give with the datasheet figure: max(fastest read,
+    datasheet) (docs/method.md, "Rooflines")."""
+    from bench.profile.bandwidth import MiB, measure_bandwidth, measure_read_probes
+    from bench.runs.ceiling import datasheet_for, roofline_ceiling
 
     if n_bytes is not None and n_bytes < MiB:
         raise InputError(f"--bytes {n_bytes}: expected at least {MiB} (1 MiB)")
@@ -786,7 +810,7 @@ def bandwidth(
     setup_logging()
     try:
         r = measure_bandwidth(n_bytes, repeats)
-        read = measure_read_bandwidth(n_bytes, repeats)
+        reads = measure_read_probes(n_bytes, repeats)
     except Exception as exc:  # the device could not hold the buffers: a user-sized request, not a crash
         if "RESOURCE_EXHAUSTED" in str(exc) or "Out of memory" in str(exc):
             raise InputError(f"--bytes {n_bytes}: the device cannot hold two buffers of that size; choose fewer bytes") from None
@@ -795,9 +819,13 @@ def bandwidth(
     typer.echo(f"bandwidth: {r.gib_s:,.2f} GiB/s = {r.gb_s:,.2f} GB/s")
     typer.echo(f"copy of {r.n_bytes / MiB:,.0f} MiB: {r.bytes_moved:,} bytes moved (read + written), "
                f"median {r.median_s * 1e3:.3f} ms over {r.repeats} repeats")  # fmt: skip
-    typer.echo(f"read-only bandwidth: {read.gib_s:,.2f} GiB/s = {read.gb_s:,.2f} GB/s "
-               f"({read.bytes_per_s / r.bytes_per_s:.2f} x the copy)")  # fmt: skip
-    typer.echo(f"read of {read.n_bytes / MiB:,.0f} MiB: {read.bytes_moved:,} bytes read, median "
-               f"{read.median_s * 1e3:.3f} ms over {read.repeats} repeats")  # fmt: skip
+    for read in reads.probes:
+        typer.echo(f"read-only bandwidth: {read.gib_s:,.2f} GiB/s = {read.gb_s:,.2f} GB/s "
+                   f"({read.bytes_per_s / r.bytes_per_s:.2f} x the copy); {read.n_bytes / MiB:,.0f} MiB read, median "
+                   f"{read.median_s * 1e3:.3f} ms over {read.repeats} repeats: {read.method}")  # fmt: skip
+    sheet = datasheet_for(r.device_kind)
+    typer.echo(f"datasheet: {sheet.line if sheet else 'none known for ' + r.device_kind}")
+    fastest = reads.fastest
+    ceiling = roofline_ceiling(fastest.bytes_per_s, fastest.method, r.device_kind, copy_bytes_s=r.bytes_per_s)
+    typer.echo(ceiling.line)
     typer.echo(f"method: {r.method}")
-    typer.echo(f"read method: {read.method}")

@@ -434,9 +434,22 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
         run_sweep(engine, config, run, progress=lambda line: (log.info(line), run.log(line)),
                   skip=run.finished_cells() if config.batches else run.finished_inputs(), should_stop=stop,
                   prompts=prompts, rates=rates, batch_prompts=batch_prompts)  # fmt: skip
+        _record_findings(run, rates)
         if not stop():
             _end_bandwidth(run, rates, log)
     _print_table(run, log)
+
+
+def _record_findings(run, rates) -> None:
+    """The run's roofline findings (a share above 100% of its ceiling, `bench.runs.columns.roofline_findings`),
+    recorded under the manifest's `RATES_KEY` as `bench.runs.ceiling.FINDINGS_KEY` (a list, [] when none) with the
+    probe's numbers; the sweep table's lines print them (`_print_table`)."""
+    from bench.runs.ceiling import FINDINGS_KEY
+    from bench.runs.columns import roofline_findings
+
+    found = [f.to_json() for f in roofline_findings(run.cells(), rates.ceiling)]
+    recorded = run.manifest.get(RATES_KEY) or dict(rates.measured)
+    run.update_manifest(**{RATES_KEY: {**recorded, FINDINGS_KEY: found}})
 
 
 def _end_bandwidth(run, rates, log) -> None:
@@ -468,7 +481,7 @@ def _sweep_rates(engine, resumed, log):
     if stored is not None:
         log.info(f"{stored.line} (the resumed run's)")
         return stored, False
-    log.info("measuring the device's copy bandwidth, read-only bandwidth and matrix-product rate (docs/method.md, "
+    log.info("measuring the device's copy bandwidth, read-only probes and matrix-product rate (docs/method.md, "
              "Rooflines)")
     rates = measure_rates(engine.policy.compute_dtype)
     log.info(rates.line)
@@ -506,7 +519,7 @@ def _compile_cache_counter(counts0: dict, cache_dir: str | None):
 
 def _print_table(run, log) -> None:
     """The sweep table of `run` on stdout (wide enough not to fold), its knee lines and footnotes
-    (`bench.runs.columns.table_notes`: a roofline % above 100, with the run's read-only bandwidth, ...), then a
+    (`bench.runs.columns.table_notes`: a roofline % above 100 as a finding with the run's ceiling, ...), then a
     warning line naming invalid cells
     (measured, but not quotable: the table says why) and one naming failed cells (an error: nothing measured).
     Raises typer.Exit(1) when any cell failed, so a script can tell; the run folder keeps every cell. Invalid
@@ -518,7 +531,7 @@ def _print_table(run, log) -> None:
     from rich.console import Console
     from rich.measure import Measurement
 
-    from bench.runs import read_bandwidth_of
+    from bench.runs.ceiling import ceiling_of
     from bench.runs.columns import table_columns, table_notes
 
     cells = run.cells()
@@ -526,8 +539,8 @@ def _print_table(run, log) -> None:
     need = Measurement.get(console, console.options.update_width(10_000), table).maximum
     wider = not console.is_terminal and need > console.width  # a pipe or log: nothing truncated
     (Console(width=need) if wider else console).print(table)
-    read_bw = read_bandwidth_of(run.typed_manifest.extra)
-    for line in knee_lines(cells) + table_notes(table_columns(cells), cells, read_bandwidth_bytes_s=read_bw):
+    ceiling = ceiling_of(run.typed_manifest.extra)
+    for line in knee_lines(cells) + table_notes(table_columns(cells), cells, ceiling=ceiling):
         console.print(line, markup=False, soft_wrap=True)
 
     def name(r):  # a cell: its input size, with its batch in a --batch sweep

@@ -358,7 +358,8 @@ def bandwidth(ctx: Context, work: Workload) -> None:
     run_step(ctx, "bandwidth", bench_argv("bandwidth", *work.bandwidth_args),
              min(ctx.timing.bandwidth_limit, ctx.remaining()), capture=lines)  # fmt: skip
     ctx.bandwidth_lines = [ln for ln in lines
-                           if ln.startswith(("bandwidth:", "copy of", "read-only bandwidth:", "read of"))]  # fmt: skip
+                           if ln.startswith(("bandwidth:", "copy of", "read-only bandwidth:", "read of", "datasheet:",
+                                             "roofline ceiling"))]  # fmt: skip
 
 
 def checkpoint_step(ctx: Context, spec: str) -> bool:

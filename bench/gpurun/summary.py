@@ -27,10 +27,11 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
     lines, the steps with their status and seconds (and notes), the bandwidth lines, then per run folder its
     status, checkpoint, compile-cache hits, validity, sweep table (the terminal's columns,
     `bench.runs.columns.table_columns`, as plain text; a `--batch` sweep's knee per input size and the table's
-    footnotes, `table_notes` with the run's read-only bandwidth, under it) and
+    footnotes, `table_notes` with the run's roofline ceiling: a share above 100% is a finding, under it) and
     profile (with its batch when above 1). The last line is the exit line
     ("gpu-run: exit N (...)"). A run folder that cannot be read is one line saying why; never raises for one."""
-    from bench.runs import open_run, read_bandwidth_of, validate_run
+    from bench.runs import open_run, validate_run
+    from bench.runs.ceiling import ceiling_of
     from bench.runs.columns import plain_table, table_columns, table_notes
 
     out = ["", "==== gpu-run summary ====", ctx.device_line or "device: (probe did not finish)",
@@ -55,7 +56,7 @@ def summary_lines(ctx: Context, code: int) -> list[str]:
         if cells:
             out += plain_table(table_columns(cells), cells, indent="  ")
             out += _knee_lines(cells)
-            notes = table_notes(table_columns(cells), cells, read_bandwidth_bytes_s=read_bandwidth_of(ran.extra))
+            notes = table_notes(table_columns(cells), cells, ceiling=ceiling_of(ran.extra))
             out += [f"  {line}" for line in notes]
         else:
             out.append("  no finished sweep cells")

@@ -9,14 +9,21 @@ No jax at import time: the capture and the bandwidth measurement import it when 
                                           (bench.profile.hloops: one op's HLO text, bytes moved, parameter rewrites)
 - `profile_findings`, `format_finding`, `OP_BYTES_SHARE`, `PARAM_MIN_SHARE`
                                           (bench.profile.findings: the rules that name an op worth a look)
-- `measure_bandwidth`, `measure_read_bandwidth`, `BandwidthResult`
-                                          (bench.profile.bandwidth: device-to-device copy; read-only pass)
+- `measure_bandwidth`, `measure_read_bandwidth`, `measure_stream_read`, `measure_read_probes`, `BandwidthResult`
+                  (bench.profile.bandwidth: device-to-device copy; XLA's read-only pass; the Pallas streaming read,
+                   bench.profile.stream; the probes a platform has, whose fastest is the ceiling's measured read)
 - `measure_matmul_rate`, `MatmulRateResult`                  (bench.profile.matmul: matrix-product FLOP/s)
 - `decode_step_bytes`, `roofline_share_pct`                   (bench.profile.roofline: bytes per step, share)
 """
 
 from bench.profile.analysis import ProfileAnalysis, analyze_trace, format_profile_table
-from bench.profile.bandwidth import BandwidthResult, measure_bandwidth, measure_read_bandwidth
+from bench.profile.bandwidth import (
+    BandwidthResult,
+    measure_bandwidth,
+    measure_read_bandwidth,
+    measure_read_probes,
+    measure_stream_read,
+)
 from bench.profile.capture import capture_steps, prompt_decode_steps
 from bench.profile.findings import OP_BYTES_SHARE, PARAM_MIN_SHARE, format_finding, profile_findings
 from bench.profile.hloops import bytes_from_hlo, parameter_rewrite, parse_instruction_text
@@ -25,7 +32,7 @@ from bench.profile.roofline import decode_step_bytes, roofline_share_pct
 from bench.profile.xspace import event_metadata_stats, hlo_modules
 
 __all__ = ["ProfileAnalysis", "analyze_trace", "format_profile_table", "BandwidthResult", "measure_bandwidth",
-           "measure_read_bandwidth", "MatmulRateResult", "measure_matmul_rate",
-           "capture_steps", "prompt_decode_steps", "decode_step_bytes", "roofline_share_pct", "hlo_modules",
-           "event_metadata_stats", "bytes_from_hlo", "parameter_rewrite", "parse_instruction_text", "OP_BYTES_SHARE",
-           "PARAM_MIN_SHARE", "format_finding", "profile_findings"]  # fmt: skip
+           "measure_read_bandwidth", "measure_read_probes", "measure_stream_read", "MatmulRateResult",
+           "measure_matmul_rate", "capture_steps", "prompt_decode_steps", "decode_step_bytes", "roofline_share_pct",
+           "hlo_modules", "event_metadata_stats", "bytes_from_hlo", "parameter_rewrite", "parse_instruction_text",
+           "OP_BYTES_SHARE", "PARAM_MIN_SHARE", "format_finding", "profile_findings"]  # fmt: skip

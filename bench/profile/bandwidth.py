@@ -1,4 +1,5 @@
-"""Measured memory bandwidth of the live device, and the bandwidth roofline share (measurement.md, "Rooflines").
+"""Measured memory bandwidth of the live device: the copy and the read probes the roofline's ceiling is chosen from
+(docs/method.md, "Rooflines"; bench/runs/ceiling.py).
 
 The bandwidth is that of a large device-to-device copy on the device being benchmarked, in the same process:
 bytes read + bytes written, over the median time of one copy. The copy is a jitted `dst.at[:].set(src)` with `dst`
@@ -8,19 +9,22 @@ n bytes, and no call allocates (a fresh output buffer would add page-fault time 
 not memory: 4-7 GB/s against 25 GB/s for the donated copy on this project's CPU machine). Also avoided: `x + 0`
 (XLA simplifies it to `x`, no copy at all) and timing the first call (it compiles).
 
-On this project's CPU machines a numpy copy gives about 27 GB/s on one core (measurement.md); the test suite checks
-that this measurement lands within a small factor of a numpy copy measured the same way.
+On this project's CPU machines a numpy copy gives about 27 GB/s on one core
+(docs/method.md, "Measured facts behind the defaults"); the test suite checks that this measurement lands within a
+small factor of a numpy copy measured the same way.
 
-Beside the copy, `measure_read_bandwidth` measures a read-only stream: bytes read / the median time of one jitted
-reduction that must read every byte of an n-byte buffer. A decode step only reads its weights, and a read can be
-faster than a copy (no write traffic): on the TPU v5e the archived E2B decode steps read at up to 137% of the copy
-measured in the same run (device loop 100-137%, host loop 79-105%), so the copy is not the ceiling. The roofline
-share stays against the copy (measurement.md, "Rooflines"); the read figure is recorded beside it to say how far
-above the copy a step can honestly go. The form of the reduction, and why, is in `measure_read_bandwidth`'s
-docstring.
+Beside the copy, the read probes measure read-only streams: bytes read / the median time of one call that must
+read every byte of an n-byte buffer. A decode step only reads its weights, and a read can be faster than a copy (no
+write traffic): on the TPU v5e the archived E2B decode steps read at up to 137% of the copy measured in the same
+run, so the copy is not the ceiling. `measure_read_bandwidth` is XLA's read-only reduction (its form, and why, in
+its docstring); `measure_stream_read` is the Pallas streaming read (bench/profile/stream.py), which on a TPU walks
+the buffer many times per call and reaches the chip's streaming rate where XLA's reduction stops short of it
+(`STREAM_PROBES` has the numbers); `measure_read_probes` runs the probes a platform has, and its fastest is the
+measured read rate of the roofline's ceiling: max(that rate, the device's datasheet figure) (bench/runs/ceiling.py).
+The copy is recorded beside it, never its denominator.
 
-jax is imported only by `measure_bandwidth` and `measure_read_bandwidth`; the roofline share of a measured bandwidth
-is `bench.profile.roofline.roofline_share` (no jax, so the report can use it on archived runs).
+jax is imported only when a probe runs; the ceiling and the share are `bench.runs.ceiling` (no jax, so the report
+can use them on archived runs).
 """
 
 from __future__ import annotations
@@ -50,10 +54,11 @@ _READ_METHOD = (f"jit(x.reshape(rows, {READ_TILE[0]}, {READ_TILE[1]}).sum(axis=0
 
 @dataclass(frozen=True)
 class BandwidthResult:
-    """One bandwidth measurement: a copy (`measure_bandwidth`) or a read-only stream (`measure_read_bandwidth`).
+    """One bandwidth measurement: a copy (`measure_bandwidth`) or a read-only stream (`measure_read_bandwidth`,
+    `measure_stream_read`).
 
     n_bytes: size of the buffer in bytes; each call moves `bytes_moved` bytes: 2 * n_bytes for a copy (read +
-    written), n_bytes for a read.
+    written), n_bytes for a read, passes * n_bytes for a streaming read of several passes per call.
     times_s: every timed call, in seconds (after one untimed warm-up call that compiles).
     bytes_per_s: bytes_moved / median(times_s).
     gib_s / gb_s: the same in GiB/s (2**30) and GB/s (10**9).
@@ -173,14 +178,109 @@ def measure_read_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_RE
     return _result(device, n_bytes, n_bytes, times, _READ_METHOD)
 
 
-def column_sums(rows: int):
-    """The read probe's known result: uint64 [READ_COLUMNS], the wrapping uint32 sums over the rows of uint32
-    `arange(rows * READ_COLUMNS)` viewed as [rows, READ_COLUMNS]. Column j holds i * READ_COLUMNS + j for i < rows,
-    so its sum is READ_COLUMNS * rows (rows - 1) / 2 + rows * j, mod 2**32."""
+def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS, *, block_bytes: int,
+                        passes: int = 1, device=None, interpret: bool = False) -> BandwidthResult:  # fmt: skip
+    """Time `repeats` calls of the Pallas streaming read (`bench.profile.stream`: HBM -> VMEM block by block,
+    summed into a 32 KiB accumulator), each reading an `n_bytes` buffer `passes` times, on `device` (default:
+    jax's first device).
+
+    `bytes_moved` = passes x n_bytes (read only; the 32 KiB written once per call is not counted). `n_bytes` defaults to
+    `default_bytes(platform)` and is rounded down to a multiple of `block_bytes`. `block_bytes`: bytes of one
+    block, a multiple of 32 KiB (`bench.profile.stream.BLOCK_BYTES` are the TPU probe's). `interpret=True` runs the
+    kernel in Python (the tests, on a CPU; its time says nothing about memory). Raises InputError for `n_bytes`
+    under 1 MiB or under one block, or `repeats` under 1; ValueError for a block size that does not tile;
+    RuntimeError when a call's result is wrong (a block was skipped). The kernel lowers for TPUs only (Mosaic):
+    call it elsewhere with `interpret=True`.
+    """
+    if not isinstance(passes, int) or passes < 1:
+        raise InputError(f"stream read passes {passes!r}: expected a whole number >= 1")
+    import functools
+
+    import jax
+    import jax.numpy as jnp
     import numpy as np
 
-    first = READ_COLUMNS * (rows * (rows - 1) // 2) % 2**32  # a Python int: exact at any size
-    return (first + rows * np.arange(READ_COLUMNS, dtype=np.uint64)) % 2**32
+    from bench.profile.stream import ROW_BYTES, STREAM_COLUMNS, block_rows_of, stream_column_sums
+
+    device = device if device is not None else jax.devices()[0]
+    block_rows = block_rows_of(block_bytes)
+    n_bytes = _checked_size("stream read", n_bytes, repeats, device.platform, multiple=block_bytes)
+    if n_bytes < block_bytes:
+        raise InputError(f"bandwidth stream read of {n_bytes} bytes: expected at least one block ({block_bytes})")
+    rows = n_bytes // ROW_BYTES
+
+    read = jax.jit(functools.partial(stream_column_sums, block_rows=block_rows, passes=passes, interpret=interpret))
+    src = jax.device_put(jnp.arange(rows * STREAM_COLUMNS, dtype=jnp.int32).reshape(rows, STREAM_COLUMNS), device)
+    jax.block_until_ready(read(src))  # warm-up: compiles
+    times, sums = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sums.append(jax.block_until_ready(read(src)))
+        times.append(time.perf_counter() - t0)
+    expected = column_sums(rows, STREAM_COLUMNS) * passes % 2**32
+    if any(not np.array_equal(np.asarray(s, dtype=np.uint64), expected) for s in sums):
+        raise RuntimeError("the stream read did not read every block: a column sum differs")
+    method = (f"Pallas TPU kernel: int32[{rows}, {STREAM_COLUMNS}] read HBM -> VMEM {passes} time(s) per call in "
+              f"blocks of {block_bytes // MiB if block_bytes % MiB == 0 else block_bytes / MiB} MiB ({block_rows} "
+              f"rows), summed into one [8, {STREAM_COLUMNS}] accumulator; every column sum checked"
+              + (" (interpret mode)" if interpret else ""))  # fmt: skip
+    return _result(device, n_bytes, passes * n_bytes, times, method)
+
+
+STREAM_PROBES = {"tpu": ((4 * MiB, 32),)}
+"""Per platform, the (block bytes, passes per call) of each Pallas streaming read that `measure_read_probes` runs
+beside XLA's read; a platform not listed has no Pallas streaming probe (the kernel lowers through Mosaic, for TPUs
+only). On the TPU v5e (2 GiB buffer, jax 0.10.2, 2026-12-07; scripts/probes/stream_read.py) the block size did not
+matter (2-16 MiB within 1%), the passes did: one pass per call read 560-566 GiB/s (as XLA's read, 562), 4 passes
+655-659, 16 passes 690-691 GiB/s (742 GB/s; the decode step's own reads, issue 43: 686 GiB/s), the increment from
+4 to 16 passes 703 GiB/s: a call's fixed cost is about 0.6 ms. 32 passes of 2 GiB take about 90 ms a call."""
+
+
+@dataclass(frozen=True)
+class ReadProbes:
+    """Every read-only probe `measure_read_probes` ran on one device, and the fastest (the measured read rate of
+    docs/method.md, "Rooflines"). probes: the `BandwidthResult`s in the order run; fastest: the one with the most
+    bytes read per second."""
+
+    probes: tuple[BandwidthResult, ...]
+
+    @property
+    def fastest(self) -> BandwidthResult:
+        """The probe with the highest bytes_per_s."""
+        return max(self.probes, key=lambda r: r.bytes_per_s)
+
+    def to_json(self) -> list[dict]:
+        """Each probe's `BandwidthResult.to_json()`, in the order run."""
+        return [r.to_json() for r in self.probes]
+
+
+def measure_read_probes(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS, *, device=None,
+                        interpret: bool = False) -> ReadProbes:  # fmt: skip
+    """The best read-only probes the device's platform has, each over `n_bytes` (default `default_bytes`): XLA's
+    read-only reduction (`measure_read_bandwidth`) everywhere, and on a platform in `STREAM_PROBES` (a TPU) the
+    Pallas streaming read (`measure_stream_read`) at each of its (block size, passes). `interpret=True` also runs
+    the streaming read where the platform has none, in interpret mode (64 KiB blocks, 2 passes: the tests). Same
+    errors as the probes."""
+    import jax
+
+    device = device if device is not None else jax.devices()[0]
+    probes = [measure_read_bandwidth(n_bytes, repeats, device=device)]
+    streams = STREAM_PROBES.get(device.platform, ()) or (((64 * 1024, 2),) if interpret else ())
+    for block, passes in streams:
+        probes.append(measure_stream_read(n_bytes, repeats, block_bytes=block, passes=passes, device=device,
+                                          interpret=interpret))  # fmt: skip
+    return ReadProbes(tuple(probes))
+
+
+def column_sums(rows: int, columns: int = READ_COLUMNS):
+    """The read probes' known result: uint64 [columns], the wrapping 32-bit sums over the rows of
+    `arange(rows * columns)` viewed as [rows, columns] (READ_COLUMNS: the XLA read probe's; the stream read's
+    int32 buffer gives the same bits). Column j holds i * columns + j for i < rows, so its sum is
+    columns * rows (rows - 1) / 2 + rows * j, mod 2**32."""
+    import numpy as np
+
+    first = columns * (rows * (rows - 1) // 2) % 2**32  # a Python int: exact at any size
+    return (first + rows * np.arange(columns, dtype=np.uint64)) % 2**32
 
 
 def _checked_size(what: str, n_bytes: int | None, repeats: int, platform: str, *, multiple: int) -> int:

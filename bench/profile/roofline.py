@@ -1,8 +1,8 @@
 """Bytes a Gemma 4 decode step reads in the published runs' layouts, and the bandwidth roofline share they imply.
 
-measurement.md (Rooflines): bytes per decode step = every weight the step touches, in its stored dtype
+docs/method.md (Rooflines): bytes per decode step = every weight the step touches, in its stored dtype
 (quantized tables at their packed size), plus the KV cache read at that context; roofline share = bytes per
-step x decode tok/s / bandwidth.
+step x decode tok/s / the ceiling (bench/runs/ceiling.py: max(fastest measured read, datasheet)).
 
 Pure arithmetic, no jax: the model's facts come from `model.config`, `model.accounting` and `model.quantspec`,
 which import no jax (architecture.md, wall 5: one fact, one place). A layout (`WeightLayout`) is a `--quant`
@@ -45,6 +45,7 @@ from model.config import ModelConfig
 from model.quantspec import QuantSpec, parse_quant
 
 from bench.errors import InputError
+from bench.runs.ceiling import share_pct
 
 GIB = 2**30
 
@@ -197,22 +198,21 @@ def decode_step_bytes(cfg: ModelConfig, layout: WeightLayout, context_tokens: in
 
 
 def roofline_share(bytes_per_step: float, tok_s: float, bandwidth_bytes_s: float) -> float:
-    """Bandwidth roofline share, a fraction: bytes_per_step x tok_s / bandwidth_bytes_s (measurement.md).
+    """Bandwidth roofline share, a fraction: bytes_per_step x tok_s / bandwidth_bytes_s (docs/method.md,
+    "Rooflines"; the arithmetic is `bench.runs.ceiling.share_pct`'s, the one definition).
 
     bytes_per_step: bytes one decode step reads (weights at their stored size plus the KV cache read at that
         context), from the engine's own accounting.
-    tok_s: the gauge decode rate in tokens/s at batch 1 (one step per token).
-    bandwidth_bytes_s: measured bandwidth in bytes/s (bytes read + written by the copy per second).
-    1.0 means decode moves bytes as fast as the copy did. Raises InputError for negative inputs or a bandwidth <= 0.
+    tok_s: decode steps per second (the gauge at batch 1).
+    bandwidth_bytes_s: the denominator in bytes/s: the run's roofline ceiling (`bench.runs.ceiling.Ceiling`,
+        max(fastest measured read, datasheet)); the device copy for profiles recorded before it.
+    1.0 means decode reads its bytes as fast as the ceiling. Raises InputError for negative inputs or a bandwidth
+    <= 0.
     """
-    if bandwidth_bytes_s <= 0:
-        raise InputError(f"bandwidth {bandwidth_bytes_s!r} bytes/s: expected a measured bandwidth > 0")
-    if bytes_per_step < 0 or tok_s < 0:
-        raise InputError(f"bytes per step {bytes_per_step!r} and tok/s {tok_s!r}: expected values >= 0")
-    return bytes_per_step * tok_s / bandwidth_bytes_s
+    return share_pct(bytes_per_step, tok_s, bandwidth_bytes_s) / 100.0
 
 
 def roofline_share_pct(bytes_per_step: int | float, tok_s: float, bandwidth_gib_s: float) -> float:
     """Bandwidth roofline share in %: `roofline_share` with the bandwidth given in GiB/s (2^30 B/s).
     Raises InputError for a bandwidth <= 0 or negative inputs."""
-    return 100.0 * roofline_share(bytes_per_step, tok_s, bandwidth_gib_s * GIB)
+    return share_pct(bytes_per_step, tok_s, bandwidth_gib_s * GIB)

@@ -149,6 +149,20 @@ def decode_findings(views: list[RunView]) -> list[str]:
     return out
 
 
+def roofline_findings_of(views: list[RunView]) -> list[str]:
+    """Per run, each roofline share above 100% of the run's ceiling (`bench.runs.columns.roofline_findings` with
+    `bench.runs.ceiling.ceiling_of`: the copy, for a run recorded before the ceiling, which the finding says), as
+    "LABEL: finding: ...", B = 1 cells then batch cells. [] when no share is above 100."""
+    from bench.runs.ceiling import ceiling_of
+    from bench.runs.columns import roofline_findings
+
+    out = []
+    for v in views:
+        rows = [v.cells[s] for s in sorted(v.cells)] + [v.batch_cells[k] for k in sorted(v.batch_cells)]
+        out += [f"{v.label}: {f.line}" for f in roofline_findings(rows, ceiling_of(v.m))]
+    return out
+
+
 def _seconds(x: float | None) -> str:
     return DASH if x is None else f"{x:.2f} s"
 
@@ -493,12 +507,15 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
     compared = sorted(group.views, key=lambda v: v is not base)
     decode, cold = decode_findings(dev), cold_warm_findings(dev)
     comp = comparison_findings(compared, base) + history_findings(group)
+    roof = roofline_findings_of(dev)
     findings = [Bullets(items=decode or ["No run with sweep cells."]), "Cold vs warm:", Bullets(items=cold),
                 f"Against the baseline ({base.label}):", Bullets(items=comp or ["Only one run."])]
     profiled = profile_findings(assign_labels(sorted((v for v in group.views if v.profile is not None),
                                                      key=lambda v: v is not base)))  # fmt: skip
     if profiled:
         findings += [PROFILE_FINDINGS_INTRO, Bullets(items=profiled)]
+    if roof:  # a share above 100% of its ceiling: said among the findings, not only under its table
+        findings += ["Rooflines above 100% of their ceiling (docs/method.md, Rooflines):", Bullets(items=roof)]
     env_blocks = []
     shown = {v.name for v in dev}  # and the --batch sweeps of the batch tables, which device_views may leave out
     for chunk in _chunks(assign_labels(dev + [v for v in batch_views if v.name not in shown]), 6):
@@ -511,7 +528,8 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
     if prof:
         subs.append(Section(title=f"{gid} profile", level=3, anchor=f"{gid}-profile", blocks=prof))
     section.blocks.extend(subs)
-    return section, files + prof_files, decode + cold + comp + [p for p in profiled if not p.endswith((NO_FINDINGS, NOT_RECORDED))]
+    return section, files + prof_files, decode + cold + comp + roof + [p for p in profiled
+                                                                     if not p.endswith((NO_FINDINGS, NOT_RECORDED))]
 
 
 def _load_blocks(group: Group, base: RunView, out: Path) -> tuple[list[Any], list[Path]]:

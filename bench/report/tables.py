@@ -13,13 +13,15 @@ profile.json keys read (other keys are ignored; the first alias present wins):
 - `totals.device_ms` | total_device_ms | total_kernel_ms | total_kernel_time_ms (ms); `totals.distinct_kernels` |
   distinct_ops; decode tok/s from `totals.decode_tok_s` | implied_tok_s, else `roofline.tok_s`, else `totals.tok_s`.
 - `roofline.bandwidth_gib_s` | measured_bandwidth_gib_s (GiB/s), or `roofline.bandwidth_gb_s` (GB/s, converted);
-  `roofline.bandwidth_kind` (text; "measured (device copy)" when absent); `roofline.share_pct` |
+  `roofline.bandwidth_kind` (text: "ceiling: <figure> (<definition>)" since the ceiling; "measured (device
+  copy)" when absent, as profiles recorded before it divided by the copy); `roofline.share_pct` |
   bandwidth_roofline_share_pct (%),
   `roofline.share_approx` (bool); `roofline.bytes_per_step` (bytes); `roofline.derived.share_pct`,
   `.bytes_per_step`, `.account.terms` (the derived byte accounting, bench/profile/roofline.py).
 - `config.batch` (rows per profiled decode step, `bench profile --batch`; 1 when absent).
-- `read_bandwidth.gib_s` (GiB/s): the read-only probe measured beside the copy (`bench profile` since it had one;
-  "—" when absent). It is shown, never divided by: the roofline share stays against the copy.
+- `read_bandwidth.gib_s` (GiB/s): the fastest read-only probe measured beside the copy (`bench profile` since it
+  had one; "—" when absent). Since the roofline ceiling (bench/runs/ceiling.py) the share is against
+  max(this, the datasheet figure), named by `roofline.bandwidth_kind`; before it, against the copy.
 - `findings` (list; `bench profile` since it had them, `bench.profile.findings`): counted in the profile table
   ("not recorded" when absent, never "none"); each is listed in the group's findings (bench/report/build.py).
 """
@@ -410,7 +412,7 @@ _PROFILE_ROWS = (  # (csv key, markdown label, text formatter of the figures)
      + (" (from profile: 1000 / device ms per step, not a gauge)" if f["decode_tok_s_from_profile"] else "")),
     ("bandwidth_gib_s", "bandwidth", _unit("bandwidth_gib_s", ",.3f", " GiB/s")),
     ("bandwidth_kind", "bandwidth source", lambda f: f["bandwidth_kind"] or DASH),
-    ("read_bandwidth_gib_s", "read-only bandwidth (not the share's denominator)",
+    ("read_bandwidth_gib_s", "fastest read-only probe",
      _unit("read_bandwidth_gib_s", ",.3f", " GiB/s")),
     ("roofline_share_pct", "bandwidth roofline share, as reported",
      lambda f: fmt_pct(f["share_pct"], f["share_approx"])),

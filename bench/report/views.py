@@ -35,7 +35,8 @@ from typing import Any
 from bench.report.groups import Group
 from bench.report.rows import RowColumn, columns
 from bench.report.tables import rate_text, sweep_report_table
-from bench.runs import copy_bandwidths_of, drift_pct, read_bandwidth_of
+from bench.runs import copy_bandwidths_of, drift_pct
+from bench.runs.ceiling import ceiling_of
 from bench.runs.columns import (
     AGGREGATE,
     BATCH,
@@ -145,6 +146,14 @@ def decode_loop_tables(views: Sequence[Any]) -> list[Table]:
     return out
 
 
+def ceiling_text(manifest: dict) -> str:
+    """The run's roofline ceiling for a table's note (`bench.runs.ceiling.ceiling_of`): its `line` (the
+    denominator, which figure it is, the measured read and the datasheet beside it; for a run recorded before the
+    ceiling, its copy and what the current definition would give), or "none recorded"."""
+    ceiling = ceiling_of(manifest)
+    return "none recorded" if ceiling is None else ceiling.line
+
+
 ROOFLINE_RUNS_PER_TABLE = 1  # 1 + up to 5 columns per run <= 10
 
 
@@ -163,13 +172,14 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
             continue
         sizes = sorted(v.cells)[:MAX_ROWS]
         rows = [[fmt_num(s, 0), *(c.text(v.cells[s]) for c in cols)] for s in sizes]
-        notes = ["roofline % = bytes per step x gauge tok/s / the run's measured copy bandwidth; prefill matmul % = "
-                 "prefill FLOP / median prefill time / the run's measured matrix-product rate (same session)."]
+        notes = [f"roofline % = bytes per step x gauge tok/s / the run's roofline ceiling ({ceiling_text(v.m)}); "
+                 "prefill matmul % = prefill FLOP / median prefill time / the run's measured matrix-product rate "
+                 "(same session)."]  # fmt: skip
         notes += [n.removeprefix("note: ") for n in table_notes(cols, [v.cells[s] for s in sizes],
-                                                                read_bandwidth_bytes_s=read_bandwidth_of(v.m))]
+                                                                ceiling=ceiling_of(v.m))]
         start, end = copy_bandwidths_of(v.m)
         if start is not None and end is not None:  # measured again after the last cell (bench.sweep.rates)
-            notes.append(f"copy bandwidth {start / 2**30:,.2f} GiB/s before the first cell (the shares' denominator), "
+            notes.append(f"copy bandwidth {start / 2**30:,.2f} GiB/s before the first cell, "
                          f"{end / 2**30:,.2f} GiB/s after the last ({drift_pct(start, end):+.1f}%): how far this "
                          "host drifted while the cells ran.")  # fmt: skip
         out.append(Table(title=f"rooflines: {v.label}", header=["input tokens", *(c.header for c in cols)],
@@ -198,11 +208,11 @@ def batch_tables(views: Sequence[Any]) -> list[Table]:
         rows = [[fmt_num(c.input_tokens, 0), BATCH.text(c), *(col.text(c) for col in cols)] for c in cells]
         notes = [f"gauge = one row's (generated - 1) / decode time (per sequence); aggregate = B x gauge (every row's "
                  "tokens per second of decode); bytes/step = the weights once plus every row's KV cache; roofline % = "
-                 "bytes/step x gauge / the run's measured copy bandwidth; FLOP/byte = matrix-product FLOP of one "
-                 "step / bytes/step; rows ≠ B=1 = rows whose greedy tokens differ from their prompt's alone."]
+                 f"bytes/step x gauge / the run's roofline ceiling ({ceiling_text(v.m)}); FLOP/byte = "
+                 "matrix-product FLOP of one step / bytes/step; rows ≠ B=1 = rows whose greedy tokens differ from "
+                 "their prompt's alone."]  # fmt: skip
         notes += [f"knee (median step > {1 + KNEE_FRACTION:g} x B = 1's): {k.line}" for k in knees(cells)]
-        notes += [n.removeprefix("note: ") for n in table_notes(cols, cells,
-                                                                read_bandwidth_bytes_s=read_bandwidth_of(v.m))]
+        notes += [n.removeprefix("note: ") for n in table_notes(cols, cells, ceiling=ceiling_of(v.m))]
         out.append(Table(title=f"batches: {v.label}", header=["input tokens", BATCH.header, *(c.header for c in cols)],
                          rows=rows, notes=notes, kind="batches"))  # fmt: skip
     return out

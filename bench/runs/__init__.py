@@ -16,6 +16,8 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
   `checkpoint_id`, `checkpoint_source`, `portable_dir`, `local_dir`, `RATES_KEY` (a sweep's measured rates) and
   `read_bandwidth_of` (its read-only bandwidth, None for older runs), `copy_bandwidths_of` (its copy bandwidth
   before the first cell and after the last) and `drift_pct`  (bench.runs.manifest)
+- the roofline's ceiling (max(fastest read, datasheet)), the share against it and the finding above 100%:
+  `Ceiling`, `ceiling_of`, `roofline_ceiling`, `DATASHEETS`, `share_pct`, `RooflineFinding`  (bench.runs.ceiling)
 - environment facts and the raw build id hash                         (bench.runs.environment)
 - the sweep cell's columns and the one number format, for every printer (bench.runs.columns)
 """

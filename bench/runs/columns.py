@@ -22,9 +22,9 @@ Formats:
   bytes per step, FLOP per byte, rows differing from B = 1): shown only for the rows of a `--batch` sweep (some row
   has `batch`), so every other run prints as it did.
 
-Under a table, `table_notes` explains a figure that looks impossible: a roofline % or prefill matmul % above 100
-(the measured rate it is a share of is not the device's ceiling; for a roofline %, the run's read-only bandwidth
-and the cells' shares against it where the run measured one), a negative host overhead per step.
+Under a table, `table_notes` explains a figure that looks impossible: a roofline % above 100 becomes a finding
+(`roofline_findings`: one line per cell and loop with the ceiling's numbers, bench/runs/ceiling.py), a prefill
+matmul % above 100 and a negative host overhead per step a note.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from bench.runs.ceiling import Ceiling, RooflineFinding, finding_of
 from bench.runs.records import CellRow
 
 DASH = "—"
@@ -212,35 +213,37 @@ def cell_name(row: CellRow) -> str:
 
 
 _OVER_100 = (
-    ((ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE), 100.0,
-     "the step read its bytes faster than the measured copy moves them (the copy counts bytes read + written; a "
-     "read-only stream can be faster), so the copy is not the ceiling on this device, or other work on the machine "
-     "slowed the probe (compare the copy bandwidth after the last cell)"),
     ((PREFILL_MATMUL_SHARE,), 100.0,
      "the prefill's matrix products ran faster than the measured matrix-product rate at its probe shape"),
 )  # fmt: skip
+_ROOFLINE_NO_CEILING = ("the step read its bytes faster than the rate it is a share of; this run records no "
+                        "ceiling, or the cell no bytes per step or gauge, to say by how much (docs/method.md, "
+                        "Rooflines)")  # fmt: skip
 
 
 def table_notes(columns: Sequence[Column], rows: Iterable[CellRow | None], *,
-                read_bandwidth_bytes_s: float | None = None) -> list[str]:  # fmt: skip
-    """The footnotes of a table of `columns` over `rows`, for the lines under it (the terminal's sweep table, the
-    gpu-run summary's, the report's rooflines, decode-loop and batch tables): one line per kind of figure that
-    looks impossible, among the columns shown: a roofline % above 100 (either loop's), a prefill matmul % above
-    100, a negative host overhead per step; each names the cells ("41", "41x8") and says what it means. [] when no
-    row has one.
-
-    `read_bandwidth_bytes_s`: the run's measured read-only bandwidth (bytes/s; `bench.runs.manifest.
-    read_bandwidth_of`), None when it has none. With it, the roofline note also gives it in GiB/s and those cells'
-    shares against it (`read_shares`), the roofline % itself staying against the copy (docs/method.md)."""
+                ceiling: Ceiling | None = None) -> list[str]:  # fmt: skip
+    """The lines under a table of `columns` over `rows` (the terminal's sweep table, the gpu-run summary's, the
+    report's rooflines, decode-loop and batch tables), one per figure that looks impossible among the columns
+    shown: a roofline % above 100 (either loop's) is a finding per cell and loop (`roofline_findings` against
+    `ceiling`, the run's `bench.runs.ceiling.ceiling_of`; one note naming the cells where the run has none); a
+    prefill matmul % above 100 and a negative host overhead per step a note naming the cells ("41", "41x8") and
+    saying what it means. [] when no row has one."""
     rows = [r for r in rows if r is not None]
-    out = []
+    shown = tuple(c for c in (ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE) if c in columns)
+    found = roofline_findings(rows, ceiling, shown)
+    out = [f.line for f in found]
+    named = {(f.cell, f.loop) for f in found}
+    over = [f"{'device loop ' if col is DEVICE_ROOFLINE_SHARE else ''}{cell_name(r)}: {col.text(r)}"
+            for col in shown for r in rows
+            if (col.value(r) or 0.0) > 100.0 and (cell_name(r), _loop(col)) not in named]  # fmt: skip
+    if over:  # no ceiling, or a cell without its bytes per step or gauge: still said, never silent
+        out.append(f"finding: {ROOFLINE_SHARE.header} above 100 ({', '.join(over)}): {_ROOFLINE_NO_CEILING}.")
     for shares, limit, meaning in _OVER_100:
         cells = [(col, r) for col in shares if col in columns for r in rows if (col.value(r) or 0.0) > limit]
         if cells:
-            over = [f"{'device loop ' if col is DEVICE_ROOFLINE_SHARE else ''}{cell_name(r)}: {col.text(r)}"
-                    for col, r in cells]  # fmt: skip
-            read = read_shares(cells, read_bandwidth_bytes_s) if shares[0] is ROOFLINE_SHARE else ""
-            out.append(f"note: {shares[0].header} above 100 ({', '.join(over)}): {meaning}{read}.")
+            over = [f"{cell_name(r)}: {col.text(r)}" for col, r in cells]
+            out.append(f"note: {shares[0].header} above 100 ({', '.join(over)}): {meaning}.")
     below = [f"{cell_name(r)}: {HOST_OVERHEAD.text(r)}" for r in rows if (HOST_OVERHEAD.value(r) or 0.0) < 0.0]
     if below and HOST_OVERHEAD in columns:
         out.append(f"note: {HOST_OVERHEAD.header} below 0 ({', '.join(below)}): the device loop was slower per step "
@@ -252,25 +255,25 @@ _ROOFLINE_GAUGES = {ROOFLINE_SHARE.key: GAUGE.key, DEVICE_ROOFLINE_SHARE.key: DE
 """Per roofline share column's key, the key of the gauge it is the share of (the same loop's)."""
 
 
-def read_shares(cells: Sequence[tuple[Column, CellRow]], read_bandwidth_bytes_s: float | None) -> str:
-    """The roofline note's tail for `cells` ((roofline share column, row) pairs) against a read-only bandwidth:
-    "; the read-only probe measured X GiB/s: against it that share is Y%" (or "those shares are Y–Z%", their
-    range), each share = bytes per step x that loop's gauge tok/s / `read_bandwidth_bytes_s` x 100 (docs/method.md's
-    share with the read-only bandwidth in place of the copy's). "" without a read bandwidth or a cell with both
-    figures."""
-    if not read_bandwidth_bytes_s:
-        return ""
-    pcts = []
-    for col, r in cells:
-        gauge = getattr(r, _ROOFLINE_GAUGES[col.key])
-        if r.bytes_per_step is not None and gauge is not None:
-            pcts.append(100.0 * r.bytes_per_step * gauge / read_bandwidth_bytes_s)
-    if not pcts:
-        return ""
-    lo, hi = fmt_num(min(pcts), 1), fmt_num(max(pcts), 1)
-    span = lo if lo == hi else f"{lo}–{hi}"
-    return (f"; the read-only probe measured {fmt_num(read_bandwidth_bytes_s / 2**30)} GiB/s: against it "
-            f"{'that share is' if len(pcts) == 1 else 'those shares are'} {span}%")
+def _loop(col: Column) -> str:
+    """The decode loop a roofline share column is of: "device loop" or "host loop"."""
+    return "device loop" if col is DEVICE_ROOFLINE_SHARE else "host loop"
+
+
+def roofline_findings(rows: Iterable[CellRow | None], ceiling: Ceiling | None,
+                      columns: Sequence[Column] = (ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE),
+                      ) -> list[RooflineFinding]:  # fmt: skip
+    """One `bench.runs.ceiling.RooflineFinding` per (row, roofline share column of `columns`) whose share is above
+    100% of `ceiling` (the share as the row records it, with that loop's gauge and the row's bytes per step), in
+    row order, host loop first. [] without a ceiling or a share above 100."""
+    out = []
+    for r in (r for r in rows if r is not None):
+        for col in columns:
+            found = finding_of(cell_name(r), _loop(col), col.value(r), r.bytes_per_step,
+                               getattr(r, _ROOFLINE_GAUGES[col.key]), ceiling)  # fmt: skip
+            if found is not None:
+                out.append(found)
+    return out
 
 
 def text_rows(columns: Sequence[Column], rows: Iterable[CellRow]) -> list[list[str]]:

@@ -352,7 +352,10 @@ def _split_engine_config(cfg: Mapping[str, Any]) -> tuple[EngineConfig, Workload
 # ---- the sweep's measured rates (bench.sweep.rates writes them) -------------------------------------------------
 RATES_KEY = "rates"
 """The run manifest's top-level key (in `Manifest.extra`) that holds an in-process sweep's measured rates
-(`bench.sweep.rates`: `copy_bandwidth`, `read_bandwidth`, `matmul`, each its measurement's JSON)."""
+(`bench.sweep.rates`: `copy_bandwidth`, `read_bandwidth` (the fastest read probe), `read_probes` (every one),
+`matmul`, each its measurement's JSON; `ceiling`, the roofline's denominator, and `roofline_findings`, the shares
+above 100% of it: bench/runs/ceiling.py). Runs recorded earlier lack the later keys: `read_bandwidth` since
+2026-12-05, `read_probes`, `ceiling` and `roofline_findings` since the read-rate ceiling."""
 
 
 def _positive_rate(manifest: Mapping[str, Any], key: str) -> float | None:
@@ -365,10 +368,12 @@ def _positive_rate(manifest: Mapping[str, Any], key: str) -> float | None:
 
 
 def read_bandwidth_of(manifest: Mapping[str, Any]) -> float | None:
-    """The read-only bandwidth (bytes/s, `bench.profile.bandwidth.measure_read_bandwidth`) a run measured beside its
-    copy, from a manifest's top-level keys (`Manifest.extra`, or the parsed manifest.json): `RATES_KEY` ->
-    `read_bandwidth` -> `bytes_per_s`. None when the run has none (recorded before it was measured, a `--target`
-    sweep, a published run) or it is not a positive number. No share is divided by it (docs/method.md)."""
+    """The read-only bandwidth (bytes/s: the fastest of `bench.profile.bandwidth.measure_read_probes`; XLA's
+    reduction alone in runs recorded before the Pallas probe) a run measured beside its copy, from a manifest's
+    top-level keys (`Manifest.extra`, or the parsed manifest.json): `RATES_KEY` -> `read_bandwidth` ->
+    `bytes_per_s`. None when the run has none (recorded before it was measured, a `--target` sweep, a published run)
+    or it is not a positive number. The roofline's ceiling is max(this, the datasheet figure):
+    `bench.runs.ceiling.ceiling_of`."""
     return _positive_rate(manifest, "read_bandwidth")
 
 

@@ -57,7 +57,8 @@ class CellRow:
     The **rooflines** (docs/method.md, "Rooflines"; an in-process sweep, `bench.sweep.rates`) add optional fields,
     absent from rows without them (older runs, `--target` sweeps): `bytes_per_step` (bytes one decode step reads at
     the compiled shape: weights + KV cache), `roofline_share_pct` = bytes_per_step x gauge tok/s (median) / the
-    run's measured copy bandwidth (bytes/s) x 100, `device_roofline_share_pct` the same with the device loop's
+    run's roofline ceiling (bytes/s; bench/runs/ceiling.py: max(fastest read probe, datasheet), or the copy in runs
+    recorded before it) x 100, `device_roofline_share_pct` the same with the device loop's
     gauge; `prefill_flops` (matrix-product FLOP of the prefill of the real prompt), `prefill_flop_s` =
     prefill_flops / median prefill time (s), `prefill_matmul_share_pct` = prefill_flop_s / the run's measured
     matrix-product rate (FLOP/s) x 100.

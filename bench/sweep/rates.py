@@ -5,24 +5,32 @@ An in-process sweep measures its rates once, on the live device, after the engin
 cell (`measure_rates`), and records them in the run manifest under `RATES_KEY`:
 - `copy_bandwidth`: `bench.profile.bandwidth.measure_bandwidth` (bytes read + written / median time of a large
   donated device-to-device copy), bytes/s;
-- `read_bandwidth`: `bench.profile.bandwidth.measure_read_bandwidth` (bytes read / median time of a read-only pass
-  over a buffer of the copy's size), bytes/s: recorded and printed beside the copy, never a roofline denominator
-  (the shares stay against the copy, docs/method.md); runs recorded before it have none;
+- `read_bandwidth`: the fastest of `bench.profile.bandwidth.measure_read_probes` (bytes read / median time of a
+  read-only pass over a buffer of the copy's size: XLA's reduction, and on a TPU the Pallas streaming read),
+  bytes/s; `read_probes`: every one of them, the fastest included; runs recorded before the Pallas probe have only
+  XLA's, and runs before that none;
+- `ceiling` (`bench.runs.ceiling.CEILING_KEY`): the roofline's denominator, max(the fastest read, the device's
+  datasheet figure where `bench.runs.ceiling.DATASHEETS` has one), with both figures and which was chosen;
 - `matmul`: `bench.profile.matmul.measure_matmul_rate` (a jitted [M,K]x[K,N] product in the policy's compute
   dtype, 2*M*N*K FLOP / median time), FLOP/s.
 
 Each measured cell row then gets (`with_rooflines`, fields of `bench.runs.CellRow`):
 - `bytes_per_step` = `Engine.decode_bytes(n, max_new_tokens)["total"]`: weights + the KV cache read (at the compiled
   shape, or the positions a step sees with the CPU attention kernel: `Engine.decode_positions`);
-- `roofline_share_pct` = bytes_per_step x host-loop gauge tok/s (median) / copy bandwidth x 100, and
+- `roofline_share_pct` = bytes_per_step x host-loop gauge tok/s (median) / the ceiling x 100, and
   `device_roofline_share_pct` the same with the device loop's gauge, where the cell has one;
 - `prefill_flops` (`prefill_flops_of`: `model.flops.prefill_flops` at the cell's compiled shape), `prefill_flop_s` =
   prefill_flops / median prefill time, `prefill_matmul_share_pct` = prefill_flop_s / matmul rate x 100.
 `--target` sweeps measure no rates: the server's device is not this process's.
 
+A share above 100% of the ceiling is a finding (`bench.runs.columns.roofline_findings`): printed under the sweep
+table and recorded under `RATES_KEY` as `bench.runs.ceiling.FINDINGS_KEY` with the probe's numbers. A run recorded
+before the ceiling (no `ceiling` key) keeps its shares against its copy (`bench.runs.ceiling.ceiling_of` says so),
+also when it is resumed: one denominator per run.
+
 After its last cell an in-process sweep that was not stopped measures the copy bandwidth again and records it
 under `RATES_KEY` as `COPY_END_KEY` (`drift_lines`): how far the host moved while the cells ran. The shares stay against
-the start's measurement (one denominator per run); the end one says how much of a difference between cells of one
+the start's ceiling (one denominator per run); the end copy says how much of a difference between cells of one
 run the host's drift alone could make.
 
 A batch cell (`CellRow.batch` B, `bench sweep --batch`; docs/method.md "Batches"): bytes_per_step =
@@ -38,51 +46,55 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from bench.profile.roofline import roofline_share
+from bench.runs.ceiling import CEILING_KEY, Ceiling, ceiling_of, roofline_ceiling, share_pct
 from bench.runs.manifest import COPY_END_KEY, RATES_KEY, drift_pct, read_bandwidth_of
 from bench.runs.records import CellRow
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DeviceRates:
-    """The two rates a sweep's rows are divided by: `bandwidth_bytes_s` (bytes/s, the copy's read + written bytes
-    per second) and `matmul_flop_s` (FLOP/s); and beside them `read_bandwidth_bytes_s` (bytes/s, the read-only
-    probe's bytes read per second; None for a run recorded before it was measured), which no share is divided by.
-    `measured` holds the measurements as the manifest records them (`{"copy_bandwidth": BandwidthResult.to_json(),
-    "read_bandwidth": BandwidthResult.to_json(), "matmul": MatmulRateResult.to_json()}`)."""
+    """The rates a sweep's rows are divided by: `ceiling` (the roofline's denominator, `bench.runs.ceiling.Ceiling`)
+    and `matmul_flop_s` (FLOP/s); beside them `bandwidth_bytes_s` (bytes/s, the device copy's read + written bytes
+    per second: the drift check's reference, and the denominator of runs recorded before the ceiling) and
+    `read_bandwidth_bytes_s` (bytes/s, the fastest read-only probe; None for a run recorded before it was
+    measured). `measured` holds the measurements as the manifest records them (`{"copy_bandwidth":
+    BandwidthResult.to_json(), "read_bandwidth": the fastest probe's, "read_probes": [every read probe's],
+    "matmul": MatmulRateResult.to_json(), "ceiling": Ceiling.to_json()}`)."""
 
     bandwidth_bytes_s: float
     matmul_flop_s: float
     measured: Mapping[str, Any]
+    ceiling: Ceiling
     read_bandwidth_bytes_s: float | None = None
 
     @property
     def line(self) -> str:
-        """One line for a person: the rates, in GiB/s and GFLOP/s, and how they were measured (the read-only
-        bandwidth where the run has one)."""
+        """One line for a person: the ceiling and the figures it was chosen from, the copy and the matrix-product
+        rate, in GiB/s and GFLOP/s, and how they were measured."""
         bw, mm = self.measured["copy_bandwidth"], self.measured["matmul"]
-        read = self.measured.get("read_bandwidth") if self.read_bandwidth_bytes_s is not None else None
-        read_text = "" if read is None else (f", read-only bandwidth {self.read_bandwidth_bytes_s / 2**30:,.2f} GiB/s "
-                                             f"({read['n_bytes'] / 2**20:,.0f} MiB read; not a roofline denominator)")
-        return (f"device rates: copy bandwidth {self.bandwidth_bytes_s / 2**30:,.2f} GiB/s "
-                f"({bw['n_bytes'] / 2**20:,.0f} MiB device copy){read_text}, matrix product "
+        return (f"device rates: {self.ceiling.line}; copy bandwidth {self.bandwidth_bytes_s / 2**30:,.2f} GiB/s "
+                f"({bw['n_bytes'] / 2**20:,.0f} MiB device copy), matrix product "
                 f"{self.matmul_flop_s / 1e9:,.1f} GFLOP/s ({mm['m']}x{mm['k']}x{mm['n']} {mm['dtype']})")  # fmt: skip
 
 
 def measure_rates(compute_dtype: str, *, device=None) -> DeviceRates:
-    """Measure the copy bandwidth, the read-only bandwidth and the matrix-product rate (in `compute_dtype`, e.g.
-    "float32") on `device` (default: jax's first device, where the engine lives). Imports jax; about 3 s on a
-    2-core CPU."""
-    from bench.profile.bandwidth import measure_bandwidth, measure_read_bandwidth
+    """Measure the copy bandwidth, the read-only probes (`measure_read_probes`: XLA's reduction, and on a TPU the
+    Pallas streaming read), the matrix-product rate (in `compute_dtype`, e.g. "float32") on `device` (default:
+    jax's first device, where the engine lives), and the ceiling they give. Imports jax; about 3 s on a 2-core
+    CPU."""
+    from bench.profile.bandwidth import measure_bandwidth, measure_read_probes
     from bench.profile.matmul import measure_matmul_rate
 
     bw = measure_bandwidth(device=device)
-    read = measure_read_bandwidth(device=device)
+    reads = measure_read_probes(device=device)
     mm = measure_matmul_rate(dtype=compute_dtype, device=device)
-    return DeviceRates(bandwidth_bytes_s=bw.bytes_per_s, matmul_flop_s=mm.flop_s,
-                       read_bandwidth_bytes_s=read.bytes_per_s,
-                       measured={"copy_bandwidth": bw.to_json(), "read_bandwidth": read.to_json(),
-                                 "matmul": mm.to_json()})  # fmt: skip
+    fastest = reads.fastest
+    ceiling = roofline_ceiling(fastest.bytes_per_s, fastest.method, fastest.device_kind, copy_bytes_s=bw.bytes_per_s)
+    return DeviceRates(bandwidth_bytes_s=bw.bytes_per_s, matmul_flop_s=mm.flop_s, ceiling=ceiling,
+                       read_bandwidth_bytes_s=fastest.bytes_per_s,
+                       measured={"copy_bandwidth": bw.to_json(), "read_bandwidth": fastest.to_json(),
+                                 "read_probes": reads.to_json(), "matmul": mm.to_json(),
+                                 CEILING_KEY: ceiling.to_json()})  # fmt: skip
 
 
 DRIFT_WARN_PCT = 10.0
@@ -97,7 +109,7 @@ def drift_lines(start_bytes_s: float, end_bytes_s: float) -> tuple[str, str | No
     None). Bytes/s in."""
     drift = drift_pct(start_bytes_s, end_bytes_s)
     line = (f"device copy bandwidth after the last cell: {end_bytes_s / 2**30:,.2f} GiB/s, {drift:+.1f}% against the "
-            f"{start_bytes_s / 2**30:,.2f} GiB/s the roofline shares are divided by")  # fmt: skip
+            f"{start_bytes_s / 2**30:,.2f} GiB/s measured before the first cell")  # fmt: skip
     if abs(drift) <= DRIFT_WARN_PCT:
         return line, None
     return line, (f"warning: the copy bandwidth moved {drift:+.1f}% while the cells ran: this host drifted, so cells "
@@ -108,7 +120,8 @@ def drift_lines(start_bytes_s: float, end_bytes_s: float) -> tuple[str, str | No
 def rates_of(extra: Mapping[str, Any]) -> DeviceRates | None:
     """The rates a run manifest's `extra` records under `RATES_KEY`; None when it has none (an older run) or the
     copy bandwidth and matrix-product rate are not positive numbers. The read-only bandwidth is None where the run
-    has none (recorded before it was measured) or it is not a positive number."""
+    has none (recorded before it was measured) or it is not a positive number; the ceiling is
+    `bench.runs.ceiling.ceiling_of`'s (the copy, for a run recorded before the ceiling: one denominator per run)."""
     measured = extra.get(RATES_KEY)
     try:
         bw, mm = float(measured["copy_bandwidth"]["bytes_per_s"]), float(measured["matmul"]["flop_s"])
@@ -116,7 +129,10 @@ def rates_of(extra: Mapping[str, Any]) -> DeviceRates | None:
         return None
     if not (bw > 0 and mm > 0):
         return None
-    return DeviceRates(bandwidth_bytes_s=bw, matmul_flop_s=mm, measured=measured,
+    ceiling = ceiling_of(extra)
+    if ceiling is None:
+        return None
+    return DeviceRates(bandwidth_bytes_s=bw, matmul_flop_s=mm, measured=measured, ceiling=ceiling,
                        read_bandwidth_bytes_s=read_bandwidth_of(extra))  # fmt: skip
 
 
@@ -127,7 +143,7 @@ def with_rooflines(row: CellRow, *, bytes_per_step: int, prefill_flops: int | No
         return row
 
     def share(tok_s: float | None) -> float | None:
-        return None if tok_s is None else 100.0 * roofline_share(bytes_per_step, tok_s, rates.bandwidth_bytes_s)
+        return None if tok_s is None else share_pct(bytes_per_step, tok_s, rates.ceiling.bytes_per_s)
 
     flop_s = prefill_flops / (row.prefill_ms_median / 1000.0) if prefill_flops and row.prefill_ms_median else None
     return dataclasses.replace(
