@@ -23,10 +23,7 @@ CODE_DIRS = ("bench", "model", "scripts", "tests")
 OLD_METHOD = re.compile(r"(?:shared/|(?<![\w/]))" + "measurement" + r"\.md")
 """The method's old file, cited as `../shared/<it>` or by its bare name (spelled in two parts so that this file does
 not cite it)."""
-OLD_CITATIONS_LEFT = {
-    "bench/profile/analysis.py", "bench/profile/capture.py", "bench/profile/classify.py", "bench/profile/matmul.py",
-    "model/engine.py",
-}
+OLD_CITATIONS_LEFT = {"model/engine.py"}
 """Files that still cite the old file because another change edits them in the same session (issue 42's part 3 and
 the profile work): their citations become docs/method.md when that change lands; then this set is emptied."""
 

@@ -1,4 +1,4 @@
-"""Where device time goes in a trace of N decode steps: per-op table, categories, totals (measurement.md, "Profiles").
+"""Where device time goes in a trace of N decode steps: per-op table, categories, totals (docs/method.md, "Profiles").
 
 Input: an xprof trace (`*.xplane.pb`) written by `bench.profile.capture.capture_steps`, read with
 `jax.profiler.ProfileData` (planes, lines, events, stats) plus the HLO protos the trace carries
@@ -140,7 +140,7 @@ class OpRow:
 
 @dataclass(frozen=True)
 class Roofline:
-    """Bandwidth roofline of the profiled decode (measurement.md, "Rooflines").
+    """Bandwidth roofline of the profiled decode (docs/method.md, "Rooflines").
 
     bytes_per_step: bytes one decode step reads (engine accounting); tok_s: decode tok/s used, with tok_s_source
     "gauge" (the measured steady-state rate) or "profile" (1000 / profiled ms per step); bandwidth_bytes_s: measured

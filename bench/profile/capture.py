@@ -1,4 +1,4 @@
-"""Record an xprof trace of exactly N decode steps (measurement.md, "Profiles").
+"""Record an xprof trace of exactly N decode steps (docs/method.md, "Profiles").
 
 `capture_steps` is generic over a step callable, `state = step_fn(state)`: the engine passes its jitted decode step
 and its state (tokens, positions, KV cache); tests pass small jitted functions. It runs `warmup` untimed steps first

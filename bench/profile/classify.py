@@ -1,4 +1,4 @@
-"""Which device-time category one op belongs to (measurement.md, "Profiles"): from its HLO instruction when the
+"""Which device-time category one op belongs to (docs/method.md, "Profiles"): from its HLO instruction when the
 trace holds it, else from the kernel or event name alone; and whether a GPU kernel runs on tensor cores.
 
 The categories and their order (first match wins) are documented in `bench.profile.analysis`, which applies these

@@ -4,7 +4,7 @@ Pure functions of profile.json's per-op rows (`bench.profile.analysis.OpRow.to_j
 so `bench profile` and the report (`make report`) apply the same rules to the same numbers. Two rules:
 
 1. **bytes share**: an op that moves (reads + writes) more than `OP_BYTES_SHARE` of the step's bytes per step.
-   The step's bytes are the engine's bytes per decode step (the roofline's, measurement.md "Rooflines") when the
+   The step's bytes are the engine's bytes per decode step (the roofline's, docs/method.md, "Rooflines") when the
    profile has a roofline, else the sum of the traced ops' bytes per step; the finding says which.
 2. **parameter rewrite**: an op inside the profiled program that copies, transposes, lays out anew or converts a
    parameter of the program (a weight, as the engine passes its weights) of at least `PARAM_MIN_SHARE` of the

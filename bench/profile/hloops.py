@@ -1,5 +1,5 @@
 """What one HLO op moves: its text, its bytes from shapes, and whether it rewrites a parameter of the program
-(measurement.md, "Profiles"; docs/profile.md, "Findings"). Pure functions of HLO text and `bench.profile.xspace`'s
+(docs/method.md, "Profiles"; docs/commands/profile.md, "Findings"). Pure functions of HLO text and `bench.profile.xspace`'s
 parsed protos: no jax, no trace reading.
 
 - `parse_shape` / `shape_bytes`: an HLO shape's text (`u8[262144,4480]{1,0:T(8,128)(4,1)}`, tuples

@@ -1,4 +1,4 @@
-"""Measured matrix-product rate of the live device: the denominator of the prefill's compute share (measurement.md,
+"""Measured matrix-product rate of the live device: the denominator of the prefill's compute share (docs/method.md,
 "Rooflines": prefill is compute-bound, so its achieved FLOP/s is reported against a measured matrix-product rate).
 
 Method: one jitted [M, K] x [K, N] product in the compute dtype (float32 by default, the policy's compute dtype on
