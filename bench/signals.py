@@ -102,9 +102,10 @@ def stop_now(line: str, code: int = INTERRUPTED_EXIT) -> NoReturn:
     ignored so that the others run), write `line` to stderr and `os._exit(code)`. No exception is raised, so no
     Python code on the way (a `finally`, an `except BaseException`, a gc callback) can swallow or delay it; files
     written with `os.replace` stay whole (a temporary file may be left next to them), flocks are released by the
-    kernel. Called on the main thread, buffered stdout and stderr are flushed when that is possible. Safe from any thread: when two threads call it (the
-    signal counter of `deliveries_counted` and the main thread's handler), one ends the process and the other
-    waits for that end."""
+    kernel. Called on the main thread, buffered stdout and stderr are flushed when that is possible (not from
+    another thread: the main thread may hold a stream's buffer lock while it waits on this one's end). Safe from
+    any thread: when two call it (the signal counter of `deliveries_counted` and the main thread's handler), one
+    ends the process and the other waits for that end."""
     _STOPPING.acquire()  # never released: the process ends below
     for action in reversed(list(_LAST_ACTIONS)):
         try:
@@ -112,8 +113,8 @@ def stop_now(line: str, code: int = INTERRUPTED_EXIT) -> NoReturn:
         except BaseException:  # noqa: BLE001 -- on the way out: the process ends regardless
             pass
     on_main = threading.current_thread() is threading.main_thread()
-    for stream in (sys.stdout, sys.stderr) if on_main else ():  # another thread waiting on a stream's buffer lock,
-        with contextlib.suppress(BaseException):  # held by a main thread blocked above, would never end  # a re-entrant flush (the handler landed inside a write) may fail
+    for stream in (sys.stdout, sys.stderr) if on_main else ():
+        with contextlib.suppress(BaseException):  # a re-entrant flush (the handler landed inside a write) may fail
             stream.flush()
     with contextlib.suppress(OSError):
         os.write(2, (line.rstrip("\n") + "\n").encode())

@@ -377,7 +377,7 @@ def profile(
                          "template included), e.g. --input-tokens 41")  # fmt: skip
     if batch < 1:
         raise InputError(f"--batch {batch}: expected a whole number of rows >= 1, e.g. --batch 16")
-    from bench.runs import open_run, resolve_run, writing_run
+    from bench.runs import check_writable, open_run, resolve_run, writing_run
 
     parse_quant_flags(quant, scale_dtype)  # one line for a bad value, before any run is opened
     if run_ref is not None and name is not None:
@@ -396,8 +396,11 @@ def profile(
             kernel = w4_kernel_of(ran.kernel)
         if weight_dtype is None and ran.weight_dtype not in (None, ran.compute_dtype):  # e.g. bfloat16 on CPU
             weight_dtype = ran.weight_dtype
-    elif runs_dir.exists() and not runs_dir.is_dir():
-        raise InputError(f"--runs-dir {runs_dir} is a file; pass a folder")
+    # where the profile is written, checked before anything loads (one line, exit 2)
+    if joined is not None:
+        check_writable(joined.path, flag="--run")
+    else:
+        check_writable(runs_dir)
     parse_kernel_flag(kernel, quant)  # one line for a bad value, before anything loads
 
     opts = SimpleNamespace(steps=steps, input_tokens=input_tokens, checkpoint=checkpoint, dtype=dtype,

@@ -285,7 +285,7 @@ def sweep(
         "cell without --batch. Default: one sequence per request (with --resume: the run's). Not with --target."),
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
-    from bench.runs import open_run, resolve_run
+    from bench.runs import check_writable, open_run, resolve_run
     from bench.sweep.local import SweepConfig
 
     if model is not None and target is None:
@@ -316,6 +316,12 @@ def sweep(
     run = None
     if resume is not None:  # a path, a name in --runs-dir, or "latest"; RunFolderError if none
         resume = resolve_run(resume, runs_dir, flag="--resume")
+        command = open_run(resume).typed_manifest.command  # None: a schema-1 run, all of them sweeps
+        if command is not None and not command.startswith("sweep"):
+            raise InputError(f"--resume {resume}: this run was written by `bench {command}`, not by a sweep; --resume "
+                             "continues sweeps only: run `bench sweep` without --resume for a new run")  # fmt: skip
+    # where the run is written, checked before anything loads (one line, exit 2)
+    check_writable(resume or runs_dir, flag="--resume" if resume is not None else "--runs-dir")
     if resume is not None and target is not None and (inputs is None or max_new_tokens is None):
         ran = open_run(resume).typed_manifest.workload  # a server's run resumes at its own sizes by default
         inputs = inputs if inputs is not None else ",".join(str(n) for n in ran.inputs or ()) or None
@@ -386,8 +392,6 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     from model.engine import CompileCounter
     from model.programs import xla_options_line
 
-    if resumed is None and runs_dir.exists() and not runs_dir.is_dir():
-        raise RunFolderError(f"--runs-dir {runs_dir} is a file; pass a folder")
     setup_logging()
     log = logging.getLogger("bench")
     dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype = engine_flags
