@@ -86,3 +86,40 @@ def test_a_profile_run_left_running_is_not_resumed_as_a_sweep(tmp_path: Path, ca
         assert code == 2 and len(err.splitlines()) == 1, err
         assert "`bench profile`" in err and "not by a sweep" in err and "without --resume" in err
     assert (run.path / "manifest.json").read_text().count('"running"') == 1  # left as it was
+
+
+# ---- bench profile --steps: bounded by the trace's memory ----------------------------------------------------------
+def test_steps_whose_trace_cannot_fit_are_refused_before_the_model_loads(tmp_path, capsys, monkeypatch,
+                                                                         no_load) -> None:  # fmt: skip
+    """8,200 steps of the default preset were killed for memory at 20.7 GB, leaving the run "running"."""
+    import bench.runs.environment as environment
+    from bench.cli.profile_cmds import TRACE_BYTES_PER_LAYER_STEP
+    from model.config import PRESETS
+
+    monkeypatch.setattr(environment, "host_available_bytes", lambda: 20 * 2**30)
+    code, err = _cli(["profile", "--steps", "8200", "--runs-dir", str(tmp_path)], capsys)
+    per_step = PRESETS["default"].num_layers * TRACE_BYTES_PER_LAYER_STEP
+    most = 20 * 2**30 // per_step
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "--steps 8200" in err and f"{8200 * per_step / 2**30:.1f} GiB" in err and "20.0 GiB" in err
+    assert f"pass --steps {most} or fewer" in err and most < 8200
+    assert list(tmp_path.iterdir()) == []  # no run folder was created, so none is left "running"
+
+
+def test_the_bound_passes_what_fits_and_reads_the_checkpoints_layers(monkeypatch) -> None:
+    import bench.runs.environment as environment
+    from bench.cli.profile_cmds import TRACE_BYTES_PER_LAYER_STEP, check_trace_memory
+    from bench.errors import InputError
+    from model.config import PRESETS
+
+    tiny = PRESETS["tiny"].num_layers * TRACE_BYTES_PER_LAYER_STEP
+    monkeypatch.setattr(environment, "host_available_bytes", lambda: 100 * tiny)
+    check_trace_memory(100, "builtin:tiny")  # exactly fits
+    with pytest.raises(InputError, match="pass --steps 100 or fewer"):
+        check_trace_memory(101, "builtin:tiny")
+    monkeypatch.setattr(environment, "host_available_bytes", lambda: tiny)  # one step of tiny's 6 layers
+    with pytest.raises(InputError, match="free host memory first"):
+        check_trace_memory(1, None)  # the default preset's 35 layers: not even one step
+    check_trace_memory(10**9, "org/some-model")  # a repo id: its config comes with the download; the engine loads
+    monkeypatch.setattr(environment, "host_available_bytes", lambda: None)
+    check_trace_memory(10**9, "builtin:tiny")  # memory unknown: nothing to check against
