@@ -99,22 +99,26 @@ def parse_buckets(text: str | None) -> tuple[int, ...] | None:
     return tuple(rungs)
 
 
-def checkpoint_positions(spec: str | None) -> int | None:
-    """The model's positions (max_position_embeddings) of the `--checkpoint` text, from its config alone: no
-    weight is read and no built-in checkpoint is created. None (the default) and builtin:NAME -> the preset's
-    config; a local directory -> its config.json (ConfigError, one line, when that is malformed). None for
-    anything else (a Hugging Face repo id: its config.json comes with its download, and the engine checks then;
-    a path that does not exist: loading names it)."""
+def checkpoint_config(spec: str | None):
+    """The `model.config.ModelConfig` of the `--checkpoint` text, from its config alone: no weight is read and no
+    built-in checkpoint is created. None (the default) and builtin:NAME -> the preset's config; a local directory
+    -> its config.json (ConfigError, one line, when that is malformed). None for anything else (a Hugging Face repo
+    id: its config.json comes with its download, and the engine checks then; a path that does not exist, or an
+    unknown preset: loading names it)."""
     from model.builtin import DEFAULT_PRESET
     from model.config import PRESETS, load_config
 
     if spec is None or spec.startswith("builtin:"):
-        preset = PRESETS.get(DEFAULT_PRESET if spec is None else spec.split(":", 1)[1])
-        return None if preset is None else preset.max_position_embeddings  # an unknown preset: checkpoint_path
+        return PRESETS.get(DEFAULT_PRESET if spec is None else spec.split(":", 1)[1])
     path = Path(spec).expanduser()
-    if not (path / "config.json").is_file():
-        return None
-    return load_config(path).max_position_embeddings
+    return load_config(path) if (path / "config.json").is_file() else None
+
+
+def checkpoint_positions(spec: str | None) -> int | None:
+    """The model's positions (max_position_embeddings) of the `--checkpoint` text, from its config alone
+    (`checkpoint_config`); None where that cannot be read before loading."""
+    cfg = checkpoint_config(spec)
+    return None if cfg is None else cfg.max_position_embeddings
 
 
 def check_max_length(max_length: int | None) -> None:

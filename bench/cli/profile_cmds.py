@@ -43,6 +43,13 @@ from bench.cli.common import (
 from bench.errors import InputError
 from bench.runs.manifest import kernel_text, w4_kernel_of
 
+TRACE_BYTES_PER_LAYER_STEP = 78_756
+"""Host memory (bytes) one traced decode step adds per decoder layer, for bounding `--steps` before anything loads
+(`check_trace_memory`). Measured: `bench profile` on the default preset (35 layers, float32, XLA:CPU, this
+project's 2-core host), peak resident memory (GNU time) 1,806,528 KiB at --steps 20 and 2,614,060 KiB at --steps
+320: 2,691.8 KiB per step, / 35 layers. The tiny preset grew less (0.13 MiB per step over 6 layers), so the bound
+is generous there; an 8,200-step profile of the default preset was killed for memory at 20.7 GB (issue 42)."""
+
 profile_app = typer.Typer(
     help="Profile N decode steps (xprof trace, where device time goes, roofline share) into a new run, or with --run "
     "into an existing measured one (never a published one; a profile it has is replaced only with --replace). "
@@ -373,6 +380,31 @@ def _open_hint(trace_root: Path) -> str:
     return f"open it with xprof (pip install xprof): xprof --logdir {trace_root}"
 
 
+def check_trace_memory(steps: int, checkpoint: str | None) -> None:
+    """Refuse `--steps` whose trace cannot fit the host's memory, before the model loads: `steps` x the
+    checkpoint's decoder layers (its config alone, `bench.cli.common.checkpoint_config`) x
+    `TRACE_BYTES_PER_LAYER_STEP`, against the host's available memory now
+    (`bench.runs.environment.host_available_bytes`; the trace is held in host memory on every device, and the
+    model's own memory comes on top of it). Raises InputError (one line: the arithmetic, the most steps that fit, the
+    fix). Does nothing when the layers or the available memory cannot be read before loading (a Hugging Face repo
+    id, no /proc/meminfo)."""
+    from bench.cli.common import checkpoint_config
+    from bench.runs.environment import host_available_bytes
+
+    cfg, available = checkpoint_config(checkpoint), host_available_bytes()
+    if cfg is None or available is None:
+        return
+    per_step = cfg.num_layers * TRACE_BYTES_PER_LAYER_STEP
+    if steps * per_step <= available:
+        return
+    most = available // per_step
+    fix = f"pass --steps {most} or fewer (the default is 20)" if most >= 1 else "free host memory first"
+    raise InputError(f"--steps {steps}: tracing {steps:,} decode steps needs about {steps * per_step / 2**30:.1f} "
+                     f"GiB of host memory ({cfg.num_layers} layers x {TRACE_BYTES_PER_LAYER_STEP / 1024:.1f} KiB per "
+                     f"layer and step, docs/commands/profile.md), more than the {available / 2**30:.1f} GiB "
+                     f"available now; {fix}")  # fmt: skip
+
+
 # ---- bench profile ---------------------------------------------------------------------------------------------
 @profile_app.callback(invoke_without_command=True)
 def profile(
@@ -424,7 +456,7 @@ def profile(
                          "template included), e.g. --input-tokens 41")  # fmt: skip
     if batch < 1:
         raise InputError(f"--batch {batch}: expected a whole number of rows >= 1, e.g. --batch 16")
-    from bench.runs import open_run, resolve_run, writing_run
+    from bench.runs import check_writable, open_run, resolve_run, writing_run
 
     parse_quant_flags(quant, scale_dtype)  # one line for a bad value, before any run is opened
     if run_ref is not None and name is not None:
@@ -443,8 +475,12 @@ def profile(
             kernel = w4_kernel_of(ran.kernel)
         if weight_dtype is None and ran.weight_dtype not in (None, ran.compute_dtype):  # e.g. bfloat16 on CPU
             weight_dtype = ran.weight_dtype
-    elif runs_dir.exists() and not runs_dir.is_dir():
-        raise InputError(f"--runs-dir {runs_dir} is a file; pass a folder")
+    check_trace_memory(steps, checkpoint)  # the trace's memory, before anything loads
+    # where the profile is written, checked before anything loads (one line, exit 2)
+    if joined is not None:
+        check_writable(joined.path, flag="--run")
+    else:
+        check_writable(runs_dir)
     parse_kernel_flag(kernel, quant)  # one line for a bad value, before anything loads
 
     opts = SimpleNamespace(steps=steps, input_tokens=input_tokens, checkpoint=checkpoint, dtype=dtype,

@@ -168,6 +168,7 @@ def serve(
 
     from bench.errors import BenchError
     from bench.serve import DEFAULT_MAX_BODY_BYTES, create_app, default_slots, parse_warmup_shapes
+    from bench.serve.server import make_server
     from model.errors import ModelError
 
     shapes = parse_warmup_shapes(warmup_shapes)
@@ -197,7 +198,8 @@ def serve(
                              api_key=api_key, max_body_bytes=max_body_bytes, max_batch=max_batch,
                              max_queue=max_queue, request_deadline_s=request_deadline,
                              slots_factory=default_slots)  # fmt: skip
-    server = uvicorn.Server(uvicorn.Config(application, host=host, port=port, log_level="info", access_log=False))
+    # the first SIGTERM / Ctrl-C shuts down gracefully, a second forces the quit (exit 130, bench/serve/server.py)
+    server = make_server(uvicorn.Config(application, host=host, port=port, log_level="info", access_log=False))
     server.run()
     if failure:  # reported here once (the app leaves it to on_load_failure's owner)
         if isinstance(failure[0], (BenchError, ModelError)):

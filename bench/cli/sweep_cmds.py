@@ -35,22 +35,82 @@ from bench.sweep.local import DECODE_LOOP_CHOICES, StopSignals, parse_batches, p
 from bench.sweep.rates import RATES_KEY
 
 
-def sweep_table(rows) -> "rich.table.Table":  # noqa: F821
+def sweep_table(rows, columns=None, width: int | None = None) -> "rich.table.Table":  # noqa: F821
     """The printed sweep table (one row per input size), from the run's cell rows and the one column list
     (`bench.runs.columns.table_columns`: headers, digits and dashes are the gpu-run summary's and the report's; the
-    device-loop columns where a row has them). Cells fold: in a terminal narrower than the table each column
-    wraps its text onto more lines rather than cutting it with an ellipsis."""
+    device-loop columns where a row has them), or `columns` (a subset of it: `fit_columns`). Cells fold: in a
+    terminal narrower than the table each column wraps its text onto more lines rather than cutting it. With
+    `width` (characters, at least `table_width`), each column gets its width from `column_widths`: no word breaks."""
     from rich.table import Table
 
     from bench.runs.columns import table_columns, text_rows
 
-    columns = table_columns(rows)
+    columns = table_columns(rows) if columns is None else columns
     table = Table(title="sweep (medians of timed repeats)")
-    for col in columns:
-        table.add_column(col.table_header, justify=col.align, overflow="fold")  # a narrow terminal wraps, never cuts
+    widths = column_widths(columns, rows, width) if width is not None else [None] * len(columns)
+    for col, w in zip(columns, widths, strict=True):  # a narrow terminal wraps, never cuts
+        table.add_column(col.table_header, justify=col.align, overflow="fold", width=w)
     for line in text_rows(columns, rows):
         table.add_row(*line)
     return table
+
+
+def _leave_out_first():
+    """The sweep table's columns in the order a narrow terminal leaves them out (`fit_columns`): the ratios and
+    counts first, then the rooflines, the batch figures after the aggregate and the step, the bucket and the
+    request time. Never left out: input tokens, batch, the gauges (either loop's), TTFT, TPOT, aggregate tok/s, step
+    ms, device-loop ms/step and valid: the figures the sweep is read for."""
+    from bench.runs import columns as c
+
+    return (c.COLD_WARM_TTFT, c.COLD_WARM_REQUEST, c.DEVICE_REPEATS, c.ROWS_DIFFER, c.HOST_OVERHEAD,
+            c.PREFILL_MATMUL_SHARE, c.DEVICE_ROOFLINE_SHARE, c.INTENSITY, c.BYTES_PER_STEP, c.STEP_P99,
+            c.ROOFLINE_SHARE, c.BUCKET, c.E2E)  # fmt: skip
+
+
+def table_width(columns, rows) -> int:
+    """Characters the sweep table of `columns` over `rows` needs so that no word breaks, of a header or a cell
+    (a header may wrap at its spaces onto a second line, never inside a word): each column as wide as its longest
+    word, plus rich's box (a border and one space either side of every column: 3 per column, and 1)."""
+    return sum(word_widths(columns, rows)) + 3 * len(columns) + 1
+
+
+def column_widths(columns, rows, width: int) -> list[int]:
+    """Each column's width in a table of `width` characters (at least `table_width`; rich's own layout shrinks
+    columns in proportion and breaks words): its longest word, then, column by column from the left, what the
+    space left gives towards its widest text (its header on one line, its cells unwrapped)."""
+    from bench.runs.columns import text_rows
+
+    texts = text_rows(columns, rows)
+    widths = word_widths(columns, rows)
+    room = width - table_width(columns, rows)
+    for i, col in enumerate(columns):
+        want = max([len(col.table_header)] + [len(line[i]) for line in texts])
+        give = max(0, min(room, want - widths[i]))
+        widths[i], room = widths[i] + give, room - give
+    return widths
+
+
+def word_widths(columns, rows) -> list[int]:
+    """Each column's longest word (characters), of its header or of its text in any of `rows`."""
+    from bench.runs.columns import text_rows
+
+    texts = text_rows(columns, rows)
+    return [max(len(w) for w in (col.table_header.split() + [w for line in texts for w in line[i].split()]))
+            for i, col in enumerate(columns)]  # fmt: skip
+
+
+def fit_columns(columns, rows, width: int) -> tuple[tuple, tuple]:
+    """(shown, left out): `columns` less those of `_leave_out_first`, in its order, until the table fits `width`
+    characters (`table_width`), or none of them is left; the order of the shown columns is kept. Every column
+    left out is in the run's cells.csv (`bench.runs.folder`: every CellRow field)."""
+    shown, left = list(columns), []
+    for col in _leave_out_first():
+        if table_width(shown, rows) <= width:
+            break
+        if col in shown:
+            shown.remove(col)
+            left.append(col)
+    return tuple(shown), tuple(left)
 
 
 def knee_lines(cells) -> list[str]:
@@ -285,7 +345,7 @@ def sweep(
         "cell without --batch. Default: one sequence per request (with --resume: the run's). Not with --target."),
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
-    from bench.runs import open_run, resolve_run
+    from bench.runs import check_writable, open_run, resolve_run
     from bench.sweep.local import SweepConfig
 
     if model is not None and target is None:
@@ -316,6 +376,12 @@ def sweep(
     run = None
     if resume is not None:  # a path, a name in --runs-dir, or "latest"; RunFolderError if none
         resume = resolve_run(resume, runs_dir, flag="--resume")
+        command = open_run(resume).typed_manifest.command  # None: a schema-1 run, all of them sweeps
+        if command is not None and not command.startswith("sweep"):
+            raise InputError(f"--resume {resume}: this run was written by `bench {command}`, not by a sweep; --resume "
+                             "continues sweeps only: run `bench sweep` without --resume for a new run")  # fmt: skip
+    # where the run is written, checked before anything loads (one line, exit 2)
+    check_writable(resume or runs_dir, flag="--resume" if resume is not None else "--runs-dir")
     if resume is not None and target is not None and (inputs is None or max_new_tokens is None):
         ran = open_run(resume).typed_manifest.workload  # a server's run resumes at its own sizes by default
         inputs = inputs if inputs is not None else ",".join(str(n) for n in ran.inputs or ()) or None
@@ -386,8 +452,6 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     from model.engine import CompileCounter
     from model.programs import xla_options_line
 
-    if resumed is None and runs_dir.exists() and not runs_dir.is_dir():
-        raise RunFolderError(f"--runs-dir {runs_dir} is a file; pass a folder")
     setup_logging()
     log = logging.getLogger("bench")
     dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype = engine_flags
@@ -517,8 +581,20 @@ def _compile_cache_counter(counts0: dict, cache_dir: str | None):
     return before_end
 
 
+def _table_console():
+    """The console of the sweep table: in a terminal, the terminal's own width (`make_console` would widen it to
+    150 columns, which a narrower terminal wraps into fragments), else `make_console`'s."""
+    from rich.console import Console
+
+    from bench.cli.common import make_console
+
+    probe = Console()
+    return Console(width=probe.width) if probe.is_terminal else make_console()
+
+
 def _print_table(run, log) -> None:
-    """The sweep table of `run` on stdout (wide enough not to fold), its knee lines and footnotes
+    """The sweep table of `run` on stdout (in a terminal: the columns that fit it, `fit_columns`, and a line naming
+    the others; into a pipe: every column, wide enough not to fold), its knee lines and footnotes
     (`bench.runs.columns.table_notes`: a roofline % above 100 as a finding with the run's ceiling, ...), then a
     warning line naming invalid cells
     (measured, but not quotable: the table says why) and one naming failed cells (an error: nothing measured).
@@ -526,19 +602,26 @@ def _print_table(run, log) -> None:
     cells alone keep exit code 0: against a server that does not report compile events every cell is invalid by
     rule (bench/sweep/remote.py), and the numbers are still recorded. Into a pipe or log the console is as wide as
     the table (a sweep of both loops with its rooflines is wider than 200 columns), so nothing is truncated."""
-    from bench.cli.common import make_console
-
     from rich.console import Console
     from rich.measure import Measurement
 
+    from bench.runs import CELLS_CSV
     from bench.runs.ceiling import ceiling_of
     from bench.runs.columns import table_columns, table_notes
 
-    cells = run.cells()
-    table, console = sweep_table(cells), make_console()
+    cells, console = run.cells(), _table_console()
+    columns, left_out = table_columns(cells), ()
+    if console.is_terminal:  # a terminal: the columns that fit it, the rest named below the table
+        columns, left_out = fit_columns(columns, cells, console.width)
+    fits = console.is_terminal and table_width(columns, cells) <= console.width
+    table = sweep_table(cells, columns, width=console.width if fits else None)
     need = Measurement.get(console, console.options.update_width(10_000), table).maximum
-    wider = not console.is_terminal and need > console.width  # a pipe or log: nothing truncated
-    (Console(width=need) if wider else console).print(table)
+    wider = not console.is_terminal and need > console.width  # a pipe or log: every column, nothing truncated
+    (Console(width=need, file=console.file) if wider else console).print(table)
+    if left_out:
+        console.print(f"{len(left_out)} columns left out to fit {console.width} characters: "
+                      f"{', '.join(c.header for c in left_out)}; every column is in {run.path / CELLS_CSV} (piped, "
+                      "e.g. into `less -S`, the table has them all)", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
     ceiling = ceiling_of(run.typed_manifest.extra)
     for line in knee_lines(cells) + table_notes(table_columns(cells), cells, ceiling=ceiling):
         console.print(line, markup=False, soft_wrap=True)

@@ -395,7 +395,7 @@ def _write_data_files(out: Path, views: list[RunView]) -> tuple[list[ReportRow],
     write_csv(out / "sweep.csv", sw_csv_h, sw_csv)
     pr_csv_h, pr_csv, *_ = profile_table(views)
     write_csv(out / "profile.csv", pr_csv_h, pr_csv)
-    load_h, load_raw, _ = load_report_table(views)
+    load_h, load_raw, *_ = load_report_table(views)
     write_csv(out / "load.csv", load_h, load_raw)
     names = ["rows.csv", "rows.jsonl", "environment.csv", "sweep.csv", "profile.csv", "load.csv"]
     if any(v.batch_cells for v in views):
@@ -538,7 +538,7 @@ def _load_blocks(group: Group, base: RunView, out: Path) -> tuple[list[Any], lis
     views = sorted((v for v in group.views if v.load), key=lambda v: v is not base)
     if not views:
         return [], []
-    header, _, text = load_report_table(views)
+    _, _, header, text = load_report_table(views)
     table = Table(title="Serving under load (per level)", header=header, rows=text, kind="load",
                   notes=["docs/method.md, \"Serving under load\": output tok/s = generated tokens of the level / its "
                          "wall time; TTFT, TPOT, e2e over its requests, ITL over every gap between tokens; queue "

@@ -455,13 +455,16 @@ def profile_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], lis
     return csv_header, csv_rows, md_header, md_rows
 
 
-def load_report_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[list[str]]]:
-    """(header, raw rows, text rows) of the load levels of `views` (sweeps under load): one row per run and level
-    (input tokens, concurrency, request rate): requests completed, output tok/s, req/s, TTFT / ITL / TPOT / e2e
-    median and p99 (ms), queue median (ms), valid (or why not)."""
+def load_report_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[str], list[list[str]]]:
+    """(csv header, raw rows, markdown header, markdown rows) of the load levels of `views` (sweeps under load): one
+    row per run and level (input tokens, concurrency, request rate): requests completed, output tok/s, req/s, TTFT /
+    ITL / TPOT / e2e median and p99 (ms), queue median (ms), valid (or why not). The CSV has one column per figure
+    (16); the markdown pairs each median with its p99 in one column ("p50 / p99": 13 columns, within a screen)."""
     header = ["run", "input tokens", "concurrency", "rate req/s", "requests", "output tok/s", "req/s",
               "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "TPOT p50 ms", "e2e p50 ms", "e2e p99 ms",
               "queue p50 ms", "valid"]  # fmt: skip
+    md_header = ["run", "input tokens", "concurrency", "rate req/s", "requests", "output tok/s", "req/s",
+                 "TTFT ms p50 / p99", "ITL ms p50 / p99", "TPOT p50 ms", "e2e ms p50 / p99", "queue p50 ms", "valid"]  # fmt: skip
     raw, text = [], []
     for v in views:
         for r in v.load:
@@ -469,7 +472,10 @@ def load_report_table(views: list[RunView]) -> tuple[list[str], list[list[Any]],
                       r.tpot_ms_median, r.e2e_ms_median, r.e2e_ms_p99, r.queue_ms_median]  # fmt: skip
             valid = "yes" if r.valid else f"no: {r.invalid_reason}"
             raw.append([v.name, r.input_tokens, r.concurrency, r.request_rate, r.completed, *values, r.valid])
+            out, per_s, ttft, ttft99, itl, itl99, tpot, e2e, e2e99, queue = (
+                fmt_num(x, 2 if i == 1 else 1) for i, x in enumerate(values))  # fmt: skip
             text.append([v.label, f"{r.input_tokens:,}", str(r.concurrency),
                          DASH if r.request_rate is None else f"{r.request_rate:g}", f"{r.completed}/{r.num_requests}",
-                         *(fmt_num(x, 2 if i == 1 else 1) for i, x in enumerate(values)), valid])  # fmt: skip
-    return header, raw, text
+                         out, per_s, f"{ttft} / {ttft99}", f"{itl} / {itl99}", tpot, f"{e2e} / {e2e99}", queue,
+                         valid])  # fmt: skip
+    return header, raw, md_header, text

@@ -6,7 +6,7 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
 - file names, `MANIFEST_FIELDS`, `SCHEMA_VERSION`, `READABLE_VERSIONS`, `PROFILE_SCHEMA_VERSION`, `validate_run`,
   `manifest_problems`, `profile_problems`, `read_json`, `read_jsonl`, `RunFiles`, `read_run_files` (each file
   parsed once)                                                        (bench.runs.schema)
-- `RunFolder`, `create_run`, `writing_run`, `run_name`, `free_label`, `outcome_of`  (bench.runs.folder)
+- `RunFolder`, `create_run`, `check_writable`, `writing_run`, `run_name`, `free_label`, `outcome_of`  (bench.runs.folder)
 - `open_run`, `open_complete_run`, `load_complete_run`, `load_reported_run` (complete or incomplete runs:
   `REPORTED_STATUSES`), `resolve_run`, `latest_measured_run`, `list_runs`, `run_folders`, `RunSummary`,
   `run_note`                                                          (bench.runs.listing)
@@ -24,6 +24,7 @@ Standard library only (no jax): the report and `bench runs` read archived runs o
 
 from bench.runs.folder import (
     RunFolder,
+    check_writable,
     create_run,
     free_label,
     now_iso,
@@ -106,7 +107,7 @@ from bench.runs.schema import (
 )
 
 __all__ = [
-    "RunFolder", "RunSummary", "create_run", "free_label", "latest_measured_run", "list_runs", "load_complete_run",
+    "RunFolder", "RunSummary", "check_writable", "create_run", "free_label", "latest_measured_run", "list_runs", "load_complete_run",
     "load_reported_run", "REPORTED_STATUSES", "now_iso", "open_complete_run", "open_run", "outcome_of", "resolve_run",
     "run_folders", "run_name", "writing_run",
     "run_note", "WriterState", "writer_state",

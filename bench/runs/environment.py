@@ -61,6 +61,21 @@ def _memory_bytes() -> int | None:
         return None
 
 
+def host_available_bytes() -> int | None:
+    """Host memory available to new allocations now (bytes): /proc/meminfo MemAvailable (the kernel reports kB,
+    meaning KiB), else the available physical pages (sysconf); None when neither can be read."""
+    try:
+        m = re.search(r"^MemAvailable:\s*(\d+)\s*kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
+        if m:
+            return int(m.group(1)) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_AVPHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def host_facts() -> dict[str, Any]:
     """The host: cpu_model, logical_cpus, usable_cpus (this process's affinity), arch, memory_bytes, os, python.
 

@@ -45,6 +45,7 @@ import json
 import os
 import re
 import signal
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -506,6 +507,27 @@ def run_name(label: str, device_slug: str, date: dt.date | str | None = None) ->
 
 def _unwritable(root: Path, exc: OSError) -> RunFolderError:
     return RunFolderError(f"runs folder {root} is not writable ({exc.strerror or exc}); pass --runs-dir DIR")
+
+
+def check_writable(folder: str | Path, *, flag: str = "--runs-dir") -> None:
+    """Check, before a model loads, that a run folder can be created in `folder` (or files written into an
+    existing run's folder): a temporary file is created and removed in it, or, when `folder` does not exist yet,
+    in its nearest existing parent (create_run makes the missing folders). Writes nothing that stays. Raises
+    RunFolderError (one line naming `flag`, the folder and why) when the folder or that parent is a file, or
+    cannot be written (permissions, a read-only file system)."""
+    root = Path(folder)
+    existing = next((p for p in (root, *root.absolute().parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        raise RunFolderError(f"{flag} {root}: {existing or root} is not a folder; pass {flag} DIR, a folder "
+                             "that exists or can be created")  # fmt: skip
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".write-check-", dir=existing)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        where = "cannot write there" if existing == root else f"cannot create it in {existing}"
+        raise RunFolderError(f"{flag} {root}: {where} ({exc.strerror or exc}); pass {flag} DIR, a folder you can "
+                             "write") from None  # fmt: skip
 
 
 def free_label(runs_dir: str | Path, label: str, device_slug: str, date: dt.date | str | None = None) -> str:

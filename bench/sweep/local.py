@@ -35,7 +35,7 @@ from bench.measure.request import Measured, measure_batch_request, measure_reque
 from bench.runs import RunFolder
 from bench.runs.logits import logits_path, write_logits
 from bench.runs.records import LOOP_KINDS, CellRow, Sample, cell_key, failed_cell, summarize_cell
-from bench.signals import stop_now, stop_signals_handled
+from bench.signals import deliveries_counted, stop_now, stop_signals_handled
 from bench.sweep.rates import DeviceRates, batch_rows, roofline_rows
 
 
@@ -213,7 +213,9 @@ class StopSignals:
     (`bench.signals.stop_now`: the run marked incomplete on the way out, the request in flight dropped; its
     cell's earlier samples are in the run and `--resume` completes it). It never raises KeyboardInterrupt: a
     handler runs inside whatever Python code runs, e.g. jax's garbage-collection callback, which would swallow
-    it. A signal that arrives during a compile (native code) is handled when the compile returns. Leaving
+    it. Every delivery is also counted on a thread (`bench.signals.deliveries_counted`), so two signals during a
+    native call (a compile, a long prefill), which the Python handler would see as one and only once the call
+    returns, end the process at once too. Leaving
     restores the previous handlers. Outside the main thread (where Python cannot install handlers) nothing is
     installed and only `request()` sets the flag.
     """
@@ -223,6 +225,7 @@ class StopSignals:
 
     def __init__(self, notify: Callable[[str], None] = lambda _: None):
         self.received: list[int] = []  # signal numbers, in arrival order
+        self._delivered = 0  # stop signals delivered while entered (the counting thread's count)
         self._notify = notify
 
     def __call__(self) -> bool:
@@ -234,13 +237,24 @@ class StopSignals:
         self._notify(self.MESSAGE)
 
     def _on_signal(self, signum, _frame) -> None:
-        if self.received:
+        if self.received or self._delivered >= 2:  # the second signal, or two that arrived as one (native code)
             stop_now(self.HARD_STOP)
         self.request(signum)
 
+    def _on_delivery(self, signum: int, count: int) -> None:
+        """On the counting thread (`bench.signals.deliveries_counted`): the second delivery ends the process at
+        once, even while the main thread is inside a native call (a long prefill) that would hold its handler back
+        and fold both signals into one. While another handler is in force (a run folder's must-finish write holds
+        the signals, `bench.runs.folder`), it only counts: the held signals reach `_on_signal` after the write."""
+        self._delivered = count
+        if count >= 2 and signal.getsignal(signum) == self._on_signal:
+            stop_now(self.HARD_STOP)
+
     def __enter__(self) -> StopSignals:
+        self._delivered = 0
         self._handled = contextlib.ExitStack()
         self._handled.enter_context(stop_signals_handled(self._on_signal))
+        self._handled.enter_context(deliveries_counted(self._on_delivery))
         return self
 
     def __exit__(self, *_exc) -> None:
