@@ -1,0 +1,264 @@
+"""The fit check of the TPU W4A16 kernel (`model.kernels.w4a16_tpu`): the VMEM one grid step needs for a tiling at a
+projection's shape, against the scoped VMEM limit the kernel asks Mosaic for, before anything compiles; what a
+tiling must satisfy to tile a shape (the TPU's block rules), and the tiling chosen per projection.
+
+Key: K contraction length, N output length of one projection (the logical [K, N] product, whatever the leaf's
+stored orientation); g the w4 group (values per scale along K); a bytes per activation value (2 for bfloat16),
+s bytes per scale. A tiling (`TpuTiling`) is bm activation rows (the most a block takes; fewer rows are padded to a
+multiple of 16 and take a smaller block), bn outputs (8 x bw, bw the block's 32-bit words along N: each word holds
+8 int4 values, `model.kernels.tpu_layout`) and bk contraction values per grid step.
+
+VMEM bytes of one grid step (`need_tpu`), the formula:
+
+    need = 2 x (bm bk a)                     # activation block [bk / g, bm, g], double-buffered
+         + 2 x (bk bw 4)                     # packed words [bk, bw] int32 (= bk bn / 2 bytes), double-buffered
+         + 2 x ((bk / g) x P(s) x bw x s)    # scales [bk / g, 8, bw], double-buffered; P(s) = 8 x 4 / s rows
+         + 2 x (8 bm bw 4)                   # float32 output block [8, bm, bw], double-buffered
+         + 8 bm bw 4                         # the 8 float32 accumulators of the group loop
+         + g bw (4 + 4 + a)                  # one group's words, one unpacked plane (float32), its a-byte copy
+
+Why these terms: Pallas's TPU pipeline (a grid with BlockSpecs) keeps two buffers of every blocked input and output
+in VMEM, so the copy of step i + 1 runs while step i computes (the Pallas TPU pipelining docs, "double
+buffering"); the last two terms are the kernel body's own values (`model.kernels.w4a16_tpu`'s group loop), which
+Mosaic keeps in vector registers and spills to VMEM: counted whole, so a tiling that passes leaves room. P(s): a
+VMEM tile of a 16-bit type has 16 sublanes (jax's `TpuInfo.get_sublane_tiling`), so the 8 scale rows of a group
+take 16 rows' room; 8 for 32-bit. Rows, words and the x block's g lanes are multiples of the tile already.
+
+Limits: the kernel passes `vmem_limit_bytes = SCOPED_VMEM` (16 MiB) to Mosaic (`pltpu.CompilerParams`), so the
+scoped limit does not depend on the compiler's default; a tiling is chosen only when its `need_tpu` is within
+`BUDGET_SHARE` (3/4) of that, the rest left to Mosaic's internal scratch and the values the model does not count.
+The VMEM a core has (`TPU_VMEM_BYTES`, read from `jax.experimental.pallas.tpu.get_tpu_info()` on a live TPU by
+`model.kernels.choice.device_limit`, else this table) only caps the scoped limit: jax's own table
+(jax/_src/pallas/mosaic/tpu_info.py in jax 0.10.2; jax/_src/tpu_info.py in 0.12, the same figures): v2, v3, v4, v4i
+16 MiB per TensorCore; v5e 128 MiB; v5p 64 MiB; v6e 128 MiB; 7, 7x 64 MiB.
+
+The TPU's block rules (jax's Pallas TPU lowering, `_check_block_mappings`, jax 0.10.2 and 0.12): each block's last
+dimension a multiple of 128 or the array's whole dimension, its second-to-last a multiple of 8 or the whole
+dimension. Here: x blocks [bk / g, bm, g] (g a multiple of 128; bm a multiple of 16, bfloat16's sublane tile),
+words [bk, bw] (bk a multiple of 128 or K; bw a multiple of 128 or N / 8), scales [bk / g, 8, bw], output
+[8, bm, bw].
+
+Pure Python on ints (no jax): `bench kernels fit` and the report use it without a device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from model.kernels.fit import KIB, Fit, Need, Projection
+
+__all__ = ["SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "TpuTiling", "ROW_TILE", "MAX_ROWS",
+           "vmem_capacity", "budget", "need_tpu", "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu",
+           "candidates_tpu", "choose_tpu", "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "rows_block"]  # fmt: skip
+
+MIB = 2**20
+
+SCOPED_VMEM = 16 * MIB
+"""The scoped VMEM limit the kernel passes to Mosaic (`vmem_limit_bytes`), bytes."""
+
+BUDGET_SHARE = 0.75
+"""Share of the scoped limit a tiling's modelled need may take (the rest: Mosaic's own scratch, uncounted values)."""
+
+TPU_VMEM_BYTES: dict[str, int] = {
+    "v2": 16 * MIB, "v3": 16 * MIB, "v4": 16 * MIB, "v4i": 16 * MIB,
+    "v5e": 128 * MIB, "v5p": 64 * MIB, "v6e": 128 * MIB, "7": 64 * MIB, "7x": 64 * MIB,
+}  # fmt: skip
+"""VMEM per TensorCore by TPU generation, bytes (jax's table, module docstring)."""
+
+TPU_DEVICES = ("tpu", *(f"tpu-{g}" for g in TPU_VMEM_BYTES))
+"""The `--device-capability` names of TPUs: "tpu" (v5e, the lent machine) or "tpu-GEN"."""
+
+ROW_TILE = 16
+"""Rows are padded to a multiple of this (bfloat16's sublane tile: 16 rows per VMEM tile)."""
+
+MAX_ROWS = 128
+"""The largest row block (bm) the chosen tilings use: a batch of 128 rows is one row block; more rows take several
+row blocks, each reading the weight again."""
+
+ROW_BLOCKS = (128, 64, 32, 16)
+"""Row blocks tried, largest first."""
+WORD_BLOCKS = (1024, 512, 256, 128)
+"""Words along N per block tried (bw; bn = 8 bw outputs), largest first; N / 8 itself where it is not a multiple
+of 128 (one block along N)."""
+MAX_GROUPS_PER_STEP = 96
+"""Most w4 groups in one grid step (bk <= 96 g = 12288 at g 128: E2B's largest K in one step)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TpuTiling:
+    """One tiling of the TPU kernel: bm rows (the most per block), bn outputs (8 x the words per block) and bk
+    contraction values per grid step. Hashable: a static field of a quantized leaf (`model.quant.QuantArray.tiling`),
+    where it also says that the leaf is stored in the TPU layout (`model.kernels.tpu_layout`). `text` is its manifest
+    form, e.g. "tpu bm128 bn4096 bk1536"."""
+
+    bm: int
+    bn: int
+    bk: int
+
+    @property
+    def bw(self) -> int:
+        """32-bit words per block along N (8 int4 values each)."""
+        return self.bn // 8
+
+    @property
+    def text(self) -> str:
+        return f"tpu bm{self.bm} bn{self.bn} bk{self.bk}"
+
+
+def vmem_capacity(generation: str) -> int | None:
+    """VMEM per TensorCore (bytes) of a TPU generation ("v5e", "v6e", ...; `TPU_VMEM_BYTES`), None if unknown."""
+    return TPU_VMEM_BYTES.get(generation.lower().removeprefix("tpu-").removeprefix("tpu "))
+
+
+def budget(capacity: int | None = None) -> int:
+    """The bytes a tiling's `need_tpu` may take: `BUDGET_SHARE` of the scoped limit, the limit capped by the core's
+    VMEM `capacity` (bytes) where known."""
+    limit = SCOPED_VMEM if capacity is None else min(SCOPED_VMEM, capacity)
+    return int(limit * BUDGET_SHARE)
+
+
+def _sublanes(itemsize: int) -> int:
+    """Rows of one VMEM tile of a type of `itemsize` bytes (8 for 32-bit, 16 for 16-bit, 32 for 8-bit)."""
+    return 8 * max(1, 4 // itemsize)
+
+
+def need_tpu(t: TpuTiling, *, group: int, act_bytes: int = 2, scale_bytes: int = 2) -> Need:
+    """`Need` (bytes, term by term) of one grid step of tiling `t` for w4 groups of `group` values, activations of
+    `act_bytes` and scales of `scale_bytes` bytes (the module docstring's formula)."""
+    bw, groups = t.bw, t.bk // group
+    rows = max(8, _sublanes(scale_bytes))
+    return Need(terms=(
+        (f"activation block (2 x {t.bm}x{t.bk} x {act_bytes} B)", 2 * t.bm * t.bk * act_bytes),
+        (f"packed words (2 x {t.bk}x{bw} x 4 B)", 2 * t.bk * bw * 4),
+        (f"scales (2 x {groups}x{rows}x{bw} x {scale_bytes} B)", 2 * groups * rows * bw * scale_bytes),
+        (f"output block (2 x 8x{t.bm}x{bw} x 4 B)", 2 * 8 * t.bm * bw * 4),
+        (f"accumulators (8x{t.bm}x{bw} x 4 B)", 8 * t.bm * bw * 4),
+        (f"one group unpacked ({group}x{bw} x {8 + act_bytes} B)", group * bw * (8 + act_bytes)),
+    ))  # fmt: skip
+
+
+def shape_problem_tpu(p: Projection) -> str | None:
+    """Why the TPU kernel cannot tile projection `p` at all, or None: the group a multiple of 128 (x's lane blocks)
+    dividing K, N a multiple of 8 (whole 32-bit words of int4 values)."""
+    if p.group % 128:
+        return f"group {p.group} is not a multiple of 128 (the TPU's lane width)"
+    if p.k % p.group:
+        return f"K={p.k} is not a multiple of the group {p.group}"
+    if p.n % 8:
+        return f"N={p.n} is not a multiple of 8 (8 int4 values per 32-bit word)"
+    return None
+
+
+def tiling_problem_tpu(k: int, n: int, group: int, t: TpuTiling) -> str | None:
+    """Why tiling `t` cannot tile a K x N product with w4 groups of `group` values, or None (the TPU's block rules,
+    module docstring): bm a multiple of 16; bk a multiple of the group dividing K; bn a multiple of 8 whose words
+    (bn / 8) divide N / 8 and are a multiple of 128 or all of N / 8."""
+    problem = shape_problem_tpu(Projection(field="", k=k, n=n, axis=0, group=group))
+    if problem:
+        return problem
+    if t.bm < ROW_TILE or t.bm % ROW_TILE:
+        return f"bm {t.bm} is not a multiple of {ROW_TILE}"
+    if t.bk % group or k % t.bk:
+        return f"bk {t.bk} is not a multiple of the group {group} dividing K={k}"
+    if t.bn % 8 or (n // 8) % t.bw:
+        return f"bn {t.bn} is not 8 x a number of words dividing N / 8 = {n // 8}"
+    if t.bw % 128 and t.bw != n // 8:
+        return f"bn {t.bn} gives {t.bw} words per block: not a multiple of 128 nor all {n // 8} words of N={n}"
+    return None
+
+
+def fits_tpu(k: int, n: int, group: int, t: TpuTiling) -> bool:
+    """Whether the TPU kernel can run a K x N product with w4 groups of `group` at tiling `t`: the one check
+    `model.kernels.w4a16_tpu.w4a16_tpu_matmul` and the dispatch (`model.quant.matmul`) apply."""
+    return tiling_problem_tpu(k, n, group, t) is None
+
+
+def rows_block(rows: int, t: TpuTiling) -> int:
+    """The row block a call of `rows` activation rows uses: rows rounded up to a multiple of `ROW_TILE`, at most
+    t.bm (more rows take several blocks)."""
+    return min(t.bm, -(-max(rows, 1) // ROW_TILE) * ROW_TILE)
+
+
+def candidates_tpu(p: Projection) -> list[TpuTiling]:
+    """Every tiling of projection `p` the TPU kernel can run, most preferred first: larger row blocks (a batch of
+    `MAX_ROWS` in one block), then fewer grid steps (larger bk x bn), then larger bk (each output block's K loop
+    in fewer steps)."""
+    if shape_problem_tpu(p):
+        return []
+    words = p.n // 8
+    bws = sorted({w for w in WORD_BLOCKS if words % w == 0} | ({words} if words % 128 else set()), reverse=True)
+    steps = [s for s in range(1, p.k // p.group + 1) if (p.k // p.group) % s == 0]
+    bks = [p.k // s for s in steps if p.k // s // p.group <= MAX_GROUPS_PER_STEP]
+    out = [TpuTiling(bm=bm, bn=8 * bw, bk=bk) for bm in ROW_BLOCKS for bw in bws for bk in bks]
+    out = [t for t in out if fits_tpu(p.k, p.n, p.group, t)]
+    return sorted(out, key=lambda t: (t.bm, t.bk * t.bn, t.bk), reverse=True)
+
+
+def choose_tpu(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
+               tiling: TpuTiling | None = None) -> Fit:  # fmt: skip
+    """The first tiling of `candidates_tpu(p)` whose `need_tpu` is within `limit` bytes; with `tiling` given, that
+    tiling alone (it fits when it tiles the shape and its need is within the limit). A `Fit` (`model.kernels.fit`)
+    whose tiling is None says why, as the GPU check's does."""
+    nb = lambda t: need_tpu(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes)  # noqa: E731
+    if tiling is not None:
+        problem = tiling_problem_tpu(p.k, p.n, p.group, tiling)
+        if problem:
+            return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem, tried=tiling)
+        n = nb(tiling)
+        ok = n.total <= limit
+        return Fit(projection=p, tiling=tiling if ok else None, need=n, limit=limit,
+                   problem=None if ok else "over the limit", tried=tiling)  # fmt: skip
+    problem = shape_problem_tpu(p)
+    if problem:
+        return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem)
+    tried = candidates_tpu(p)
+    for t in tried:
+        n = nb(t)
+        if n.total <= limit:
+            return Fit(projection=p, tiling=t, need=n, limit=limit, tried=t)
+    smallest = min(tried, key=lambda t: nb(t).total)
+    return Fit(projection=p, tiling=None, need=nb(smallest), limit=limit, problem="over the limit", tried=smallest)
+
+
+def plan_tpu(projs, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
+             tiling: TpuTiling | None = None) -> tuple[Fit, ...]:  # fmt: skip
+    """`choose_tpu` for every projection."""
+    return tuple(choose_tpu(p, limit, act_bytes=act_bytes, scale_bytes=scale_bytes, tiling=tiling) for p in projs)
+
+
+def refusal_tpu(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) -> str:
+    """The one-line refusal of a projection the TPU kernel cannot take: the shape's problem, or need, limit, the
+    dominating term and the tiling that would fit (or that none would)."""
+    p, n = f.projection, f.need
+    if n is None:
+        what = f"{f.tried.text} does not tile it" if f.tried else "cannot be tiled"
+        return f"w4a16 TPU kernel: {p.label} on {device}: {what} ({f.problem})"
+    name, b = n.dominant
+    fit = choose_tpu(p, f.limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
+    would = (f"{fit.tiling.text} would fit ({fit.need.total:,} B)" if fit.fits
+             else "no tiling of this kernel fits; use --kernel w4a16=xla")  # fmt: skip
+    tiles = f.tried.text if f.tried else "the smallest tiling"
+    return (f"w4a16 TPU kernel: {p.label} on {device}: {tiles} needs {n.total:,} B ({n.total / KIB:,.0f} KiB) of VMEM "
+            f"per grid step, over the budget of {f.limit:,} B ({f.limit / KIB:,.0f} KiB); the largest term is the "
+            f"{name} at {b:,} B; {would}")  # fmt: skip
+
+
+def parse_tpu_tiling(text: str) -> TpuTiling:
+    """"[tpu] bm16 bn2048 bk1536" (spaces or commas) -> `TpuTiling`. Raises ValueError naming the text and the
+    expected form (bm a multiple of 16, bn of 8; whether it tiles a shape is `tiling_problem_tpu`'s)."""
+    fields = {}
+    for part in text.replace(",", " ").split():
+        if part == "tpu":
+            continue
+        key = part.rstrip("0123456789")
+        value = part[len(key):]
+        if key not in ("bm", "bn", "bk") or not value or int(value) < 1:
+            raise ValueError(f"tiling {text!r}: expected e.g. 'tpu bm16 bn2048 bk1536' (bm, bn, bk)")
+        fields[key] = int(value)
+    if set(fields) != {"bm", "bn", "bk"}:
+        raise ValueError(f"tiling {text!r}: needs bm, bn and bk, e.g. 'tpu bm16 bn2048 bk1536'")
+    t = TpuTiling(**fields)
+    if t.bm % ROW_TILE or t.bn % 8:
+        raise ValueError(f"tiling {text!r}: bm must be a multiple of {ROW_TILE} and bn of 8, e.g. "
+                         "'tpu bm16 bn2048 bk1536'")  # fmt: skip
+    return t
