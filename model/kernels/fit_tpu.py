@@ -48,7 +48,7 @@ import dataclasses
 from model.kernels.fit import KIB, Fit, Need, Projection
 
 __all__ = ["SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "TpuTiling", "ROW_TILE", "MAX_ROWS",
-           "vmem_capacity", "budget", "need_tpu", "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu",
+           "generation_of", "vmem_capacity", "budget", "need_tpu", "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu",
            "candidates_tpu", "choose_tpu", "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "rows_block"]  # fmt: skip
 
 MIB = 2**20
@@ -105,6 +105,16 @@ class TpuTiling:
         return f"tpu bm{self.bm} bn{self.bn} bk{self.bk}"
 
 
+def generation_of(device_kind: str) -> str | None:
+    """The TPU generation ("v5e", ...) of a jax device kind ("TPU v5 lite", "TPU v5e", "TPU v6 lite", "TPU7x"), as
+    jax's `chip_version_from_device_kind` maps them; None for an unknown kind."""
+    kind = device_kind.strip()
+    known = {"TPU v2": "v2", "TPU v3": "v3", "TPU v4": "v4", "TPU v4 lite": "v4i", "TPU v5e": "v5e",
+             "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v6e": "v6e", "TPU v6 lite": "v6e",
+             "TPU7": "7", "TPU7x": "7x"}  # fmt: skip
+    return known.get(kind)
+
+
 def vmem_capacity(generation: str) -> int | None:
     """VMEM per TensorCore (bytes) of a TPU generation ("v5e", "v6e", ...; `TPU_VMEM_BYTES`), None if unknown."""
     return TPU_VMEM_BYTES.get(generation.lower().removeprefix("tpu-").removeprefix("tpu "))
@@ -158,8 +168,10 @@ def tiling_problem_tpu(k: int, n: int, group: int, t: TpuTiling) -> str | None:
         return problem
     if t.bm < ROW_TILE or t.bm % ROW_TILE:
         return f"bm {t.bm} is not a multiple of {ROW_TILE}"
-    if t.bk % group or k % t.bk:
-        return f"bk {t.bk} is not a multiple of the group {group} dividing K={k}"
+    if t.bk % group:
+        return f"bk {t.bk} is not a multiple of the group {group}"
+    if k % t.bk:
+        return f"bk {t.bk} does not divide K={k}"
     if t.bn % 8 or (n // 8) % t.bw:
         return f"bn {t.bn} is not 8 x a number of words dividing N / 8 = {n // 8}"
     if t.bw % 128 and t.bw != n // 8:

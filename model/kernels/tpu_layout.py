@@ -22,6 +22,8 @@ leaf in this layout through it.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -75,12 +77,13 @@ def _pack_bytes(q: jax.Array) -> jax.Array:
     return pairs[..., 0] | (pairs[..., 1] << jnp.uint8(4))
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3))
 def to_tpu(values: jax.Array, scales: jax.Array, shape: tuple[int, int], axis: int) -> tuple[jax.Array, jax.Array]:
     """The `w4` layout's (values uint8, scales) of a 2-D leaf of logical `shape` contracted along `axis` -> the TPU
     layout's (words int32 [K, N / 8], scales [K / g, 8, N / 8]). N must be a multiple of 8 (the fit check's
-    `shape_problem_tpu`); raises ValueError otherwise."""
-    q = _unpack_bytes(jnp.asarray(values), shape[-1])
-    s = jnp.asarray(scales)
+    `shape_problem_tpu`); raises ValueError otherwise. Compiled once per (shape, axis): `shape` a tuple."""
+    q = _unpack_bytes(values, shape[-1])
+    s = scales
     if axis == 1:
         q, s = q.T, s.T
     if q.shape[1] % PLANES:
@@ -88,6 +91,7 @@ def to_tpu(values: jax.Array, scales: jax.Array, shape: tuple[int, int], axis: i
     return pack_words(q), plane_scales(s)
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3))
 def to_natural(words: jax.Array, scales: jax.Array, shape: tuple[int, int], axis: int) -> tuple[jax.Array, jax.Array]:
     """`to_tpu`'s inverse: the TPU layout's (words, scales) -> the `w4` layout's (values uint8, scales) of a leaf
     of logical `shape` contracted along `axis`."""
