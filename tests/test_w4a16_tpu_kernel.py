@@ -111,6 +111,13 @@ def test_bfloat16_activations() -> None:
     _check(256, 1024, 0, 5, TpuTiling(bm=16, bn=1024, bk=128), dtype=jnp.bfloat16, seed=4)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_the_vector_unit_variant_equals_dequantize_then_matmul(rows: int) -> None:
+    """vpu_rows >= rows: the variant with no matrix unit (x transposed, float32 products summed on the VPU)."""
+    _check(512, 2048, 0, rows, TpuTiling(bm=128, bn=1024, bk=256, vpu_rows=8))
+    _check(256, 256, 1, rows, TpuTiling(bm=16, bn=256, bk=128, vpu_rows=rows), dtype=jnp.bfloat16)
+
+
 def test_a_tiling_that_does_not_tile_the_shape_is_refused() -> None:
     q = _weight(256, 1024, 0)
     words, scales = to_tpu(q.values, q.scales, tuple(q.shape), 0)
@@ -177,6 +184,18 @@ def test_the_kernel_lowers_for_the_tpu(field: str, k: int, n: int, rows: int) ->
 
 
 # ---- the fit check and `bench kernels fit` --------------------------------------------------------------------------
+def test_the_vector_unit_variant_lowers_for_the_tpu() -> None:
+    t = TpuTiling(bm=128, bn=2048, bk=1536, vpu_rows=8)
+    f = jax.jit(lambda x, w, s: w4a16_tpu_matmul(x, w, s, k=1536, n=12288, group=128, tiling=t))
+    args = (jax.ShapeDtypeStruct((4, 1536), jnp.bfloat16), jax.ShapeDtypeStruct((1536, 1536), jnp.int32),
+            jax.ShapeDtypeStruct((12, 8, 1536), jnp.bfloat16))  # fmt: skip
+    assert "tpu_custom_call" in jax.export.export(f, platforms=["tpu"])(*args).mlir_module()
+    assert fit_tpu.need_tpu(t, group=128).total == max(fit_tpu.need_tpu_vpu(t, group=128).total,
+                                                       fit_tpu.need_tpu(TpuTiling(bm=128, bn=2048, bk=1536),
+                                                                        group=128).total)  # fmt: skip
+    assert fit_tpu.parse_tpu_tiling("tpu bm16 bn1024 bk256 vpu2") == TpuTiling(bm=16, bn=1024, bk=256, vpu_rows=2)
+
+
 def test_every_e2b_projection_gets_a_tiling_within_the_budget() -> None:
     from model.config import PRESETS
 

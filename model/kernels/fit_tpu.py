@@ -24,8 +24,19 @@ Mosaic keeps in vector registers and spills to VMEM: counted whole, so a tiling 
 VMEM tile of a 16-bit type has 16 sublanes (jax's `TpuInfo.get_sublane_tiling`), so the 8 scale rows of a group
 take 16 rows' room; 8 for 32-bit. Rows, words and the x block's g lanes are multiples of the tile already.
 
+The vector-unit variant (`TpuTiling.vpu_rows` rows, `need_tpu_vpu`): its activations are a float32 [bk / g, g, 8]
+block whose 8 lanes take a 128-lane tile's room, its output [8, 8, bw]:
+
+    need_vpu = 2 x (bk 128 4) + 2 x (bk bw 4) + 2 x ((bk / g) P(s) bw s) + 2 x (8 8 bw 4)
+             + (rows + 2) g bw 4                 # each row's broadcast activations, one plane, the group's words
+             + 8 rows 8 bw 4                     # accumulators [1, bw] per (plane, row), 8 sublanes' room each
+
+and a tiling with vpu_rows > 0 is charged the larger of the two.
+
 Limits: the kernel passes `vmem_limit_bytes = SCOPED_VMEM` (16 MiB) to Mosaic (`pltpu.CompilerParams`), so the
-scoped limit does not depend on the compiler's default; a tiling is chosen only when its `need_tpu` is within
+scoped limit does not depend on the compiler's default (16 MiB on the lent v5e too: a Pallas kernel whose
+double-buffered blocks took 16.03 MB failed there with "Scoped allocation with size 16.03M and limit 16.00M",
+issue 43's TPU notes); a tiling is chosen only when its `need_tpu` is within
 `BUDGET_SHARE` (3/4) of that, the rest left to Mosaic's internal scratch and the values the model does not count.
 The VMEM a core has (`TPU_VMEM_BYTES`, read from `jax.experimental.pallas.tpu.get_tpu_info()` on a live TPU by
 `model.kernels.choice.device_limit`, else this table) only caps the scoped limit: jax's own table
@@ -47,7 +58,7 @@ import dataclasses
 
 from model.kernels.fit import KIB, Fit, Need, Projection
 
-__all__ = ["SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "TpuTiling", "ROW_TILE", "MAX_ROWS",
+__all__ = ["VPU_ROWS", "VPU_MAX_ROWS", "VPU_ROW_PAD", "need_tpu_vpu", "SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "TpuTiling", "ROW_TILE", "MAX_ROWS",
            "generation_of", "vmem_capacity", "budget", "need_tpu", "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu",
            "candidates_tpu", "choose_tpu", "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "rows_block"]  # fmt: skip
 
@@ -67,6 +78,17 @@ TPU_VMEM_BYTES: dict[str, int] = {
 
 TPU_DEVICES = ("tpu", *(f"tpu-{g}" for g in TPU_VMEM_BYTES))
 """The `--device-capability` names of TPUs: "tpu" (v5e, the lent machine) or "tpu-GEN"."""
+
+VPU_ROWS = 0
+"""Rows up to which the chosen tilings take the kernel's vector-unit variant (`vpu_rows`; no matrix unit: each
+value multiplied and summed in float32 on the VPU) instead of the matrix unit. 0 (never) until the TPU probe
+(`scripts/probes/w4a16_tpu.py`, variant "vpu") shows it faster at decode's few rows."""
+
+VPU_MAX_ROWS = 8
+"""Most rows the vector-unit variant takes (its activations are one [8, g] tile per group, transposed)."""
+
+VPU_ROW_PAD = 8
+"""Rows the vector-unit variant's blocks hold (the rows it takes, padded)."""
 
 ROW_TILE = 16
 """Rows are padded to a multiple of this (bfloat16's sublane tile: 16 rows per VMEM tile)."""
@@ -94,6 +116,7 @@ class TpuTiling:
     bm: int
     bn: int
     bk: int
+    vpu_rows: int = 0
 
     @property
     def bw(self) -> int:
@@ -102,7 +125,7 @@ class TpuTiling:
 
     @property
     def text(self) -> str:
-        return f"tpu bm{self.bm} bn{self.bn} bk{self.bk}"
+        return f"tpu bm{self.bm} bn{self.bn} bk{self.bk}" + (f" vpu{self.vpu_rows}" if self.vpu_rows else "")
 
 
 def generation_of(device_kind: str) -> str | None:
@@ -134,7 +157,34 @@ def _sublanes(itemsize: int) -> int:
 
 def need_tpu(t: TpuTiling, *, group: int, act_bytes: int = 2, scale_bytes: int = 2) -> Need:
     """`Need` (bytes, term by term) of one grid step of tiling `t` for w4 groups of `group` values, activations of
-    `act_bytes` and scales of `scale_bytes` bytes (the module docstring's formula)."""
+    `act_bytes` and scales of `scale_bytes` bytes (the module docstring's formula); with `t.vpu_rows`, the larger
+    of that and the vector-unit variant's (`need_tpu_vpu`)."""
+    mxu = _need_mxu(t, group=group, act_bytes=act_bytes, scale_bytes=scale_bytes)
+    if not t.vpu_rows:
+        return mxu
+    vpu = need_tpu_vpu(t, group=group, scale_bytes=scale_bytes)
+    return vpu if vpu.total > mxu.total else mxu
+
+
+def need_tpu_vpu(t: TpuTiling, *, group: int, scale_bytes: int = 2) -> Need:
+    """`Need` (bytes) of one grid step of the vector-unit variant at `t.vpu_rows` rows: its activations are
+    float32 [bk / g, g, 8] blocks whose 8 lanes take a 128-lane tile's room; its values the rows' broadcast
+    activations, one plane and the words of a group (float32 [g, bw] each) and the 8 x rows accumulators
+    ([1, bw], 8 sublanes' room each)."""
+    bw, groups, rows = t.bw, t.bk // group, max(t.vpu_rows, 1)
+    srows = max(8, _sublanes(scale_bytes))
+    return Need(terms=(
+        (f"transposed activations (2 x {t.bk}x128 lanes x 4 B)", 2 * t.bk * 128 * 4),
+        (f"packed words (2 x {t.bk}x{bw} x 4 B)", 2 * t.bk * bw * 4),
+        (f"scales (2 x {groups}x{srows}x{bw} x {scale_bytes} B)", 2 * groups * srows * bw * scale_bytes),
+        (f"output block (2 x 8x8x{bw} x 4 B)", 2 * 8 * 8 * bw * 4),
+        (f"group values ({rows + 2} x {group}x{bw} x 4 B)", (rows + 2) * group * bw * 4),
+        (f"accumulators (8 x {rows} x 8x{bw} x 4 B)", 8 * rows * 8 * bw * 4),
+    ))  # fmt: skip
+
+
+def _need_mxu(t: TpuTiling, *, group: int, act_bytes: int, scale_bytes: int) -> Need:
+    """The matrix-unit kernel's `Need` (the module docstring's formula)."""
     bw, groups = t.bw, t.bk // group
     rows = max(8, _sublanes(scale_bytes))
     return Need(terms=(
@@ -168,6 +218,8 @@ def tiling_problem_tpu(k: int, n: int, group: int, t: TpuTiling) -> str | None:
         return problem
     if t.bm < ROW_TILE or t.bm % ROW_TILE:
         return f"bm {t.bm} is not a multiple of {ROW_TILE}"
+    if not 0 <= t.vpu_rows <= VPU_MAX_ROWS:
+        return f"vpu_rows {t.vpu_rows} is not within 0..{VPU_MAX_ROWS}"
     if t.bk % group:
         return f"bk {t.bk} is not a multiple of the group {group}"
     if k % t.bk:
@@ -201,7 +253,7 @@ def candidates_tpu(p: Projection) -> list[TpuTiling]:
     bws = sorted({w for w in WORD_BLOCKS if words % w == 0} | ({words} if words % 128 else set()), reverse=True)
     steps = [s for s in range(1, p.k // p.group + 1) if (p.k // p.group) % s == 0]
     bks = [p.k // s for s in steps if p.k // s // p.group <= MAX_GROUPS_PER_STEP]
-    out = [TpuTiling(bm=bm, bn=8 * bw, bk=bk) for bm in ROW_BLOCKS for bw in bws for bk in bks]
+    out = [TpuTiling(bm=bm, bn=8 * bw, bk=bk, vpu_rows=VPU_ROWS) for bm in ROW_BLOCKS for bw in bws for bk in bks]
     out = [t for t in out if fits_tpu(p.k, p.n, p.group, t)]
     return sorted(out, key=lambda t: (t.bm, t.bk * t.bn, t.bk), reverse=True)
 
@@ -256,21 +308,22 @@ def refusal_tpu(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2
 
 
 def parse_tpu_tiling(text: str) -> TpuTiling:
-    """"[tpu] bm16 bn2048 bk1536" (spaces or commas) -> `TpuTiling`. Raises ValueError naming the text and the
-    expected form (bm a multiple of 16, bn of 8; whether it tiles a shape is `tiling_problem_tpu`'s)."""
+    """"[tpu] bm16 bn2048 bk1536 [vpu1]" (spaces or commas) -> `TpuTiling` (vpuN: `vpu_rows` N). Raises ValueError
+    naming the text and the expected form (bm a multiple of 16, bn of 8, vpu at most `VPU_MAX_ROWS`; whether it
+    tiles a shape is `tiling_problem_tpu`'s)."""
     fields = {}
     for part in text.replace(",", " ").split():
         if part == "tpu":
             continue
         key = part.rstrip("0123456789")
         value = part[len(key):]
-        if key not in ("bm", "bn", "bk") or not value or int(value) < 1:
-            raise ValueError(f"tiling {text!r}: expected e.g. 'tpu bm16 bn2048 bk1536' (bm, bn, bk)")
-        fields[key] = int(value)
-    if set(fields) != {"bm", "bn", "bk"}:
+        if key not in ("bm", "bn", "bk", "vpu") or not value or int(value) < (0 if key == "vpu" else 1):
+            raise ValueError(f"tiling {text!r}: expected e.g. 'tpu bm16 bn2048 bk1536' (bm, bn, bk; vpuN optional)")
+        fields["vpu_rows" if key == "vpu" else key] = int(value)
+    if not {"bm", "bn", "bk"} <= set(fields):
         raise ValueError(f"tiling {text!r}: needs bm, bn and bk, e.g. 'tpu bm16 bn2048 bk1536'")
     t = TpuTiling(**fields)
-    if t.bm % ROW_TILE or t.bn % 8:
-        raise ValueError(f"tiling {text!r}: bm must be a multiple of {ROW_TILE} and bn of 8, e.g. "
-                         "'tpu bm16 bn2048 bk1536'")  # fmt: skip
+    if t.bm % ROW_TILE or t.bn % 8 or t.vpu_rows > VPU_MAX_ROWS:
+        raise ValueError(f"tiling {text!r}: bm must be a multiple of {ROW_TILE}, bn of 8 and vpu at most "
+                         f"{VPU_MAX_ROWS}, e.g. 'tpu bm16 bn2048 bk1536 vpu1'")  # fmt: skip
     return t

@@ -3,7 +3,9 @@ shapes and 1 to 128 activation rows. Needs only jax and numpy (Python 3.11 + jax
 with the repository on PYTHONPATH.
 
 For each (projection shape, rows): the kernel at the tiling the engine plans (`model.kernels.fit_tpu`), up to
---alternatives other tilings that fit the VMEM budget, any --tiling given, and XLA's product as the engine runs it
+--alternatives other tilings that fit the VMEM budget, at 8 rows or fewer its vector-unit variant ("vpu": no matrix
+unit; `fit_tpu.VPU_ROWS` says from how many rows the engine uses it, 0 until this probe shows it faster), any
+--tiling given, and XLA's product as the engine runs it
 without the kernel (`model.quant.matmul` on the w4 layout): each checked against dequantize-then-matmul on the
 device (float32, precision HIGHEST: max abs error, and that over max |reference|), and timed.
 
@@ -95,12 +97,21 @@ def _time(product, compiled, args, reps: int, iters: int) -> dict:
             f"loop{reps}_ms": tr * 1e3}  # fmt: skip
 
 
-def _tilings(k: int, n: int, extra: list[TpuTiling], alternatives: int) -> list[tuple[str, TpuTiling]]:
+def _tilings(k: int, n: int, rows: int, extra: list[TpuTiling], alternatives: int) -> list[tuple[str, TpuTiling]]:
     """(label, tiling): the planned one, up to `alternatives` other fitting candidates with another (bn, bk), the
-    --tiling ones that tile the shape."""
+    vector-unit variant where `rows` <= `fit_tpu.VPU_MAX_ROWS` (the first candidate whose need fits with
+    vpu_rows = rows), the --tiling ones that tile the shape."""
+    import dataclasses
+
     p = fit.Projection(field="probe", k=k, n=n, axis=0, group=128)
     limit = fit_tpu.budget(fit_tpu.vmem_capacity("v5e"))
     planned = fit_tpu.choose_tpu(p, limit).tiling
+    if rows <= fit_tpu.VPU_MAX_ROWS:
+        for t in fit_tpu.candidates_tpu(p):
+            vpu = dataclasses.replace(t, vpu_rows=rows)
+            if fit_tpu.need_tpu(vpu, group=128).total <= limit:
+                extra = [vpu, *extra]
+                break
     out = [("planned", planned)] if planned else []
     seen = {(planned.bn, planned.bk)} if planned else set()
     for t in fit_tpu.candidates_tpu(p):
@@ -109,7 +120,7 @@ def _tilings(k: int, n: int, extra: list[TpuTiling], alternatives: int) -> list[
         if (t.bn, t.bk) not in seen and fit_tpu.need_tpu(t, group=128).total <= limit:
             seen.add((t.bn, t.bk))
             out.append(("alternative", t))
-    out += [("given", t) for t in extra if fit_tpu.fits_tpu(k, n, 128, t)]
+    out += [("vpu" if t.vpu_rows else "given", t) for t in extra if fit_tpu.fits_tpu(k, n, 128, t)]
     return out
 
 
@@ -176,7 +187,7 @@ def main(argv: list[str]) -> int:
             ref = jnp.dot(x.astype(jnp.float32), w_KN, precision=jax.lax.Precision.HIGHEST)
             max_ref = float(jnp.max(jnp.abs(ref)))
             nbytes = packed_bytes(q)
-            variants = [(label, t) for label, t in _tilings(k, n, extra, a.alternatives)]
+            variants = _tilings(k, n, r, extra, a.alternatives)
             if not a.no_xla:
                 variants.append(("xla", None))
             for label, t in variants:
@@ -213,7 +224,7 @@ def main(argv: list[str]) -> int:
                          f"{case['ms']:.4f} ms/product ({case['gbps'] or 0:.0f} GB/s), single call "
                          f"{case['single_call_ms']:.3f} ms, rel err {case['rel_err']:.2e}, compile "
                          f"{case['compile_s']:.1f} s, weight copies {len(case['weight_copies'])}")  # fmt: skip
-                print(f"{name:>12} K={k:<5} N={n:<5} rows={r:<3} {label:>11} {case['tiling'] or 'xla':<26} {shown}",
+                print(f"{name:>12} K={k:<5} N={n:<5} rows={r:<3} {label:>11} {case['tiling'] or 'xla':<30} {shown}",
                       flush=True)  # fmt: skip
     res["wall_s"] = time.perf_counter() - start
     os.makedirs(a.out, exist_ok=True)
