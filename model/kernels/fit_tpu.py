@@ -58,9 +58,10 @@ import dataclasses
 
 from model.kernels.fit import KIB, Fit, Need, Projection
 
-__all__ = ["VPU_ROWS", "VPU_MAX_ROWS", "VPU_ROW_PAD", "need_tpu_vpu", "SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "TpuTiling", "ROW_TILE", "MAX_ROWS",
-           "generation_of", "vmem_capacity", "budget", "need_tpu", "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu",
-           "candidates_tpu", "choose_tpu", "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "rows_block"]  # fmt: skip
+__all__ = ["SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_MAX_ROWS", "VPU_ROW_PAD",
+           "ROW_TILE", "MAX_ROWS", "TpuTiling", "generation_of", "vmem_capacity", "budget", "need_tpu", "need_tpu_vpu",
+           "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu", "rows_block", "candidates_tpu", "choose_tpu",
+           "plan_tpu", "refusal_tpu", "parse_tpu_tiling"]  # fmt: skip
 
 MIB = 2**20
 

@@ -138,6 +138,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--iters", type=int, default=50, help="timed calls per program (median; default 50)")
     ap.add_argument("--budget-s", type=float, default=200.0, help="no new case after this many seconds")
     ap.add_argument("--no-xla", action="store_true", help="skip XLA's product")
+    ap.add_argument("--scale-dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="the kernel's scales (the engine's default: bfloat16; float32 to see whether Mosaic "
+                    "takes 8-row 16-bit scale tiles worse)")  # fmt: skip
     ap.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for w4a16_tpu.json (default $OUT)")
     a = ap.parse_args(argv)
@@ -160,7 +163,8 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     dev = jax.devices()[0]
     res = {"jax": jax.__version__, "platform": dev.platform, "device_kind": str(dev.device_kind),
-           "interpret": a.interpret, "reps": a.reps, "iters": a.iters, "budget_bytes": fit_tpu.budget(),
+           "interpret": a.interpret, "scale_dtype": a.scale_dtype, "reps": a.reps, "iters": a.iters,
+           "budget_bytes": fit_tpu.budget(),
            "scoped_vmem_limit": fit_tpu.SCOPED_VMEM, "cases": [], "skipped": []}  # fmt: skip
     try:
         from jax.experimental.pallas import tpu as pltpu
@@ -177,6 +181,7 @@ def main(argv: list[str]) -> int:
         w = jax.random.normal(kw, (k, n) if axis == 0 else (n, k), jnp.float32) / np.sqrt(k)
         q = quantize_channels(w, 4, axis, 128)
         words, scales = to_tpu(q.values, q.scales, tuple(q.shape), axis)
+        scales = scales.astype(jnp.float32) if a.scale_dtype == "float32" else scales
         w_KN = dequantize(q, jnp.float32)
         leaves[name] = (k, n, axis, q, words, scales, w_KN if axis == 0 else w_KN.T)
     spec = {0: "RK,KN->RN", 1: "RK,NK->RN"}
