@@ -88,8 +88,8 @@ class QuantArray:
         kernel (`model.kernels.w4a16`; set at load by `model.kernels.choice.with_tilings`). Static, like the
         layout. A tiling that does not tile the leaf's shape is never run: `matmul` takes XLA's product then.
         A `model.kernels.fit_tpu.TpuTiling` also says the leaf is stored in the TPU layout
-        (`model.kernels.tpu_layout`: values int32 words [K, N / 8], scales [K / g, 8, N / 8], the same values
-        and bytes), set at load on a TPU; `dequantize` and XLA's product read such a leaf through `_natural`.
+        (`model.kernels.tpu_layout`: values int32 words [K / 8, N], scales [K / g, N], the same values and
+        bytes), set at load on a TPU; `dequantize` and XLA's product read such a leaf through `_natural`.
     """
 
     values: jax.Array
@@ -484,7 +484,7 @@ def _natural(q):
     from model.kernels.tpu_layout import to_natural
 
     axis = 0 if q.block[0] > 1 else 1
-    values, scales = to_natural(q.values, q.scales, tuple(q.shape), axis)
+    values, scales = to_natural(q.values, q.scales, tuple(q.shape), axis, q.block[axis])
     return dataclasses.replace(q, values=values, scales=scales, tiling=None)
 
 

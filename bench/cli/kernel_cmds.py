@@ -71,7 +71,7 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
         if all(problems):
             raise InputError(f"--tiling {tiling!r}: tiles none of preset {preset}'s w4 projections at w4:{group} "
                              f"({'; '.join(dict.fromkeys(problems))}); expected bk a multiple of the group dividing "
-                             "K and bn / 8 words dividing N / 8, or no --tiling (the largest tiling that "
+                             "K and bn (a multiple of 128) dividing N, or no --tiling (the largest tiling that "
                              "fits)")  # fmt: skip
     rows, refusals = [], []
     for p in projs:

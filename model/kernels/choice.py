@@ -244,7 +244,7 @@ def with_tilings(params, plan: KernelPlan):
                         raise ValueError(f"kernel plan: {f.name} {leaf.shape}: tiling {t.text} does not tile it "
                                          f"({problem})")  # fmt: skip
                     if tpu:
-                        values, scales = _to_tpu(leaf.values, leaf.scales, leaf.shape, axis)
+                        values, scales = _to_tpu(leaf.values, leaf.scales, leaf.shape, axis, group)
                         leaf = dataclasses.replace(leaf, values=values, scales=scales)
                 changed[f.name] = dataclasses.replace(leaf, tiling=t)
         return dataclasses.replace(lp, **changed)
@@ -252,11 +252,11 @@ def with_tilings(params, plan: KernelPlan):
     return dataclasses.replace(params, layers=tuple(layer(lp) for lp in params.layers))
 
 
-def _to_tpu(values, scales, shape, axis):
+def _to_tpu(values, scales, shape, axis, group):
     """`model.kernels.tpu_layout.to_tpu` (jax; imported on the TPU kernel's path only)."""
     from model.kernels.tpu_layout import to_tpu
 
-    return to_tpu(values, scales, tuple(shape), axis)
+    return to_tpu(values, scales, tuple(shape), axis, group)
 
 
 def log_plan(plan: KernelPlan, log: logging.Logger | None = None) -> None:

@@ -3,51 +3,54 @@ projection's shape, against the scoped VMEM limit the kernel asks Mosaic for, be
 tiling must satisfy to tile a shape (the TPU's block rules), and the tiling chosen per projection.
 
 Key: K contraction length, N output length of one projection (the logical [K, N] product, whatever the leaf's
-stored orientation); g the w4 group (values per scale along K); a bytes per activation value (2 for bfloat16),
-s bytes per scale. A tiling (`TpuTiling`) is bm activation rows (the most a block takes; fewer rows are padded to a
-multiple of 16 and take a smaller block), bn outputs (8 x bw, bw the block's 32-bit words along N: each word holds
-8 int4 values, `model.kernels.tpu_layout`) and bk contraction values per grid step.
+stored orientation); g the w4 group (values per scale along K), G = bk / g the groups of one step; a bytes per
+activation value (2 for bfloat16), s bytes per scale, P(s) the rows of one VMEM tile of the scale type (16 for
+16-bit, 8 for 32-bit: jax's `TpuInfo.get_sublane_tiling`), up(x, P) x rounded up to a multiple of P. A tiling
+(`TpuTiling`) is bm activation rows (the most a block takes; fewer rows are padded to a multiple of 16 and take a
+smaller block), bn outputs and bk contraction values per grid step; the weight is 32-bit words [K / 8, N]
+(`model.kernels.tpu_layout`), so a step reads bk / 8 x bn words.
 
 VMEM bytes of one grid step (`need_tpu`), the formula:
 
-    need = 2 x (bm bk a)                     # activation block [bk / g, bm, g], double-buffered
-         + 2 x (bk bw 4)                     # packed words [bk, bw] int32 (= bk bn / 2 bytes), double-buffered
-         + 2 x ((bk / g) x P(s) x bw x s)    # scales [bk / g, 8, bw], double-buffered; P(s) = 8 x 4 / s rows
-         + 2 x (8 bm bw 4)                   # float32 output block [8, bm, bw], double-buffered
-         + 8 bm bw 4                         # the 8 float32 accumulators of the group loop
-         + g bw (4 + 4 + a)                  # one group's words, one unpacked plane (float32), its a-byte copy
+    need = 2 x (bm bk a)                 # activation block [G, bm, g], double-buffered
+         + 2 x (bk / 8 x bn x 4)         # packed words (= bk bn / 2 bytes), double-buffered
+         + 2 x (up(G, P(s)) bn s)        # scales [G, bn], double-buffered
+         + 2 x (bm bn 4)                 # float32 output block, double-buffered
+         + up(G, 8) bn 4                 # the step's scales in float32
+         + 2 x (bm bn 4)                 # the accumulator and one group's product
+         + g bn a + 2 x (g / 8 x bn x 4) # one group's values, one run of them in float32, the group's words
 
 Why these terms: Pallas's TPU pipeline (a grid with BlockSpecs) keeps two buffers of every blocked input and output
 in VMEM, so the copy of step i + 1 runs while step i computes (the Pallas TPU pipelining docs, "double
-buffering"); the last two terms are the kernel body's own values (`model.kernels.w4a16_tpu`'s group loop), which
-Mosaic keeps in vector registers and spills to VMEM: counted whole, so a tiling that passes leaves room. P(s): a
-VMEM tile of a 16-bit type has 16 sublanes (jax's `TpuInfo.get_sublane_tiling`), so the 8 scale rows of a group
-take 16 rows' room; 8 for 32-bit. Rows, words and the x block's g lanes are multiples of the tile already.
+buffering"); the rest are the kernel body's own values, which Mosaic keeps in vector registers and spills to
+VMEM: counted whole, so a tiling that passes leaves room.
 
-The vector-unit variant (`TpuTiling.vpu_rows` rows, `need_tpu_vpu`): its activations are a float32 [bk / g, g, 8]
-block whose 8 lanes take a 128-lane tile's room, its output [8, 8, bw]:
+The vector-unit variant (`TpuTiling.vpu_rows` rows, `need_tpu_vpu`): its activations are a float32 [G, g, 8] block
+whose 8 lanes take a 128-lane tile's room, its output [8, bn]:
 
-    need_vpu = 2 x (bk 128 4) + 2 x (bk bw 4) + 2 x ((bk / g) P(s) bw s) + 2 x (8 8 bw 4)
-             + (rows + 2) g bw 4                 # each row's broadcast activations, one plane, the group's words
-             + 8 rows 8 bw 4                     # accumulators [1, bw] per (plane, row), 8 sublanes' room each
+    need_vpu = 2 x (bk 128 4) + 2 x (bk / 8 x bn x 4) + 2 x (up(G, P(s)) bn s) + 2 x (8 bn 4) + up(G, 8) bn 4
+             + (rows + 3) x (g / 8 x bn x 4)  # each row's sum over the runs, one run, its broadcast activations,
+                                               # the group's words
+             + rows x 8 bn 4                   # accumulators [1, bn] per row, 8 sublanes' room each
 
 and a tiling with vpu_rows > 0 is charged the larger of the two.
 
 Limits: the kernel passes `vmem_limit_bytes = SCOPED_VMEM` (16 MiB) to Mosaic (`pltpu.CompilerParams`), so the
 scoped limit does not depend on the compiler's default (16 MiB on the lent v5e too: a Pallas kernel whose
 double-buffered blocks took 16.03 MB failed there with "Scoped allocation with size 16.03M and limit 16.00M",
-issue 43's TPU notes); a tiling is chosen only when its `need_tpu` is within
-`BUDGET_SHARE` (3/4) of that, the rest left to Mosaic's internal scratch and the values the model does not count.
-The VMEM a core has (`TPU_VMEM_BYTES`, read from `jax.experimental.pallas.tpu.get_tpu_info()` on a live TPU by
+issue 43's TPU notes); a tiling is chosen only when its `need_tpu` is within `BUDGET_SHARE` (3/4) of that, the
+rest left to Mosaic's internal scratch and the values the model does not count. The VMEM a core has
+(`TPU_VMEM_BYTES`, read from `jax.experimental.pallas.tpu.get_tpu_info()` on a live TPU by
 `model.kernels.choice.device_limit`, else this table) only caps the scoped limit: jax's own table
 (jax/_src/pallas/mosaic/tpu_info.py in jax 0.10.2; jax/_src/tpu_info.py in 0.12, the same figures): v2, v3, v4, v4i
 16 MiB per TensorCore; v5e 128 MiB; v5p 64 MiB; v6e 128 MiB; 7, 7x 64 MiB.
 
 The TPU's block rules (jax's Pallas TPU lowering, `_check_block_mappings`, jax 0.10.2 and 0.12): each block's last
 dimension a multiple of 128 or the array's whole dimension, its second-to-last a multiple of 8 or the whole
-dimension. Here: x blocks [bk / g, bm, g] (g a multiple of 128; bm a multiple of 16, bfloat16's sublane tile),
-words [bk, bw] (bk a multiple of 128 or K; bw a multiple of 128 or N / 8), scales [bk / g, 8, bw], output
-[8, bm, bw].
+dimension. Here: x blocks [G, bm, g] (g a multiple of 128; bm of 16, bfloat16's sublane tile), words [bk / 8, bn]
+and the output [bm, bn] (bn a multiple of 128 or N; bk / 8 a multiple of 16 since bk is one of 128), scales
+[G, bn] (G a multiple of 16, both scale types' tile, or all of K's groups: bk = K). The kernel unrolls its groups:
+at most `MAX_GROUPS_PER_STEP` per step.
 
 Pure Python on ints (no jax): `bench kernels fit` and the report use it without a device.
 """
@@ -86,7 +89,7 @@ value multiplied and summed in float32 on the VPU) instead of the matrix unit. 0
 (`scripts/probes/w4a16_tpu.py`, variant "vpu") shows it faster at decode's few rows."""
 
 VPU_MAX_ROWS = 8
-"""Most rows the vector-unit variant takes (its activations are one [8, g] tile per group, transposed)."""
+"""Most rows the vector-unit variant takes (its activations are one [g, 8] block per group, transposed)."""
 
 VPU_ROW_PAD = 8
 """Rows the vector-unit variant's blocks hold (the rows it takes, padded)."""
@@ -100,29 +103,26 @@ row blocks, each reading the weight again."""
 
 ROW_BLOCKS = (128, 64, 32, 16)
 """Row blocks tried, largest first."""
-WORD_BLOCKS = (1024, 512, 256, 128)
-"""Words along N per block tried (bw; bn = 8 bw outputs), largest first; N / 8 itself where it is not a multiple
-of 128 (one block along N)."""
-MAX_GROUPS_PER_STEP = 96
-"""Most w4 groups in one grid step (bk <= 96 g = 12288 at g 128: E2B's largest K in one step)."""
+MAX_OUTPUT_BLOCK = 4096
+"""Outputs per block tried (bn): every multiple of 128 up to this that divides N, largest first; N itself where
+no multiple of 128 divides it (one block along N)."""
+MAX_GROUPS_PER_STEP = 24
+"""Most w4 groups in one grid step (the kernel unrolls them): bk <= 24 g = 3072 at g 128."""
+SCALE_ROWS = 16
+"""A step's scale rows (groups) must be a multiple of this (the 16-bit tile's rows), or all of K's groups."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TpuTiling:
-    """One tiling of the TPU kernel: bm rows (the most per block), bn outputs (8 x the words per block) and bk
-    contraction values per grid step. Hashable: a static field of a quantized leaf (`model.quant.QuantArray.tiling`),
-    where it also says that the leaf is stored in the TPU layout (`model.kernels.tpu_layout`). `text` is its manifest
-    form, e.g. "tpu bm128 bn4096 bk1536"."""
+    """One tiling of the TPU kernel: bm rows (the most per block), bn outputs and bk contraction values per grid
+    step; `vpu_rows`: rows up to which a call takes the vector-unit variant (0: never). Hashable: a static field of
+    a quantized leaf (`model.quant.QuantArray.tiling`), where it also says that the leaf is stored in the TPU layout
+    (`model.kernels.tpu_layout`). `text` is its manifest form, e.g. "tpu bm128 bn2048 bk1536"."""
 
     bm: int
     bn: int
     bk: int
     vpu_rows: int = 0
-
-    @property
-    def bw(self) -> int:
-        """32-bit words per block along N (8 int4 values each)."""
-        return self.bn // 8
 
     @property
     def text(self) -> str:
@@ -156,11 +156,26 @@ def _sublanes(itemsize: int) -> int:
     return 8 * max(1, 4 // itemsize)
 
 
+def _up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
 def need_tpu(t: TpuTiling, *, group: int, act_bytes: int = 2, scale_bytes: int = 2) -> Need:
     """`Need` (bytes, term by term) of one grid step of tiling `t` for w4 groups of `group` values, activations of
     `act_bytes` and scales of `scale_bytes` bytes (the module docstring's formula); with `t.vpu_rows`, the larger
     of that and the vector-unit variant's (`need_tpu_vpu`)."""
-    mxu = _need_mxu(t, group=group, act_bytes=act_bytes, scale_bytes=scale_bytes)
+    g_, bn, bm = t.bk // group, t.bn, t.bm
+    srows = _up(g_, _sublanes(scale_bytes))
+    mxu = Need(terms=(
+        (f"activation block (2 x {bm}x{t.bk} x {act_bytes} B)", 2 * bm * t.bk * act_bytes),
+        (f"packed words (2 x {t.bk // 8}x{bn} x 4 B)", 2 * (t.bk // 8) * bn * 4),
+        (f"scales (2 x {srows}x{bn} x {scale_bytes} B)", 2 * srows * bn * scale_bytes),
+        (f"output block (2 x {bm}x{bn} x 4 B)", 2 * bm * bn * 4),
+        (f"float32 scales ({_up(g_, 8)}x{bn} x 4 B)", _up(g_, 8) * bn * 4),
+        (f"accumulator and product (2 x {bm}x{bn} x 4 B)", 2 * bm * bn * 4),
+        (f"one group's values ({group}x{bn} x {act_bytes} B + 2 x {group // 8}x{bn} x 4 B)",
+         group * bn * act_bytes + 2 * (group // 8) * bn * 4),
+    ))  # fmt: skip
     if not t.vpu_rows:
         return mxu
     vpu = need_tpu_vpu(t, group=group, scale_bytes=scale_bytes)
@@ -168,52 +183,37 @@ def need_tpu(t: TpuTiling, *, group: int, act_bytes: int = 2, scale_bytes: int =
 
 
 def need_tpu_vpu(t: TpuTiling, *, group: int, scale_bytes: int = 2) -> Need:
-    """`Need` (bytes) of one grid step of the vector-unit variant at `t.vpu_rows` rows: its activations are
-    float32 [bk / g, g, 8] blocks whose 8 lanes take a 128-lane tile's room; its values the rows' broadcast
-    activations, one plane and the words of a group (float32 [g, bw] each) and the 8 x rows accumulators
-    ([1, bw], 8 sublanes' room each)."""
-    bw, groups, rows = t.bw, t.bk // group, max(t.vpu_rows, 1)
-    srows = max(8, _sublanes(scale_bytes))
+    """`Need` (bytes) of one grid step of the vector-unit variant at `t.vpu_rows` rows (the module docstring's
+    formula)."""
+    g_, bn, rows = t.bk // group, t.bn, max(t.vpu_rows, 1)
+    srows = _up(g_, _sublanes(scale_bytes))
+    run = group // 8 * bn * 4
     return Need(terms=(
         (f"transposed activations (2 x {t.bk}x128 lanes x 4 B)", 2 * t.bk * 128 * 4),
-        (f"packed words (2 x {t.bk}x{bw} x 4 B)", 2 * t.bk * bw * 4),
-        (f"scales (2 x {groups}x{srows}x{bw} x {scale_bytes} B)", 2 * groups * srows * bw * scale_bytes),
-        (f"output block (2 x 8x8x{bw} x 4 B)", 2 * 8 * 8 * bw * 4),
-        (f"group values ({rows + 2} x {group}x{bw} x 4 B)", (rows + 2) * group * bw * 4),
-        (f"accumulators (8 x {rows} x 8x{bw} x 4 B)", 8 * rows * 8 * bw * 4),
-    ))  # fmt: skip
-
-
-def _need_mxu(t: TpuTiling, *, group: int, act_bytes: int, scale_bytes: int) -> Need:
-    """The matrix-unit kernel's `Need` (the module docstring's formula)."""
-    bw, groups = t.bw, t.bk // group
-    rows = max(8, _sublanes(scale_bytes))
-    return Need(terms=(
-        (f"activation block (2 x {t.bm}x{t.bk} x {act_bytes} B)", 2 * t.bm * t.bk * act_bytes),
-        (f"packed words (2 x {t.bk}x{bw} x 4 B)", 2 * t.bk * bw * 4),
-        (f"scales (2 x {groups}x{rows}x{bw} x {scale_bytes} B)", 2 * groups * rows * bw * scale_bytes),
-        (f"output block (2 x 8x{t.bm}x{bw} x 4 B)", 2 * 8 * t.bm * bw * 4),
-        (f"accumulators (8x{t.bm}x{bw} x 4 B)", 8 * t.bm * bw * 4),
-        (f"one group unpacked ({group}x{bw} x {8 + act_bytes} B)", group * bw * (8 + act_bytes)),
+        (f"packed words (2 x {t.bk // 8}x{bn} x 4 B)", 2 * (t.bk // 8) * bn * 4),
+        (f"scales (2 x {srows}x{bn} x {scale_bytes} B)", 2 * srows * bn * scale_bytes),
+        (f"output block (2 x 8x{bn} x 4 B)", 2 * 8 * bn * 4),
+        (f"float32 scales ({_up(g_, 8)}x{bn} x 4 B)", _up(g_, 8) * bn * 4),
+        (f"group values ({rows + 3} x {group // 8}x{bn} x 4 B)", (rows + 3) * run),
+        (f"accumulators ({rows} x 8x{bn} x 4 B)", rows * 8 * bn * 4),
     ))  # fmt: skip
 
 
 def shape_problem_tpu(p: Projection) -> str | None:
-    """Why the TPU kernel cannot tile projection `p` at all, or None: the group a multiple of 128 (x's lane blocks)
-    dividing K, N a multiple of 8 (whole 32-bit words of int4 values)."""
+    """Why the TPU kernel cannot tile projection `p` at all, or None: the group a multiple of 128 (x's lane blocks;
+    8 runs of g / 8 word rows, 16 at g = 128) dividing K."""
     if p.group % 128:
         return f"group {p.group} is not a multiple of 128 (the TPU's lane width)"
     if p.k % p.group:
         return f"K={p.k} is not a multiple of the group {p.group}"
-    if p.n % 8:
-        return f"N={p.n} is not a multiple of 8 (8 int4 values per 32-bit word)"
     return None
 
 
 def tiling_problem_tpu(k: int, n: int, group: int, t: TpuTiling) -> str | None:
     """Why tiling `t` cannot tile a K x N product with w4 groups of `group` values, or None (the TPU's block rules,
-    module docstring): bm a multiple of 16; bk a multiple of the group dividing K; bn a multiple of 8 whose words
-    (bn / 8) divide N / 8 and are a multiple of 128 or all of N / 8."""
+    module docstring): bm a multiple of 16; bk a multiple of the group dividing K, at most `MAX_GROUPS_PER_STEP`
+    groups, a multiple of `SCALE_ROWS` groups or all of K; bn dividing N, a multiple of 128 or N; vpu_rows within
+    0..`VPU_MAX_ROWS`."""
     problem = shape_problem_tpu(Projection(field="", k=k, n=n, axis=0, group=group))
     if problem:
         return problem
@@ -225,10 +225,14 @@ def tiling_problem_tpu(k: int, n: int, group: int, t: TpuTiling) -> str | None:
         return f"bk {t.bk} is not a multiple of the group {group}"
     if k % t.bk:
         return f"bk {t.bk} does not divide K={k}"
-    if t.bn % 8 or (n // 8) % t.bw:
-        return f"bn {t.bn} is not 8 x a number of words dividing N / 8 = {n // 8}"
-    if t.bw % 128 and t.bw != n // 8:
-        return f"bn {t.bn} gives {t.bw} words per block: not a multiple of 128 nor all {n // 8} words of N={n}"
+    if t.bk // group > MAX_GROUPS_PER_STEP:
+        return f"bk {t.bk} is {t.bk // group} groups, over the {MAX_GROUPS_PER_STEP} one step unrolls"
+    if t.bk != k and (t.bk // group) % SCALE_ROWS:
+        return f"bk {t.bk} is {t.bk // group} groups: not a multiple of {SCALE_ROWS} (scale rows) nor all of K={k}"
+    if n % t.bn:
+        return f"bn {t.bn} does not divide N={n}"
+    if t.bn % 128 and t.bn != n:
+        return f"bn {t.bn} is not a multiple of 128 nor N={n}"
     return None
 
 
@@ -250,11 +254,10 @@ def candidates_tpu(p: Projection) -> list[TpuTiling]:
     in fewer steps)."""
     if shape_problem_tpu(p):
         return []
-    words = p.n // 8
-    bws = sorted({w for w in WORD_BLOCKS if words % w == 0} | ({words} if words % 128 else set()), reverse=True)
-    steps = [s for s in range(1, p.k // p.group + 1) if (p.k // p.group) % s == 0]
-    bks = [p.k // s for s in steps if p.k // s // p.group <= MAX_GROUPS_PER_STEP]
-    out = [TpuTiling(bm=bm, bn=8 * bw, bk=bk, vpu_rows=VPU_ROWS) for bm in ROW_BLOCKS for bw in bws for bk in bks]
+    bns = [b for b in range(MAX_OUTPUT_BLOCK, 0, -128) if p.n % b == 0] or [p.n]
+    groups = p.k // p.group
+    bks = [p.k // s for s in range(1, groups + 1) if groups % s == 0]
+    out = [TpuTiling(bm=bm, bn=bn, bk=bk, vpu_rows=VPU_ROWS) for bm in ROW_BLOCKS for bn in bns for bk in bks]
     out = [t for t in out if fits_tpu(p.k, p.n, p.group, t)]
     return sorted(out, key=lambda t: (t.bm, t.bk * t.bn, t.bk), reverse=True)
 
@@ -310,8 +313,8 @@ def refusal_tpu(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2
 
 def parse_tpu_tiling(text: str) -> TpuTiling:
     """"[tpu] bm16 bn2048 bk1536 [vpu1]" (spaces or commas) -> `TpuTiling` (vpuN: `vpu_rows` N). Raises ValueError
-    naming the text and the expected form (bm a multiple of 16, bn of 8, vpu at most `VPU_MAX_ROWS`; whether it
-    tiles a shape is `tiling_problem_tpu`'s)."""
+    naming the text and the expected form (bm a multiple of 16, vpu at most `VPU_MAX_ROWS`; whether it tiles a
+    shape is `tiling_problem_tpu`'s)."""
     fields = {}
     for part in text.replace(",", " ").split():
         if part == "tpu":
@@ -324,7 +327,7 @@ def parse_tpu_tiling(text: str) -> TpuTiling:
     if not {"bm", "bn", "bk"} <= set(fields):
         raise ValueError(f"tiling {text!r}: needs bm, bn and bk, e.g. 'tpu bm16 bn2048 bk1536'")
     t = TpuTiling(**fields)
-    if t.bm % ROW_TILE or t.bn % 8 or t.vpu_rows > VPU_MAX_ROWS:
-        raise ValueError(f"tiling {text!r}: bm must be a multiple of {ROW_TILE}, bn of 8 and vpu at most "
-                         f"{VPU_MAX_ROWS}, e.g. 'tpu bm16 bn2048 bk1536 vpu1'")  # fmt: skip
+    if t.bm % ROW_TILE or t.vpu_rows > VPU_MAX_ROWS:
+        raise ValueError(f"tiling {text!r}: bm must be a multiple of {ROW_TILE} and vpu at most {VPU_MAX_ROWS}, "
+                         "e.g. 'tpu bm16 bn2048 bk1536 vpu1'")  # fmt: skip
     return t

@@ -6,31 +6,33 @@ unpacked and converted there, multiplied on the matrix unit with float32 results
 float32. The engine's choice of it and its tiling: `model.kernels.choice`; what a tiling must satisfy and the VMEM
 it needs: `model.kernels.fit_tpu`.
 
-Key: R activation rows, K contraction length, N outputs, g the w4 group, G = K / g; W = N / 8 words per row of K;
-bm, bn (= 8 bw), bk: the `model.kernels.fit_tpu.TpuTiling`.
+Key: R activation rows, K contraction length, N outputs, g the w4 group, G = K / g; bm, bn, bk: the
+`model.kernels.fit_tpu.TpuTiling`.
 
-Operands (all prepared outside the kernel; none is a copy of the weight):
+Operands (prepared outside the kernel; none is a copy of the weight):
 - x [G, Rp, g]: the activations, rows padded to Rp (a multiple of the row block), split into groups along K and
-  moved group-major (a [R, K] array: small beside the weight), so a group's activations are one leading index;
-- words int32 [K, W] and scales [G, 8, W]: the leaf as stored (`model.kernels.tpu_layout`);
-- out float32 [8, Rp, W]: plane p, row r, word m is output p W + m; transposed to [Rp, N] after the kernel.
+  moved group-major (a [R, K] array, small beside the weight), so a group's activations are one leading index;
+- words int32 [K / 8, N] and scales [G, N]: the leaf as stored (`model.kernels.tpu_layout`);
+- out float32 [Rp, N]: cast to the activation dtype after the kernel.
 
-Grid (Rp / bm, W / bw, K / bk), the last axis the reduction ("arbitrary"; the output block stays in VMEM across
-it and is zeroed at its first step), the others "parallel". One step: a loop over its bk / g groups; in each it
-loads the group's words [g, bw], and for each plane p = 0..7 shifts nibble p to the top of the word and back
-(arithmetic shift: the two's complement value, exact), converts it to float32 then to the activation dtype
-(exact: |q| <= 8), multiplies x [bm, g] by it on the matrix unit with a float32 result, scales that [bm, bw] by
-the group's scales (row p of [8, bw]) and adds it to plane p's float32 accumulator. The product is exact in the
-integers; scaling after it keeps the weight's values exact whatever the scale dtype; the float32 sums are in
+Grid (Rp / bm, N / bn, K / bk), the last axis the reduction ("arbitrary": the output block stays in VMEM across it
+and is zeroed at its first step), the others "parallel". One step: for each of its bk / g groups (unrolled: at
+most `fit_tpu.MAX_GROUPS_PER_STEP`), the group's g / 8 word rows [g / 8, bn]; for p = 0..7 nibble p shifted to the
+top of the word and back (arithmetic shift: the two's complement value, exact), converted to float32 and then to
+the activation dtype (exact: |q| <= 8); the 8 runs stacked along K are the group's [g, bn] values in natural order
+(aligned: 16 rows each at g = 128); x [bm, g] times them on the matrix unit with a float32 result; that scaled by
+the group's scales [1, bn] and added to the float32 accumulator. The products are exact in the integers; scaling
+after each group's product keeps the weight's values exact whatever the scale dtype; the float32 sums run in
 group order, so results can differ from XLA's product (`model.quant.matmul`) in the last float32 bits before the
 cast to the activation dtype.
 
-The vector-unit variant (`tiling.vpu_rows` >= R: a decode step's few rows; `model.kernels.fit_tpu.VPU_ROWS`
-says when the engine plans it, 0 until measured): the same grid, words and scales, x handed transposed per group
-(float32 [G, g, 8], rows padded to 8) and the output [8, 8, W]; in each group, each plane's values (float32) are
-multiplied by each row's activations broadcast along lanes and summed over the group's g values (a reduction along
-sublanes), scaled and accumulated, all in float32 on the vector unit: no matrix unit, whose weight loads a
-product of a few rows cannot amortize. Whether it is faster is the TPU probe's question.
+The vector-unit variant (`tiling.vpu_rows` >= R: a decode step's few rows; `model.kernels.fit_tpu.VPU_ROWS` says
+when the engine plans it, 0 until measured): the same grid, words and scales; x handed transposed per group
+(float32 [G, g, 8], rows padded to 8) and the output [8, N]; in each group each run's values (float32 [g / 8, bn])
+are multiplied by each row's activations for that run (a column broadcast along lanes), summed over the 8 runs
+elementwise and then over the g / 8 rows (a reduction along sublanes), scaled and accumulated, all in float32 on
+the vector unit: no matrix unit, whose weight loads a product of a few rows cannot amortize. Whether it is faster
+is the TPU probe's question (`scripts/probes/w4a16_tpu.py`).
 
 Lowering: `pltpu.CompilerParams(dimension_semantics=..., vmem_limit_bytes=fit_tpu.SCOPED_VMEM)`, the same API in
 jax 0.10.2 (the lent TPU machine's) and 0.12 (the project's): the tests lower it for the TPU on CPU with
@@ -58,69 +60,56 @@ KERNEL_NAME = "w4a16_pallas_tpu_kernel"
 containing "w4a16_pallas" as the w4a16 kernel)."""
 
 
-def _plane(w: jax.Array, p: int) -> jax.Array:
+def _run(w: jax.Array, p: int) -> jax.Array:
     """int32 words -> the signed value of nibble p (bits 4p..4p+3) of each, int32 in [-8, 7]."""
     return (w << (28 - 4 * p)) >> 28 if p < PLANES - 1 else w >> 28
 
 
-def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, groups: int):
-    """One grid step: x_ref [groups, bm, g], w_ref [groups g, bw] int32, s_ref [groups, 8, bw], o_ref [8, bm, bw]
-    float32 (resident across the K axis of the grid)."""
-
+def _zero_at_first_k_step(o_ref) -> None:
     @pl.when(pl.program_id(2) == 0)
     def _zero():
         o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
 
-    bm, bw = o_ref.shape[1], o_ref.shape[2]
 
-    def step(i, accs):
+def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, groups: int):
+    """One grid step: x_ref [groups, bm, g], w_ref [groups g / 8, bn] int32, s_ref [groups, bn], o_ref [bm, bn]
+    float32 (resident across the K axis of the grid)."""
+    _zero_at_first_k_step(o_ref)
+    rows = group // PLANES
+    s = s_ref[...].astype(jnp.float32)
+    acc = None
+    for i in range(groups):
         x = x_ref[i]
-        w = w_ref[pl.ds(pl.multiple_of(i * group, group), group), :]
-        s = s_ref[i].astype(jnp.float32)
-        out = []
-        for p in range(PLANES):
-            q = _plane(w, p).astype(jnp.float32).astype(x.dtype)
-            d = jax.lax.dot_general(x, q, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-            out.append(accs[p] + d * s[p : p + 1, :])
-        return tuple(out)
-
-    zero = jnp.zeros((bm, bw), jnp.float32)
-    accs = jax.lax.fori_loop(0, groups, step, (zero,) * PLANES)
-    for p in range(PLANES):
-        o_ref[p] += accs[p]
+        w = w_ref[i * rows : (i + 1) * rows, :]
+        q = jnp.concatenate([_run(w, p).astype(jnp.float32).astype(x.dtype) for p in range(PLANES)], axis=0)
+        d = jax.lax.dot_general(x, q, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        part = d * s[i : i + 1, :]
+        acc = part if acc is None else acc + part
+    o_ref[...] += acc
 
 
 def _kernel_vpu(xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: int):
-    """One grid step of the vector-unit variant (a few rows): xt_ref [groups, g, 8] float32 (x transposed, rows
-    padded to 8), w_ref [groups g, bw] int32, s_ref [groups, 8, bw], o_ref [8, 8, bw] float32 (plane, row, word;
-    resident across the K axis of the grid). Each plane's values are multiplied by each row's activations (a
-    column broadcast along lanes) and summed over the group's g values (a reduction along sublanes), in float32:
-    no matrix unit."""
-
-    @pl.when(pl.program_id(2) == 0)
-    def _zero():
-        o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
-
-    bw = o_ref.shape[2]
-
-    def step(i, accs):
+    """One grid step of the vector-unit variant: xt_ref [groups, g, 8] float32 (x transposed, rows padded to 8),
+    w_ref [groups g / 8, bn] int32, s_ref [groups, bn], o_ref [8, bn] float32 (resident across the K axis)."""
+    _zero_at_first_k_step(o_ref)
+    run = group // PLANES
+    bn = o_ref.shape[1]
+    s = s_ref[...].astype(jnp.float32)
+    acc = [None] * rows
+    for i in range(groups):
         xt = xt_ref[i]
-        w = w_ref[pl.ds(pl.multiple_of(i * group, group), group), :]
-        s = s_ref[i].astype(jnp.float32)
-        cols = [jnp.broadcast_to(xt[:, r : r + 1], (group, bw)) for r in range(rows)]
-        out = list(accs)
+        w = w_ref[i * run : (i + 1) * run, :]
+        sums = [None] * rows
         for p in range(PLANES):
-            q = _plane(w, p).astype(jnp.float32)
+            q = _run(w, p).astype(jnp.float32)
             for r in range(rows):
-                part = jnp.sum(q * cols[r], axis=0, keepdims=True)
-                out[p * rows + r] = out[p * rows + r] + part * s[p : p + 1, :]
-        return tuple(out)
-
-    zero = jnp.zeros((1, bw), jnp.float32)
-    accs = jax.lax.fori_loop(0, groups, step, (zero,) * (PLANES * rows))
-    for p in range(PLANES):
+                term = q * jnp.broadcast_to(xt[p * run : (p + 1) * run, r : r + 1], (run, bn))
+                sums[r] = term if sums[r] is None else sums[r] + term
         for r in range(rows):
-            o_ref[p, r : r + 1, :] += accs[p * rows + r]
+            part = jnp.sum(sums[r], axis=0, keepdims=True) * s[i : i + 1, :]
+            acc[r] = part if acc[r] is None else acc[r] + part
+    for r in range(rows):
+        o_ref[r : r + 1, :] += acc[r]
 
 
 def w4a16_tpu_kernel(*refs, vpu_rows: int = 0, **kw):
@@ -138,17 +127,17 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
                      tiling: TpuTiling, interpret: bool = False) -> jax.Array:  # fmt: skip
     """x [R, K] (bfloat16, float16 or float32; any R >= 1) times a w4 weight in the TPU layout: [R, N] in x's dtype.
 
-    words: int32 [K, N / 8]; scales: [K / group, 8, N / 8], any float dtype (`model.kernels.tpu_layout`). Rows are
-    padded to a multiple of the row block (`model.kernels.fit_tpu.rows_block`: R rounded up to 16, at most
-    tiling.bm). Raises ValueError naming why when `tiling` does not tile the shape
-    (`model.kernels.fit_tpu.tiling_problem_tpu`: a program error; the engine plans tilings with
+    words: int32 [K / 8, N]; scales: [K / group, N], any float dtype (`model.kernels.tpu_layout`). Rows are padded
+    to a multiple of the row block (`model.kernels.fit_tpu.rows_block`: R rounded up to 16, at most tiling.bm); R
+    <= tiling.vpu_rows takes the vector-unit variant. Raises ValueError naming why when `tiling` does not tile the
+    shape (`model.kernels.fit_tpu.tiling_problem_tpu`: a program error; the engine plans tilings with
     `model.kernels.fit_tpu`). `interpret`: run as jax ops (CPU, tests)."""
     problem = tiling_problem_tpu(k, n, group, tiling)
     if problem:
         raise ValueError(f"tiling {tiling.text} does not tile K={k} N={n} group {group}: {problem}")
     r = x_RK.shape[0]
     vpu = r <= tiling.vpu_rows
-    w_total, bw, groups = n // PLANES, tiling.bw, tiling.bk // group
+    groups, bn = tiling.bk // group, tiling.bn
     if vpu:  # x transposed per group, rows padded to 8 (one row block)
         bm = rp = VPU_ROW_PAD
         x = jnp.pad(x_RK.astype(jnp.float32), ((0, rp - r), (0, 0)))
@@ -160,20 +149,19 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
         x = jnp.pad(x_RK, ((0, rp - r), (0, 0))) if rp != r else x_RK
         x_in = jnp.transpose(x.reshape(rp, k // group, group), (1, 0, 2))
         x_spec = pl.BlockSpec((groups, bm, group), lambda i, j, kk: (kk, i, 0))
-    grid = (rp // bm, w_total // bw, k // tiling.bk)
+    grid = (rp // bm, n // bn, k // tiling.bk)
     in_specs = [
         x_spec,
-        pl.BlockSpec((tiling.bk, bw), lambda i, j, kk: (kk, j)),
-        pl.BlockSpec((groups, PLANES, bw), lambda i, j, kk: (kk, 0, j)),
+        pl.BlockSpec((tiling.bk // PLANES, bn), lambda i, j, kk: (kk, j)),
+        pl.BlockSpec((groups, bn), lambda i, j, kk: (kk, j)),
     ]
-    out_spec = pl.BlockSpec((PLANES, bm, bw), lambda i, j, kk: (0, i, j))
+    out_spec = pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))
     params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
                                   vmem_limit_bytes=SCOPED_VMEM)  # fmt: skip
     kernel = functools.partial(w4a16_tpu_kernel, group=group, groups=groups, vpu_rows=r if vpu else 0)
     with jax.named_scope(KERNEL_NAME):
         out = pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct((PLANES, rp, w_total), jnp.float32), grid=grid,
-            in_specs=in_specs, out_specs=out_spec, compiler_params=params, interpret=interpret, name=KERNEL_NAME,
+            kernel, out_shape=jax.ShapeDtypeStruct((rp, n), jnp.float32), grid=grid, in_specs=in_specs,
+            out_specs=out_spec, compiler_params=params, interpret=interpret, name=KERNEL_NAME,
         )(x_in, words, scales)  # fmt: skip
-    y = jnp.transpose(out, (1, 0, 2)).reshape(rp, n)
-    return y[:r].astype(x_RK.dtype)
+    return out[:r].astype(x_RK.dtype)

@@ -48,7 +48,7 @@ E2B_SHAPES = {  # field: (K, N, contraction axis of the stored leaf); model/conf
     "down_DF": (6144, 1536, 1), "ple_gate_PD": (1536, 256, 1), "ple_proj_PD": (256, 1536, 0),
 }  # fmt: skip
 """The default shapes: one of each projection kind (E2B: MLP width 6144, gate and up fused: N 12288)."""
-SMALL_SHAPES = {"qkv_DX": (256, 1024, 0), "o_DX": (512, 256, 1), "ple_gate_PD": (256, 64 * 8, 1)}
+SMALL_SHAPES = {"qkv_DX": (256, 1024, 0), "o_DX": (512, 256, 1), "ple_gate_PD": (256, 320, 1)}
 
 
 def _all_e2b_shapes() -> dict[str, tuple[int, int, int]]:
@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
         key, kw = jax.random.split(key)
         w = jax.random.normal(kw, (k, n) if axis == 0 else (n, k), jnp.float32) / np.sqrt(k)
         q = quantize_channels(w, 4, axis, 128)
-        words, scales = to_tpu(q.values, q.scales, tuple(q.shape), axis)
+        words, scales = to_tpu(q.values, q.scales, tuple(q.shape), axis, 128)
         scales = scales.astype(jnp.float32) if a.scale_dtype == "float32" else scales
         w_KN = dequantize(q, jnp.float32)
         leaves[name] = (k, n, axis, q, words, scales, w_KN if axis == 0 else w_KN.T)
@@ -213,7 +213,7 @@ def main(argv: list[str]) -> int:
                         product = lambda xx, ww, ss, t=t, k=k, n=n: w4a16_tpu_matmul(  # noqa: E731
                             xx, ww, ss, k=k, n=n, group=128, tiling=t, interpret=a.interpret)
                         args = (x, words, scales)
-                        wshape = f"s32[{k},{n // 8}]"
+                        wshape = f"s32[{k // 8},{n}]"
                     compiled = jax.jit(product).lower(*args).compile()
                     case["compile_s"] = time.perf_counter() - t0
                     case["weight_copies"] = _copies(compiled.as_text() or "", wshape)
