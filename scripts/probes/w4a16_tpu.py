@@ -136,7 +136,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--alternatives", type=int, default=1, help="other fitting tilings tried per shape (default 1)")
     ap.add_argument("--reps", type=int, default=20, help="products per timed program (default 20)")
     ap.add_argument("--iters", type=int, default=50, help="timed calls per program (median; default 50)")
-    ap.add_argument("--budget-s", type=float, default=200.0, help="no new case after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=180.0, help="no new case after this many seconds")
     ap.add_argument("--no-xla", action="store_true", help="skip XLA's product")
     ap.add_argument("--scale-dtype", default="bfloat16", choices=("bfloat16", "float32"),
                     help="the kernel's scales (the engine's default: bfloat16; float32 to see whether Mosaic "
