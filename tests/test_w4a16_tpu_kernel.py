@@ -279,3 +279,22 @@ def test_the_engine_plans_the_tpu_kernel_on_a_tpu() -> None:
     assert "Mosaic TPU lowering" in plan.lines()[0] and all(v.startswith("tpu bm") for v in plan.tiles.values())
     unknown = types.SimpleNamespace(platform="tpu", device_kind="TPU v99")
     assert device_limit(unknown)[0] == fit_tpu.budget()  # unknown VMEM: the scoped limit alone
+
+
+def test_the_tpu_probe_runs_on_cpu(tmp_path) -> None:
+    """scripts/probes/w4a16_tpu.py in interpret mode at one small shape: every case checked (error against
+    dequantize-then-matmul at bfloat16 rounding) and written to its JSON; a bad argument is exit 2."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "scripts" / "probes" / "w4a16_tpu.py"
+    spec = importlib.util.spec_from_file_location("w4a16_tpu_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.main(["--interpret", "--shapes", "256:256:1", "--rows", "2", "--iters", "1", "--reps", "2",
+                       "--alternatives", "0", "--out", str(tmp_path)]) == 0  # fmt: skip
+    res = json.loads((tmp_path / "w4a16_tpu.json").read_text())
+    assert [c["variant"] for c in res["cases"]] == ["planned", "vpu", "xla"]
+    assert all("error" not in c and c["rel_err"] < 2**-7 and c["weight_bytes"] == 256 * 128 + 2 * 256 * 2
+               for c in res["cases"])  # fmt: skip
+    assert probe.main(["--rows", "one"]) == 2
