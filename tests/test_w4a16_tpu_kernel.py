@@ -294,7 +294,7 @@ def test_the_tpu_probe_runs_on_cpu(tmp_path) -> None:
     assert probe.main(["--interpret", "--shapes", "256:256:1", "--rows", "2", "--iters", "1", "--reps", "2",
                        "--alternatives", "0", "--out", str(tmp_path)]) == 0  # fmt: skip
     res = json.loads((tmp_path / "w4a16_tpu.json").read_text())
-    assert [c["variant"] for c in res["cases"]] == ["planned", "vpu", "xla"]
+    assert [c["variant"] for c in res["cases"]] == ["planned", "vpu", "xla", "xla_words"]
     assert all("error" not in c and c["rel_err"] < 2**-7 and c["weight_bytes"] == 256 * 128 + 2 * 256 * 2
                for c in res["cases"])  # fmt: skip
     assert probe.main(["--rows", "one"]) == 2

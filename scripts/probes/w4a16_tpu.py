@@ -5,9 +5,10 @@ with the repository on PYTHONPATH.
 For each (projection shape, rows): the kernel at the tiling the engine plans (`model.kernels.fit_tpu`), up to
 --alternatives other tilings that fit the VMEM budget, at 8 rows or fewer its vector-unit variant ("vpu": no matrix
 unit; `fit_tpu.VPU_ROWS` says from how many rows the engine uses it, 0 until this probe shows it faster), any
---tiling given, and XLA's product as the engine runs it
-without the kernel (`model.quant.matmul` on the w4 layout): each checked against dequantize-then-matmul on the
-device (float32, precision HIGHEST: max abs error, and that over max |reference|), and timed.
+--tiling given, XLA's product as the engine runs it without the kernel (`model.quant.matmul` on the w4 layout,
+"xla"), and XLA's product over the kernel's 32-bit words ("xla_words", `xla_words`): each checked against
+dequantize-then-matmul on the device (float32, precision HIGHEST: max abs error, and that over max |reference|),
+and timed.
 
 Timing: a program that runs the product `reps` times in a loop, each iteration's activations depending on the last
 one's output (so nothing is hoisted), against the same program with one iteration; per product = (median(reps) -
@@ -97,6 +98,24 @@ def _time(product, compiled, args, reps: int, iters: int) -> dict:
             f"loop{reps}_ms": tr * 1e3}  # fmt: skip
 
 
+def xla_words(x: jax.Array, words: jax.Array, scales: jax.Array, *, k: int, n: int, group: int) -> jax.Array:
+    """XLA's product (no Pallas) over the TPU layout's words (`model.kernels.tpu_layout`), for comparison: for each
+    of the 8 runs, the nibbles shifted out of the words [K / 8, N], times the group's scales (float32, rounded to
+    x's dtype: dequantize-then-matmul's rounding), multiplied by the matching activations x[:, gi g + p g / 8 + i]
+    in one product of depth K / 8 with float32 results, the 8 summed. The lead's int8 head probe found this form
+    (32-bit words, shift planes) free of the whole-table relayout (issue 43's TPU notes)."""
+    r, g_, run = x.shape[0], k // group, group // 8
+    x_p = x.reshape(r, g_, 8, run)
+    w = words.reshape(g_, run, n)
+    s = scales.astype(jnp.float32)[:, None, :]
+    y = None
+    for p in range(8):
+        q = (((w << (28 - 4 * p)) >> 28).astype(jnp.float32) * s).astype(x.dtype).reshape(g_ * run, n)
+        d = jnp.dot(x_p[:, :, p, :].reshape(r, g_ * run), q, preferred_element_type=jnp.float32)
+        y = d if y is None else y + d
+    return y.astype(x.dtype)
+
+
 def _tilings(k: int, n: int, rows: int, extra: list[TpuTiling], alternatives: int) -> list[tuple[str, TpuTiling]]:
     """(label, tiling): the planned one, up to `alternatives` other fitting candidates with another (bn, bk), the
     vector-unit variant where `rows` <= `fit_tpu.VPU_MAX_ROWS` (the first candidate whose need fits with
@@ -133,7 +152,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--small", action="store_true", help="small shapes (CPU check)")
     ap.add_argument("--tiling", action="append", default=[], help="a tiling to try too, e.g. 'tpu bm16 bn1024 "
                     "bk1536' (repeatable; used where it tiles the shape)")  # fmt: skip
-    ap.add_argument("--alternatives", type=int, default=1, help="other fitting tilings tried per shape (default 1)")
+    ap.add_argument("--alternatives", type=int, default=0, help="other fitting tilings tried per shape (default 0)")
     ap.add_argument("--reps", type=int, default=20, help="products per timed program (default 20)")
     ap.add_argument("--iters", type=int, default=50, help="timed calls per program (median; default 50)")
     ap.add_argument("--budget-s", type=float, default=180.0, help="no new case after this many seconds")
@@ -194,7 +213,7 @@ def main(argv: list[str]) -> int:
             nbytes = packed_bytes(q)
             variants = _tilings(k, n, r, extra, a.alternatives)
             if not a.no_xla:
-                variants.append(("xla", None))
+                variants += [("xla", None), ("xla_words", None)]
             for label, t in variants:
                 if time.perf_counter() - start > a.budget_s:
                     res["skipped"].append({"field": name, "rows": r, "variant": label})
@@ -205,7 +224,11 @@ def main(argv: list[str]) -> int:
                         "vmem_need": fit_tpu.need_tpu(t, group=128).total if t else None}  # fmt: skip
                 try:
                     t0 = time.perf_counter()
-                    if t is None:
+                    if label == "xla_words":
+                        product = lambda xx, ww, ss, k=k, n=n: xla_words(xx, ww, ss, k=k, n=n, group=128)  # noqa: E731
+                        args = (x, words, scales)
+                        wshape = f"s32[{k // 8},{n}]"
+                    elif t is None:
                         product = lambda xx, qq: matmul(xx, qq, spec[axis])  # noqa: E731
                         args = (x, q)
                         wshape = f"u8[{','.join(str(d) for d in q.values.shape)}]"
