@@ -1,6 +1,8 @@
-"""The engine's choice between the fused W4A16 kernel (`model.kernels.w4a16`) and XLA's product, before any shape
-compiles: the mode for a device (`decide_mode`), the tiling of each w4 projection at the device's scratch limit
-(`plan_kernel`, a `KernelPlan`, from `model.kernels.fit`), and the tilings set on the weights (`with_tilings`).
+"""The engine's choice between a W4A16 Pallas kernel (`model.kernels.w4a16` on NVIDIA GPUs, `model.kernels.w4a16_tpu`
+on TPUs) and XLA's product, before any shape compiles: the mode for a device (`decide_mode`), the tiling of each w4
+projection at the device's scratch limit (`plan_kernel`, a `KernelPlan`, from `model.kernels.fit` or
+`model.kernels.fit_tpu`), and the tilings set on the weights (`with_tilings`; on a TPU it also stores those
+leaves in the TPU layout, `model.kernels.tpu_layout`).
 
 No Pallas here, and no jax at import (`device_limit` imports it when called): a dense engine, and the CLI deciding
 its policy line, never load Pallas. Pallas is imported by `model.quant` only on the kernel's dispatch path, the
@@ -8,8 +10,9 @@ first time a leaf with a tiling is multiplied.
 
 Dispatch: `model.quant.matmul` is the one product; a `QuantArray` whose static `tiling` is set (by
 `with_tilings`, at load, from the engine's `KernelPlan`) goes through the kernel when the tiling tiles its shape
-(`model.kernels.fit.fits_kernel`), with at most `KERNEL_MAX_ROWS` rows; prefill's longer products keep XLA's dot,
-which fuses the int4 convert into its GEMM. Layers never branch on it.
+(`model.kernels.fit.fits_kernel`), with at most `KERNEL_MAX_ROWS` rows on a GPU (prefill's longer products keep
+XLA's dot, which fuses the int4 convert into its GEMM) and any number on a TPU (the leaf is stored in the
+kernel's layout; longer products take several row blocks). Layers never branch on it.
 """
 
 from __future__ import annotations
