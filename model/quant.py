@@ -506,7 +506,7 @@ def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     x_RK, axis, free = form
     k, n, group = w.shape[axis], w.shape[1 - axis], w.block[axis]
     if isinstance(w.tiling, TpuTiling):
-        if not fits_tpu(k, n, group, w.tiling):
+        if w.block[1 - axis] != 1 or not fits_tpu(k, n, group, w.tiling):  # contracted along its groups only
             return None
         from model.kernels.w4a16_tpu import w4a16_tpu_matmul  # Pallas: loaded on this path only
 
