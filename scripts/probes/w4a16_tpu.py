@@ -12,8 +12,8 @@ and timed.
 
 Timing: a program that runs the product `reps` times in a loop, each iteration's activations depending on the last
 one's output (so nothing is hoisted), against the same program with one iteration; per product = (median(reps) -
-median(1)) / (reps - 1) over --iters calls each (block_until_ready after each call): the per-call floor (~0.4 ms on
-the v5e, /work/tpu-notes) cancels. GB/s = packed weight bytes read (int4 values + bfloat16 scales, the bytes the
+median(1)) / (reps - 1) over --iters calls each (block_until_ready after each call): the per-call floor (0.4-0.6 ms on
+the lent v5e, issue 43's TPU notes) cancels. GB/s = packed weight bytes read (int4 values + bfloat16 scales, the bytes the
 engine counts) / that time. `single_call_ms` is the plain median of one product per call, floor included.
 Compile or run errors (a Mosaic error) are recorded per case and the probe goes on.
 
