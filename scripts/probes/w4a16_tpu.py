@@ -18,7 +18,8 @@ engine counts) / that time. `single_call_ms` is the plain median of one product 
 Compile or run errors (a Mosaic error) are recorded per case and the probe goes on.
 
 Run on the TPU (writes $OUT/w4a16_tpu.json, prints one line per case; about 2-4 minutes, --budget-s stops new
-cases):
+cases; --quick: 3 shapes x rows 1 and 128, kernel and XLA only, about a minute):
+    PYTHONPATH=. python3 scripts/probes/w4a16_tpu.py --quick
     PYTHONPATH=. python3 scripts/probes/w4a16_tpu.py
     PYTHONPATH=. python3 scripts/probes/w4a16_tpu.py --rows 1,8 --tiling "tpu bm16 bn1024 bk1536" --alternatives 2
 On CPU (interpret mode, small shapes: checks the probe itself):
@@ -150,6 +151,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--shapes", default="default", help="default (one per projection kind), all (E2B's 12) or "
                     "K:N:AXIS[,K:N:AXIS]")  # fmt: skip
     ap.add_argument("--small", action="store_true", help="small shapes (CPU check)")
+    ap.add_argument("--quick", action="store_true", help="the least that decides: gate_up, down and qkv shapes, rows "
+                    "1 and 128, the planned tiling and XLA's product only, 20 timed calls, --budget-s 60")  # fmt: skip
     ap.add_argument("--tiling", action="append", default=[], help="a tiling to try too, e.g. 'tpu bm16 bn1024 "
                     "bk1536' (repeatable; used where it tiles the shape)")  # fmt: skip
     ap.add_argument("--alternatives", type=int, default=0, help="other fitting tilings tried per shape (default 0)")
@@ -163,11 +166,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for w4a16_tpu.json (default $OUT)")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.rows, a.iters, a.budget_s, a.alternatives = "1,128", 20, min(a.budget_s, 60.0), 0
     try:
         rows = [int(r) for r in a.rows.split(",")]
         extra = [fit_tpu.parse_tpu_tiling(t) for t in a.tiling]
         if a.small:
             shapes = SMALL_SHAPES
+        elif a.quick:
+            shapes = {f: E2B_SHAPES[f] for f in ("gate_up_DX", "down_DF", "qkv_DX")}
         elif a.shapes == "default":
             shapes = E2B_SHAPES
         elif a.shapes == "all":
@@ -212,8 +219,10 @@ def main(argv: list[str]) -> int:
             max_ref = float(jnp.max(jnp.abs(ref)))
             nbytes = packed_bytes(q)
             variants = _tilings(k, n, r, extra, a.alternatives)
+            if a.quick:
+                variants = [v for v in variants if v[0] == "planned"]
             if not a.no_xla:
-                variants += [("xla", None), ("xla_words", None)]
+                variants += [("xla", None)] + ([] if a.quick else [("xla_words", None)])
             for label, t in variants:
                 if time.perf_counter() - start > a.budget_s:
                     res["skipped"].append({"field": name, "rows": r, "variant": label})
