@@ -236,7 +236,8 @@ def with_tilings(params, plan: KernelPlan):
         for f in dataclasses.fields(lp):
             leaf = getattr(lp, f.name)
             if (isinstance(leaf, QuantArray) and leaf.bits == 4 and leaf.ndim == 2
-                    and not isinstance(leaf.tiling, TpuTiling)):  # a leaf in the TPU layout stays as it is
+                    and not isinstance(leaf.tiling, TpuTiling)  # a leaf in the TPU layout stays as it is
+                    and not getattr(leaf, "words", False)):  # bytes held in uint32 words: another layout's
                 t = plan.tiling_of(f.name, leaf.shape)
                 if t is not None:
                     axis = axes[f.name]
