@@ -55,6 +55,7 @@ import numpy as np
 
 from model.kernels.choice import KERNEL_MAX_ROWS
 from model.kernels.fit import Tiling, fits_kernel
+from model.kernels.fit_tpu import TpuTiling, fits_tpu
 from model.qreduce import MATVEC_ROWS, fits_reduce, reduce_matmul
 from model.quantspec import (
     LM_HEAD,
@@ -86,6 +87,9 @@ class QuantArray:
     tiling: how `matmul` multiplies it: None for XLA's product, a `model.kernels.fit.Tiling` for the fused W4A16
         kernel (`model.kernels.w4a16`; set at load by `model.kernels.choice.with_tilings`). Static, like the
         layout. A tiling that does not tile the leaf's shape is never run: `matmul` takes XLA's product then.
+        A `model.kernels.fit_tpu.TpuTiling` also says the leaf is stored in the TPU layout
+        (`model.kernels.tpu_layout`: values int32 words [K / 8, N], scales [K / g, N], the same values and
+        bytes), set at load on a TPU; `dequantize` and XLA's product read such a leaf through `_natural`.
     """
 
     values: jax.Array
@@ -239,7 +243,8 @@ def quantize_channels(w, bits: int, axis: int | tuple[int, ...], group: int | No
 
 def dequantize(q: QuantArray, dtype=None) -> jax.Array:
     """The float array [*q.shape] that `q` stands for: values x their block's scale, computed in float32 and cast
-    to `dtype` (default: the scales' dtype)."""
+    to `dtype` (default: the scales' dtype). A leaf in the TPU layout is read through `_natural`."""
+    q = _natural(q)
     out = _int_values(q).astype(jnp.float32) * _expand(q.scales.astype(jnp.float32), q.block, q.shape)
     return out.astype(dtype or q.scales.dtype)
 
@@ -271,10 +276,13 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
             if y is not None:
                 return y
         return jnp.einsum(spec, x, w.astype(x.dtype))
-    for form in (_kernel_form, _reduce_form):
-        y = form(x, w, lhs, rhs, out)
-        if y is not None:
-            return y
+    y = _kernel_form(x, w, lhs, rhs, out)
+    if y is not None:
+        return y
+    w = _natural(w)  # a leaf in the TPU layout that the kernel did not take (not 2-D form): the w4 layout's arrays
+    y = _reduce_form(x, w, lhs, rhs, out)
+    if y is not None:
+        return y
     assert len(rhs) == w.ndim and "." not in spec, (spec, w.shape)
     free = (c for c in "abcdefghijklmnopqrstuvwxyz" if c not in spec)
     wv, s = _int_values(w).astype(x.dtype), w.scales.astype(x.dtype)
@@ -467,12 +475,29 @@ def _unrows(y_RN: jax.Array, x: jax.Array, w, lhs: str, rhs: str, out: str, axis
     return jnp.einsum(f"{free}{o}->{out}", y)
 
 
+def _natural(q):
+    """`q` in the `w4` layout: a leaf stored in the TPU layout (its tiling a `TpuTiling`, set at load by
+    `model.kernels.choice.with_tilings`) converted back with `model.kernels.tpu_layout.to_natural` (the same
+    values and scales, tiling None); any other leaf as it is."""
+    if not isinstance(q, QuantArray) or not isinstance(q.tiling, TpuTiling):
+        return q
+    from model.kernels.tpu_layout import to_natural
+
+    axis = 0 if q.block[0] > 1 else 1
+    values, scales = to_natural(q.values, q.scales, tuple(q.shape), axis, q.block[axis])
+    return dataclasses.replace(q, values=values, scales=scales, tiling=None)
+
+
 def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
-    """The product through the fused W4A16 kernel (`model.kernels.w4a16`) when `w` carries a tiling, is int4 with
-    groups along its contraction axis and one scale per output, the tiling tiles it (`fits_kernel`: else the
-    kernel is never called), and there are at most `KERNEL_MAX_ROWS` activation rows; else None. The kernel's
-    module (Pallas) is imported here, past those checks. On CPU the kernel runs in interpret mode (tests set a
-    tiling; the engine never does there)."""
+    """The product through a W4A16 Pallas kernel when `w` carries a tiling; else None.
+
+    A `TpuTiling` (the leaf stored in the TPU layout, `model.kernels.tpu_layout`): the TPU kernel
+    (`model.kernels.w4a16_tpu`) for any number of activation rows, when the product is the leaf's 2-D
+    contraction and the tiling tiles it (`fits_tpu`). A GPU `Tiling`: the fused Triton kernel
+    (`model.kernels.w4a16`) when `w` is int4 with groups along its contraction axis and one scale per output,
+    the tiling tiles it (`fits_kernel`: else the kernel is never called), and there are at most
+    `KERNEL_MAX_ROWS` activation rows. The kernel's module (Pallas) is imported here, past those checks. On CPU
+    a kernel runs in interpret mode (tests set a tiling; the engine never does there)."""
     if w.tiling is None or w.bits != 4:
         return None
     form = _matrix_form(x, w, lhs, rhs, out)
@@ -480,6 +505,14 @@ def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
         return None
     x_RK, axis, free = form
     k, n, group = w.shape[axis], w.shape[1 - axis], w.block[axis]
+    if isinstance(w.tiling, TpuTiling):
+        if w.block[1 - axis] != 1 or not fits_tpu(k, n, group, w.tiling):  # contracted along its groups only
+            return None
+        from model.kernels.w4a16_tpu import w4a16_tpu_matmul  # Pallas: loaded on this path only
+
+        y_RN = w4a16_tpu_matmul(x_RK, w.values, w.scales, k=k, n=n, group=group, tiling=w.tiling,
+                                interpret=jax.default_backend() == "cpu")  # fmt: skip
+        return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
     if x_RK.shape[0] > KERNEL_MAX_ROWS or w.block[1 - axis] != 1 or not fits_kernel(k, n, group, w.tiling):
         return None
     from model.kernels.w4a16 import w4a16_matmul  # Pallas: loaded on this path only

@@ -197,7 +197,7 @@ def test_bench_kernels_fit_tables(capsys) -> None:
     assert "limit 101,376 B (99 KiB)" in out and "down_DF" in out and "bm16 bn128 bk128 stages4" in out
     assert "0 of 12 projections over the limit" in out
     assert bench_in_process(["kernels", "fit", "--device-capability", "6.1"]) == 2
-    assert "--device-capability 6.1: no shared-memory limit" in capsys.readouterr().err
+    assert "--device-capability 6.1: no shared-memory or VMEM limit" in capsys.readouterr().err
 
 
 def test_bench_kernels_fit_a_tiling_that_does_not_divide(capsys) -> None:

@@ -212,7 +212,9 @@ def test_the_kernel_lowers_through_triton_for_a_gpu(k: int, n: int, axis: int) -
         ("gpu", "9.0", True, "xla", "xla", "--kernel w4a16=xla"),
         ("gpu", "7.5", True, None, "xla", "compute capability 7.5 < 8.0"),
         ("cpu", None, True, None, "xla", "interpret"),
-        ("tpu", None, True, None, "xla", "Mosaic TPU"),
+        ("tpu", None, True, None, "pallas", "Mosaic TPU"),
+        ("tpu", None, True, "pallas", "pallas", "--kernel w4a16=pallas"),
+        ("tpu", None, True, "xla", "xla", "--kernel w4a16=xla"),
         ("gpu", "9.0", False, None, "xla", "no w4 weights"),
     ],
 )

@@ -257,10 +257,11 @@ QUANT_HELP = ("Quantization, a comma-separated set: ple8 or ple4 (the per-layer-
 QuantOpt = typer.Option(None, "--quant", help=QUANT_HELP)
 ScaleDtypeOpt = typer.Option(None, "--scale-dtype", help="Dtype of the quantization scales with --quant: bfloat16 "
                              "(default), float16 or float32.")
-KERNEL_HELP = ("How w4 weights (--quant w4) are multiplied: w4a16=pallas (the fused W4A16 Pallas kernel, NVIDIA GPUs "
-               "of compute capability 8.0 and above, tiles chosen to fit the device's shared memory) or w4a16=xla "
-               "(XLA's dequantize-and-dot). Default: pallas where it runs and fits, else xla; the policy line says "
-               "which and why.")
+KERNEL_HELP = ("How w4 weights (--quant w4) are multiplied: w4a16=pallas (the fused W4A16 Pallas kernel: on TPUs "
+               "the Mosaic TPU kernel, tiles chosen to fit the VMEM budget; on NVIDIA GPUs of compute capability 8.0 "
+               "and above the Triton kernel, tiles chosen to fit the device's shared memory) or w4a16=xla (XLA's "
+               "dequantize-and-dot). Default: pallas where it runs and fits, else xla; the policy line says which "
+               "and why.")
 KernelOpt = typer.Option(None, "--kernel", help=KERNEL_HELP)
 BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens, increasing), e.g. 64,512,1024,4096: a "
                           "prompt is padded to the smallest rung that holds it. Default: powers of two to 512, then "

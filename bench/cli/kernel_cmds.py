@@ -1,4 +1,5 @@
-"""`bench kernels fit`: the fit check of the fused W4A16 kernel per projection, without a device (no jax)."""
+"""`bench kernels fit`: the fit check of the W4A16 kernels per projection, without a device (no jax): the Triton
+kernel's shared memory on NVIDIA compute capabilities, the Mosaic TPU kernel's VMEM on TPUs ("tpu", "tpu-v5e")."""
 
 from __future__ import annotations
 
@@ -20,15 +21,70 @@ _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 def _capabilities(given: list[str] | None) -> list[str]:
     """The devices to check: the `--device-capability` values (validated), default every capability of the table."""
     from model.kernels.fit import LIMITS, limit_for
+    from model.kernels.fit_tpu import TPU_DEVICES
 
     known = sorted(LIMITS, key=lambda cc: tuple(int(p) for p in cc.split(".")))  # 7.5, 8.0, ..., 12.0
     if not given:
         return known
     for cc in given:
-        if limit_for(cc) is None:
-            raise InputError(f"--device-capability {cc}: no shared-memory limit known for it; expected one of "
-                             f"{', '.join(known)} or tpu")  # fmt: skip
+        if limit_for(cc) is None and cc.lower() not in TPU_DEVICES:
+            raise InputError(f"--device-capability {cc}: no shared-memory or VMEM limit known for it; expected one "
+                             f"of {', '.join(known)} (NVIDIA) or {', '.join(TPU_DEVICES)}")  # fmt: skip
     return list(given)
+
+
+def _tpu_generation(capability: str) -> str | None:
+    """"tpu" -> "v5e" (the lent machine's), "tpu-v6e" -> "v6e"; None for an NVIDIA capability."""
+    from model.kernels.fit_tpu import TPU_DEVICES
+
+    cc = capability.lower()
+    if cc not in TPU_DEVICES:
+        return None
+    return "v5e" if cc == "tpu" else cc.removeprefix("tpu-")
+
+
+def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str, tiling: str | None) -> dict:
+    """`fit_rows` for a TPU (`capability` "tpu" or "tpu-GEN"): the Mosaic TPU kernel's tiling per projection
+    (`model.kernels.fit_tpu`) and its VMEM bytes per grid step against the budget (a share of the scoped limit
+    the kernel sets, capped by the generation's VMEM). Raises InputError for an unknown preset, a bad tiling
+    text, or a tiling that tiles none of the projections."""
+    from model.config import PRESETS
+    from model.kernels import fit, fit_tpu
+
+    if preset not in PRESETS:
+        raise InputError(f"--preset {preset}: unknown preset; expected one of {', '.join(PRESETS)}")
+    fixed = None
+    if tiling is not None:
+        try:
+            fixed = fit_tpu.parse_tpu_tiling(tiling)
+        except ValueError as exc:
+            raise InputError(f"--{exc}") from None
+    gen = _tpu_generation(capability)
+    cap = fit_tpu.vmem_capacity(gen)
+    limit = fit_tpu.budget(cap)
+    device = (f"TPU {gen} (VMEM {cap // 2**20} MiB per core; budget {fit_tpu.BUDGET_SHARE:.0%} of the "
+              f"{fit_tpu.SCOPED_VMEM // 2**20} MiB scoped limit the kernel sets)")  # fmt: skip
+    sizes = {"act_bytes": _ITEMSIZE[act], "scale_bytes": _ITEMSIZE[scale]}
+    projs = fit.projections(PRESETS[preset], group)
+    if fixed is not None:
+        problems = [fit_tpu.tiling_problem_tpu(p.k, p.n, p.group, fixed) for p in projs]
+        if all(problems):
+            raise InputError(f"--tiling {tiling!r}: tiles none of preset {preset}'s w4 projections at w4:{group} "
+                             f"({'; '.join(dict.fromkeys(problems))}); expected bk a multiple of the group dividing "
+                             "K and bn (a multiple of 128) dividing N, or no --tiling (the largest tiling that "
+                             "fits)")  # fmt: skip
+    rows, refusals = [], []
+    for p in projs:
+        f = fit_tpu.choose_tpu(p, limit, tiling=fixed, **sizes)
+        rows.append({"projection": p.field, "layers": p.layers, "k": p.k, "n": p.n, "axis": p.axis,
+                     "tiling": f.tried.text if f.tried else None, "need": f.need.total if f.need else None,
+                     "limit": limit, "fits": f.fits, "dominant": f.need.dominant[0] if f.need else None,
+                     "problem": f.problem})  # fmt: skip
+        if not f.fits:
+            refusals.append(fit_tpu.refusal_tpu(f, device, **sizes))
+    return {"preset": preset, "device": device, "capability": capability, "limit": limit, "group": group,
+            "activation_dtype": act, "scale_dtype": scale, "tiling": tiling or "largest that fits", "rows": rows,
+            "refusals": refusals, "kernel": "model.kernels.w4a16_tpu (Mosaic TPU)"}  # fmt: skip
 
 
 def fit_rows(preset: str, capability: str, group: int, act: str, scale: str, tiling: str | None) -> dict:
@@ -42,6 +98,8 @@ def fit_rows(preset: str, capability: str, group: int, act: str, scale: str, til
     from model.config import PRESETS
     from model.kernels import fit
 
+    if _tpu_generation(capability) and tiling != "published":
+        return tpu_fit_rows(preset, capability, group, act, scale, tiling)
     if preset not in PRESETS:
         raise InputError(f"--preset {preset}: unknown preset; expected one of {', '.join(PRESETS)}")
     fixed = None
@@ -84,7 +142,8 @@ def _print(result: dict) -> None:
 
     limit = result["limit"]
     table = Table(title=f"w4a16 kernel fit: preset {result['preset']}, w4:{result['group']}, {result['device']}: "
-                  f"limit {limit:,} B ({limit / KIB:,.0f} KiB) per block; tiling: {result['tiling']}")  # fmt: skip
+                  f"limit {limit:,} B ({limit / KIB:,.0f} KiB) per "
+                  f"{'grid step' if 'kernel' in result else 'block'}; tiling: {result['tiling']}")  # fmt: skip
     for col in ("projection", "layers", "K", "N", "tiling", "bytes needed", "limit", "fits"):
         table.add_column(col, justify="left" if col in ("projection", "tiling") else "right")
     for r in result["rows"]:
@@ -109,8 +168,9 @@ def _print(result: dict) -> None:
 @kernels_app.command("fit")
 def kernels_fit(
     device_capability: list[str] | None = typer.Option(
-        None, "--device-capability", help="NVIDIA compute capability (7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 12.0) or "
-        "tpu; repeatable. Default: every capability of the table."),
+        None, "--device-capability", help="NVIDIA compute capability (7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 12.0), or "
+        "a TPU: tpu (v5e, the lent machine's) or tpu-GEN (tpu-v5e, tpu-v6e, tpu-v5p, ...): the Mosaic TPU kernel's "
+        "tiling and VMEM; repeatable. Default: every NVIDIA capability of the table."),
     preset: str = typer.Option("e2b", "--preset", help="Model preset whose w4 projections are checked (tiny, "
                                "default, e2b, e4b)."),
     group: int = typer.Option(128, "--group", help="w4 group size (values per scale along K), as --quant w4:GROUP."),
@@ -118,9 +178,10 @@ def kernels_fit(
     scale_dtype: str = typer.Option("bfloat16", "--scale-dtype", help="Scale dtype: bfloat16, float16 or float32."),
     tiling: str | None = typer.Option(
         None, "--tiling", help="Check one tiling instead of choosing: 'published' (the published TPU-sized tiles, "
-        "reconstructed: bm8 bn128 bk=K stages2) or e.g. 'bm16 bn128 bk256 stages3' (bm, bn, warps powers of two, "
-        "bm >= 16, bn >= 32). A projection whose K the bk (a multiple of the group) does not divide, or whose N the "
-        "bn does not divide, does not fit; a tiling that tiles none is refused."),
+        "reconstructed: bm8 bn128 bk=K stages2, in the Triton kernel's model) or e.g. 'bm16 bn128 bk256 stages3' "
+        "(bm, bn, warps powers of two, bm >= 16, bn >= 32); on a TPU e.g. 'tpu bm16 bn2048 bk1536'. A projection "
+        "whose K the bk (a multiple of the group) does not divide, or whose N the bn does not divide, does not "
+        "fit; a tiling that tiles none is refused."),
     as_json: bool = typer.Option(False, "--json", help="Print the tables as JSON (one object per device)."),
 ) -> None:
     """Per projection: K, N, the tiling chosen (the largest that fits), the scratch bytes one block needs and the

@@ -1,6 +1,8 @@
-"""The engine's choice between the fused W4A16 kernel (`model.kernels.w4a16`) and XLA's product, before any shape
-compiles: the mode for a device (`decide_mode`), the tiling of each w4 projection at the device's scratch limit
-(`plan_kernel`, a `KernelPlan`, from `model.kernels.fit`), and the tilings set on the weights (`with_tilings`).
+"""The engine's choice between a W4A16 Pallas kernel (`model.kernels.w4a16` on NVIDIA GPUs, `model.kernels.w4a16_tpu`
+on TPUs) and XLA's product, before any shape compiles: the mode for a device (`decide_mode`), the tiling of each w4
+projection at the device's scratch limit (`plan_kernel`, a `KernelPlan`, from `model.kernels.fit` or
+`model.kernels.fit_tpu`), and the tilings set on the weights (`with_tilings`; on a TPU it also stores those
+leaves in the TPU layout, `model.kernels.tpu_layout`).
 
 No Pallas here, and no jax at import (`device_limit` imports it when called): a dense engine, and the CLI deciding
 its policy line, never load Pallas. Pallas is imported by `model.quant` only on the kernel's dispatch path, the
@@ -8,8 +10,9 @@ first time a leaf with a tiling is multiplied.
 
 Dispatch: `model.quant.matmul` is the one product; a `QuantArray` whose static `tiling` is set (by
 `with_tilings`, at load, from the engine's `KernelPlan`) goes through the kernel when the tiling tiles its shape
-(`model.kernels.fit.fits_kernel`), with at most `KERNEL_MAX_ROWS` rows; prefill's longer products keep XLA's dot,
-which fuses the int4 convert into its GEMM. Layers never branch on it.
+(`model.kernels.fit.fits_kernel`), with at most `KERNEL_MAX_ROWS` rows on a GPU (prefill's longer products keep
+XLA's dot, which fuses the int4 convert into its GEMM) and any number on a TPU (the leaf is stored in the
+kernel's layout; longer products take several row blocks). Layers never branch on it.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import dataclasses
 import logging
 
 from model.errors import KernelError
-from model.kernels import fit
+from model.kernels import fit, fit_tpu
 from model.kernels.fit import Tiling
+from model.kernels.fit_tpu import TpuTiling
 
 __all__ = ["MIN_CAPABILITY", "KERNEL_MAX_ROWS", "KernelPlan", "decide_mode", "with_kernel_mode", "device_limit",
            "plan_kernel", "with_tilings", "log_plan"]  # fmt: skip
@@ -42,9 +46,10 @@ def _cc(cc: str | None) -> tuple[int, int]:
 def decide_mode(platform: str, compute_capability: str | None, w4: bool, requested: str | None) -> tuple[str, str]:
     """("pallas" | "xla", why) for the w4 product on a device, before any shape is known.
 
-    requested: "pallas", "xla" or None (decide: pallas where it can run). Raises KernelError (one line: what was
-    asked, why it cannot run, the fix) for "pallas" without w4 quantization, on CPU (interpret mode is for tests),
-    on a TPU, or on a GPU of compute capability below 8.0."""
+    requested: "pallas", "xla" or None (decide: pallas where it can run: a TPU, through the Mosaic TPU kernel
+    `model.kernels.w4a16_tpu`; an NVIDIA GPU of compute capability >= 8.0, through the Triton kernel
+    `model.kernels.w4a16`). Raises KernelError (one line: what was asked, why it cannot run, the fix) for "pallas"
+    without w4 quantization, on CPU (interpret mode is for tests), or on a GPU of compute capability below 8.0."""
     if not w4:
         if requested == "pallas":
             raise KernelError("--kernel w4a16=pallas: the kernel multiplies w4 weights, and --quant has no w4; add "
@@ -53,10 +58,11 @@ def decide_mode(platform: str, compute_capability: str | None, w4: bool, request
     if requested == "xla":
         return "xla", "--kernel w4a16=xla"
     why = None
+    if platform == "tpu":
+        return "pallas", ("--kernel w4a16=pallas" if requested == "pallas" else
+                          "TPU: the Mosaic TPU kernel (model.kernels.w4a16_tpu)")  # fmt: skip
     if platform == "cpu":
         why = "CPU: Pallas would only interpret the kernel there (a simulator, for tests)"
-    elif platform == "tpu":
-        why = "TPU: the kernel is written for the Triton lowering (GPU); a TPU needs a Mosaic TPU kernel"
     elif platform != "gpu":
         why = f"platform {platform}: the kernel runs on NVIDIA GPUs only"
     elif _cc(compute_capability) < MIN_CAPABILITY:
@@ -78,20 +84,43 @@ def with_kernel_mode(policy, quant, requested: str | None):
     return dataclasses.replace(policy, w4a16_kernel=impl, w4a16_reason=why)
 
 
+def tpu_vmem(device) -> tuple[int | None, str]:
+    """(VMEM bytes per TensorCore, where the figure comes from) of a TPU jax device:
+    `jax.experimental.pallas.tpu.get_tpu_info().vmem_capacity_bytes` (jax 0.10.2 and 0.12 have it; a table in jax
+    keyed by the device kind), else `model.kernels.fit_tpu.TPU_VMEM_BYTES` by the generation in the device kind
+    ("TPU v5 lite" -> v5e); (None, why) when neither knows the device. Imports Pallas (called on the kernel's
+    path only)."""
+    try:
+        from jax.experimental.pallas import tpu as pltpu
+
+        return int(pltpu.get_tpu_info().vmem_capacity_bytes), "jax's pltpu.get_tpu_info()"
+    except Exception as exc:  # noqa: BLE001 - an old jax, or a kind jax's table lacks: our table
+        kind = str(getattr(device, "device_kind", ""))
+        gen = fit_tpu.generation_of(kind)
+        cap = fit_tpu.vmem_capacity(gen) if gen else None
+        if cap is None:
+            return None, f"device kind {kind!r} not in jax's table ({exc}) nor ours"
+        return cap, f"the table for TPU {gen} (device kind {kind!r})"
+
+
 def device_limit(device=None) -> tuple[int | None, str]:
-    """(scratch bytes per block, where the figure comes from) of a jax device (default: the first): its
+    """(scratch bytes per block, where the figure comes from) of a jax device (default: the first): on a TPU the
+    VMEM budget of the TPU kernel (`model.kernels.fit_tpu.budget` of the core's VMEM, `tpu_vmem`); on a GPU its
     `shared_memory_per_block_optin` where jax exposes it, else `model.kernels.fit.limit_for` of its compute
-    capability (or TPU VMEM); (None, why) when neither is known."""
+    capability; (None, why) when neither is known."""
     if device is None:
         import jax
 
         device = jax.devices()[0]
+    if device.platform == "tpu":
+        cap, source = tpu_vmem(device)
+        return fit_tpu.budget(cap), (f"{fit_tpu.BUDGET_SHARE:.0%} of the {fit_tpu.SCOPED_VMEM // 2**20} MiB scoped "
+                                     f"VMEM limit the kernel sets; the core has {cap // 2**20 if cap else '?'} MiB "
+                                     f"({source})")  # fmt: skip
     exposed = getattr(device, "shared_memory_per_block_optin", None)
     if isinstance(exposed, int) and exposed > 0:
         return exposed, "the device's shared_memory_per_block_optin"
     cc = getattr(device, "compute_capability", None)
-    if device.platform == "tpu":
-        return fit.TPU_VMEM, "TPU scoped VMEM"
     limit = fit.limit_for(str(cc)) if cc else None
     if limit is None:
         return None, f"no table entry for compute capability {cc}"
@@ -112,6 +141,7 @@ class KernelPlan:
     limit: int | None = None
     limit_source: str | None = None
     fits: tuple[fit.Fit, ...] = ()
+    tpu: bool = False  # the Mosaic TPU kernel (model.kernels.w4a16_tpu) rather than the Triton one
 
     @property
     def option(self) -> str:
@@ -123,7 +153,7 @@ class KernelPlan:
             return None
         return {f.projection.label: f.tiling.text if f.fits else f"xla ({f.problem})" for f in self.fits}
 
-    def tiling_of(self, field: str, shape: tuple[int, ...]) -> Tiling | None:
+    def tiling_of(self, field: str, shape: tuple[int, ...]) -> Tiling | TpuTiling | None:
         """The tiling chosen for a leaf `field` of `shape` (None: XLA's product)."""
         for f in self.fits:
             p = f.projection
@@ -136,8 +166,12 @@ class KernelPlan:
         """The log lines of the plan: one per projection (K, N, tiling, bytes needed, limit)."""
         if self.impl != "pallas":
             return [f"w4a16 kernel: xla ({self.reason})"]
-        out = [f"w4a16 kernel: pallas (Triton lowering); scratch limit {self.limit:,} B per block "
-               f"({self.limit_source})"]  # fmt: skip
+        if self.tpu:
+            out = [f"w4a16 kernel: pallas (Mosaic TPU lowering); VMEM budget {self.limit:,} B per grid step "
+                   f"({self.limit_source})"]  # fmt: skip
+        else:
+            out = [f"w4a16 kernel: pallas (Triton lowering); scratch limit {self.limit:,} B per block "
+                   f"({self.limit_source})"]  # fmt: skip
         for f in self.fits:
             shown = (f"{f.tiling.text}, needs {f.need.total:,} B" if f.fits else
                      f"xla ({f.problem}{', needs ' + format(f.need.total, ',') + ' B' if f.need else ''})")  # fmt: skip
@@ -155,6 +189,11 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
     else xla."""
     if impl != "pallas":
         return KernelPlan(impl=impl, reason=reason)
+    if device is None:
+        import jax
+
+        device = jax.devices()[0]
+    tpu = device.platform == "tpu"
     limit, source = device_limit(device)
     if limit is None:
         if forced:
@@ -162,11 +201,12 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
                               "--kernel w4a16=xla")  # fmt: skip
         return KernelPlan(impl="xla", reason=f"scratch limit unknown ({source})")
     projs = fit.projections(cfg, quant.w4_group)
-    fits = fit.plan(projs, limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
+    planner, refuse = (fit_tpu.plan_tpu, fit_tpu.refusal_tpu) if tpu else (fit.plan, fit.refusal)
+    fits = planner(projs, limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
     over = [f for f in fits if not f.fits and f.problem == "over the limit"]
     if over:
         device_name = f"this device (limit from {source})"
-        message = fit.refusal(over[0], device_name, act_bytes=act_bytes, scale_bytes=scale_bytes)
+        message = refuse(over[0], device_name, act_bytes=act_bytes, scale_bytes=scale_bytes)
         if forced:
             raise KernelError(message + "; --kernel w4a16=xla runs the XLA product")
         return KernelPlan(impl="xla", reason=message)
@@ -176,14 +216,17 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
             raise KernelError(f"--kernel w4a16=pallas: no projection of this model can be tiled ({why}); use "
                               "--kernel w4a16=xla")  # fmt: skip
         return KernelPlan(impl="xla", reason=f"no projection can be tiled ({why})")
-    return KernelPlan(impl="pallas", reason=reason, limit=limit, limit_source=source, fits=fits)
+    return KernelPlan(impl="pallas", reason=reason, limit=limit, limit_source=source, fits=fits, tpu=tpu)
 
 
 def with_tilings(params, plan: KernelPlan):
     """`params` (a `model.params.Params`) with each w4 layer projection's `QuantArray.tiling` set to the plan's
-    tiling for its field and shape (None for xla). Returns the new tree; the arrays are not copied. Raises
-    ValueError where the plan gives a leaf a tiling that does not tile it (`model.kernels.fit.fits_kernel`: a
-    program error; `plan_kernel` chooses only tilings that do, and the dispatch would take XLA's product)."""
+    tiling for its field and shape (None for xla). Returns the new tree. A GPU tiling shares the arrays (not
+    copied). A TPU tiling (`TpuTiling`) also stores the leaf in the TPU layout (`model.kernels.tpu_layout.to_tpu`:
+    the same values and bytes as 32-bit words in the kernel's order): this is the one place where that layout is
+    chosen, leaf by leaf, at load. Raises ValueError where the plan gives a leaf a tiling that does not tile it
+    (`model.kernels.fit.fits_kernel` / `model.kernels.fit_tpu.fits_tpu`: a program error; `plan_kernel` chooses
+    only tilings that do, and the dispatch would take XLA's product)."""
     from model.quant import QuantArray
 
     axes = {p.field: p.axis for p in (f.projection for f in plan.fits)}
@@ -192,19 +235,33 @@ def with_tilings(params, plan: KernelPlan):
         changed = {}
         for f in dataclasses.fields(lp):
             leaf = getattr(lp, f.name)
-            if isinstance(leaf, QuantArray) and leaf.bits == 4 and leaf.ndim == 2:
+            if (isinstance(leaf, QuantArray) and leaf.bits == 4 and leaf.ndim == 2
+                    and not isinstance(leaf.tiling, TpuTiling)  # a leaf in the TPU layout stays as it is
+                    and not getattr(leaf, "words", False)):  # bytes held in uint32 words: another layout's
                 t = plan.tiling_of(f.name, leaf.shape)
                 if t is not None:
                     axis = axes[f.name]
                     k, n, group = leaf.shape[axis], leaf.shape[1 - axis], leaf.block[axis]
-                    if not fit.fits_kernel(k, n, group, t):
-                        problem = fit.tile_problem(t) or fit.tiling_problem(k, n, group, t)
+                    tpu = isinstance(t, TpuTiling)
+                    problem = (fit_tpu.tiling_problem_tpu(k, n, group, t) if tpu else
+                               fit.tile_problem(t) or fit.tiling_problem(k, n, group, t))  # fmt: skip
+                    if problem:
                         raise ValueError(f"kernel plan: {f.name} {leaf.shape}: tiling {t.text} does not tile it "
                                          f"({problem})")  # fmt: skip
+                    if tpu:
+                        values, scales = _to_tpu(leaf.values, leaf.scales, leaf.shape, axis, group)
+                        leaf = dataclasses.replace(leaf, values=values, scales=scales)
                 changed[f.name] = dataclasses.replace(leaf, tiling=t)
         return dataclasses.replace(lp, **changed)
 
     return dataclasses.replace(params, layers=tuple(layer(lp) for lp in params.layers))
+
+
+def _to_tpu(values, scales, shape, axis, group):
+    """`model.kernels.tpu_layout.to_tpu` (jax; imported on the TPU kernel's path only)."""
+    from model.kernels.tpu_layout import to_tpu
+
+    return to_tpu(values, scales, tuple(shape), axis, group)
 
 
 def log_plan(plan: KernelPlan, log: logging.Logger | None = None) -> None:

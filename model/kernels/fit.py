@@ -29,7 +29,8 @@ shared memory per thread block (opt-in) by compute capability, from NVIDIA's CUD
 "Compute Capabilities", table "Technical Specifications per Compute Capability" (and the tuning guides of each
 architecture): 7.5 (Turing) 64 KiB; 8.0 (A100) and 8.7 (Orin) 163 KiB; 8.6, 8.9 (Ada, L4) and 12.0 99 KiB;
 9.0 (Hopper) and 10.0 (Blackwell) 227 KiB. A TPU core's VMEM is counted at 16 MiB, the scoped VMEM the published
-kernel was tiled for ("16 MB of scratchpad per core", seeds/002).
+kernel was tiled for ("16 MB of scratchpad per core", seeds/002), only to compare the published tiles in this
+kernel's model; the TPU kernel's own check is `model.kernels.fit_tpu`.
 
 The published kernel's tiles (`PUBLISHED_TILING`): the report gives only their size, "550 KiB to 1.1 MiB per
 block" at E2B's shapes, not the block sizes. Our reconstruction is TPU-natural: the whole contraction in one step

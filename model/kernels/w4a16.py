@@ -20,7 +20,7 @@ Lowering: Pallas's Triton lowering, selected by passing `jax.experimental.pallas
 - the Triton lowering is deprecated since jax 0.11 (a DeprecationWarning at lowering) but works on compute
   capability 8.0 and above; XLA gates its own Triton path at 8.0, and below it (Turing, 7.5) neither lowering runs.
   So the kernel runs on NVIDIA GPUs of compute capability >= 8.0 (`model.kernels.choice.MIN_CAPABILITY`) and
-  nowhere else but interpret mode; a TPU would need Mosaic TPU's own kernel (not written).
+  nowhere else but interpret mode; a TPU takes its own kernel, `model.kernels.w4a16_tpu` (Mosaic TPU).
 - the fit check (`model.kernels.fit`) models exactly what Triton puts in shared memory: `num_stages` buffers of
   each pipelined load, the dequantized tile handed to the matrix unit, the accumulator and output tiles.
 - what Triton requires of the tiles (`model.kernels.fit.tile_problem`): loads and stores of power-of-two sizes

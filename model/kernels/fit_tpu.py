@@ -1,0 +1,333 @@
+"""The fit check of the TPU W4A16 kernel (`model.kernels.w4a16_tpu`): the VMEM one grid step needs for a tiling at a
+projection's shape, against the scoped VMEM limit the kernel asks Mosaic for, before anything compiles; what a
+tiling must satisfy to tile a shape (the TPU's block rules), and the tiling chosen per projection.
+
+Key: K contraction length, N output length of one projection (the logical [K, N] product, whatever the leaf's
+stored orientation); g the w4 group (values per scale along K), G = bk / g the groups of one step; a bytes per
+activation value (2 for bfloat16), s bytes per scale, P(s) the rows of one VMEM tile of the scale type (16 for
+16-bit, 8 for 32-bit: jax's `TpuInfo.get_sublane_tiling`), up(x, P) x rounded up to a multiple of P. A tiling
+(`TpuTiling`) is bm activation rows (the most a block takes; fewer rows are padded to a multiple of 16 and take a
+smaller block), bn outputs and bk contraction values per grid step; the weight is 32-bit words [K / 8, N]
+(`model.kernels.tpu_layout`), so a step reads bk / 8 x bn words.
+
+VMEM bytes of one grid step (`need_tpu`), the formula:
+
+    need = 2 x (bm bk a)                 # activation block [G, bm, g], double-buffered
+         + 2 x (bk / 8 x bn x 4)         # packed words (= bk bn / 2 bytes), double-buffered
+         + 2 x (up(G, P(s)) bn s)        # scales [G, bn], double-buffered
+         + 2 x (bm bn 4)                 # float32 output block, double-buffered
+         + up(G, 8) bn 4                 # the step's scales in float32
+         + 2 x (bm bn 4)                 # the accumulator and one group's product
+         + g bn a + 2 x (g / 8 x bn x 4) # one group's values, one run of them in float32, the group's words
+
+Why these terms: Pallas's TPU pipeline (a grid with BlockSpecs) keeps two buffers of every blocked input and output
+in VMEM, so the copy of step i + 1 runs while step i computes (the Pallas TPU pipelining docs, "double
+buffering"); the rest are the kernel body's own values, which Mosaic keeps in vector registers and spills to
+VMEM: counted whole, so a tiling that passes leaves room.
+
+The vector-unit variant (`TpuTiling.vpu_rows` rows, `need_tpu_vpu`): its activations are a float32 [G, g, 8] block
+whose 8 lanes take a 128-lane tile's room, its output [8, bn]:
+
+    need_vpu = 2 x (bk 128 4) + 2 x (bk / 8 x bn x 4) + 2 x (up(G, P(s)) bn s) + 2 x (8 bn 4) + up(G, 8) bn 4
+             + (rows + 3) x (g / 8 x bn x 4)  # each row's sum over the runs, one run, its broadcast activations,
+                                               # the group's words
+             + rows x 8 bn 4                   # accumulators [1, bn] per row, 8 sublanes' room each
+
+and a tiling with vpu_rows > 0 is charged the larger of the two.
+
+Limits: the kernel passes `vmem_limit_bytes = SCOPED_VMEM` (16 MiB) to Mosaic (`pltpu.CompilerParams`), so the
+scoped limit does not depend on the compiler's default (16 MiB on the lent v5e too: a Pallas kernel whose
+double-buffered blocks took 16.03 MB failed there with "Scoped allocation with size 16.03M and limit 16.00M",
+issue 43's TPU notes); a tiling is chosen only when its `need_tpu` is within `BUDGET_SHARE` (3/4) of that, the
+rest left to Mosaic's internal scratch and the values the model does not count. The VMEM a core has
+(`TPU_VMEM_BYTES`, read from `jax.experimental.pallas.tpu.get_tpu_info()` on a live TPU by
+`model.kernels.choice.device_limit`, else this table) only caps the scoped limit: jax's own table
+(jax/_src/pallas/mosaic/tpu_info.py in jax 0.10.2; jax/_src/tpu_info.py in 0.12, the same figures): v2, v3, v4, v4i
+16 MiB per TensorCore; v5e 128 MiB; v5p 64 MiB; v6e 128 MiB; 7, 7x 64 MiB.
+
+The TPU's block rules (jax's Pallas TPU lowering, `_check_block_mappings`, jax 0.10.2 and 0.12): each block's last
+dimension a multiple of 128 or the array's whole dimension, its second-to-last a multiple of 8 or the whole
+dimension. Here: x blocks [G, bm, g] (g a multiple of 128; bm of 16, bfloat16's sublane tile), words [bk / 8, bn]
+and the output [bm, bn] (bn a multiple of 128 or N; bk / 8 a multiple of 16 since bk is one of 128), scales
+[G, bn] (G a multiple of 16, both scale types' tile, or all of K's groups: bk = K). The kernel unrolls its groups:
+at most `MAX_GROUPS_PER_STEP` per step.
+
+Pure Python on ints (no jax): `bench kernels fit` and the report use it without a device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from model.kernels.fit import KIB, Fit, Need, Projection
+
+__all__ = ["SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_MAX_ROWS", "VPU_ROW_PAD",
+           "ROW_TILE", "MAX_ROWS", "TpuTiling", "generation_of", "vmem_capacity", "budget", "need_tpu", "need_tpu_vpu",
+           "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu", "rows_block", "candidates_tpu", "choose_tpu",
+           "plan_tpu", "refusal_tpu", "parse_tpu_tiling"]  # fmt: skip
+
+MIB = 2**20
+
+SCOPED_VMEM = 16 * MIB
+"""The scoped VMEM limit the kernel passes to Mosaic (`vmem_limit_bytes`), bytes."""
+
+BUDGET_SHARE = 0.75
+"""Share of the scoped limit a tiling's modelled need may take (the rest: Mosaic's own scratch, uncounted values)."""
+
+TPU_VMEM_BYTES: dict[str, int] = {
+    "v2": 16 * MIB, "v3": 16 * MIB, "v4": 16 * MIB, "v4i": 16 * MIB,
+    "v5e": 128 * MIB, "v5p": 64 * MIB, "v6e": 128 * MIB, "7": 64 * MIB, "7x": 64 * MIB,
+}  # fmt: skip
+"""VMEM per TensorCore by TPU generation, bytes (jax's table, module docstring)."""
+
+TPU_DEVICES = ("tpu", *(f"tpu-{g}" for g in TPU_VMEM_BYTES))
+"""The `--device-capability` names of TPUs: "tpu" (v5e, the lent machine) or "tpu-GEN"."""
+
+VPU_ROWS = 0
+"""Rows up to which the chosen tilings take the kernel's vector-unit variant (`vpu_rows`; no matrix unit: each
+value multiplied and summed in float32 on the VPU) instead of the matrix unit. 0 (never) until the TPU probe
+(`scripts/probes/w4a16_tpu.py`, variant "vpu") shows it faster at decode's few rows."""
+
+VPU_MAX_ROWS = 8
+"""Most rows the vector-unit variant takes (its activations are one [g, 8] block per group, transposed)."""
+
+VPU_ROW_PAD = 8
+"""Rows the vector-unit variant's blocks hold (the rows it takes, padded)."""
+
+ROW_TILE = 16
+"""Rows are padded to a multiple of this (bfloat16's sublane tile: 16 rows per VMEM tile)."""
+
+MAX_ROWS = 128
+"""The largest row block (bm) the chosen tilings use: a batch of 128 rows is one row block; more rows take several
+row blocks, each reading the weight again."""
+
+ROW_BLOCKS = (128, 64, 32, 16)
+"""Row blocks tried, largest first."""
+MAX_OUTPUT_BLOCK = 4096
+"""Outputs per block tried (bn): every multiple of 128 up to this that divides N, largest first; N itself where
+no multiple of 128 divides it (one block along N)."""
+MAX_GROUPS_PER_STEP = 24
+"""Most w4 groups in one grid step (the kernel unrolls them): bk <= 24 g = 3072 at g 128."""
+SCALE_ROWS = 16
+"""A step's scale rows (groups) must be a multiple of this (the 16-bit tile's rows), or all of K's groups."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TpuTiling:
+    """One tiling of the TPU kernel: bm rows (the most per block), bn outputs and bk contraction values per grid
+    step; `vpu_rows`: rows up to which a call takes the vector-unit variant (0: never). Hashable: a static field of
+    a quantized leaf (`model.quant.QuantArray.tiling`), where it also says that the leaf is stored in the TPU layout
+    (`model.kernels.tpu_layout`). `text` is its manifest form, e.g. "tpu bm128 bn2048 bk1536"."""
+
+    bm: int
+    bn: int
+    bk: int
+    vpu_rows: int = 0
+
+    @property
+    def text(self) -> str:
+        return f"tpu bm{self.bm} bn{self.bn} bk{self.bk}" + (f" vpu{self.vpu_rows}" if self.vpu_rows else "")
+
+
+def generation_of(device_kind: str) -> str | None:
+    """The TPU generation ("v5e", ...) of a jax device kind ("TPU v5 lite", "TPU v5e", "TPU v6 lite", "TPU7x"), as
+    jax's `chip_version_from_device_kind` maps them; None for an unknown kind."""
+    kind = device_kind.strip()
+    known = {"TPU v2": "v2", "TPU v3": "v3", "TPU v4": "v4", "TPU v4 lite": "v4i", "TPU v5e": "v5e",
+             "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v6e": "v6e", "TPU v6 lite": "v6e",
+             "TPU7": "7", "TPU7x": "7x"}  # fmt: skip
+    return known.get(kind)
+
+
+def vmem_capacity(generation: str) -> int | None:
+    """VMEM per TensorCore (bytes) of a TPU generation ("v5e", "v6e", ...; `TPU_VMEM_BYTES`), None if unknown."""
+    return TPU_VMEM_BYTES.get(generation.lower().removeprefix("tpu-").removeprefix("tpu "))
+
+
+def budget(capacity: int | None = None) -> int:
+    """The bytes a tiling's `need_tpu` may take: `BUDGET_SHARE` of the scoped limit, the limit capped by the core's
+    VMEM `capacity` (bytes) where known."""
+    limit = SCOPED_VMEM if capacity is None else min(SCOPED_VMEM, capacity)
+    return int(limit * BUDGET_SHARE)
+
+
+def _sublanes(itemsize: int) -> int:
+    """Rows of one VMEM tile of a type of `itemsize` bytes (8 for 32-bit, 16 for 16-bit, 32 for 8-bit)."""
+    return 8 * max(1, 4 // itemsize)
+
+
+def _up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def need_tpu(t: TpuTiling, *, group: int, act_bytes: int = 2, scale_bytes: int = 2) -> Need:
+    """`Need` (bytes, term by term) of one grid step of tiling `t` for w4 groups of `group` values, activations of
+    `act_bytes` and scales of `scale_bytes` bytes (the module docstring's formula); with `t.vpu_rows`, the larger
+    of that and the vector-unit variant's (`need_tpu_vpu`)."""
+    g_, bn, bm = t.bk // group, t.bn, t.bm
+    srows = _up(g_, _sublanes(scale_bytes))
+    mxu = Need(terms=(
+        (f"activation block (2 x {bm}x{t.bk} x {act_bytes} B)", 2 * bm * t.bk * act_bytes),
+        (f"packed words (2 x {t.bk // 8}x{bn} x 4 B)", 2 * (t.bk // 8) * bn * 4),
+        (f"scales (2 x {srows}x{bn} x {scale_bytes} B)", 2 * srows * bn * scale_bytes),
+        (f"output block (2 x {bm}x{bn} x 4 B)", 2 * bm * bn * 4),
+        (f"float32 scales ({_up(g_, 8)}x{bn} x 4 B)", _up(g_, 8) * bn * 4),
+        (f"accumulator and product (2 x {bm}x{bn} x 4 B)", 2 * bm * bn * 4),
+        (f"one group's values ({group}x{bn} x {act_bytes} B + 2 x {group // 8}x{bn} x 4 B)",
+         group * bn * act_bytes + 2 * (group // 8) * bn * 4),
+    ))  # fmt: skip
+    if not t.vpu_rows:
+        return mxu
+    vpu = need_tpu_vpu(t, group=group, scale_bytes=scale_bytes)
+    return vpu if vpu.total > mxu.total else mxu
+
+
+def need_tpu_vpu(t: TpuTiling, *, group: int, scale_bytes: int = 2) -> Need:
+    """`Need` (bytes) of one grid step of the vector-unit variant at `t.vpu_rows` rows (the module docstring's
+    formula)."""
+    g_, bn, rows = t.bk // group, t.bn, max(t.vpu_rows, 1)
+    srows = _up(g_, _sublanes(scale_bytes))
+    run = group // 8 * bn * 4
+    return Need(terms=(
+        (f"transposed activations (2 x {t.bk}x128 lanes x 4 B)", 2 * t.bk * 128 * 4),
+        (f"packed words (2 x {t.bk // 8}x{bn} x 4 B)", 2 * (t.bk // 8) * bn * 4),
+        (f"scales (2 x {srows}x{bn} x {scale_bytes} B)", 2 * srows * bn * scale_bytes),
+        (f"output block (2 x 8x{bn} x 4 B)", 2 * 8 * bn * 4),
+        (f"float32 scales ({_up(g_, 8)}x{bn} x 4 B)", _up(g_, 8) * bn * 4),
+        (f"group values ({rows + 3} x {group // 8}x{bn} x 4 B)", (rows + 3) * run),
+        (f"accumulators ({rows} x 8x{bn} x 4 B)", rows * 8 * bn * 4),
+    ))  # fmt: skip
+
+
+def shape_problem_tpu(p: Projection) -> str | None:
+    """Why the TPU kernel cannot tile projection `p` at all, or None: the group a multiple of 128 (x's lane blocks;
+    8 runs of g / 8 word rows, 16 at g = 128) dividing K."""
+    if p.group % 128:
+        return f"group {p.group} is not a multiple of 128 (the TPU's lane width)"
+    if p.k % p.group:
+        return f"K={p.k} is not a multiple of the group {p.group}"
+    return None
+
+
+def tiling_problem_tpu(k: int, n: int, group: int, t: TpuTiling) -> str | None:
+    """Why tiling `t` cannot tile a K x N product with w4 groups of `group` values, or None (the TPU's block rules,
+    module docstring): bm a multiple of 16; bk a multiple of the group dividing K, at most `MAX_GROUPS_PER_STEP`
+    groups, a multiple of `SCALE_ROWS` groups or all of K; bn dividing N, a multiple of 128 or N; vpu_rows within
+    0..`VPU_MAX_ROWS`."""
+    problem = shape_problem_tpu(Projection(field="", k=k, n=n, axis=0, group=group))
+    if problem:
+        return problem
+    if t.bm < ROW_TILE or t.bm % ROW_TILE:
+        return f"bm {t.bm} is not a multiple of {ROW_TILE}"
+    if not 0 <= t.vpu_rows <= VPU_MAX_ROWS:
+        return f"vpu_rows {t.vpu_rows} is not within 0..{VPU_MAX_ROWS}"
+    if t.bk % group:
+        return f"bk {t.bk} is not a multiple of the group {group}"
+    if k % t.bk:
+        return f"bk {t.bk} does not divide K={k}"
+    if t.bk // group > MAX_GROUPS_PER_STEP:
+        return f"bk {t.bk} is {t.bk // group} groups, over the {MAX_GROUPS_PER_STEP} one step unrolls"
+    if t.bk != k and (t.bk // group) % SCALE_ROWS:
+        return f"bk {t.bk} is {t.bk // group} groups: not a multiple of {SCALE_ROWS} (scale rows) nor all of K={k}"
+    if n % t.bn:
+        return f"bn {t.bn} does not divide N={n}"
+    if t.bn % 128 and t.bn != n:
+        return f"bn {t.bn} is not a multiple of 128 nor N={n}"
+    return None
+
+
+def fits_tpu(k: int, n: int, group: int, t: TpuTiling) -> bool:
+    """Whether the TPU kernel can run a K x N product with w4 groups of `group` at tiling `t`: the one check
+    `model.kernels.w4a16_tpu.w4a16_tpu_matmul` and the dispatch (`model.quant.matmul`) apply."""
+    return tiling_problem_tpu(k, n, group, t) is None
+
+
+def rows_block(rows: int, t: TpuTiling) -> int:
+    """The row block a call of `rows` activation rows uses: rows rounded up to a multiple of `ROW_TILE`, at most
+    t.bm (more rows take several blocks)."""
+    return min(t.bm, -(-max(rows, 1) // ROW_TILE) * ROW_TILE)
+
+
+def candidates_tpu(p: Projection) -> list[TpuTiling]:
+    """Every tiling of projection `p` the TPU kernel can run, most preferred first: larger row blocks (a batch of
+    `MAX_ROWS` in one block), then fewer grid steps (larger bk x bn), then larger bk (each output block's K loop
+    in fewer steps)."""
+    if shape_problem_tpu(p):
+        return []
+    bns = [b for b in range(MAX_OUTPUT_BLOCK, 0, -128) if p.n % b == 0] or [p.n]
+    groups = p.k // p.group
+    bks = [p.k // s for s in range(1, groups + 1) if groups % s == 0]
+    out = [TpuTiling(bm=bm, bn=bn, bk=bk, vpu_rows=VPU_ROWS) for bm in ROW_BLOCKS for bn in bns for bk in bks]
+    out = [t for t in out if fits_tpu(p.k, p.n, p.group, t)]
+    return sorted(out, key=lambda t: (t.bm, t.bk * t.bn, t.bk), reverse=True)
+
+
+def choose_tpu(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
+               tiling: TpuTiling | None = None) -> Fit:  # fmt: skip
+    """The first tiling of `candidates_tpu(p)` whose `need_tpu` is within `limit` bytes; with `tiling` given, that
+    tiling alone (it fits when it tiles the shape and its need is within the limit). A `Fit` (`model.kernels.fit`)
+    whose tiling is None says why, as the GPU check's does."""
+    nb = lambda t: need_tpu(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes)  # noqa: E731
+    if tiling is not None:
+        problem = tiling_problem_tpu(p.k, p.n, p.group, tiling)
+        if problem:
+            return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem, tried=tiling)
+        n = nb(tiling)
+        ok = n.total <= limit
+        return Fit(projection=p, tiling=tiling if ok else None, need=n, limit=limit,
+                   problem=None if ok else "over the limit", tried=tiling)  # fmt: skip
+    problem = shape_problem_tpu(p)
+    if problem:
+        return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem)
+    tried = candidates_tpu(p)
+    for t in tried:
+        n = nb(t)
+        if n.total <= limit:
+            return Fit(projection=p, tiling=t, need=n, limit=limit, tried=t)
+    smallest = min(tried, key=lambda t: nb(t).total)
+    return Fit(projection=p, tiling=None, need=nb(smallest), limit=limit, problem="over the limit", tried=smallest)
+
+
+def plan_tpu(projs, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
+             tiling: TpuTiling | None = None) -> tuple[Fit, ...]:  # fmt: skip
+    """`choose_tpu` for every projection."""
+    return tuple(choose_tpu(p, limit, act_bytes=act_bytes, scale_bytes=scale_bytes, tiling=tiling) for p in projs)
+
+
+def refusal_tpu(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) -> str:
+    """The one-line refusal of a projection the TPU kernel cannot take: the shape's problem, or need, limit, the
+    dominating term and the tiling that would fit (or that none would)."""
+    p, n = f.projection, f.need
+    if n is None:
+        what = f"{f.tried.text} does not tile it" if f.tried else "cannot be tiled"
+        return f"w4a16 TPU kernel: {p.label} on {device}: {what} ({f.problem})"
+    name, b = n.dominant
+    fit = choose_tpu(p, f.limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
+    would = (f"{fit.tiling.text} would fit ({fit.need.total:,} B)" if fit.fits
+             else "no tiling of this kernel fits; use --kernel w4a16=xla")  # fmt: skip
+    tiles = f.tried.text if f.tried else "the smallest tiling"
+    return (f"w4a16 TPU kernel: {p.label} on {device}: {tiles} needs {n.total:,} B ({n.total / KIB:,.0f} KiB) of VMEM "
+            f"per grid step, over the budget of {f.limit:,} B ({f.limit / KIB:,.0f} KiB); the largest term is the "
+            f"{name} at {b:,} B; {would}")  # fmt: skip
+
+
+def parse_tpu_tiling(text: str) -> TpuTiling:
+    """"[tpu] bm16 bn2048 bk1536 [vpu1]" (spaces or commas) -> `TpuTiling` (vpuN: `vpu_rows` N). Raises ValueError
+    naming the text and the expected form (bm a multiple of 16, vpu at most `VPU_MAX_ROWS`; whether it tiles a
+    shape is `tiling_problem_tpu`'s)."""
+    fields = {}
+    for part in text.replace(",", " ").split():
+        if part == "tpu":
+            continue
+        key = part.rstrip("0123456789")
+        value = part[len(key):]
+        if key not in ("bm", "bn", "bk", "vpu") or not value or int(value) < (0 if key == "vpu" else 1):
+            raise ValueError(f"tiling {text!r}: expected e.g. 'tpu bm16 bn2048 bk1536' (bm, bn, bk; vpuN optional)")
+        fields["vpu_rows" if key == "vpu" else key] = int(value)
+    if not {"bm", "bn", "bk"} <= set(fields):
+        raise ValueError(f"tiling {text!r}: needs bm, bn and bk, e.g. 'tpu bm16 bn2048 bk1536'")
+    t = TpuTiling(**fields)
+    if t.bm % ROW_TILE or t.vpu_rows > VPU_MAX_ROWS:
+        raise ValueError(f"tiling {text!r}: bm must be a multiple of {ROW_TILE} and vpu at most {VPU_MAX_ROWS}, "
+                         "e.g. 'tpu bm16 bn2048 bk1536 vpu1'")  # fmt: skip
+    return t

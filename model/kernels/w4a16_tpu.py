@@ -1,0 +1,167 @@
+"""The W4A16 kernel for the TPU: int4 weights with group scales (the `w4` values, stored in the TPU layout of
+`model.kernels.tpu_layout`) times 16-bit activations, in Pallas with the Mosaic TPU lowering
+(`jax.experimental.pallas.tpu`). Packed 32-bit words stream from HBM into VMEM block by block (a grid with
+BlockSpecs: Pallas's pipeline double-buffers every block, so the copy of the next step runs under this one), are
+unpacked and converted there, multiplied on the matrix unit with float32 results, scaled per group and summed in
+float32. The engine's choice of it and its tiling: `model.kernels.choice`; what a tiling must satisfy and the VMEM
+it needs: `model.kernels.fit_tpu`.
+
+Key: R activation rows, K contraction length, N outputs, g the w4 group, G = K / g; bm, bn, bk: the
+`model.kernels.fit_tpu.TpuTiling`.
+
+Operands (prepared outside the kernel; none is a copy of the weight):
+- x [G, Rp, g]: the activations, rows padded to Rp (a multiple of the row block), split into groups along K and
+  moved group-major (a [R, K] array, small beside the weight), so a group's activations are one leading index;
+- words int32 [K / 8, N] and scales [G, N]: the leaf as stored (`model.kernels.tpu_layout`);
+- out float32 [Rp, N]: cast to the activation dtype after the kernel.
+
+Grid (Rp / bm, N / bn, K / bk), the last axis the reduction ("arbitrary": the output block stays in VMEM across it
+and is zeroed at its first step), the others "parallel". One step: for each of its bk / g groups (unrolled: at
+most `fit_tpu.MAX_GROUPS_PER_STEP`), the group's g / 8 word rows [g / 8, bn]; for p = 0..7 nibble p shifted to the
+top of the word and back (arithmetic shift: the two's complement value, exact), converted to float32 and then to
+the activation dtype (exact: |q| <= 8); the 8 runs stacked along K are the group's [g, bn] values in natural order
+(aligned: 16 rows each at g = 128); x [bm, g] times them on the matrix unit with a float32 result; that scaled by
+the group's scales [1, bn] and added to the float32 accumulator. The products are exact in the integers; scaling
+after each group's product keeps the weight's values exact whatever the scale dtype; the float32 sums run in
+group order, so results can differ from XLA's product (`model.quant.matmul`) in the last float32 bits before the
+cast to the activation dtype.
+
+The vector-unit variant (`tiling.vpu_rows` >= R: a decode step's few rows; `model.kernels.fit_tpu.VPU_ROWS` says
+when the engine plans it, 0 until measured): the same grid, words and scales; x handed transposed per group
+(float32 [G, g, 8], rows padded to 8) and the output [8, N]; in each group each run's values (float32 [g / 8, bn])
+are multiplied by each row's activations for that run (a column broadcast along lanes), summed over the 8 runs
+elementwise and then over the g / 8 rows (a reduction along sublanes), scaled and accumulated, all in float32 on
+the vector unit: no matrix unit, whose weight loads a product of a few rows cannot amortize. Whether it is faster
+is the TPU probe's question (`scripts/probes/w4a16_tpu.py`).
+
+Lowering: `pltpu.CompilerParams(dimension_semantics=..., vmem_limit_bytes=fit_tpu.SCOPED_VMEM)`, the same API in
+jax 0.10.2 (the lent TPU machine's) and 0.12 (the project's): the tests lower it for the TPU on CPU with
+`jax.export` (platforms ["tpu"]) so a Mosaic lowering error shows in CI; the TPU's own compile (Mosaic's layout
+passes) runs only on a TPU (`scripts/probes/w4a16_tpu.py`). `interpret=True` runs the same kernel as jax ops on
+CPU (the tests check it against dequantize-then-matmul).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from model.kernels.fit_tpu import SCOPED_VMEM, VPU_ROW_PAD, TpuTiling, rows_block, tiling_problem_tpu
+from model.kernels.tpu_layout import PLANES
+
+__all__ = ["KERNEL_NAME", "w4a16_tpu_matmul"]
+
+KERNEL_NAME = "w4a16_pallas_tpu_kernel"
+"""The kernel's name (the custom call and the named scope carry it; `bench.profile.classify` files anything
+containing "w4a16_pallas" as the w4a16 kernel)."""
+
+
+def _run(w: jax.Array, p: int) -> jax.Array:
+    """int32 words -> the signed value of nibble p (bits 4p..4p+3) of each, int32 in [-8, 7]."""
+    return (w << (28 - 4 * p)) >> 28 if p < PLANES - 1 else w >> 28
+
+
+def _zero_at_first_k_step(o_ref) -> None:
+    @pl.when(pl.program_id(2) == 0)
+    def _zero():
+        o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
+
+
+def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, groups: int):
+    """One grid step: x_ref [groups, bm, g], w_ref [groups g / 8, bn] int32, s_ref [groups, bn], o_ref [bm, bn]
+    float32 (resident across the K axis of the grid)."""
+    _zero_at_first_k_step(o_ref)
+    rows = group // PLANES
+    s = s_ref[...].astype(jnp.float32)
+    acc = None
+    for i in range(groups):
+        x = x_ref[i]
+        w = w_ref[i * rows : (i + 1) * rows, :]
+        q = jnp.concatenate([_run(w, p).astype(jnp.float32).astype(x.dtype) for p in range(PLANES)], axis=0)
+        d = jax.lax.dot_general(x, q, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        part = d * s[i : i + 1, :]
+        acc = part if acc is None else acc + part
+    o_ref[...] += acc
+
+
+def _kernel_vpu(xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: int):
+    """One grid step of the vector-unit variant: xt_ref [groups, g, 8] float32 (x transposed, rows padded to 8),
+    w_ref [groups g / 8, bn] int32, s_ref [groups, bn], o_ref [8, bn] float32 (resident across the K axis)."""
+    _zero_at_first_k_step(o_ref)
+    run = group // PLANES
+    bn = o_ref.shape[1]
+    s = s_ref[...].astype(jnp.float32)
+    acc = [None] * rows
+    for i in range(groups):
+        xt = xt_ref[i]
+        w = w_ref[i * run : (i + 1) * run, :]
+        sums = [None] * rows
+        for p in range(PLANES):
+            q = _run(w, p).astype(jnp.float32)
+            for r in range(rows):
+                term = q * jnp.broadcast_to(xt[p * run : (p + 1) * run, r : r + 1], (run, bn))
+                sums[r] = term if sums[r] is None else sums[r] + term
+        for r in range(rows):
+            part = jnp.sum(sums[r], axis=0, keepdims=True) * s[i : i + 1, :]
+            acc[r] = part if acc[r] is None else acc[r] + part
+    for r in range(rows):
+        o_ref[r : r + 1, :] += acc[r]
+
+
+def w4a16_tpu_kernel(*refs, vpu_rows: int = 0, **kw):
+    """The kernel body (the vector-unit variant for `vpu_rows` > 0 rows), named `KERNEL_NAME` for traces."""
+    if vpu_rows:
+        return _kernel_vpu(*refs, rows=vpu_rows, **kw)
+    return _kernel(*refs, **kw)
+
+
+w4a16_tpu_kernel.__name__ = KERNEL_NAME
+
+
+@functools.partial(jax.jit, static_argnames=("k", "n", "group", "tiling", "interpret"))
+def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k: int, n: int, group: int,
+                     tiling: TpuTiling, interpret: bool = False) -> jax.Array:  # fmt: skip
+    """x [R, K] (bfloat16, float16 or float32; any R >= 1) times a w4 weight in the TPU layout: [R, N] in x's dtype.
+
+    words: int32 [K / 8, N]; scales: [K / group, N], any float dtype (`model.kernels.tpu_layout`). Rows are padded
+    to a multiple of the row block (`model.kernels.fit_tpu.rows_block`: R rounded up to 16, at most tiling.bm); R
+    <= tiling.vpu_rows takes the vector-unit variant. Raises ValueError naming why when `tiling` does not tile the
+    shape (`model.kernels.fit_tpu.tiling_problem_tpu`: a program error; the engine plans tilings with
+    `model.kernels.fit_tpu`). `interpret`: run as jax ops (CPU, tests)."""
+    problem = tiling_problem_tpu(k, n, group, tiling)
+    if problem:
+        raise ValueError(f"tiling {tiling.text} does not tile K={k} N={n} group {group}: {problem}")
+    r = x_RK.shape[0]
+    vpu = r <= tiling.vpu_rows
+    groups, bn = tiling.bk // group, tiling.bn
+    if vpu:  # x transposed per group, rows padded to 8 (one row block)
+        bm = rp = VPU_ROW_PAD
+        x = jnp.pad(x_RK.astype(jnp.float32), ((0, rp - r), (0, 0)))
+        x_in = jnp.transpose(x.reshape(rp, k // group, group), (1, 2, 0))
+        x_spec = pl.BlockSpec((groups, group, rp), lambda i, j, kk: (kk, 0, 0))
+    else:
+        bm = rows_block(r, tiling)
+        rp = -(-r // bm) * bm
+        x = jnp.pad(x_RK, ((0, rp - r), (0, 0))) if rp != r else x_RK
+        x_in = jnp.transpose(x.reshape(rp, k // group, group), (1, 0, 2))
+        x_spec = pl.BlockSpec((groups, bm, group), lambda i, j, kk: (kk, i, 0))
+    grid = (rp // bm, n // bn, k // tiling.bk)
+    in_specs = [
+        x_spec,
+        pl.BlockSpec((tiling.bk // PLANES, bn), lambda i, j, kk: (kk, j)),
+        pl.BlockSpec((groups, bn), lambda i, j, kk: (kk, j)),
+    ]
+    out_spec = pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))
+    params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
+                                  vmem_limit_bytes=SCOPED_VMEM)  # fmt: skip
+    kernel = functools.partial(w4a16_tpu_kernel, group=group, groups=groups, vpu_rows=r if vpu else 0)
+    with jax.named_scope(KERNEL_NAME):
+        out = pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((rp, n), jnp.float32), grid=grid, in_specs=in_specs,
+            out_specs=out_spec, compiler_params=params, interpret=interpret, name=KERNEL_NAME,
+        )(x_in, words, scales)  # fmt: skip
+    return out[:r].astype(x_RK.dtype)
