@@ -11,7 +11,11 @@ value (up to float32 rounding): half a quantization step of its block, the store
 
 Storage: int8 values as int8 in the array's shape; int4 values two per uint8 byte along the LAST axis (value 2j in
 the low nibble, 2j+1 in the high one, two's complement), so the packed axis is the minor, contiguous one; a last
-axis of odd length gets a zero pad nibble. Scales are 16-bit by default (bfloat16: float32's range, so a small
+axis of odd length gets a zero pad nibble. A table that a decode step reads by a row gather (`model.quantspec
+.WORD_TABLES`: the PLE table) holds those same bytes four to a uint32 word (`QuantArray.words`; byte k of a row in
+bits 8 (k mod 4) and up of word k // 4, a row padded with zero bytes to a whole word): XLA:TPU gathers a row of a
+32-bit array in the array's own tiling, where for an 8-bit table it laid the whole table out anew in every step
+(issue 43). Only the gathered rows are unpacked, with shifts on int32 (`_from_words`): the same int8 values. Scales are 16-bit by default (bfloat16: float32's range, so a small
 block's scale never underflows) or any float dtype (`scale_dtype`). The published runs stored 16-bit scales:
 their weight total, 6,155,450,950 bytes, is reproduced to the byte with 2-byte scales
 (`model.accounting.weight_bytes`), and their dtype counts {float16: 541, uint8: 1, int8: 1} fit E2B's 539 dense
@@ -58,6 +62,7 @@ from model.kernels.fit import Tiling, fits_kernel
 from model.qreduce import MATVEC_ROWS, fits_reduce, reduce_matmul
 from model.quantspec import (
     LM_HEAD,
+    WORD_BYTES,
     QuantSpec,
     Shape,
     channels_block,
@@ -65,11 +70,13 @@ from model.quantspec import (
     parse_quant,
     rows_block,
     scale_shape,
+    value_dtype,
+    value_shape,
 )
 
 __all__ = ["QuantArray", "QuantSpec", "parse_quant", "quantize", "quantize_rows", "quantize_channels", "dequantize",
            "matmul", "take_rows", "packed_bytes", "tree_bytes", "quantize_blocks", "quantize_fields",
-           "quantize_params"]  # fmt: skip
+           "quantize_params", "with_words"]  # fmt: skip
 
 QMAX = {8: 127, 4: 7}
 """Largest integer magnitude per bit width (symmetric range [-qmax, qmax])."""
@@ -86,6 +93,8 @@ class QuantArray:
     tiling: how `matmul` multiplies it: None for XLA's product, a `model.kernels.fit.Tiling` for the fused W4A16
         kernel (`model.kernels.w4a16`; set at load by `model.kernels.choice.with_tilings`). Static, like the
         layout. A tiling that does not tile the leaf's shape is never run: `matmul` takes XLA's product then.
+    words: the value bytes above held in uint32 words instead, values uint32 [*shape[:-1], ceil(bytes per row /
+        4)] (`model.quantspec.QuantLayout.words`, chosen by `leaf_layout` for `WORD_TABLES`). Static.
     """
 
     values: jax.Array
@@ -94,6 +103,7 @@ class QuantArray:
     bits: int
     block: Shape
     tiling: Tiling | None = None
+    words: bool = False
 
     packed_axis = -1
 
@@ -109,7 +119,7 @@ class QuantArray:
 
 
 jax.tree_util.register_dataclass(QuantArray, data_fields=["values", "scales"],
-                                 meta_fields=["shape", "bits", "block", "tiling"])  # fmt: skip
+                                 meta_fields=["shape", "bits", "block", "tiling", "words"])  # fmt: skip
 
 
 # ---- int4 packing ----------------------------------------------------------------------------------------------
@@ -130,8 +140,51 @@ def _unpack_int4(packed: jax.Array, n: int) -> jax.Array:
     return both[..., :n]
 
 
+def _to_words(b: jax.Array) -> jax.Array:
+    """int8 or uint8 bytes [..., m] -> uint32 words [..., ceil(m / 4)]: byte k in bits 8 (k mod 4) .. 8 (k mod 4)
+    + 7 of word k // 4 (little-endian, by shifts: the same on every host), the row padded with zero bytes."""
+    m = b.shape[-1]
+    b = jax.lax.bitcast_convert_type(b, jnp.uint8) if b.dtype == jnp.int8 else b
+    b = jnp.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, -m % WORD_BYTES)]).astype(jnp.uint32)
+    b = b.reshape(*b.shape[:-1], -1, WORD_BYTES) << (8 * jnp.arange(WORD_BYTES, dtype=jnp.uint32))
+    return functools.reduce(jnp.bitwise_or, (b[..., k] for k in range(WORD_BYTES)))
+
+
+def _word_planes(w: jax.Array, bits: int) -> list[jax.Array]:
+    """uint32 words [..., W] of `_to_words` -> 32 / bits planes, int32 [..., W] each: plane k holds the values at
+    positions (32 / bits) j + k of the row (byte 4j + k at 8 bits; at 4 bits the nibble in bits 4k .. 4k + 3 of
+    word j, i.e. value 8j + k in `_pack_int4`'s order), each moved to the top of the int32 by a left shift and
+    sign-extended by an arithmetic right shift. Elementwise: XLA fuses a plane into the op that reads it."""
+    wi = jax.lax.bitcast_convert_type(w, jnp.int32)
+    return [(wi << jnp.int32(32 - bits * (k + 1))) >> jnp.int32(32 - bits) for k in range(32 // bits)]
+
+
+def _from_words(w: jax.Array, bits: int, n: int) -> jax.Array:
+    """uint32 words [..., W] of `_to_words` -> the int8 values [..., n] (n <= W x 32 / bits) they hold, in row
+    order: the planes of `_word_planes` interleaved. For a few gathered rows; a product reads the planes."""
+    v = jnp.stack(_word_planes(w, bits), axis=-1)
+    return v.reshape(*w.shape[:-1], -1)[..., :n].astype(jnp.int8)
+
+
+def with_words(q: QuantArray, words: bool) -> QuantArray:
+    """`q` with its value bytes stored as uint32 words (`words` True) or as int8 / uint8 bytes (False): the same
+    integer values and scales, so `dequantize` and every product give the same results bit for bit; a row's
+    padding to a whole word is added or dropped. Returns `q` itself when it is stored that way already. For tests
+    and probes comparing the two storages; the loaders store each table as `model.quantspec.leaf_layout` says."""
+    if q.words == words:
+        return q
+    if words:
+        values = _to_words(q.values)
+    else:
+        ints = _from_words(q.values, q.bits, q.shape[-1])
+        values = ints if q.bits == 8 else _pack_int4(ints)
+    return dataclasses.replace(q, values=values, words=words)
+
+
 def _int_values(q: QuantArray) -> jax.Array:
-    """The integer values of `q` as int8 in its logical shape (unpacked when 4-bit)."""
+    """The integer values of `q` as int8 in its logical shape (unpacked when 4-bit or held in words)."""
+    if q.words:
+        return _from_words(q.values, q.bits, q.shape[-1])
     return q.values if q.bits == 8 else _unpack_int4(q.values, q.shape[-1])
 
 
@@ -152,11 +205,12 @@ def _round_up(s: jax.Array, dtype) -> jax.Array:
     return jnp.where(r.astype(jnp.float32) < s, up, r)
 
 
-def quantize(x, bits: int, block: Shape, *, scale_dtype=jnp.bfloat16) -> QuantArray:
+def quantize(x, bits: int, block: Shape, *, scale_dtype=jnp.bfloat16, words: bool = False) -> QuantArray:
     """Quantize `x` (any float array or numpy array) to `bits` (8 or 4) with one scale per `block` of values.
 
     block: one entry per axis, 1 <= block[i] <= x.shape[i] (the last block along an axis may be short).
     The scale is max|x| / qmax of its block in float32, rounded up to `scale_dtype`; values round to nearest.
+    words: store the value bytes in uint32 words (`QuantArray.words`; the same values, dequantized bit for bit).
     Raises ValueError for a bits value other than 8 or 4 or a block that does not fit the shape (program errors).
     """
     if bits not in QMAX:
@@ -165,14 +219,16 @@ def quantize(x, bits: int, block: Shape, *, scale_dtype=jnp.bfloat16) -> QuantAr
     shape, block = tuple(x.shape), tuple(int(b) for b in block)
     if len(block) != len(shape) or any(not 1 <= b <= max(n, 1) for b, n in zip(block, shape, strict=True)):
         raise ValueError(f"block {block} does not fit shape {shape}")
-    values, scales = _quantize_arrays(x, bits, block, scale_dtype)
-    return QuantArray(values=values, scales=scales, shape=shape, bits=bits, block=block)
+    values, scales = _quantize_arrays(x, bits, block, scale_dtype, words)
+    return QuantArray(values=values, scales=scales, shape=shape, bits=bits, block=block, words=words)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _quantize_arrays(x: jax.Array, bits: int, block: Shape, scale_dtype) -> tuple[jax.Array, jax.Array]:
-    """(values, scales) of `quantize`, one compiled program per (shape, dtype, bits, block, scale dtype); computed
-    in float32 (a caller quantizing a table far larger than memory allows quantizes it in blocks of rows)."""
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _quantize_arrays(x: jax.Array, bits: int, block: Shape, scale_dtype, words: bool = False
+                     ) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """(values, scales) of `quantize`, one compiled program per (shape, dtype, bits, block, scale dtype, words);
+    computed in float32 (a caller quantizing a table far larger than memory allows quantizes it in blocks of
+    rows)."""
     x = x.astype(jnp.float32)
     shape = tuple(x.shape)
     groups = scale_shape(shape, block)
@@ -182,19 +238,21 @@ def _quantize_arrays(x: jax.Array, bits: int, block: Shape, scale_dtype) -> tupl
     scales = _round_up(amax / QMAX[bits], scale_dtype)
     s = _expand(scales.astype(jnp.float32), block, shape)
     q = jnp.clip(jnp.round(x / jnp.where(s == 0, 1.0, s)), -QMAX[bits], QMAX[bits]).astype(jnp.int8)
-    return (q if bits == 8 else _pack_int4(q)), scales
+    values = q if bits == 8 else _pack_int4(q)
+    return (_to_words(values) if words else values), scales
 
 
 def quantize_blocks(blocks: Iterable[tuple[int, np.ndarray]], shape: Shape, bits: int, block: Shape, *,
-                    scale_dtype=jnp.bfloat16, empty=np.empty) -> QuantArray:  # fmt: skip
+                    scale_dtype=jnp.bfloat16, empty=np.empty, words: bool = False) -> QuantArray:  # fmt: skip
     """`quantize` of an array of `shape` given as blocks of rows, never whole: the same arithmetic
     (`_quantize_arrays` on each block), so the result equals `quantize` of the whole array bit for bit.
 
     blocks: (first row, x [r, *shape[1:]]) covering axis 0 in order; each first row and each r but the last's a
     multiple of block[0], so that no scale block spans two of them (a block may be reused by the caller once the
-    next is drawn). The values (int8 [*shape], or uint8 [*shape[:-1], ceil(shape[-1] / 2)] at 4 bits) and scales
-    (`scale_dtype` [ceil(shape[i] / block[i])]) are preallocated host arrays from `empty(shape, dtype)` (e.g. an
-    aligned allocator) and filled block by block: host memory is the result plus one block's float32 work.
+    next is drawn). The values (`model.quantspec.value_shape`: int8 [*shape], or uint8 [*shape[:-1], ceil(shape[-1]
+    / 2)] at 4 bits, or with `words` uint32 words holding those bytes) and scales (`scale_dtype` [ceil(shape[i] /
+    block[i])]) are preallocated host arrays from `empty(shape, dtype)` (e.g. an aligned allocator) and filled
+    block by block: host memory is the result plus one block's float32 work.
     Returns a `QuantArray` with numpy values and scales. Raises ValueError for a bits value other than 8 or 4, a
     block that does not fit the shape, or blocks that are misaligned, out of order or do not cover axis 0.
     """
@@ -203,8 +261,7 @@ def quantize_blocks(blocks: Iterable[tuple[int, np.ndarray]], shape: Shape, bits
         raise ValueError(f"bits must be 8 or 4, got {bits}")
     if not shape or len(block) != len(shape) or any(not 1 <= b <= max(n, 1) for b, n in zip(block, shape, strict=True)):
         raise ValueError(f"block {block} does not fit shape {shape}")
-    value_shape = shape if bits == 8 else (*shape[:-1], -(-shape[-1] // 2))
-    values = empty(value_shape, np.int8 if bits == 8 else np.uint8)
+    values = empty(value_shape(shape, bits, words), np.dtype(value_dtype(bits, words)))
     scales = empty(scale_shape(shape, block), scale_dtype)
     row = 0
     for r0, x in blocks:
@@ -212,19 +269,19 @@ def quantize_blocks(blocks: Iterable[tuple[int, np.ndarray]], shape: Shape, bits
         if r0 != row or tuple(x.shape[1:]) != shape[1:] or (r % block[0] and r0 + r != shape[0]):
             raise ValueError(f"block of rows {r0}:{r0 + r} (shape {tuple(x.shape)}) does not continue rows 0:{row} "
                              f"of {shape} in whole scale blocks of {block[0]}")  # fmt: skip
-        v, s = _quantize_arrays(jnp.asarray(x), bits, (min(block[0], r), *block[1:]), scale_dtype)
+        v, s = _quantize_arrays(jnp.asarray(x), bits, (min(block[0], r), *block[1:]), scale_dtype, words)
         values[r0 : r0 + r] = np.asarray(v)
         scales[r0 // block[0] : r0 // block[0] + s.shape[0]] = np.asarray(s)
         row = r0 + r
     if row != shape[0]:
         raise ValueError(f"blocks covered rows 0:{row} of {shape}")
-    return QuantArray(values=values, scales=scales, shape=shape, bits=bits, block=block)
+    return QuantArray(values=values, scales=scales, shape=shape, bits=bits, block=block, words=words)
 
 
-def quantize_rows(x, bits: int, group: int, *, scale_dtype=jnp.bfloat16) -> QuantArray:
+def quantize_rows(x, bits: int, group: int, *, scale_dtype=jnp.bfloat16, words: bool = False) -> QuantArray:
     """A table [..., n] with one scale per (row, `group` values along the last axis): the PLE table (group 256),
-    the LM head copy (group = the whole row). A group longer than the row is the row."""
-    return quantize(x, bits, rows_block(tuple(np.shape(x)), group), scale_dtype=scale_dtype)
+    the LM head copy (group = the whole row). A group longer than the row is the row. `words` as `quantize`."""
+    return quantize(x, bits, rows_block(tuple(np.shape(x)), group), scale_dtype=scale_dtype, words=words)
 
 
 def quantize_channels(w, bits: int, axis: int | tuple[int, ...], group: int | None = None, *,
@@ -271,7 +328,7 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
             if y is not None:
                 return y
         return jnp.einsum(spec, x, w.astype(x.dtype))
-    for form in (_kernel_form, _reduce_form):
+    for form in (_words_form, _kernel_form, _reduce_form):
         y = form(x, w, lhs, rhs, out)
         if y is not None:
             return y
@@ -489,6 +546,68 @@ def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
 
 
+def _words_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
+    """The product with a 2-D `words` leaf (the int8 head, `model.quantspec.WORD_TABLES`) as a sum over its
+    planes (`_word_planes`), never unpacking the whole weight into one array; None for any other leaf (or a
+    scale layout it does not cover: scales per output or one for all, and groups along a packed contraction axis
+    a whole number of words long), where the dot form unpacks it.
+
+    Plane k meets the activations at positions (32 / bits) j + k when the words run along the contraction axis
+    ([N, K]: the head), or gives outputs (32 / bits) j + k when they run along the outputs ([K, N]; interleaved
+    at the end, [R, N] values only). Per plane: on CPU, at most `MATVEC_ROWS` rows, one multiply-and-sum per row
+    over every plane at once (`model.qreduce`'s form: XLA:CPU converts a dot's integer operand first); elsewhere a
+    dot of the converted plane with float32 accumulation. Scales multiply the float32 partial sums of each group.
+
+    Why (TPU v5e, jax 0.10.2, /work/tpu-notes, lead's probe): an s8 [262144, 1536] head multiplied as one array
+    was copied whole into another tiling in every call (1.39 ms with a 0.6 ms call floor); the same values held as
+    words and multiplied as 4 planes had no copy (1.185 ms, about 690 GB/s above the floor), where unpacking the
+    words into one int8 array first took 2.48 ms. Sums run in another order than the byte form's: float32
+    results can differ in the last bits."""
+    if not w.words:
+        return None
+    form = _matrix_form(x, w, lhs, rhs, out)
+    if form is None:
+        return None
+    x_RK, axis, free = form
+    per = 32 // w.bits
+    k_len, n_len = w.shape[axis], w.shape[1 - axis]
+    bk, g, words = w.block[axis], w.scales.shape[axis], w.values.shape[-1]
+    if w.scales.shape[1 - axis] not in (1, n_len):  # groups along the outputs: not covered
+        return None
+    if axis == 1 and g > 1 and bk % per:
+        return None
+    cpu_rows = jax.default_backend() == "cpu" and x_RK.shape[0] <= MATVEC_ROWS
+    dt = jnp.float32 if cpu_rows else x.dtype
+    if cpu_rows:  # as model.qreduce: the small activations first, not recomputed per output
+        x_RK = jax.lax.optimization_barrier(x_RK.astype(jnp.float32))
+    planes = [p.astype(dt) for p in _word_planes(w.values, w.bits)]
+    if axis == 1:  # [N, W] words along K: plane k meets x[:, per j + k]; groups of bk / per words
+        x_RK = jnp.pad(x_RK, [(0, 0), (0, per * words - k_len)]).astype(dt)
+        span = words if g == 1 else bk // per
+        xs = [jnp.pad(x_RK[:, k::per], [(0, 0), (0, g * span - words)]).reshape(-1, g, span) for k in range(per)]
+        ps = [jnp.pad(p, [(0, 0), (0, g * span - words)]).reshape(n_len, g, span) for p in planes]
+        if cpu_rows and g == 1:  # 2-D, as model.qreduce: the [N, 1, W] form ran several times slower on XLA:CPU
+            part_RNG = jnp.stack([sum(p[:, 0] * xk[r] for p, xk in zip(ps, xs, strict=True)).sum(-1)
+                                  for r in range(x_RK.shape[0])])[..., None]  # fmt: skip
+        elif cpu_rows:
+            part_RNG = jnp.stack([sum(p * xk[r][None] for p, xk in zip(ps, xs, strict=True)).sum(-1)
+                                  for r in range(x_RK.shape[0])])  # fmt: skip
+        else:
+            part_RNG = sum(jnp.einsum("RGb,NGb->RNG", xk, p, preferred_element_type=jnp.float32)
+                           for p, xk in zip(ps, xs, strict=True))  # fmt: skip
+        y_RN = jnp.sum(part_RNG * w.scales.astype(jnp.float32)[None], axis=-1)
+    else:  # [K, W] words along N: plane k gives outputs per j + k; groups of bk along K
+        x_RGb = jnp.pad(x_RK, [(0, 0), (0, g * bk - k_len)]).astype(dt).reshape(-1, g, bk)
+        ps = [jnp.pad(p, [(0, g * bk - k_len), (0, 0)]).reshape(g, bk, words) for p in planes]
+        if cpu_rows:
+            parts = [jnp.stack([(p * x_GB[..., None]).sum(1) for x_GB in x_RGb]) for p in ps]  # [R, G, W] each
+        else:
+            parts = [jnp.einsum("RGb,GbW->RGW", x_RGb, p, preferred_element_type=jnp.float32) for p in ps]
+        part_RGN = jnp.stack(parts, axis=-1).reshape(x_RK.shape[0], g, per * words)[..., :n_len]
+        y_RN = jnp.sum(part_RGN * w.scales.astype(jnp.float32)[None], axis=1)
+    return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
+
+
 def _reduce_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
     """The product in `model.qreduce`'s multiply-and-sum form when it applies: on CPU, a 2-D weight with one
     contracted and one output axis, at most `MATVEC_ROWS` activation rows, a layout `fits_reduce` accepts; else
@@ -499,7 +618,7 @@ def _reduce_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     if form is None:
         return None
     x_RK, axis, free = form
-    if x_RK.shape[0] > MATVEC_ROWS or not fits_reduce(w.shape, w.bits, w.block, axis):
+    if x_RK.shape[0] > MATVEC_ROWS or w.words or not fits_reduce(w.shape, w.bits, w.block, axis):
         return None
     y_RN = reduce_matmul(x_RK, w.values, w.scales, w.bits, w.block, axis)
     return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
@@ -510,6 +629,8 @@ def take_rows(table, ids: jax.Array, dtype=None) -> jax.Array:
     dtype; `dtype` applies to quantized tables only, so the dense path is unchanged); for a
     `QuantArray` with one scale block per row, only the rows read are gathered (values and scales) and only those
     are unpacked and scaled, in float32, then cast to `dtype` (default: the scales' dtype). Returns [..., n].
+    The gather reads the values as stored: a `words` table (the PLE table, `model.quantspec.WORD_TABLES`) is
+    gathered as uint32 rows, which XLA:TPU reads in place (an 8-bit table it first relaid whole: issue 43).
     Raises ValueError for a quantized table whose scale blocks span rows (a program error)."""
     if not isinstance(table, QuantArray):
         return jnp.take(table, ids, axis=0)
@@ -518,7 +639,7 @@ def take_rows(table, ids: jax.Array, dtype=None) -> jax.Array:
     ids = jnp.asarray(ids)
     rows = QuantArray(values=jnp.take(table.values, ids, axis=0), scales=jnp.take(table.scales, ids, axis=0),
                       shape=tuple(ids.shape) + table.shape[1:], bits=table.bits,
-                      block=(1,) * ids.ndim + table.block[1:])  # fmt: skip
+                      block=(1,) * ids.ndim + table.block[1:], words=table.words)  # fmt: skip
     return dequantize(rows, dtype)
 
 
@@ -537,7 +658,8 @@ def _bits(dtype) -> int:
 def packed_bytes(leaf) -> int:
     """Bytes of one leaf as stored (real arrays or `jax.ShapeDtypeStruct`s; None counts 0).
 
-    A `QuantArray`: its values array (int8, or uint8 already holding two int4 values per byte) plus its scales.
+    A `QuantArray`: its values array (int8, or uint8 already holding two int4 values per byte, or uint32 words
+    holding those bytes, a row's padding to a whole word included) plus its scales.
     A dense array: ceil(size x bits / 8), so a sub-byte dtype (jnp.int4) counts packed end to end, not at the one
     byte per value its `nbytes` reports.
     """
@@ -565,7 +687,9 @@ def quantize_fields(node, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
         if x is None or isinstance(x, QuantArray):
             return x
         layout = leaf_layout(field, tuple(x.shape), spec)
-        return x if layout is None else quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype)
+        if layout is None:
+            return x
+        return quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype, words=layout.words)
 
     skip = ("layers", LM_HEAD)
     changed = {f.name: leaf(f.name, getattr(node, f.name)) for f in dataclasses.fields(node) if f.name not in skip}
@@ -582,5 +706,5 @@ def quantize_params(params, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
     head = None
     if spec.int8_lm_head:
         layout = leaf_layout(LM_HEAD, tuple(params.embed_VD.shape), spec)
-        head = quantize(params.embed_VD, layout.bits, layout.block, scale_dtype=scale_dtype)
+        head = quantize(params.embed_VD, layout.bits, layout.block, scale_dtype=scale_dtype, words=layout.words)
     return dataclasses.replace(quantize_fields(params, spec, scale_dtype=scale_dtype), layers=layers, lm_head_VD=head)
