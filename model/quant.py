@@ -33,6 +33,10 @@ s)`) puts a multiply between the convert and the dot. Two caveats, to be settled
 int4 values are unpacked here with shifts on uint8 (not XLA's native s4 type, which `jnp.int4` would give), and
 XLA:CPU may materialize the converted weight in every step.
 
+A leaf stored in uint32 words (`QuantArray.words`) is multiplied on a TPU as a sum over its byte (or nibble)
+planes (`_planes_form`), so no program holds the weight as one 8-bit array; on every other platform as the bytes
+its words hold (`_byte_view`: a bitcast, the same memory), by the forms below, exactly as the byte storage was.
+
 Three forms of the one product, chosen per leaf and call (layers never branch on them): the fused W4A16 Pallas
 kernel (`model.kernels.w4a16`) for an int4 2-D leaf whose static `tiling` was set at load (the engine's
 `--kernel` choice and fit check) and tiles its shape (`model.kernels.fit.fits_kernel`), with at most
@@ -328,7 +332,12 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
             if y is not None:
                 return y
         return jnp.einsum(spec, x, w.astype(x.dtype))
-    for form in (_words_form, _kernel_form, _reduce_form):
+    if w.words:  # uint32 words (model.quantspec.WORD_TABLES): their planes on a TPU, else the bytes they hold
+        y = _planes_form(x, w, lhs, rhs, out) if jax.default_backend() == "tpu" else None
+        if y is not None:
+            return y
+        w = _byte_view(w)
+    for form in (_kernel_form, _reduce_form):
         y = form(x, w, lhs, rhs, out)
         if y is not None:
             return y
@@ -546,25 +555,22 @@ def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
 
 
-def _words_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
-    """The product with a 2-D `words` leaf (the int8 head, `model.quantspec.WORD_TABLES`) as a sum over its
-    planes (`_word_planes`), never unpacking the whole weight into one array; None for any other leaf (or a
-    scale layout it does not cover: scales per output or one for all, and groups along a packed contraction axis
-    a whole number of words long), where the dot form unpacks it.
+def _planes_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
+    """The product with a 2-D `words` leaf (the int8 head, `model.quantspec.WORD_TABLES`) as a sum of one dot per
+    plane (`_word_planes`), never unpacking the weight into one array: `matmul`'s form on a TPU. None for a leaf
+    of another rank or a scale layout it does not cover (scales per output or one for all outputs; groups along
+    a packed contraction axis a whole number of words long).
 
     Plane k meets the activations at positions (32 / bits) j + k when the words run along the contraction axis
-    ([N, K]: the head), or gives outputs (32 / bits) j + k when they run along the outputs ([K, N]; interleaved
-    at the end, [R, N] values only). Per plane: on CPU, at most `MATVEC_ROWS` rows, one multiply-and-sum per row
-    over every plane at once (`model.qreduce`'s form: XLA:CPU converts a dot's integer operand first); elsewhere a
-    dot of the converted plane with float32 accumulation. Scales multiply the float32 partial sums of each group.
+    ([N, K]: the head), or gives the outputs (32 / bits) j + k when they run along the outputs ([K, N]: the [R, N]
+    results interleaved at the end). Each dot converts its plane to the activation dtype and accumulates in
+    float32; the scales multiply the float32 partial sums of each group, then the groups are summed.
 
-    Why (TPU v5e, jax 0.10.2, /work/tpu-notes, lead's probe): an s8 [262144, 1536] head multiplied as one array
-    was copied whole into another tiling in every call (1.39 ms with a 0.6 ms call floor); the same values held as
-    words and multiplied as 4 planes had no copy (1.185 ms, about 690 GB/s above the floor), where unpacking the
-    words into one int8 array first took 2.48 ms. Sums run in another order than the byte form's: float32
-    results can differ in the last bits."""
-    if not w.words:
-        return None
+    Why (TPU v5e, jax 0.10.2; the lead's probes, issue 43): an s8 [262144, 1536] head multiplied as one array was
+    copied whole into another tiling in every call (1.39 ms, with a call floor of about 0.6 ms); the same values
+    as s32 words multiplied as 4 planes: 1.185 ms and no copy (about 690 GB/s above the floor); unpacking the
+    words into one int8 array first: 2.48 ms. The sums run in another order than one dot's: float32 results can
+    differ from the byte form's in the last bits."""
     form = _matrix_form(x, w, lhs, rhs, out)
     if form is None:
         return None
@@ -572,40 +578,36 @@ def _words_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> ja
     per = 32 // w.bits
     k_len, n_len = w.shape[axis], w.shape[1 - axis]
     bk, g, words = w.block[axis], w.scales.shape[axis], w.values.shape[-1]
-    if w.scales.shape[1 - axis] not in (1, n_len):  # groups along the outputs: not covered
+    if w.scales.shape[1 - axis] not in (1, n_len) or (axis == 1 and g > 1 and bk % per):
         return None
-    if axis == 1 and g > 1 and bk % per:
-        return None
-    cpu_rows = jax.default_backend() == "cpu" and x_RK.shape[0] <= MATVEC_ROWS
-    dt = jnp.float32 if cpu_rows else x.dtype
-    if cpu_rows:  # as model.qreduce: the small activations first, not recomputed per output
-        x_RK = jax.lax.optimization_barrier(x_RK.astype(jnp.float32))
-    planes = [p.astype(dt) for p in _word_planes(w.values, w.bits)]
+    planes = [p.astype(x.dtype) for p in _word_planes(w.values, w.bits)]
+    s = w.scales.astype(jnp.float32)
     if axis == 1:  # [N, W] words along K: plane k meets x[:, per j + k]; groups of bk / per words
-        x_RK = jnp.pad(x_RK, [(0, 0), (0, per * words - k_len)]).astype(dt)
+        x_RK = jnp.pad(x_RK, [(0, 0), (0, per * words - k_len)])
         span = words if g == 1 else bk // per
         xs = [jnp.pad(x_RK[:, k::per], [(0, 0), (0, g * span - words)]).reshape(-1, g, span) for k in range(per)]
         ps = [jnp.pad(p, [(0, 0), (0, g * span - words)]).reshape(n_len, g, span) for p in planes]
-        if cpu_rows and g == 1:  # 2-D, as model.qreduce: the [N, 1, W] form ran several times slower on XLA:CPU
-            part_RNG = jnp.stack([sum(p[:, 0] * xk[r] for p, xk in zip(ps, xs, strict=True)).sum(-1)
-                                  for r in range(x_RK.shape[0])])[..., None]  # fmt: skip
-        elif cpu_rows:
-            part_RNG = jnp.stack([sum(p * xk[r][None] for p, xk in zip(ps, xs, strict=True)).sum(-1)
-                                  for r in range(x_RK.shape[0])])  # fmt: skip
-        else:
-            part_RNG = sum(jnp.einsum("RGb,NGb->RNG", xk, p, preferred_element_type=jnp.float32)
-                           for p, xk in zip(ps, xs, strict=True))  # fmt: skip
-        y_RN = jnp.sum(part_RNG * w.scales.astype(jnp.float32)[None], axis=-1)
+        part_RNG = sum(jnp.einsum("RGb,NGb->RNG", xk, p, preferred_element_type=jnp.float32)
+                       for p, xk in zip(ps, xs, strict=True))  # fmt: skip
+        y_RN = jnp.sum(part_RNG * s[None], axis=-1)
     else:  # [K, W] words along N: plane k gives outputs per j + k; groups of bk along K
-        x_RGb = jnp.pad(x_RK, [(0, 0), (0, g * bk - k_len)]).astype(dt).reshape(-1, g, bk)
+        x_RGb = jnp.pad(x_RK, [(0, 0), (0, g * bk - k_len)]).reshape(-1, g, bk)
         ps = [jnp.pad(p, [(0, g * bk - k_len), (0, 0)]).reshape(g, bk, words) for p in planes]
-        if cpu_rows:
-            parts = [jnp.stack([(p * x_GB[..., None]).sum(1) for x_GB in x_RGb]) for p in ps]  # [R, G, W] each
-        else:
-            parts = [jnp.einsum("RGb,GbW->RGW", x_RGb, p, preferred_element_type=jnp.float32) for p in ps]
+        parts = [jnp.einsum("RGb,GbW->RGW", x_RGb, p, preferred_element_type=jnp.float32) for p in ps]
         part_RGN = jnp.stack(parts, axis=-1).reshape(x_RK.shape[0], g, per * words)[..., :n_len]
-        y_RN = jnp.sum(part_RGN * w.scales.astype(jnp.float32)[None], axis=1)
+        y_RN = jnp.sum(part_RGN * s[None], axis=1)
     return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
+
+
+def _byte_view(q: QuantArray) -> QuantArray:
+    """A `words` leaf read as the bytes its words hold (int8 [*shape] at 8 bits, uint8 [..., ceil(n / 2)] at 4; a
+    row's padding cut): `lax.bitcast_convert_type` of each word into its 4 bytes, little-endian as `_to_words`
+    stores them (the tests check it on CPU), then a reshape. Where arrays are row-major (CPU, GPU) that is a view
+    of the same memory, so every product form for the byte storage runs as before on the same values, bit for
+    bit. XLA:TPU lays the result out anew (the lead's probe: 2.48 ms for the head), hence `_planes_form` there."""
+    b = jax.lax.bitcast_convert_type(q.values, jnp.uint8)
+    b = b.reshape(*q.values.shape[:-1], -1)[..., : value_shape(q.shape, q.bits)[-1]]
+    return dataclasses.replace(q, values=jax.lax.bitcast_convert_type(b, jnp.int8) if q.bits == 8 else b, words=False)
 
 
 def _reduce_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
@@ -618,7 +620,7 @@ def _reduce_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     if form is None:
         return None
     x_RK, axis, free = form
-    if x_RK.shape[0] > MATVEC_ROWS or w.words or not fits_reduce(w.shape, w.bits, w.block, axis):
+    if x_RK.shape[0] > MATVEC_ROWS or not fits_reduce(w.shape, w.bits, w.block, axis):
         return None
     y_RN = reduce_matmul(x_RK, w.values, w.scales, w.bits, w.block, axis)
     return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
@@ -678,15 +680,18 @@ def tree_bytes(tree) -> int:
 
 
 # ---- a whole parameter tree ----------------------------------------------------------------------------------------
-def quantize_fields(node, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
+def quantize_fields(node, spec: QuantSpec, *, scale_dtype=jnp.bfloat16, platform: str | None = None):
     """`node` (a `model.params.Params` or `LayerParams`) with each field that `leaf_layout` quantizes under `spec`
-    replaced by its `quantize`d `QuantArray`; the other fields, `layers` and `lm_head_VD` as they are. A field
-    that is already a `QuantArray` (quantized while it streamed) is kept. Returns the new node."""
+    replaced by its `quantize`d `QuantArray`, stored as `leaf_layout` says for `platform` (a jax backend name;
+    None: `jax.default_backend()`, where the engine places its parameters); the other fields, `layers` and
+    `lm_head_VD` as they are. A field that is already a `QuantArray` (quantized while it streamed) is kept.
+    Returns the new node."""
+    platform = platform or jax.default_backend()
 
     def leaf(field: str, x):
         if x is None or isinstance(x, QuantArray):
             return x
-        layout = leaf_layout(field, tuple(x.shape), spec)
+        layout = leaf_layout(field, tuple(x.shape), spec, platform)
         if layout is None:
             return x
         return quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype, words=layout.words)
@@ -696,15 +701,19 @@ def quantize_fields(node, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
     return dataclasses.replace(node, **changed)
 
 
-def quantize_params(params, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
+def quantize_params(params, spec: QuantSpec, *, scale_dtype=jnp.bfloat16, platform: str | None = None):
     """Quantize an in-memory `model.params.Params` tree as `spec` says (`model.quantspec.leaf_layout`, the same
     rule the byte accounting uses): those leaves become `QuantArray`s, and with `int8_lm_head` the tree gains
     `lm_head_VD`, an int8 copy of the tied `embed_VD` (which itself stays dense for the input lookup). Returns the
-    new tree. Works under `jax.eval_shape` on an abstract tree (full E2B size without memory). A checkpoint is
-    quantized while it streams by `model.checkpoint.load_params(quant=...)`, with the same layouts and results."""
-    layers = tuple(quantize_fields(lp, spec, scale_dtype=scale_dtype) for lp in params.layers)
+    new tree, each table stored as `leaf_layout` says for `platform` (None: `jax.default_backend()`; e.g. "tpu"
+    gives the TPU's storage on a CPU, for tests). Works under `jax.eval_shape` on an abstract tree (full E2B size
+    without memory). A checkpoint is quantized while it streams by `model.checkpoint.load_params(quant=...)`,
+    with the same layouts and results."""
+    platform = platform or jax.default_backend()
+    kw = {"scale_dtype": scale_dtype, "platform": platform}
+    layers = tuple(quantize_fields(lp, spec, **kw) for lp in params.layers)
     head = None
     if spec.int8_lm_head:
-        layout = leaf_layout(LM_HEAD, tuple(params.embed_VD.shape), spec)
+        layout = leaf_layout(LM_HEAD, tuple(params.embed_VD.shape), spec, platform)
         head = quantize(params.embed_VD, layout.bits, layout.block, scale_dtype=scale_dtype, words=layout.words)
-    return dataclasses.replace(quantize_fields(params, spec, scale_dtype=scale_dtype), layers=layers, lm_head_VD=head)
+    return dataclasses.replace(quantize_fields(params, spec, **kw), layers=layers, lm_head_VD=head)

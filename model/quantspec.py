@@ -18,9 +18,10 @@ divide its axis leaves a short last block (ceil). Values are symmetric integers 
 
 Storage of the value bytes (`value_shape`, `value_dtype`): one array of int8 (8 bits) or uint8 (4 bits) in the
 array's shape, except for the tables in `WORD_TABLES`, whose value bytes are held four to a uint32 word along the
-last axis (`QuantLayout.words`), so that a row gather reads a 32-bit array. Each layout is decided here, once, by
-`leaf_layout`; the loaders (`model.checkpoint.load_params`, `model.quant.quantize_params`) quantize straight into
-it before placing the leaf on the device, on every platform, so no program ever lays a table out anew.
+last axis (`QuantLayout.words`), so that XLA:TPU reads a 32-bit array. Each layout is decided here, once, by
+`leaf_layout` for the platform the parameters are placed on; the loaders (`model.checkpoint.load_params`,
+`model.quant.quantize_params`) quantize straight into it before placing the leaf on the device, so no program
+lays a table out anew.
 """
 
 from __future__ import annotations
@@ -52,16 +53,24 @@ LAYER_PROJECTIONS = {
 output-major layout). Fused leaves quantize per output channel exactly as their parts would. The global
 `ple_proj_DX` is not a layer projection and stays dense, as do the norms and layer scalars."""
 
-WORD_TABLES = frozenset({"ple_embed_VX", LM_HEAD})
-"""Quantized tables whose value bytes are stored in uint32 words (`QuantLayout.words`): the PLE table, read by a
-row gather of one row per token (`model.quant.take_rows`), and the int8 head copy, multiplied whole
-(`model.quant.matmul`, which multiplies a word table as a sum over its byte planes). Why (issue 43; TPU v5e,
-jax 0.10.2, /work/tpu-notes 01-02, the lead's probes): XLA:TPU tiles 8-bit arrays (32, 128) and 32-bit ones
-(8, 128), and both the row gather and the product of an 8-bit parameter wanted the latter: the program copied the
-whole parameter into it in every call. E2B `--quant ple4,int8_lm_head`: the uint8 PLE table [262144, 4480] (1.17
-GB) was copied in each decode step, 3.57 ms of a 9.3 ms step; gathering one row took 4.26 ms per call as uint8 and
-0.57 ms (the call floor) as uint32 words. The s8 head [262144, 1536] was copied too (1.39 ms per product); as
-words multiplied plane by plane, 1.185 ms with no copy (about 690 GB/s above the 0.6 ms floor)."""
+WORD_TABLES: dict[str, frozenset[str] | None] = {"ple_embed_VX": None, LM_HEAD: frozenset({"tpu"})}
+"""Quantized tables whose value bytes are stored in uint32 words (`QuantLayout.words`) -> the platforms (jax
+backend names) where, None for every platform: `stores_words` applies it.
+
+- The PLE table, on every platform: a decode step reads it by a row gather of one row per token
+  (`model.quant.take_rows`), which reads a row of words and unpacks only that row, as cheap on CPU as bytes.
+- The int8 head copy, on a TPU only: it is multiplied whole (`model.quant.matmul` multiplies a word table plane
+  by plane there). XLA:CPU expands a reinterpretation of words as bytes into shifts and materializes the whole
+  int8 table, and ran every plane form tried 20-40x slower than its multiply-and-sum over int8 bytes ([65536,
+  1536], jax 0.12, 2 shared cores: 53-60 ms as bytes, 1.1-2.1 s as words), so CPU (and GPU, not measured) keep
+  the int8 bytes, which their products read in place.
+
+Why words (issue 43; TPU v5e, jax 0.10.2, the lead's probes): XLA:TPU tiles 8-bit arrays (32, 128) and 32-bit
+ones (8, 128), and both the row gather and the product of an 8-bit parameter wanted the latter: the program
+copied the whole parameter into it in every call. E2B `--quant ple4,int8_lm_head`: the uint8 PLE table [262144,
+4480] (1.17 GB) was copied in each decode step, 3.57 ms of a 9.3 ms step; gathering one row took 4.26 ms per call
+as uint8 and 0.57 ms (the call floor) as uint32 words. The s8 head [262144, 1536] was copied too (1.39 ms per
+product); as words multiplied plane by plane, 1.185 ms with no copy (about 690 GB/s above the 0.6 ms floor)."""
 
 WORD_BYTES = 4
 """Value bytes per word of a `QuantLayout.words` table (uint32)."""
@@ -196,15 +205,30 @@ def channels_block(shape: Shape, contract: tuple[int, ...], group: int | None) -
     return tuple(block)
 
 
-def leaf_layout(field: str, shape: Shape, spec: QuantSpec) -> QuantLayout | None:
+def stores_words(field: str, shape: Shape, bits: int, platform: str | None) -> bool:
+    """Whether the quantized `field` of `shape` at `bits` is stored in uint32 words on `platform` (a jax backend
+    name: "cpu", "gpu", "tpu"; None: no platform in particular, as the byte accounting asks): `WORD_TABLES`.
+    A table stored in words on some platforms only is stored so there only when its rows are whole words, so
+    the padding of a row (stored and counted) is the same on every platform and `model.accounting` is exact on
+    all of them without knowing the platform (Gemma 4 heads: 1536 or 2560 bytes a row, no padding)."""
+    if field not in WORD_TABLES:
+        return False
+    where = WORD_TABLES[field]
+    return where is None or (platform in where and row_bytes(shape[-1], bits) % WORD_BYTES == 0)
+
+
+def leaf_layout(field: str, shape: Shape, spec: QuantSpec, platform: str | None = None) -> QuantLayout | None:
     """The layout `spec` gives the parameter `field` (a `model.params` field name, or `LM_HEAD` for the int8
-    head copy) of `shape`; None when it stays dense. The one place that says which leaf is quantized how."""
+    head copy) of `shape` placed on `platform` (a jax backend name; None: any, for the byte accounting, which is
+    the same on every platform); None when it stays dense. The one place that says which leaf is quantized how
+    and stored how (`stores_words`)."""
     if field == "ple_embed_VX" and spec.ple_bits is not None:
-        return QuantLayout(bits=spec.ple_bits, block=rows_block(shape, PLE_GROUP), words=field in WORD_TABLES)
+        return QuantLayout(bits=spec.ple_bits, block=rows_block(shape, PLE_GROUP),
+                           words=stores_words(field, shape, spec.ple_bits, platform))  # fmt: skip
     if field == LM_HEAD:
         if not spec.int8_lm_head:
             return None
-        return QuantLayout(bits=8, block=rows_block(shape, shape[-1]), words=field in WORD_TABLES)
+        return QuantLayout(bits=8, block=rows_block(shape, shape[-1]), words=stores_words(field, shape, 8, platform))
     if field in LAYER_PROJECTIONS and spec.layer_bits is not None:
         contract = LAYER_PROJECTIONS[field]
         group = None if spec.layer_bits == 8 else spec.w4_group

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import model.quant as quant
 from model.quant import (
     QuantArray,
     dequantize,
@@ -179,18 +180,29 @@ MORE_WORDS = [  # 2-D leaves the word form's plane product covers: contraction a
 @pytest.mark.parametrize("spec,x_shape,make", [m[1:] for m in MATMULS + MORE_WORDS],
                          ids=[m[0] for m in MATMULS + MORE_WORDS])  # fmt: skip
 def test_matmul_reads_words_as_it_reads_bytes(spec, x_shape, make):
-    """The same leaf stored in uint32 words (model.quantspec.WORD_TABLES): the product of the same values, up to
-    float32 summation order (a 2-D leaf is multiplied plane by plane, `model.quant._words_form`; any other through
-    the unpacked values), on CPU at up to 8 rows (multiply-and-sum) and above (a dot per plane)."""
+    """The same leaf stored in uint32 words (model.quantspec.WORD_TABLES). Off a TPU `matmul` reads the bytes the
+    words hold (`_byte_view`) and runs the byte storage's forms: the same product bit for bit. On a TPU it takes
+    the plane form (`_planes_form`, run here directly on CPU): the same values summed in another order."""
     w = make()
     x = jnp.asarray(_rand(*x_shape, seed=2))
-    want = jnp.einsum(spec, x, dequantize(w, jnp.float32))
-    for form in (with_words(w, True), jax.jit(lambda a, q: with_words(q, True))(x, w)):
-        got = matmul(x, form, spec)
-        assert got.dtype == x.dtype and got.shape == want.shape
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(want))))
-    got = jax.jit(lambda a, q: matmul(a, q, spec))(x, with_words(w, True))
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+    words = with_words(w, True)
+    np.testing.assert_array_equal(matmul(x, words, spec), matmul(x, w, spec))
+    jitted = jax.jit(lambda a, q: matmul(a, q, spec))  # one program each: compared like with like
+    np.testing.assert_array_equal(jitted(x, words), jitted(x, w))
+    np.testing.assert_array_equal(quant._byte_view(words).values, w.values)  # little-endian bytes of the words
+    lhs, rest = spec.split(",")
+    rhs, out = rest.split("->")
+    planes = quant._planes_form(x, words, lhs, rhs, out)
+    o = 1 if rhs[-1] in out else 0  # the output axis; the words run along axis 1
+    covered = w.scales.shape[o] in (1, w.shape[o]) and (o == 1 or w.scales.shape[1] == 1 or w.block[1] % (32 // w.bits) == 0)
+    if w.ndim == 2 and covered:  # scales per output (or one), groups along a packed contraction whole words
+        want = jnp.einsum(spec, x, dequantize(w, jnp.float32))
+        assert planes is not None and planes.dtype == x.dtype and planes.shape == want.shape
+        np.testing.assert_allclose(planes, want, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+        bf16 = quant._planes_form(x.astype(jnp.bfloat16), words, lhs, rhs, out)  # the TPU's activation dtype
+        np.testing.assert_allclose(bf16.astype(jnp.float32), want, rtol=0.02, atol=0.02 * float(jnp.max(jnp.abs(want))))
+    else:
+        assert planes is None  # another rank, or groups across words: matmul unpacks the values (the dot form)
 
 
 def test_a_quantized_array_is_a_pytree_through_jit():

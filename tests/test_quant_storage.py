@@ -1,12 +1,12 @@
 """The storage a quantized table is placed in (model/quantspec.py `WORD_TABLES`, issue 43): the value bytes of the
-PLE table and of the int8 head copy held four to a uint32 word, so that neither the PLE row gather nor the head's
-product hands XLA an 8-bit parameter (XLA:TPU copied each whole 8-bit table into another tiling in every decode
-step). The word storage must change nothing but the layout: on the `default` preset (every E2B irregularity at
-width 256, the PLE table [8192, 8960] as on E2B), the loaded tree decodes as the same tree with every table in
-the byte storage it replaced (int8 / uint8): the same dequantized rows and greedy tokens, and the same logits: bit
-for bit where only the PLE table changed storage (its rows unpack to the same values, the rest of the program is
-the same), to float32 summation order where the head did (it is multiplied plane by plane, `model.quant
-._words_form`, the sums in another order: the engine tests' tolerance, 2e-5 x max |logit| + 1e-6)."""
+PLE table (every platform) and of the int8 head copy (on a TPU) held four to a uint32 word, so that neither the
+PLE row gather nor the head's product hands XLA:TPU an 8-bit parameter (it copied each whole 8-bit table into
+another tiling in every decode step). The word storage must change nothing but the layout: on the `default`
+preset (every E2B irregularity at width 256, the PLE table [8192, 8960] as on E2B), the tree quantized for the CPU
+or for the TPU decodes on CPU exactly as the same tree with every table in the byte storage it replaced (int8 /
+uint8): the same dequantized rows, the same logits bit for bit, the same greedy tokens. (Off a TPU a word
+table's product reads the bytes the words hold, `model.quant._byte_view`; the TPU's plane form sums in another
+order and is checked against the dense product in tests/test_quant.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model.config import DEFAULT
+from model.config import DEFAULT, TINY
 from model.engine import Engine
 from model.forward import forward_full
 from model.params import init_params
@@ -43,50 +43,54 @@ def default_params():
 
 
 def test_the_layout_choice_is_one_fact():
-    """`leaf_layout` gives the word storage to the tables of `WORD_TABLES` and to nothing else."""
+    """`leaf_layout` gives the word storage to the tables of `WORD_TABLES` on their platforms, nothing else."""
     spec = parse_quant("w4,ple4,int8_lm_head")
-    assert WORD_TABLES == {"ple_embed_VX", "lm_head_VD"}
-    assert leaf_layout("ple_embed_VX", (8192, 8960), spec).words
-    assert leaf_layout("ple_embed_VX", (8192, 8960), parse_quant("ple8")).words
-    assert leaf_layout("lm_head_VD", (8192, 256), spec).words
-    assert not leaf_layout("qkv_DX", (256, 3072), spec).words
+    assert WORD_TABLES == {"ple_embed_VX": None, "lm_head_VD": frozenset({"tpu"})}
+    for platform in ("cpu", "gpu", "tpu", None):
+        assert leaf_layout("ple_embed_VX", (8192, 8960), spec, platform).words
+        assert leaf_layout("ple_embed_VX", (8192, 8960), parse_quant("ple8"), platform).words
+        assert leaf_layout("lm_head_VD", (8192, 256), spec, platform).words == (platform == "tpu")
+        assert not leaf_layout("lm_head_VD", (8192, 255), spec, platform).words  # rows not whole words: bytes
+        assert not leaf_layout("qkv_DX", (256, 3072), spec, platform).words
+    assert quantize_params(init_params(TINY), spec).lm_head_VD.words == (jax.default_backend() == "tpu")
 
 
-@pytest.mark.slow  # about 30-60 s per option set on 2 cores (two engines compile)
+def _decode(tree, spec) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """(teacher-forced logits of every prompt position, greedy tokens, the engine's next-token logits) of `tree`
+    on CPU: the prefill's gather of many rows, the decode step's one-row gather and its head product."""
+    full = jax.jit(forward_full, static_argnums=1)(tree, DEFAULT, jnp.asarray([PROMPT]))
+    engine = Engine(tree, DEFAULT, decide_policy("float32"), buckets=(16,), quant=spec)
+    return np.asarray(full), list(engine.generate(PROMPT, NEW).token_ids), engine.next_token_logits(PROMPT, NEW)
+
+
+@pytest.mark.slow  # two or three engines compile per option set: minutes on 2 busy cores
 @pytest.mark.parametrize("quant", OPTION_SETS)
 def test_word_storage_decodes_as_byte_storage(default_params, quant):
+    """The trees quantized for the CPU and for a TPU (where the head is in words too), run here on CPU, against
+    the byte storage: off a TPU the word tables' products read the same bytes, so every figure is bit for bit."""
     spec = parse_quant(quant)
-    words = quantize_params(default_params, spec)
-    old = in_bytes(words)
-    table, old_table = words.ple_embed_VX, old.ple_embed_VX
-    if spec.ple_bits is not None:  # the table as placed: uint32 words, 4 value bytes each, no padding at X = 8960
-        assert table.words and table.values.dtype == jnp.uint32 and old_table.values.dtype != jnp.uint32
-        assert table.values.shape == (8192, (8960 if spec.ple_bits == 8 else 4480) // 4)
-        np.testing.assert_array_equal(dequantize(table, jnp.float32), dequantize(old_table, jnp.float32))
-        ids = jnp.asarray([[0, 8191, 4095, 17]])
-        np.testing.assert_array_equal(take_rows(table, ids, jnp.bfloat16), take_rows(old_table, ids, jnp.bfloat16))
-    else:
-        assert not _is_q(table)
-    if spec.int8_lm_head:
-        head = words.lm_head_VD
-        assert head.words and head.values.shape == (8192, 64) and old.lm_head_VD.values.dtype == jnp.int8
-        np.testing.assert_array_equal(dequantize(head, jnp.float32), dequantize(old.lm_head_VD, jnp.float32))
-
-    def same(a, b) -> None:
-        a, b = np.asarray(a), np.asarray(b)
-        if spec.int8_lm_head:
-            np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * float(np.max(np.abs(b))) + 1e-6)
+    trees = {p: quantize_params(default_params, spec, platform=p) for p in ("cpu", "tpu")}
+    old = in_bytes(trees["cpu"])
+    want = _decode(old, spec)
+    assert len(want[1]) == NEW
+    for platform, tree in trees.items():
+        if platform == "tpu" and not spec.int8_lm_head:
+            continue  # the same storage as the CPU's
+        table, old_table = tree.ple_embed_VX, old.ple_embed_VX
+        if spec.ple_bits is not None:  # uint32 words, 4 value bytes each, no padding at X = 8960
+            assert table.words and table.values.dtype == jnp.uint32 and old_table.values.dtype != jnp.uint32
+            assert table.values.shape == (8192, (8960 if spec.ple_bits == 8 else 4480) // 4)
+            np.testing.assert_array_equal(dequantize(table, jnp.float32), dequantize(old_table, jnp.float32))
+            ids = jnp.asarray([[0, 8191, 4095, 17]])
+            np.testing.assert_array_equal(take_rows(table, ids, jnp.bfloat16), take_rows(old_table, ids, jnp.bfloat16))
         else:
-            np.testing.assert_array_equal(a, b)
-
-    # teacher-forced logits of every position (the prefill's gather of many rows)
-    ids = jnp.asarray([PROMPT])
-    full = jax.jit(forward_full, static_argnums=1)
-    same(full(words, DEFAULT, ids), full(old, DEFAULT, ids))
-    # the engine: next-token logits (prefill) and greedy tokens (the decode step's one-row gather, its head)
-    got = []
-    for tree in (words, old):
-        engine = Engine(tree, DEFAULT, decide_policy("float32"), buckets=(16,), quant=spec)
-        got.append((engine.generate(PROMPT, NEW).token_ids, engine.next_token_logits(PROMPT, NEW)))
-    assert list(got[0][0]) == list(got[1][0]) and len(got[0][0]) == NEW
-    same(got[0][1], got[1][1])
+            assert not _is_q(table)
+        if spec.int8_lm_head:
+            head = tree.lm_head_VD
+            assert head.words == (platform == "tpu") and old.lm_head_VD.values.dtype == jnp.int8
+            assert head.values.shape == ((8192, 64) if head.words else (8192, 256))
+            np.testing.assert_array_equal(dequantize(head, jnp.float32), dequantize(old.lm_head_VD, jnp.float32))
+        got = _decode(tree, spec)
+        np.testing.assert_array_equal(got[0], want[0])
+        assert got[1] == want[1], (platform, got[1], want[1])
+        np.testing.assert_array_equal(got[2], want[2])
