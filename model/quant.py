@@ -11,12 +11,13 @@ value (up to float32 rounding): half a quantization step of its block, the store
 
 Storage: int8 values as int8 in the array's shape; int4 values two per uint8 byte along the LAST axis (value 2j in
 the low nibble, 2j+1 in the high one, two's complement), so the packed axis is the minor, contiguous one; a last
-axis of odd length gets a zero pad nibble. A table that a decode step reads by a row gather (`model.quantspec
-.WORD_TABLES`: the PLE table) holds those same bytes four to a uint32 word (`QuantArray.words`; byte k of a row in
-bits 8 (k mod 4) and up of word k // 4, a row padded with zero bytes to a whole word): XLA:TPU gathers a row of a
-32-bit array in the array's own tiling, where for an 8-bit table it laid the whole table out anew in every step
-(issue 43). Only the gathered rows are unpacked, with shifts on int32 (`_from_words`): the same int8 values. Scales are 16-bit by default (bfloat16: float32's range, so a small
-block's scale never underflows) or any float dtype (`scale_dtype`). The published runs stored 16-bit scales:
+axis of odd length gets a zero pad nibble. The tables of `model.quantspec.WORD_TABLES` (the PLE table everywhere,
+the int8 head copy on a TPU) hold those same bytes four to a uint32 word (`QuantArray.words`; byte k of a row in
+bits 8 (k mod 4) and up of word k // 4, a row padded with zero bytes to a whole word): XLA:TPU reads a 32-bit
+array in its own tiling, where it copied a whole 8-bit table into another in every decode step (issue 43). A row
+gather unpacks only the rows it read, with shifts on int32 (`_from_words`): the same int8 values. Scales are
+16-bit by default (bfloat16: float32's range, so a small block's scale never underflows) or any float dtype
+(`scale_dtype`). The published runs stored 16-bit scales:
 their weight total, 6,155,450,950 bytes, is reproduced to the byte with 2-byte scales
 (`model.accounting.weight_bytes`), and their dtype counts {float16: 541, uint8: 1, int8: 1} fit E2B's 539 dense
 tensors plus two scale tensors, all float16 (an inference: the layout was not published); the byte count is the

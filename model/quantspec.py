@@ -58,12 +58,14 @@ WORD_TABLES: dict[str, frozenset[str] | None] = {"ple_embed_VX": None, LM_HEAD: 
 backend names) where, None for every platform: `stores_words` applies it.
 
 - The PLE table, on every platform: a decode step reads it by a row gather of one row per token
-  (`model.quant.take_rows`), which reads a row of words and unpacks only that row, as cheap on CPU as bytes.
+  (`model.quant.take_rows`), which reads a row of words and unpacks only that row. On CPU that costs about what
+  the bytes did (jit of one row of a [65536, 8960] table, jax 0.12, 2 shared cores, fastest of 200 calls:
+  21-26 us as words against 17-25 us as bytes, at 4 and 8 bits), against tens of ms per decode step.
 - The int8 head copy, on a TPU only: it is multiplied whole (`model.quant.matmul` multiplies a word table plane
   by plane there). XLA:CPU expands a reinterpretation of words as bytes into shifts and materializes the whole
-  int8 table, and ran every plane form tried 20-40x slower than its multiply-and-sum over int8 bytes ([65536,
-  1536], jax 0.12, 2 shared cores: 53-60 ms as bytes, 1.1-2.1 s as words), so CPU (and GPU, not measured) keep
-  the int8 bytes, which their products read in place.
+  int8 table, and ran that and every plane form tried 20-40x slower than its multiply-and-sum over the int8
+  bytes (one row times [65536, 1536], jax 0.12, 2 shared cores, fastest calls: 43-60 ms as bytes, 0.95-2.1 s
+  as words), so CPU (and GPU, not measured) keep the int8 bytes, which their products read in place.
 
 Why words (issue 43; TPU v5e, jax 0.10.2, the lead's probes): XLA:TPU tiles 8-bit arrays (32, 128) and 32-bit
 ones (8, 128), and both the row gather and the product of an 8-bit parameter wanted the latter: the program

@@ -13,7 +13,9 @@ Variants, each jitted with the table as an ARGUMENT (as the engine's decode prog
   bfloat16 [262144, 35]: uint8 [262144, 4480] against uint32 [262144, 1120] (the same bytes, little-endian).
 - ple8_bytes / ple8_words: the same at 8 bits: int8 [262144, 8960] against uint32 [262144, 2240].
 - head_bytes / head_words: `matmul` of a bfloat16 activation [1, 1, 1536] with the int8 head [262144, 1536]
-  (scales [262144, 1]): int8 against uint32 [262144, 384] (multiplied plane by plane).
+  (scales [262144, 1]): int8 (the dot form) against uint32 [262144, 384] (on a TPU the plane form,
+  `model.quant._planes_form`; elsewhere the bytes the words hold). The engine stores the head in words on a TPU
+  only (`model.quantspec.WORD_TABLES`).
 - head_dense: the bfloat16 table [262144, 1536] times the activation (the dense model's head), for reference.
 - pair_bytes / pair_words: one program holding both reads of `--quant ple4,int8_lm_head` (the PLE row and the head
   product), as a decode step does.
