@@ -14,8 +14,9 @@ layout that gives each group its own bits per scalar (e.g. the published runs' `
 multiplies group by group. Source of the bytes a step reads: docs/method.md, "Rooflines".
 
 Weight bytes by component under a quantization option set (`weight_bytes_by_component`): every leaf at the body
-dtype's itemsize, except the leaves `model.quantspec.leaf_layout` quantizes, which count their packed values
-(two int4 values per byte) plus their scales at the scale itemsize; `int8_lm_head` adds a separate int8 copy of
+dtype's itemsize, except the leaves `model.quantspec.leaf_layout` quantizes, which count their stored values
+(two int4 values per byte; a table stored in uint32 words with its rows' padding to whole words, none at Gemma 4's
+shapes) plus their scales at the scale itemsize; `int8_lm_head` adds a separate int8 copy of
 the tied table (the input embedding keeps its dtype for the lookup). The same per-leaf arithmetic gives the bytes
 one decode step reads. `model.quant.tree_bytes` counts the quantized arrays themselves; the tests check the two
 agree for every option set.

@@ -359,11 +359,14 @@ def _load_global(t: StoredTensor, spec: TensorSpec, dtype, quant: QuantSpec, sca
     (`read_transposed`) and, were a layout ever to quantize one, is quantized whole."""
     if spec.to_engine is not _identity:
         leaf = read_transposed(t, spec.to_engine, dtype)
-        layout = leaf_layout(spec.field, tuple(leaf.shape), quant)
-        return (leaf if layout is None else quantize(leaf, layout.bits, layout.block, **scales)), None
+        layout = leaf_layout(spec.field, tuple(leaf.shape), quant, jax.default_backend())
+        if layout is None:
+            return leaf, None
+        return quantize(leaf, layout.bits, layout.block, words=layout.words, **scales), None
     if spec.field == "embed_VD" and quant.int8_lm_head:
-        return read_quantized(t, dtype, leaf_layout(LM_HEAD, t.shape, quant), scales["scale_dtype"], keep_dense=True)
-    layout = leaf_layout(spec.field, t.shape, quant)
+        layout = leaf_layout(LM_HEAD, t.shape, quant, jax.default_backend())  # stored for the device it goes to
+        return read_quantized(t, dtype, layout, scales["scale_dtype"], keep_dense=True)
+    layout = leaf_layout(spec.field, t.shape, quant, jax.default_backend())
     if layout is not None:
         return read_quantized(t, dtype, layout, scales["scale_dtype"], keep_dense=False)[1], None
     return read_dense(t, dtype), None

@@ -11,8 +11,13 @@ value (up to float32 rounding): half a quantization step of its block, the store
 
 Storage: int8 values as int8 in the array's shape; int4 values two per uint8 byte along the LAST axis (value 2j in
 the low nibble, 2j+1 in the high one, two's complement), so the packed axis is the minor, contiguous one; a last
-axis of odd length gets a zero pad nibble. Scales are 16-bit by default (bfloat16: float32's range, so a small
-block's scale never underflows) or any float dtype (`scale_dtype`). The published runs stored 16-bit scales:
+axis of odd length gets a zero pad nibble. The tables of `model.quantspec.WORD_TABLES` (the PLE table everywhere,
+the int8 head copy on a TPU) hold those same bytes four to a uint32 word (`QuantArray.words`; byte k of a row in
+bits 8 (k mod 4) and up of word k // 4, a row padded with zero bytes to a whole word): XLA:TPU reads a 32-bit
+array in its own tiling, where it copied a whole 8-bit table into another in every decode step (issue 43). A row
+gather unpacks only the rows it read, with shifts on int32 (`_from_words`): the same int8 values. Scales are
+16-bit by default (bfloat16: float32's range, so a small block's scale never underflows) or any float dtype
+(`scale_dtype`). The published runs stored 16-bit scales:
 their weight total, 6,155,450,950 bytes, is reproduced to the byte with 2-byte scales
 (`model.accounting.weight_bytes`), and their dtype counts {float16: 541, uint8: 1, int8: 1} fit E2B's 539 dense
 tensors plus two scale tensors, all float16 (an inference: the layout was not published); the byte count is the
@@ -28,6 +33,10 @@ the dot's output, and the packed dimension minor (here the last axis). Dequantiz
 s)`) puts a multiply between the convert and the dot. Two caveats, to be settled by a profile, not assumed: the
 int4 values are unpacked here with shifts on uint8 (not XLA's native s4 type, which `jnp.int4` would give), and
 XLA:CPU may materialize the converted weight in every step.
+
+A leaf stored in uint32 words (`QuantArray.words`) is multiplied on a TPU as a sum over its byte (or nibble)
+planes (`_planes_form`), so no program holds the weight as one 8-bit array; on every other platform as the bytes
+its words hold (`_byte_view`: a bitcast, the same memory), by the forms below, exactly as the byte storage was.
 
 Three forms of the one product, chosen per leaf and call (layers never branch on them): the fused W4A16 Pallas
 kernel (`model.kernels.w4a16`) for an int4 2-D leaf whose static `tiling` was set at load (the engine's
@@ -59,6 +68,7 @@ from model.kernels.fit_tpu import TpuTiling, fits_tpu
 from model.qreduce import MATVEC_ROWS, fits_reduce, reduce_matmul
 from model.quantspec import (
     LM_HEAD,
+    WORD_BYTES,
     QuantSpec,
     Shape,
     channels_block,
@@ -66,11 +76,13 @@ from model.quantspec import (
     parse_quant,
     rows_block,
     scale_shape,
+    value_dtype,
+    value_shape,
 )
 
 __all__ = ["QuantArray", "QuantSpec", "parse_quant", "quantize", "quantize_rows", "quantize_channels", "dequantize",
            "matmul", "take_rows", "packed_bytes", "tree_bytes", "quantize_blocks", "quantize_fields",
-           "quantize_params"]  # fmt: skip
+           "quantize_params", "with_words"]  # fmt: skip
 
 QMAX = {8: 127, 4: 7}
 """Largest integer magnitude per bit width (symmetric range [-qmax, qmax])."""
@@ -90,6 +102,8 @@ class QuantArray:
         A `model.kernels.fit_tpu.TpuTiling` also says the leaf is stored in the TPU layout
         (`model.kernels.tpu_layout`: values int32 words [K / 8, N], scales [K / g, N], the same values and
         bytes), set at load on a TPU; `dequantize` and XLA's product read such a leaf through `_natural`.
+    words: the value bytes above held in uint32 words instead, values uint32 [*shape[:-1], ceil(bytes per row /
+        4)] (`model.quantspec.QuantLayout.words`, chosen by `leaf_layout` for `WORD_TABLES`). Static.
     """
 
     values: jax.Array
@@ -98,6 +112,7 @@ class QuantArray:
     bits: int
     block: Shape
     tiling: Tiling | None = None
+    words: bool = False
 
     packed_axis = -1
 
@@ -113,7 +128,7 @@ class QuantArray:
 
 
 jax.tree_util.register_dataclass(QuantArray, data_fields=["values", "scales"],
-                                 meta_fields=["shape", "bits", "block", "tiling"])  # fmt: skip
+                                 meta_fields=["shape", "bits", "block", "tiling", "words"])  # fmt: skip
 
 
 # ---- int4 packing ----------------------------------------------------------------------------------------------
@@ -134,8 +149,51 @@ def _unpack_int4(packed: jax.Array, n: int) -> jax.Array:
     return both[..., :n]
 
 
+def _to_words(b: jax.Array) -> jax.Array:
+    """int8 or uint8 bytes [..., m] -> uint32 words [..., ceil(m / 4)]: byte k in bits 8 (k mod 4) .. 8 (k mod 4)
+    + 7 of word k // 4 (little-endian, by shifts: the same on every host), the row padded with zero bytes."""
+    m = b.shape[-1]
+    b = jax.lax.bitcast_convert_type(b, jnp.uint8) if b.dtype == jnp.int8 else b
+    b = jnp.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, -m % WORD_BYTES)]).astype(jnp.uint32)
+    b = b.reshape(*b.shape[:-1], -1, WORD_BYTES) << (8 * jnp.arange(WORD_BYTES, dtype=jnp.uint32))
+    return functools.reduce(jnp.bitwise_or, (b[..., k] for k in range(WORD_BYTES)))
+
+
+def _word_planes(w: jax.Array, bits: int) -> list[jax.Array]:
+    """uint32 words [..., W] of `_to_words` -> 32 / bits planes, int32 [..., W] each: plane k holds the values at
+    positions (32 / bits) j + k of the row (byte 4j + k at 8 bits; at 4 bits the nibble in bits 4k .. 4k + 3 of
+    word j, i.e. value 8j + k in `_pack_int4`'s order), each moved to the top of the int32 by a left shift and
+    sign-extended by an arithmetic right shift. Elementwise: XLA fuses a plane into the op that reads it."""
+    wi = jax.lax.bitcast_convert_type(w, jnp.int32)
+    return [(wi << jnp.int32(32 - bits * (k + 1))) >> jnp.int32(32 - bits) for k in range(32 // bits)]
+
+
+def _from_words(w: jax.Array, bits: int, n: int) -> jax.Array:
+    """uint32 words [..., W] of `_to_words` -> the int8 values [..., n] (n <= W x 32 / bits) they hold, in row
+    order: the planes of `_word_planes` interleaved. For a few gathered rows; a product reads the planes."""
+    v = jnp.stack(_word_planes(w, bits), axis=-1)
+    return v.reshape(*w.shape[:-1], -1)[..., :n].astype(jnp.int8)
+
+
+def with_words(q: QuantArray, words: bool) -> QuantArray:
+    """`q` with its value bytes stored as uint32 words (`words` True) or as int8 / uint8 bytes (False): the same
+    integer values and scales, so `dequantize` and every product give the same results bit for bit; a row's
+    padding to a whole word is added or dropped. Returns `q` itself when it is stored that way already. For tests
+    and probes comparing the two storages; the loaders store each table as `model.quantspec.leaf_layout` says."""
+    if q.words == words:
+        return q
+    if words:
+        values = _to_words(q.values)
+    else:
+        ints = _from_words(q.values, q.bits, q.shape[-1])
+        values = ints if q.bits == 8 else _pack_int4(ints)
+    return dataclasses.replace(q, values=values, words=words)
+
+
 def _int_values(q: QuantArray) -> jax.Array:
-    """The integer values of `q` as int8 in its logical shape (unpacked when 4-bit)."""
+    """The integer values of `q` as int8 in its logical shape (unpacked when 4-bit or held in words)."""
+    if q.words:
+        return _from_words(q.values, q.bits, q.shape[-1])
     return q.values if q.bits == 8 else _unpack_int4(q.values, q.shape[-1])
 
 
@@ -156,11 +214,12 @@ def _round_up(s: jax.Array, dtype) -> jax.Array:
     return jnp.where(r.astype(jnp.float32) < s, up, r)
 
 
-def quantize(x, bits: int, block: Shape, *, scale_dtype=jnp.bfloat16) -> QuantArray:
+def quantize(x, bits: int, block: Shape, *, scale_dtype=jnp.bfloat16, words: bool = False) -> QuantArray:
     """Quantize `x` (any float array or numpy array) to `bits` (8 or 4) with one scale per `block` of values.
 
     block: one entry per axis, 1 <= block[i] <= x.shape[i] (the last block along an axis may be short).
     The scale is max|x| / qmax of its block in float32, rounded up to `scale_dtype`; values round to nearest.
+    words: store the value bytes in uint32 words (`QuantArray.words`; the same values, dequantized bit for bit).
     Raises ValueError for a bits value other than 8 or 4 or a block that does not fit the shape (program errors).
     """
     if bits not in QMAX:
@@ -169,14 +228,16 @@ def quantize(x, bits: int, block: Shape, *, scale_dtype=jnp.bfloat16) -> QuantAr
     shape, block = tuple(x.shape), tuple(int(b) for b in block)
     if len(block) != len(shape) or any(not 1 <= b <= max(n, 1) for b, n in zip(block, shape, strict=True)):
         raise ValueError(f"block {block} does not fit shape {shape}")
-    values, scales = _quantize_arrays(x, bits, block, scale_dtype)
-    return QuantArray(values=values, scales=scales, shape=shape, bits=bits, block=block)
+    values, scales = _quantize_arrays(x, bits, block, scale_dtype, words)
+    return QuantArray(values=values, scales=scales, shape=shape, bits=bits, block=block, words=words)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _quantize_arrays(x: jax.Array, bits: int, block: Shape, scale_dtype) -> tuple[jax.Array, jax.Array]:
-    """(values, scales) of `quantize`, one compiled program per (shape, dtype, bits, block, scale dtype); computed
-    in float32 (a caller quantizing a table far larger than memory allows quantizes it in blocks of rows)."""
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _quantize_arrays(x: jax.Array, bits: int, block: Shape, scale_dtype, words: bool = False
+                     ) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """(values, scales) of `quantize`, one compiled program per (shape, dtype, bits, block, scale dtype, words);
+    computed in float32 (a caller quantizing a table far larger than memory allows quantizes it in blocks of
+    rows)."""
     x = x.astype(jnp.float32)
     shape = tuple(x.shape)
     groups = scale_shape(shape, block)
@@ -186,19 +247,21 @@ def _quantize_arrays(x: jax.Array, bits: int, block: Shape, scale_dtype) -> tupl
     scales = _round_up(amax / QMAX[bits], scale_dtype)
     s = _expand(scales.astype(jnp.float32), block, shape)
     q = jnp.clip(jnp.round(x / jnp.where(s == 0, 1.0, s)), -QMAX[bits], QMAX[bits]).astype(jnp.int8)
-    return (q if bits == 8 else _pack_int4(q)), scales
+    values = q if bits == 8 else _pack_int4(q)
+    return (_to_words(values) if words else values), scales
 
 
 def quantize_blocks(blocks: Iterable[tuple[int, np.ndarray]], shape: Shape, bits: int, block: Shape, *,
-                    scale_dtype=jnp.bfloat16, empty=np.empty) -> QuantArray:  # fmt: skip
+                    scale_dtype=jnp.bfloat16, empty=np.empty, words: bool = False) -> QuantArray:  # fmt: skip
     """`quantize` of an array of `shape` given as blocks of rows, never whole: the same arithmetic
     (`_quantize_arrays` on each block), so the result equals `quantize` of the whole array bit for bit.
 
     blocks: (first row, x [r, *shape[1:]]) covering axis 0 in order; each first row and each r but the last's a
     multiple of block[0], so that no scale block spans two of them (a block may be reused by the caller once the
-    next is drawn). The values (int8 [*shape], or uint8 [*shape[:-1], ceil(shape[-1] / 2)] at 4 bits) and scales
-    (`scale_dtype` [ceil(shape[i] / block[i])]) are preallocated host arrays from `empty(shape, dtype)` (e.g. an
-    aligned allocator) and filled block by block: host memory is the result plus one block's float32 work.
+    next is drawn). The values (`model.quantspec.value_shape`: int8 [*shape], or uint8 [*shape[:-1], ceil(shape[-1]
+    / 2)] at 4 bits, or with `words` uint32 words holding those bytes) and scales (`scale_dtype` [ceil(shape[i] /
+    block[i])]) are preallocated host arrays from `empty(shape, dtype)` (e.g. an aligned allocator) and filled
+    block by block: host memory is the result plus one block's float32 work.
     Returns a `QuantArray` with numpy values and scales. Raises ValueError for a bits value other than 8 or 4, a
     block that does not fit the shape, or blocks that are misaligned, out of order or do not cover axis 0.
     """
@@ -207,8 +270,7 @@ def quantize_blocks(blocks: Iterable[tuple[int, np.ndarray]], shape: Shape, bits
         raise ValueError(f"bits must be 8 or 4, got {bits}")
     if not shape or len(block) != len(shape) or any(not 1 <= b <= max(n, 1) for b, n in zip(block, shape, strict=True)):
         raise ValueError(f"block {block} does not fit shape {shape}")
-    value_shape = shape if bits == 8 else (*shape[:-1], -(-shape[-1] // 2))
-    values = empty(value_shape, np.int8 if bits == 8 else np.uint8)
+    values = empty(value_shape(shape, bits, words), np.dtype(value_dtype(bits, words)))
     scales = empty(scale_shape(shape, block), scale_dtype)
     row = 0
     for r0, x in blocks:
@@ -216,19 +278,19 @@ def quantize_blocks(blocks: Iterable[tuple[int, np.ndarray]], shape: Shape, bits
         if r0 != row or tuple(x.shape[1:]) != shape[1:] or (r % block[0] and r0 + r != shape[0]):
             raise ValueError(f"block of rows {r0}:{r0 + r} (shape {tuple(x.shape)}) does not continue rows 0:{row} "
                              f"of {shape} in whole scale blocks of {block[0]}")  # fmt: skip
-        v, s = _quantize_arrays(jnp.asarray(x), bits, (min(block[0], r), *block[1:]), scale_dtype)
+        v, s = _quantize_arrays(jnp.asarray(x), bits, (min(block[0], r), *block[1:]), scale_dtype, words)
         values[r0 : r0 + r] = np.asarray(v)
         scales[r0 // block[0] : r0 // block[0] + s.shape[0]] = np.asarray(s)
         row = r0 + r
     if row != shape[0]:
         raise ValueError(f"blocks covered rows 0:{row} of {shape}")
-    return QuantArray(values=values, scales=scales, shape=shape, bits=bits, block=block)
+    return QuantArray(values=values, scales=scales, shape=shape, bits=bits, block=block, words=words)
 
 
-def quantize_rows(x, bits: int, group: int, *, scale_dtype=jnp.bfloat16) -> QuantArray:
+def quantize_rows(x, bits: int, group: int, *, scale_dtype=jnp.bfloat16, words: bool = False) -> QuantArray:
     """A table [..., n] with one scale per (row, `group` values along the last axis): the PLE table (group 256),
-    the LM head copy (group = the whole row). A group longer than the row is the row."""
-    return quantize(x, bits, rows_block(tuple(np.shape(x)), group), scale_dtype=scale_dtype)
+    the LM head copy (group = the whole row). A group longer than the row is the row. `words` as `quantize`."""
+    return quantize(x, bits, rows_block(tuple(np.shape(x)), group), scale_dtype=scale_dtype, words=words)
 
 
 def quantize_channels(w, bits: int, axis: int | tuple[int, ...], group: int | None = None, *,
@@ -280,6 +342,11 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
     if y is not None:
         return y
     w = _natural(w)  # a leaf in the TPU layout that the kernel did not take (not 2-D form): the w4 layout's arrays
+    if w.words:  # uint32 words (model.quantspec.WORD_TABLES): their planes on a TPU, else the bytes they hold
+        y = _planes_form(x, w, lhs, rhs, out) if jax.default_backend() == "tpu" else None
+        if y is not None:
+            return y
+        w = _byte_view(w)
     y = _reduce_form(x, w, lhs, rhs, out)
     if y is not None:
         return y
@@ -522,6 +589,61 @@ def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
 
 
+def _planes_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
+    """The product with a 2-D `words` leaf (the int8 head, `model.quantspec.WORD_TABLES`) as a sum of one dot per
+    plane (`_word_planes`), never unpacking the weight into one array: `matmul`'s form on a TPU. None for a leaf
+    of another rank or a scale layout it does not cover (scales per output or one for all outputs; groups along
+    a packed contraction axis a whole number of words long).
+
+    Plane k meets the activations at positions (32 / bits) j + k when the words run along the contraction axis
+    ([N, K]: the head), or gives the outputs (32 / bits) j + k when they run along the outputs ([K, N]: the [R, N]
+    results interleaved at the end). Each dot converts its plane to the activation dtype and accumulates in
+    float32; the scales multiply the float32 partial sums of each group, then the groups are summed.
+
+    Why (TPU v5e, jax 0.10.2; the lead's probes, issue 43): an s8 [262144, 1536] head multiplied as one array was
+    copied whole into another tiling in every call (1.39 ms, with a call floor of about 0.6 ms); the same values
+    as s32 words multiplied as 4 planes: 1.185 ms and no copy (about 690 GB/s above the floor); unpacking the
+    words into one int8 array first: 2.48 ms. The sums run in another order than one dot's: float32 results can
+    differ from the byte form's in the last bits."""
+    form = _matrix_form(x, w, lhs, rhs, out)
+    if form is None:
+        return None
+    x_RK, axis, free = form
+    per = 32 // w.bits
+    k_len, n_len = w.shape[axis], w.shape[1 - axis]
+    bk, g, words = w.block[axis], w.scales.shape[axis], w.values.shape[-1]
+    if w.scales.shape[1 - axis] not in (1, n_len) or (axis == 1 and g > 1 and bk % per):
+        return None
+    planes = [p.astype(x.dtype) for p in _word_planes(w.values, w.bits)]
+    s = w.scales.astype(jnp.float32)
+    if axis == 1:  # [N, W] words along K: plane k meets x[:, per j + k]; groups of bk / per words
+        x_RK = jnp.pad(x_RK, [(0, 0), (0, per * words - k_len)])
+        span = words if g == 1 else bk // per
+        xs = [jnp.pad(x_RK[:, k::per], [(0, 0), (0, g * span - words)]).reshape(-1, g, span) for k in range(per)]
+        ps = [jnp.pad(p, [(0, 0), (0, g * span - words)]).reshape(n_len, g, span) for p in planes]
+        part_RNG = sum(jnp.einsum("RGb,NGb->RNG", xk, p, preferred_element_type=jnp.float32)
+                       for p, xk in zip(ps, xs, strict=True))  # fmt: skip
+        y_RN = jnp.sum(part_RNG * s[None], axis=-1)
+    else:  # [K, W] words along N: plane k gives outputs per j + k; groups of bk along K
+        x_RGb = jnp.pad(x_RK, [(0, 0), (0, g * bk - k_len)]).reshape(-1, g, bk)
+        ps = [jnp.pad(p, [(0, g * bk - k_len), (0, 0)]).reshape(g, bk, words) for p in planes]
+        parts = [jnp.einsum("RGb,GbW->RGW", x_RGb, p, preferred_element_type=jnp.float32) for p in ps]
+        part_RGN = jnp.stack(parts, axis=-1).reshape(x_RK.shape[0], g, per * words)[..., :n_len]
+        y_RN = jnp.sum(part_RGN * s[None], axis=1)
+    return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
+
+
+def _byte_view(q: QuantArray) -> QuantArray:
+    """A `words` leaf read as the bytes its words hold (int8 [*shape] at 8 bits, uint8 [..., ceil(n / 2)] at 4; a
+    row's padding cut): `lax.bitcast_convert_type` of each word into its 4 bytes, little-endian as `_to_words`
+    stores them (the tests check it on CPU), then a reshape. Where arrays are row-major (CPU, GPU) that is a view
+    of the same memory, so every product form for the byte storage runs as before on the same values, bit for
+    bit. XLA:TPU lays the result out anew (the lead's probe: 2.48 ms for the head), hence `_planes_form` there."""
+    b = jax.lax.bitcast_convert_type(q.values, jnp.uint8)
+    b = b.reshape(*q.values.shape[:-1], -1)[..., : value_shape(q.shape, q.bits)[-1]]
+    return dataclasses.replace(q, values=jax.lax.bitcast_convert_type(b, jnp.int8) if q.bits == 8 else b, words=False)
+
+
 def _reduce_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
     """The product in `model.qreduce`'s multiply-and-sum form when it applies: on CPU, a 2-D weight with one
     contracted and one output axis, at most `MATVEC_ROWS` activation rows, a layout `fits_reduce` accepts; else
@@ -543,6 +665,8 @@ def take_rows(table, ids: jax.Array, dtype=None) -> jax.Array:
     dtype; `dtype` applies to quantized tables only, so the dense path is unchanged); for a
     `QuantArray` with one scale block per row, only the rows read are gathered (values and scales) and only those
     are unpacked and scaled, in float32, then cast to `dtype` (default: the scales' dtype). Returns [..., n].
+    The gather reads the values as stored: a `words` table (the PLE table, `model.quantspec.WORD_TABLES`) is
+    gathered as uint32 rows, which XLA:TPU reads in place (an 8-bit table it first relaid whole: issue 43).
     Raises ValueError for a quantized table whose scale blocks span rows (a program error)."""
     if not isinstance(table, QuantArray):
         return jnp.take(table, ids, axis=0)
@@ -551,7 +675,7 @@ def take_rows(table, ids: jax.Array, dtype=None) -> jax.Array:
     ids = jnp.asarray(ids)
     rows = QuantArray(values=jnp.take(table.values, ids, axis=0), scales=jnp.take(table.scales, ids, axis=0),
                       shape=tuple(ids.shape) + table.shape[1:], bits=table.bits,
-                      block=(1,) * ids.ndim + table.block[1:])  # fmt: skip
+                      block=(1,) * ids.ndim + table.block[1:], words=table.words)  # fmt: skip
     return dequantize(rows, dtype)
 
 
@@ -570,7 +694,8 @@ def _bits(dtype) -> int:
 def packed_bytes(leaf) -> int:
     """Bytes of one leaf as stored (real arrays or `jax.ShapeDtypeStruct`s; None counts 0).
 
-    A `QuantArray`: its values array (int8, or uint8 already holding two int4 values per byte) plus its scales.
+    A `QuantArray`: its values array (int8, or uint8 already holding two int4 values per byte, or uint32 words
+    holding those bytes, a row's padding to a whole word included) plus its scales.
     A dense array: ceil(size x bits / 8), so a sub-byte dtype (jnp.int4) counts packed end to end, not at the one
     byte per value its `nbytes` reports.
     """
@@ -589,31 +714,40 @@ def tree_bytes(tree) -> int:
 
 
 # ---- a whole parameter tree ----------------------------------------------------------------------------------------
-def quantize_fields(node, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
+def quantize_fields(node, spec: QuantSpec, *, scale_dtype=jnp.bfloat16, platform: str | None = None):
     """`node` (a `model.params.Params` or `LayerParams`) with each field that `leaf_layout` quantizes under `spec`
-    replaced by its `quantize`d `QuantArray`; the other fields, `layers` and `lm_head_VD` as they are. A field
-    that is already a `QuantArray` (quantized while it streamed) is kept. Returns the new node."""
+    replaced by its `quantize`d `QuantArray`, stored as `leaf_layout` says for `platform` (a jax backend name;
+    None: `jax.default_backend()`, where the engine places its parameters); the other fields, `layers` and
+    `lm_head_VD` as they are. A field that is already a `QuantArray` (quantized while it streamed) is kept.
+    Returns the new node."""
+    platform = platform or jax.default_backend()
 
     def leaf(field: str, x):
         if x is None or isinstance(x, QuantArray):
             return x
-        layout = leaf_layout(field, tuple(x.shape), spec)
-        return x if layout is None else quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype)
+        layout = leaf_layout(field, tuple(x.shape), spec, platform)
+        if layout is None:
+            return x
+        return quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype, words=layout.words)
 
     skip = ("layers", LM_HEAD)
     changed = {f.name: leaf(f.name, getattr(node, f.name)) for f in dataclasses.fields(node) if f.name not in skip}
     return dataclasses.replace(node, **changed)
 
 
-def quantize_params(params, spec: QuantSpec, *, scale_dtype=jnp.bfloat16):
+def quantize_params(params, spec: QuantSpec, *, scale_dtype=jnp.bfloat16, platform: str | None = None):
     """Quantize an in-memory `model.params.Params` tree as `spec` says (`model.quantspec.leaf_layout`, the same
     rule the byte accounting uses): those leaves become `QuantArray`s, and with `int8_lm_head` the tree gains
     `lm_head_VD`, an int8 copy of the tied `embed_VD` (which itself stays dense for the input lookup). Returns the
-    new tree. Works under `jax.eval_shape` on an abstract tree (full E2B size without memory). A checkpoint is
-    quantized while it streams by `model.checkpoint.load_params(quant=...)`, with the same layouts and results."""
-    layers = tuple(quantize_fields(lp, spec, scale_dtype=scale_dtype) for lp in params.layers)
+    new tree, each table stored as `leaf_layout` says for `platform` (None: `jax.default_backend()`; e.g. "tpu"
+    gives the TPU's storage on a CPU, for tests). Works under `jax.eval_shape` on an abstract tree (full E2B size
+    without memory). A checkpoint is quantized while it streams by `model.checkpoint.load_params(quant=...)`,
+    with the same layouts and results."""
+    platform = platform or jax.default_backend()
+    kw = {"scale_dtype": scale_dtype, "platform": platform}
+    layers = tuple(quantize_fields(lp, spec, **kw) for lp in params.layers)
     head = None
     if spec.int8_lm_head:
-        layout = leaf_layout(LM_HEAD, tuple(params.embed_VD.shape), spec)
-        head = quantize(params.embed_VD, layout.bits, layout.block, scale_dtype=scale_dtype)
-    return dataclasses.replace(quantize_fields(params, spec, scale_dtype=scale_dtype), layers=layers, lm_head_VD=head)
+        layout = leaf_layout(LM_HEAD, tuple(params.embed_VD.shape), spec, platform)
+        head = quantize(params.embed_VD, layout.bits, layout.block, scale_dtype=scale_dtype, words=layout.words)
+    return dataclasses.replace(quantize_fields(params, spec, **kw), layers=layers, lm_head_VD=head)

@@ -15,6 +15,13 @@ A layout (`QuantLayout`) is a bit width and a scale block per axis: block[i] con
 one scale (1: every index has its own; the axis length: one scale for the whole axis). A block that does not
 divide its axis leaves a short last block (ceil). Values are symmetric integers (int8 in [-127, 127], int4 in
 [-7, 7]); int4 values are stored two per byte along the last axis (a last axis of odd length gets one pad nibble).
+
+Storage of the value bytes (`value_shape`, `value_dtype`): one array of int8 (8 bits) or uint8 (4 bits) in the
+array's shape, except for the tables in `WORD_TABLES`, whose value bytes are held four to a uint32 word along the
+last axis (`QuantLayout.words`), so that XLA:TPU reads a 32-bit array. Each layout is decided here, once, by
+`leaf_layout` for the platform the parameters are placed on; the loaders (`model.checkpoint.load_params`,
+`model.quant.quantize_params`) quantize straight into it before placing the leaf on the device, so no program
+lays a table out anew.
 """
 
 from __future__ import annotations
@@ -45,6 +52,30 @@ LAYER_PROJECTIONS = {
 `w8` / `w4` -> their contraction axes: qkv_DX [D, X] contracts D (axis 0); o_DX [D, N H] contracts N H (axis 1, the
 output-major layout). Fused leaves quantize per output channel exactly as their parts would. The global
 `ple_proj_DX` is not a layer projection and stays dense, as do the norms and layer scalars."""
+
+WORD_TABLES: dict[str, frozenset[str] | None] = {"ple_embed_VX": None, LM_HEAD: frozenset({"tpu"})}
+"""Quantized tables whose value bytes are stored in uint32 words (`QuantLayout.words`) -> the platforms (jax
+backend names) where, None for every platform: `stores_words` applies it.
+
+- The PLE table, on every platform: a decode step reads it by a row gather of one row per token
+  (`model.quant.take_rows`), which reads a row of words and unpacks only that row. On CPU that costs about what
+  the bytes did (jit of one row of a [65536, 8960] table, jax 0.12, 2 shared cores, fastest of 200 calls:
+  21-26 us as words against 17-25 us as bytes, at 4 and 8 bits), against tens of ms per decode step.
+- The int8 head copy, on a TPU only: it is multiplied whole (`model.quant.matmul` multiplies a word table plane
+  by plane there). XLA:CPU expands a reinterpretation of words as bytes into shifts and materializes the whole
+  int8 table, and ran that and every plane form tried 20-40x slower than its multiply-and-sum over the int8
+  bytes (one row times [65536, 1536], jax 0.12, 2 shared cores, fastest calls: 43-60 ms as bytes, 0.95-2.1 s
+  as words), so CPU (and GPU, not measured) keep the int8 bytes, which their products read in place.
+
+Why words (issue 43; TPU v5e, jax 0.10.2, the lead's probes): XLA:TPU tiles 8-bit arrays (32, 128) and 32-bit
+ones (8, 128), and both the row gather and the product of an 8-bit parameter wanted the latter: the program
+copied the whole parameter into it in every call. E2B `--quant ple4,int8_lm_head`: the uint8 PLE table [262144,
+4480] (1.17 GB) was copied in each decode step, 3.57 ms of a 9.3 ms step; gathering one row took 4.26 ms per call
+as uint8 and 0.57 ms (the call floor) as uint32 words. The s8 head [262144, 1536] was copied too (1.39 ms per
+product); as words multiplied plane by plane, 1.185 ms with no copy (about 690 GB/s above the 0.6 ms floor)."""
+
+WORD_BYTES = 4
+"""Value bytes per word of a `QuantLayout.words` table (uint32)."""
 
 _EXPECTED = "a comma-separated set of int8_lm_head, ple4, ple8, w4[:GROUP], w8 (or none)"
 
@@ -141,10 +172,14 @@ def parse_quant(text: str | None) -> QuantSpec:
 # ---- layouts ---------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantLayout:
-    """How one array is quantized: `bits` (8 or 4) and `block`, one entry per axis (see the module docstring)."""
+    """How one array is quantized: `bits` (8 or 4) and `block`, one entry per axis (see the module docstring);
+    `words`: the value bytes held in uint32 words along the last axis (`WORD_TABLES`), little-endian (byte k of a
+    row in bits 8 (k mod 4) .. 8 (k mod 4) + 7 of word k // 4), a row of bytes padded with zero bytes to a whole
+    word (`value_shape`; the padding is stored and counted)."""
 
     bits: int
     block: Shape
+    words: bool = False
 
 
 def rows_block(shape: Shape, group: int) -> Shape:
@@ -172,13 +207,30 @@ def channels_block(shape: Shape, contract: tuple[int, ...], group: int | None) -
     return tuple(block)
 
 
-def leaf_layout(field: str, shape: Shape, spec: QuantSpec) -> QuantLayout | None:
+def stores_words(field: str, shape: Shape, bits: int, platform: str | None) -> bool:
+    """Whether the quantized `field` of `shape` at `bits` is stored in uint32 words on `platform` (a jax backend
+    name: "cpu", "gpu", "tpu"; None: no platform in particular, as the byte accounting asks): `WORD_TABLES`.
+    A table stored in words on some platforms only is stored so there only when its rows are whole words, so
+    the padding of a row (stored and counted) is the same on every platform and `model.accounting` is exact on
+    all of them without knowing the platform (Gemma 4 heads: 1536 or 2560 bytes a row, no padding)."""
+    if field not in WORD_TABLES:
+        return False
+    where = WORD_TABLES[field]
+    return where is None or (platform in where and row_bytes(shape[-1], bits) % WORD_BYTES == 0)
+
+
+def leaf_layout(field: str, shape: Shape, spec: QuantSpec, platform: str | None = None) -> QuantLayout | None:
     """The layout `spec` gives the parameter `field` (a `model.params` field name, or `LM_HEAD` for the int8
-    head copy) of `shape`; None when it stays dense. The one place that says which leaf is quantized how."""
+    head copy) of `shape` placed on `platform` (a jax backend name; None: any, for the byte accounting, which is
+    the same on every platform); None when it stays dense. The one place that says which leaf is quantized how
+    and stored how (`stores_words`)."""
     if field == "ple_embed_VX" and spec.ple_bits is not None:
-        return QuantLayout(bits=spec.ple_bits, block=rows_block(shape, PLE_GROUP))
+        return QuantLayout(bits=spec.ple_bits, block=rows_block(shape, PLE_GROUP),
+                           words=stores_words(field, shape, spec.ple_bits, platform))  # fmt: skip
     if field == LM_HEAD:
-        return QuantLayout(bits=8, block=rows_block(shape, shape[-1])) if spec.int8_lm_head else None
+        if not spec.int8_lm_head:
+            return None
+        return QuantLayout(bits=8, block=rows_block(shape, shape[-1]), words=stores_words(field, shape, 8, platform))
     if field in LAYER_PROJECTIONS and spec.layer_bits is not None:
         contract = LAYER_PROJECTIONS[field]
         group = None if spec.layer_bits == 8 else spec.w4_group
@@ -191,17 +243,35 @@ def scale_shape(shape: Shape, block: Shape) -> Shape:
     return tuple(-(-n // b) for n, b in zip(shape, block, strict=True))
 
 
-def packed_value_bytes(shape: Shape, bits: int) -> int:
-    """Bytes of the integer values: 1 per value at 8 bits; at 4 bits two values per byte along the last axis,
-    ceil(last / 2) bytes per row (an odd row ends with a pad nibble)."""
-    if bits == 8:
-        return math.prod(shape)
-    assert bits == 4, bits
-    return math.prod(shape[:-1]) * -(-shape[-1] // 2)
+def row_bytes(n: int, bits: int) -> int:
+    """Bytes of a row of `n` values packed at `bits`: n at 8 bits; ceil(n / 2) at 4 (an odd row ends with a pad
+    nibble)."""
+    assert bits in (8, 4), bits
+    return n if bits == 8 else -(-n // 2)
+
+
+def value_shape(shape: Shape, bits: int, words: bool = False) -> Shape:
+    """Shape of the stored values of an array of logical `shape`: the packed bytes [*shape[:-1], row_bytes]; with
+    `words`, the uint32 words holding them [*shape[:-1], ceil(row_bytes / WORD_BYTES)]."""
+    n = row_bytes(shape[-1], bits)
+    return (*shape[:-1], -(-n // WORD_BYTES) if words else n)
+
+
+def value_dtype(bits: int, words: bool = False) -> str:
+    """Name of the stored values' dtype: "uint32" with `words`, else "int8" (8 bits) or "uint8" (4 bits)."""
+    return "uint32" if words else "int8" if bits == 8 else "uint8"
+
+
+def packed_value_bytes(shape: Shape, bits: int, words: bool = False) -> int:
+    """Bytes of the stored integer values (`value_shape`): 1 per value at 8 bits; at 4 bits two values per byte
+    along the last axis; with `words`, each row rounded up to whole uint32 words (the padding counts: it is
+    stored and a row gather reads it)."""
+    stored = value_shape(shape, bits, words)
+    return math.prod(stored) * (WORD_BYTES if words else 1)
 
 
 def quantized_bytes(shape: Shape, layout: QuantLayout, scale_itemsize: int) -> tuple[int, int]:
-    """(bytes, scale count) of an array of `shape` stored in `layout`: packed values plus scales at
-    `scale_itemsize` bytes each (2 for bfloat16 / float16 scales, 4 for float32)."""
+    """(bytes, scale count) of an array of `shape` stored in `layout`: stored values (`packed_value_bytes`) plus
+    scales at `scale_itemsize` bytes each (2 for bfloat16 / float16 scales, 4 for float32)."""
     scales = math.prod(scale_shape(shape, layout.block))
-    return packed_value_bytes(shape, layout.bits) + scales * scale_itemsize, scales
+    return packed_value_bytes(shape, layout.bits, layout.words) + scales * scale_itemsize, scales

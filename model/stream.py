@@ -250,5 +250,6 @@ def read_quantized(t: StoredTensor, dtype, layout: QuantLayout, scale_dtype, *, 
             yield r0, tmp[: len(block)]
             release_free_heap()  # the previous block's XLA temporaries are free by now
 
-    q = quantize_blocks(converted(), t.shape, layout.bits, layout.block, scale_dtype=scale_dtype, empty=aligned_empty)
+    q = quantize_blocks(converted(), t.shape, layout.bits, layout.block, scale_dtype=scale_dtype, empty=aligned_empty,
+                        words=layout.words)  # fmt: skip
     return dense, q

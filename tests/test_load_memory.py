@@ -119,7 +119,7 @@ def _assert_same_tree(a, b) -> None:
     for x, y in zip(la, lb, strict=True):
         assert type(x) is type(y)
         if is_q(x):
-            assert (x.shape, x.bits, x.block) == (y.shape, y.bits, y.block)
+            assert (x.shape, x.bits, x.block, x.words) == (y.shape, y.bits, y.block, y.words)
             for u, v in ((x.values, y.values), (x.scales, y.scales)):
                 assert np.asarray(u).dtype == np.asarray(v).dtype
                 np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
@@ -139,6 +139,8 @@ def test_streamed_quantization_equals_quantizing_the_dense_load(tiny_checkpoint,
     streamed, streamed_report = load_params(tiny_checkpoint, dtype=dtype, quant=spec)
     assert streamed_report["content_hash"] == report["content_hash"]
     assert isinstance(streamed.ple_embed_VX, QuantArray) == (spec.ple_bits is not None)
+    if spec.ple_bits is not None:  # stored in the layout its row gather reads (model.quantspec.WORD_TABLES)
+        assert streamed.ple_embed_VX.words and np.asarray(streamed.ple_embed_VX.values).dtype == np.uint32
     assert isinstance(streamed.lm_head_VD, QuantArray) == spec.int8_lm_head
     assert not isinstance(streamed.embed_VD, QuantArray)
     _assert_same_tree(streamed, quantize_params(dense, spec))

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import model.quant as quant
 from model.quant import (
     QuantArray,
     dequantize,
@@ -17,7 +18,9 @@ from model.quant import (
     quantize_rows,
     take_rows,
     tree_bytes,
+    with_words,
 )
+from model.quantspec import packed_value_bytes, value_dtype, value_shape
 
 EPS32 = np.finfo(np.float32).eps
 
@@ -86,6 +89,52 @@ def test_take_rows_equals_dequantize_then_take(bits):
         take_rows(quantize_channels(_table(), bits, 0), ids)
 
 
+# ---- uint32 word storage of a row-gathered table (model.quantspec.WORD_TABLES, issue 43) ----------------------------
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("cols", [1, 2, 3, 7, 8, 13, 16, 256])
+def test_words_hold_the_same_values_bit_for_bit(bits, cols):
+    x = np.random.default_rng(cols).standard_normal((9, cols)).astype(np.float32)
+    x[1] = 0.0
+    raw, words = quantize_rows(x, bits, 4), quantize_rows(x, bits, 4, words=True)
+    assert not raw.words and words.words
+    assert words.values.dtype == jnp.uint32 and raw.values.dtype == np.dtype(value_dtype(bits))
+    row = cols if bits == 8 else -(-cols // 2)
+    assert words.values.shape == value_shape(x.shape, bits, True) == (9, -(-row // 4))
+    np.testing.assert_array_equal(words.scales, raw.scales)
+    np.testing.assert_array_equal(dequantize(words, jnp.float32), dequantize(raw, jnp.float32))
+    ids = jnp.array([[0, 8, 3], [1, 1, 5]])
+    np.testing.assert_array_equal(take_rows(words, ids, jnp.float32), take_rows(raw, ids, jnp.float32))
+    np.testing.assert_array_equal(jax.jit(take_rows)(words, ids), take_rows(raw, ids))  # bfloat16, traced
+    # the word form holds the byte form's bytes, little-endian, then zero padding; and converts back exactly
+    b = np.asarray(raw.values).view(np.uint8)
+    padded = np.zeros((9, 4 * words.values.shape[1]), np.uint8)
+    padded[:, : b.shape[1]] = b
+    np.testing.assert_array_equal(np.asarray(words.values), padded.view("<u4").astype(np.uint32))
+    assert with_words(raw, True).values.dtype == jnp.uint32
+    np.testing.assert_array_equal(with_words(raw, True).values, words.values)
+    np.testing.assert_array_equal(with_words(words, False).values, raw.values)
+    assert with_words(raw, False) is raw
+    # bytes as stored: the padding to a whole word counts, and only it
+    pad = 9 * (4 * words.values.shape[1] - row)
+    assert packed_bytes(words) == packed_bytes(raw) + pad
+    assert packed_value_bytes(x.shape, bits, True) == packed_value_bytes(x.shape, bits) + pad
+
+
+def test_every_byte_and_nibble_code_survives_the_words():
+    """All 256 byte values (so every nibble code, -8 included, at both positions) through uint32 words: the
+    unpacked int8 values equal the byte form's, at 8 and at 4 bits."""
+    codes = np.arange(256, dtype=np.uint8).reshape(2, 128)
+    for bits, n in ((8, 128), (4, 256)):
+        raw = QuantArray(values=jnp.asarray(codes.view(np.int8) if bits == 8 else codes),
+                         scales=jnp.ones((2, 1), jnp.float32), shape=(2, n), bits=bits, block=(1, n))  # fmt: skip
+        words = with_words(raw, True)
+        assert words.values.shape == (2, 32)
+        want = codes.view(np.int8).astype(np.float32) if bits == 8 else np.stack(
+            [(codes.astype(np.int8) << 4) >> 4, codes.astype(np.int8) >> 4], -1).reshape(2, 256)  # fmt: skip
+        np.testing.assert_array_equal(dequantize(words, jnp.float32), want)
+        np.testing.assert_array_equal(dequantize(raw, jnp.float32), want)
+
+
 def _rand(*shape, seed=1):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
@@ -116,6 +165,44 @@ def test_matmul_equals_the_dense_product_of_the_dequantized_weight(spec, x_shape
     # same sums in another order: equal up to float32 rounding, tests/test_decode_forms.py).
     np.testing.assert_allclose(matmul(x, dense, spec), jnp.einsum(spec, x, dense), rtol=1e-6,
                                atol=1e-6 * float(jnp.max(jnp.abs(want))))  # fmt: skip
+
+
+MORE_WORDS = [  # 2-D leaves the word form's plane product covers: contraction along the words or across them
+    ("int8 head, 12 rows (the dot per plane)", "BTD,VD->BTV", (3, 4, 12), lambda: QR(_rand(30, 12), 8, 12)),
+    ("int8 head, odd width", "BTD,VD->BTV", (2, 1, 13), lambda: QR(_rand(30, 13), 8, 13)),
+    ("int4 rows, groups of 8 along the words", "BTD,VD->BTV", (2, 1, 20), lambda: QR(_rand(30, 20), 4, 8)),
+    ("int8 rows, groups of 4 along the words", "BD,VD->BV", (1, 10), lambda: QR(_rand(7, 10), 8, 4)),
+    ("w4 [K, N] along the outputs", "BK,KN->BN", (2, 24), lambda: QC(_rand(24, 9), 4, 0, 8)),
+    ("w8 [K, N] along the outputs, 12 rows", "BK,KN->BN", (12, 24), lambda: QC(_rand(24, 11), 8, 0)),
+]
+
+
+@pytest.mark.parametrize("spec,x_shape,make", [m[1:] for m in MATMULS + MORE_WORDS],
+                         ids=[m[0] for m in MATMULS + MORE_WORDS])  # fmt: skip
+def test_matmul_reads_words_as_it_reads_bytes(spec, x_shape, make):
+    """The same leaf stored in uint32 words (model.quantspec.WORD_TABLES). Off a TPU `matmul` reads the bytes the
+    words hold (`_byte_view`) and runs the byte storage's forms: the same product bit for bit. On a TPU it takes
+    the plane form (`_planes_form`, run here directly on CPU): the same values summed in another order."""
+    w = make()
+    x = jnp.asarray(_rand(*x_shape, seed=2))
+    words = with_words(w, True)
+    np.testing.assert_array_equal(matmul(x, words, spec), matmul(x, w, spec))
+    jitted = jax.jit(lambda a, q: matmul(a, q, spec))  # one program each: compared like with like
+    np.testing.assert_array_equal(jitted(x, words), jitted(x, w))
+    np.testing.assert_array_equal(quant._byte_view(words).values, w.values)  # little-endian bytes of the words
+    lhs, rest = spec.split(",")
+    rhs, out = rest.split("->")
+    planes = quant._planes_form(x, words, lhs, rhs, out)
+    o = 1 if rhs[-1] in out else 0  # the output axis; the words run along axis 1
+    covered = w.scales.shape[o] in (1, w.shape[o]) and (o == 1 or w.scales.shape[1] == 1 or w.block[1] % (32 // w.bits) == 0)
+    if w.ndim == 2 and covered:  # scales per output (or one), groups along a packed contraction whole words
+        want = jnp.einsum(spec, x, dequantize(w, jnp.float32))
+        assert planes is not None and planes.dtype == x.dtype and planes.shape == want.shape
+        np.testing.assert_allclose(planes, want, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+        bf16 = quant._planes_form(x.astype(jnp.bfloat16), words, lhs, rhs, out)  # the TPU's activation dtype
+        np.testing.assert_allclose(bf16.astype(jnp.float32), want, rtol=0.02, atol=0.02 * float(jnp.max(jnp.abs(want))))
+    else:
+        assert planes is None  # another rank, or groups across words: matmul unpacks the values (the dot form)
 
 
 def test_a_quantized_array_is_a_pytree_through_jit():

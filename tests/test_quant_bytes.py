@@ -3,6 +3,8 @@ the published E2B table to the byte, and shape-derived bytes equal to the bytes 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -19,7 +21,7 @@ from model.config import DEFAULT, E2B, E4B, TINY
 from model.errors import QuantError
 from model.params import abstract_params, init_params
 from model.quant import QuantArray, packed_bytes, quantize_params, tree_bytes
-from model.quantspec import NO_QUANT, parse_quant
+from model.quantspec import NO_QUANT, WORD_BYTES, parse_quant
 
 
 # ---- the option set -------------------------------------------------------------------------------------------
@@ -130,3 +132,33 @@ def test_accounting_equals_abstract_quantization_at_full_e2b_size(quant):
     spec = parse_quant(quant)
     qp = jax.eval_shape(lambda p: quantize_params(p, spec), abstract_params(E2B, jnp.bfloat16))
     assert tree_bytes(qp) == weight_bytes(E2B, 2, quant=spec)
+
+
+# ---- the PLE table in uint32 words (model.quantspec.WORD_TABLES): padding counted, and only there ------------------
+ODD_PLE = dataclasses.replace(TINY, ple_dim=3)  # X = 6 x 3 = 18 values: 9 bytes at 4 bits, 18 at 8: not whole words
+
+
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+@pytest.mark.parametrize("quant", ["ple4", "ple8,int8_lm_head", "w4:5,ple4"])
+@pytest.mark.parametrize("cfg", [TINY, ODD_PLE], ids=["tiny", "odd-ple-row"])
+def test_word_storage_counts_its_row_padding_and_nothing_else(cfg, quant, platform):
+    """The accounting knows no platform: the bytes of either platform's storage are its figures exactly."""
+    spec = parse_quant(quant)
+    qp = quantize_params(init_params(cfg, seed=1), spec, platform=platform)
+    table = qp.ple_embed_VX
+    assert table.words and table.values.dtype == jnp.uint32
+    head = qp.lm_head_VD  # in words on a TPU only: [V, D] int8 -> [V, D / 4] uint32 (D = 64: whole words)
+    if head is not None:
+        assert head.words == (platform == "tpu")
+        assert head.values.shape == ((cfg.vocab_size, cfg.hidden_size // WORD_BYTES) if head.words
+                                     else (cfg.vocab_size, cfg.hidden_size))  # fmt: skip
+    x = cfg.num_layers * cfg.ple_dim
+    row = x if spec.ple_bits == 8 else -(-x // 2)
+    pad = -row % WORD_BYTES  # zero bytes that round a row up to whole words
+    assert table.values.shape == (cfg.ple_vocab, (row + pad) // WORD_BYTES)
+    assert pad == (0 if cfg is TINY else 3 if spec.ple_bits == 4 else 2)
+    parts = {c.name: c for c in weight_bytes_by_component(cfg, 4, quant=spec).components}
+    scales = packed_bytes(table.scales)
+    assert parts["PLE table"].bytes == packed_bytes(table) == cfg.ple_vocab * (row + pad) + scales
+    assert parts["PLE table"].decode_bytes == row + pad + packed_bytes(table.scales[:1])
+    assert weight_bytes(cfg, 4, quant=spec) == tree_bytes(qp)
