@@ -79,6 +79,7 @@ _CONTEXT_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cpu model", ("host", "cpu_model")),
     ("compute dtype", ("dtype_policy", "compute_dtype")),
     ("checkpoint id", ("checkpoint", "id")),
+    ("checkpoint weights", ("checkpoint", "dummy", "note")),
     ("git commit", ("git", "commit")),
 )
 
