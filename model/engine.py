@@ -898,7 +898,9 @@ def check_engine_switches() -> None:
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,
                 buckets: Sequence[int] | None = None, log_policy: bool = True, quant: QuantSpec = NO_QUANT,
                 scale_dtype: str = "bfloat16", kernel: str | None = None) -> tuple[Engine, dict]:  # fmt: skip
-    """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under a dtype policy.
+    """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under a dtype policy; a
+    `random:PRESET[@SEED]` text (or its folder) makes dummy weights on the device instead
+    (`model.random_weights.load_random`: same layouts, no weight file; its report adds `dummy`).
 
     `policy` defaults to `decide_policy()` for the live device; its weight dtype is the dtype the weights are
     converted to once, at load (so no decode step converts weights unless the policy asks for it). The policy

@@ -67,11 +67,11 @@ need 9.4 GB of float32 drawn whole. Part of the draw: a table's values depend on
 
 # ---- the folder ---------------------------------------------------------------------------------------------------
 def random_folder(spec: RandomSpec) -> Path:
-    """Where the cached folder of `spec` lives: <cache root>/random/PRESET-seedSEED-vVERSION
+    """Where the cached folder of `spec` lives: <cache root>/random/random-PRESET-seedSEED-vVERSION
     (`model.builtin.cache_root`)."""
     from model.builtin import cache_root
 
-    return cache_root() / "random" / f"{spec.preset}-seed{spec.seed}-v{RANDOM_VERSION}"
+    return cache_root() / "random" / f"random-{spec.preset}-seed{spec.seed}-v{RANDOM_VERSION}"
 
 
 def ensure_random(spec: RandomSpec, *, log=print) -> Path:

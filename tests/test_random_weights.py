@@ -208,3 +208,23 @@ def test_every_leaf_of_every_preset_has_its_own_key():
         names = list(global_shapes(cfg)) + [f"layers.{i}.{n}" for i in range(cfg.num_layers)
                                              for n in compute_layer_shapes(cfg, i)]  # fmt: skip
         assert len({zlib.crc32(n.encode()) for n in names}) == len(names)
+
+
+def test_every_command_refuses_a_bad_preset_in_one_line_before_loading(tmp_path):
+    from bench.cli.serve_cmds import _check_options
+    from bench.errors import InputError
+    from bench.gpurun.main import Options, check_options
+
+    check_options(Options(outdir=tmp_path, checkpoint="random:e2b@3"))  # accepted: nothing to create first
+    for check in (lambda: check_options(Options(outdir=tmp_path, checkpoint="random:nosuch")),
+                  lambda: _check_options("random:nosuch", 8000, None, None, None, 1024, None)):  # fmt: skip
+        with pytest.raises(InputError, match="--checkpoint random:nosuch: unknown preset 'nosuch'") as info:
+            check()
+        assert all(name in str(info.value) for name in PRESETS) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("args", [["sweep", "--inputs", "8", "--max-new-tokens", "2", "--repeats", "1"],
+                                  ["profile", "--steps", "2"]])  # fmt: skip
+def test_sweep_and_profile_refuse_a_bad_preset_in_one_line(args, capsys, tmp_path):
+    code, _, err = bench_captured([*args, "--checkpoint", "random:tiny@x", "--runs-dir", str(tmp_path)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "seed 'x'" in err, err
