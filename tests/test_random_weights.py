@@ -215,9 +215,14 @@ def test_every_command_refuses_a_bad_preset_in_one_line_before_loading(tmp_path)
     from bench.errors import InputError
     from bench.gpurun.main import Options, check_options
 
+    from bench.fleet.plan import check_checkpoint, is_hub_id
+
     check_options(Options(outdir=tmp_path, checkpoint="random:e2b@3"))  # accepted: nothing to create first
+    check_checkpoint("random:e2b@3")
+    assert not is_hub_id("random:e2b")
     for check in (lambda: check_options(Options(outdir=tmp_path, checkpoint="random:nosuch")),
-                  lambda: _check_options("random:nosuch", 8000, None, None, None, 1024, None)):  # fmt: skip
+                  lambda: _check_options("random:nosuch", 8000, None, None, None, 1024, None),
+                  lambda: check_checkpoint("random:nosuch")):  # fmt: skip
         with pytest.raises(InputError, match="--checkpoint random:nosuch: unknown preset 'nosuch'") as info:
             check()
         assert all(name in str(info.value) for name in PRESETS) and "\n" not in str(info.value)
