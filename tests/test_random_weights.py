@@ -16,10 +16,13 @@ from model.random_spec import DUMMY_NOTE, RandomSpec, parse_random
 from tests.conftest import bench_captured
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path_factory, monkeypatch):
-    """Dummy folders (config and tokenizer) in a cache of this module's own, shared by its tests."""
-    monkeypatch.setenv("GEMMA4_BENCH_CACHE", str(tmp_path_factory.getbasetemp() / "random-weights-cache"))
+@pytest.fixture(scope="module", autouse=True)
+def _own_cache(tmp_path_factory):
+    """Dummy folders (config and tokenizer) in a cache of this module's own, shared by its tests (module scope:
+    set before the module's engines load)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GEMMA4_BENCH_CACHE", str(tmp_path_factory.mktemp("random-weights-cache")))
+        yield
 
 
 def _load(spec: str, quant: str | None = None):
@@ -180,7 +183,8 @@ def test_compare_and_the_report_name_dummy_weights():
     assert _checkpoint_text(dummy) == "random-tiny-float32-seed0 (dummy weights)"
     assert _checkpoint_text({"id": "tiny-float32-seed0-v1"}) == "tiny-float32-seed0-v1"
     diffs = manifest_differences({"checkpoint": dummy}, {"checkpoint": {"id": "tiny-float32-seed0-v1"}})
-    assert any(d.field == "checkpoint weights" and d.baseline == DUMMY_NOTE for d in diffs)
+    assert any(d.field == "checkpoint id" and d.baseline == "random-tiny-float32-seed0 (dummy weights)"
+               and d.candidate == "tiny-float32-seed0-v1" for d in diffs)  # fmt: skip
 
 
 # ---- bounds and keys ------------------------------------------------------------------------------------------------------
