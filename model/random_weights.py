@@ -11,7 +11,8 @@ checkpoint but its weights: config.json, generation_config.json, the tokenizer t
 `model.engine.load_engine` loads such a folder with `load_random` instead of `model.checkpoint.load_params`; every
 command that takes a checkpoint folder (its config, its tokenizer) takes it as it is.
 
-How the values are drawn (`random_params`). Each leaf has its own key, `fold_in(key(seed), crc32(name))` with
+How the values are drawn (`random_params`). jax's threefry generator by default (`PRNG_ENV` chooses "rbg", XLA's
+RngBitGenerator, instead; recorded and hashed). Each leaf has its own key, `fold_in(key(seed), crc32(name))` with
 `name` the leaf's place ("embed_VD", "layers.3.qkv_DX"; `leaf_key`), and the distribution of
 `model.params.init_rule`, the rule the built-in checkpoints' `init_tensors` follows (same families and scales:
 N(0, 1/fan_in) projections, 0.1/sqrt(D) tied table, norm gains near 1, q/k-norm gains near head_dim^-1/4, layer
@@ -59,6 +60,13 @@ RANDOM_VERSION = 1
 
 MARKER = "dummy_weights.json"
 """The file that makes a folder a dummy-weights checkpoint: {"preset", "seed", "version", "note"}."""
+
+PRNG_ENV = "GEMMA4_BENCH_RANDOM_PRNG"
+"""The environment variable that chooses jax's generator for dummy weights: one of `PRNGS`, default the first."""
+PRNGS = ("threefry2x32", "rbg")
+"""threefry2x32 (jax's default: the same bits on every backend) or rbg (XLA's RngBitGenerator: its bits may differ
+by backend and version; jax's documentation says it may be faster on TPUs). Part of the draw: recorded in the
+manifest (`dummy.prng`) and hashed (`dummy_content_hash`)."""
 
 DRAW_BLOCK = 1 << 24
 """Scalars drawn per block of a 2-D global table (64 MiB of float32 work): the E2B PLE table, 2.35e9 scalars, would
@@ -116,12 +124,22 @@ def read_marker(path: str | os.PathLike) -> RandomSpec | None:
     return spec
 
 
-def dummy_content_hash(path: str | os.PathLike, spec: RandomSpec, weight_dtype: str) -> str:
+def prng_impl() -> str:
+    """The generator `PRNG_ENV` names (unset: `PRNGS[0]`). Raises EngineError, one line, for another value."""
+    value = os.environ.get(PRNG_ENV, PRNGS[0]).strip()
+    if value not in PRNGS:
+        raise EngineError(f"{PRNG_ENV}={value!r}: expected one of {', '.join(PRNGS)}; unset it for {PRNGS[0]}")
+    return value
+
+
+def dummy_content_hash(path: str | os.PathLike, spec: RandomSpec, weight_dtype: str, prng: str = PRNGS[0]) -> str:
     """The content hash (sha256 hex) of dummy weights: over the draw's key (`RANDOM_VERSION`, preset, seed, the
-    weight dtype's name) and the folder's config.json and tokenizer.json bytes, in place of a weight file's bytes.
-    Same key, same weights (on one platform and jax version, module docstring)."""
+    weight dtype's name, the generator unless it is the default `PRNGS[0]`) and the folder's config.json and
+    tokenizer.json bytes, in place of a weight file's bytes. Same key, same weights (on one platform and jax
+    version, module docstring)."""
     h = hashlib.sha256()
-    h.update(f"random-weights v{RANDOM_VERSION} preset={spec.preset} seed={spec.seed} dtype={weight_dtype}\0".encode())
+    h.update(f"random-weights v{RANDOM_VERSION} preset={spec.preset} seed={spec.seed} dtype={weight_dtype}".encode())
+    h.update(b"\0" if prng == PRNGS[0] else f" prng={prng}\0".encode())
     for name in ("config.json", "tokenizer.json"):
         file = Path(path) / name
         if file.is_file():
@@ -252,15 +270,16 @@ def _values_shape(shape: tuple[int, ...], bits: int) -> tuple[int, ...]:
     return shape if bits == 8 else (*shape[:-1], -(-shape[-1] // 2))
 
 
-def random_params(cfg: ModelConfig, seed: int, *, dtype, quant: QuantSpec = NO_QUANT, scale_dtype=jnp.bfloat16
-                  ) -> tuple[Params, int]:  # fmt: skip
+def random_params(cfg: ModelConfig, seed: int, *, dtype, quant: QuantSpec = NO_QUANT, scale_dtype=jnp.bfloat16,
+                  prng: str = PRNGS[0]) -> tuple[Params, int]:  # fmt: skip
     """Random `Params` of `cfg` made on jax's default device: every leaf drawn as the module docstring says, in
     `dtype` (the weight dtype, a jnp/numpy dtype), quantized as `quant` says with scales of `scale_dtype`
     (`model.quantspec.leaf_layout`: the same layouts, leaf dtypes and pytree as `model.checkpoint.load_params`
-    of a checkpoint of `cfg` with that quant). `seed`: 0 <= seed < 2^32. Returns (params, leaves drawn).
+    of a checkpoint of `cfg` with that quant). `seed`: 0 <= seed < 2^32; `prng`: jax's generator (`PRNGS`).
+    Returns (params, leaves drawn).
     Draws leaf after leaf, dropping each dense leaf once it is quantized: the device holds the result plus
     `working_bytes` at most."""
-    seed_key = jax.random.key(seed)
+    seed_key = jax.random.key(seed, impl=prng)
     shapes = global_shapes(cfg)
     glob = _draw_leaves(seed_key, cfg, {n: s if s is not None and len(s) == 1 else None for n, s in shapes.items()},
                         "", 0, dtype)  # the 1-D leaves (norms), in one program  # fmt: skip
@@ -298,9 +317,10 @@ def load_random(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     result, the weights made on the device (`random_params`) after `check_fits`. `device_put` is accepted for the
     same call and unused (the draws run on jax's default device). The report: path, prefixes [], tensors (leaves
     drawn), ignored [], stored_dtypes [] (nothing is stored), content_hash (`dummy_content_hash`) and `dummy`:
-    {kind "random", preset, seed, weight_dtype, source (the `random:` text), note `DUMMY_NOTE`}. Raises
-    CheckpointError for a folder without a valid marker, EngineError when the weights do not fit
-    (`check_fits`)."""
+    {kind "random", preset, seed, weight_dtype, prng (`prng_impl`), source (the `random:` text), note
+    `DUMMY_NOTE`, draw_s (seconds drawing, device-synced)}. Raises CheckpointError for a folder without a valid
+    marker, EngineError for a bad `PRNG_ENV` value or when the weights do not fit (`check_fits`), before anything
+    is drawn."""
     from model.config import load_config
 
     path = Path(ckpt)
@@ -310,12 +330,13 @@ def load_random(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     cfg = cfg or load_config(path)
     scale = jnp.bfloat16 if scale_dtype is None else scale_dtype
     dtype_name = np.dtype(dtype).name
+    prng = prng_impl()
     check_fits(cfg, spec.text, itemsize=np.dtype(dtype).itemsize, scale_itemsize=np.dtype(scale).itemsize, quant=quant)
     t0 = time.perf_counter()
-    params, drawn = random_params(cfg, spec.seed, dtype=dtype, quant=quant, scale_dtype=scale)
+    params, drawn = random_params(cfg, spec.seed, dtype=dtype, quant=quant, scale_dtype=scale, prng=prng)
     jax.block_until_ready(params)
-    dummy = {"kind": "random", "preset": spec.preset, "seed": spec.seed, "weight_dtype": dtype_name,
+    dummy = {"kind": "random", "preset": spec.preset, "seed": spec.seed, "weight_dtype": dtype_name, "prng": prng,
              "source": spec.text, "note": DUMMY_NOTE, "draw_s": round(time.perf_counter() - t0, 3)}  # fmt: skip
     report = {"path": str(path), "prefixes": [], "tensors": drawn, "ignored": [], "stored_dtypes": [],
-              "content_hash": dummy_content_hash(path, spec, dtype_name), "dummy": dummy}  # fmt: skip
+              "content_hash": dummy_content_hash(path, spec, dtype_name, prng), "dummy": dummy}  # fmt: skip
     return params, report

@@ -168,6 +168,7 @@ def test_the_manifest_says_dummy_weights_and_keys_the_build_on_preset_seed_and_d
     assert ck["id"] == "random-tiny-float32-seed0" and ck["source"] == "random:tiny"
     assert ck["dummy"]["kind"] == "random" and ck["dummy"]["note"] == DUMMY_NOTE
     assert (ck["dummy"]["preset"], ck["dummy"]["seed"], ck["dummy"]["weight_dtype"]) == ("tiny", 0, "float32")
+    assert ck["dummy"]["prng"] == "threefry2x32"
     assert ck["content_hash"] == report["content_hash"] and ck["weight_bytes"] == engine.weight_bytes
     back = Manifest.from_dict({**m.to_dict(), "name": "dummy", "started_at": "2026-12-07"})
     assert back.checkpoint.dummy["note"] == DUMMY_NOTE and back.checkpoint.label == "random-tiny-float32-seed0 (dummy weights)"
@@ -237,3 +238,19 @@ def test_every_command_refuses_a_bad_preset_in_one_line_before_loading(tmp_path)
 def test_sweep_and_profile_refuse_a_bad_preset_in_one_line(args, capsys, tmp_path):
     code, _, err = bench_captured([*args, "--checkpoint", "random:tiny@x", "--runs-dir", str(tmp_path)], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "seed 'x'" in err, err
+
+
+def test_the_generator_is_chosen_recorded_and_hashed(monkeypatch):
+    import model.random_weights as rw
+
+    spec, folder = RandomSpec("tiny"), rw.ensure_random(RandomSpec("tiny"), log=lambda line: None)
+    assert rw.dummy_content_hash(folder, spec, "float32", "rbg") != rw.dummy_content_hash(folder, spec, "float32")
+    cfg = PRESETS["tiny"]
+    a, _ = rw.random_params(cfg, 0, dtype=np.float32, prng="rbg")
+    b, _ = rw.random_params(cfg, 0, dtype=np.float32, prng="rbg")
+    c, _ = rw.random_params(cfg, 0, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(a.embed_VD), np.asarray(b.embed_VD))
+    assert not np.array_equal(np.asarray(a.embed_VD), np.asarray(c.embed_VD))
+    monkeypatch.setenv(rw.PRNG_ENV, "philox")
+    with pytest.raises(EngineError, match="GEMMA4_BENCH_RANDOM_PRNG='philox': expected one of threefry2x32, rbg"):
+        _load("random:tiny")
