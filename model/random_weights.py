@@ -29,7 +29,7 @@ weights; across platforms the float32 transforms of the random bits may differ i
 
 Memory: the device holds the result plus one layer's dense leaves and one drawn block's float32 work at a time;
 `check_fits` refuses, before anything is drawn, a preset whose weights as placed (`model.accounting.weight_bytes`)
-and that working margin exceed the device's memory (docs/dummy-weights.md).
+and that working margin exceed the device's memory.
 """
 
 from __future__ import annotations
