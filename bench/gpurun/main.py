@@ -2,8 +2,8 @@
 
 Usage (from the repository root; the shell script sets PYTHONPATH and calls `python3 -m bench.gpurun`):
 
-    scripts/gpu-run.sh OUTDIR [--budget-s 420] [--checkpoint DIR|builtin:NAME|random:NAME] [--tiny] [--pack DIR] [--quant SET ...]
-        [--batch 1,8,32,128]
+    scripts/gpu-run.sh OUTDIR [--budget-s 420] [--checkpoint DIR|builtin:NAME|random:NAME] [--tiny] [--pack DIR]
+        [--quant SET ...] [--batch 1,8,32,128]
 
 (`bench gpu-run OUTDIR ...` is the same command where the project is installed.) Nothing is installed: the machine's python3 runs the repository as is. `python3 -m bench.gpurun`
 (bench/gpurun/__main__.py) runs the package check (`REQUIRED`, `check_packages`) with the standard library alone,
@@ -119,9 +119,8 @@ class Options:
 
     `outdir`: the output folder (runs/, xla-cache/, logs/, summary.txt, gpu-run.log), created when missing;
     `budget_s`: wall-clock budget of the whole run (s, > 0); `checkpoint`: a checkpoint folder, builtin:NAME or
-    random:NAME[@SEED] (None:
-    the plan the probe chooses); `tiny`: CPU mode (the built-in tiny checkpoint, small inputs); `pack`: also write the
-    results as <= 8 flat files into this folder. Overrides of the mode's workload (None: the mode's own): `inputs`
+    random:NAME[@SEED] (None: the plan the probe chooses); `tiny`: CPU mode (the built-in tiny checkpoint, small
+    inputs); `pack`: also write the results as <= 8 flat files into this folder. Overrides of the mode's workload (None: the mode's own): `inputs`
     (sweep input sizes, comma-separated tokens), `max_new_tokens` (per request), `repeats` (timed repeats per
     cell), `steps` (profiled decode steps), `decode_loop` (the sweep's --decode-loop: host, device or both),
     `batch` (the sweep's --batch sizes, comma-separated, e.g. "1,8,32,128": passed to every sweep, and the largest
@@ -465,8 +464,8 @@ def _measure(ctx: Context, options: Options, plan: PilotPlan | None) -> int:
             plan_pilot_e2b(ctx, work, gpu, plan, options.quant_sets)
         else:
             spec = spec or "builtin:tiny"
-            tag = ("tiny" if spec == "builtin:tiny" else re.sub(r"[^A-Za-z0-9._-]", "-", spec) if spec.startswith("random:")
-                   else re.sub(r"[^A-Za-z0-9._-]", "-", Path(spec.split(":")[-1]).name))  # fmt: skip
+            name = spec if spec.startswith("random:") else Path(spec.split(":")[-1]).name  # random:e2b -> random-e2b
+            tag = "tiny" if spec == "builtin:tiny" else re.sub(r"[^A-Za-z0-9._-]", "-", name)
             plan_single(ctx, spec, work, gpu, tag, options.quant_sets)
         return exit_code(ctx)
     except MissingModuleError as exc:
