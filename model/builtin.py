@@ -50,19 +50,28 @@ def create_checkpoint(preset: str, out_dir: str | os.PathLike, *, seed: int = 0,
     out = Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out}: exists and is not an empty directory; choose a new path")
-    from model.tokenizer import default_training_texts, save_tokenizer_files, train_tokenizer
-
     try:
         out.mkdir(parents=True, exist_ok=True)
         # Leaves are drawn in the stored dtype and converted one by one: about 1x the checkpoint's size in host
         # memory (E2B bf16: ~9.3 GB), where a float32 tree first took ~3x and was killed on a 24 GB machine.
         save_tensors(init_tensors(cfg, seed, dtype=_dtype(dtype)), cfg, out, dtype=_dtype(dtype), layout=layout)
-        write_config_files(cfg, out, form=config_form, wrapper=layout == "published")
-        tok = train_tokenizer(default_training_texts(), min(cfg.vocab_size, TOKENIZER_VOCAB_CAP))
-        save_tokenizer_files(tok, out, model_max_length=cfg.max_position_embeddings)
+        write_model_files(cfg, out, config_form=config_form, wrapper=layout == "published")
     except OSError as exc:
         raise CheckpointError(f"{out}: cannot write the checkpoint ({exc.strerror or exc})") from None
     return out
+
+
+def write_model_files(cfg: ModelConfig, out: Path, *, config_form: str = "global_head_dim", wrapper: bool = False) -> None:
+    """Everything of a built-in checkpoint but its weights, into the existing folder `out`: config.json and
+    generation_config.json (`model.checkpoint.write_config_files`), and the tokenizer trained on the shipped text
+    (`model.tokenizer.train_tokenizer`, at most `TOKENIZER_VOCAB_CAP` ids) as tokenizer.json and
+    tokenizer_config.json. Deterministic: the same config gives the same bytes. Raises OSError when `out` cannot
+    be written."""
+    from model.tokenizer import default_training_texts, save_tokenizer_files, train_tokenizer
+
+    write_config_files(cfg, out, form=config_form, wrapper=wrapper)
+    tok = train_tokenizer(default_training_texts(), min(cfg.vocab_size, TOKENIZER_VOCAB_CAP))
+    save_tokenizer_files(tok, out, model_max_length=cfg.max_position_embeddings)
 
 
 def cache_root() -> Path:
@@ -86,15 +95,23 @@ def ensure_builtin(preset: str = DEFAULT_PRESET, *, dtype: str = "bfloat16", see
     target = builtin_path(preset, dtype, seed)
     if (target / "model.safetensors").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     log(f"creating built-in checkpoint '{preset}' ({dtype}, seed {seed}) in {target} (first use only)")
+    return create_atomically(target, lambda tmp: create_checkpoint(preset, tmp, seed=seed, dtype=dtype))
+
+
+def create_atomically(target: Path, make) -> Path:
+    """Make the folder `target` with `make(tmp)` in a temporary sibling folder, then rename it into place, so an
+    interrupted creation never leaves a half folder; when another process won the race its folder (identical:
+    built-in folders are deterministic) is kept. Returns `target`. `make`'s errors propagate (the temporary
+    folder removed)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is an ordinary readable folder
     try:
-        create_checkpoint(preset, tmp, seed=seed, dtype=dtype)
+        make(tmp)
         try:
             os.replace(tmp, target)
-        except OSError:  # another process won the race; its checkpoint is identical
+        except OSError:  # another process won the race; its folder is identical
             shutil.rmtree(tmp, ignore_errors=True)
     finally:
         if tmp.exists():

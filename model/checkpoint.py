@@ -33,6 +33,7 @@ from model.errors import CheckpointError
 from model.params import LayerParams, Params, fuse_layer, unfuse_layer
 from model.quant import quantize, quantize_fields
 from model.quantspec import LM_HEAD, NO_QUANT, QuantSpec, leaf_layout
+from model.random_spec import is_random, parse_random
 from model.stream import (StoredTensor, iter_tensors, numpy_dtype, read_dense, read_quantized, read_transposed,
                           release_free_heap, safetensors_header)  # fmt: skip
 
@@ -126,12 +127,21 @@ def _is_ignorable(full_key: str, rel_key: str | None, cfg: ModelConfig) -> bool:
 
 # ---- resolving a checkpoint -------------------------------------------------------------------------------------
 def resolve_checkpoint(spec: str | os.PathLike) -> Path:
-    """A local checkpoint directory, or a Hugging Face repo id downloaded (or found in the local cache).
+    """A local checkpoint directory, a `random:PRESET[@SEED]` text (dummy weights: its folder of config and
+    tokenizer, `model.random_weights.ensure_random`, created on first use), or a Hugging Face repo id downloaded
+    (or found in the local cache).
 
     Hub access uses huggingface_hub (token from HF_TOKEN); when the hub is unreachable or HF_HUB_OFFLINE=1, the
-    local cache is used. Raises CheckpointError naming the path or repo when nothing can be found.
+    local cache is used. Raises CheckpointError naming the path or repo when nothing can be found, and for a
+    `random:` text naming no preset (`model.random_spec.parse_random`).
     """
     text = os.fspath(spec)
+    if is_random(text):
+        import logging
+
+        from model.random_weights import ensure_random
+
+        return ensure_random(parse_random(text), log=logging.getLogger("model.engine").info)
     path = Path(text).expanduser()
     if path.exists():
         if not path.is_dir():

@@ -898,7 +898,9 @@ def check_engine_switches() -> None:
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,
                 buckets: Sequence[int] | None = None, log_policy: bool = True, quant: QuantSpec = NO_QUANT,
                 scale_dtype: str = "bfloat16", kernel: str | None = None) -> tuple[Engine, dict]:  # fmt: skip
-    """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under a dtype policy.
+    """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under a dtype policy; a
+    `random:PRESET[@SEED]` text (or its folder) makes dummy weights on the device instead
+    (`model.random_weights.load_random`: same layouts, no weight file; its report adds `dummy`).
 
     `policy` defaults to `decide_policy()` for the live device; its weight dtype is the dtype the weights are
     converted to once, at load (so no decode step converts weights unless the policy asks for it). The policy
@@ -921,6 +923,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     from model.kernels.choice import log_plan, plan_kernel, with_kernel_mode, with_tilings
     from model.kernels.cpu import attention_plan, engine_plan
     from model.policy import decide_policy
+    from model.random_weights import load_random, read_marker
     from model.tokenizer import GemmaTokenizer
 
     policy = with_kernel_mode(policy or decide_policy(), quant, kernel)
@@ -940,8 +943,9 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
         if plan.impl != policy.w4a16_kernel:  # nothing fits: XLA's product, and the policy says so from here on
             policy = dataclasses.replace(policy, w4a16_kernel=plan.impl, w4a16_reason=plan.reason)
     t0 = time.perf_counter()
-    params, report = load_params(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put,
-                                 quant=quant, scale_dtype=DTYPES[scale_dtype])  # fmt: skip
+    load = load_random if read_marker(path) is not None else load_params  # dummy weights: made on the device
+    params, report = load(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put,
+                          quant=quant, scale_dtype=DTYPES[scale_dtype])  # fmt: skip
     if plan is not None and plan.impl == "pallas":
         params = with_tilings(params, plan)
     cpu_kernel, cpu_line = engine_plan(policy.platform, policy.weight_dtype, policy.activation_dtype)
@@ -950,8 +954,11 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
         params = output_major_params(params, release=True)  # one leaf at a time: the peak stays near the weights
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
-    log.info(f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
-             f"converted once at load to {policy.weight_dtype}, quant {quant.canonical}) in {report['load_s']:.1f} s")  # fmt: skip
+    how = (f"made {report['tensors']} random tensors on the device for {path} ({report['dummy']['note']}, "
+           f"{policy.weight_dtype}" if report.get("dummy") else
+           f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
+           f"converted once at load to {policy.weight_dtype}")  # fmt: skip
+    log.info(f"{how}, quant {quant.canonical}) in {report['load_s']:.1f} s")
     if cpu_line:
         (log.info if cpu_kernel else log.warning)(cpu_line)
     if attention_line:

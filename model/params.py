@@ -26,6 +26,7 @@ import numpy as np
 
 from model.accounting import compute_layer_shapes, global_shapes, layer_shapes
 from model.config import ModelConfig
+from model.quantspec import LAYER_PROJECTIONS
 
 
 def _pytree(cls):
@@ -204,12 +205,32 @@ in blocks as in one call, so blocks change no byte and keep float32 scratch at 6
 2.35e9 scalars: 9.4 GB as float32)."""
 
 
-def init_tensors(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Iterator[tuple[int | None, str, np.ndarray]]:
-    """Random parameters that behave like trained ones, one leaf at a time: yields (layer or None, field, array).
+@dataclasses.dataclass(frozen=True)
+class InitRule:
+    """How one random leaf is drawn (`init_rule`), in float32 before the cast to the stored dtype: kind "normal"
+    is N(0, a^2); "gain" is a * (1 + b * N(0, 1)) (a norm weight near `a`); "uniform" is U[a, b)."""
 
-    The draw order is fixed (global leaves in `global_shapes` order, then each layer in `layer_shapes` order), so
-    the same seed gives the same bytes on any machine, and a caller can write each leaf and drop it: host memory
-    then holds one leaf plus a 64 MiB block, however large the model (see `model.builtin.create_checkpoint`).
+    kind: str
+    a: float
+    b: float = 0.0
+
+
+def fan_in(name: str, shape: tuple[int, ...]) -> int:
+    """Inputs one output of linear weight `name` of `shape` sums over: the contraction axes of a compute-layout
+    projection (`model.quantspec.LAYER_PROJECTIONS`, e.g. o_DX [D, N H] -> N H), N H for the storage layout's
+    wo_NHD [N, H, D], else the first axis (the storage layout is input-major)."""
+    if name == "wo_NHD":
+        return shape[0] * shape[1]
+    if name in LAYER_PROJECTIONS:
+        return math.prod(shape[a] for a in LAYER_PROJECTIONS[name])
+    return shape[0]
+
+
+def init_rule(cfg: ModelConfig, name: str, shape: tuple[int, ...], head_dim: int) -> InitRule:
+    """The distribution of random leaf `name` (a storage-layout field of `model.accounting.layer_shapes` /
+    `global_shapes`, or a compute-layout field of `compute_layer_shapes`: one leaf draws from one rule either way)
+    of `shape` in a layer of head dim `head_dim`: the one statement of how random weights are scaled, which
+    `init_tensors` (built-in checkpoints) and `model.random_weights` (dummy weights on the device) both follow.
 
     Follows ../shared/gemma4-architecture.md §7: q/k-norm gains near head_dim^-1/4 so attention logits have unit
     scale (with unit gains softmax is almost one-hot and rounding flips greedy tokens). The tied embedding table
@@ -217,9 +238,30 @@ def init_tensors(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Iterator[
     embedding, carried in the residual stream, biases its own logit by about 2.7 sigma at std 1/sqrt(D) and
     greedy decoding locks into "x x x x" loops (seen on the default preset: 64 identical tokens); at 0.1/sqrt(D)
     the bias is about 0.3 sigma and greedy output varies like text. The PLE table keeps std 1/sqrt(D). Linear
-    weights with std 1/sqrt(fan_in); other norm weights 1 + 0.1 noise (so a norm applied with the wrong weight is
-    noticed); layer_scalar uniform in [0.7, 1.3]. Values are computed in float32 and then cast to `dtype` (a numpy
-    or ml_dtypes dtype).
+    weights with std 1/sqrt(`fan_in`); other norm weights 1 + 0.1 noise (so a norm applied with the wrong weight
+    is noticed); layer_scalar uniform in [0.7, 1.3].
+    """
+    if name in ("q_norm_H", "k_norm_H"):
+        return InitRule("gain", head_dim**-0.25, 0.05)
+    if name.endswith("norm_D") or name.endswith("norm_P"):
+        return InitRule("gain", 1.0, 0.1)
+    if name == "layer_scalar_1":
+        return InitRule("uniform", 0.7, 1.3)
+    if name == "embed_VD":
+        return InitRule("normal", 0.1 * cfg.hidden_size**-0.5)
+    if name == "ple_embed_VX":
+        return InitRule("normal", cfg.hidden_size**-0.5)
+    return InitRule("normal", fan_in(name, shape) ** -0.5)
+
+
+def init_tensors(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Iterator[tuple[int | None, str, np.ndarray]]:
+    """Random parameters that behave like trained ones, one leaf at a time: yields (layer or None, field, array).
+
+    The draw order is fixed (global leaves in `global_shapes` order, then each layer in `layer_shapes` order), so
+    the same seed gives the same bytes on any machine, and a caller can write each leaf and drop it: host memory
+    then holds one leaf plus a 64 MiB block, however large the model (see `model.builtin.create_checkpoint`).
+    Each leaf's distribution is `init_rule`'s; values are computed in float32 (numpy's Generator) and then cast
+    to `dtype` (a numpy or ml_dtypes dtype).
     """
     rng = np.random.default_rng(seed)
 
@@ -231,22 +273,13 @@ def init_tensors(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> Iterator[
             flat[start : start + n] = (rng.standard_normal(n, dtype=np.float32) * np.float32(std)).astype(dtype)
         return out
 
-    def norm_w(shape, center=1.0, noise=0.1):
-        return (np.float32(center) * (1 + noise * rng.standard_normal(shape, dtype=np.float32))).astype(dtype)
-
     def make(name: str, shape: tuple[int, ...], head_dim: int) -> np.ndarray:
-        if name in ("q_norm_H", "k_norm_H"):
-            return norm_w(shape, center=head_dim**-0.25, noise=0.05)
-        if name.endswith("norm_D") or name.endswith("norm_P"):
-            return norm_w(shape)
-        if name == "layer_scalar_1":
-            return rng.uniform(0.7, 1.3, size=shape).astype(np.float32).astype(dtype)
-        if name == "embed_VD":
-            return normal(shape, 0.1 * cfg.hidden_size**-0.5)
-        if name == "ple_embed_VX":
-            return normal(shape, cfg.hidden_size**-0.5)
-        fan_in = shape[0] if name != "wo_NHD" else shape[0] * shape[1]
-        return normal(shape, fan_in**-0.5)
+        rule = init_rule(cfg, name, shape, head_dim)
+        if rule.kind == "gain":
+            return (np.float32(rule.a) * (1 + rule.b * rng.standard_normal(shape, dtype=np.float32))).astype(dtype)
+        if rule.kind == "uniform":
+            return rng.uniform(rule.a, rule.b, size=shape).astype(np.float32).astype(dtype)
+        return normal(shape, rule.a)
 
     for name, shape in global_shapes(cfg).items():
         if shape is not None:

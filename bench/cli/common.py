@@ -13,8 +13,10 @@ import typer
 from bench.errors import InputError
 
 CHECKPOINT_HELP = (
-    "Checkpoint: a local Hugging Face directory, a hub repo id (owner/name), or builtin:PRESET "
-    "(tiny, default, e2b, e4b). Default: the built-in 'default' checkpoint, created on first use."
+    "Checkpoint: a local Hugging Face directory, a hub repo id (owner/name), builtin:PRESET "
+    "(tiny, default, e2b, e4b), or random:PRESET / random:PRESET@SEED (dummy weights made on the device, no "
+    "checkpoint file). "
+    "Default: the built-in 'default' checkpoint, created on first use."
 )
 DTYPE_HELP = "Override the compute dtype (float32, bfloat16, float16); default: chosen from the live device."
 CACHE_HELP = "Persistent XLA compilation cache folder, or 'off'. Default: a folder under the user's cache dir."
@@ -44,12 +46,19 @@ def setup_logging(verbose: bool = False) -> None:
 
 def checkpoint_path(spec: str | None) -> str:
     """Resolve `--checkpoint`: None -> the cached built-in default; builtin:NAME -> that preset (created on first
-    use, bfloat16, seed 0); anything else is passed on (a directory or a repo id)."""
+    use, bfloat16, seed 0); random:PRESET[@SEED] -> its dummy-weights folder of config and tokenizer
+    (`model.random_weights.ensure_random`, created on first use; the weights are made on the device at load);
+    anything else is passed on (a directory or a repo id). Raises InputError (one line, the presets listed) for
+    an unknown preset or a bad seed."""
     from model.builtin import DEFAULT_PRESET, ensure_builtin
 
     log = logging.getLogger("bench")
     if spec is None:
         return str(ensure_builtin(DEFAULT_PRESET, log=log.info))
+    if spec.startswith("random:"):
+        from model.random_weights import ensure_random
+
+        return str(ensure_random(parse_random_flag(spec), log=log.info))
     if spec.startswith("builtin:"):
         from model.config import PRESETS
 
@@ -58,6 +67,18 @@ def checkpoint_path(spec: str | None) -> str:
             raise InputError(f"--checkpoint {spec}: unknown built-in preset; expected builtin:{{{','.join(PRESETS)}}}")
         return str(ensure_builtin(name, log=log.info))
     return spec
+
+
+def parse_random_flag(spec: str):
+    """`--checkpoint random:PRESET[@SEED]` -> `model.random_spec.RandomSpec`; InputError (one line naming the
+    flag, the text and the presets) for an unknown preset or a bad seed."""
+    from model.errors import CheckpointError
+    from model.random_spec import parse_random
+
+    try:
+        return parse_random(spec)
+    except CheckpointError as exc:
+        raise InputError(f"--checkpoint {exc}") from None
 
 
 def compile_cache_dir(spec: str | None) -> Path | None:
@@ -101,15 +122,15 @@ def parse_buckets(text: str | None) -> tuple[int, ...] | None:
 
 def checkpoint_config(spec: str | None):
     """The `model.config.ModelConfig` of the `--checkpoint` text, from its config alone: no weight is read and no
-    built-in checkpoint is created. None (the default) and builtin:NAME -> the preset's config; a local directory
-    -> its config.json (ConfigError, one line, when that is malformed). None for anything else (a Hugging Face repo
-    id: its config.json comes with its download, and the engine checks then; a path that does not exist, or an
-    unknown preset: loading names it)."""
+    built-in checkpoint is created. None (the default), builtin:NAME and random:NAME[@SEED] -> the preset's config;
+    a local directory -> its config.json (ConfigError, one line, when that is malformed). None for anything else (a
+    Hugging Face repo id: its config.json comes with its download, and the engine checks then; a path that does not
+    exist, or an unknown preset: loading names it)."""
     from model.builtin import DEFAULT_PRESET
     from model.config import PRESETS, load_config
 
-    if spec is None or spec.startswith("builtin:"):
-        return PRESETS.get(DEFAULT_PRESET if spec is None else spec.split(":", 1)[1])
+    if spec is None or spec.startswith(("builtin:", "random:")):
+        return PRESETS.get(DEFAULT_PRESET if spec is None else spec.split(":", 1)[1].split("@", 1)[0])
     path = Path(spec).expanduser()
     return load_config(path) if (path / "config.json").is_file() else None
 
@@ -216,6 +237,8 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
     from model.policy import decide_policy
 
     check_dtype_flags(dtype, weight_dtype)
+    if checkpoint is not None and checkpoint.startswith("random:"):
+        parse_random_flag(checkpoint)  # an unknown preset is one line before anything is logged or loaded
     spec, scale = parse_quant_flags(quant, scale_dtype)
     check_max_length(max_length)
     ladder = parse_buckets(buckets)

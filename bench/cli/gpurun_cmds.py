@@ -19,7 +19,8 @@ def gpu_run(
     outdir: Path = typer.Argument(..., help="Output folder: runs/, xla-cache/, logs/, summary.txt, gpu-run.log."),
     budget_s: float = typer.Option(420.0, "--budget-s", help="Wall-clock budget of the whole run (s)."),
     checkpoint: str | None = typer.Option(
-        None, "--checkpoint", help="A checkpoint folder or builtin:NAME. Default: on a GPU the built-in 'default' "
+        None, "--checkpoint", help="A checkpoint folder, builtin:NAME, or random:NAME / random:NAME@SEED (dummy weights made on "
+        "the device, nothing written: no checkpoint step). Default: on a GPU the built-in 'default' "
         "pilot, then E2B generated meanwhile; without one the built-in tiny checkpoint.",
     ),  # fmt: skip
     tiny: bool = typer.Option(False, "--tiny", help="CPU mode: the built-in tiny checkpoint, small inputs."),

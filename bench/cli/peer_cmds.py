@@ -47,6 +47,9 @@ def plan_cmd(
     config = SweepConfig(inputs=parse_inputs(inputs), max_new_tokens=max_new_tokens, repeats=repeats)
     config.check()
     setup_logging()
+    if checkpoint is not None and checkpoint.startswith("random:"):
+        raise InputError(f"--checkpoint {checkpoint}: dummy weights exist only inside this engine, and the peer "
+                         "reads its weights from files; use builtin:PRESET (the same shapes, written to disk)")  # fmt: skip
     folder = Path(resolve_checkpoint(checkpoint_path(checkpoint)))
     spec = checkpoint or f"builtin:{DEFAULT_PRESET}"
     facts = CheckpointFacts(id=checkpoint_id(folder), source=checkpoint_source(spec), content_hash=content_hash(folder))

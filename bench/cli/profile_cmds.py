@@ -165,7 +165,13 @@ def _check_shape_before_load(opts, joined) -> None:
     from model.tokenizer import GemmaTokenizer
 
     spec = opts.checkpoint or f"builtin:{DEFAULT_PRESET}"
-    folder = builtin_path(spec.split(":", 1)[1]) if spec.startswith("builtin:") else Path(spec).expanduser()
+    if spec.startswith("random:"):
+        from bench.cli.common import parse_random_flag
+        from model.random_weights import random_folder
+
+        folder = random_folder(parse_random_flag(spec))
+    else:
+        folder = builtin_path(spec.split(":", 1)[1]) if spec.startswith("builtin:") else Path(spec).expanduser()
     positions = checkpoint_positions(opts.checkpoint)
     if positions is None or not (folder / "tokenizer.json").is_file():
         return

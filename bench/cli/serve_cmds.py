@@ -72,7 +72,11 @@ def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_len
     if api_key is not None and api_key != api_key.strip():
         raise InputError(f"--api-key (or ${API_KEY_ENV}) starts or ends with white space: no client could present it "
                          "(the presented token is stripped); give the key without it")
-    if checkpoint is not None and not checkpoint.startswith("builtin:"):
+    if checkpoint is not None and checkpoint.startswith("random:"):
+        from bench.cli.common import parse_random_flag
+
+        parse_random_flag(checkpoint)  # an unknown preset fails here, before the port opens
+    elif checkpoint is not None and not checkpoint.startswith("builtin:"):
         from model.checkpoint import resolve_checkpoint
 
         resolve_checkpoint(checkpoint)  # a bad path or repo id fails here, before the port opens

@@ -170,13 +170,23 @@ def check_bucket(uri: str) -> str:
 
 def is_hub_id(spec: str) -> bool:
     """Whether a --checkpoint is a hub repo id (owner/name), as opposed to builtin:PRESET."""
-    return not spec.startswith("builtin:") and _HUB_ID.fullmatch(spec) is not None
+    return not spec.startswith(("builtin:", "random:")) and _HUB_ID.fullmatch(spec) is not None
 
 
 def check_checkpoint(spec: str | None) -> None:
-    """--checkpoint on a fleet: builtin:PRESET (a preset of `model.config.PRESETS`) or a hub repo id. A local folder
-    is refused (it is not on the cloud machine). InputError (one line)."""
+    """--checkpoint on a fleet: builtin:PRESET (a preset of `model.config.PRESETS`), random:PRESET[@SEED] (dummy
+    weights made on the machine's device, `model.random_spec`) or a hub repo id. A local folder is refused (it is
+    not on the cloud machine). InputError (one line)."""
     if spec is None:
+        return
+    if spec.startswith("random:"):
+        from model.errors import CheckpointError
+        from model.random_spec import parse_random  # standard library only (no jax)
+
+        try:
+            parse_random(spec)
+        except CheckpointError as exc:
+            raise InputError(f"--checkpoint {exc}") from None
         return
     if spec.startswith("builtin:"):
         from model.config import PRESETS  # no jax (wall 5)
@@ -185,8 +195,8 @@ def check_checkpoint(spec: str | None) -> None:
             raise InputError(f"--checkpoint {spec}: unknown built-in preset; expected builtin:{{{','.join(PRESETS)}}}")
         return
     if not is_hub_id(spec):
-        raise InputError(f"--checkpoint {spec}: on a fleet expected builtin:PRESET or a hub repo id (owner/name); "
-                         "a local folder is not on the cloud machine")
+        raise InputError(f"--checkpoint {spec}: on a fleet expected builtin:PRESET, random:PRESET or a hub repo id "
+                         "(owner/name); a local folder is not on the cloud machine")
 
 
 def check_options(options: FleetOptions) -> None:
@@ -209,7 +219,7 @@ def check_options(options: FleetOptions) -> None:
 def gpu_run_check_fields(options: FleetOptions) -> dict[str, Any]:
     """The fields of `bench.gpurun.main.Options` that the plan's gpu-run flags set (a builtin checkpoint included;
     a hub checkpoint is a folder only on the machine), for gpu-run's own `check_options`."""
-    spec = options.checkpoint if (options.checkpoint or "").startswith("builtin:") else None
+    spec = options.checkpoint if (options.checkpoint or "").startswith(("builtin:", "random:")) else None
     return {"budget_s": options.budget_s, "inputs": options.inputs, "max_new_tokens": options.max_new_tokens,
             "repeats": options.repeats, "steps": options.steps, "decode_loop": options.decode_loop,
             "quant": options.quant, "batch": options.batch, "checkpoint": spec}  # fmt: skip

@@ -2,8 +2,8 @@
 
 Usage (from the repository root; the shell script sets PYTHONPATH and calls `python3 -m bench.gpurun`):
 
-    scripts/gpu-run.sh OUTDIR [--budget-s 420] [--checkpoint DIR|builtin:NAME] [--tiny] [--pack DIR] [--quant SET ...]
-        [--batch 1,8,32,128]
+    scripts/gpu-run.sh OUTDIR [--budget-s 420] [--checkpoint DIR|builtin:NAME|random:NAME] [--tiny] [--pack DIR]
+        [--quant SET ...] [--batch 1,8,32,128]
 
 (`bench gpu-run OUTDIR ...` is the same command where the project is installed.) Nothing is installed: the machine's python3 runs the repository as is. `python3 -m bench.gpurun`
 (bench/gpurun/__main__.py) runs the package check (`REQUIRED`, `check_packages`) with the standard library alone,
@@ -23,7 +23,8 @@ Plans (chosen after the device probe; "remaining" is always the budget left minu
   checkpoint is ready and at least `e2b_min_s` remain, E2B is swept and profiled into its own run folder; else the
   generator is stopped and the log says how long it had run (so the next task can size its budget).
 - --checkpoint given, or --tiny, or no GPU or TPU found ("single"): checkpoint (created first, as its own step, when it is
-  `builtin:NAME` and not cached), bandwidth, sweep, profile --run <that sweep's folder>.
+  `builtin:NAME` and not cached; nothing to create for `random:NAME[@SEED]`, dummy weights each step makes on the
+  device), bandwidth, sweep, profile --run <that sweep's folder>.
 
 Quantization: each `--quant SET` flag (repeatable; SET is one comma-separated option set, as `bench sweep --quant`
 takes it) adds a sweep + profile pair per checkpoint, in the order given, into its own run folder (its steps and
@@ -117,9 +118,9 @@ class Options:
     """What one gpu-run does (its command line).
 
     `outdir`: the output folder (runs/, xla-cache/, logs/, summary.txt, gpu-run.log), created when missing;
-    `budget_s`: wall-clock budget of the whole run (s, > 0); `checkpoint`: a checkpoint folder or builtin:NAME (None:
-    the plan the probe chooses); `tiny`: CPU mode (the built-in tiny checkpoint, small inputs); `pack`: also write the
-    results as <= 8 flat files into this folder. Overrides of the mode's workload (None: the mode's own): `inputs`
+    `budget_s`: wall-clock budget of the whole run (s, > 0); `checkpoint`: a checkpoint folder, builtin:NAME or
+    random:NAME[@SEED] (None: the plan the probe chooses); `tiny`: CPU mode (the built-in tiny checkpoint, small
+    inputs); `pack`: also write the results as <= 8 flat files into this folder. Overrides of the mode's workload (None: the mode's own): `inputs`
     (sweep input sizes, comma-separated tokens), `max_new_tokens` (per request), `repeats` (timed repeats per
     cell), `steps` (profiled decode steps), `decode_loop` (the sweep's --decode-loop: host, device or both),
     `batch` (the sweep's --batch sizes, comma-separated, e.g. "1,8,32,128": passed to every sweep, and the largest
@@ -365,8 +366,17 @@ def check_options(options: Options) -> None:
     if spec is not None:
         if spec.startswith("builtin:") and not spec.split(":", 1)[1]:
             raise InputError(f"--checkpoint {spec}: expected builtin:NAME (e.g. builtin:tiny)")
-        if not spec.startswith("builtin:") and not Path(spec).expanduser().is_dir():
-            raise InputError(f"--checkpoint {spec}: no such folder; pass a checkpoint folder or builtin:NAME")
+        if spec.startswith("random:"):
+            from model.errors import CheckpointError
+            from model.random_spec import parse_random  # standard library only (no jax, no numpy)
+
+            try:
+                parse_random(spec)
+            except CheckpointError as exc:
+                raise InputError(f"--checkpoint {exc}") from None
+        elif not spec.startswith("builtin:") and not Path(spec).expanduser().is_dir():
+            raise InputError(f"--checkpoint {spec}: no such folder; pass a checkpoint folder, builtin:NAME or "
+                             "random:NAME")  # fmt: skip
 
 
 def _check_kernels(kernels: Sequence[str]) -> None:
@@ -454,7 +464,8 @@ def _measure(ctx: Context, options: Options, plan: PilotPlan | None) -> int:
             plan_pilot_e2b(ctx, work, gpu, plan, options.quant_sets)
         else:
             spec = spec or "builtin:tiny"
-            tag = "tiny" if spec == "builtin:tiny" else re.sub(r"[^A-Za-z0-9._-]", "-", Path(spec.split(":")[-1]).name)
+            name = spec if spec.startswith("random:") else Path(spec.split(":")[-1]).name  # random:e2b -> random-e2b
+            tag = "tiny" if spec == "builtin:tiny" else re.sub(r"[^A-Za-z0-9._-]", "-", name)
             plan_single(ctx, spec, work, gpu, tag, options.quant_sets)
         return exit_code(ctx)
     except MissingModuleError as exc:

@@ -365,8 +365,9 @@ def bandwidth(ctx: Context, work: Workload) -> None:
 def checkpoint_step(ctx: Context, spec: str) -> bool:
     """Create a built-in checkpoint as its own step (so its time is not charged to the sweep). True when usable.
 
-    `spec` is a checkpoint folder (nothing to do: True) or `builtin:NAME`, generated on the CPU
-    (JAX_PLATFORMS=cpu) with all the time left; False when skipped (under `Timing.checkpoint_min`) or not "ok"."""
+    `spec` is a checkpoint folder or `random:NAME[@SEED]` (dummy weights, made on the device by each step:
+    nothing to do, True) or `builtin:NAME`, generated on the CPU (JAX_PLATFORMS=cpu) with all the time left;
+    False when skipped (under `Timing.checkpoint_min`) or not "ok"."""
     if not spec.startswith("builtin:"):
         return True
     if ctx.remaining() < ctx.timing.checkpoint_min:

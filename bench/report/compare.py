@@ -52,6 +52,7 @@ from typing import Any
 
 from bench.runs import (
     CellRow,
+    CheckpointFacts,
     LoadRow,
     Manifest,
     RunFolder,
@@ -111,6 +112,15 @@ def _get(manifest: dict[str, Any], path: tuple[str, ...]) -> Any:
     return value
 
 
+def _context_value(manifest: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """`_get`, except the checkpoint id, which reads as the report names it (`CheckpointFacts.label`: "(dummy
+    weights)" after the id of weights made on the device)."""
+    checkpoint = manifest.get("checkpoint")
+    if path == ("checkpoint", "id") and isinstance(checkpoint, dict):
+        return CheckpointFacts(id=checkpoint.get("id"), dummy=checkpoint.get("dummy")).label
+    return _get(manifest, path)
+
+
 def _flat(prefix: str, value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         out: dict[str, Any] = {}
@@ -134,7 +144,7 @@ def manifest_differences(base: dict[str, Any], cand: dict[str, Any]) -> list[Dif
         elif a != b or a is None:
             out.append(Difference(label, a, b, True))
     for label, path in _CONTEXT_KEYS:
-        a, b = _get(base, path), _get(cand, path)
+        a, b = _context_value(base, path), _context_value(cand, path)
         if a != b:
             out.append(Difference(label, a, b, False))
     va, vb = base.get("versions") or {}, cand.get("versions") or {}

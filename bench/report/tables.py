@@ -37,7 +37,8 @@ from typing import Any
 
 from bench.errors import InputError, RunFolderError
 from bench.report.rows import chip_name, quantization_label
-from bench.runs import CellRow, LoadRow, RunFolder, Sample, cell_key, load_reported_run, resolve_run, run_folders
+from bench.runs import (CellRow, CheckpointFacts, LoadRow, RunFolder, Sample, cell_key, load_reported_run, resolve_run,
+                        run_folders)  # fmt: skip
 from bench.runs.columns import (
     BUCKET,
     CSV_COLUMNS,
@@ -238,6 +239,13 @@ def _config_text(config: dict[str, Any] | None) -> str | None:
     return ", ".join(f"{k}={DASH if x is None else x}" for k, x in (config or {}).items()) or None
 
 
+def _checkpoint_text(checkpoint: dict[str, Any] | None) -> str | None:
+    """The checkpoint's id, with "(dummy weights)" after it for dummy weights (`CheckpointFacts.label`)."""
+    if not isinstance(checkpoint, dict):
+        return None
+    return CheckpointFacts(id=checkpoint.get("id"), dummy=checkpoint.get("dummy")).label
+
+
 def environment_table(views: list[RunView]) -> tuple[list[str], list[list[Any]], list[list[str]]]:
     """(header, raw rows, text rows): one row per fact, one column per run."""
     def g(v: RunView, *path: str) -> Any:
@@ -269,7 +277,7 @@ def environment_table(views: list[RunView]) -> tuple[list[str], list[list[Any]],
         ("jax", lambda v: g(v, "versions", "jax")),
         ("jaxlib", lambda v: g(v, "versions", "jaxlib")),
         ("build id", lambda v: g(v, "build_id")),
-        ("checkpoint", lambda v: g(v, "checkpoint", "id")),
+        ("checkpoint", lambda v: _checkpoint_text(g(v, "checkpoint"))),
         ("checkpoint hash", lambda v: g(v, "checkpoint", "content_hash")),
         ("quantization", lambda v: quantization_label(g(v, "engine_config", "quantization"),
                                                       g(v, "engine_config", "scale_dtype"))),

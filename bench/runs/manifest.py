@@ -66,7 +66,11 @@ class CheckpointFacts:
     `source`: how to get the same checkpoint on any machine ("builtin:NAME" or a hub repo id); None for a local
     folder. `content_hash`: `model.checkpoint.content_hash` (sha256 hex). `weight_bytes`: bytes of the loaded
     parameters. `tensors`, `ignored_tensors`: counts of the load; `load_s`: seconds. `path`: the folder on the
-    machine that ran, read from version 1 manifests only (never written now).
+    machine that ran, read from version 1 manifests only (never written now). `dummy`: for dummy weights
+    (`--checkpoint random:PRESET[@SEED]`, made on the device, no checkpoint file) what was made: {"kind": "random",
+    "preset", "seed", "weight_dtype", "source", "note", "draw_s"}; their `content_hash` is a hash of the preset,
+    seed, weight dtype, config and tokenizer (`model.random_weights.dummy_content_hash`), not of a file. None (and
+    absent from the manifest) for a checkpoint read from files.
     """
 
     id: str | None
@@ -77,13 +81,23 @@ class CheckpointFacts:
     ignored_tensors: int | None = None
     load_s: float | None = None
     path: str | None = None
+    dummy: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The manifest's `checkpoint` object (schema 2): no path; the load counts only when known."""
+        """The manifest's `checkpoint` object (schema 2): no path; the load counts and `dummy` only when known."""
         out = {"id": self.id, "source": self.source, "content_hash": self.content_hash, "weight_bytes": self.weight_bytes}
         out.update({k: v for k, v in (("tensors", self.tensors), ("ignored_tensors", self.ignored_tensors),
                                       ("load_s", self.load_s)) if v is not None})  # fmt: skip
+        if self.dummy is not None:
+            out["dummy"] = dict(self.dummy)
         return out
+
+    @property
+    def label(self) -> str | None:
+        """How a report names the checkpoint: its id, and for dummy weights "(dummy weights)" after it."""
+        if self.id is None or not self.dummy:
+            return self.id
+        return f"{self.id} (dummy weights)"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -490,20 +504,29 @@ def checkpoint_id(path: str | Path) -> str:
 
 
 def checkpoint_source(spec: str) -> str | None:
-    """How the checkpoint given as `spec` (`--checkpoint`: builtin:NAME, a hub repo id or a local folder) is had
-    again anywhere: `spec` itself for builtin:NAME or a repo id, None for a local folder (a path of this machine)."""
-    if spec.startswith("builtin:"):
+    """How the checkpoint given as `spec` (`--checkpoint`: builtin:NAME, random:NAME[@SEED], a hub repo id or a
+    local folder) is had again anywhere: `spec` itself for builtin:NAME, random:NAME[@SEED] or a repo id, None for
+    a local folder (a path of this machine)."""
+    if spec.startswith(("builtin:", "random:")):
         return spec
     return None if Path(spec).expanduser().exists() else spec
 
 
 def checkpoint_facts(spec: str, load_report: Mapping[str, Any], weight_bytes: int) -> CheckpointFacts:
     """The `CheckpointFacts` of a load: `spec` as given to `--checkpoint` (None resolved to its builtin:NAME by the
-    caller), the load report of `model.engine.load_engine` (path, tensors, ignored, content_hash, load_s)."""
-    return CheckpointFacts(id=checkpoint_id(load_report["path"]), source=checkpoint_source(spec),
-                           content_hash=load_report.get("content_hash"), weight_bytes=weight_bytes,
-                           tensors=load_report.get("tensors"), ignored_tensors=len(load_report.get("ignored", ())),
-                           load_s=load_report.get("load_s"))  # fmt: skip
+    caller), the load report of `model.engine.load_engine` (path, tensors, ignored, content_hash, load_s, and
+    `dummy` for dummy weights: then the id is "random-PRESET-DTYPE-seedSEED" and the source the canonical
+    random:PRESET[@SEED], whatever folder or text named it)."""
+    dummy = load_report.get("dummy")
+    ident = checkpoint_id(load_report["path"])
+    source = checkpoint_source(spec)
+    if dummy:
+        ident = f"random-{dummy['preset']}-{dummy['weight_dtype']}-seed{dummy['seed']}"
+        source = dummy["source"]
+    return CheckpointFacts(id=ident, source=source, content_hash=load_report.get("content_hash"),
+                           weight_bytes=weight_bytes, tensors=load_report.get("tensors"),
+                           ignored_tensors=len(load_report.get("ignored", ())), load_s=load_report.get("load_s"),
+                           dummy=dummy)  # fmt: skip
 
 
 def portable_dir(path: str | Path | None, cache_root: str | Path) -> str | None:

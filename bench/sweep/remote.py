@@ -152,7 +152,7 @@ def load_prompt_tokenizer(checkpoint: str | None, target: Target):
         local = _builtin_folder(served.get("source")) or served.get("path")
         if local and (Path(local) / "tokenizer.json").is_file():
             return GemmaTokenizer.from_dir(local), served.get("source") or checkpoint_id(Path(local).resolve())
-        if served.get("source") and not str(served["source"]).startswith("builtin:"):
+        if served.get("source") and not str(served["source"]).startswith(("builtin:", "random:")):
             checkpoint = served["source"]  # a hub repo id
     if checkpoint is None:
         raise TargetError("--target: pass --checkpoint naming the served model's tokenizer (a folder, repo id or "
@@ -169,7 +169,17 @@ def load_prompt_tokenizer(checkpoint: str | None, target: Target):
 
 
 def _builtin_folder(source: str | None) -> str | None:
-    """The cached folder of a built-in checkpoint named `builtin:NAME` on this machine (None for another source)."""
+    """The cached folder of a built-in checkpoint named `builtin:NAME`, or of the config and tokenizer of dummy
+    weights named `random:NAME[@SEED]`, on this machine (None for another source, or a malformed one)."""
+    if source and source.startswith("random:"):
+        from model.errors import CheckpointError
+        from model.random_spec import parse_random
+        from model.random_weights import random_folder
+
+        try:
+            return str(random_folder(parse_random(source)))
+        except CheckpointError:
+            return None
     if not source or not source.startswith("builtin:"):
         return None
     from model.builtin import builtin_path
