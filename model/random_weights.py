@@ -52,7 +52,8 @@ from model.config import PRESETS, ModelConfig
 from model.errors import CheckpointError, EngineError
 from model.params import LayerParams, Params, init_rule
 from model.quant import QuantArray, quantize, quantize_fields
-from model.quantspec import LM_HEAD, NO_QUANT, QuantLayout, QuantSpec, leaf_layout, scale_shape
+from model.quantspec import (LM_HEAD, NO_QUANT, QuantLayout, QuantSpec, leaf_layout, scale_shape, value_dtype,
+                             value_shape)  # fmt: skip
 from model.random_spec import DUMMY_NOTE, RandomSpec
 
 RANDOM_VERSION = 1
@@ -232,7 +233,7 @@ def _fill_rows(buffers, key, a, b, r0, *, rows, row, kind, dtype, layouts, scale
         dense = jax.lax.dynamic_update_slice(dense, x, at)
     out = []
     for (values, scales), layout in zip(quantized, layouts, strict=True):
-        q = quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype)
+        q = quantize(x, layout.bits, layout.block, scale_dtype=scale_dtype, words=layout.words)
         out.append((jax.lax.dynamic_update_slice(values, q.values, at),
                     jax.lax.dynamic_update_slice(scales, q.scales, at)))  # fmt: skip
     return (dense, *out)
@@ -251,9 +252,8 @@ def _table(key, rule, shape: tuple[int, ...], dtype, layouts: tuple[QuantLayout,
     table's last row (it may overlap the block before, whose rows it redraws), so every block has one shape and
     one program. The blocks, and so the values, do not depend on `layouts`."""
     rows = _block_rows(shape)
-    values_dtype = {8: jnp.int8, 4: jnp.uint8}
     buffers = (jnp.zeros(shape, dtype) if keep_dense else None,
-               *((jnp.zeros(_values_shape(shape, lay.bits), values_dtype[lay.bits]),
+               *((jnp.zeros(value_shape(shape, lay.bits, lay.words), value_dtype(lay.bits, lay.words)),
                   jnp.zeros(scale_shape(shape, lay.block), scale_dtype)) for lay in layouts))  # fmt: skip
     a, b = np.float32(rule.a), np.float32(rule.b)
     for start in range(0, shape[0], rows):
@@ -261,25 +261,22 @@ def _table(key, rule, shape: tuple[int, ...], dtype, layouts: tuple[QuantLayout,
         buffers = _fill_rows(buffers, key, a, b, r0, rows=rows, row=shape[1:], kind=rule.kind, dtype=dtype,
                              layouts=layouts, scale_dtype=scale_dtype)  # fmt: skip
     dense, *quantized = buffers
-    return dense, [QuantArray(values=v, scales=s, shape=shape, bits=lay.bits, block=lay.block)
+    return dense, [QuantArray(values=v, scales=s, shape=shape, bits=lay.bits, block=lay.block, words=lay.words)
                    for (v, s), lay in zip(quantized, layouts, strict=True)]  # fmt: skip
 
 
-def _values_shape(shape: tuple[int, ...], bits: int) -> tuple[int, ...]:
-    """Shape of a `QuantArray`'s values: `shape` at 8 bits; at 4 bits two values per byte along the last axis."""
-    return shape if bits == 8 else (*shape[:-1], -(-shape[-1] // 2))
-
-
 def random_params(cfg: ModelConfig, seed: int, *, dtype, quant: QuantSpec = NO_QUANT, scale_dtype=jnp.bfloat16,
-                  prng: str = PRNGS[0]) -> tuple[Params, int]:  # fmt: skip
+                  prng: str = PRNGS[0], platform: str | None = None) -> tuple[Params, int]:  # fmt: skip
     """Random `Params` of `cfg` made on jax's default device: every leaf drawn as the module docstring says, in
     `dtype` (the weight dtype, a jnp/numpy dtype), quantized as `quant` says with scales of `scale_dtype`
     (`model.quantspec.leaf_layout`: the same layouts, leaf dtypes and pytree as `model.checkpoint.load_params`
-    of a checkpoint of `cfg` with that quant). `seed`: 0 <= seed < 2^32; `prng`: jax's generator (`PRNGS`).
+    of a checkpoint of `cfg` with that quant, each table stored as `leaf_layout` says for `platform`: None, jax's
+    default backend, where the arrays are placed). `seed`: 0 <= seed < 2^32; `prng`: jax's generator (`PRNGS`).
     Returns (params, leaves drawn).
     Draws leaf after leaf, dropping each dense leaf once it is quantized: the device holds the result plus
     `working_bytes` at most."""
     seed_key = jax.random.key(seed, impl=prng)
+    platform = platform or jax.default_backend()  # where the draws are placed: `leaf_layout` stores for it
     shapes = global_shapes(cfg)
     glob = _draw_leaves(seed_key, cfg, {n: s if s is not None and len(s) == 1 else None for n, s in shapes.items()},
                         "", 0, dtype)  # the 1-D leaves (norms), in one program  # fmt: skip
@@ -290,14 +287,16 @@ def random_params(cfg: ModelConfig, seed: int, *, dtype, quant: QuantSpec = NO_Q
             continue
         rule, key = init_rule(cfg, name, shape, 0), leaf_key(seed_key, name)
         drawn += 1
-        layout = leaf_layout(name, shape, quant)
-        head_layout = leaf_layout(LM_HEAD, shape, quant) if name == "embed_VD" else None
+        layout = leaf_layout(name, shape, quant, platform)  # stored as the checkpoint path stores it on this device
+        head_layout = leaf_layout(LM_HEAD, shape, quant, platform) if name == "embed_VD" else None
         layouts = tuple(lay for lay in (layout, head_layout) if lay is not None)
         if any(lay.block[0] != 1 for lay in layouts):  # no layout does this today: quantize the table whole
             dense, _ = _table(key, rule, shape, dtype, (), scale_dtype, keep_dense=True)
-            glob[name] = dense if layout is None else quantize(dense, layout.bits, layout.block, scale_dtype=scale_dtype)
+            glob[name] = dense if layout is None else quantize(dense, layout.bits, layout.block, scale_dtype=scale_dtype,
+                                                               words=layout.words)  # fmt: skip
             if head_layout is not None:
-                head = quantize(dense, head_layout.bits, head_layout.block, scale_dtype=scale_dtype)
+                head = quantize(dense, head_layout.bits, head_layout.block, scale_dtype=scale_dtype,
+                                words=head_layout.words)  # fmt: skip
             continue
         dense, quantized = _table(key, rule, shape, dtype, layouts, scale_dtype, keep_dense=layout is None)
         glob[name] = dense if layout is None else quantized[0]
@@ -306,7 +305,7 @@ def random_params(cfg: ModelConfig, seed: int, *, dtype, quant: QuantSpec = NO_Q
     for i in range(cfg.num_layers):
         leaves = _draw_leaves(seed_key, cfg, compute_layer_shapes(cfg, i), f"layers.{i}.", cfg.layer_head_dim(i), dtype)
         drawn += sum(x is not None for x in leaves.values())
-        layers.append(quantize_fields(LayerParams(**leaves), quant, scale_dtype=scale_dtype))
+        layers.append(quantize_fields(LayerParams(**leaves), quant, scale_dtype=scale_dtype, platform=platform))
         del leaves  # the dense leaves of a quantized layer go now, before the next layer is drawn
     return Params(**glob, layers=tuple(layers), lm_head_VD=head), drawn
 

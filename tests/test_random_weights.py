@@ -254,3 +254,22 @@ def test_the_generator_is_chosen_recorded_and_hashed(monkeypatch):
     monkeypatch.setenv(rw.PRNG_ENV, "philox")
     with pytest.raises(EngineError, match="GEMMA4_BENCH_RANDOM_PRNG='philox': expected one of threefry2x32, rbg"):
         _load("random:tiny")
+
+
+def test_on_a_tpu_the_tables_would_be_stored_as_the_checkpoint_path_stores_them():
+    """The storage `leaf_layout` gives each table per platform (the int8 head in uint32 words on a TPU only, the
+    PLE table everywhere) is the dummy weights' too: the same pytree as `quantize_params` of the same preset for
+    that platform, leaf dtypes and shapes included."""
+    from model.params import init_params
+    from model.quant import QuantArray, quantize_params
+    from model.quantspec import parse_quant
+    from model.random_weights import random_params
+
+    cfg, spec, is_q = PRESETS["tiny"], parse_quant("ple4,int8_lm_head,w8"), (lambda x: isinstance(x, QuantArray))
+    for platform in ("tpu", "cpu"):
+        got, _ = random_params(cfg, 0, dtype=np.float32, quant=spec, platform=platform)
+        want = quantize_params(init_params(cfg, 0), spec, platform=platform)
+        assert jax.tree_util.tree_structure(got, is_leaf=is_q) == jax.tree_util.tree_structure(want, is_leaf=is_q)
+        assert ([(tuple(a.shape), np.dtype(a.dtype)) for a in jax.tree_util.tree_leaves(got)]
+                == [(tuple(b.shape), np.dtype(b.dtype)) for b in jax.tree_util.tree_leaves(want)])  # fmt: skip
+        assert got.lm_head_VD.words == (platform == "tpu") and got.ple_embed_VX.words
