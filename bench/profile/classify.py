@@ -31,13 +31,13 @@ def is_w4a16_kernel(name: str) -> bool:
     return bool(_W4A16_KERNEL.search(name))
 _MATMUL_TARGET = re.compile(r"gemm(?!a\d)|matmul|conv", re.IGNORECASE)  # not the gemma4_* kernels of model/kernels
 _CPU_WIDEN_TARGET = "gemma4_bf16_to_f32"
-"""The engine's CPU kernel that widens a bfloat16 weight to float32 (`model.kernels.cpu.to_float32`): a dtype
+"""The engine's CPU kernel that widens a bfloat16 weight to float32 (`model.backends.cpu.kernels.to_float32`): a dtype
 conversion, whose only operand is the bfloat16 weight."""
 _CPU_MATVEC_TARGET = re.compile(r"^gemma4_bf16_matvec_")
-"""The engine's CPU matrix-vector kernels (`model.kernels.cpu.matvec`): float32 products of bfloat16 weights widened
+"""The engine's CPU matrix-vector kernels (`model.backends.cpu.kernels.matvec`): float32 products of bfloat16 weights widened
 in registers, so float32 matrix products."""
 _CPU_ATTENTION_TARGET = re.compile(r"^gemma4_decode_attention")
-"""The engine's CPU decode-attention kernels (`model.kernels.cpu.decode_attention`, with or without rows): attention,
+"""The engine's CPU decode-attention kernels (`model.backends.cpu.kernels.decode_attention`, with or without rows): attention,
 whatever scope the call carries."""
 
 
