@@ -82,7 +82,7 @@ def test_the_switch_and_the_backend_decide(monkeypatch: pytest.MonkeyPatch) -> N
         xla_options()
     with pytest.raises(EngineError, match=f"{ENV_SWITCH}='disable': expected"):
         backends.check_switches()
-    assert backends.xla_options_line(None, "cpu") is None  # the default: XLA's passes, nothing to say
+    assert backends.xla_options_line(None, "cpu") == "XLA:CPU decode programs compiled with XLA's default passes"
     assert CPU_COMPILER_OPTIONS_TEXT in backends.xla_options_line(CPU_COMPILER_OPTIONS_TEXT, "cpu")
     assert backends.xla_options_line(CPU_COMPILER_OPTIONS_TEXT, "tpu") is None
 

@@ -221,9 +221,11 @@ def compiler_options() -> dict[str, str]:
 
 def xla_options_line(options: str | None, platform: str) -> str | None:
     """The run.log line about an engine's XLA options on `platform`: None off CPU (XLA's defaults are the only
-    choice there) or for XLA's defaults; else what the decode programs compile with."""
-    if platform != "cpu" or options is None:
+    choice there); on CPU what the decode programs compile with (None: XLA's default passes)."""
+    if platform != "cpu":
         return None
+    if options is None:
+        return "XLA:CPU decode programs compiled with XLA's default passes"
     from model.backends.cpu import xla
 
     return xla.options_line(options)
