@@ -98,8 +98,8 @@ class EngineConfig:
     records quantization "none" (or nothing) and no scale dtype: it reads as dense.
     `kernel`: how w4 weights were multiplied, "w4a16=pallas" (the fused kernel) or "w4a16=xla", None without w4 weights
     (and in manifests from before the kernel); "bf16=cpu" where the engine's CPU kernels multiplied bfloat16 weights
-    (`model.kernels.cpu`) and "attention=cpu" where their decode attention ran, after the w4 kernel's name where there
-    are both ("w4a16=xla bf16=cpu attention=cpu": `w4_kernel_of`, `cpu_kernel_of`); `kernel_tiles`: with pallas, the
+    (`model.backends.cpu.kernels`) and "attention=cpu" where their decode attention ran, after the w4 kernel's name
+    where there are both ("w4a16=xla bf16=cpu attention=cpu": `w4_kernel_of`, `cpu_kernel_of`); `kernel_tiles`: with pallas, the
     tiling of each projection ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...}, "xla (why)"
     for one the kernel does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id: other tiles,
     another build.
