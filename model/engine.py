@@ -58,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model.accounting import BatchMemory, decode_weight_bytes, kv_cache_bytes, kv_read_bytes
+from model.backends import BackendPlan, batch_copy, plan_backend
 from model.cache import init_cache
 from model.config import ModelConfig
 from model.errors import EngineError
@@ -66,7 +67,6 @@ from model.forward import decode_step, prefill
 from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
-from model.backends import BackendPlan, batch_copy, plan_backend
 from model.programs import program
 from model.quantspec import NO_QUANT, QuantSpec
 
