@@ -37,7 +37,8 @@ def test_the_cpu_kernels_asked_for_off_cpu_are_one_line(platform: str) -> None:
     with pytest.raises(EngineError) as raised:
         backends.check_runs("cpu-kernels", platform)
     assert str(raised.value) == (f"--backend cpu-kernels: the engine's CPU kernels run on the CPU platform only, and "
-                                 f"this device is {platform}; drop --backend (the default, jax, runs everywhere)")  # fmt: skip
+                                 f"this device is {platform}; drop --backend (the default, jax, runs "
+                                 "everywhere)")  # fmt: skip
 
 
 def test_the_pure_jax_plan_runs_nothing_but_xla() -> None:
@@ -79,7 +80,8 @@ def test_a_resumed_sweep_takes_the_runs_backend_and_refuses_another() -> None:
     from bench.runs import EngineConfig
 
     def run(backend):
-        return SimpleNamespace(path=Path("runs/x"), typed_manifest=SimpleNamespace(engine=EngineConfig(backend=backend)))
+        engine = EngineConfig(backend=backend)
+        return SimpleNamespace(path=Path("runs/x"), typed_manifest=SimpleNamespace(engine=engine))
 
     assert _resumed_backend(run("cpu-kernels"), None) == "cpu-kernels"
     assert _resumed_backend(run("jax"), "jax") == "jax"
@@ -97,9 +99,9 @@ def test_a_profile_joined_to_a_run_of_another_backend_says_it_differs() -> None:
                                    engine=EngineConfig(quantization="none", backend=backend))  # fmt: skip
         return SimpleNamespace(typed_manifest=manifest)
 
-    setup = SimpleNamespace(engine=SimpleNamespace(policy=decide_policy("float32"), quant=SimpleNamespace(canonical="none"),
-                                                   kernel=None, cpu_kernel=None, backend="jax"),
-                            content_hash=None, ckpt="x")  # fmt: skip
+    engine = SimpleNamespace(policy=decide_policy("float32"), quant=SimpleNamespace(canonical="none"), kernel=None,
+                             cpu_kernel=None, backend="jax")  # fmt: skip
+    setup = SimpleNamespace(engine=engine, content_hash=None, ckpt="x")
     assert _run_mismatches(run("cpu-kernels"), setup) == ["backend cpu-kernels (run) vs jax (profile)"]
     assert _run_mismatches(run("jax"), setup) == [] and _run_mismatches(run(None), setup) == []
 

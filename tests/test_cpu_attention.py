@@ -127,7 +127,8 @@ def test_attend_one_takes_the_kernel_where_it_applies_and_xlas_products_elsewher
     np.testing.assert_allclose(np.asarray(got).reshape(q.shape), np.asarray(_xla(q, kc, vc, m)), rtol=1e-4, atol=1e-4)
     plan = cpu.plan(weight_dtype="float32", activation_dtype="float32", kv_dtype="float32")
     assert not plan.attention and plan.kernel is None
-    assert ("info", f"decode attention: XLA's products over the whole KV cache ({cpu.ATTENTION_SWITCH} off)") in plan.lines
+    off_line = f"decode attention: XLA's products over the whole KV cache ({cpu.ATTENTION_SWITCH} off)"
+    assert ("info", off_line) in plan.lines
     monkeypatch.setenv(cpu.ATTENTION_SWITCH, "of")
     with pytest.raises(Exception, match=f"{cpu.ATTENTION_SWITCH}='of': expected 1/true/on/yes or 0/false/off/no"):
         cpu.check_switches()

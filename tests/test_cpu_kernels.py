@@ -132,7 +132,8 @@ def test_the_amx_switch_turns_the_tiles_off_and_the_rows_fall_back(cpu_kernels_b
     the manifest's kernel name is the plain one. Before the kernels load, a fresh process reports no tiles."""
     code = ("from model.backends.cpu import kernels as cpu; "
             "before = (cpu.tile_rows(), cpu.amx_min_rows()); ok, _ = cpu.availability(); "
-            "print(*before, ok, cpu.tile_rows(), cpu.amx_min_rows(), cpu.max_rows(), cpu.bf16_kernel_name())")  # fmt: skip
+            "print(*before, ok, cpu.tile_rows(), cpu.amx_min_rows(), cpu.max_rows(), "
+            "cpu.bf16_kernel_name())")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, cpu.AMX_SWITCH: "off", "JAX_PLATFORMS": "cpu"}).stdout.split()  # fmt: skip
     rows = cpu.MAX_ROWS if cpu.tile_rows() > 0 else cpu.MAX_ROWS_WITHOUT_TILES
@@ -338,7 +339,8 @@ def test_the_attention_switch_takes_the_usual_words_and_refuses_other_values(cpu
         assert not plan().attention
     for bad in ("of", "", "2", "disable"):
         monkeypatch.setenv(cpu.ATTENTION_SWITCH, bad)
-        want = f"{cpu.ATTENTION_SWITCH}={bad!r}: expected 1/true/on/yes or 0/false/off/no; unset it for the default (on)"
+        want = (f"{cpu.ATTENTION_SWITCH}={bad!r}: expected 1/true/on/yes or 0/false/off/no; unset it for the "
+                "default (on)")
         for refused in (cpu.check_switches, plan, backends.check_switches,
                         lambda: backends.check_runs(backends.CPU_KERNELS, "cpu")):  # fmt: skip
             with pytest.raises(EngineError) as raised:
@@ -419,5 +421,6 @@ def test_backend_cpu_kernels_that_cannot_run_here_is_one_line_and_exit_2(tmp_pat
     assert not (tmp_path / "cache" / "checkpoints").exists()
     code, _, err = bench_captured(["sweep", "-c", "builtin:tiny", "--inputs", "20", "--backend", "xla",
                                    "--runs-dir", str(tmp_path / "runs")], capsys)  # fmt: skip
-    assert code == 2 and err.strip() == "error: --backend xla: expected one of jax, cpu-kernels (default jax, the pure-JAX engine)"
+    want = "error: --backend xla: expected one of jax, cpu-kernels (default jax, the pure-JAX engine)"
+    assert code == 2 and err.strip() == want
     assert not (tmp_path / "runs").exists()

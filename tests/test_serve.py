@@ -747,7 +747,8 @@ def test_a_backend_that_cannot_run_is_one_line_before_the_port_opens(tmp_path):
     assert_one_line_error(none, "--backend cpu-kernels: the engine's CPU kernels cannot run here", "no C++ compiler")
 
 
-@pytest.mark.parametrize("switch", ["GEMMA4_BENCH_XLA_CPU_OPTIONS", "GEMMA4_BENCH_CPU_AMX", "GEMMA4_BENCH_CPU_ATTENTION"])
+@pytest.mark.parametrize("switch", ["GEMMA4_BENCH_XLA_CPU_OPTIONS", "GEMMA4_BENCH_CPU_AMX",
+                                    "GEMMA4_BENCH_CPU_ATTENTION"])
 def test_a_bad_engine_switch_is_one_line_before_the_port_opens(switch):
     """The engine would refuse the value only when it loads, after the port has opened: `bench serve` refuses it
     first, in one line, and exits 2 with the port never bound (a port in use would otherwise be the error)."""

@@ -99,13 +99,14 @@ class EngineConfig:
     `kernel`: how w4 weights were multiplied, "w4a16=pallas" (the fused kernel) or "w4a16=xla", None without w4 weights
     (and in manifests from before the kernel); "bf16=cpu" where the engine's CPU kernels multiplied bfloat16 weights
     (`model.backends.cpu.kernels`) and "attention=cpu" where their decode attention ran, after the w4 kernel's name
-    where there are both ("w4a16=xla bf16=cpu attention=cpu": `w4_kernel_of`, `cpu_kernel_of`); `kernel_tiles`: with pallas, the
-    tiling of each projection ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...}, "xla (why)"
-    for one the kernel does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id: other tiles,
-    another build.
-    `xla_options`: the XLA options the engine compiled its decode programs with (`model.backends.BackendPlan.xla_options`,
-    e.g. "xla_disable_hlo_passes=tree_reduction_rewriter" on CPU), None for XLA's defaults and in manifests from
-    before it was recorded; it enters the build id.
+    where there are both ("w4a16=xla bf16=cpu attention=cpu": `w4_kernel_of`, `cpu_kernel_of`); `kernel_tiles`: with
+    pallas, the tiling of each projection ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...},
+    "xla (why)" for one the kernel does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id:
+    other tiles, another build.
+    `xla_options`: the XLA options the engine compiled its decode programs with
+    (`model.backends.BackendPlan.xla_options`, e.g. "xla_disable_hlo_passes=tree_reduction_rewriter" under the
+    cpu-kernels backend), None for XLA's defaults and in manifests from before it was recorded; it enters the build
+    id.
     `backend`: which engine ran (`model.backends`): "jax" (the pure-JAX engine, the default on every platform) or
     "cpu-kernels" (the engine's hand-written XLA:CPU kernels, asked for with `--backend cpu-kernels`; its kernels in
     use are named in `kernel`); None in manifests from before it was recorded, when the CPU kernels were on by

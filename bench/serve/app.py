@@ -381,7 +381,8 @@ def _health_body(state: _State) -> dict[str, Any]:
     stored weights' dtype), quantization (and its scale dtype) with `weight_bytes` beside it (the gauge: packed
     values + scales as placed), `kernel` (`LoadedModel.kernel`, the manifest's text, e.g. "bf16=cpu"),
     `xla_options` (the engine's decode programs' XLA options, `model.backends.BackendPlan.xla_options`; null: XLA's
-    defaults), `backend` (which engine runs, `model.backends`: "jax" or "cpu-kernels"), compile cache (dir, and this process's trace/compile/cache-hit counts), max_length and buckets (tokens),
+    defaults), `backend` (which engine runs, `model.backends`: "jax" or "cpu-kernels"), compile cache (dir, and this
+    process's trace/compile/cache-hit counts), max_length and buckets (tokens),
     warm-up shapes ((prompt tokens, max_tokens) pairs) and warmup_s (seconds spent compiling them), and `serving`:
     max_batch (decode slots), max_queue (requests that may wait), request_deadline_s (s or null), slot_engine (how
     the slots are stepped, in words), slot_positions (tokens a prompt + max_tokens may total in a slot, the

@@ -3,7 +3,7 @@
 A backend is a set of implementations that replace some of the engine's pure-JAX products on one platform. The
 engine is pure JAX by default on every platform (`DEFAULT_BACKEND`, "jax"); another backend runs only when the engine
 configuration asks for it (`model.policy.DevicePolicy.backend`, set from `bench ... --backend`), and one that is
-asked for and cannot run here is an EngineError before any weight loads (`plan_backend`).
+asked for and cannot run here is an EngineError before any weight loads (`check_runs`, `plan_backend`).
 
 - "jax": XLA's programs only, compiled with XLA's default passes.
 - "cpu-kernels": the hand-written XLA:CPU kernels of `model.backends.cpu` (C++ built on first use with the
@@ -190,7 +190,8 @@ def check_runs(backend: str, platform: str) -> None:
         return
     if platform != "cpu":
         raise EngineError(f"--backend {backend}: the engine's CPU kernels run on the CPU platform only, and this "
-                          f"device is {platform}; drop --backend (the default, {DEFAULT_BACKEND}, runs everywhere)")  # fmt: skip
+                          f"device is {platform}; drop --backend (the default, {DEFAULT_BACKEND}, runs "
+                          "everywhere)")  # fmt: skip
     from model.backends.cpu import kernels, xla
 
     kernels.check_switches()
@@ -232,5 +233,5 @@ def xla_options_line(options: str | None, platform: str) -> str | None:
 
 
 __all__ = ["BACKENDS", "CPU_KERNELS", "DEFAULT_BACKEND", "BackendPlan", "active", "batch_copy", "check_backend",
-           "check_runs", "check_switches", "compiler_options", "decode_attention", "dense_matmul", "plan_backend", "quant_matmul",
-           "rewrites_products", "using", "xla_options_line"]
+           "check_runs", "check_switches", "compiler_options", "decode_attention", "dense_matmul", "plan_backend",
+           "quant_matmul", "rewrites_products", "using", "xla_options_line"]

@@ -63,10 +63,10 @@ SOURCE = Path(__file__).with_name("cpu_bf16.cc")
 TARGETS = {"matvec_nk": "gemma4_bf16_matvec_nk", "matvec_kn": "gemma4_bf16_matvec_kn", "to_f32": "gemma4_bf16_to_f32",
            "attention": "gemma4_decode_attention", "attention_rows": "gemma4_decode_attention_rows"}
 MAX_ROWS = 64
-"""Most activation rows for which `model.backends.cpu.forms.bf16_kernel_form` multiplies a bfloat16 weight with `matvec` where the kernel
-multiplies tiles of weight rows by activation rows (built with AVX-512: `tile_rows`); with more, the weight is
-widened once (`to_float32`) and XLA's float32 product runs (prefill chunks of 128 rows). Measured here (2-core
-Xeon, AVX-512, the default preset's 106 output-major decode weights, 77.9 MiB, chained; medians of 9 in one
+"""Most activation rows for which `model.backends.cpu.forms.bf16_kernel_form` multiplies a bfloat16 weight with `matvec`
+where the kernel multiplies tiles of weight rows by activation rows (built with AVX-512: `tile_rows`); with more, the
+weight is widened once (`to_float32`) and XLA's float32 product runs (prefill chunks of 128 rows). Measured here
+(2-core Xeon, AVX-512, the default preset's 106 output-major decode weights, 77.9 MiB, chained; medians of 9 in one
 process), `matvec` against widening and XLA's dot: 32 rows 25 / 61 ms, 64 rows 43-45 / 90, 128 rows 99 / 110."""
 MAX_ROWS_WITHOUT_TILES = 32
 """`MAX_ROWS` where the kernel has no tiles (no AVX-512): one weight row at a time lost to widening at 64 rows (50
@@ -236,8 +236,8 @@ def amx_min_rows() -> int:
 
 
 def max_rows() -> int:
-    """Most activation rows `model.backends.cpu.forms.bf16_kernel_form` sends to `matvec`: `MAX_ROWS_WITH_AMX` with AMX tiles
-    (`amx_min_rows`), `MAX_ROWS` with AVX-512 tiles (`tile_rows`), else `MAX_ROWS_WITHOUT_TILES`."""
+    """Most activation rows `model.backends.cpu.forms.bf16_kernel_form` sends to `matvec`: `MAX_ROWS_WITH_AMX` with
+    AMX tiles (`amx_min_rows`), `MAX_ROWS` with AVX-512 tiles (`tile_rows`), else `MAX_ROWS_WITHOUT_TILES`."""
     if amx_min_rows() > 0:
         return MAX_ROWS_WITH_AMX
     return MAX_ROWS if tile_rows() > 0 else MAX_ROWS_WITHOUT_TILES
@@ -305,7 +305,8 @@ def plan(*, weight_dtype: str, activation_dtype: str, kv_dtype: str) -> KernelsP
     if not bf16 and not attention:
         lines.append(("warning", f"warning: --backend cpu-kernels: no kernel applies to weights {weight_dtype}, "
                                  f"activations {activation_dtype}, KV cache {kv_dtype} (they take bfloat16 weights "
-                                 "under float32 activations, and float32 KV caches): the engine runs pure JAX"))  # fmt: skip
+                                 "under float32 activations, and float32 KV caches): the engine runs pure "
+                                 "JAX"))  # fmt: skip
     names = [bf16_kernel_name()] if bf16 else []
     names += [ATTENTION_KERNEL] if attention else []
     return KernelsPlan(bf16=bf16, attention=attention, kernel=" ".join(names) or None, lines=tuple(lines))
