@@ -36,6 +36,8 @@ Recompilation triggers (everything else is an array argument and never recompile
    than `generate`'s bucket + max_new_tokens); the insert of a prefilled row per (max_batch, cache_len). Which
    slot, the prompt's length within its bucket, max_new_tokens and the slots' occupancy compile nothing
    (`SlotDecoder.warmup` compiles a bucket's programs and every step).
+9. another backend (`model.backends`: "jax" or "cpu-kernels"; every program takes it as a static argument) or XLA
+   options of the decode programs: an engine's programs of its own.
 Prompt length, position, temperature, top-k, top-p, seed and a block's trip count are traced values: changing them compiles nothing.
 `CompileCounter` counts every trace/compile (jax.monitoring), so a timed region can prove it compiled nothing.
 """
@@ -56,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model.accounting import BatchMemory, decode_weight_bytes, kv_cache_bytes, kv_read_bytes
+from model.backends import BackendPlan, batch_copy, plan_backend
 from model.cache import init_cache
 from model.config import ModelConfig
 from model.errors import EngineError
@@ -64,8 +67,7 @@ from model.forward import decode_step, prefill
 from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
-from model.programs import program, xla_options_line
-from model.programs import xla_options as decide_xla_options
+from model.programs import program
 from model.quantspec import NO_QUANT, QuantSpec
 
 # The bucket ladder and the prompt-length checks are model/limits.py's (no jax: a command line checks its sizes
@@ -120,7 +122,7 @@ class CompileCounter:
 
 def enable_compile_cache(path: Path | None) -> Path | None:
     """Turn XLA's persistent compilation cache on in `path`, caching even the smallest and fastest programs
-    (minimum compile time 0, minimum entry size 0), as measurement.md requires; None turns it off for this process.
+    (minimum compile time 0, minimum entry size 0), as docs/method.md, "Compilation" requires; None turns it off for this process.
 
     The setting is process-wide, and jax opens its cache once, at the first compile after it is set: a later call
     with another folder, or with None, would otherwise leave the first folder in use (a second command run in the
@@ -203,7 +205,7 @@ def _choose(logits_BV: jax.Array, position: jax.Array, args, greedy: bool) -> ja
     return jax.random.categorical(key, z_BV, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype", "greedy"))
+@program(static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype", "greedy"))
 def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, act_dtype, greedy):
     """The chunked prefill of padded ids [B, bucket] with `length` real tokens into a fresh cache of
     `cache_len` slots, then the first token [B] (int32); one program per (bucket, cache_len)."""
@@ -212,7 +214,7 @@ def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, 
     return _choose(logits_BV, length - 1, args, greedy), cache
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype"))
+@program(static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype"))
 def _prefill_logits_program(params, ids_BT, length, *, cfg, cache_len, kv_dtype, act_dtype):
     """`_prefill_program`'s prefill at the same shape, returning its float32 logits [B, V] at the last real
     position instead of the token chosen from them (the cache is dropped)."""
@@ -253,9 +255,6 @@ def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype,
     ids_SB = jnp.zeros((steps, token_B.shape[0]), jnp.int32)
     token_B, cache, ids_SB = jax.lax.fori_loop(0, trips, body, (token_B, cache, ids_SB))
     return ids_SB, token_B, cache
-
-
-_DECIDE = object()  # Engine(xla_options=...) not given: decided from the policy's platform
 
 
 # ---- the engine ----------------------------------------------------------------------------------------------
@@ -372,7 +371,7 @@ class BatchGeneration:
 
     @property
     def sequence_tok_s(self) -> float | None:
-        """Per-sequence gauge (tok/s): one row's (generated - 1) / decode time (measurement.md, "Batches")."""
+        """Per-sequence gauge (tok/s): one row's (generated - 1) / decode time (docs/method.md, "Batches")."""
         decode = self.decode_ms
         return None if not decode else (self.max_new_tokens - 1) / (decode / 1e3)
 
@@ -383,56 +382,38 @@ class BatchGeneration:
         return None if gauge is None else self.batch * gauge
 
 
-CPU_BF16_KERNEL = "bf16=cpu"
-"""The manifest's kernel name for bfloat16 weights multiplied by the engine's CPU kernels (`model.kernels.cpu`)."""
-CPU_BF16_KERNEL_AMX = "bf16=cpu-amx"
-"""`CPU_BF16_KERNEL` where those kernels multiply many rows (prefill, batches) on AMX tiles
-(`model.kernels.cpu.amx_min_rows`): another product of many rows, so another build."""
-
-
-CPU_ATTENTION_KERNEL = "attention=cpu"
-"""The manifest's kernel name for decode attention run by the engine's CPU kernel (`model.kernels.cpu.decode_attention`,
-float32 KV caches on CPU): it reads only the visible positions of each cache, so `Engine.decode_bytes` counts those."""
-
-
-def cpu_kernel_name() -> str:
-    """The manifest's name of the CPU kernels as this process loads them (`model.kernels.cpu.availability`, which
-    builds them on first use; its EngineError for a bad switch): `CPU_BF16_KERNEL_AMX` with AMX tiles, else
-    `CPU_BF16_KERNEL`."""
-    from model.kernels.cpu import amx_min_rows, availability
-
-    availability()
-    return CPU_BF16_KERNEL_AMX if amx_min_rows() > 0 else CPU_BF16_KERNEL
-
-
 class Engine:
     """A loaded model on the live device, with its policy, bucket ladder and compiled programs.
 
     `params` must already be in the policy's weight dtype on the device, and quantized as `quant` says (a
     `model.quantspec.QuantSpec`, scales of `scale_dtype`; `model.quant.quantize_params` or a quantizing
     `model.checkpoint.load_params`). `kernel`: the `model.kernels.choice.KernelPlan` the w4 projections' tilings
-    come from (None without w4 weights), recorded in the manifest. `cpu_kernel`: the engine's CPU kernels, as
-    space-separated names: `CPU_BF16_KERNEL` when they multiply its bfloat16 weights (`model.kernels.cpu`;
-    `load_engine` then holds the input-major projections transposed), `CPU_ATTENTION_KERNEL` when they run its
-    decode attention; None for neither. Recorded in the manifest as the engine's kernel.
-    `xla_options`: the XLA options its decode programs compile with (`model.programs.xla_options`, decided from the
-    policy's platform and GEMMA4_BENCH_XLA_CPU_OPTIONS when not given; None: XLA's defaults), passed to every call
-    of one and recorded in the manifest. Raises EngineError for a bad GEMMA4_BENCH_XLA_CPU_OPTIONS value, a prompt
-    that no bucket holds or a max_new_tokens below 1.
+    come from (None without w4 weights), recorded in the manifest. The backend is the policy's
+    (`DevicePolicy.backend`, `model.backends`: "jax", the pure-JAX engine, unless the configuration asks for
+    another); `backend_plan` is what it runs (`model.backends.plan_backend`, made here from the policy when not
+    given: `load_engine` passes the one it planned before loading). From it: `backend` (passed to every program),
+    `cpu_kernel` (the backend's kernels in use as space-separated manifest names, e.g. "bf16=cpu attention=cpu";
+    None for none: recorded in the manifest as the engine's kernel) and `xla_options` (the XLA options its decode
+    programs compile with; None: XLA's defaults; recorded in the manifest). Raises EngineError for a backend that
+    cannot run here (`plan_backend`), a prompt that no bucket holds or a max_new_tokens below 1.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, policy: DevicePolicy, *, max_length: int | None = None,
                  buckets: Sequence[int] | None = None, tokenizer=None, quant: QuantSpec = NO_QUANT,
-                 scale_dtype: str = "bfloat16", kernel=None, cpu_kernel: str | None = None,
-                 xla_options: str | None | object = _DECIDE):  # fmt: skip
+                 scale_dtype: str = "bfloat16", kernel=None, backend_plan: BackendPlan | None = None):  # fmt: skip
         self.params = params
-        self.xla_options = decide_xla_options(policy.platform) if xla_options is _DECIDE else xla_options
+        if backend_plan is None:
+            backend_plan = plan_backend(policy.backend, policy.platform, weight_dtype=policy.weight_dtype,
+                                        activation_dtype=policy.activation_dtype, kv_dtype=policy.kv_dtype)  # fmt: skip
+        self.backend_plan = backend_plan
+        self.backend = backend_plan.backend
+        self.cpu_kernel = backend_plan.kernel
+        self.xla_options = backend_plan.xla_options
         self.cfg = cfg
         self.policy = policy
         self.quant = quant
         self.scale_dtype = scale_dtype
         self.kernel = kernel  # model.kernels.choice.KernelPlan of the w4 product; None without w4 weights
-        self.cpu_kernel = cpu_kernel
         self.tokenizer = tokenizer
         # the prompt lengths it takes, from the config alone (model/limits.py: the checks a command line runs
         # before loading); EngineError for a bucket above max_length or above the model's positions
@@ -454,10 +435,9 @@ class Engine:
 
     @property
     def reads_visible_kv(self) -> bool:
-        """Whether decode attention reads only the visible positions of the KV cache: the CPU kernel
-        (`CPU_ATTENTION_KERNEL` in `cpu_kernel`, as `load_engine` decides) rather than XLA's products over the whole
-        buffer."""
-        return CPU_ATTENTION_KERNEL in (self.cpu_kernel or "").split()
+        """Whether decode attention reads only the visible positions of the KV cache: the "cpu-kernels" backend's
+        attention kernel (`backend_plan.reads_visible_kv`) rather than XLA's products over the whole buffer."""
+        return self.backend_plan.reads_visible_kv
 
     @property
     def weight_bytes(self) -> int:
@@ -482,7 +462,7 @@ class Engine:
 
     @property
     def _batch_copy(self) -> bool:
-        return jax.default_backend() == "cpu"
+        return batch_copy(jax.default_backend())
 
     @property
     def batch_copy_bytes(self) -> int:
@@ -500,14 +480,14 @@ class Engine:
         return self._batch_call_params if rows > 1 else self.call_params
 
     def decode_bytes(self, n_tokens: int, max_new_tokens: int, batch: int = 1) -> dict[str, int]:
-        """Bytes one decode step reads at the compiled shape of `n_tokens` (roofline numerator, measurement.md):
+        """Bytes one decode step reads at the compiled shape of `n_tokens` (roofline numerator, docs/method.md, "Rooflines"):
         `weights` (every weight the step touches at its stored size: one row of each embedding table, the whole
         tied table for the logits; quantized leaves at their packed size plus scales: one PLE row, the int8 head
         whole) and `kv_cache` (K and V read by the attention of every layer: the whole buffer of bucket +
         max_new_tokens positions of its KV source, masked slots included; with the CPU attention kernel
         the positions a step sees: `decode_positions`), and their `total`; both from
         `model.accounting` (`decode_weight_bytes`, `kv_read_bytes`). A step of `batch` rows reads the weights
-        once and every row's cache (measurement.md, "Batches"), the gathered rows (one embedding and one PLE row
+        once and every row's cache (docs/method.md, "Batches"), the gathered rows (one embedding and one PLE row
         per row) counted once, as their bytes are negligible (D + X values a row)."""
         weights = decode_weight_bytes(self.cfg, np.dtype(DTYPES[self.policy.weight_dtype]).itemsize,
                                       scale_itemsize=np.dtype(DTYPES[self.scale_dtype]).itemsize, quant=self.quant)
@@ -619,7 +599,7 @@ class Engine:
         def step(cache, token_B):  # the call `_decode_program` was traced with (positional args: one program)
             return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg,
                                    act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
-                                   xla_options=self.xla_options)  # fmt: skip
+                                   xla_options=self.xla_options, backend=self.backend)  # fmt: skip
 
         steps = 0 if stops(tokens[0]) else max_new_tokens - len(tokens)  # the device loop leaves none
         for token_B in _dispatched_ahead(step, cache, token_B, steps):
@@ -653,7 +633,7 @@ class Engine:
         token_B, cache = _prefill_program(
             self.call_params, jnp.asarray(ids), jnp.asarray(lengths, jnp.int32), args, cfg=self.cfg,
             cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype,
-            greedy=sampling.greedy,
+            greedy=sampling.greedy, xla_options=None, backend=self.backend,
         )  # fmt: skip
         rows = [[t] for t in np.asarray(token_B).tolist()]
         times = [time.perf_counter_ns()]
@@ -665,7 +645,7 @@ class Engine:
         def step(cache, token_B):
             return _decode_program(params, cache, token_B, args, cfg=self.cfg,
                                    act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
-                                   xla_options=self.xla_options)  # fmt: skip
+                                   xla_options=self.xla_options, backend=self.backend)  # fmt: skip
 
         for token_B in _dispatched_ahead(step, cache, token_B, max_new_tokens - len(rows[0])):
             for row, t in zip(rows, np.asarray(token_B).tolist(), strict=True):
@@ -690,6 +670,7 @@ class Engine:
             ids_SB, token_B, cache = _decode_loop_program(
                 self.call_params if params is None else params, cache, token_B, args, jnp.int32(trips), cfg=self.cfg,
                 act_dtype=self.policy.activation_dtype, greedy=greedy, steps=steps, xla_options=self.xla_options,
+                backend=self.backend,
             )  # fmt: skip
             if tokens and isinstance(tokens[0], list):  # a batch: every row's ids
                 for row, ids in zip(tokens, np.asarray(ids_SB)[:trips].T.tolist(), strict=True):
@@ -712,7 +693,8 @@ class Engine:
         ids, bucket = self._padded(prompt_ids, max_new_tokens)
         logits_BV = _prefill_logits_program(
             self.call_params, jnp.asarray(ids), jnp.int32(len(prompt_ids)), cfg=self.cfg, cache_len=bucket + max_new_tokens,
-            kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype,
+            kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, xla_options=None,
+            backend=self.backend,
         )  # fmt: skip
         return np.asarray(logits_BV[0], np.float32)
 
@@ -735,7 +717,7 @@ class Engine:
         def step(state):
             token_B, cache = state
             return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True,
-                                   xla_options=self.xla_options)  # fmt: skip
+                                   xla_options=self.xla_options, backend=self.backend)  # fmt: skip
 
         return state, step
 
@@ -748,14 +730,14 @@ class Engine:
         act_dtype = self.policy.activation_dtype
         state = _prefill_program(self.call_params, jnp.asarray(ids), jnp.asarray(lengths, jnp.int32), args, cfg=self.cfg,
                                  cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype,
-                                 act_dtype=act_dtype, greedy=True)  # fmt: skip
+                                 act_dtype=act_dtype, greedy=True, xla_options=None, backend=self.backend)  # fmt: skip
 
         params = self.decode_params(len(prompts))
 
         def step(state):
             token_B, cache = state
             return _decode_program(params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True,
-                                   xla_options=self.xla_options)  # fmt: skip
+                                   xla_options=self.xla_options, backend=self.backend)  # fmt: skip
 
         return state, step
 
@@ -787,7 +769,8 @@ class Engine:
         (first token [1] int32, cache)."""
         return _prefill_program(
             self.call_params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=cache_len,
-            kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=greedy,
+            kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=greedy, xla_options=None,
+            backend=self.backend,
         )  # fmt: skip
 
 
@@ -883,15 +866,12 @@ def memory_capacity(weight_bytes: int, device=None) -> tuple[int, str]:
 
 
 def check_engine_switches() -> None:
-    """Raises EngineError (one line, `model.switches.switch_on`) for a value of an engine's on/off switch that is
-    neither on nor off: `model.programs.ENV_SWITCH` (GEMMA4_BENCH_XLA_CPU_OPTIONS) and the CPU kernels' three
-    (`model.kernels.cpu.check_switches`). Loads and builds nothing: `load_engine` calls it before the weights load,
+    """Raises EngineError (one line, `model.switches.switch_on`) for a value of a backend's on/off switch that is
+    neither on nor off (`model.backends.check_switches`: GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_AMX,
+    GEMMA4_BENCH_CPU_ATTENTION). Loads and builds nothing: `load_engine` calls it before the weights load,
     `bench serve` before its port opens."""
-    from model.kernels.cpu import check_switches
-    from model.programs import ENV_SWITCH
-    from model.switches import switch_on
+    from model.backends import check_switches
 
-    switch_on(ENV_SWITCH)
     check_switches()
 
 
@@ -912,16 +892,16 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     XLA's product. Returns (engine, load report: path,
     prefixes, tensors, ignored keys, stored dtypes, content_hash (computed while loading, `load_params`), load_s
     (seconds, hashing included)). Raises CheckpointError / ConfigError / TokenizerError, KernelError for a
-    forced kernel the device cannot run or whose tiles do not fit, and EngineError for a value of an on/off switch
-    (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_KERNELS, GEMMA4_BENCH_CPU_AMX, GEMMA4_BENCH_CPU_ATTENTION) that
-    is neither on nor off (all before the weights load).
+    forced kernel the device cannot run or whose tiles do not fit, and EngineError for a policy's backend that
+    cannot run here (`model.backends.plan_backend`: "cpu-kernels" off CPU or without a C++ compiler) and for a
+    value of an on/off switch (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_AMX, GEMMA4_BENCH_CPU_ATTENTION)
+    that is neither on nor off (all before the weights load).
     """
     import logging
 
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
     from model.kernels.choice import log_plan, plan_kernel, with_kernel_mode, with_tilings
-    from model.kernels.cpu import attention_plan, engine_plan
     from model.policy import decide_policy
     from model.random_weights import load_random, read_marker
     from model.tokenizer import GemmaTokenizer
@@ -931,7 +911,8 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     if log_policy:  # callers that log it themselves, first thing, pass False
         log_policy_line(policy)
     check_engine_switches()  # EngineError for a bad switch value, before anything loads
-    options = decide_xla_options(policy.platform)
+    backend = plan_backend(policy.backend, policy.platform, weight_dtype=policy.weight_dtype,
+                           activation_dtype=policy.activation_dtype, kv_dtype=policy.kv_dtype)  # before the weights
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
     plan = None
@@ -948,9 +929,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
                           quant=quant, scale_dtype=DTYPES[scale_dtype])  # fmt: skip
     if plan is not None and plan.impl == "pallas":
         params = with_tilings(params, plan)
-    cpu_kernel, cpu_line = engine_plan(policy.platform, policy.weight_dtype, policy.activation_dtype)
-    cpu_attention, attention_line = attention_plan(policy.platform, policy.kv_dtype, policy.activation_dtype)
-    if cpu_kernel:  # the kernels read [N, K] weights: the input-major projections held transposed instead
+    if backend.output_major:  # the kernels read [N, K] weights: the input-major projections held transposed instead
         params = output_major_params(params, release=True)  # one leaf at a time: the peak stays near the weights
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
@@ -959,18 +938,11 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
            f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
            f"converted once at load to {policy.weight_dtype}")  # fmt: skip
     log.info(f"{how}, quant {quant.canonical}) in {report['load_s']:.1f} s")
-    if cpu_line:
-        (log.info if cpu_kernel else log.warning)(cpu_line)
-    if attention_line:
-        log.info(attention_line)
+    for level, line in backend.lines:
+        (log.warning if level == "warning" else log.info)(line)
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
-                    scale_dtype=scale_dtype, kernel=plan,
-                    cpu_kernel=" ".join(name for name, on in ((cpu_kernel_name(), cpu_kernel),
-                                                              (CPU_ATTENTION_KERNEL, cpu_attention)) if on) or None,
-                    xla_options=options)  # fmt: skip
-    if (options_line := xla_options_line(engine.xla_options, policy.platform)) is not None:
-        log.info(options_line)
+                    scale_dtype=scale_dtype, kernel=plan, backend_plan=backend)  # fmt: skip
     return engine, report
 
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model import quant
+from model import backends, quant
 from model.config import ModelConfig
 from model.params import LayerParams
 
@@ -187,10 +187,10 @@ def attend_one(q_B1NH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BS:
     q [B,1,N,H], k/v [B,K,S,H] (head-major, the cache's layout), mask [B,S] (bool, True = visible); scale 1.0.
     With `rows` (int32 [B]), k/v hold C rows [C,K,S,H] and query row b attends to cache row rows[b] (decode slots
     stepping some of their rows): the CPU kernel reads those rows in place, XLA's products a gathered copy.
-    Where `_cpu_attention` holds (float32 on CPU), one call of the engine's CPU kernel
-    (`model.kernels.cpu.decode_attention`), which reads only the visible positions (a row with none visible: zeros,
-    where XLA's products give the mean of v; decode always sees its own position); otherwise XLA's two products
-    over the whole cache, as follows.
+    Where the trace's backend provides decode attention (`model.backends.decode_attention`: the "cpu-kernels"
+    backend, float32 on CPU), one call of the engine's CPU kernel, which reads only the visible positions (a row
+    with none visible: zeros, where XLA's products give the mean of v; decode always sees its own position);
+    otherwise (the pure-JAX engine) XLA's two products over the whole cache, as follows.
     The scores are key-major, [B,K,S,G]: the product k q^T keeps the cache's long axis S outermost, so the key
     and value caches are each read once in place, and the softmax runs over S. With query-major scores
     [B,K,G,S] (`attend`), XLA:CPU ran both products as G-row matrix products over the whole cache, several
@@ -205,8 +205,8 @@ def attend_one(q_B1NH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BS:
         k = k_BKSH.shape[1]
         g = n // k
         q_BKGH = q_B1NH.reshape(b, k, g, h)  # T = 1: the query heads of kv head k are rows k*G .. k*G+G-1
-        if _cpu_attention(q_BKGH, k_BKSH, v_BKSH):
-            o_BKGH = cpu_kernels().decode_attention(q_BKGH, k_BKSH, v_BKSH, mask_BS, rows)
+        o_BKGH = backends.decode_attention(q_BKGH, k_BKSH, v_BKSH, mask_BS, rows)
+        if o_BKGH is not None:
             return o_BKGH.reshape(b, 1, n, h).astype(q_B1NH.dtype)
         if rows is not None:  # a gathered copy of the rows decoded, every position of them
             k_BKSH, v_BKSH = jnp.take(k_BKSH, rows, axis=0), jnp.take(v_BKSH, rows, axis=0)
@@ -218,23 +218,6 @@ def attend_one(q_B1NH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BS:
         else:
             o_BKGH = jnp.einsum("BKGS,BKSH->BKGH", jnp.swapaxes(p_BKSG, 2, 3), v_BKSH)  # small: G*S per row
         return o_BKGH.reshape(b, 1, n, h).astype(q_B1NH.dtype)
-
-
-def cpu_kernels():
-    """`model.kernels.cpu`, imported on first use (its library is built and loaded only where a kernel runs)."""
-    from model.kernels import cpu
-
-    return cpu
-
-
-def _cpu_attention(q_BKGH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array) -> bool:
-    """Whether `attend_one` runs the engine's CPU kernel (`model.kernels.cpu.decode_attention`): q, k and v float32
-    on the CPU backend, G (query heads per KV head) one the kernel is compiled for, and the kernel on
-    (`attention_available`: its switch, and the CPU kernels built and loaded). Raises EngineError for a bad switch."""
-    if jax.default_backend() != "cpu" or any(a.dtype != jnp.float32 for a in (q_BKGH, k_BKSH, v_BKSH)):
-        return False
-    cpu = cpu_kernels()
-    return q_BKGH.shape[2] in cpu.ATTENTION_GROUPS and cpu.attention_available()
 
 
 def attn_output(lp: LayerParams, o_BTNH: jax.Array) -> jax.Array:

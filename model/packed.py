@@ -9,7 +9,8 @@ reports/2026-12-06-filing-build-dispatch-ahead/notes.md, "Why model/packed.py".
 `pack_params` concatenates the one-dimensional leaves once, outside any program; inside a program,
 `as_params(packed)` gives back the same `model.params.Params` tree, each packed leaf a static slice of its vector
 (XLA fuses the slice into the ops that read it: no copy). Matrices stay separate leaves: a kernel (a custom call,
-e.g. `model.kernels.cpu`) needs each weight as a buffer of its own, and a slice of a larger one would be copied.
+e.g. `model.backends.cpu.kernels`) needs each weight as a buffer of its own, and a slice of a larger one would be
+copied.
 """
 
 from __future__ import annotations

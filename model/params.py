@@ -145,7 +145,8 @@ class Params:
 def output_major_params(params: Params, *, release: bool = False) -> Params:
     """`params` with each dense input-major projection (every layer's `qkv_DX` and `gate_up_DX`, and `ple_proj_DX`)
     replaced by a transposed copy (`model.quant.OutputMajor`), for batched decode on CPU (`Engine.batch_params`):
-    the same products, read weight-left (`model.quant._weight_left_form`). Quantized leaves are kept as they are.
+    the same products, read weight-left (`model.backends.cpu.forms.weight_left_form`). Quantized leaves are kept as
+    they are.
     The copy's bytes: `output_major_bytes`. With `release`, each original is deleted once its copy exists, so the
     peak is one leaf above the weights (`model.engine.load_engine`, which keeps only the transposed form for the
     CPU kernels); `params` must then not be used again."""

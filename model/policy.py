@@ -12,6 +12,9 @@ The line also says how w4 weights are multiplied (`w4a16_kernel`: "pallas", the 
 `model.kernels.w4a16`, or "xla", and why), decided by `model.kernels.choice.with_kernel_mode`; and whether a
 Pallas kernel would run in interpret mode here (`pallas_interpret`: true on CPU, where only the tests run the
 kernel, as a simulator).
+
+The backend (`backend`, `model.backends`): "jax", the pure-JAX engine, on every platform unless the engine
+configuration asks for another (`with_backend`, from `--backend`); the line ends with it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+
+from model.backends import DEFAULT_BACKEND, check_backend
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -40,6 +45,7 @@ class DevicePolicy:
     emulated: bool = False  # the compute dtype has no native datapath on this device
     w4a16_kernel: str = "xla"  # how w4 weights are multiplied: "pallas" (the fused kernel) or "xla"
     w4a16_reason: str = "no w4 weights"  # why (`model.kernels.choice.decide_mode`)
+    backend: str = DEFAULT_BACKEND  # what runs beside XLA's programs (`model.backends`): "jax" (none) or "cpu-kernels"
 
     @property
     def pre_ampere(self) -> bool:
@@ -54,7 +60,7 @@ class DevicePolicy:
             f"weights={self.weight_dtype} activations={self.activation_dtype} kv_cache={self.kv_dtype} "
             f"pre_ampere={str(self.pre_ampere).lower()} pallas_interpret={self.pallas_interpret}"
             + (" (override)" if self.overridden else "")
-            + f" w4a16_kernel={self.w4a16_kernel} ({self.w4a16_reason})"
+            + f" w4a16_kernel={self.w4a16_kernel} ({self.w4a16_reason}) backend={self.backend}"
         )
 
     def warning(self) -> str | None:
@@ -124,3 +130,10 @@ def decide_policy(override: str | None = None, *, weight_dtype: str | None = Non
         overridden=override is not None,
         emulated=_emulated(platform, cc, compute),
     )
+
+
+def with_backend(policy: DevicePolicy, backend: str | None) -> DevicePolicy:
+    """`policy` with `backend` (`model.backends.BACKENDS`; None: `DEFAULT_BACKEND`, the pure-JAX engine). Raises
+    EngineError (one line) for an unknown name; whether the backend can run here is `model.backends.plan_backend`'s
+    question, asked when the engine is made."""
+    return dataclasses.replace(policy, backend=check_backend(backend or DEFAULT_BACKEND))

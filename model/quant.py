@@ -41,9 +41,11 @@ its words hold (`_byte_view`: a bitcast, the same memory), by the forms below, e
 Three forms of the one product, chosen per leaf and call (layers never branch on them): the fused W4A16 Pallas
 kernel (`model.kernels.w4a16`) for an int4 2-D leaf whose static `tiling` was set at load (the engine's
 `--kernel` choice and fit check) and tiles its shape (`model.kernels.fit.fits_kernel`), with at most
-`model.kernels.choice.KERNEL_MAX_ROWS` activation rows; on CPU the multiply-and-sum of `model.qreduce` for a few
-rows; otherwise the dot form above. The kernel's module (and with it Pallas) is imported on the kernel's path
-only, the first time such a leaf is multiplied: a dense or XLA-only engine never loads Pallas.
+`model.kernels.choice.KERNEL_MAX_ROWS` activation rows; on CPU the multiply-and-sum of the backend's reduce form
+for a few rows (`model.backends.quant_matmul`); otherwise the dot form above. A dense weight's product may take a
+form of the platform's backend too (`model.backends.dense_matmul`), else the einsum. The kernel's module (and
+with it Pallas) is imported on the kernel's path only, the first time such a leaf is multiplied: a dense or
+XLA-only engine never loads Pallas.
 
 Bytes: `packed_bytes` counts the arrays as stored: values (already packed: 1 byte holds two int4 values) plus
 scales, and a dense leaf of a sub-byte dtype (e.g. jnp.int4, whose `nbytes` counts one byte per value) at
@@ -55,17 +57,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from collections.abc import Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model import backends
 from model.kernels.choice import KERNEL_MAX_ROWS
 from model.kernels.fit import Tiling, fits_kernel
 from model.kernels.fit_tpu import TpuTiling, fits_tpu
-from model.qreduce import MATVEC_ROWS, fits_reduce, reduce_matmul
 from model.quantspec import (
     LM_HEAD,
     WORD_BYTES,
@@ -333,11 +334,8 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
     if isinstance(w, OutputMajor):  # the same product with the stored [N, K] array: the weight letters swapped
         return matmul(x, w.w_NK, f"{lhs},{rhs[::-1]}->{out}")
     if not isinstance(w, QuantArray):
-        for dense_form in (_bf16_kernel_form, _weight_left_form, _split_form):
-            y = dense_form(x, w, lhs, rhs, out)
-            if y is not None:
-                return y
-        return jnp.einsum(spec, x, w.astype(x.dtype))
+        y = _backend_form(backends.dense_matmul, x, w, lhs, rhs, out)
+        return jnp.einsum(spec, x, w.astype(x.dtype)) if y is None else y
     y = _kernel_form(x, w, lhs, rhs, out)
     if y is not None:
         return y
@@ -381,7 +379,8 @@ def matmul(x: jax.Array, w, spec: str) -> jax.Array:
 class OutputMajor:
     """A dense 2-D weight held transposed, for batched decode products on CPU: `w_NK` [N, K] (its contraction axis
     K minor) stands for the logical [K, N] weight of an input-major compute-layout leaf (q/k/v, gate/up, the PLE
-    model projection), so `matmul` can take `_weight_left_form` at 2-64 rows. Made by `output_major` (a copy).
+    model projection), so `matmul` can take the weight-left form (`model.backends.cpu.forms.weight_left_form`) at
+    2-64 rows. Made by `output_major` (a copy).
 
     Why (XLA:CPU, jax 0.12, 2-core AMD EPYC, float32, weights streamed from memory): a [256, 4096] weight times 16
     rows ran at 23 GFLOP/s input-major (1.48 ms) and 40 GFLOP/s output-major, weight-left (0.84 ms); at one row
@@ -414,110 +413,18 @@ def output_major(w):
     return OutputMajor(jnp.array(jnp.transpose(w), copy=True))
 
 
-BATCH_ROWS_WEIGHT_LEFT = (2, 64)
-"""Activation rows (inclusive range) for which `_weight_left_form` takes a dense output-major product on CPU."""
-
-
-def _bf16_kernel_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) -> jax.Array | None:
-    """A bfloat16 2-D weight times float32 activations on CPU through the engine's hand-written kernels
-    (`model.kernels.cpu`), when they are built and loaded there; else None (the other forms, where XLA widens
-    the weight first at about 1.4 GB/s: the published report's "leak one").
-
-    At most `model.kernels.cpu.max_rows()` rows (decode, batches, a short prompt's prefill; any number where the
-    kernel has AMX tiles): `matvec` reads the weight in place in either layout and sums in float32. More rows
-    (prefill): the weight is widened once by `to_float32` (exact) and XLA's float32 product runs, so the result is
-    the float32 product of the same values.
-    Returns the spec's output in x.dtype; float32 sums in another order than XLA's dot can differ in the last
-    bits."""
-    if w.dtype != jnp.bfloat16 or x.dtype != jnp.float32 or jax.default_backend() != "cpu":
-        return None
-    from model.kernels import cpu  # the build is tried on the first such product in a process
-
-    form = _matrix_form(x, w, lhs, rhs, out)
-    if form is None or not cpu.available():
-        return None
-    x_RK, axis, free = form
-    if x_RK.shape[0] > cpu.max_rows():
-        return jnp.einsum(f"{lhs},{rhs}->{out}", x, cpu.to_float32(w))
-    return _unrows(cpu.matvec(x_RK, w, axis), x, w, lhs, rhs, out, axis, free)
-
-
-def _weight_left_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) -> jax.Array | None:
-    """A dense 2-D weight stored output-major ([N, K], the contraction axis minor: o_proj, down_proj, the PLE gate,
-    the tied head) times R activation rows, 2 <= R <= 64, on CPU: computed as w x^T -> [N, R], materialized, then
-    transposed to [R, N]; else None (the plain einsum).
-
-    Why (XLA:CPU, jax 0.12, 2-core AMD EPYC, float32, weights streamed from memory): x [R, K] against w [N, K] as
-    one einsum with R on the left ran as a small-M matrix product at half the matrix-vector rate or less, e.g.
-    [256, 2048] at R = 4: 0.67 ms, at R = 16: 0.83-0.95 ms (R = 1: 0.20 ms); with the weight on the left and its
-    [N, R] result kept out of the product by an optimization barrier: 0.27-0.33 ms and 0.28-0.40 ms. Without the
-    barrier XLA folds the transpose into the product's output layout and it is as slow as before. The exact sum is
-    the same products in another order: float32 results can differ in the last bits."""
-    if jax.default_backend() != "cpu":
-        return None
-    form = _matrix_form(x, w, lhs, rhs, out)
-    if form is None or form[1] != 1:  # not 2-D, or the contraction is not the minor axis
-        return None
-    x_RK, axis, free = form
-    if not BATCH_ROWS_WEIGHT_LEFT[0] <= x_RK.shape[0] <= BATCH_ROWS_WEIGHT_LEFT[1]:
-        return None
-    y_NR = jax.lax.optimization_barrier(jnp.einsum("NK,RK->NR", w.astype(x.dtype), x_RK))
-    return _unrows(y_NR.T, x, w, lhs, rhs, out, axis, free)
-
-
-def _cpu_threads() -> int:
-    """Logical CPUs this process may run on (`os.sched_getaffinity`; `os.cpu_count` where there is no affinity
-    call), at least 1. CPU quotas (cgroups) are not seen."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # no affinity call on this OS
-        return max(1, os.cpu_count() or 1)
-
-
-SPLIT_SLABS = _cpu_threads()
-"""Slabs `_split_form` cuts a one-row product's weight into on CPU: one per logical CPU this process may use
-(`_cpu_threads`), read once at import (a later affinity change is not seen; a jitted program keeps the value it
-was traced with). Measured only at 2 (the 2-core Xeon of `_split_form`'s note); other counts are an assumption."""
-
-
-def _split_form(x: jax.Array, w: jax.Array, lhs: str, rhs: str, out: str) -> jax.Array | None:
-    """One activation row times a dense 2-D weight on CPU, as a batched product over `SPLIT_SLABS` slabs of the
-    weight (free reshapes, no copy of the weight), when there are at least 2 slabs, they divide the axis cut and
-    each slab has at least 2 of its rows; else None (the plain einsum). Returns the spec's output in x.dtype (the
-    weight is converted to x.dtype first, as the plain einsum).
-
-    The cut: an output-major weight [N, K] (contraction axis minor: o_proj, down_proj, the PLE gate, the tied head)
-    is cut along N into [S, N/S, K], each slab times the row gives N/S outputs (each output the same K-long sum as
-    before); an input-major weight [K, N] (q/k/v, gate/up, the PLE projection) is cut along K into [S, K/S, N],
-    each slab times its part of the row, and the S partial sums are added in float32 and rounded once to x.dtype
-    (results can differ from the one product in the last bits; float16 partials rounded before the add were ~1.6x
-    farther from the exact sum, [1536, 8960] at S = 4).
-
-    Why (XLA:CPU, jax 0.12, 2-core Intel Xeon with AVX-512, float32, weights streamed from memory): XLA:CPU runs
-    a matrix-vector product of up to about 2 MB on one thread (e.g. [256, 2048]: 0.13 ms, 16 GB/s) and larger
-    ones on both (e.g. [256, 4096]: 29 GB/s); a batched product with 2 slabs runs on both at any size ([256,
-    2048] cut along K: 0.077 ms, 27 GB/s; [2048, 256] cut along N: 0.071 ms, 30 GB/s). The default preset's
-    layer weights are 1-2.6 MB, so B = 1 decode ran its products on one of the two cores."""
-    if jax.default_backend() != "cpu" or SPLIT_SLABS < 2:
+def _backend_form(hook, x: jax.Array, w, lhs: str, rhs: str, out: str) -> jax.Array | None:
+    """The product as `hook(x_RK, w, axis)` (a `model.backends` hook: [R, N] or None) computes it, in the spec's
+    output axes and x.dtype; None where the platform's backend rewrites no product, the product is not a 2-D
+    weight's (`_matrix_form`) or the hook declines."""
+    if not backends.rewrites_products():
         return None
     form = _matrix_form(x, w, lhs, rhs, out)
     if form is None:
         return None
     x_RK, axis, free = form
-    s = SPLIT_SLABS
-    if x_RK.shape[0] != 1 or w.shape[0] % s or w.shape[0] < 2 * s:  # the cut is along axis 0 in both layouts
-        return None
-    w = w.astype(x.dtype)
-    if axis == 1:  # output-major [N, K]: slabs of outputs
-        n, k = w.shape
-        y_SRn = jnp.einsum("SRK,SnK->SRn", jnp.broadcast_to(x_RK, (s,) + x_RK.shape), w.reshape(s, n // s, k))
-        y_RN = jnp.transpose(y_SRn, (1, 0, 2)).reshape(1, n)
-    else:  # input-major [K, N]: slabs of the contraction, partial sums added
-        k, n = w.shape
-        x_SRk = jnp.transpose(x_RK.reshape(1, s, k // s), (1, 0, 2))
-        y_SRN = jnp.einsum("SRk,SkN->SRN", x_SRk, w.reshape(s, k // s, n), preferred_element_type=jnp.float32)
-        y_RN = y_SRN.sum(axis=0)  # cast to x.dtype once, in _unrows
-    return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
+    y_RN = hook(x_RK, w, axis)
+    return None if y_RN is None else _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
 
 
 def _matrix_form(x: jax.Array, w, lhs: str, rhs: str, out: str) -> tuple[jax.Array, int, str] | None:
@@ -645,19 +552,10 @@ def _byte_view(q: QuantArray) -> QuantArray:
 
 
 def _reduce_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:
-    """The product in `model.qreduce`'s multiply-and-sum form when it applies: on CPU, a 2-D weight with one
-    contracted and one output axis, at most `MATVEC_ROWS` activation rows, a layout `fits_reduce` accepts; else
-    None (the caller takes the dot form). GPUs keep the dot form: that is the form XLA fuses into the GEMM."""
-    if jax.default_backend() != "cpu":
-        return None
-    form = _matrix_form(x, w, lhs, rhs, out)
-    if form is None:
-        return None
-    x_RK, axis, free = form
-    if x_RK.shape[0] > MATVEC_ROWS or not fits_reduce(w.shape, w.bits, w.block, axis):
-        return None
-    y_RN = reduce_matmul(x_RK, w.values, w.scales, w.bits, w.block, axis)
-    return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
+    """The product in the backend's multiply-and-sum form when it applies (`model.backends.quant_matmul`: on CPU, a
+    2-D weight with one contracted and one output axis, a few activation rows); else None (the caller takes the dot
+    form). GPUs keep the dot form: that is the form XLA fuses into the GEMM."""
+    return _backend_form(backends.quant_matmul, x, w, lhs, rhs, out)
 
 
 def take_rows(table, ids: jax.Array, dtype=None) -> jax.Array:

@@ -207,7 +207,8 @@ class SlotDecoder:
         token_1, row = _prefill_program(
             self.engine.call_params, jnp.asarray(ids), jnp.int32(n), sampling.args(), cfg=self.engine.cfg,
             cache_len=self.cache_len, kv_dtype=self.engine.policy.kv_dtype,
-            act_dtype=self.engine.policy.activation_dtype, greedy=sampling.greedy,
+            act_dtype=self.engine.policy.activation_dtype, greedy=sampling.greedy, xla_options=None,
+            backend=self.engine.backend,
         )  # fmt: skip
         try:
             self._cache, self._token_B = _insert_program(self._cache, self._token_B, row, token_1, jnp.int32(slot))
@@ -261,12 +262,13 @@ class SlotDecoder:
                 self._token_B, self._cache = _slot_rows_step_program(
                     engine.decode_params(k), self._cache, self._token_B, active_B, rows, self._rows_k[k],
                     cfg=engine.cfg, act_dtype=engine.policy.activation_dtype, greedy=greedy,
-                    xla_options=engine.xla_options,
+                    xla_options=engine.xla_options, backend=engine.backend,
                 )  # fmt: skip
             else:
                 self._token_B, self._cache = _slot_step_program(
                     engine.decode_params(self.max_batch), self._cache, self._token_B, active_B, rows, cfg=engine.cfg,
                     act_dtype=engine.policy.activation_dtype, greedy=greedy, xla_options=engine.xla_options,
+                    backend=engine.backend,
                 )  # fmt: skip
             tokens = np.asarray(self._token_B)
         except Exception:

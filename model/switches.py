@@ -1,6 +1,6 @@
-"""The engine's on/off environment switches (`model.kernels.cpu.ENV_SWITCH` and `AMX_SWITCH`,
-`model.programs.ENV_SWITCH`): one parser, so every switch takes the same words and refuses anything else the same
-way (a typo such as `=of` must not leave a feature on). Imports no jax.
+"""The "cpu-kernels" backend's on/off environment switches (`model.backends.cpu.kernels.AMX_SWITCH` and
+`ATTENTION_SWITCH`, `model.backends.cpu.xla.ENV_SWITCH`): one parser, so every switch takes the same words and
+refuses anything else the same way (a typo such as `=of` must not leave a feature on). Imports no jax.
 """
 
 from __future__ import annotations

@@ -36,9 +36,9 @@ def _free_compiled_programs():
 
 @pytest.fixture(scope="module")
 def cpu_kernels_built() -> str:
-    """The engine's CPU kernels (`model.kernels.cpu`) built and loaded in this process: how (one line). Skips the
-    test where they cannot be (no C++ compiler or headers; `GEMMA4_BENCH_CPU_KERNELS=0`)."""
-    from model.kernels import cpu
+    """The engine's CPU kernels (`model.backends.cpu.kernels`, the opt-in "cpu-kernels" backend) built and loaded in
+    this process: how (one line). Skips the test where they cannot be (no C++ compiler or headers)."""
+    from model.backends.cpu import kernels as cpu
 
     ok, how = cpu.availability()
     if not ok:

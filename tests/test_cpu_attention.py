@@ -1,7 +1,8 @@
-"""Decode attention through the engine's CPU kernel (`model.kernels.cpu.decode_attention`, cpu_bf16.cc): the same
-function as XLA's products in `model.layers.attend_one` (every G it is compiled for, prefix and scattered masks,
-head sizes with tails), only visible positions read, `attend_one` taking it where it applies and not elsewhere, and
-an engine that uses it: its manifest name, its bytes per step, and the greedy tokens of the engine without it."""
+"""Decode attention through the engine's CPU kernel (`model.backends.cpu.kernels.decode_attention`, cpu_bf16.cc):
+the same function as XLA's products in `model.layers.attend_one` (every G it is compiled for, prefix and scattered
+masks, head sizes with tails), only visible positions read, `attend_one` taking it where the "cpu-kernels" backend
+is asked for and it applies and not elsewhere (never under the default, pure-JAX backend), and an engine that uses
+it: its manifest name, its bytes per step, and the greedy tokens of the pure-JAX engine."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model.kernels import cpu
+from model import backends
+from model.backends.cpu import kernels as cpu
 from model.layers import attend, attend_one
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernels")
@@ -94,7 +96,9 @@ def test_with_rows_each_query_reads_its_cache_row_in_place(cpu_kernels_built):
     want = _xla(q, jnp.take(cache_k, rows, axis=0), jnp.take(cache_v, rows, axis=0), m)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
     q_B1NH = q.reshape(3, 1, 8, 64)  # attend_one with rows: the kernel reads in place, XLA's products a gathered copy
-    assert "gemma4_decode_attention_rows" in _targets(q_B1NH, cache_k, cache_v, m, rows)
+    with backends.using(backends.CPU_KERNELS):
+        assert "gemma4_decode_attention_rows" in _targets(q_B1NH, cache_k, cache_v, m, rows)
+    assert "gemma4_decode_attention" not in _targets(q_B1NH, cache_k, cache_v, m, rows)  # the default: pure JAX
     with pytest.raises(Exception, match="a row index outside the cache's rows"):
         jax.block_until_ready(jax.jit(cpu.decode_attention)(q, cache_k, cache_v, m, jnp.asarray([4, 6, 0], jnp.int32)))
 
@@ -106,38 +110,50 @@ def _targets(*args) -> str:
 def test_attend_one_takes_the_kernel_where_it_applies_and_xlas_products_elsewhere(cpu_kernels_built, monkeypatch):
     q, kc, vc, m = _case(1, 1, 1, 8, 64, 32, "prefix")
     q_B1NH = q.reshape(1, 1, 8, 32)
-    assert "gemma4_decode_attention" in _targets(q_B1NH, kc, vc, m)
-    got = jax.jit(lambda *a: attend_one(*a))(q_B1NH, kc, vc, m)
+    assert "gemma4_decode_attention" not in _targets(q_B1NH, kc, vc, m)  # the default: pure JAX
+    with backends.using(backends.CPU_KERNELS):
+        assert "gemma4_decode_attention" in _targets(q_B1NH, kc, vc, m)
+        got = jax.jit(lambda *a: attend_one(*a))(q_B1NH, kc, vc, m)
+        np.testing.assert_allclose(np.asarray(got).reshape(q.shape), np.asarray(_xla(q, kc, vc, m)), rtol=1e-4,
+                                   atol=1e-4)  # fmt: skip
+        bf16 = [a.astype(jnp.bfloat16) for a in (q_B1NH, kc, vc)]  # a bfloat16 cache: XLA's products
+        assert "gemma4_decode_attention" not in _targets(*bf16, m)
+        q3 = jnp.ones((1, 1, 3, 32), jnp.float32)  # G = 3: not compiled for it
+        assert "gemma4_decode_attention" not in _targets(q3, kc, vc, m)
+        monkeypatch.setenv(cpu.ATTENTION_SWITCH, "off")
+        assert "gemma4_decode_attention" not in _targets(q_B1NH, kc, vc, m)
+        rows = jnp.asarray([0], jnp.int32)  # XLA's products of a gathered copy of the rows
+        got = jax.jit(lambda *a: attend_one(*a))(q_B1NH, kc, vc, m, rows)
     np.testing.assert_allclose(np.asarray(got).reshape(q.shape), np.asarray(_xla(q, kc, vc, m)), rtol=1e-4, atol=1e-4)
-    bf16 = [a.astype(jnp.bfloat16) for a in (q_B1NH, kc, vc)]  # a bfloat16 cache: XLA's products
-    assert "gemma4_decode_attention" not in _targets(*bf16, m)
-    q3 = jnp.ones((1, 1, 3, 32), jnp.float32)  # G = 3: not compiled for it
-    assert "gemma4_decode_attention" not in _targets(q3, kc, vc, m)
-    monkeypatch.setenv(cpu.ATTENTION_SWITCH, "off")
-    assert "gemma4_decode_attention" not in _targets(q_B1NH, kc, vc, m)
-    rows = jnp.asarray([0], jnp.int32)  # XLA's products of a gathered copy of the rows
-    got = jax.jit(lambda *a: attend_one(*a))(q_B1NH, kc, vc, m, rows)
-    np.testing.assert_allclose(np.asarray(got).reshape(q.shape), np.asarray(_xla(q, kc, vc, m)), rtol=1e-4, atol=1e-4)
-    assert cpu.attention_plan("cpu", "float32", "float32") == (
-        False, f"decode attention: XLA's products over the whole KV cache ({cpu.ATTENTION_SWITCH} off)")
+    plan = cpu.plan(weight_dtype="float32", activation_dtype="float32", kv_dtype="float32")
+    assert not plan.attention and plan.kernel is None
+    off_line = f"decode attention: XLA's products over the whole KV cache ({cpu.ATTENTION_SWITCH} off)"
+    assert ("info", off_line) in plan.lines
     monkeypatch.setenv(cpu.ATTENTION_SWITCH, "of")
     with pytest.raises(Exception, match=f"{cpu.ATTENTION_SWITCH}='of': expected 1/true/on/yes or 0/false/off/no"):
         cpu.check_switches()
 
 
 def test_the_attention_plan_applies_to_float32_caches_on_cpu_only(cpu_kernels_built):
-    on, line = cpu.attention_plan("cpu", "float32", "float32")
-    assert on and "reading the visible positions only" in line
-    assert cpu.attention_plan("cpu", "bfloat16", "bfloat16") == (False, None)
-    assert cpu.attention_plan("gpu", "float32", "float32") == (False, None)
+    on = cpu.plan(weight_dtype="float32", activation_dtype="float32", kv_dtype="float32")
+    assert on.attention and on.kernel == cpu.ATTENTION_KERNEL
+    assert any("reading the visible positions only" in line for _, line in on.lines)
+    off = cpu.plan(weight_dtype="bfloat16", activation_dtype="bfloat16", kv_dtype="bfloat16")
+    assert not off.attention and not off.bf16 and off.kernel is None
+    assert off.lines[-1][0] == "warning" and "no kernel applies" in off.lines[-1][1]
+    with pytest.raises(Exception, match="--backend cpu-kernels: the engine's CPU kernels run on the CPU platform only"):
+        backends.plan_backend(backends.CPU_KERNELS, "gpu", weight_dtype="float32", activation_dtype="float32",
+                              kv_dtype="float32")  # fmt: skip
+    assert backends.plan_backend("jax", "cpu", weight_dtype="float32", activation_dtype="float32",
+                                 kv_dtype="float32") == backends.BackendPlan()  # fmt: skip
 
 
 _TOKENS = """
 import json, sys
 from model.builtin import ensure_builtin
 from model.engine import load_engine
-from model.policy import decide_policy
-engine, _ = load_engine(ensure_builtin("tiny"), policy=decide_policy())
+from model.policy import decide_policy, with_backend
+engine, _ = load_engine(ensure_builtin("tiny"), policy=with_backend(decide_policy(), sys.argv[1]))
 prompt = [2, 17, 99, 5, 300, 41, 7, 8, 250, 3] * 5
 print(json.dumps({"kernel": engine.cpu_kernel, "host": engine.generate(prompt, 24).token_ids,
                   "device": engine.generate(prompt, 24, decode_loop="device").token_ids,
@@ -146,11 +162,11 @@ print(json.dumps({"kernel": engine.cpu_kernel, "host": engine.generate(prompt, 2
 """
 
 
-def _engine_facts(switch: str) -> dict:
-    """What the tiny preset's float32 engine says and decodes in a fresh process with the attention switch at
-    `switch` (programs are traced once per process: a switch flipped later would meet programs already traced)."""
-    env = {**os.environ, cpu.ATTENTION_SWITCH: switch, "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", _TOKENS], capture_output=True, text=True, check=True, env=env)
+def _engine_facts(backend: str) -> dict:
+    """What the tiny preset's float32 engine of `backend` says and decodes in a fresh process."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop(cpu.ATTENTION_SWITCH, None)
+    out = subprocess.run([sys.executable, "-c", _TOKENS, backend], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -159,10 +175,8 @@ def test_an_engine_with_the_kernel_decodes_the_tokens_of_the_engine_without_it_a
         cpu_kernels_built):  # fmt: skip
     from model.accounting import kv_read_bytes
     from model.config import TINY
-    from model.engine import CPU_ATTENTION_KERNEL
-
-    on, off = _engine_facts("on"), _engine_facts("off")
-    assert on["kernel"] == CPU_ATTENTION_KERNEL and off["kernel"] is None
+    on, off = _engine_facts(backends.CPU_KERNELS), _engine_facts("jax")
+    assert on["kernel"] == cpu.ATTENTION_KERNEL and off["kernel"] is None
     assert (on["host"], on["device"], on["batch"]) == (off["host"], off["device"], off["batch"])
     assert on["host"] == on["device"]
     # bytes per step: the kernel reads the positions a step sees (50 + 24 // 2 on average), XLA the whole buffer

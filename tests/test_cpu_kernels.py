@@ -1,5 +1,7 @@
-"""The engine's CPU kernels for bfloat16 weights (model/kernels/cpu.py, cpu_bf16.cc): their products against
-XLA's float32 product of the same (widened) weights, the build's refusals, and an engine that uses them."""
+"""The engine's CPU kernels for bfloat16 weights (model/backends/cpu/kernels.py, cpu_bf16.cc; the opt-in
+"cpu-kernels" backend): their products against XLA's float32 product of the same (widened) weights, the build's
+refusals, `model.quant.matmul` taking them only under that backend, `--backend` on the command line, and an engine
+that uses them (the pure-JAX engine's greedy tokens)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import quant
+from model import backends, quant
+from model.backends.cpu import kernels as cpu
 from model.errors import EngineError
-from model.kernels import cpu
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernels")
 
@@ -116,7 +118,8 @@ def test_rows_up_to_max_rows_take_the_kernel_and_more_are_widened(cpu_kernels_bu
 
     def targets(rows: int) -> str:
         x = jnp.ones((1, rows, 256), jnp.float32)
-        return _ffi_targets(lambda x, w: quant.matmul(x, w, "BTD,XD->BTX"), x, w)
+        with backends.using(backends.CPU_KERNELS):
+            return _ffi_targets(lambda x, w: quant.matmul(x, w, "BTD,XD->BTX"), x, w)
 
     most = min(cpu.max_rows(), 128)  # a prefill chunk
     assert "gemma4_bf16_matvec_nk" in targets(most) and "gemma4_bf16_to_f32" not in targets(most)
@@ -127,9 +130,10 @@ def test_rows_up_to_max_rows_take_the_kernel_and_more_are_widened(cpu_kernels_bu
 def test_the_amx_switch_turns_the_tiles_off_and_the_rows_fall_back(cpu_kernels_built):
     """`GEMMA4_BENCH_CPU_AMX=off` (read once per process): no AMX tiles, so `max_rows` is the AVX-512 loops' and
     the manifest's kernel name is the plain one. Before the kernels load, a fresh process reports no tiles."""
-    code = ("from model.kernels import cpu; from model.engine import cpu_kernel_name; "
+    code = ("from model.backends.cpu import kernels as cpu; "
             "before = (cpu.tile_rows(), cpu.amx_min_rows()); ok, _ = cpu.availability(); "
-            "print(*before, ok, cpu.tile_rows(), cpu.amx_min_rows(), cpu.max_rows(), cpu_kernel_name())")  # fmt: skip
+            "print(*before, ok, cpu.tile_rows(), cpu.amx_min_rows(), cpu.max_rows(), "
+            "cpu.bf16_kernel_name())")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, cpu.AMX_SWITCH: "off", "JAX_PLATFORMS": "cpu"}).stdout.split()  # fmt: skip
     rows = cpu.MAX_ROWS if cpu.tile_rows() > 0 else cpu.MAX_ROWS_WITHOUT_TILES
@@ -165,25 +169,28 @@ def _ffi_targets(fn, *args) -> str:
     ("BTF,DF->BTD", (2, 1, 512), (256, 512), "gemma4_bf16_matvec_nk"),  # output-major, a batch of 2 rows
     ("BTD,DX->BTX", (1, 65, 256), (256, 640), "gemma4_bf16_to_f32"),  # past MAX_ROWS: widened once, XLA's dot
 ])  # fmt: skip
-def test_matmul_takes_the_kernels_for_bfloat16_weights(cpu_kernels_built, monkeypatch, spec, x_shape, w_shape, taken):
+def test_matmul_takes_the_kernels_for_bfloat16_weights_under_their_backend_only(cpu_kernels_built, spec, x_shape,
+                                                                               w_shape, taken):  # fmt: skip
     if taken == "gemma4_bf16_to_f32" and cpu.amx_min_rows() > 0:
         taken = "gemma4_bf16_matvec_kn"  # with AMX tiles no weight is widened
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
     w = jnp.asarray(rng.standard_normal(w_shape), jnp.float32).astype(jnp.bfloat16)
     want = jnp.einsum(spec, x, w.astype(jnp.float32))
-    got = jax.jit(lambda x, w: quant.matmul(x, w, spec))(x, w)
+    with backends.using(backends.CPU_KERNELS):
+        got = jax.jit(lambda x, w: quant.matmul(x, w, spec))(x, w)
+        assert taken in _ffi_targets(lambda x, w: quant.matmul(x, w, spec), x, w)
     assert got.shape == want.shape and got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-4)
-    assert taken in _ffi_targets(lambda x, w: quant.matmul(x, w, spec), x, w)
-    monkeypatch.setenv(cpu.ENV_SWITCH, "0")  # off: XLA's product, no custom call
+    # the default backend, pure JAX: XLA's product, no custom call
     assert "gemma4_bf16" not in _ffi_targets(lambda x, w: quant.matmul(x, w, spec), x, w)
 
 
 def test_float32_weights_never_take_the_kernels(cpu_kernels_built):
     x = jnp.ones((1, 1, 256), jnp.float32)
     w = jnp.ones((256, 640), jnp.float32)
-    assert "gemma4_bf16" not in _ffi_targets(lambda x, w: quant.matmul(x, w, "BTD,DX->BTX"), x, w)
+    with backends.using(backends.CPU_KERNELS):
+        assert "gemma4_bf16" not in _ffi_targets(lambda x, w: quant.matmul(x, w, "BTD,DX->BTX"), x, w)
 
 
 def test_without_a_compiler_the_build_says_why(monkeypatch, tmp_path):
@@ -199,35 +206,44 @@ def test_a_failing_compile_says_why(monkeypatch, tmp_path):
     assert not list(tmp_path.rglob("*.so"))
 
 
-def test_engine_plan_applies_only_to_bfloat16_weights_under_float32_on_cpu(cpu_kernels_built, monkeypatch):
-    assert cpu.engine_plan("cpu", "float32", "float32") == (False, None)
-    assert cpu.engine_plan("gpu", "bfloat16", "float32") == (False, None)
-    on, line = cpu.engine_plan("cpu", "bfloat16", "float32")
-    assert on and "CPU kernels" in line
-    monkeypatch.setenv(cpu.ENV_SWITCH, "0")
-    off, why = cpu.engine_plan("cpu", "bfloat16", "float32")
-    assert not off and "8x slower" in why and cpu.ENV_SWITCH in why
+def test_the_plan_applies_the_kernels_to_bfloat16_weights_under_float32_on_cpu_only(cpu_kernels_built):
+    assert not cpu.plan(weight_dtype="float32", activation_dtype="float32", kv_dtype="float32").bf16
+    on = cpu.plan(weight_dtype="bfloat16", activation_dtype="float32", kv_dtype="float32")
+    assert on.bf16 and on.kernel == f"{cpu.bf16_kernel_name()} {cpu.ATTENTION_KERNEL}"
+    assert any("CPU kernels" in line for _, line in on.lines)
+    with pytest.raises(EngineError, match="^--backend cpu-kernels: the engine's CPU kernels run on the CPU platform"):
+        backends.plan_backend(backends.CPU_KERNELS, "gpu", weight_dtype="bfloat16", activation_dtype="float32",
+                              kv_dtype="float32")  # fmt: skip
+    # the pure-JAX engine with bfloat16 weights under float32: XLA widens them; the warning names the option
+    plain = backends.plan_backend("jax", "cpu", weight_dtype="bfloat16", activation_dtype="float32", kv_dtype="float32")
+    assert plain.kernel is None and plain.xla_options is None and not plain.output_major
+    assert [level for level, _ in plain.lines] == ["warning"] and "8x slower" in plain.lines[0][1]
+    assert "--backend cpu-kernels" in plain.lines[0][1]
+    kernels = backends.plan_backend(backends.CPU_KERNELS, "cpu", weight_dtype="bfloat16", activation_dtype="float32",
+                                    kv_dtype="float32")  # fmt: skip
+    assert kernels.output_major and kernels.reads_visible_kv and kernels.kernel == on.kernel
 
 
-def test_an_engine_with_bfloat16_weights_decodes_the_float32_engines_tokens(cpu_kernels_built, monkeypatch, tmp_path):
+def test_an_engine_with_bfloat16_weights_decodes_the_float32_engines_tokens(cpu_kernels_built, tmp_path):
     """The built-in checkpoint is stored in bfloat16, so float32 weights hold the same values: the kernels' engine
-    must produce the same greedy tokens, and so must the XLA path with the kernels off."""
+    (`--backend cpu-kernels`) must produce the pure-JAX float32 engine's greedy tokens, and so must the pure-JAX
+    engine with bfloat16 weights (XLA widens them)."""
     from model.builtin import ensure_builtin
-    from model.engine import CPU_ATTENTION_KERNEL, cpu_kernel_name, load_engine
-    from model.policy import decide_policy
+    from model.engine import load_engine
+    from model.policy import decide_policy, with_backend
 
     path = ensure_builtin("tiny")
     prompt = [2, 17, 99, 5, 300, 41, 7, 8, 250, 3]
     f32, _ = load_engine(path, policy=decide_policy())
-    bf16, _ = load_engine(path, policy=decide_policy(weight_dtype="bfloat16"))
-    assert bf16.cpu_kernel == f"{cpu_kernel_name()} {CPU_ATTENTION_KERNEL}" and f32.cpu_kernel == CPU_ATTENTION_KERNEL
+    bf16, _ = load_engine(path, policy=with_backend(decide_policy(weight_dtype="bfloat16"), backends.CPU_KERNELS))
+    assert bf16.cpu_kernel == f"{cpu.bf16_kernel_name()} {cpu.ATTENTION_KERNEL}" and f32.cpu_kernel is None
+    assert (f32.backend, bf16.backend) == ("jax", backends.CPU_KERNELS)
     assert isinstance(bf16.params.layers[0].qkv_DX, quant.OutputMajor)  # the kernels read [N, K]
     assert bf16.batch_copy_bytes == 0  # already transposed: a batch needs no second copy
     want = f32.generate(prompt, 12).token_ids
     assert bf16.generate(prompt, 12).token_ids == want
     assert bf16.generate(prompt, 12, decode_loop="device").token_ids == want
     assert bf16.generate_batch([prompt, prompt[:7]], 6).token_ids[0] == want[:6]
-    monkeypatch.setenv(cpu.ENV_SWITCH, "0")
     xla, _ = load_engine(path, policy=decide_policy(weight_dtype="bfloat16"))
     assert xla.cpu_kernel is None and xla.generate(prompt, 12).token_ids == want
 
@@ -306,23 +322,27 @@ def test_a_damaged_cached_library_is_rebuilt_not_loaded(cpu_kernels_built, tmp_p
     assert again == lib and how.startswith("built") and lib.read_bytes() == good
 
 
-def test_cxx_may_carry_arguments_and_the_switch_takes_the_usual_words(monkeypatch, tmp_path):
+def test_cxx_may_carry_arguments(monkeypatch):
     monkeypatch.setenv("CXX", "env c++")  # a launcher before the compiler, as `ccache g++`
     assert cpu._compiler()[1:] == ["c++"]
-    for word in ("0", "false", "OFF", "no", " off\t", "\nNo "):  # the reason shows the word without its spaces
-        monkeypatch.setenv(cpu.ENV_SWITCH, word)
-        assert cpu.availability() == (False, f"off ({cpu.ENV_SWITCH}={word.strip()})")
 
 
-def test_the_kernel_switch_on_words_load_the_kernels_and_other_values_are_refused(cpu_kernels_built, monkeypatch):
+def test_the_attention_switch_takes_the_usual_words_and_refuses_other_values(cpu_kernels_built, monkeypatch):
+    def plan():
+        return cpu.plan(weight_dtype="float32", activation_dtype="float32", kv_dtype="float32")
+
     for word in ("1", "TRUE", " on ", "yes"):
-        monkeypatch.setenv(cpu.ENV_SWITCH, word)
-        assert cpu.availability() == (True, cpu_kernels_built) and cpu.check_switches() is None
+        monkeypatch.setenv(cpu.ATTENTION_SWITCH, word)
+        assert plan().attention and cpu.check_switches() is None
+    for word in ("0", "false", "OFF", "no", " off\t", "\nNo "):
+        monkeypatch.setenv(cpu.ATTENTION_SWITCH, word)
+        assert not plan().attention
     for bad in ("of", "", "2", "disable"):
-        monkeypatch.setenv(cpu.ENV_SWITCH, bad)
-        want = f"{cpu.ENV_SWITCH}={bad!r}: expected 1/true/on/yes or 0/false/off/no; unset it for the default (on)"
-        for refused in (cpu.availability, cpu.available, cpu.check_switches,
-                        lambda: cpu.engine_plan("cpu", "bfloat16", "float32")):  # fmt: skip
+        monkeypatch.setenv(cpu.ATTENTION_SWITCH, bad)
+        want = (f"{cpu.ATTENTION_SWITCH}={bad!r}: expected 1/true/on/yes or 0/false/off/no; unset it for the "
+                "default (on)")
+        for refused in (cpu.check_switches, plan, backends.check_switches,
+                        lambda: backends.check_runs(backends.CPU_KERNELS, "cpu")):  # fmt: skip
             with pytest.raises(EngineError) as raised:
                 refused()
             assert str(raised.value) == want
@@ -354,8 +374,8 @@ def test_a_bad_switch_is_one_line_and_exit_2_from_the_cli(tmp_path):
     from conftest import assert_one_line_error, run_cli
 
     env = {"GEMMA4_BENCH_CACHE": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu", cpu.AMX_SWITCH: "of"}
-    args = ["sweep", "-c", "builtin:tiny", "--inputs", "20", "--weight-dtype", "bfloat16", "--runs-dir",
-            str(tmp_path / "runs")]  # fmt: skip
+    args = ["sweep", "-c", "builtin:tiny", "--inputs", "20", "--weight-dtype", "bfloat16", "--backend", "cpu-kernels",
+            "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
     proc = run_cli(args, env=env)
     assert_one_line_error(proc, f"{cpu.AMX_SWITCH}='of'", "expected 1/true/on/yes or 0/false/off/no")
     assert not (tmp_path / "cache" / "kernels").exists() and not (tmp_path / "runs").exists()
@@ -385,3 +405,22 @@ def test_the_library_loads_once_however_many_threads_ask_at_once(monkeypatch):
         t.join()
     assert len(calls) == 1 and len(got) == 8 and all(g is got[0] for g in got) and got[0].how == "stand-in"
     assert cpu._library() is got[0]
+
+
+def test_backend_cpu_kernels_that_cannot_run_here_is_one_line_and_exit_2(tmp_path, capsys):
+    """Asked for without a C++ compiler: one line naming the option, why and the fix, before anything loads (no
+    checkpoint made). A fresh interpreter with a fresh cache, since a library loaded by an earlier test would
+    stay loaded in this one. An unknown backend: one line, no run folder (in process)."""
+    from conftest import assert_one_line_error, bench_captured, run_cli
+
+    env = {"GEMMA4_BENCH_CACHE": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu", "CXX": "no-such-compiler-gemma4"}
+    args = ["generate", "-p", "hi", "-c", "builtin:tiny", "-n", "2", "--backend", "cpu-kernels"]
+    proc = run_cli(args, env=env)
+    assert_one_line_error(proc, "--backend cpu-kernels: the engine's CPU kernels cannot run here",
+                          "no C++ compiler", "drop --backend")  # fmt: skip
+    assert not (tmp_path / "cache" / "checkpoints").exists()
+    code, _, err = bench_captured(["sweep", "-c", "builtin:tiny", "--inputs", "20", "--backend", "xla",
+                                   "--runs-dir", str(tmp_path / "runs")], capsys)  # fmt: skip
+    want = "error: --backend xla: expected one of jax, cpu-kernels (default jax, the pure-JAX engine)"
+    assert code == 2 and err.strip() == want
+    assert not (tmp_path / "runs").exists()

@@ -2,7 +2,7 @@
 
 `model.layers.attend_one` (key-major scores, both forms of its value product) against `attend`,
 `model.quant.matmul`'s weight-left form for a dense output-major weight at 2-64 rows, and its split form for one
-row, against the plain einsum."""
+row (`model.backends.cpu.forms`: pure JAX, taken on CPU by the default backend), against the plain einsum."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from model import quant
+from model.backends.cpu import forms
 from model.layers import attend, attend_one, value_product_key_major
 
 
@@ -51,7 +52,7 @@ def test_weight_left_form_equals_einsum(rows):
     want = jnp.einsum("BTX,DX->BTD", x_BTX, w_DX)
     assert got.shape == (rows, 1, 24)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-    lo, hi = quant.BATCH_ROWS_WEIGHT_LEFT
+    lo, hi = forms.BATCH_ROWS_WEIGHT_LEFT
     taken = _barriers(lambda x, w: quant.matmul(x, w, "BTX,DX->BTD"), x_BTX, w_DX) > 0
     assert taken == (lo <= rows <= hi and jax.default_backend() == "cpu")
 
@@ -74,7 +75,7 @@ def _batched_dots(fn, *args) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize(("spec", "w_shape"), [("BTX,DX->BTD", (24, 48)), ("BTD,DX->BTX", (24, 48))])
 @pytest.mark.parametrize("slabs", [1, 2, 4])
 def test_split_form_equals_einsum_and_is_taken_for_one_row_only(monkeypatch, spec, w_shape, slabs):
-    monkeypatch.setattr(quant, "SPLIT_SLABS", slabs)
+    monkeypatch.setattr(forms, "SPLIT_SLABS", slabs)
     rng = np.random.default_rng(slabs)
     x_dim = w_shape[1] if spec.startswith("BTX") else w_shape[0]
     w = jnp.asarray(rng.standard_normal(w_shape), jnp.float32)
@@ -90,11 +91,11 @@ def test_split_form_equals_einsum_and_is_taken_for_one_row_only(monkeypatch, spe
 
 
 def test_split_form_needs_slabs_that_divide_the_cut_axis(monkeypatch):
-    monkeypatch.setattr(quant, "SPLIT_SLABS", 5)  # 24 outputs do not split into 5 slabs
+    monkeypatch.setattr(forms, "SPLIT_SLABS", 5)  # 24 outputs do not split into 5 slabs
     x = jnp.ones((1, 1, 48), jnp.float32)
     w = jnp.ones((24, 48), jnp.float32)
     assert _batched_dots(lambda x, w: quant.matmul(x, w, "BTX,DX->BTD"), x, w) == []
-    monkeypatch.setattr(quant, "SPLIT_SLABS", 16)  # 16 does not divide 24 either
+    monkeypatch.setattr(forms, "SPLIT_SLABS", 16)  # 16 does not divide 24 either
     assert _batched_dots(lambda x, w: quant.matmul(x, w, "BTX,DX->BTD"), x, w) == []
 
 
@@ -132,8 +133,8 @@ def test_batch_params_copy_only_the_dense_input_major_projections(tiny_checkpoin
 
 @pytest.mark.parametrize("case", ["output-major", "input-major", "OutputMajor", "bf16 weight", "no T axis"])
 def test_split_form_equals_einsum_for_the_engines_one_row_forms(monkeypatch, case):
-    monkeypatch.setattr(quant, "SPLIT_SLABS", 4)
-    monkeypatch.setenv("GEMMA4_BENCH_CPU_KERNELS", "0")  # XLA's forms (the CPU kernels: tests/test_cpu_kernels.py)
+    monkeypatch.setattr(forms, "SPLIT_SLABS", 4)
+    # the default backend, pure JAX: XLA's forms (the CPU kernels: tests/test_cpu_kernels.py)
     rng = np.random.default_rng(7)
     spec, x_shape, w = {
         "output-major": ("BTF,DF->BTD", (1, 1, 96), rng.standard_normal((64, 96))),  # o / down / PLE gate / head
@@ -154,13 +155,13 @@ def test_split_form_equals_einsum_for_the_engines_one_row_forms(monkeypatch, cas
 
 
 def test_split_form_needs_two_rows_per_slab(monkeypatch):
-    monkeypatch.setattr(quant, "SPLIT_SLABS", 4)  # 4 divides K = 4, but each slab would hold one row
+    monkeypatch.setattr(forms, "SPLIT_SLABS", 4)  # 4 divides K = 4, but each slab would hold one row
     x = jnp.ones((1, 1, 4), jnp.float32)
     assert _batched_dots(lambda x, w: quant.matmul(x, w, "BTD,DX->BTX"), x, jnp.ones((4, 40), jnp.float32)) == []
 
 
 def test_split_form_adds_float16_partial_sums_in_float32(monkeypatch):
-    monkeypatch.setattr(quant, "SPLIT_SLABS", 4)
+    monkeypatch.setattr(forms, "SPLIT_SLABS", 4)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((1, 1, 1024)), jnp.float16)
     w = jnp.asarray(rng.standard_normal((1024, 2048)) * 0.05, jnp.float16)
@@ -172,10 +173,10 @@ def test_split_form_adds_float16_partial_sums_in_float32(monkeypatch):
 
 
 def test_cpu_threads_counts_the_affinity_and_falls_back_to_cpu_count(monkeypatch):
-    monkeypatch.setattr(quant.os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
-    assert quant._cpu_threads() == 3
-    monkeypatch.delattr(quant.os, "sched_getaffinity", raising=False)  # e.g. macOS
-    monkeypatch.setattr(quant.os, "cpu_count", lambda: 16)
-    assert quant._cpu_threads() == 16
-    monkeypatch.setattr(quant.os, "cpu_count", lambda: None)
-    assert quant._cpu_threads() == 1
+    monkeypatch.setattr(forms.os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    assert forms._cpu_threads() == 3
+    monkeypatch.delattr(forms.os, "sched_getaffinity", raising=False)  # e.g. macOS
+    monkeypatch.setattr(forms.os, "cpu_count", lambda: 16)
+    assert forms._cpu_threads() == 16
+    monkeypatch.setattr(forms.os, "cpu_count", lambda: None)
+    assert forms._cpu_threads() == 1

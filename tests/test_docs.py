@@ -23,7 +23,7 @@ CODE_DIRS = ("bench", "model", "scripts", "tests")
 OLD_METHOD = re.compile(r"(?:shared/|(?<![\w/]))" + "measurement" + r"\.md")
 """The method's old file, cited as `../shared/<it>` or by its bare name (spelled in two parts so that this file does
 not cite it)."""
-OLD_CITATIONS_LEFT = {"model/engine.py"}
+OLD_CITATIONS_LEFT: set[str] = set()
 """Files that still cite the old file because another change edits them in the same session (issue 42's part 3 and
 the profile work): their citations become docs/method.md when that change lands; then this set is emptied."""
 

@@ -38,8 +38,8 @@ def test_policy_line_and_manifest_record_the_w4_product(tiny_checkpoint, caplog)
     assert "w4a16_kernel=xla (CPU: Pallas would only interpret the kernel there" in caplog.text
     assert "w4a16 kernel: xla (CPU" in caplog.text
     m = engine_manifest("sweep", engine, report, spec, cache, Workload())
-    cpu = engine.cpu_kernel  # decode attention's CPU kernel ("attention=cpu") where it built, after the w4 product
-    assert cpu in (None, "attention=cpu")
+    cpu = engine.cpu_kernel  # the default backend, pure JAX: no CPU kernel after the w4 product
+    assert cpu is None and engine.backend == "jax"
     w4 = f"w4a16=xla {cpu}" if cpu else "w4a16=xla"
     assert (m.engine.kernel, m.engine.kernel_tiles) == (w4, None)
     assert m.to_dict()["engine_config"]["kernel"] == w4 and m.dtype_policy["w4a16_kernel"] == "xla"

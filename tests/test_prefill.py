@@ -102,9 +102,9 @@ def test_chunked_prefill_equals_full_forward_and_the_invariant_cache(params, ids
     for got, want in zip(cache.k + cache.v, ks + vs, strict=True):
         assert got.shape == want.shape
         # float32 summation order of chunked prefill vs forward_full: wide-5-30-40-3 differed by 1.55e-5 at 1.33 on an
-        # AVX-512 Xeon, with and without `model.quant._split_form` (no one-row product in that case); wide-5-37-40-3
-        # by 1.17e-5 at 0.004 on a 2-core EPYC (XLA's attention and the CPU kernel alike): an error on the scale of
-        # the cache's values, so the absolute tolerance follows that scale, as the logits' above
+        # AVX-512 Xeon, with and without `model.backends.cpu.forms.split_form` (no one-row product in that case);
+        # wide-5-37-40-3 by 1.17e-5 at 0.004 on a 2-core EPYC (XLA's attention and the CPU kernel alike): an error on
+        # the scale of the cache's values, so the absolute tolerance follows that scale, as the logits' above
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * max(1.0, float(np.max(np.abs(want)))))
 
 

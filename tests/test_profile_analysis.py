@@ -448,7 +448,7 @@ def test_a_trace_without_step_annotations_is_a_trace_error(tmp_path):
 
 
 @pytest.mark.parametrize("target, category", [
-    ("gemma4_bf16_to_f32", "dtype_conversion"),  # the engine's CPU kernel widening a weight (model/kernels/cpu.py)
+    ("gemma4_bf16_to_f32", "dtype_conversion"),  # the engine's CPU kernel widening a weight (backends/cpu/kernels.py)
     ("gemma4_bf16_matvec_nk", "matmul_fp32"),  # float32 sums of bfloat16 weights widened in registers
     ("gemma4_bf16_matvec_kn", "matmul_fp32"),
     ("gemma4_decode_attention", "attention"),  # decode attention over a float32 cache, with no scope on the call

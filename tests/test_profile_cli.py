@@ -22,7 +22,7 @@ import pytest
 
 from conftest import bench_in_process
 from bench.cli.profile_cmds import nvidia_gpu_expected
-from model.engine import CPU_ATTENTION_KERNEL, cpu_kernel_name
+from model.backends.cpu.kernels import ATTENTION_KERNEL, bf16_kernel_name
 
 STEPS = 3
 
@@ -53,21 +53,19 @@ def matched(env):
 
 @pytest.fixture(scope="module")
 def leak(env):
-    """bfloat16 weights, float32 compute, the engine's CPU kernels off: XLA converts the weights every step."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GEMMA4_BENCH_CPU_KERNELS", "0")
-        run = _profile(env, "leak", "--weight-dtype", "bfloat16")
+    """bfloat16 weights, float32 compute, the default pure-JAX engine: XLA converts the weights every step."""
+    run = _profile(env, "leak", "--weight-dtype", "bfloat16")
     return run, json.loads((run / "profile.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def kernels(env):
-    """bfloat16 weights, float32 compute, the engine's CPU kernels on: the weights are read as stored."""
-    from model.kernels import cpu
+    """bfloat16 weights, float32 compute, the engine's CPU kernels asked for: the weights are read as stored."""
+    from model.backends.cpu import kernels as cpu
 
     if not cpu.available():
         pytest.skip(f"the CPU kernels are not available here: {cpu.availability()[1]}")
-    run = _profile(env, "kernels", "--weight-dtype", "bfloat16")
+    run = _profile(env, "kernels", "--weight-dtype", "bfloat16", "--backend", "cpu-kernels")
     return run, json.loads((run / "profile.json").read_text())
 
 
@@ -211,10 +209,11 @@ def test_the_cpu_kernels_remove_leak_one_and_the_manifest_names_them(kernels, le
     _, leaky = leak
     assert prof["config"]["weight_dtype"] == "bfloat16" and prof["categories"]["dtype_conversion"]["pct"] < 2.0
     assert prof["config"]["decode_bytes"]["weights"] == leaky["config"]["decode_bytes"]["weights"]
-    assert json.loads((run / "manifest.json").read_text())["engine_config"]["kernel"] == (
-        f"{cpu_kernel_name()} {CPU_ATTENTION_KERNEL}")
+    engine = json.loads((run / "manifest.json").read_text())["engine_config"]
+    assert engine["kernel"] == f"{bf16_kernel_name()} {ATTENTION_KERNEL}" and engine["backend"] == "cpu-kernels"
     assert prof["categories"]["attention"]["pct"] > 0  # the attention kernel's calls, by their named scope
-    assert json.loads((leak[0] / "manifest.json").read_text())["engine_config"]["kernel"] is None
+    plain = json.loads((leak[0] / "manifest.json").read_text())["engine_config"]
+    assert plain["kernel"] is None and plain["backend"] == "jax"
 
 
 def test_a_profile_joined_to_a_bfloat16_run_takes_its_weight_dtype_and_kernel(kernels, env):
@@ -223,7 +222,7 @@ def test_a_profile_joined_to_a_bfloat16_run_takes_its_weight_dtype_and_kernel(ke
                              str(env / "runs"), "--run", str(run), "--replace", "--compile-cache", "off"])  # fmt: skip
     assert code == 0
     prof = json.loads((run / "profile.json").read_text())
-    assert prof["config"]["weight_dtype"] == "bfloat16"
+    assert prof["config"]["weight_dtype"] == "bfloat16"  # and the run's backend, cpu-kernels: nothing differs
     assert not [n for n in prof["notes"] if "differs" in n], prof["notes"]
 
 

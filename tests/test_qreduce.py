@@ -1,5 +1,6 @@
-"""The decode-shaped quantized product (model.qreduce) equals the product with the dequantized weight, and
-model.quant.matmul takes it exactly where it applies (a few rows on CPU) and the dot form elsewhere."""
+"""The decode-shaped quantized product (model/backends/cpu/qreduce.py) equals the product with the dequantized
+weight, and model.quant.matmul takes it exactly where it applies (a few rows on CPU, with the default backend) and
+the dot form elsewhere."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model.qreduce import MATVEC_ROWS, fits_reduce
+from model.backends.cpu.qreduce import MATVEC_ROWS, fits_reduce
 from model.quant import dequantize, matmul, quantize_channels
 
 RNG = np.random.default_rng(7)

@@ -639,21 +639,19 @@ def test_sweep_refuses_a_mismatched_tokenizer_and_an_unreachable_target(server, 
 # ---- --weight-dtype ---------------------------------------------------------------------------------------------------
 def test_weight_dtype_bfloat16_is_the_served_engines_and_health_names_it_with_the_kernel(tiny_checkpoint):
     """What `bench serve --weight-dtype bfloat16` loads (`load_served_model`): bfloat16 weights under the float32
-    policy, the build id and kernel a sweep manifest of the same payload records ("bf16=cpu attention=cpu" where the
-    CPU kernels built), both on /health, and batched slots that serve it."""
+    policy on the default, pure-JAX engine (no kernel, XLA's default passes), the build id and kernel a sweep
+    manifest of the same payload records, all on /health with the backend, and batched slots that serve it. (The
+    CPU kernels' names on /health: `test_bench_serve_passes_weight_dtype_to_the_engine`.)"""
     from bench.cli.common import engine_manifest, open_engine
     from bench.cli.serve_cmds import load_served_model
     from bench.runs.manifest import Workload
     from bench.serve import create_app, default_slots
-    from model.engine import CPU_ATTENTION_KERNEL, cpu_kernel_name
-    from model.kernels import cpu
 
     spec = str(tiny_checkpoint)
     loaded = load_served_model(spec, "float32", 64, "off", weight_dtype="bfloat16")
     pol = loaded.engine.policy
-    assert (pol.weight_dtype, pol.compute_dtype) == ("bfloat16", "float32")
-    # "bf16=cpu attention=cpu" ("bf16=cpu-amx ..." with AMX tiles): the products and decode attention
-    assert loaded.kernel == (f"{cpu_kernel_name()} {CPU_ATTENTION_KERNEL}" if cpu.available() else None)
+    assert (pol.weight_dtype, pol.compute_dtype, pol.backend) == ("bfloat16", "float32", "jax")
+    assert loaded.kernel is None  # pure JAX: XLA widens the bfloat16 weights
     engine, report, _, cache = open_engine(spec, "float32", 64, "off", weight_dtype="bfloat16")
     swept = engine_manifest("sweep", engine, report, spec, cache, Workload())
     assert (swept.engine.weight_dtype, swept.engine.kernel) == ("bfloat16", loaded.kernel)
@@ -663,7 +661,8 @@ def test_weight_dtype_bfloat16_is_the_served_engines_and_health_names_it_with_th
         h = s.wait_ready().json()
         assert h["dtype_policy"]["weights"] == "bfloat16" and h["dtype_policy"]["compute"] == "float32"
         assert h["kernel"] == loaded.kernel and h["build_id"] == loaded.build_id
-        assert h["xla_options"] == swept.engine.xla_options == loaded.engine.xla_options is not None  # CPU: set
+        assert h["xla_options"] == swept.engine.xla_options == loaded.engine.xla_options is None  # XLA's defaults
+        assert h["backend"] == swept.engine.backend == "jax"
         assert h["serving"]["slot_positions"] == 64  # the batched slots, at --max-length
         events = _stream(s, "/v1/completions", {"model": MODEL, "prompt": "The tide came in", "max_tokens": MAX_TOKENS,
                                                 "temperature": 0})  # fmt: skip
@@ -673,14 +672,14 @@ def test_weight_dtype_bfloat16_is_the_served_engines_and_health_names_it_with_th
 
 
 def test_bench_serve_passes_weight_dtype_to_the_engine(tiny_checkpoint, tmp_path):
-    """The flag itself, through the command line: the server's /health reports the bfloat16 weights."""
+    """The flags themselves, through the command line: the server's /health reports the bfloat16 weights and, with
+    `--backend cpu-kernels` where the kernels build here, the backend and its kernels."""
     import os
     import signal
     import subprocess
     import sys
 
-    from model.engine import CPU_ATTENTION_KERNEL, cpu_kernel_name
-    from model.kernels import cpu
+    from model.backends.cpu import kernels as cpu
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -689,6 +688,8 @@ def test_bench_serve_passes_weight_dtype_to_the_engine(tiny_checkpoint, tmp_path
     code = "import sys; from bench.cli import main; main(sys.argv[1:])"
     args = ["serve", "-c", str(tiny_checkpoint), "--port", str(port), "--weight-dtype", "bfloat16", "--dtype",
             "float32", "--max-batch", "1", "--compile-cache", "off"]  # fmt: skip
+    if cpu.available():
+        args += ["--backend", "cpu-kernels"]
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, JAX_PLATFORMS="cpu"))  # fmt: skip
@@ -705,7 +706,8 @@ def test_bench_serve_passes_weight_dtype_to_the_engine(tiny_checkpoint, tmp_path
         h = health.json()
         assert (h["dtype_policy"]["weights"], h["dtype_policy"]["compute"]) == ("bfloat16", "float32")
         # this machine's build, as the server's: the products and decode attention
-        assert h["kernel"] == (f"{cpu_kernel_name()} {CPU_ATTENTION_KERNEL}" if cpu.available() else None)
+        assert h["kernel"] == (f"{cpu.bf16_kernel_name()} {cpu.ATTENTION_KERNEL}" if cpu.available() else None)
+        assert h["backend"] == ("cpu-kernels" if cpu.available() else "jax")
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -731,7 +733,21 @@ def test_a_bad_weight_dtype_is_one_line_before_the_port_opens():
     assert_one_line_error(proc, "--weight-dtype int3", "unknown dtype", "bfloat16")
 
 
-@pytest.mark.parametrize("switch", ["GEMMA4_BENCH_XLA_CPU_OPTIONS", "GEMMA4_BENCH_CPU_KERNELS", "GEMMA4_BENCH_CPU_AMX",
+def test_a_backend_that_cannot_run_is_one_line_before_the_port_opens(tmp_path):
+    from conftest import assert_one_line_error, run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        bad = run_cli(["serve", "--port", port, "--backend", "xla"], timeout=120)
+        none = run_cli(["serve", "--port", port, "--backend", "cpu-kernels"], env={"CXX": "no-such-compiler-gemma4",
+                       "GEMMA4_BENCH_CACHE": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}, timeout=120)  # fmt: skip
+    assert_one_line_error(bad, "--backend xla: expected one of jax, cpu-kernels")
+    assert_one_line_error(none, "--backend cpu-kernels: the engine's CPU kernels cannot run here", "no C++ compiler")
+
+
+@pytest.mark.parametrize("switch", ["GEMMA4_BENCH_XLA_CPU_OPTIONS", "GEMMA4_BENCH_CPU_AMX",
                                     "GEMMA4_BENCH_CPU_ATTENTION"])
 def test_a_bad_engine_switch_is_one_line_before_the_port_opens(switch):
     """The engine would refuse the value only when it loads, after the port has opened: `bench serve` refuses it

@@ -79,12 +79,12 @@ def test_sweep_writes_a_complete_consistent_run_folder(finished_run, env):
     assert env["GEMMA4_BENCH_CACHE"] not in (folder / "manifest.json").read_text()
     assert "input tokens" in proc.stdout and "41" in proc.stdout  # the printed table
     assert proc.stderr.splitlines()[0].startswith("device policy: platform=cpu")  # the policy is the first line
-    # run.log carries the engine's kernels beside the policy (float32 weights: decode attention's, where they built)
+    # run.log carries the engine's kernels beside the policy: the default backend, pure JAX, has none
     log_lines = [line.split(" ", 1)[1] for line in (folder / "run.log").read_text().splitlines()]
-    kernels = "attention=cpu" if manifest["engine_config"]["kernel"] else "none (XLA products throughout)"
-    assert f"engine kernels: {kernels}" in log_lines and manifest["engine_config"]["kernel"] in (None, "attention=cpu")
-    # and how XLA:CPU compiled the decode programs (model/programs.py: the tree-reduction pass off)
-    assert log_lines[2].startswith("XLA:CPU decode programs compiled with xla_disable_hlo_passes=")
+    assert "engine kernels: none (XLA products throughout)" in log_lines and manifest["engine_config"]["kernel"] is None
+    assert manifest["engine_config"]["backend"] == "jax" and log_lines[0].endswith(" backend=jax")
+    # and how XLA:CPU compiled the decode programs (the pure-JAX engine: XLA's default passes)
+    assert log_lines[2] == "XLA:CPU decode programs compiled with XLA's default passes"
     # each line stamped when it happened: the policy before the rates (measured after the load), none out of order
     lines = (folder / "run.log").read_text().splitlines()
     stamps = [dt.datetime.fromisoformat(line.split(" ", 1)[0]) for line in lines]

@@ -1,5 +1,6 @@
-"""The engine's on/off environment switches (model/switches.py): the words each takes, and one line for any other
-value. Their users: tests/test_cpu_kernels.py (the CPU kernels, the AMX tiles), tests/test_programs.py (XLA options)."""
+"""The cpu-kernels backend's on/off environment switches (model/switches.py): the words each takes, and one line for
+any other value. Their users: tests/test_cpu_kernels.py (decode attention, the AMX tiles), tests/test_programs.py
+(XLA options)."""
 
 from __future__ import annotations
 

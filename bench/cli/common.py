@@ -212,6 +212,31 @@ def parse_kernel_flag(kernel: str | None, quant: str | None = None) -> str | Non
     return impl
 
 
+def parse_backend_flag(backend: str | None) -> str | None:
+    """`--backend` text -> a backend name (`model.backends.BACKENDS`), None when not given (the default, pure JAX).
+    Raises InputError (one line) for another value. Whether it can run here is checked when the engine is opened
+    (`open_engine`, before the weights load)."""
+    from model.backends import BACKENDS, DEFAULT_BACKEND
+
+    if backend is None:
+        return None
+    if backend not in BACKENDS:
+        raise InputError(f"--backend {backend}: expected one of {', '.join(BACKENDS)} (default {DEFAULT_BACKEND}, "
+                         "the pure-JAX engine)")  # fmt: skip
+    return backend
+
+
+def check_backend_flag(backend: str | None) -> None:
+    """`parse_backend_flag`, then whether that backend can run on this machine's device (`model.backends.check_runs`:
+    EngineError, one line). Starts jax's backend; loads no weights. `bench serve` calls it before its port opens."""
+    from model.backends import check_runs
+    from model.policy import device_facts
+
+    name = parse_backend_flag(backend)
+    if name is not None:
+        check_runs(name, device_facts()[0])
+
+
 def check_dtype_flags(dtype: str | None, weight_dtype: str | None = None) -> None:
     """InputError (one line) for a `--dtype` or `--weight-dtype` that names no dtype of `model.policy.DTYPES`;
     None (the flag not given) passes."""
@@ -224,17 +249,21 @@ def check_dtype_flags(dtype: str | None, weight_dtype: str | None = None) -> Non
 
 def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | None, compile_cache: str | None,
                 weight_dtype: str | None = None, buckets: str | None = None, quant: str | None = None,
-                scale_dtype: str | None = None, kernel: str | None = None):  # fmt: skip
+                scale_dtype: str | None = None, kernel: str | None = None, backend: str | None = None):  # fmt: skip
     """Decide and log the dtype policy (the first line), enable the compile cache, resolve and load the
     checkpoint. `weight_dtype` stores the weights in another dtype than the compute dtype (default: the same, so no
     step converts weights); `buckets` is the `--buckets` text (default: the engine's ladder up to max_length);
     `quant` / `scale_dtype` are the `--quant` / `--scale-dtype` texts (`parse_quant_flags`; default: dense);
-    `kernel` the `--kernel` text (`parse_kernel_flag`; default: the fused W4A16 kernel where it runs and fits).
+    `kernel` the `--kernel` text (`parse_kernel_flag`; default: the fused W4A16 kernel where it runs and fits);
+    `backend` the `--backend` text (`parse_backend_flag`; default: the pure-JAX engine).
     Returns (engine, load report, checkpoint path, compile cache folder or None). Raises InputError or QuantError
-    for a bad flag, and KernelError for a forced kernel this device cannot run, before anything loads."""
+    for a bad flag, KernelError for a forced kernel this device cannot run, and EngineError for a backend that
+    cannot run here (`model.backends.plan_backend`: "cpu-kernels" off CPU or without a C++ compiler), before
+    anything loads."""
     from model.engine import enable_compile_cache, load_engine, log_policy_line
     from model.kernels.choice import with_kernel_mode
-    from model.policy import decide_policy
+    from model.backends import check_runs
+    from model.policy import decide_policy, with_backend
 
     check_dtype_flags(dtype, weight_dtype)
     if checkpoint is not None and checkpoint.startswith("random:"):
@@ -243,8 +272,10 @@ def open_engine(checkpoint: str | None, dtype: str | None, max_length: int | Non
     check_max_length(max_length)
     ladder = parse_buckets(buckets)
     impl = parse_kernel_flag(kernel, quant)
-    policy = with_kernel_mode(decide_policy(dtype, weight_dtype=weight_dtype), spec, impl)
+    backend = parse_backend_flag(backend)
+    policy = with_backend(with_kernel_mode(decide_policy(dtype, weight_dtype=weight_dtype), spec, impl), backend)
     log_policy_line(policy)  # the first line, before a built-in checkpoint is created or anything loads
+    check_runs(policy.backend, policy.platform)  # can it run here: one line if not, before anything loads
     cache = enable_compile_cache(compile_cache_dir(compile_cache))
     path = checkpoint_path(checkpoint)
     if max_length is not None:  # in the flag's terms, before the weights load (the engine's error names a bucket)
@@ -266,9 +297,9 @@ DtypeOpt = typer.Option(None, "--dtype", help=DTYPE_HELP)
 WeightDtypeOpt = typer.Option(
     None, "--weight-dtype",
     help="Store the weights in this dtype (float32, bfloat16, float16) while computing in --dtype; default: the "
-    "compute dtype. A mismatch makes every decode step convert the weights (the report's 'leak one'), except "
-    "bfloat16 under float32 on CPU: the engine's CPU kernels read the bfloat16 weights in place (half the bytes; "
-    "GEMMA4_BENCH_CPU_KERNELS=0 turns them off).",
+    "compute dtype. A mismatch makes every decode step convert the weights (the report's 'leak one'); bfloat16 "
+    "under float32 on CPU with --backend cpu-kernels: the engine's CPU kernels read the bfloat16 weights in place "
+    "(half the bytes).",
 )  # fmt: skip
 MaxLengthOpt = typer.Option(None, "--max-length", help="Largest prompt (tokens) the engine accepts, at most the "
                              "model's positions; default 8192 (or the model's positions, if fewer).")
@@ -286,6 +317,12 @@ KERNEL_HELP = ("How w4 weights (--quant w4) are multiplied: w4a16=pallas (the fu
                "dequantize-and-dot). Default: pallas where it runs and fits, else xla; the policy line says which "
                "and why.")
 KernelOpt = typer.Option(None, "--kernel", help=KERNEL_HELP)
+BACKEND_HELP = ("What runs beside XLA's programs: jax (the default on every platform: the pure-JAX engine) or "
+                "cpu-kernels (CPU only: the engine's hand-written XLA:CPU kernels, C++ built on first use with the "
+                "machine's compiler and -march=native, for bfloat16 weights under float32 and float32 decode "
+                "attention, and its decode programs compiled without XLA's tree-reduction pass). Recorded in the "
+                "manifest and the build id; asked for where it cannot run: one line, exit 2. See docs/engine.md.")
+BackendOpt = typer.Option(None, "--backend", help=BACKEND_HELP)
 BucketsOpt = typer.Option(None, "--buckets", help="Prompt-length ladder (tokens, increasing), e.g. 64,512,1024,4096: a "
                           "prompt is padded to the smallest rung that holds it. Default: powers of two to 512, then "
                           "steps of 512 to 4096, then of 1024 up to --max-length.")

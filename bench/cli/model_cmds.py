@@ -9,6 +9,7 @@ import typer
 
 from bench.cli import app
 from bench.cli.common import (
+    BackendOpt,
     CheckpointOpt,
     CompileCacheOpt,
     DtypeOpt,
@@ -18,6 +19,7 @@ from bench.cli.common import (
     ScaleDtypeOpt,
     make_console,
     open_engine,
+    parse_backend_flag,
     parse_kernel_flag,
     parse_quant_flags,
     setup_logging,
@@ -56,6 +58,7 @@ def generate(
     quant: str | None = QuantOpt,
     scale_dtype: str | None = ScaleDtypeOpt,
     kernel: str | None = KernelOpt,
+    backend: str | None = BackendOpt,
     decode_loop: str = typer.Option(
         "host", "--decode-loop", help="host (default: one step per token, stops at EOS) or device (the tokens "
         "after the first in one device loop, or blocks of --decode-block steps: exactly --max-new-tokens are "
@@ -77,9 +80,10 @@ def generate(
         raise InputError("sampling: expected --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1")
     parse_quant_flags(quant, scale_dtype)  # one line for a bad value, before anything loads
     parse_kernel_flag(kernel, quant)
+    parse_backend_flag(backend)
     setup_logging()
     engine, _, path, _ = open_engine(checkpoint, dtype, max_length, compile_cache, quant=quant, scale_dtype=scale_dtype,
-                                     kernel=kernel)  # fmt: skip
+                                     kernel=kernel, backend=backend)  # fmt: skip
     tok = engine.tokenizer
     if tok is None:
         raise InputError(f"{path}: has no tokenizer.json; bench generate needs one to read --prompt")
@@ -95,7 +99,7 @@ def generate(
     if as_json:
         out = {"prompt": prompt, "prompt_ids": ids, "generated_ids": shown, "text": text,
                "quant": engine.quant.canonical, "scale_dtype": engine.scale_dtype if engine.quant.names else None,
-               "weight_bytes": engine.weight_bytes}  # fmt: skip
+               "weight_bytes": engine.weight_bytes, "backend": engine.backend}  # fmt: skip
         if not on_host:
             out["decode_loop"] = {"loop": "device", "block": decode_block, "generated": len(gen.token_ids),
                                   "prefill_ms": gen.prefill_ms, "decode_ms": gen.decode_ms,

@@ -27,6 +27,7 @@ import typer
 from bench.cli import app
 from bench.cli.common import (
     KERNEL_HELP,
+    BackendOpt,
     CheckpointOpt,
     CompileCacheOpt,
     DtypeOpt,
@@ -36,6 +37,7 @@ from bench.cli.common import (
     WeightDtypeOpt,
     make_console,
     open_engine,
+    parse_backend_flag,
     parse_kernel_flag,
     parse_quant_flags,
     setup_logging,
@@ -442,6 +444,7 @@ def profile(
     quant: str | None = typer.Option(None, "--quant", help=QUANT_HELP_PROFILE),
     scale_dtype: str | None = ScaleDtypeOpt,
     kernel: str | None = typer.Option(None, "--kernel", help=KERNEL_HELP + " With --run: default the run's."),
+    backend: str | None = BackendOpt,
     batch: int = typer.Option(1, "--batch", help="Rows decoded per step: B different prompts of --input-tokens each "
                               "(the sweep's batch cell), so the device-time categories can be read per batch size. "
                               "With --run the roofline uses the run's (input tokens, B) cell. Default 1."),
@@ -481,6 +484,8 @@ def profile(
             kernel = w4_kernel_of(ran.kernel)
         if weight_dtype is None and ran.weight_dtype not in (None, ran.compute_dtype):  # e.g. bfloat16 on CPU
             weight_dtype = ran.weight_dtype
+        if backend is None:  # the engine the run measured (None in a run from before it was recorded: the default)
+            backend = ran.backend
     check_trace_memory(steps, checkpoint)  # the trace's memory, before anything loads
     # where the profile is written, checked before anything loads (one line, exit 2)
     if joined is not None:
@@ -488,11 +493,12 @@ def profile(
     else:
         check_writable(runs_dir)
     parse_kernel_flag(kernel, quant)  # one line for a bad value, before anything loads
+    parse_backend_flag(backend)
 
     opts = SimpleNamespace(steps=steps, input_tokens=input_tokens, checkpoint=checkpoint, dtype=dtype,
                            weight_dtype=weight_dtype, name=name, runs_dir=runs_dir, python_tracer=python_tracer,
                            max_length=max_length, compile_cache=compile_cache, quant=quant, scale_dtype=scale_dtype,
-                           kernel=kernel, batch=batch, capturing=False)  # fmt: skip
+                           kernel=kernel, backend=backend, batch=batch, capturing=False)  # fmt: skip
 
     def log_joined_end(run, status: str) -> None:  # a refused flag (before the capture) leaves the run as it was
         if status != "complete" and opts.capturing:
@@ -524,7 +530,8 @@ def _profile(joined, opts):
     _check_shape_before_load(opts, joined)
     engine, report, ckpt, cache_dir = open_engine(opts.checkpoint, opts.dtype, opts.max_length, opts.compile_cache,
                                                   opts.weight_dtype, quant=opts.quant,
-                                                  scale_dtype=opts.scale_dtype, kernel=opts.kernel)  # fmt: skip
+                                                  scale_dtype=opts.scale_dtype, kernel=opts.kernel,
+                                                  backend=opts.backend)  # fmt: skip
     cell = _sweep_gauge(joined, opts.input_tokens, opts.batch) if joined is not None else None
     # One shape whatever --steps: joining a sweep cell, its compiled shape (the same KV buffer), so the categories,
     # ms per step and the cell's gauge describe one program; every traced position stays inside the model's.
@@ -558,7 +565,7 @@ def _capture_into(run, setup, opts):
     from bench.profile.bandwidth import measure_bandwidth, measure_read_probes
     from bench.profile.capture import batch_decode_steps, capture_steps, prompt_decode_steps
     from bench.runs.ceiling import CEILING_KEY, FINDINGS_KEY, finding_of, roofline_ceiling
-    from model.programs import xla_options_line
+    from model.backends import xla_options_line
 
     opts.capturing = True
     log = logging.getLogger("bench")
@@ -633,8 +640,8 @@ def _refuse_other_quant(ran, quant: str, scale_dtype: str | None) -> None:
 
 
 def _run_mismatches(run, setup) -> list[str]:
-    """How the joined run's checkpoint (content hash), dtype policy, kernels and XLA options differ from this
-    profile's, as lines."""
+    """How the joined run's checkpoint (content hash), dtype policy, kernels, XLA options and backend differ from
+    this profile's, as lines."""
     from bench.runs.manifest import checkpoint_id
 
     pol, ran, mismatch = setup.engine.policy, run.typed_manifest, []
@@ -658,6 +665,9 @@ def _run_mismatches(run, setup) -> list[str]:
     options = getattr(setup.engine, "xla_options", None)
     if ran.engine.xla_options != options:  # None: XLA's defaults (or a run from before they were recorded)
         mismatch.append(f"XLA options {ran.engine.xla_options or 'default'} (run) vs {options or 'default'} (profile)")
+    backend = getattr(setup.engine, "backend", None)
+    if ran.engine.backend not in (None, backend):  # None: a run from before the backend was recorded
+        mismatch.append(f"backend {ran.engine.backend} (run) vs {backend} (profile)")
     return mismatch
 
 

@@ -10,6 +10,7 @@ import typer
 from bench.cli import app
 from bench.cli.common import (
     API_KEY_ENV,
+    BackendOpt,
     BucketsOpt,
     CheckpointOpt,
     CompileCacheOpt,
@@ -19,6 +20,7 @@ from bench.cli.common import (
     QuantOpt,
     ScaleDtypeOpt,
     WeightDtypeOpt,
+    check_backend_flag,
     check_dtype_flags,
     engine_manifest,
     open_engine,
@@ -47,8 +49,8 @@ def _check_options(checkpoint: str | None, port: int, dtype: str | None, max_len
                    max_body_bytes: int, api_key: str | None, max_batch: int = 1, max_queue: int = 0,
                    request_deadline: float | None = None, weight_dtype: str | None = None) -> None:  # fmt: skip
     """Refuse bad `bench serve` options before the port opens. Raises InputError, the checkpoint's error, or
-    EngineError for an engine switch (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_KERNELS, GEMMA4_BENCH_CPU_AMX,
-    GEMMA4_BENCH_CPU_ATTENTION) that is neither on nor off."""
+    EngineError for an engine switch (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_AMX, GEMMA4_BENCH_CPU_ATTENTION)
+    that is neither on nor off."""
     import math
 
     if not 0 < port < 65536:
@@ -96,21 +98,22 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
 def load_served_model(checkpoint: str | None, dtype: str | None, max_length: int | None,
                       compile_cache: str | None, buckets: str | None = None, quant: str | None = None,
                       scale_dtype: str | None = None, kernel: str | None = None,
-                      weight_dtype: str | None = None):  # fmt: skip
+                      weight_dtype: str | None = None, backend: str | None = None):  # fmt: skip
     """Load the engine as `bench sweep` does and gather what /health reports from the same manifest a sweep of it
     would record (`bench.cli.common.engine_manifest`, command "serve"): checkpoint id, source, content hash
     (computed while loading), weight bytes (packed, as placed: `--quant` counts) and load time, build id (code +
     checkpoint + engine configuration, quantization and weight dtype included: a sweep's on the same payload),
     quantization and scale dtype, the kernels the manifest names (e.g. "bf16=cpu"), compile cache folder (relative
     to the cache root). No local path is published. `kernel`: the `--kernel` text (the w4 product; in the build
-    id); `weight_dtype`: the `--weight-dtype` text (default: the compute dtype).
+    id); `weight_dtype`: the `--weight-dtype` text (default: the compute dtype); `backend`: the `--backend` text
+    (default: the pure-JAX engine).
     Returns a LoadedModel."""
     from bench.runs.manifest import Workload
     from bench.serve import LoadedModel
 
     engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
                                                    quant=quant, scale_dtype=scale_dtype, kernel=kernel,
-                                                   weight_dtype=weight_dtype)  # fmt: skip
+                                                   weight_dtype=weight_dtype, backend=backend)  # fmt: skip
     manifest = engine_manifest("serve", engine, report, checkpoint, cache_dir, Workload(notes={"server": "bench serve"}))
     ck = manifest.checkpoint
     return LoadedModel(
@@ -143,6 +146,7 @@ def serve(
     quant: str | None = QuantOpt,
     scale_dtype: str | None = ScaleDtypeOpt,
     kernel: str | None = KernelOpt,
+    backend: str | None = BackendOpt,
     api_key: str | None = typer.Option(
         None, "--api-key", envvar=API_KEY_ENV, show_envvar=True,
         help="Require 'Authorization: Bearer KEY' on every route but /health and /metrics (401 otherwise).",
@@ -181,6 +185,7 @@ def serve(
                    request_deadline, weight_dtype)  # fmt: skip
     parse_quant_flags(quant, scale_dtype)  # a bad option set fails here, before the port opens
     parse_kernel_flag(kernel, quant)
+    check_backend_flag(backend)  # asked for where it cannot run: one line before the port opens
     try:  # the address must be bindable now: uvicorn would only say so after "startup complete"
         with socket.create_server((host, port)):
             pass
@@ -197,7 +202,7 @@ def serve(
         server.should_exit = True
 
     application = create_app(lambda: load_served_model(checkpoint, dtype, max_length, compile_cache, buckets, quant,
-                                                       scale_dtype, kernel, weight_dtype),
+                                                       scale_dtype, kernel, weight_dtype, backend),
                              model_name=model_name, warmup_shapes=shapes, on_load_failure=stop_on_failure,
                              api_key=api_key, max_body_bytes=max_body_bytes, max_batch=max_batch,
                              max_queue=max_queue, request_deadline_s=request_deadline,

@@ -11,6 +11,7 @@ import typer
 from bench.cli import app
 from bench.cli.common import (
     API_KEY_ENV,
+    BackendOpt,
     BucketsOpt,
     CheckpointOpt,
     CompileCacheOpt,
@@ -24,6 +25,7 @@ from bench.cli.common import (
     compile_cache_dir,
     engine_manifest,
     open_engine,
+    parse_backend_flag,
     parse_kernel_flag,
     parse_quant_flags,
     setup_logging,
@@ -228,6 +230,16 @@ def _resumed_weight_dtype(run, weight_dtype: str | None) -> str | None:
     return weight_dtype
 
 
+def _resumed_backend(run, backend: str | None) -> str | None:
+    """With --resume, --backend not given takes the run's (`EngineConfig.backend`; a run from before it was
+    recorded: None, the default); a given one that differs from the run's recorded one is an InputError."""
+    ran = run.typed_manifest.engine.backend
+    if backend is not None and ran is not None and backend != ran:
+        raise InputError(f"--backend {backend} differs from the resumed run's {ran}; drop the flag to continue "
+                         f"{run.path} as it started")  # fmt: skip
+    return backend if backend is not None else ran
+
+
 def _resumed_durations(run, min_duration: float | None, max_duration: float | None) -> tuple[float, float | None]:
     """With --resume, --min-duration / --max-duration not given take the run's (none: 0 and no bound); a given
     one that differs is an InputError, as for the other workload flags."""
@@ -310,6 +322,7 @@ def sweep(
     quant: str | None = QuantOpt,
     scale_dtype: str | None = ScaleDtypeOpt,
     kernel: str | None = KernelOpt,
+    backend: str | None = BackendOpt,
     target: str | None = typer.Option(
         None, "--target", help="Measure an OpenAI-compatible server instead, e.g. http://127.0.0.1:8000/v1 "
         "(prompts sized with --checkpoint's tokenizer; see bench/sweep/remote.py)."),
@@ -405,6 +418,10 @@ def sweep(
             kernel = w4_kernel_of(run.typed_manifest.engine.kernel)
         batch = _resumed_batch(run, batch)
         batches = parse_batches(batch) if batch is not None else None
+        backend = _resumed_backend(run, backend)
+    if target is not None and backend is not None:
+        raise InputError(f"--backend {backend}: with --target the server runs the engine it was started with; drop "
+                         "the flag (start the server with `bench serve --backend ...`)")  # fmt: skip
     if target is not None and kernel is not None:
         raise InputError(f"--kernel {kernel}: with --target the server multiplies its weights as it was started; "
                          "drop the flag (start the server with `bench serve --kernel ...`)")  # fmt: skip
@@ -417,6 +434,7 @@ def sweep(
                          "quantize; drop the flag (start the server with `bench serve --quant ...`)")  # fmt: skip
     parse_quant_flags(quant, scale_dtype)  # bad values: one line, before anything loads or is measured
     parse_kernel_flag(kernel, quant)
+    parse_backend_flag(backend)
     loops = parse_decode_loop(decode_loop) if decode_loop is not None else None  # bad values: one line first
     if target is not None and (loops not in (None, ("host",)) or decode_block is not None):
         raise InputError(f"--decode-loop {decode_loop or 'host'}{' --decode-block' if decode_block else ''}: with "
@@ -428,7 +446,7 @@ def sweep(
                          max_duration_s=max_duration, block=decode_block, batches=batches or (),
                          decode_loops=loops or DECODE_LOOP_CHOICES["host" if target else DEFAULT_DECODE_LOOP])  # fmt: skip
     config.check()
-    engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype)
+    engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype, backend)
     if target is not None and concurrency is not None:
         from bench.sweep.load import LoadConfig, default_num_requests, parse_concurrency
 
@@ -450,17 +468,17 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     the run's build), then measure into a new or the resumed run folder and print the table."""
     from bench.sweep.local import build_batch_prompts, build_prompts, check_batches, run_sweep
     from model.engine import CompileCounter
-    from model.programs import xla_options_line
+    from model.backends import xla_options_line
 
     setup_logging()
     log = logging.getLogger("bench")
-    dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype = engine_flags
+    dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype, backend = engine_flags
     # every size against the limits config.json sets, before a built-in checkpoint is created or a weight loads
     check_prompt_sizes(checkpoint, config.inputs, config.max_new_tokens, max_length, buckets)
     policy_at = now_iso()  # run.log stamps the policy and kernel lines with when they were decided, not written
     engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
                                                    quant=quant, scale_dtype=scale_dtype, kernel=kernel,
-                                                   weight_dtype=weight_dtype)  # fmt: skip
+                                                   weight_dtype=weight_dtype, backend=backend)  # fmt: skip
     prompts = build_prompts(engine, config)  # every size checked before a folder is created or anything measured
     check_batches(engine, config)  # every batch must fit in memory: one line, exit 2, before anything is timed
     batch_prompts = build_batch_prompts(engine, config) if any(b > 1 for b in config.batches) else None

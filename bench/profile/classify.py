@@ -29,16 +29,16 @@ name on a GPU, and the named scope around its call (so an interpreted run's ops 
 def is_w4a16_kernel(name: str) -> bool:
     """True when a kernel name or an op's scope names the fused W4A16 kernel."""
     return bool(_W4A16_KERNEL.search(name))
-_MATMUL_TARGET = re.compile(r"gemm(?!a\d)|matmul|conv", re.IGNORECASE)  # not the gemma4_* kernels of model/kernels
+_MATMUL_TARGET = re.compile(r"gemm(?!a\d)|matmul|conv", re.IGNORECASE)  # not the gemma4_* kernels of model/backends/cpu
 _CPU_WIDEN_TARGET = "gemma4_bf16_to_f32"
-"""The engine's CPU kernel that widens a bfloat16 weight to float32 (`model.kernels.cpu.to_float32`): a dtype
-conversion, whose only operand is the bfloat16 weight."""
+"""The engine's CPU kernel that widens a bfloat16 weight to float32 (`model.backends.cpu.kernels.to_float32`): a
+dtype conversion, whose only operand is the bfloat16 weight."""
 _CPU_MATVEC_TARGET = re.compile(r"^gemma4_bf16_matvec_")
-"""The engine's CPU matrix-vector kernels (`model.kernels.cpu.matvec`): float32 products of bfloat16 weights widened
-in registers, so float32 matrix products."""
+"""The engine's CPU matrix-vector kernels (`model.backends.cpu.kernels.matvec`): float32 products of bfloat16 weights
+widened in registers, so float32 matrix products."""
 _CPU_ATTENTION_TARGET = re.compile(r"^gemma4_decode_attention")
-"""The engine's CPU decode-attention kernels (`model.kernels.cpu.decode_attention`, with or without rows): attention,
-whatever scope the call carries."""
+"""The engine's CPU decode-attention kernels (`model.backends.cpu.kernels.decode_attention`, with or without rows):
+attention, whatever scope the call carries."""
 
 
 # ---- tensor cores ----------------------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def git_state(path: str | Path = ".") -> dict[str, Any]:
 
 
 SOURCE_SUFFIXES = (".py", ".cc")
-"""The files of the payload's code: Python, and the C++ of the engine's CPU kernels (`model/kernels/cpu_bf16.cc`,
+"""The files of the payload's code: Python, and the C++ of the engine's CPU kernels (`model/backends/cpu/cpu_bf16.cc`,
 compiled on first use), so a change to a kernel alone is another build."""
 
 

@@ -112,14 +112,19 @@ class EngineConfig:
     records quantization "none" (or nothing) and no scale dtype: it reads as dense.
     `kernel`: how w4 weights were multiplied, "w4a16=pallas" (the fused kernel) or "w4a16=xla", None without w4 weights
     (and in manifests from before the kernel); "bf16=cpu" where the engine's CPU kernels multiplied bfloat16 weights
-    (`model.kernels.cpu`) and "attention=cpu" where their decode attention ran, after the w4 kernel's name where there
-    are both ("w4a16=xla bf16=cpu attention=cpu": `w4_kernel_of`, `cpu_kernel_of`); `kernel_tiles`: with pallas, the
-    tiling of each projection ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...}, "xla (why)"
-    for one the kernel does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id: other tiles,
-    another build.
-    `xla_options`: the XLA options the engine compiled its decode programs with (`model.programs.xla_options`,
-    e.g. "xla_disable_hlo_passes=tree_reduction_rewriter" on CPU), None for XLA's defaults and in manifests from
-    before it was recorded; it enters the build id.
+    (`model.backends.cpu.kernels`) and "attention=cpu" where their decode attention ran, after the w4 kernel's name
+    where there are both ("w4a16=xla bf16=cpu attention=cpu": `w4_kernel_of`, `cpu_kernel_of`); `kernel_tiles`: with
+    pallas, the tiling of each projection ({"qkv_DX K=1536 N=2560": "bm16 bn256 bk128 stages4 splits12 warps4", ...},
+    "xla (why)" for one the kernel does not take; `model.kernels.choice.KernelPlan.tiles`). Both enter the build id:
+    other tiles, another build.
+    `xla_options`: the XLA options the engine compiled its decode programs with
+    (`model.backends.BackendPlan.xla_options`, e.g. "xla_disable_hlo_passes=tree_reduction_rewriter" under the
+    cpu-kernels backend), None for XLA's defaults and in manifests from before it was recorded; it enters the build
+    id.
+    `backend`: which engine ran (`model.backends`): "jax" (the pure-JAX engine, the default on every platform) or
+    "cpu-kernels" (the engine's hand-written XLA:CPU kernels, asked for with `--backend cpu-kernels`; its kernels in
+    use are named in `kernel`); None in manifests from before it was recorded, when the CPU kernels were on by
+    default on CPU where they built (their names in `kernel` say whether they ran). It enters the build id.
     """
 
     buckets: tuple[int, ...] | None = None
@@ -134,6 +139,7 @@ class EngineConfig:
     kernel: str | None = None
     kernel_tiles: Mapping[str, str] | None = None
     xla_options: str | None = None
+    backend: str | None = None
 
     @property
     def quantized(self) -> bool:
@@ -141,8 +147,11 @@ class EngineConfig:
         return self.quantization not in (None, "none")
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as JSON values (the build id's configuration payload)."""
+        """The fields as JSON values (the build id's configuration payload); `backend` only when recorded, so the
+        payload of a manifest from before it reads as it was written."""
         d = dataclasses.asdict(self)
+        if d["backend"] is None:
+            del d["backend"]
         d["kernel_tiles"] = dict(self.kernel_tiles) if self.kernel_tiles is not None else None
         return {**d, "buckets": list(self.buckets) if self.buckets is not None else None}
 
@@ -470,7 +479,8 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
     (`engine.quant.canonical`, "none" for dense or an engine without `quant`; `engine.scale_dtype` only when something
     is quantized) and w4 kernel (`engine.kernel`, a `model.kernels.choice.KernelPlan`: its option and tiles; None
     without one) and its CPU kernels (`engine.cpu_kernel`, e.g. "bf16=cpu attention=cpu", "attention=cpu", or None),
-    joined by `kernel_text`, and the XLA options of its decode programs (`engine.xla_options`)."""
+    joined by `kernel_text`, the XLA options of its decode programs (`engine.xla_options`) and its backend
+    (`engine.backend`)."""
     pol = engine.policy
     quant = getattr(engine, "quant", None)
     quantization = quant.canonical if quant is not None else "none"
@@ -483,7 +493,8 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
                         kernel=kernel_text(plan.option if plan is not None else None,
                                            getattr(engine, "cpu_kernel", None)),
                         kernel_tiles=plan.tiles if plan is not None else None,
-                        xla_options=getattr(engine, "xla_options", None))  # fmt: skip
+                        xla_options=getattr(engine, "xla_options", None),
+                        backend=getattr(engine, "backend", None))  # fmt: skip
 
 
 def policy_facts(pol: Any) -> dict[str, Any]:
@@ -491,7 +502,8 @@ def policy_facts(pol: Any) -> dict[str, Any]:
     return {"line": pol.line(), "compute_dtype": pol.compute_dtype, "weights": pol.weight_dtype,
             "activations": pol.activation_dtype, "kv_cache": pol.kv_dtype, "pre_ampere": pol.pre_ampere,
             "pallas_interpret": pol.pallas_interpret, "overridden": pol.overridden, "emulated": pol.emulated,
-            "w4a16_kernel": getattr(pol, "w4a16_kernel", None), "w4a16_reason": getattr(pol, "w4a16_reason", None)}  # fmt: skip
+            "w4a16_kernel": getattr(pol, "w4a16_kernel", None), "w4a16_reason": getattr(pol, "w4a16_reason", None),
+            "backend": getattr(pol, "backend", None)}  # fmt: skip
 
 
 def checkpoint_id(path: str | Path) -> str:

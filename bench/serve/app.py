@@ -380,8 +380,9 @@ def _health_body(state: _State) -> dict[str, Any]:
     """GET /health once ready: build id, checkpoint (weight_bytes in bytes), device, dtype policy (`weights`: the
     stored weights' dtype), quantization (and its scale dtype) with `weight_bytes` beside it (the gauge: packed
     values + scales as placed), `kernel` (`LoadedModel.kernel`, the manifest's text, e.g. "bf16=cpu"),
-    `xla_options` (the engine's decode programs' XLA options, `model.programs.xla_options`; null: XLA's defaults),
-    compile cache (dir, and this process's trace/compile/cache-hit counts), max_length and buckets (tokens),
+    `xla_options` (the engine's decode programs' XLA options, `model.backends.BackendPlan.xla_options`; null: XLA's
+    defaults), `backend` (which engine runs, `model.backends`: "jax" or "cpu-kernels"), compile cache (dir, and this
+    process's trace/compile/cache-hit counts), max_length and buckets (tokens),
     warm-up shapes ((prompt tokens, max_tokens) pairs) and warmup_s (seconds spent compiling them), and `serving`:
     max_batch (decode slots), max_queue (requests that may wait), request_deadline_s (s or null), slot_engine (how
     the slots are stepped, in words), slot_positions (tokens a prompt + max_tokens may total in a slot, the
@@ -397,7 +398,8 @@ def _health_body(state: _State) -> dict[str, Any]:
                          "activations": pol.activation_dtype, "kv_cache": pol.kv_dtype, "pre_ampere": pol.pre_ampere,
                          "line": pol.line()},
         "quantization": loaded.quantization, "scale_dtype": loaded.scale_dtype, "kernel": loaded.kernel,
-        "xla_options": getattr(eng, "xla_options", None), "weight_bytes": loaded.checkpoint.get("weight_bytes"),
+        "xla_options": getattr(eng, "xla_options", None), "backend": getattr(eng, "backend", None),
+        "weight_bytes": loaded.checkpoint.get("weight_bytes"),
         "compile_cache": {"dir": loaded.compile_cache.get("dir"), "enabled": loaded.compile_cache.get("dir") is not None,
                           **counts},
         "max_length": eng.max_length, "buckets": list(eng.buckets),

@@ -340,7 +340,8 @@ def remote_manifest(target: Target, config, tokenizer_source: str, load: dict[st
                           weight_dtype=(pol or {}).get("weights"), activation_dtype=(pol or {}).get("activations"),
                           kv_cache_dtype=(pol or {}).get("kv_cache"), compute_dtype=(pol or {}).get("compute"),
                           kernel=h.get("kernel") if isinstance(h.get("kernel"), str) else None,
-                          xla_options=h.get("xla_options") if isinstance(h.get("xla_options"), str) else None)  # fmt: skip
+                          xla_options=h.get("xla_options") if isinstance(h.get("xla_options"), str) else None,
+                          backend=h.get("backend") if isinstance(h.get("backend"), str) else None)  # fmt: skip
     observed = "from the server's /metrics" if target.ours else "not observable: recorded as null (cells invalid)"
     notes = {"target": target.base, "model": target.model, "server": target.kind, "prompt_tokenizer": tokenizer_source,
              "timing": "client-side, streamed; TTFT to the first content chunk", "compile_events": observed}  # fmt: skip

@@ -1,5 +1,8 @@
-"""The engine's hand-written XLA:CPU kernels for bfloat16-stored weights (`cpu_bf16.cc`, XLA FFI custom calls):
-built on first use with the machine's C++ compiler, loaded, and called from `model.quant.matmul`.
+"""The engine's hand-written XLA:CPU kernels for bfloat16-stored weights (`cpu_bf16.cc`, XLA FFI custom calls) and
+decode attention: the "cpu-kernels" backend (`model.backends`), off unless an engine configuration asks for it
+(`--backend cpu-kernels`). Built on first use with the machine's C++ compiler, loaded, and called through the
+backend's hooks (`model.backends.dense_matmul` from `model.quant.matmul`, `model.backends.decode_attention` from
+`model.layers.attend_one`).
 
 Key: R activation rows (batch x positions; a decode step has R = 1 per sequence), K the contraction length, N the
 output length.
@@ -20,7 +23,7 @@ more rows of a contraction whose length is a multiple of 32 on AMX tiles: each f
 bfloat16 parts that sum to it exactly, so the products are still exact and the sums float32 (`cpu_bf16.cc`). Then
 every row count takes `matvec` (`MAX_ROWS_WITH_AMX`) and no weight is widened. `GEMMA4_BENCH_CPU_AMX=0` (or false,
 off, no; read once per process, by the library) turns the tiles off; a value that is neither on nor off is refused in
-Python before the library loads (`_loaded`).
+Python before the library loads (`_loaded`). The manifest names the kernels in use (`KERNEL_NAMES`, `plan`).
 
 Why: XLA:CPU widens a bfloat16 weight before a product at about 1.4 GB/s of stored bytes (chain of 100 [4096, 256]
 matrix-vector products, 2-core Xeon, jax 0.12: 148 ms against 19 ms for the same products in float32), so storing
@@ -30,10 +33,10 @@ the weights in bfloat16 cost decode 8x (the published report's "leak one", repro
 The build: `_build` (first called by `availability`) compiles `cpu_bf16.cc` once per (source, compiler, jaxlib
 headers, CPU) into `<cache root>/kernels/` (`model.builtin.cache_root`) with `$CXX` (default `c++`), `-O3
 -march=native`, and the XLA FFI headers that jaxlib ships (`jax.ffi.include_dir()`). Where that fails (no compiler,
-no headers, not a CPU backend) `availability()` says why and the engine stays on XLA's product (`model.quant`), so
-nothing breaks: it is only slower. `GEMMA4_BENCH_CPU_KERNELS=0` (or false, off, no) turns the kernels off (to
-measure XLA's path, "leak one"); a value of either switch other than 1/true/on/yes or 0/false/off/no is an
-EngineError (`model.switches.switch_on`), not a silent "on".
+no headers, not a CPU backend) `availability()` says why, and `plan` (an engine asking for the kernels) raises it
+as one EngineError line before any weight loads. A value of `AMX_SWITCH` or `ATTENTION_SWITCH` other than
+1/true/on/yes or 0/false/off/no is an EngineError (`model.switches.switch_on`), not a silent "on".
+Docs: docs/engine.md ("Backends"), with the measurements behind the kernels.
 """
 
 from __future__ import annotations
@@ -53,16 +56,17 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from model.switches import SPACE, switch_on
+from model.errors import EngineError
+from model.switches import switch_on
 
 SOURCE = Path(__file__).with_name("cpu_bf16.cc")
 TARGETS = {"matvec_nk": "gemma4_bf16_matvec_nk", "matvec_kn": "gemma4_bf16_matvec_kn", "to_f32": "gemma4_bf16_to_f32",
            "attention": "gemma4_decode_attention", "attention_rows": "gemma4_decode_attention_rows"}
 MAX_ROWS = 64
-"""Most activation rows for which `model.quant.matmul` multiplies a bfloat16 weight with `matvec` where the kernel
-multiplies tiles of weight rows by activation rows (built with AVX-512: `tile_rows`); with more, the weight is
-widened once (`to_float32`) and XLA's float32 product runs (prefill chunks of 128 rows). Measured here (2-core
-Xeon, AVX-512, the default preset's 106 output-major decode weights, 77.9 MiB, chained; medians of 9 in one
+"""Most activation rows for which `model.backends.cpu.forms.bf16_kernel_form` multiplies a bfloat16 weight with `matvec`
+where the kernel multiplies tiles of weight rows by activation rows (built with AVX-512: `tile_rows`); with more, the
+weight is widened once (`to_float32`) and XLA's float32 product runs (prefill chunks of 128 rows). Measured here
+(2-core Xeon, AVX-512, the default preset's 106 output-major decode weights, 77.9 MiB, chained; medians of 9 in one
 process), `matvec` against widening and XLA's dot: 32 rows 25 / 61 ms, 64 rows 43-45 / 90, 128 rows 99 / 110."""
 MAX_ROWS_WITHOUT_TILES = 32
 """`MAX_ROWS` where the kernel has no tiles (no AVX-512): one weight row at a time lost to widening at 64 rows (50
@@ -73,9 +77,6 @@ MAX_ROWS_WITH_AMX = 1 << 16
 takes `matvec`, and no weight is widened. Measured here (2-core Xeon with AMX-BF16; a chain of 35 x 4 bfloat16
 weights of the default preset's shapes, 150 MiB; alternating in one process, medians of 7), `matvec` against
 widening and XLA's float32 dot: 16 rows 46 / 142 ms, 64 rows 75 / 174, 128 rows 111 / 218, 256 rows 217 / 342."""
-ENV_SWITCH = "GEMMA4_BENCH_CPU_KERNELS"
-"""Read by `availability` on every call: 0, false, off or no keeps the kernels off (XLA's product); 1, true, on, yes
-or unset: on. Any other value is refused (EngineError, `model.switches.switch_on`)."""
 AMX_SWITCH = "GEMMA4_BENCH_CPU_AMX"
 """Read by the library (`cpu_bf16.cc`, once per process): 0, false, off or no keeps products off the AMX tiles.
 Checked first by `_loaded` (and `check_switches`), which refuses a value neither on nor off before the library loads."""
@@ -163,23 +164,19 @@ _NOT_LOADED = KernelLibrary(loaded=False, how="not loaded yet (availability)")
 
 
 def check_switches() -> None:
-    """Raises EngineError for a value of `ENV_SWITCH`, `AMX_SWITCH` or `ATTENTION_SWITCH` that is neither on nor off
-    (one line: `model.switches.switch_on`); builds and loads nothing. `model.engine.load_engine` calls it before
-    the weights load, so a typo fails at once."""
-    switch_on(ENV_SWITCH)
+    """Raises EngineError for a value of `AMX_SWITCH` or `ATTENTION_SWITCH` that is neither on nor off (one line:
+    `model.switches.switch_on`); builds and loads nothing. `model.engine.load_engine` calls it (through
+    `model.backends.check_switches`) before the weights load, so a typo fails at once."""
     switch_on(AMX_SWITCH)
     switch_on(ATTENTION_SWITCH)
 
 
 def availability() -> tuple[bool, str]:
     """(whether the kernels are loaded and registered with XLA:CPU, one line saying how or why not). Built and
-    registered on the first call in a process (`_loaded`); `GEMMA4_BENCH_CPU_KERNELS=0` is read on every call, so
-    a trace made after setting it uses XLA's product. A library that cannot be built or loaded is a reason, not an
-    error. Raises EngineError (one line, `model.switches.switch_on`) for a value of `ENV_SWITCH` that is neither
-    on nor off, on every call, and of `AMX_SWITCH` on a call that would load the library (checked before it loads,
-    since the library reads that switch itself, once); nothing is loaded then."""
-    if not switch_on(ENV_SWITCH):
-        return False, f"off ({ENV_SWITCH}={os.environ[ENV_SWITCH].strip(SPACE)})"
+    registered on the first call in a process (`_loaded`). A library that cannot be built or loaded is a reason,
+    not an error. Raises EngineError (one line, `model.switches.switch_on`) for a value of `AMX_SWITCH` that is
+    neither on nor off on a call that would load the library (checked before it loads, since the library reads
+    that switch itself, once); nothing is loaded then."""
     if jax.default_backend() != "cpu":
         return False, f"not a CPU backend ({jax.default_backend()})"
     library = _loaded()
@@ -239,8 +236,8 @@ def amx_min_rows() -> int:
 
 
 def max_rows() -> int:
-    """Most activation rows `model.quant.matmul` sends to `matvec`: `MAX_ROWS_WITH_AMX` with AMX tiles
-    (`amx_min_rows`), `MAX_ROWS` with AVX-512 tiles (`tile_rows`), else `MAX_ROWS_WITHOUT_TILES`."""
+    """Most activation rows `model.backends.cpu.forms.bf16_kernel_form` sends to `matvec`: `MAX_ROWS_WITH_AMX` with
+    AMX tiles (`amx_min_rows`), `MAX_ROWS` with AVX-512 tiles (`tile_rows`), else `MAX_ROWS_WITHOUT_TILES`."""
     if amx_min_rows() > 0:
         return MAX_ROWS_WITH_AMX
     return MAX_ROWS if tile_rows() > 0 else MAX_ROWS_WITHOUT_TILES
@@ -251,33 +248,68 @@ def available() -> bool:
     return availability()[0]
 
 
-def engine_plan(platform: str, weight_dtype: str, activation_dtype: str) -> tuple[bool, str | None]:
-    """Whether an engine of this policy multiplies its weights with these kernels, and the line that says how or
-    why not (None where the question does not arise: not a CPU, or the weights are not bfloat16 under float32
-    activations). Builds the kernels on first use (`availability`); raises its EngineError for a bad switch."""
-    if platform != "cpu" or weight_dtype != "bfloat16" or activation_dtype != "float32":
-        return False, None
+BF16_KERNEL = "bf16=cpu"
+"""The manifest's kernel name for bfloat16 weights multiplied by these kernels (`matvec`, `to_float32`)."""
+BF16_KERNEL_AMX = "bf16=cpu-amx"
+"""`BF16_KERNEL` where the kernels multiply many rows (prefill, batches) on AMX tiles (`amx_min_rows`): another
+product of many rows, so another build."""
+ATTENTION_KERNEL = "attention=cpu"
+"""The manifest's kernel name for decode attention run by `decode_attention` (float32 KV caches): it reads only the
+visible positions of each cache, so `model.engine.Engine.decode_bytes` counts those."""
+KERNEL_NAMES = (BF16_KERNEL, BF16_KERNEL_AMX, ATTENTION_KERNEL)
+"""Every name `plan` may put in the manifest's kernel text."""
+
+
+def bf16_kernel_name() -> str:
+    """The manifest's name of the bfloat16 kernels as this process loads them (`availability`, which builds them on
+    first use): `BF16_KERNEL_AMX` with AMX tiles, else `BF16_KERNEL`."""
+    availability()
+    return BF16_KERNEL_AMX if amx_min_rows() > 0 else BF16_KERNEL
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KernelsPlan:
+    """What an engine of the "cpu-kernels" backend runs through these kernels (`plan`): `bf16` its bfloat16 weights'
+    products, `attention` its decode attention; `kernel` their manifest names (None for neither); `lines` the
+    (level, line) pairs its load logs."""
+
+    bf16: bool
+    attention: bool
+    kernel: str | None
+    lines: tuple[tuple[str, str], ...]
+
+
+def plan(*, weight_dtype: str, activation_dtype: str, kv_dtype: str) -> KernelsPlan:
+    """The plan of a "cpu-kernels" engine with these dtypes (names) on the CPU platform: the library built and
+    loaded now (`availability`); the bfloat16 products where bfloat16 weights meet float32 activations, decode
+    attention where the KV cache and activations are float32 (and `ATTENTION_SWITCH` is on). Raises EngineError
+    (one line) where the library cannot be built or loaded (`model.backends.check_runs` says so first, with the
+    fix), and for a bad switch value."""
+    check_switches()
     ok, how = availability()
-    if ok:
+    if not ok:
+        raise EngineError(f"the engine's CPU kernels cannot run here ({how})")
+    bf16 = weight_dtype == "bfloat16" and activation_dtype == "float32"
+    lines = []
+    if bf16:
         amx = f", AMX tiles from {amx_min_rows()} rows" if amx_min_rows() > 0 else ""
-        return True, f"bfloat16 weights x float32 activations: the engine's CPU kernels ({SOURCE.name}, {how}{amx})"
-    return False, (f"warning: bfloat16 weights x float32 activations: XLA widens every weight before each product, "
-                   f"about 8x slower decode (the CPU kernels are not in use: {how})")
-
-
-def attention_plan(platform: str, kv_dtype: str, activation_dtype: str) -> tuple[bool, str | None]:
-    """Whether an engine of this policy runs its decode attention through `decode_attention` (a float32 KV cache
-    and activations on CPU, `attention_available`), and the line that says so or why not (None where the question
-    does not arise: not a CPU, or another dtype). Layers whose G is not in `ATTENTION_GROUPS` keep XLA's products
-    (no Gemma 4 config has one). Builds the kernels on first use; raises EngineError for a bad switch."""
-    if platform != "cpu" or kv_dtype != "float32" or activation_dtype != "float32":
-        return False, None
-    if not switch_on(ATTENTION_SWITCH):
-        return False, f"decode attention: XLA's products over the whole KV cache ({ATTENTION_SWITCH} off)"
-    ok, how = availability()
-    if ok:
-        return True, f"decode attention: the engine's CPU kernel ({SOURCE.name}), reading the visible positions only"
-    return False, f"decode attention: XLA's products over the whole KV cache (the CPU kernels are not in use: {how})"
+        lines.append(("info", f"bfloat16 weights x float32 activations: the engine's CPU kernels ({SOURCE.name}, "
+                              f"{how}{amx})"))  # fmt: skip
+    attention = kv_dtype == "float32" and activation_dtype == "float32"
+    if attention and not switch_on(ATTENTION_SWITCH):
+        attention = False
+        lines.append(("info", f"decode attention: XLA's products over the whole KV cache ({ATTENTION_SWITCH} off)"))
+    elif attention:
+        lines.append(("info", f"decode attention: the engine's CPU kernel ({SOURCE.name}), reading the visible "
+                              "positions only"))  # fmt: skip
+    if not bf16 and not attention:
+        lines.append(("warning", f"warning: --backend cpu-kernels: no kernel applies to weights {weight_dtype}, "
+                                 f"activations {activation_dtype}, KV cache {kv_dtype} (they take bfloat16 weights "
+                                 "under float32 activations, and float32 KV caches): the engine runs pure "
+                                 "JAX"))  # fmt: skip
+    names = [bf16_kernel_name()] if bf16 else []
+    names += [ATTENTION_KERNEL] if attention else []
+    return KernelsPlan(bf16=bf16, attention=attention, kernel=" ".join(names) or None, lines=tuple(lines))
 
 
 def matvec(x_RK: jax.Array, w: jax.Array, axis: int) -> jax.Array:
@@ -301,7 +333,7 @@ ATTENTION_GROUPS = (1, 2, 4, 8)
 """Query heads per KV head (G) that `decode_attention` is compiled for."""
 ATTENTION_SWITCH = "GEMMA4_BENCH_CPU_ATTENTION"
 """Read at every trace (`attention_available`): 0, false, off or no keeps decode attention on XLA's two products
-(to measure them); on or unset: the kernel, where the kernels are on (`ENV_SWITCH`). Any other value is refused
+(to measure them); on or unset: the kernel, under the "cpu-kernels" backend. Any other value is refused
 (EngineError, `model.switches.switch_on`)."""
 
 
@@ -326,6 +358,7 @@ def decode_attention(q_BKGH: jax.Array, k_CKSH: jax.Array, v_CKSH: jax.Array, ma
     return call(q_BKGH, k_CKSH, v_CKSH, mask_BS, rows_B.astype(jnp.int32))
 
 
-__all__ = ["AMX_SWITCH", "ATTENTION_GROUPS", "ATTENTION_SWITCH", "ENV_SWITCH", "MAX_ROWS", "MAX_ROWS_WITHOUT_TILES",
-           "MAX_ROWS_WITH_AMX", "amx_min_rows", "attention_available", "attention_plan", "availability", "available",
-           "check_switches", "decode_attention", "engine_plan", "matvec", "max_rows", "tile_rows", "to_float32"]
+__all__ = ["AMX_SWITCH", "ATTENTION_GROUPS", "ATTENTION_KERNEL", "ATTENTION_SWITCH", "BF16_KERNEL", "BF16_KERNEL_AMX",
+           "KERNEL_NAMES", "MAX_ROWS", "MAX_ROWS_WITHOUT_TILES", "MAX_ROWS_WITH_AMX", "KernelsPlan", "amx_min_rows",
+           "attention_available", "availability", "available", "bf16_kernel_name", "check_switches",
+           "decode_attention", "matvec", "max_rows", "plan", "tile_rows", "to_float32"]

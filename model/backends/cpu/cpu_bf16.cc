@@ -16,7 +16,7 @@
 // `num_threads` - 1 tasks of XLA's intra-op thread pool claim from one atomic counter. The caller waits only for
 // chunks that were claimed, so the call completes even when no pool task ever starts; the shared state is reference
 // counted, so a task that starts late finds no chunk left and touches nothing of the finished call.
-// Built by model/kernels/cpu.py with the machine's C++ compiler (-O3 -march=native); plain loops that the
+// Built by model/backends/cpu/kernels.py with the machine's C++ compiler (-O3 -march=native); plain loops that the
 // compiler vectorizes for the host's SIMD width (AVX2, AVX-512, NEON), no intrinsics.
 
 #include <algorithm>
@@ -310,7 +310,7 @@ std::unique_ptr<T[]> scratch(int64_t n) {
 constexpr int64_t kAmxMinRows = 16;
 
 // Whether the tile unit may run in this process: not switched off (GEMMA4_BENCH_CPU_AMX=0, false, off or no, any
-// case, ASCII whitespace around it ignored; read once. model/kernels/cpu.py refuses any value but these and 1,
+// case, ASCII whitespace around it ignored; read once. model/backends/cpu/kernels.py refuses any value but these and 1,
 // true, on, yes before it loads this library, stripping the same whitespace), and Linux (5.16+) grants the
 // XTILEDATA state on request (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)); asked once.
 bool amx_ready() {
@@ -797,7 +797,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(gemma4_decode_attention_rows, DecodeAttentionRows,
                               GEMMA4_ATTENTION_ARGS.Arg<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::F32>>());
 
 // How many weight rows `matvec` multiplies at a time in a tile for many activation rows (0: no tiles, this CPU
-// has no AVX-512), for `model.kernels.cpu.max_rows`.
+// has no AVX-512), for `model.backends.cpu.kernels.max_rows`.
 extern "C" int gemma4_bf16_tile_rows() { return kTileN; }
 
 // The fewest activation rows `matvec` multiplies on AMX tiles; 0 where it never does (not built with AMX-BF16, or

@@ -1,4 +1,5 @@
-"""The decode-shaped product with a quantized 2-D weight: a multiply-and-sum that reads the packed integers in place.
+"""The decode-shaped product with a quantized 2-D weight on CPU: a multiply-and-sum that reads the packed integers
+in place (jax.numpy: part of the pure-JAX engine on CPU; asked through `model.backends.quant_matmul`).
 
 Key: R activation rows (batch x positions; a decode step has R = 1), K the contraction length, N the output
 length, G scale groups along K, b values per group (K = G b), J = N / 2 or K / 2 packed bytes of int4 values.
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 __all__ = ["MATVEC_ROWS", "fits_reduce", "reduce_matmul"]
 
 MATVEC_ROWS = 8
-"""Most activation rows for which `model.quant.matmul` uses the reduce form on CPU (a decode step has 1 per
+"""Most activation rows for which `model.backends.quant_matmul` uses the reduce form on CPU (a decode step has 1 per
 sequence). With more rows the weight's conversion is shared by all of them and the dot form is the better one."""
 
 
