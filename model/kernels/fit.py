@@ -45,7 +45,7 @@ Pure Python on ints (no jax): `bench kernels fit` and the report use it without 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["KIB", "LIMITS", "TPU_VMEM", "PUBLISHED_TILING", "Tiling", "Projection", "Fit", "Need", "limit_for",
            "need", "projections", "shape_problem", "tile_problem", "tiling_problem", "fits_kernel", "candidates",
@@ -279,24 +279,36 @@ def choose(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: int = 
     tiling given) over the limit. A given tiling's block sizes alone (`tile_problem`) are not checked here: the
     published TPU tiles (`published_tiling`, bm 8) are another kernel's, compared for memory only; `parse_tiling`
     refuses a tiling text this kernel cannot run."""
-    nb = lambda t: need(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes)  # noqa: E731
+    return choose_by(p, limit, tiling=tiling, shape_problem=shape_problem, candidates=candidates,
+                     need_of=lambda t: need(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes),
+                     given_problem=lambda t: shape_problem(p) or tiling_problem(p.k, p.n, p.group, t))  # fmt: skip
+
+
+def choose_by(p: Projection, limit: int, *, tiling, shape_problem: Callable, candidates: Callable,
+              need_of: Callable, given_problem: Callable) -> Fit:  # fmt: skip
+    """The search `choose` and `fit_tpu.choose_tpu` share, for any kernel's tilings: with `tiling` given, that
+    tiling alone (`given_problem(tiling)`, a str or None, refuses it; else it fits when `need_of(tiling).total` is
+    within `limit` bytes); else `shape_problem(p)` (str or None) refuses the shape, or the first of
+    `candidates(p)` whose need is within the limit fits, or the candidate of the smallest need is reported over the
+    limit. Returns a `Fit`; raises nothing of its own."""
     if tiling is not None:
-        problem = shape_problem(p) or tiling_problem(p.k, p.n, p.group, tiling)
+        problem = given_problem(tiling)
         if problem:
             return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem, tried=tiling)
-        n = nb(tiling)
-        return Fit(projection=p, tiling=tiling if n.total <= limit else None, need=n, limit=limit,
-                   problem=None if n.total <= limit else "over the limit", tried=tiling)  # fmt: skip
+        n = need_of(tiling)
+        ok = n.total <= limit
+        return Fit(projection=p, tiling=tiling if ok else None, need=n, limit=limit,
+                   problem=None if ok else "over the limit", tried=tiling)  # fmt: skip
     problem = shape_problem(p)
     if problem:
         return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem)
     tried = candidates(p)
     for t in tried:
-        n = nb(t)
+        n = need_of(t)
         if n.total <= limit:
             return Fit(projection=p, tiling=t, need=n, limit=limit, tried=t)
-    smallest = min(tried, key=lambda t: nb(t).total)
-    return Fit(projection=p, tiling=None, need=nb(smallest), limit=limit, problem="over the limit", tried=smallest)
+    smallest = min(tried, key=lambda t: need_of(t).total)
+    return Fit(projection=p, tiling=None, need=need_of(smallest), limit=limit, problem="over the limit", tried=smallest)
 
 
 def plan(projs: Iterable[Projection], limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from model.kernels.fit import KIB, Fit, Need, Projection
+from model.kernels.fit import KIB, Fit, Need, Projection, choose_by
 
 __all__ = ["SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_MAX_ROWS", "VPU_ROW_PAD",
            "ROW_TILE", "MAX_ROWS", "TpuTiling", "generation_of", "vmem_capacity", "budget", "need_tpu", "need_tpu_vpu",
@@ -267,25 +267,9 @@ def choose_tpu(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: in
     """The first tiling of `candidates_tpu(p)` whose `need_tpu` is within `limit` bytes; with `tiling` given, that
     tiling alone (it fits when it tiles the shape and its need is within the limit). A `Fit` (`model.kernels.fit`)
     whose tiling is None says why, as the GPU check's does."""
-    nb = lambda t: need_tpu(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes)  # noqa: E731
-    if tiling is not None:
-        problem = tiling_problem_tpu(p.k, p.n, p.group, tiling)
-        if problem:
-            return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem, tried=tiling)
-        n = nb(tiling)
-        ok = n.total <= limit
-        return Fit(projection=p, tiling=tiling if ok else None, need=n, limit=limit,
-                   problem=None if ok else "over the limit", tried=tiling)  # fmt: skip
-    problem = shape_problem_tpu(p)
-    if problem:
-        return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem)
-    tried = candidates_tpu(p)
-    for t in tried:
-        n = nb(t)
-        if n.total <= limit:
-            return Fit(projection=p, tiling=t, need=n, limit=limit, tried=t)
-    smallest = min(tried, key=lambda t: nb(t).total)
-    return Fit(projection=p, tiling=None, need=nb(smallest), limit=limit, problem="over the limit", tried=smallest)
+    return choose_by(p, limit, tiling=tiling, shape_problem=shape_problem_tpu, candidates=candidates_tpu,
+                     need_of=lambda t: need_tpu(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes),
+                     given_problem=lambda t: tiling_problem_tpu(p.k, p.n, p.group, t))  # fmt: skip
 
 
 def plan_tpu(projs, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
