@@ -77,6 +77,15 @@ def test_read_probe_known_result_is_the_wrapping_column_sums():
     assert int(column_sums(5000).max()) < 2**32 and int(1024 * 5000 * 4999 // 2) >= 2**32
 
 
+def test_read_probe_refuses_a_result_that_is_not_the_known_sums(monkeypatch):
+    """Every timed pass's column sums are checked: with the expected sums off by one, the probe raises, not times."""
+    import bench.profile.bandwidth as bandwidth
+
+    monkeypatch.setattr(bandwidth, "column_sums", lambda rows, columns=READ_COLUMNS: column_sums(rows, columns) + 1)
+    with pytest.raises(RuntimeError, match="did not read every byte: a column sum differs"):
+        measure_read_bandwidth(MiB, repeats=1)
+
+
 def test_default_size_per_platform():
     assert default_bytes("cpu") == 256 * MiB
     assert default_bytes("gpu") == 2 * 2**30

@@ -141,3 +141,21 @@ def test_importing_environment_does_not_import_jax() -> None:
     code = "import sys, bench.runs.environment; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_host_memory_reads_meminfo_in_kib_else_sysconf(monkeypatch, tmp_path):
+    """MemTotal / MemAvailable are kB meaning KiB; without /proc/meminfo, sysconf's page size x pages."""
+    import os
+
+    from bench.runs import environment
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       1000 kB\nMemFree:         300 kB\nMemAvailable:    500 kB\n")
+    monkeypatch.setattr(environment, "Path", lambda _: meminfo)
+    assert environment._memory_bytes() == 1000 * 1024
+    assert environment.host_available_bytes() == 500 * 1024
+    meminfo.unlink()
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 10, "SC_AVPHYS_PAGES": 3}
+    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
+    assert environment._memory_bytes() == 4096 * 10
+    assert environment.host_available_bytes() == 4096 * 3

@@ -128,18 +128,26 @@ def test_a_leaf_whose_tiling_does_not_tile_it_never_runs_the_kernel(spec: str, a
     np.testing.assert_array_equal(np.asarray(matmul(x, tiled, spec)), np.asarray(matmul(x, q, spec)))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layer:
+    o_DX: object
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tree:
+    layers: tuple
+
+
+def one_layer_tree(leaf) -> _Tree:
+    """The smallest weight tree `with_tilings` walks: one layer whose `o_DX` is `leaf` (tests/test_w4a16_tpu_kernel.py
+    uses it too)."""
+    return _Tree(layers=(_Layer(o_DX=leaf),))
+
+
 def test_with_tilings_refuses_a_plan_tiling_that_does_not_tile_its_leaf() -> None:
     """A plan is built from `fit.choose`, whose tilings always tile their shapes; one that does not (a program
     error) is refused at load rather than left to the dispatch to drop silently."""
     from model.kernels.choice import KernelPlan, with_tilings
-
-    @dataclasses.dataclass(frozen=True)
-    class Layer:
-        o_DX: object
-
-    @dataclasses.dataclass(frozen=True)
-    class Tree:
-        layers: tuple
 
     q = _weight(2048, 1)  # [N, K] = [128, 2048]
     p = fit.Projection(field="o_DX", k=2048, n=N, axis=1, group=128)
@@ -149,9 +157,9 @@ def test_with_tilings_refuses_a_plan_tiling_that_does_not_tile_its_leaf() -> Non
         return KernelPlan(impl="pallas", reason="test", limit=f.limit, limit_source="test", fits=(f,))
 
     good = Tiling(bm=16, bn=64, bk=256, stages=2, splits=2)
-    assert with_tilings(Tree(layers=(Layer(o_DX=q),)), plan(good)).layers[0].o_DX.tiling == good
+    assert with_tilings(one_layer_tree(q), plan(good)).layers[0].o_DX.tiling == good
     with pytest.raises(ValueError, match="o_DX .*bk 384 does not divide K=2048"):
-        with_tilings(Tree(layers=(Layer(o_DX=q),)), plan(Tiling(bm=16, bn=64, bk=384, stages=2)))
+        with_tilings(one_layer_tree(q), plan(Tiling(bm=16, bn=64, bk=384, stages=2)))
 
 
 def test_importing_the_engine_loads_no_pallas() -> None:

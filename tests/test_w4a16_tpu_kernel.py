@@ -25,6 +25,7 @@ from model.kernels.fit_tpu import TpuTiling
 from model.kernels.tpu_layout import to_natural, to_tpu
 from model.kernels.w4a16_tpu import KERNEL_NAME, w4a16_tpu_matmul
 from model.quant import dequantize, matmul, packed_bytes, quantize_channels
+from test_w4a16_kernel import one_layer_tree
 
 
 def _weight(k: int, n: int, axis: int, seed: int = 0):
@@ -154,26 +155,18 @@ def test_matmul_dispatches_a_tpu_leaf_to_the_kernel(spec: str, axis: int) -> Non
 def test_with_tilings_stores_tpu_leaves_in_the_tpu_layout() -> None:
     from model.kernels.choice import KernelPlan, with_tilings
 
-    @dataclasses.dataclass(frozen=True)
-    class Layer:
-        o_DX: object
-
-    @dataclasses.dataclass(frozen=True)
-    class Tree:
-        layers: tuple
-
     q = _weight(512, 256, 1)  # [N, K] = [256, 512]
     p = fit.Projection(field="o_DX", k=512, n=256, axis=1, group=128)
     f = fit_tpu.choose_tpu(p, fit_tpu.budget())
     plan = KernelPlan(impl="pallas", reason="test", limit=f.limit, limit_source="test", fits=(f,), tpu=True)
-    tree = with_tilings(Tree(layers=(Layer(o_DX=q),)), plan)
+    tree = with_tilings(one_layer_tree(q), plan)
     leaf = tree.layers[0].o_DX
     assert leaf.tiling == f.tiling and leaf.values.dtype == jnp.int32 and leaf.values.shape == (64, 256)
     assert packed_bytes(leaf) == packed_bytes(q)
     bad = KernelPlan(impl="pallas", reason="test", limit=f.limit, limit_source="test", tpu=True,
                      fits=(dataclasses.replace(f, tiling=TpuTiling(bm=16, bn=256, bk=192)),))  # fmt: skip
     with pytest.raises(ValueError, match="o_DX .*bk 192 is not a multiple of the group 128"):
-        with_tilings(Tree(layers=(Layer(o_DX=q),)), bad)
+        with_tilings(one_layer_tree(q), bad)
 
 
 # ---- the TPU lowering, on CPU -------------------------------------------------------------------------------------

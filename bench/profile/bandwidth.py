@@ -158,7 +158,6 @@ def measure_read_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_RE
     """
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     device = device if device is not None else jax.devices()[0]
     n_bytes = _checked_size("read", n_bytes, repeats, device.platform, multiple=4 * READ_COLUMNS)
@@ -166,15 +165,8 @@ def measure_read_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_RE
 
     read = jax.jit(lambda x: jnp.sum(x.reshape(rows, *READ_TILE), axis=0, dtype=jnp.uint32).reshape(READ_COLUMNS))
     src = jax.device_put(jnp.arange(rows * READ_COLUMNS, dtype=jnp.uint32), device)
-    jax.block_until_ready(read(src))  # warm-up: compiles
-    times, sums = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        sums.append(jax.block_until_ready(read(src)))
-        times.append(time.perf_counter() - t0)
-    expected = column_sums(rows)
-    if any(not np.array_equal(np.asarray(s, dtype=np.uint64), expected) for s in sums):
-        raise RuntimeError("the bandwidth read did not read every byte: a column sum differs")
+    times = _timed_column_sums(read, src, repeats, column_sums(rows),
+                               "the bandwidth read did not read every byte: a column sum differs")  # fmt: skip
     return _result(device, n_bytes, n_bytes, times, _READ_METHOD)
 
 
@@ -198,7 +190,6 @@ def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEA
 
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from bench.profile.stream import ROW_BYTES, STREAM_COLUMNS, block_rows_of, stream_column_sums
 
@@ -211,15 +202,8 @@ def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEA
 
     read = jax.jit(functools.partial(stream_column_sums, block_rows=block_rows, passes=passes, interpret=interpret))
     src = jax.device_put(jnp.arange(rows * STREAM_COLUMNS, dtype=jnp.int32).reshape(rows, STREAM_COLUMNS), device)
-    jax.block_until_ready(read(src))  # warm-up: compiles
-    times, sums = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        sums.append(jax.block_until_ready(read(src)))
-        times.append(time.perf_counter() - t0)
-    expected = column_sums(rows, STREAM_COLUMNS) * passes % 2**32
-    if any(not np.array_equal(np.asarray(s, dtype=np.uint64), expected) for s in sums):
-        raise RuntimeError("the stream read did not read every block: a column sum differs")
+    times = _timed_column_sums(read, src, repeats, column_sums(rows, STREAM_COLUMNS) * passes % 2**32,
+                               "the stream read did not read every block: a column sum differs")  # fmt: skip
     method = (f"Pallas TPU kernel: int32[{rows}, {STREAM_COLUMNS}] read HBM -> VMEM {passes} time(s) per call in "
               f"blocks of {block_bytes // MiB if block_bytes % MiB == 0 else block_bytes / MiB} MiB ({block_rows} "
               f"rows), summed into one [8, {STREAM_COLUMNS}] accumulator; every column sum checked"
@@ -281,6 +265,24 @@ def column_sums(rows: int, columns: int = READ_COLUMNS):
 
     first = columns * (rows * (rows - 1) // 2) % 2**32  # a Python int: exact at any size
     return (first + rows * np.arange(columns, dtype=np.uint64)) % 2**32
+
+
+def _timed_column_sums(read, src, repeats: int, expected, failure: str) -> list[float]:
+    """Call `read(src)` (a jitted read probe returning its column sums) once untimed (the warm-up: compiles), then
+    `repeats` times, each timed to completion; every timed result must equal `expected` (uint64 [columns], as
+    `column_sums`). Returns the seconds of each timed call; RuntimeError(`failure`) when a result differs."""
+    import jax
+    import numpy as np
+
+    jax.block_until_ready(read(src))  # warm-up: compiles
+    times, sums = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sums.append(jax.block_until_ready(read(src)))
+        times.append(time.perf_counter() - t0)
+    if any(not np.array_equal(np.asarray(s, dtype=np.uint64), expected) for s in sums):
+        raise RuntimeError(failure)
+    return times
 
 
 def _checked_size(what: str, n_bytes: int | None, repeats: int, platform: str, *, multiple: int) -> int:

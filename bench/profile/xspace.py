@@ -302,13 +302,9 @@ def _parse_instruction(buf: bytes) -> dict:
     return ins
 
 
-def hlo_modules(xspace: bytes) -> dict[str, HloModule]:
-    """The HLO modules a serialized XSpace carries, keyed by its metadata event name, `<module>(<program id>)`.
-
-    Returns an empty dict when the trace holds no HLO (e.g. captured with `enable_hlo_proto` off). Raises
-    ValueError when the bytes are not a protobuf message at all.
-    """
-    modules: dict[str, HloModule] = {}
+def _planes(xspace: bytes) -> Iterator[tuple[str, list[bytes], dict[int, str]]]:
+    """Each XPlane (XSpace field 1) of a serialized XSpace: its name (field 2), its event-metadata map entries
+    (field 4, undecoded) and its stat names by id (field 5). Raises ValueError when the bytes are not protobuf."""
     for number, _, plane in _fields(xspace):
         if number != 1:
             continue
@@ -320,29 +316,41 @@ def hlo_modules(xspace: bytes) -> dict[str, HloModule]:
                 event_metadata.append(value)
             elif p_number == 5:
                 entry = next((v for n, _, v in _fields(value) if n == 2), b"")  # type: ignore[arg-type]
-                sid, sname = 0, ""
-                for s_number, _, s_value in _fields(entry):  # type: ignore[arg-type]
-                    if s_number == 1:
-                        sid = s_value  # type: ignore[assignment]
-                    elif s_number == 2:
-                        sname = _text(s_value)
-                stat_names[sid] = sname
+                fields = {n: v for n, _, v in _fields(entry)}  # type: ignore[arg-type]
+                stat_names[fields.get(1, 0)] = _text(fields.get(2, b""))  # type: ignore[index]
+        yield plane_name, event_metadata, stat_names  # type: ignore[misc]
+
+
+def _metadata_stats(entry: bytes) -> tuple[str, list[dict[int, Any]]]:
+    """One event-metadata map entry of a plane: the XEventMetadata's name (field 2) and its XStats (field 5), each
+    as {field number: raw value}."""
+    meta = next((v for n, _, v in _fields(entry) if n == 2), b"")
+    event_name, stats = "", []
+    for m_number, _, m_value in _fields(meta):  # type: ignore[arg-type]
+        if m_number == 2:
+            event_name = _text(m_value)
+        elif m_number == 5:
+            stats.append({n: v for n, _, v in _fields(m_value)})  # type: ignore[arg-type]
+    return event_name, stats
+
+
+def hlo_modules(xspace: bytes) -> dict[str, HloModule]:
+    """The HLO modules a serialized XSpace carries, keyed by its metadata event name, `<module>(<program id>)`.
+
+    Returns an empty dict when the trace holds no HLO (e.g. captured with `enable_hlo_proto` off). Raises
+    ValueError when the bytes are not a protobuf message at all.
+    """
+    modules: dict[str, HloModule] = {}
+    for plane_name, event_metadata, stat_names in _planes(xspace):
         if plane_name != _METADATA_PLANE:
             continue
         for entry in event_metadata:
-            meta = next((v for n, _, v in _fields(entry) if n == 2), b"")  # type: ignore[arg-type]
-            event_name, protos = "", []
-            for m_number, _, m_value in _fields(meta):  # type: ignore[arg-type]
-                if m_number == 2:
-                    event_name = _text(m_value)
-                elif m_number == 5:
-                    stat = dict((n, v) for n, _, v in _fields(m_value))  # type: ignore[arg-type]
-                    if stat_names.get(stat.get(1, -1)) == _HLO_PROTO_STAT and 6 in stat:  # type: ignore[arg-type]
-                        protos.append(stat[6])
-            for proto in protos:
-                module = _parse_module(bytes(proto))  # type: ignore[arg-type]
-                if module is not None:
-                    modules[event_name] = module
+            event_name, stats = _metadata_stats(entry)
+            for stat in stats:
+                if stat_names.get(stat.get(1, -1)) == _HLO_PROTO_STAT and 6 in stat:  # type: ignore[arg-type]
+                    module = _parse_module(bytes(stat[6]))  # type: ignore[arg-type]
+                    if module is not None:
+                        modules[event_name] = module
     return modules
 
 
@@ -369,32 +377,15 @@ def event_metadata_stats(xspace: bytes, plane_prefix: str = "/device:") -> dict[
     see the module doc). An event's name is its metadata's name, so an event finds its stats by plane and name.
     Raises ValueError when the bytes are not a protobuf message."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for number, _, plane in _fields(xspace):
-        if number != 1:
-            continue
-        plane_name, event_metadata, stat_names = "", [], {}
-        for p_number, _, value in _fields(plane):  # type: ignore[arg-type]
-            if p_number == 2:
-                plane_name = _text(value)
-            elif p_number == 4:
-                event_metadata.append(value)
-            elif p_number == 5:
-                entry = next((v for n, _, v in _fields(value) if n == 2), b"")  # type: ignore[arg-type]
-                fields = {n: v for n, _, v in _fields(entry)}  # type: ignore[arg-type]
-                stat_names[fields.get(1, 0)] = _text(fields.get(2, b""))
+    for plane_name, event_metadata, stat_names in _planes(xspace):
         if not plane_name.startswith(plane_prefix):
             continue
         by_name: dict[str, dict[str, Any]] = {}
         for entry in event_metadata:
-            meta = next((v for n, _, v in _fields(entry) if n == 2), b"")  # type: ignore[arg-type]
-            event_name, stats = "", {}
-            for m_number, _, m_value in _fields(meta):  # type: ignore[arg-type]
-                if m_number == 2:
-                    event_name = _text(m_value)
-                elif m_number == 5:
-                    stat = {n: v for n, _, v in _fields(m_value)}  # type: ignore[arg-type]
-                    stats[stat_names.get(stat.get(1, -1), "?")] = _stat_value(stat, stat_names)
-            if stats:
-                by_name[event_name] = stats
+            event_name, stats = _metadata_stats(entry)
+            values = {stat_names.get(stat.get(1, -1), "?"): _stat_value(stat, stat_names)  # type: ignore[arg-type]
+                      for stat in stats}  # fmt: skip
+            if values:
+                by_name[event_name] = values
         out[plane_name] = by_name
     return out

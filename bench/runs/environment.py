@@ -49,29 +49,26 @@ def _cpuinfo_model(text: str) -> str | None:
 
 def _memory_bytes() -> int | None:
     """Total host memory in bytes (/proc/meminfo MemTotal, else sysconf), None when unknown."""
-    try:
-        m = re.search(r"^MemTotal:\s*(\d+)\s*kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
-        if m:
-            return int(m.group(1)) * 1024
-    except OSError:
-        pass
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
+    return _meminfo_bytes("MemTotal", "SC_PHYS_PAGES")
 
 
 def host_available_bytes() -> int | None:
     """Host memory available to new allocations now (bytes): /proc/meminfo MemAvailable (the kernel reports kB,
     meaning KiB), else the available physical pages (sysconf); None when neither can be read."""
+    return _meminfo_bytes("MemAvailable", "SC_AVPHYS_PAGES")
+
+
+def _meminfo_bytes(key: str, pages: str) -> int | None:
+    """/proc/meminfo's `key` line in bytes (its kB are KiB), else sysconf's page size x its `pages` count; None
+    when neither can be read."""
     try:
-        m = re.search(r"^MemAvailable:\s*(\d+)\s*kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
+        m = re.search(rf"^{key}:\s*(\d+)\s*kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
         if m:
             return int(m.group(1)) * 1024
     except OSError:
         pass
     try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_AVPHYS_PAGES"))
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf(pages))
     except (ValueError, OSError, AttributeError):
         return None
 

@@ -45,7 +45,7 @@ Pure Python on ints (no jax): `bench kernels fit` and the report use it without 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["KIB", "LIMITS", "TPU_VMEM", "PUBLISHED_TILING", "Tiling", "Projection", "Fit", "Need", "limit_for",
            "need", "projections", "shape_problem", "tile_problem", "tiling_problem", "fits_kernel", "candidates",
@@ -279,24 +279,36 @@ def choose(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: int = 
     tiling given) over the limit. A given tiling's block sizes alone (`tile_problem`) are not checked here: the
     published TPU tiles (`published_tiling`, bm 8) are another kernel's, compared for memory only; `parse_tiling`
     refuses a tiling text this kernel cannot run."""
-    nb = lambda t: need(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes)  # noqa: E731
+    return choose_by(p, limit, tiling=tiling, shape_problem=shape_problem, candidates=candidates,
+                     need_of=lambda t: need(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes),
+                     given_problem=lambda t: shape_problem(p) or tiling_problem(p.k, p.n, p.group, t))  # fmt: skip
+
+
+def choose_by(p: Projection, limit: int, *, tiling, shape_problem: Callable, candidates: Callable,
+              need_of: Callable, given_problem: Callable) -> Fit:  # fmt: skip
+    """The search `choose` and `fit_tpu.choose_tpu` share, for any kernel's tilings: with `tiling` given, that
+    tiling alone (`given_problem(tiling)`, a str or None, refuses it; else it fits when `need_of(tiling).total` is
+    within `limit` bytes); else `shape_problem(p)` (str or None) refuses the shape, or the first of
+    `candidates(p)` whose need is within the limit fits, or the candidate of the smallest need is reported over the
+    limit. Returns a `Fit`; raises nothing of its own."""
     if tiling is not None:
-        problem = shape_problem(p) or tiling_problem(p.k, p.n, p.group, tiling)
+        problem = given_problem(tiling)
         if problem:
             return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem, tried=tiling)
-        n = nb(tiling)
-        return Fit(projection=p, tiling=tiling if n.total <= limit else None, need=n, limit=limit,
-                   problem=None if n.total <= limit else "over the limit", tried=tiling)  # fmt: skip
+        n = need_of(tiling)
+        ok = n.total <= limit
+        return Fit(projection=p, tiling=tiling if ok else None, need=n, limit=limit,
+                   problem=None if ok else "over the limit", tried=tiling)  # fmt: skip
     problem = shape_problem(p)
     if problem:
         return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem)
     tried = candidates(p)
     for t in tried:
-        n = nb(t)
+        n = need_of(t)
         if n.total <= limit:
             return Fit(projection=p, tiling=t, need=n, limit=limit, tried=t)
-    smallest = min(tried, key=lambda t: nb(t).total)
-    return Fit(projection=p, tiling=None, need=nb(smallest), limit=limit, problem="over the limit", tried=smallest)
+    smallest = min(tried, key=lambda t: need_of(t).total)
+    return Fit(projection=p, tiling=None, need=need_of(smallest), limit=limit, problem="over the limit", tried=smallest)
 
 
 def plan(projs: Iterable[Projection], limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
@@ -318,39 +330,65 @@ PUBLISHED_TILING = "bm8 bn128 bk=K stages2"
 def refusal(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) -> str:
     """The one-line refusal of a projection where nothing fits: need, limit, the dominating term, and the tiling
     that would fit (the largest candidate within the limit), or that none would."""
+    return refusal_line(f, device, kernel="w4a16 kernel", memory="of scratch per block", limit_name="limit",
+                        best=lambda: choose(f.projection, f.limit, act_bytes=act_bytes, scale_bytes=scale_bytes),
+                        none_fits=lambda best: ("no tiling of this kernel fits (the smallest needs "
+                                                f"{best.need.total if best.need else 0:,} B); "
+                                                "use --kernel w4a16=xla"))  # fmt: skip
+
+
+def refusal_line(f: Fit, device: str, *, kernel: str, memory: str, limit_name: str, best: Callable[[], Fit],
+                 none_fits: Callable[[Fit], str]) -> str:  # fmt: skip
+    """The one-line refusal `refusal` and `fit_tpu.refusal_tpu` share: for a `Fit` with no need (the shape or the
+    given tiling does not tile), what does not tile and its problem; else the need in bytes and KiB (`memory` says
+    of what), the `limit_name`d limit, the dominating term, and the tiling that would fit (`best()`, the kernel's
+    own search), or `none_fits(best())` when none would. `kernel` opens the line ("w4a16 kernel")."""
     p, n = f.projection, f.need
     if n is None:
         what = f"{f.tried.text} does not tile it" if f.tried else "cannot be tiled"
-        return f"w4a16 kernel: {p.label} on {device}: {what} ({f.problem})"
+        return f"{kernel}: {p.label} on {device}: {what} ({f.problem})"
     name, b = n.dominant
-    fit = choose(p, f.limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
-    would = (f"{fit.tiling.text} would fit ({fit.need.total:,} B)" if fit.fits
-             else "no tiling of this kernel fits (the smallest needs "
-                  f"{fit.need.total if fit.need else 0:,} B); use --kernel w4a16=xla")  # fmt: skip
+    fit = best()
+    would = f"{fit.tiling.text} would fit ({fit.need.total:,} B)" if fit.fits else none_fits(fit)
     tiles = f.tried.text if f.tried else "the smallest tiling"
-    return (f"w4a16 kernel: {p.label} on {device}: {tiles} needs {n.total:,} B ({n.total / KIB:,.0f} KiB) of "
-            f"scratch per block, over the limit of {f.limit:,} B ({f.limit / KIB:,.0f} KiB); the largest term is the "
-            f"{name} at {b:,} B; {would}")  # fmt: skip
+    return (f"{kernel}: {p.label} on {device}: {tiles} needs {n.total:,} B ({n.total / KIB:,.0f} KiB) {memory}, "
+            f"over the {limit_name} of {f.limit:,} B ({f.limit / KIB:,.0f} KiB); the largest term is the {name} at "
+            f"{b:,} B; {would}")  # fmt: skip
 
 
 def parse_tiling(text: str) -> Tiling:
     """"bm16 bn128 bk256 stages3 [splits2] [warps4]" (spaces or commas) -> `Tiling`. Raises ValueError naming the
     text and the expected form, or, for block sizes the kernel cannot run at any shape, why (`tile_problem`)."""
-    fields = {}
-    for part in text.replace(",", " ").split():
-        key = part.rstrip("0123456789")
-        value = part[len(key):]
-        if key not in ("bm", "bn", "bk", "stages", "splits", "warps") or not value or int(value) < 1:
-            raise ValueError(f"tiling {text!r}: expected e.g. 'bm16 bn128 bk256 stages3' (splits, warps optional)")
-        fields[key] = int(value)
-    if not {"bm", "bn", "bk", "stages"} <= set(fields):
-        raise ValueError(f"tiling {text!r}: needs bm, bn, bk and stages, e.g. 'bm16 bn128 bk256 stages3'")
+    fields = tiling_fields(text, keys=("bm", "bn", "bk", "stages", "splits", "warps"),
+                           required=("bm", "bn", "bk", "stages"),
+                           expected="expected e.g. 'bm16 bn128 bk256 stages3' (splits, warps optional)",
+                           needs="needs bm, bn, bk and stages, e.g. 'bm16 bn128 bk256 stages3'")  # fmt: skip
     t = Tiling(**fields)
     problem = tile_problem(t)
     if problem:
         raise ValueError(f"tiling {text!r}: {problem}; expected e.g. 'bm16 bn128 bk256 stages3'")
     return t
 
+
+
+def tiling_fields(text: str, *, keys: tuple[str, ...], required: tuple[str, ...], expected: str, needs: str,
+                  zero_ok: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> dict[str, int]:  # fmt: skip
+    """The words of a tiling text (spaces or commas) -> {key: whole number}, as `parse_tiling` and
+    `fit_tpu.parse_tpu_tiling` read them: each word is a key of `keys` followed by its digits (at least 1, or 0 for
+    a key in `zero_ok`); a word in `skip` is passed over. Raises ValueError "tiling '<text>': <expected>" for any
+    other word and "tiling '<text>': <needs>" when a key of `required` is missing."""
+    fields = {}
+    for part in text.replace(",", " ").split():
+        if part in skip:
+            continue
+        key = part.rstrip("0123456789")
+        value = part[len(key):]
+        if key not in keys or not value or int(value) < (0 if key in zero_ok else 1):
+            raise ValueError(f"tiling {text!r}: {expected}")
+        fields[key] = int(value)
+    if not set(required) <= set(fields):
+        raise ValueError(f"tiling {text!r}: {needs}")
+    return fields
 
 # ---- the --kernel option -----------------------------------------------------------------------------------------
 KERNEL_OPTIONS = ("pallas", "xla")

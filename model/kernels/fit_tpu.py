@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from model.kernels.fit import KIB, Fit, Need, Projection
+from model.kernels.fit import Fit, Need, Projection, choose_by, refusal_line, tiling_fields
 
 __all__ = ["SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_MAX_ROWS", "VPU_ROW_PAD",
            "ROW_TILE", "MAX_ROWS", "TpuTiling", "generation_of", "vmem_capacity", "budget", "need_tpu", "need_tpu_vpu",
@@ -267,25 +267,9 @@ def choose_tpu(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: in
     """The first tiling of `candidates_tpu(p)` whose `need_tpu` is within `limit` bytes; with `tiling` given, that
     tiling alone (it fits when it tiles the shape and its need is within the limit). A `Fit` (`model.kernels.fit`)
     whose tiling is None says why, as the GPU check's does."""
-    nb = lambda t: need_tpu(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes)  # noqa: E731
-    if tiling is not None:
-        problem = tiling_problem_tpu(p.k, p.n, p.group, tiling)
-        if problem:
-            return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem, tried=tiling)
-        n = nb(tiling)
-        ok = n.total <= limit
-        return Fit(projection=p, tiling=tiling if ok else None, need=n, limit=limit,
-                   problem=None if ok else "over the limit", tried=tiling)  # fmt: skip
-    problem = shape_problem_tpu(p)
-    if problem:
-        return Fit(projection=p, tiling=None, need=None, limit=limit, problem=problem)
-    tried = candidates_tpu(p)
-    for t in tried:
-        n = nb(t)
-        if n.total <= limit:
-            return Fit(projection=p, tiling=t, need=n, limit=limit, tried=t)
-    smallest = min(tried, key=lambda t: nb(t).total)
-    return Fit(projection=p, tiling=None, need=nb(smallest), limit=limit, problem="over the limit", tried=smallest)
+    return choose_by(p, limit, tiling=tiling, shape_problem=shape_problem_tpu, candidates=candidates_tpu,
+                     need_of=lambda t: need_tpu(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes),
+                     given_problem=lambda t: tiling_problem_tpu(p.k, p.n, p.group, t))  # fmt: skip
 
 
 def plan_tpu(projs, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
@@ -297,36 +281,19 @@ def plan_tpu(projs, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
 def refusal_tpu(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) -> str:
     """The one-line refusal of a projection the TPU kernel cannot take: the shape's problem, or need, limit, the
     dominating term and the tiling that would fit (or that none would)."""
-    p, n = f.projection, f.need
-    if n is None:
-        what = f"{f.tried.text} does not tile it" if f.tried else "cannot be tiled"
-        return f"w4a16 TPU kernel: {p.label} on {device}: {what} ({f.problem})"
-    name, b = n.dominant
-    fit = choose_tpu(p, f.limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
-    would = (f"{fit.tiling.text} would fit ({fit.need.total:,} B)" if fit.fits
-             else "no tiling of this kernel fits; use --kernel w4a16=xla")  # fmt: skip
-    tiles = f.tried.text if f.tried else "the smallest tiling"
-    return (f"w4a16 TPU kernel: {p.label} on {device}: {tiles} needs {n.total:,} B ({n.total / KIB:,.0f} KiB) of VMEM "
-            f"per grid step, over the budget of {f.limit:,} B ({f.limit / KIB:,.0f} KiB); the largest term is the "
-            f"{name} at {b:,} B; {would}")  # fmt: skip
+    return refusal_line(f, device, kernel="w4a16 TPU kernel", memory="of VMEM per grid step", limit_name="budget",
+                        best=lambda: choose_tpu(f.projection, f.limit, act_bytes=act_bytes, scale_bytes=scale_bytes),
+                        none_fits=lambda _: "no tiling of this kernel fits; use --kernel w4a16=xla")  # fmt: skip
 
 
 def parse_tpu_tiling(text: str) -> TpuTiling:
     """"[tpu] bm16 bn2048 bk1536 [vpu1]" (spaces or commas) -> `TpuTiling` (vpuN: `vpu_rows` N). Raises ValueError
     naming the text and the expected form (bm a multiple of 16, vpu at most `VPU_MAX_ROWS`; whether it tiles a
     shape is `tiling_problem_tpu`'s)."""
-    fields = {}
-    for part in text.replace(",", " ").split():
-        if part == "tpu":
-            continue
-        key = part.rstrip("0123456789")
-        value = part[len(key):]
-        if key not in ("bm", "bn", "bk", "vpu") or not value or int(value) < (0 if key == "vpu" else 1):
-            raise ValueError(f"tiling {text!r}: expected e.g. 'tpu bm16 bn2048 bk1536' (bm, bn, bk; vpuN optional)")
-        fields["vpu_rows" if key == "vpu" else key] = int(value)
-    if not {"bm", "bn", "bk"} <= set(fields):
-        raise ValueError(f"tiling {text!r}: needs bm, bn and bk, e.g. 'tpu bm16 bn2048 bk1536'")
-    t = TpuTiling(**fields)
+    fields = tiling_fields(text, keys=("bm", "bn", "bk", "vpu"), required=("bm", "bn", "bk"), zero_ok=("vpu",),
+                           skip=("tpu",), expected="expected e.g. 'tpu bm16 bn2048 bk1536' (bm, bn, bk; vpuN optional)",
+                           needs="needs bm, bn and bk, e.g. 'tpu bm16 bn2048 bk1536'")  # fmt: skip
+    t = TpuTiling(**{"vpu_rows" if key == "vpu" else key: value for key, value in fields.items()})
     if t.bm % ROW_TILE or t.vpu_rows > VPU_MAX_ROWS:
         raise ValueError(f"tiling {text!r}: bm must be a multiple of {ROW_TILE} and vpu at most {VPU_MAX_ROWS}, "
                          "e.g. 'tpu bm16 bn2048 bk1536 vpu1'")  # fmt: skip
