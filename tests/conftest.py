@@ -1,8 +1,21 @@
-"""Shared test fixtures: the reference checkpoints made with transformers, and built-in tiny checkpoints."""
+"""Shared test fixtures: the reference checkpoints made with transformers, built-in tiny checkpoints, the suite's
+one persistent compilation cache, and the helpers that run `bench` (in this process, or in a fresh one).
+
+The compilation cache (docs/testing.md): every test process compiles into one persistent XLA cache, so a program
+another module (or an earlier chunk of `make test`) compiled is loaded from disk instead of compiled again; the
+in-memory programs are still dropped after every module (`_free_compiled_programs`). The folder is
+$GEMMA4_BENCH_TEST_XLA_CACHE when set (`make test` makes one per invocation, shared by its chunks, removed at the
+end), else a folder made for this process and removed when it exits; `GEMMA4_BENCH_TEST_XLA_CACHE=off` turns it off.
+A test that needs cold compiles (it times or counts a compile) takes the `cold_compile_cache` fixture.
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -11,11 +24,77 @@ import pytest  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE = FIXTURES / "reference"
+TEST_CACHE_ENV = "GEMMA4_BENCH_TEST_XLA_CACHE"
+
+
+def _suite_cache_dir() -> Path | None:
+    """The suite's persistent compilation cache folder (see the module docstring); None when turned off."""
+    spec = os.environ.get(TEST_CACHE_ENV, "")
+    if spec.lower() == "off":
+        return None
+    if spec:
+        path = Path(spec)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    path = Path(tempfile.mkdtemp(prefix="gemma4-bench-test-xla-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+SUITE_XLA_CACHE = _suite_cache_dir()
+
+
+def _use_compile_cache(path: Path | None) -> None:
+    """Point jax's persistent compilation cache at `path` (None: off), caching every program (minimum compile
+    time 0 s, minimum entry size 0 bytes), as `model.engine.enable_compile_cache` does for a command; a no-op when
+    already so."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    want = (path is not None, str(path) if path is not None else jax.config.jax_compilation_cache_dir)
+    if (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir) == want:
+        return
+    jax.config.update("jax_enable_compilation_cache", path is not None)
+    if path is not None:
+        jax.config.update("jax_compilation_cache_dir", str(path))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()  # jax opens its cache once: the next compile opens the folder now named
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _suite_compile_cache():
+    """Every test compiles into the suite's persistent cache (the module docstring)."""
+    _use_compile_cache(SUITE_XLA_CACHE)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _restore_suite_compile_cache():
+    """After a test that ran a command in this process (which points the cache at its own `--compile-cache`
+    folder, or turns it off), the next test compiles into the suite's cache again."""
+    yield
+    if "jax" in sys.modules:
+        _use_compile_cache(SUITE_XLA_CACHE)
+
+
+@pytest.fixture
+def cold_compile_cache():
+    """For a test whose point is a cold compile (it counts or times what a fresh process compiles): the persistent
+    cache is off for this test, and every program it runs is compiled."""
+    import jax
+
+    _use_compile_cache(None)
+    jax.clear_caches()
+    yield
+    jax.clear_caches()
+    _use_compile_cache(SUITE_XLA_CACHE)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _free_compiled_programs():
-    """After each test module, drop jax's compiled programs (when jax was imported at all).
+    """After each test module, drop jax's compiled programs (when jax was imported at all); the persistent cache
+    on disk keeps them for the next module.
 
     Every XLA:CPU executable keeps memory mappings of its code; one process that ran several engine-heavy modules
     (parity, batch, engine, slots, serve slots, quantization accuracy, decode loop: 87 tests) grew to 64,800
@@ -23,8 +102,6 @@ def _free_compiled_programs():
     (65,530 here; seen 2026-12-05, mappings sampled every 10 s). Module-scoped fixtures (engines) are torn down
     before this one, so their programs are released here."""
     yield
-    import sys
-
     if "jax" in sys.modules:
         import gc
 
@@ -63,6 +140,31 @@ def run_cli(args: list[str], *, env: dict | None = None, cwd=None, timeout: floa
     code = "import sys; from bench.cli import main; main(sys.argv[1:])"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full_env,
                           cwd=cwd, timeout=timeout)  # fmt: skip
+
+
+def run_cli_here(args: list[str], *, env: dict | None = None):
+    """Run `bench ARGS` in this interpreter (`bench.cli.main`) with `env` added to os.environ for the call, its
+    stdout and stderr captured: returns a CompletedProcess as `run_cli` does (exit code, text output), about a
+    second sooner than a fresh interpreter. For a test whose point is the command's answer (one error line and an
+    exit code), not the process: signals, a real exit status, imports at startup and log lines (which go to
+    pytest's log capture here, not to stderr) still need `run_cli`."""
+    import contextlib
+    import io
+    import subprocess
+
+    saved = {k: os.environ.get(k) for k in env or {}}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.update(env or {})
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = bench_in_process(args)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["bench", *args], code, out.getvalue(), err.getvalue())
 
 
 def bench_in_process(args: list[str]) -> int:
