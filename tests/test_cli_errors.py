@@ -4,12 +4,13 @@ the answer; tests/test_sweep.py and others keep real processes where the process
 from __future__ import annotations
 
 import pytest
-from conftest import assert_one_line_error, run_cli_here
+from conftest import assert_one_line_error, run_cli_here, seeded_cache_root
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return {"GEMMA4_BENCH_CACHE": str(tmp_path_factory.mktemp("cache")), "JAX_PLATFORMS": "cpu"}
+def env(tmp_path_factory, builtin_checkpoints):
+    cache = seeded_cache_root(tmp_path_factory.mktemp("cache"), builtin_checkpoints)
+    return {"GEMMA4_BENCH_CACHE": str(cache), "JAX_PLATFORMS": "cpu"}
 
 
 @pytest.mark.parametrize(
