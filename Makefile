@@ -66,7 +66,7 @@ TEST_MARKS  := not heavy and not canary
 test-suite: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	@set -e; if [ -n "$(TEST_XLA_CACHE)" ]; then cache="$(TEST_XLA_CACHE)"; mkdir -p "$$cache"; else \
-	  cache=$$(mktemp -d "$${TMPDIR:-/tmp}/gemma4-bench-test-xla.XXXXXX"); trap 'rm -rf "$$cache"' EXIT; fi; \
+	  cache=$$(mktemp -d "$${TMPDIR:-/tmp}/gemma4-bench-test-xla.XXXXXX"); trap 'rm -rf "$$cache"' EXIT; trap 'exit 130' INT TERM; fi; \
 	for chunk in $(TEST_CHUNKS); do \
 	  echo "pytest $${chunk%% *} ... $${chunk##* }"; \
 	  GEMMA4_BENCH_TEST_XLA_CACHE=$$cache $(PY) -m pytest -q -m "$(TEST_MARKS)" $(ARGS) $$chunk || [ $$? -eq 5 ]; \
