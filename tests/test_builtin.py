@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, run_cli_here
 
 from model.builtin import create_checkpoint, ensure_builtin
 from model.checkpoint import content_hash, load_params, save_tensors
@@ -64,7 +64,7 @@ def test_bad_presets_and_targets(tmp_path):
     (tmp_path / "full" / "f").write_text("x")
     with pytest.raises(CheckpointError, match="not an empty directory"):
         create_checkpoint("tiny", tmp_path / "full")
-    proc = run_cli(["checkpoint", "create", str(tmp_path / "y"), "--preset", "huge"])
+    proc = run_cli_here(["checkpoint", "create", str(tmp_path / "y"), "--preset", "huge"])
     assert_one_line_error(proc, "unknown preset 'huge'")
 
 

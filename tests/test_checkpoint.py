@@ -8,7 +8,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from conftest import REFERENCE, assert_one_line_error, run_cli
+from conftest import REFERENCE, assert_one_line_error, run_cli_here
 from safetensors.numpy import load_file, save_file
 
 from model.checkpoint import content_hash, load_params, resolve_checkpoint
@@ -109,7 +109,7 @@ def test_bad_checkpoints_on_the_command_line(case, ckpt, tmp_path):
         (ckpt / "model.safetensors").write_bytes(data[: len(data) // 2])
     elif case == "wrong-shape":
         _rewrite(ckpt, lambda t: t.__setitem__("model.layers.0.mlp.up_proj.weight", np.zeros((127, 64), np.float32)))
-    proc = run_cli(["generate", "--prompt", "hi", "--checkpoint", str(path), "--compile-cache", "off"],
+    proc = run_cli_here(["generate", "--prompt", "hi", "--checkpoint", str(path), "--compile-cache", "off"],
                    env={"JAX_PLATFORMS": "cpu"})  # fmt: skip
     assert_one_line_error(proc, *needles)
 

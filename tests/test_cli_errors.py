@@ -1,14 +1,16 @@
-"""User errors across commands: one `error:` line, exit code 2, no traceback."""
+"""User errors across commands: one `error:` line, exit code 2, no traceback (run in this process: the point is
+the answer; tests/test_sweep.py and others keep real processes where the process is the point)."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli_here, seeded_cache_root
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return {"GEMMA4_BENCH_CACHE": str(tmp_path_factory.mktemp("cache")), "JAX_PLATFORMS": "cpu"}
+def env(tmp_path_factory, builtin_checkpoints):
+    cache = seeded_cache_root(tmp_path_factory.mktemp("cache"), builtin_checkpoints)
+    return {"GEMMA4_BENCH_CACHE": str(cache), "JAX_PLATFORMS": "cpu"}
 
 
 @pytest.mark.parametrize(
@@ -34,12 +36,12 @@ def env(tmp_path_factory):
     ],
 )
 def test_bad_values_are_one_clear_line(args, needles, env, tmp_path):
-    proc = run_cli([*args, *(["--runs-dir", str(tmp_path)] if args[0] == "sweep" else [])], env=env)
+    proc = run_cli_here([*args, *(["--runs-dir", str(tmp_path)] if args[0] == "sweep" else [])], env=env)
     assert_one_line_error(proc, *needles)
 
 
 def test_compile_cache_that_is_a_file(env, tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")
-    proc = run_cli(["generate", "-p", "hi", "-c", "builtin:tiny", "--compile-cache", str(f)], env=env)
+    proc = run_cli_here(["generate", "-p", "hi", "-c", "builtin:tiny", "--compile-cache", str(f)], env=env)
     assert_one_line_error(proc, "--compile-cache", "is a file")

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import REFERENCE, assert_one_line_error, run_cli
+from conftest import REFERENCE, assert_one_line_error, run_cli_here
 
 
 @pytest.mark.parametrize("command", [["generate", "-p", "hi"], ["sweep", "--inputs", "4", "--max-new-tokens", "2"]])
@@ -18,5 +18,5 @@ def test_string_layer_count_is_one_line_and_exit_2(command, tmp_path):
     config = json.loads((REFERENCE / "tiny" / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps(dict(config, num_hidden_layers="6")))
     runs = ["--runs-dir", str(tmp_path / "runs")] if command[0] == "sweep" else []
-    proc = run_cli([*command, "--checkpoint", str(ckpt), *runs], env={"JAX_PLATFORMS": "cpu"})
+    proc = run_cli_here([*command, "--checkpoint", str(ckpt), *runs], env={"JAX_PLATFORMS": "cpu"})
     assert_one_line_error(proc, f"{ckpt / 'config.json'}: field 'num_hidden_layers' is '6' (a string); expected an integer")

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli_here, seeded_cache_root
 from runfolders import MAX_NEW, REFERENCE_RUNS, make_measured_run, make_sample, manifest
 
 from bench.report import build_report
@@ -138,8 +138,8 @@ def test_the_report_shows_the_device_loop_where_present_and_nothing_where_absent
         (["gpu-run", "/tmp/never-made-gpu-run", "--decode-loop", "x"], ["--decode-loop x", "host, device or both"]),
     ],
 )
-def test_a_bad_decode_loop_flag_is_one_clear_line(args, needles, tmp_path):
-    env = {"GEMMA4_BENCH_CACHE": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
-    proc = run_cli([*args, *(["--runs-dir", str(tmp_path / "r")] if args[0] == "sweep" else [])], env=env)
+def test_a_bad_decode_loop_flag_is_one_clear_line(args, needles, tmp_path, builtin_checkpoints):
+    env = {"GEMMA4_BENCH_CACHE": str(seeded_cache_root(tmp_path / "cache", builtin_checkpoints)), "JAX_PLATFORMS": "cpu"}
+    proc = run_cli_here([*args, *(["--runs-dir", str(tmp_path / "r")] if args[0] == "sweep" else [])], env=env)
     assert_one_line_error(proc, *needles)
     assert not Path("/tmp/never-made-gpu-run").exists()

@@ -12,7 +12,7 @@ import statistics
 import threading
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, run_cli_here
 from test_remote import MODEL, FakeEndpoint
 
 from bench.runs import open_run, validate_run
@@ -151,7 +151,7 @@ def test_resuming_a_servers_run_without_target_is_refused_before_anything_runs(e
                      stop=stop, load=True)  # fmt: skip
     (folder,) = list(tmp_path.iterdir())
     before = sorted((p.name, p.stat().st_size) for p in folder.iterdir())
-    proc = run_cli(["sweep", "--resume", str(folder), "--checkpoint", str(tiny_checkpoint)])
+    proc = run_cli_here(["sweep", "--resume", str(folder), "--checkpoint", str(tiny_checkpoint)])
     assert_one_line_error(proc, "measured a server", "--target")
     assert sorted((p.name, p.stat().st_size) for p in folder.iterdir()) == before  # the run left as it was
 
@@ -196,7 +196,7 @@ def test_a_server_counting_other_prompt_tokens_fails_its_levels_and_the_cli_exit
     (["--target", "http://127.0.0.1:9/v1", "--concurrency", "2", "--request-rate", "-1"], ("--request-rate -1",)),
 ])  # fmt: skip
 def test_load_flags_are_refused_in_one_line(extra, needles, tmp_path):
-    proc = run_cli(["sweep", *extra, "--runs-dir", str(tmp_path)], env={"JAX_PLATFORMS": "cpu"}, timeout=60)
+    proc = run_cli_here(["sweep", *extra, "--runs-dir", str(tmp_path)], env={"JAX_PLATFORMS": "cpu"}, timeout=60)
     assert_one_line_error(proc, *needles)
     assert not any(tmp_path.iterdir())
 

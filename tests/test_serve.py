@@ -719,7 +719,7 @@ def test_bench_serve_passes_weight_dtype_to_the_engine(tiny_checkpoint, tmp_path
 
 
 def test_a_bad_weight_dtype_is_one_line_before_the_port_opens():
-    from conftest import assert_one_line_error, run_cli
+    from conftest import assert_one_line_error, run_cli_here
 
     from bench.cli.serve_cmds import _check_options
     from bench.errors import InputError
@@ -729,7 +729,8 @@ def test_a_bad_weight_dtype_is_one_line_before_the_port_opens():
     with socket.socket() as taken:  # a port in use: the flag is refused first, not the port
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        proc = run_cli(["serve", "--port", str(taken.getsockname()[1]), "--weight-dtype", "int3"], timeout=120)
+        proc = run_cli_here(["serve", "--port", str(taken.getsockname()[1]), "--weight-dtype", "int3"],
+                            timeout=120)  # fmt: skip
     assert_one_line_error(proc, "--weight-dtype int3", "unknown dtype", "bfloat16")
 
 
@@ -752,10 +753,10 @@ def test_a_backend_that_cannot_run_is_one_line_before_the_port_opens(tmp_path):
 def test_a_bad_engine_switch_is_one_line_before_the_port_opens(switch):
     """The engine would refuse the value only when it loads, after the port has opened: `bench serve` refuses it
     first, in one line, and exits 2 with the port never bound (a port in use would otherwise be the error)."""
-    from conftest import assert_one_line_error, run_cli
+    from conftest import assert_one_line_error, run_cli_here
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        proc = run_cli(["serve", "--port", str(taken.getsockname()[1])], env={switch: "of"}, timeout=120)
+        proc = run_cli_here(["serve", "--port", str(taken.getsockname()[1])], env={switch: "of"}, timeout=120)
     assert_one_line_error(proc, f"{switch}='of'", "expected 1/true/on/yes or 0/false/off/no")

@@ -109,15 +109,16 @@ def test_a_non_loopback_host_without_a_key_warns_once():
 
 
 def test_an_empty_api_key_or_body_limit_is_refused_before_the_port_opens():
-    from conftest import assert_one_line_error, run_cli
+    from conftest import assert_one_line_error, run_cli_here
 
-    assert_one_line_error(run_cli(["serve", "--max-body-bytes", "0"]), "--max-body-bytes 0")
-    assert_one_line_error(run_cli(["serve"], env={"GEMMA4_BENCH_API_KEY": " "}), "--api-key", "GEMMA4_BENCH_API_KEY")
+    assert_one_line_error(run_cli_here(["serve", "--max-body-bytes", "0"]), "--max-body-bytes 0")
+    assert_one_line_error(run_cli_here(["serve"], env={"GEMMA4_BENCH_API_KEY": " "}), "--api-key",
+                          "GEMMA4_BENCH_API_KEY")  # fmt: skip
     # set but empty: typer reads it as None; a key with white space around it could never match the stripped token
-    empty = run_cli(["serve"], env={"GEMMA4_BENCH_API_KEY": ""}, timeout=120)
+    empty = run_cli_here(["serve"], env={"GEMMA4_BENCH_API_KEY": ""}, timeout=120)
     assert_one_line_error(empty, "--api-key", "GEMMA4_BENCH_API_KEY")
-    assert_one_line_error(run_cli(["serve", "--api-key", " k "], timeout=120), "--api-key", "white space")
-    spaced = run_cli(["serve"], env={"GEMMA4_BENCH_API_KEY": "k\t"}, timeout=120)
+    assert_one_line_error(run_cli_here(["serve", "--api-key", " k "], timeout=120), "--api-key", "white space")
+    spaced = run_cli_here(["serve"], env={"GEMMA4_BENCH_API_KEY": "k\t"}, timeout=120)
     assert_one_line_error(spaced, "--api-key", "white space")
 
 

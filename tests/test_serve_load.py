@@ -346,7 +346,7 @@ def test_a_deadline_stops_a_running_request_and_refuses_a_waiting_one(tiny_check
 
 
 def test_bad_scheduler_options_are_refused_in_one_line_before_the_port_opens():
-    from conftest import assert_one_line_error, run_cli
+    from conftest import assert_one_line_error, run_cli_here
 
     from bench.cli.serve_cmds import _check_options
     from bench.errors import InputError
@@ -355,4 +355,4 @@ def test_bad_scheduler_options_are_refused_in_one_line_before_the_port_opens():
                      ({"request_deadline": 0.0}, "--request-deadline 0.0")):  # fmt: skip
         with pytest.raises(InputError, match=flag):
             _check_options(None, 8000, None, None, None, 1024, None, **kw)
-    assert_one_line_error(run_cli(["serve", "--max-batch", "0"]), "--max-batch 0", "decode slots")
+    assert_one_line_error(run_cli_here(["serve", "--max-batch", "0"]), "--max-batch 0", "decode slots")

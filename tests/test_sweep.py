@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, run_cli_here, seeded_cache_root
 
 from bench.runs import open_run, validate_run
 
@@ -22,8 +22,8 @@ INPUTS = "20,41,70"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
+def env(tmp_path_factory, builtin_checkpoints):
+    cache = seeded_cache_root(tmp_path_factory.mktemp("cache"), builtin_checkpoints)
     return {"GEMMA4_BENCH_CACHE": str(cache), "JAX_PLATFORMS": "cpu"}
 
 
@@ -121,7 +121,7 @@ def test_name_clash_is_refused_and_the_old_run_is_kept(finished_run, env):
 )
 def test_bad_sweep_input_is_one_clear_line(args, needles, env, tmp_path):
     base = ["sweep", "--checkpoint", "builtin:tiny", "--max-new-tokens", "4", "--runs-dir", str(tmp_path / "r")]
-    proc = run_cli(base + args, env=env)
+    proc = run_cli_here(base + args, env=env)
     assert_one_line_error(proc, *needles)
 
 
