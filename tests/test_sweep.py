@@ -113,7 +113,7 @@ def test_name_clash_is_refused_and_the_old_run_is_kept(finished_run, env):
         (["--inputs", "100", "--max-length", "64"], ["100 tokens", "--max-length 100..256"]),
         (["--inputs", "20", "--buckets", "64,32"], ["--buckets 64,32", "increasing", "--buckets 32,64"]),
         (["--repeats", "0"], ["--repeats 0"]),
-        (["--inputs", "20", "--runs-dir", "/proc/gemma4-bench-runs"], ["not writable", "--runs-dir"]),
+        (["--inputs", "20", "--runs-dir", "/proc/gemma4-bench-runs"], ["--runs-dir", "cannot create"]),
         (["--inputs", "5"], ["below the smallest possible prompt"]),
         (["--inputs", "20", "--buckets", "64,x"], ["--buckets 64,x", "whole numbers"]),
         (["--inputs", "100", "--buckets", "32,64"], ["100 tokens", "largest bucket 64", "--buckets"]),
