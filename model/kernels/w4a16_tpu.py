@@ -17,14 +17,19 @@ Operands (prepared outside the kernel; none is a copy of the weight):
 
 Grid (Rp / bm, N / bn, K / bk), the last axis the reduction ("arbitrary": the output block stays in VMEM across it
 and is zeroed at its first step), the others "parallel". One step: for each of its bk / g groups (unrolled: at
-most `fit_tpu.MAX_GROUPS_PER_STEP`), the group's g / 8 word rows [g / 8, bn]; for p = 0..7 nibble p shifted to the
-top of the word and back (arithmetic shift: the two's complement value, exact), converted to float32 and then to
-the activation dtype (exact: |q| <= 8); the 8 runs stacked along K are the group's [g, bn] values in natural order
-(aligned: 16 rows each at g = 128); x [bm, g] times them on the matrix unit with a float32 result; that scaled by
-the group's scales [1, bn] and added to the float32 accumulator. The products are exact in the integers; scaling
-after each group's product keeps the weight's values exact whatever the scale dtype; the float32 sums run in
-group order, so results can differ from XLA's product (`model.quant.matmul`) in the last float32 bits before the
-cast to the activation dtype.
+most `fit_tpu.MAX_GROUPS_PER_STEP`), the group's g / 8 word rows [g / 8, bn] become its [g, bn] values in
+K order as bfloat16 f = 1 + (q + 8) / 16, two per 32-bit lane (a shift, a mask and an OR with bfloat16 1.0 in
+both halves, read as bfloat16 by `pltpu.bitcast`: the layout's pair order, `model.kernels.tpu_layout`); x [bm, g]
+times them on the matrix unit with a float32 result d; since q = 16 f - 24, the group's x . q is 16 d - 24 sum(x)
+(x's row sums, float32); that scaled by the group's scales [1, bn] and added to the float32 accumulator. Every f
+is exact in bfloat16 (1 + u / 16, four mantissa bits) and each product x f exact in float32; the float32 sums of d
+run over values of about 1.5 |x| rather than |q x|, so their rounding is a few times larger than a product of the
+integers (still about 1e-6 relative, far below the bfloat16 output's 2^-9). Why this form: at decode's one row
+the kernel is bound by the vector unit's unpacking, not by HBM (issue 43's profile: 437 GB/s of packed weights at
+a 698 GiB/s streaming read); shifting each nibble out and converting it to float32 and then bfloat16 took about
+five vector operations per weight, this 1.5 and no conversion (`scripts/probes/w4_unpack_tpu.py` times both).
+Results can differ from XLA's product (`model.quant.matmul`) in the last float32 bits before the cast to the
+activation dtype.
 
 The vector-unit variant (`tiling.vpu_rows` >= R: a decode step's few rows; `model.kernels.fit_tpu.VPU_ROWS` says
 when the engine plans it, 0 until measured): the same grid, words and scales; x handed transposed per group
@@ -51,7 +56,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from model.kernels.fit_tpu import SCOPED_VMEM, VPU_ROW_PAD, TpuTiling, rows_block, tiling_problem_tpu
-from model.kernels.tpu_layout import PLANES
+from model.kernels.tpu_layout import OFFSET, PAIRS, PLANES
 
 __all__ = ["KERNEL_NAME", "w4a16_tpu_matmul"]
 
@@ -60,9 +65,30 @@ KERNEL_NAME = "w4a16_pallas_tpu_kernel"
 containing "w4a16_pallas" as the w4a16 kernel)."""
 
 
-def _run(w: jax.Array, p: int) -> jax.Array:
-    """int32 words -> the signed value of nibble p (bits 4p..4p+3) of each, int32 in [-8, 7]."""
-    return (w << (28 - 4 * p)) >> 28 if p < PLANES - 1 else w >> 28
+_MASK = 0x00780078
+"""Bits 3..6 of each 16-bit half: the top four of a bfloat16's seven mantissa bits."""
+
+_ONE = 0x3F803F80
+"""bfloat16 1.0 (0x3F80) in both halves of a 32-bit lane."""
+
+
+def _pair_plane(w: jax.Array, j: int) -> jax.Array:
+    """int32 words [r, bn] -> bfloat16 [2 r, bn]: nibbles j (row 2a) and j + 4 (row 2a + 1) of word row a as
+    1 + u / 16, u the stored nibble q + 8 (`model.kernels.tpu_layout`): nibble j moved to bits 3..6, nibble j + 4
+    to bits 19..22, masked, ORed into bfloat16 1.0 in both halves, the lanes read as bfloat16 pairs."""
+    t = w << 3 if j == 0 else jax.lax.shift_right_logical(w, jnp.int32(4 * j - 3))
+    return pltpu.bitcast((t & jnp.int32(_MASK)) | jnp.int32(_ONE), jnp.bfloat16)
+
+
+def _group_values(w: jax.Array) -> jax.Array:
+    """A group's g / 8 word rows [g / 8, bn] -> its [g, bn] values f = 1 + (q + 8) / 16 in bfloat16, rows in K
+    order (the 4 pair planes stacked: row j g / 4 + 2 a + h)."""
+    return jnp.concatenate([_pair_plane(w, j) for j in range(PAIRS)], axis=0)
+
+
+def _nibble(w: jax.Array, p: int) -> jax.Array:
+    """int32 words -> the value q of nibble p (bits 4p..4p+3, stored as q + 8) of each, int32 in [-8, 7]."""
+    return ((w >> (4 * p)) & 15) - OFFSET
 
 
 def _zero_at_first_k_step(o_ref) -> None:
@@ -73,23 +99,26 @@ def _zero_at_first_k_step(o_ref) -> None:
 
 def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, groups: int):
     """One grid step: x_ref [groups, bm, g], w_ref [groups g / 8, bn] int32, s_ref [groups, bn], o_ref [bm, bn]
-    float32 (resident across the K axis of the grid)."""
+    float32 (resident across the K axis of the grid). Per group: f = 1 + (q + 8) / 16 exactly, so q = 16 f - 24 and
+    x . q = 16 (x . f) - 24 sum(x); the product x . f on the matrix unit, the correction from the row sums."""
     _zero_at_first_k_step(o_ref)
     rows = group // PLANES
     s = s_ref[...].astype(jnp.float32)
     acc = None
     for i in range(groups):
         x = x_ref[i]
-        w = w_ref[i * rows : (i + 1) * rows, :]
-        q = jnp.concatenate([_run(w, p).astype(jnp.float32).astype(x.dtype) for p in range(PLANES)], axis=0)
-        d = jax.lax.dot_general(x, q, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        part = d * s[i : i + 1, :]
+        f = _group_values(w_ref[i * rows : (i + 1) * rows, :])
+        f = f if x.dtype == jnp.bfloat16 else f.astype(x.dtype)
+        d = jax.lax.dot_general(x, f, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        c = jnp.sum(x.astype(jnp.float32), axis=1, keepdims=True)
+        part = (d * 16.0 - c * (16.0 + OFFSET)) * s[i : i + 1, :]
         acc = part if acc is None else acc + part
     o_ref[...] += acc
 
 
 def _kernel_vpu(xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: int):
-    """One grid step of the vector-unit variant: xt_ref [groups, g, 8] float32 (x transposed, rows padded to 8),
+    """One grid step of the vector-unit variant: xt_ref [groups, g, 8] float32 (x transposed, rows padded to 8,
+    each group's K indices in nibble order: row p g / 8 + a holds the value of nibble p of word row a),
     w_ref [groups g / 8, bn] int32, s_ref [groups, bn], o_ref [8, bn] float32 (resident across the K axis)."""
     _zero_at_first_k_step(o_ref)
     run = group // PLANES
@@ -101,7 +130,7 @@ def _kernel_vpu(xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: i
         w = w_ref[i * run : (i + 1) * run, :]
         sums = [None] * rows
         for p in range(PLANES):
-            q = _run(w, p).astype(jnp.float32)
+            q = _nibble(w, p).astype(jnp.float32)
             for r in range(rows):
                 term = q * jnp.broadcast_to(xt[p * run : (p + 1) * run, r : r + 1], (run, bn))
                 sums[r] = term if sums[r] is None else sums[r] + term
@@ -141,7 +170,9 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
     if vpu:  # x transposed per group, rows padded to 8 (one row block)
         bm = rp = VPU_ROW_PAD
         x = jnp.pad(x_RK.astype(jnp.float32), ((0, rp - r), (0, 0)))
-        x_in = jnp.transpose(x.reshape(rp, k // group, group), (1, 2, 0))
+        # K within a group in nibble order p = j + 4 h (K index j g / 4 + 2 a + h -> row p g / 8 + a)
+        x = x.reshape(rp, k // group, PAIRS, group // PLANES, 2)
+        x_in = jnp.transpose(x, (1, 4, 2, 3, 0)).reshape(k // group, group, rp)
         x_spec = pl.BlockSpec((groups, group, rp), lambda i, j, kk: (kk, 0, 0))
     else:
         bm = rows_block(r, tiling)
