@@ -55,7 +55,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from model.kernels.fit_tpu import SCOPED_VMEM, VPU_ROW_PAD, TpuTiling, rows_block, tiling_problem_tpu
+from model.kernels.fit_tpu import SCOPED_VMEM, VPU_MAX_ROWS, VPU_ROW_PAD, TpuTiling, rows_block, tiling_problem_tpu
 from model.kernels.tpu_layout import OFFSET, PAIRS, PLANES
 
 __all__ = ["KERNEL_NAME", "w4a16_tpu_matmul"]
@@ -141,14 +141,68 @@ def _kernel_vpu(xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: i
         o_ref[r : r + 1, :] += acc[r]
 
 
-def w4a16_tpu_kernel(*refs, vpu_rows: int = 0, **kw):
-    """The kernel body (the vector-unit variant for `vpu_rows` > 0 rows), named `KERNEL_NAME` for traces."""
+def _f32_plane(w: jax.Array, p: int) -> jax.Array:
+    """int32 words -> float32 1 + u / 16 for nibble p (u = q + 8, the stored nibble): the nibble moved to bits
+    19..22 (the top four of float32's 23 mantissa bits), masked and ORed into 1.0. Three integer operations, no
+    conversion."""
+    t = w << (19 - 4 * p) if 4 * p <= 19 else jax.lax.shift_right_logical(w, jnp.int32(4 * p - 19))
+    return jax.lax.bitcast_convert_type((t & jnp.int32(0x00780000)) | jnp.int32(0x3F800000), jnp.float32)
+
+
+def _kernel_hybrid(x_ref, xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: int, split: int):
+    """One grid step of the hybrid form at `rows` <= 8 rows: outputs [0, split) of the block as `_kernel` (matrix
+    unit), outputs [split, bn) on the vector unit: per nibble plane p the values f = 1 + u / 16 in float32
+    (`_f32_plane`) times each row's activations for that plane (xt_ref [groups, g, 8] float32, nibble order, as the
+    vector-unit variant's), summed over the planes and the g / 8 word rows; then 16 that - 24 sum(x), scaled.
+    x_ref [groups, bm, g]; w_ref [groups g / 8, bn] int32; s_ref [groups, bn]; o_ref [bm, bn] float32."""
+    _zero_at_first_k_step(o_ref)
+    run = group // PLANES
+    s = s_ref[...].astype(jnp.float32)
+    acc, acc_v = None, [None] * rows
+    for i in range(groups):
+        w = w_ref[i * run : (i + 1) * run, :]
+        x = x_ref[i]
+        d = jax.lax.dot_general(x, _group_values(w[:, :split]), (((1,), (0,)), ((), ())),
+                                preferred_element_type=jnp.float32)  # fmt: skip
+        c = jnp.sum(x.astype(jnp.float32), axis=1, keepdims=True)
+        part = (d * 16.0 - c * (16.0 + OFFSET)) * s[i : i + 1, :split]
+        acc = part if acc is None else acc + part
+        xt, wv = xt_ref[i], w[:, split:]
+        sums = [None] * rows
+        for p in range(PLANES):
+            f = _f32_plane(wv, p)
+            for r in range(rows):
+                term = f * xt[p * run : (p + 1) * run, r : r + 1]
+                sums[r] = term if sums[r] is None else sums[r] + term
+        for r in range(rows):
+            cr = jnp.sum(xt[:, r : r + 1], axis=0, keepdims=True)
+            part_v = (jnp.sum(sums[r], axis=0, keepdims=True) * 16.0 - cr * (16.0 + OFFSET)) * s[i : i + 1, split:]
+            acc_v[r] = part_v if acc_v[r] is None else acc_v[r] + part_v
+    o_ref[:, :split] += acc
+    for r in range(rows):
+        o_ref[r : r + 1, split:] += acc_v[r]
+
+
+def w4a16_tpu_kernel(*refs, vpu_rows: int = 0, hybrid_rows: int = 0, split: int = 0, **kw):
+    """The kernel body (the vector-unit variant for `vpu_rows` > 0 rows, the hybrid form for `hybrid_rows` > 0),
+    named `KERNEL_NAME` for traces."""
     if vpu_rows:
         return _kernel_vpu(*refs, rows=vpu_rows, **kw)
+    if hybrid_rows:
+        return _kernel_hybrid(*refs, rows=hybrid_rows, split=split, **kw)
     return _kernel(*refs, **kw)
 
 
 w4a16_tpu_kernel.__name__ = KERNEL_NAME
+
+
+def _nibble_major(x_RK: jax.Array, k: int, group: int) -> jax.Array:
+    """x [R, K] -> float32 [K / g, g, 8]: transposed per group, rows padded to 8, K within a group in nibble order
+    p = j + 4 h (K index j g / 4 + 2 a + h -> row p g / 8 + a), the vector unit's activations."""
+    r = x_RK.shape[0]
+    x = jnp.pad(x_RK.astype(jnp.float32), ((0, VPU_ROW_PAD - r), (0, 0)))
+    x = x.reshape(VPU_ROW_PAD, k // group, PAIRS, group // PLANES, 2)
+    return jnp.transpose(x, (1, 4, 2, 3, 0)).reshape(k // group, group, VPU_ROW_PAD)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "n", "group", "tiling", "interpret"))
@@ -158,7 +212,8 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
 
     words: int32 [K / 8, N]; scales: [K / group, N], any float dtype (`model.kernels.tpu_layout`). Rows are padded
     to a multiple of the row block (`model.kernels.fit_tpu.rows_block`: R rounded up to 16, at most tiling.bm); R
-    <= tiling.vpu_rows takes the vector-unit variant. Raises ValueError naming why when `tiling` does not tile the
+    <= tiling.vpu_rows takes the vector-unit variant, R <= `fit_tpu.VPU_MAX_ROWS` with tiling.vpu_cols the hybrid
+    form (`_kernel_hybrid`). Raises ValueError naming why when `tiling` does not tile the
     shape (`model.kernels.fit_tpu.tiling_problem_tpu`: a program error; the engine plans tilings with
     `model.kernels.fit_tpu`). `interpret`: run as jax ops (CPU, tests)."""
     problem = tiling_problem_tpu(k, n, group, tiling)
@@ -166,14 +221,13 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
         raise ValueError(f"tiling {tiling.text} does not tile K={k} N={n} group {group}: {problem}")
     r = x_RK.shape[0]
     vpu = r <= tiling.vpu_rows
+    hybrid = not vpu and tiling.vpu_cols and r <= VPU_MAX_ROWS
     groups, bn = tiling.bk // group, tiling.bn
+    xt_spec = pl.BlockSpec((groups, group, VPU_ROW_PAD), lambda i, j, kk: (kk, 0, 0))
+    extra = [(_nibble_major(x_RK, k, group), xt_spec)] if hybrid else []
     if vpu:  # x transposed per group, rows padded to 8 (one row block)
         bm = rp = VPU_ROW_PAD
-        x = jnp.pad(x_RK.astype(jnp.float32), ((0, rp - r), (0, 0)))
-        # K within a group in nibble order p = j + 4 h (K index j g / 4 + 2 a + h -> row p g / 8 + a)
-        x = x.reshape(rp, k // group, PAIRS, group // PLANES, 2)
-        x_in = jnp.transpose(x, (1, 4, 2, 3, 0)).reshape(k // group, group, rp)
-        x_spec = pl.BlockSpec((groups, group, rp), lambda i, j, kk: (kk, 0, 0))
+        x_in, x_spec = _nibble_major(x_RK, k, group), xt_spec
     else:
         bm = rows_block(r, tiling)
         rp = -(-r // bm) * bm
@@ -183,16 +237,18 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
     grid = (rp // bm, n // bn, k // tiling.bk)
     in_specs = [
         x_spec,
+        *[spec for _, spec in extra],
         pl.BlockSpec((tiling.bk // PLANES, bn), lambda i, j, kk: (kk, j)),
         pl.BlockSpec((groups, bn), lambda i, j, kk: (kk, j)),
     ]
     out_spec = pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))
     params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
                                   vmem_limit_bytes=SCOPED_VMEM)  # fmt: skip
-    kernel = functools.partial(w4a16_tpu_kernel, group=group, groups=groups, vpu_rows=r if vpu else 0)
+    kernel = functools.partial(w4a16_tpu_kernel, group=group, groups=groups, vpu_rows=r if vpu else 0,
+                               hybrid_rows=r if hybrid else 0, split=bn - tiling.vpu_cols)  # fmt: skip
     with jax.named_scope(KERNEL_NAME):
         out = pl.pallas_call(
             kernel, out_shape=jax.ShapeDtypeStruct((rp, n), jnp.float32), grid=grid, in_specs=in_specs,
             out_specs=out_spec, compiler_params=params, interpret=interpret, name=KERNEL_NAME,
-        )(x_in, words, scales)  # fmt: skip
+        )(x_in, *[a for a, _ in extra], words, scales)  # fmt: skip
     return out[:r].astype(x_RK.dtype)
