@@ -9,14 +9,15 @@ projection the kernel multiplies is stored at load (`model.kernels.choice.with_t
 layout, in the logical [K, N] orientation of its product (a leaf whose contraction axis is 1, [N, K], is
 transposed):
 
-- words: int32 [K / 8, N]. K splits into groups of g values (the w4 group, a multiple of 64), each group into g / 8
-  word rows; value q[gi g + j g / 4 + 2 a + h, n] (j = 0..3, a < g / 8, h = 0..1) sits in word row gi g / 8 + a of
-  column n, bits 4 (j + 4 h)..4 (j + 4 h) + 3, as the unsigned nibble q + 8 (offset binary, 0..15). So nibbles j and
-  j + 4 of a word are 16 bits apart: one shift, one mask and one OR with 0x3F803F80 make them two bfloat16 numbers
-  1 + (q + 8) / 16 in the two halves of one 32-bit lane, and `pltpu.bitcast` reads the [g / 8, N] lanes of plane j
-  as [g / 4, N] bfloat16 values in K order j g / 4 + 2 a + h (the kernel, `model.kernels.w4a16_tpu`: 1.5 integer
-  operations per weight and no conversion, where shifting each nibble out and converting it took about five).
-  Outputs stay along the 128-wide lanes (N), natural.
+- words: int32 [K / 8, N]. K splits into groups of g values (the w4 group, a multiple of 8), each group into 8
+  runs of g / 8 consecutive values; word row gi g / 8 + i (i < g / 8) of column n holds, in bits 4p..4p+3, value
+  q[gi g + p g / 8 + i, n] + 8 (offset binary: 0..15 for q in [-8, 7]) for p = 0..7. A group is g / 8 word rows;
+  masking nibble p out of them gives run p, [g / 8, N]; the 8 runs stacked in p order are the group's [g, N] values
+  in their natural order along K. Nibbles j and j + 4 of a word are 16 bits apart, so one shift, one mask and one OR
+  with 0x3F803F80 make them two bfloat16 numbers 1 + (q + 8) / 16 in the two halves of one 32-bit lane, which
+  `pltpu.bitcast` reads as rows 2i and 2i + 1 of a bfloat16 array: runs j and j + 4 interleaved (the kernel,
+  `model.kernels.w4a16_tpu`, permutes the activations to match: 1.5 integer operations per weight and no
+  conversion). Outputs stay along the 128-wide lanes (N), natural.
 - scales: [K / g, N], those of the [K, N] orientation (the leaf's own for [K, N]; transposed for [N, K]).
 
 Bytes: K / 8 x N words x 4 B = K N / 2 B, the same as the uint8 layout's (N or K even); the scales are the same
@@ -38,40 +39,29 @@ PLANES = 8
 """int4 values per 32-bit word."""
 
 PAIRS = 4
-"""bfloat16 pairs per word: nibbles j and j + 4 (`pack_words`)."""
+"""bfloat16 pairs per word: nibbles j and j + 4 (the kernel's unpacking)."""
 
 OFFSET = 8
 """Each nibble holds q + OFFSET, so 0..15 for q in [-8, 7]."""
 
 
-def _split(a: jax.Array, group: int) -> jax.Array:
-    """[K, N] -> [K / g, 4, g / 8, 2, N]: axis 1 j, axis 2 a, axis 3 h of K index gi g + j g / 4 + 2 a + h."""
-    k, n = a.shape
-    return a.reshape(k // group, PAIRS, group // PLANES, 2, n)
-
-
 def pack_words(q_KN: jax.Array, group: int) -> jax.Array:
-    """int values in [-8, 7] [K, N] (K a multiple of `group`, `group` of 64) -> int32 words [K / 8, N] (module
-    docstring's order). Raises ValueError for a group that is not a multiple of 64."""
-    if group % (PLANES * 8):
-        raise ValueError(f"TPU layout: group {group} is not a multiple of 64 (g / 8 word rows fill 8 sublanes)")
+    """int values in [-8, 7] [K, N] (K a multiple of `group`, `group` of 8) -> int32 words [K / 8, N] (module
+    docstring's order)."""
     k, n = q_KN.shape
-    u = _split((q_KN.astype(jnp.int32) + OFFSET) & 15, group)
-    words = None
-    for j in range(PAIRS):
-        for h in range(2):
-            plane = u[:, j, :, h, :] << (4 * (j + PAIRS * h))
-            words = plane if words is None else words | plane
+    nib = ((q_KN.astype(jnp.int32) + OFFSET) & 15).reshape(k // group, PLANES, group // PLANES, n)
+    words = nib[:, 0]
+    for p in range(1, PLANES):
+        words = words | (nib[:, p] << (4 * p))
     return words.reshape(k // PLANES, n)
 
 
 def unpack_words(words: jax.Array, group: int) -> jax.Array:
-    """int32 words [K / 8, N] -> int8 values [K, N] (`pack_words`' inverse)."""
+    """int32 words [K / 8, N] -> int8 values [K, N] (`pack_words`' inverse): nibble p masked out, less the offset."""
     rows, n = words.shape
     w = words.reshape(rows * PLANES // group, group // PLANES, n)
-    planes = [[((w >> (4 * (j + PAIRS * h))) & 15) - OFFSET for h in range(2)] for j in range(PAIRS)]
-    q = jnp.stack([jnp.stack(hs, axis=2) for hs in planes], axis=1)  # [G, 4, g / 8, 2, N]
-    return q.reshape(rows * PLANES, n).astype(jnp.int8)
+    runs = jnp.stack([((w >> (4 * p)) & 15) - OFFSET for p in range(PLANES)], axis=1)  # [G, 8, g / 8, N]
+    return runs.reshape(rows * PLANES, n).astype(jnp.int8)
 
 
 def _unpack_bytes(packed: jax.Array, n: int) -> jax.Array:
@@ -101,9 +91,9 @@ def to_tpu(values: jax.Array, scales: jax.Array, shape: tuple[int, int], axis: i
     s = scales
     if axis == 1:
         q, s = q.T, s.T
-    if group % (PLANES * 8) or q.shape[0] % group:
+    if group % PLANES or q.shape[0] % group:
         raise ValueError(f"TPU layout: K={q.shape[0]} of a {shape} leaf is not a multiple of its group {group}, or "
-                         f"the group is not a multiple of 64")  # fmt: skip
+                         f"the group is not a multiple of {PLANES}")  # fmt: skip
     return pack_words(q, group), s
 
 

@@ -11,15 +11,17 @@ Key: R activation rows, K contraction length, N outputs, g the w4 group, G = K /
 
 Operands (prepared outside the kernel; none is a copy of the weight):
 - x [G, Rp, g]: the activations, rows padded to Rp (a multiple of the row block), split into groups along K and
-  moved group-major (a [R, K] array, small beside the weight), so a group's activations are one leading index;
+  moved group-major, each group's K order permuted to the unpacked values' (`_pair_order`; a [R, K] array, small
+  beside the weight), so a group's activations are one leading index;
 - words int32 [K / 8, N] and scales [G, N]: the leaf as stored (`model.kernels.tpu_layout`);
 - out float32 [Rp, N]: cast to the activation dtype after the kernel.
 
 Grid (Rp / bm, N / bn, K / bk), the last axis the reduction ("arbitrary": the output block stays in VMEM across it
 and is zeroed at its first step), the others "parallel". One step: for each of its bk / g groups (unrolled: at
-most `fit_tpu.MAX_GROUPS_PER_STEP`), the group's g / 8 word rows [g / 8, bn] become its [g, bn] values in
-K order as bfloat16 f = 1 + (q + 8) / 16, two per 32-bit lane (a shift, a mask and an OR with bfloat16 1.0 in
-both halves, read as bfloat16 by `pltpu.bitcast`: the layout's pair order, `model.kernels.tpu_layout`); x [bm, g]
+most `fit_tpu.MAX_GROUPS_PER_STEP`), the group's g / 8 word rows [g / 8, bn] become its [g, bn] values as
+bfloat16 f = 1 + (q + 8) / 16, two per 32-bit lane (a shift, a mask and an OR with bfloat16 1.0 in both halves,
+read as bfloat16 by `pltpu.bitcast`: runs j and j + 4 interleaved, `model.kernels.tpu_layout`); x [bm, g], its K
+order permuted to match (`_pair_order`),
 times them on the matrix unit with a float32 result d; since q = 16 f - 24, the group's x . q is 16 d - 24 sum(x)
 (x's row sums, float32); that scaled by the group's scales [1, bn] and added to the float32 accumulator. Every f
 is exact in bfloat16 (1 + u / 16, four mantissa bits) and each product x f exact in float32; the float32 sums of d
@@ -73,7 +75,7 @@ _ONE = 0x3F803F80
 
 
 def _pair_plane(w: jax.Array, j: int) -> jax.Array:
-    """int32 words [r, bn] -> bfloat16 [2 r, bn]: nibbles j (row 2a) and j + 4 (row 2a + 1) of word row a as
+    """int32 words [r, bn] -> bfloat16 [2 r, bn]: nibbles j (row 2i) and j + 4 (row 2i + 1) of word row i as
     1 + u / 16, u the stored nibble q + 8 (`model.kernels.tpu_layout`): nibble j moved to bits 3..6, nibble j + 4
     to bits 19..22, masked, ORed into bfloat16 1.0 in both halves, the lanes read as bfloat16 pairs."""
     t = w << 3 if j == 0 else jax.lax.shift_right_logical(w, jnp.int32(4 * j - 3))
@@ -81,8 +83,8 @@ def _pair_plane(w: jax.Array, j: int) -> jax.Array:
 
 
 def _group_values(w: jax.Array) -> jax.Array:
-    """A group's g / 8 word rows [g / 8, bn] -> its [g, bn] values f = 1 + (q + 8) / 16 in bfloat16, rows in K
-    order (the 4 pair planes stacked: row j g / 4 + 2 a + h)."""
+    """A group's g / 8 word rows [g / 8, bn] -> its [g, bn] values f = 1 + (q + 8) / 16 in bfloat16, the 4 pair
+    planes stacked: row j g / 4 + 2 i + h holds K index (j + 4 h) g / 8 + i of the group (`_pair_order`)."""
     return jnp.concatenate([_pair_plane(w, j) for j in range(PAIRS)], axis=0)
 
 
@@ -117,8 +119,7 @@ def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, groups: int):
 
 
 def _kernel_vpu(xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: int):
-    """One grid step of the vector-unit variant: xt_ref [groups, g, 8] float32 (x transposed, rows padded to 8,
-    each group's K indices in nibble order: row p g / 8 + a holds the value of nibble p of word row a),
+    """One grid step of the vector-unit variant: xt_ref [groups, g, 8] float32 (x transposed, rows padded to 8),
     w_ref [groups g / 8, bn] int32, s_ref [groups, bn], o_ref [8, bn] float32 (resident across the K axis)."""
     _zero_at_first_k_step(o_ref)
     run = group // PLANES
@@ -152,8 +153,8 @@ def _f32_plane(w: jax.Array, p: int) -> jax.Array:
 def _kernel_hybrid(x_ref, xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: int, split: int):
     """One grid step of the hybrid form at `rows` <= 8 rows: outputs [0, split) of the block as `_kernel` (matrix
     unit), outputs [split, bn) on the vector unit: per nibble plane p the values f = 1 + u / 16 in float32
-    (`_f32_plane`) times each row's activations for that plane (xt_ref [groups, g, 8] float32, nibble order, as the
-    vector-unit variant's), summed over the planes and the g / 8 word rows; then 16 that - 24 sum(x), scaled.
+    (`_f32_plane`) times each row's activations for that plane (xt_ref [groups, g, 8] float32, as the vector-unit
+    variant's), summed over the planes and the g / 8 word rows; then 16 that - 24 sum(x), scaled.
     x_ref [groups, bm, g]; w_ref [groups g / 8, bn] int32; s_ref [groups, bn]; o_ref [bm, bn] float32."""
     _zero_at_first_k_step(o_ref)
     run = group // PLANES
@@ -196,13 +197,19 @@ def w4a16_tpu_kernel(*refs, vpu_rows: int = 0, hybrid_rows: int = 0, split: int 
 w4a16_tpu_kernel.__name__ = KERNEL_NAME
 
 
-def _nibble_major(x_RK: jax.Array, k: int, group: int) -> jax.Array:
-    """x [R, K] -> float32 [K / g, g, 8]: transposed per group, rows padded to 8, K within a group in nibble order
-    p = j + 4 h (K index j g / 4 + 2 a + h -> row p g / 8 + a), the vector unit's activations."""
-    r = x_RK.shape[0]
-    x = jnp.pad(x_RK.astype(jnp.float32), ((0, VPU_ROW_PAD - r), (0, 0)))
-    x = x.reshape(VPU_ROW_PAD, k // group, PAIRS, group // PLANES, 2)
-    return jnp.transpose(x, (1, 4, 2, 3, 0)).reshape(k // group, group, VPU_ROW_PAD)
+def _transposed(x_RK: jax.Array, k: int, group: int) -> jax.Array:
+    """x [R, K] -> float32 [K / g, g, 8]: transposed per group, rows padded to 8, the vector unit's activations."""
+    x = jnp.pad(x_RK.astype(jnp.float32), ((0, VPU_ROW_PAD - x_RK.shape[0]), (0, 0)))
+    return jnp.transpose(x.reshape(VPU_ROW_PAD, k // group, group), (1, 2, 0))
+
+
+def _pair_order(x_RK: jax.Array, k: int, group: int) -> jax.Array:
+    """x [Rp, K] -> [K / g, Rp, g]: group-major, and within a group in the order of `_group_values`' rows: position
+    j g / 4 + 2 i + h takes K index (j + 4 h) g / 8 + i (a permutation of the small activations, in place of moving
+    the weight's values)."""
+    rp = x_RK.shape[0]
+    x = x_RK.reshape(rp, k // group, 2, PAIRS, group // PLANES)  # (r, G, h, j, i)
+    return jnp.transpose(x, (1, 0, 3, 4, 2)).reshape(k // group, rp, group)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "n", "group", "tiling", "interpret"))
@@ -224,15 +231,15 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
     hybrid = not vpu and tiling.vpu_cols and r <= VPU_MAX_ROWS
     groups, bn = tiling.bk // group, tiling.bn
     xt_spec = pl.BlockSpec((groups, group, VPU_ROW_PAD), lambda i, j, kk: (kk, 0, 0))
-    extra = [(_nibble_major(x_RK, k, group), xt_spec)] if hybrid else []
+    extra = [(_transposed(x_RK, k, group), xt_spec)] if hybrid else []
     if vpu:  # x transposed per group, rows padded to 8 (one row block)
         bm = rp = VPU_ROW_PAD
-        x_in, x_spec = _nibble_major(x_RK, k, group), xt_spec
+        x_in, x_spec = _transposed(x_RK, k, group), xt_spec
     else:
         bm = rows_block(r, tiling)
         rp = -(-r // bm) * bm
         x = jnp.pad(x_RK, ((0, rp - r), (0, 0))) if rp != r else x_RK
-        x_in = jnp.transpose(x.reshape(rp, k // group, group), (1, 0, 2))
+        x_in = _pair_order(x, k, group)
         x_spec = pl.BlockSpec((groups, bm, group), lambda i, j, kk: (kk, i, 0))
     grid = (rp // bm, n // bn, k // tiling.bk)
     in_specs = [

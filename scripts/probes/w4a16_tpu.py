@@ -101,21 +101,19 @@ def _time(product, compiled, args, reps: int, iters: int) -> dict:
 
 def xla_words(x: jax.Array, words: jax.Array, scales: jax.Array, *, k: int, n: int, group: int) -> jax.Array:
     """XLA's product (no Pallas) over the TPU layout's words (`model.kernels.tpu_layout`), for comparison: for each
-    of the 8 nibble planes, the nibbles masked out of the words [K / 8, N] (offset 8 removed), times the group's scales (float32, rounded to
-    x's dtype: dequantize-then-matmul's rounding), multiplied by the matching activations x[:, gi g + j g / 4 + 2 a + h]
+    of the 8 runs, the nibbles masked out of the words [K / 8, N] (less the offset 8), times the group's scales
+    (float32, rounded to x's dtype: dequantize-then-matmul's rounding), multiplied by the matching activations x[:, gi g + p g / 8 + i]
     in one product of depth K / 8 with float32 results, the 8 summed. The lead's int8 head probe found this form
     (32-bit words, shift planes) free of the whole-table relayout (issue 43's TPU notes)."""
     r, g_, run = x.shape[0], k // group, group // 8
-    x_p = x.reshape(r, g_, 4, run, 2)  # K index j g / 4 + 2 a + h within a group (the layout's pair order)
+    x_p = x.reshape(r, g_, 8, run)
     w = words.reshape(g_, run, n)
     s = scales.astype(jnp.float32)[:, None, :]
     y = None
-    for j in range(4):
-        for h in range(2):
-            q = (((w >> (4 * (j + 4 * h))) & 15) - 8).astype(jnp.float32)
-            q = (q * s).astype(x.dtype).reshape(g_ * run, n)
-            d = jnp.dot(x_p[:, :, j, :, h].reshape(r, g_ * run), q, preferred_element_type=jnp.float32)
-            y = d if y is None else y + d
+    for p in range(8):
+        q = ((((w >> (4 * p)) & 15) - 8).astype(jnp.float32) * s).astype(x.dtype).reshape(g_ * run, n)
+        d = jnp.dot(x_p[:, :, p, :].reshape(r, g_ * run), q, preferred_element_type=jnp.float32)
+        y = d if y is None else y + d
     return y.astype(x.dtype)
 
 
