@@ -92,7 +92,9 @@ VPU_COL_SHARE = 0.0
 """Share of each output block (bn) the chosen tilings give the vector unit at decode's few rows (`vpu_cols`,
 rounded down to a multiple of 128; 0: none). At one row the matrix unit alone is bound by loading each weight tile
 (about 1.0e12 weights/s on the v5e, issue 43's profile), and the vector unit can multiply other columns at the same
-time. 0 until the TPU measures the hybrid faster."""
+time. 0: measured slower on the lent v5e at one row (2026-12-07, `scripts/probes/w4_hybrid_tpu.py`, report
+`reports/2026-12-07-w4-pair-unpack-tpuv5e`): 1536 x 12288 read 629 GB/s with the matrix unit alone and 509-595
+with 512-1024 of 2048 columns on the vector unit; 6144 x 1536 571 against 360-398."""
 
 VPU_MAX_ROWS = 8
 """Most rows the vector-unit variant takes (its activations are one [g, 8] block per group, transposed)."""
