@@ -65,8 +65,8 @@ def test_the_tpu_layout_round_trips_with_the_same_bytes_and_values(k: int, n: in
 
 
 def test_word_order_runs_along_k_within_a_group() -> None:
-    """Word row gi g / 8 + i holds, in bits 4p..4p+3, value gi g + p g / 8 + i of its column: a group's g / 8 word
-    rows give its 8 runs of g / 8 consecutive values along K."""
+    """Word row gi g / 8 + i holds, in bits 4p..4p+3, value gi g + p g / 8 + i of its column plus 8 (offset binary):
+    a group's g / 8 word rows give its 8 runs of g / 8 consecutive values along K."""
     from model.kernels.tpu_layout import pack_words, unpack_words
 
     g = 32
@@ -76,7 +76,8 @@ def test_word_order_runs_along_k_within_a_group() -> None:
     for gi in range(2):
         for i in range(g // 8):
             for p in range(8):
-                np.testing.assert_array_equal((w[gi * g // 8 + i] >> (4 * p)) & 15, q[gi * g + p * g // 8 + i] & 15)
+                np.testing.assert_array_equal((w[gi * g // 8 + i] >> (4 * p)) & 15,
+                                              q[gi * g + p * g // 8 + i].astype(np.int64) + 8)
     np.testing.assert_array_equal(np.asarray(unpack_words(jnp.asarray(w.view(np.int32)), g)), q)
 
 
@@ -126,6 +127,23 @@ def test_the_vector_unit_variant_equals_dequantize_then_matmul(rows: int) -> Non
     """vpu_rows >= rows: the variant with no matrix unit (x transposed, float32 products summed on the VPU)."""
     _check(512, 256, 0, rows, TpuTiling(bm=128, bn=128, bk=512, vpu_rows=8))
     _check(256, 384, 1, rows, TpuTiling(bm=16, bn=384, bk=256, vpu_rows=rows), dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+def test_the_hybrid_form_equals_dequantize_then_matmul(rows: int) -> None:
+    """vpu_cols: at up to 8 rows the last vpu_cols outputs of each block on the vector unit, the rest on the matrix
+    unit (at 16 rows the matrix unit alone: the same tiling must still be right)."""
+    _check(512, 1024, 0, rows, TpuTiling(bm=128, bn=512, bk=512, vpu_cols=256))
+    _check(256, 768, 1, rows, TpuTiling(bm=16, bn=384, bk=256, vpu_cols=128), dtype=jnp.bfloat16)
+
+
+def test_hybrid_columns_are_checked_and_parsed() -> None:
+    assert fit_tpu.parse_tpu_tiling("tpu bm16 bn1024 bk256 vc384") == TpuTiling(bm=16, bn=1024, bk=256, vpu_cols=384)
+    assert TpuTiling(bm=16, bn=1024, bk=256, vpu_cols=384).text == "tpu bm16 bn1024 bk256 vc384"
+    assert "vpu_cols 100" in fit_tpu.tiling_problem_tpu(256, 1024, 128, TpuTiling(bm=16, bn=1024, bk=256, vpu_cols=100))
+    assert "below bn" in fit_tpu.tiling_problem_tpu(256, 1024, 128, TpuTiling(bm=16, bn=512, bk=256, vpu_cols=512))
+    with_cols = fit_tpu.need_tpu(TpuTiling(bm=16, bn=1024, bk=256, vpu_cols=384), group=128).total
+    assert with_cols > fit_tpu.need_tpu(TpuTiling(bm=16, bn=1024, bk=256), group=128).total
 
 
 def test_a_tiling_that_does_not_tile_the_shape_is_refused() -> None:

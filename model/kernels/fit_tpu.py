@@ -61,7 +61,7 @@ import dataclasses
 
 from model.kernels.fit import Fit, Need, Projection, choose_by, refusal_line, tiling_fields
 
-__all__ = ["SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_MAX_ROWS", "VPU_ROW_PAD",
+__all__ = ["SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_COL_SHARE", "VPU_MAX_ROWS", "VPU_ROW_PAD",
            "ROW_TILE", "MAX_ROWS", "TpuTiling", "generation_of", "vmem_capacity", "budget", "need_tpu", "need_tpu_vpu",
            "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu", "rows_block", "candidates_tpu", "choose_tpu",
            "plan_tpu", "refusal_tpu", "parse_tpu_tiling"]  # fmt: skip
@@ -87,6 +87,14 @@ VPU_ROWS = 0
 """Rows up to which the chosen tilings take the kernel's vector-unit variant (`vpu_rows`; no matrix unit: each
 value multiplied and summed in float32 on the VPU) instead of the matrix unit. 0 (never) until the TPU probe
 (`scripts/probes/w4a16_tpu.py`, variant "vpu") shows it faster at decode's few rows."""
+
+VPU_COL_SHARE = 0.0
+"""Share of each output block (bn) the chosen tilings give the vector unit at decode's few rows (`vpu_cols`,
+rounded down to a multiple of 128; 0: none). At one row the matrix unit alone is bound by loading each weight tile
+(about 1.0e12 weights/s on the v5e, issue 43's profile), and the vector unit can multiply other columns at the same
+time. 0: measured slower on the lent v5e at one row (2026-12-07, `scripts/probes/w4_hybrid_tpu.py`, report
+`reports/2026-12-07-w4-pair-unpack-tpuv5e`): 1536 x 12288 read 629 GB/s with the matrix unit alone and 509-595
+with 512-1024 of 2048 columns on the vector unit; 6144 x 1536 571 against 360-398."""
 
 VPU_MAX_ROWS = 8
 """Most rows the vector-unit variant takes (its activations are one [g, 8] block per group, transposed)."""
@@ -115,7 +123,9 @@ SCALE_ROWS = 16
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TpuTiling:
     """One tiling of the TPU kernel: bm rows (the most per block), bn outputs and bk contraction values per grid
-    step; `vpu_rows`: rows up to which a call takes the vector-unit variant (0: never). Hashable: a static field of
+    step; `vpu_rows`: rows up to which a call takes the vector-unit variant (0: never); `vpu_cols`: at most
+    `VPU_MAX_ROWS` rows, the last vpu_cols outputs of each bn block go through the vector unit while the matrix unit
+    takes the others (the hybrid form; 0: never). Hashable: a static field of
     a quantized leaf (`model.quant.QuantArray.tiling`), where it also says that the leaf is stored in the TPU layout
     (`model.kernels.tpu_layout`). `text` is its manifest form, e.g. "tpu bm128 bn2048 bk1536"."""
 
@@ -123,10 +133,12 @@ class TpuTiling:
     bn: int
     bk: int
     vpu_rows: int = 0
+    vpu_cols: int = 0
 
     @property
     def text(self) -> str:
-        return f"tpu bm{self.bm} bn{self.bn} bk{self.bk}" + (f" vpu{self.vpu_rows}" if self.vpu_rows else "")
+        return (f"tpu bm{self.bm} bn{self.bn} bk{self.bk}" + (f" vpu{self.vpu_rows}" if self.vpu_rows else "")
+                + (f" vc{self.vpu_cols}" if self.vpu_cols else ""))  # fmt: skip
 
 
 def generation_of(device_kind: str) -> str | None:
@@ -176,6 +188,11 @@ def need_tpu(t: TpuTiling, *, group: int, act_bytes: int = 2, scale_bytes: int =
         (f"one group's values ({group}x{bn} x {act_bytes} B + 2 x {group // 8}x{bn} x 4 B)",
          group * bn * act_bytes + 2 * (group // 8) * bn * 4),
     ))  # fmt: skip
+    if t.vpu_cols:
+        mxu = Need(terms=(*mxu.terms,
+                          (f"transposed activations (2 x {t.bk}x128 lanes x 4 B)", 2 * t.bk * 128 * 4),
+                          (f"vector-unit values (4 x {group // 8}x{t.vpu_cols} x 4 B)",
+                           4 * (group // 8) * t.vpu_cols * 4)))  # fmt: skip
     if not t.vpu_rows:
         return mxu
     vpu = need_tpu_vpu(t, group=group, scale_bytes=scale_bytes)
@@ -221,6 +238,8 @@ def tiling_problem_tpu(k: int, n: int, group: int, t: TpuTiling) -> str | None:
         return f"bm {t.bm} is not a multiple of {ROW_TILE}"
     if not 0 <= t.vpu_rows <= VPU_MAX_ROWS:
         return f"vpu_rows {t.vpu_rows} is not within 0..{VPU_MAX_ROWS}"
+    if t.vpu_cols and (t.vpu_cols % 128 or not 0 < t.vpu_cols < t.bn):
+        return f"vpu_cols {t.vpu_cols} is not a multiple of 128 below bn {t.bn}"
     if t.bk % group:
         return f"bk {t.bk} is not a multiple of the group {group}"
     if k % t.bk:
@@ -248,6 +267,12 @@ def rows_block(rows: int, t: TpuTiling) -> int:
     return min(t.bm, -(-max(rows, 1) // ROW_TILE) * ROW_TILE)
 
 
+def _vpu_cols(bn: int) -> int:
+    """`VPU_COL_SHARE` of an output block, a multiple of 128 below bn (0 where none fits)."""
+    cols = int(bn * VPU_COL_SHARE) // 128 * 128
+    return cols if 0 < cols < bn else 0
+
+
 def candidates_tpu(p: Projection) -> list[TpuTiling]:
     """Every tiling of projection `p` the TPU kernel can run, most preferred first: larger row blocks (a batch of
     `MAX_ROWS` in one block), then fewer grid steps (larger bk x bn), then larger bk (each output block's K loop
@@ -257,7 +282,8 @@ def candidates_tpu(p: Projection) -> list[TpuTiling]:
     bns = [b for b in range(MAX_OUTPUT_BLOCK, 0, -128) if p.n % b == 0] or [p.n]
     groups = p.k // p.group
     bks = [p.k // s for s in range(1, groups + 1) if groups % s == 0]
-    out = [TpuTiling(bm=bm, bn=bn, bk=bk, vpu_rows=VPU_ROWS) for bm in ROW_BLOCKS for bn in bns for bk in bks]
+    out = [TpuTiling(bm=bm, bn=bn, bk=bk, vpu_rows=VPU_ROWS, vpu_cols=_vpu_cols(bn))
+           for bm in ROW_BLOCKS for bn in bns for bk in bks]  # fmt: skip
     out = [t for t in out if fits_tpu(p.k, p.n, p.group, t)]
     return sorted(out, key=lambda t: (t.bm, t.bk * t.bn, t.bk), reverse=True)
 
@@ -287,13 +313,15 @@ def refusal_tpu(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2
 
 
 def parse_tpu_tiling(text: str) -> TpuTiling:
-    """"[tpu] bm16 bn2048 bk1536 [vpu1]" (spaces or commas) -> `TpuTiling` (vpuN: `vpu_rows` N). Raises ValueError
+    """"[tpu] bm16 bn2048 bk1536 [vpu1] [vc512]" (spaces or commas) -> `TpuTiling` (vpuN: `vpu_rows` N; vcN:
+    `vpu_cols` N). Raises ValueError
     naming the text and the expected form (bm a multiple of 16, vpu at most `VPU_MAX_ROWS`; whether it tiles a
     shape is `tiling_problem_tpu`'s)."""
-    fields = tiling_fields(text, keys=("bm", "bn", "bk", "vpu"), required=("bm", "bn", "bk"), zero_ok=("vpu",),
+    fields = tiling_fields(text, keys=("bm", "bn", "bk", "vpu", "vc"), required=("bm", "bn", "bk"), zero_ok=("vpu", "vc"),
                            skip=("tpu",), expected="expected e.g. 'tpu bm16 bn2048 bk1536' (bm, bn, bk; vpuN optional)",
                            needs="needs bm, bn and bk, e.g. 'tpu bm16 bn2048 bk1536'")  # fmt: skip
-    t = TpuTiling(**{"vpu_rows" if key == "vpu" else key: value for key, value in fields.items()})
+    names = {"vpu": "vpu_rows", "vc": "vpu_cols"}
+    t = TpuTiling(**{names.get(key, key): value for key, value in fields.items()})
     if t.bm % ROW_TILE or t.vpu_rows > VPU_MAX_ROWS:
         raise ValueError(f"tiling {text!r}: bm must be a multiple of {ROW_TILE} and vpu at most {VPU_MAX_ROWS}, "
                          "e.g. 'tpu bm16 bn2048 bk1536 vpu1'")  # fmt: skip

@@ -10,10 +10,14 @@ layout, in the logical [K, N] orientation of its product (a leaf whose contracti
 transposed):
 
 - words: int32 [K / 8, N]. K splits into groups of g values (the w4 group, a multiple of 8), each group into 8
-  runs of g / 8 consecutive values; word row gi g / 8 + i (i < g / 8) of column n holds, in bits 4p..4p+3
-  (two's complement nibbles), value q[gi g + p g / 8 + i, n] for p = 0..7. A group is g / 8 word rows; shifting
-  nibble p out of them gives run p, [g / 8, N]; the 8 runs stacked in p order are the group's [g, N] values in
-  their natural order along K. Outputs stay along the 128-wide lanes (N), natural.
+  runs of g / 8 consecutive values; word row gi g / 8 + i (i < g / 8) of column n holds, in bits 4p..4p+3, value
+  q[gi g + p g / 8 + i, n] + 8 (offset binary: 0..15 for q in [-8, 7]) for p = 0..7. A group is g / 8 word rows;
+  masking nibble p out of them gives run p, [g / 8, N]; the 8 runs stacked in p order are the group's [g, N] values
+  in their natural order along K. Nibbles j and j + 4 of a word are 16 bits apart, so one shift, one mask and one OR
+  with 0x3F803F80 make them two bfloat16 numbers 1 + (q + 8) / 16 in the two halves of one 32-bit lane, which
+  `pltpu.bitcast` reads as rows 2i and 2i + 1 of a bfloat16 array: runs j and j + 4 interleaved (the kernel,
+  `model.kernels.w4a16_tpu`, permutes the activations to match: 1.5 integer operations per weight and no
+  conversion). Outputs stay along the 128-wide lanes (N), natural.
 - scales: [K / g, N], those of the [K, N] orientation (the leaf's own for [K, N]; transposed for [N, K]).
 
 Bytes: K / 8 x N words x 4 B = K N / 2 B, the same as the uint8 layout's (N or K even); the scales are the same
@@ -29,17 +33,23 @@ import functools
 import jax
 import jax.numpy as jnp
 
-__all__ = ["PLANES", "pack_words", "unpack_words", "to_tpu", "to_natural"]
+__all__ = ["PLANES", "PAIRS", "OFFSET", "pack_words", "unpack_words", "to_tpu", "to_natural"]
 
 PLANES = 8
 """int4 values per 32-bit word."""
+
+PAIRS = 4
+"""bfloat16 pairs per word: nibbles j and j + 4 (the kernel's unpacking)."""
+
+OFFSET = 8
+"""Each nibble holds q + OFFSET, so 0..15 for q in [-8, 7]."""
 
 
 def pack_words(q_KN: jax.Array, group: int) -> jax.Array:
     """int values in [-8, 7] [K, N] (K a multiple of `group`, `group` of 8) -> int32 words [K / 8, N] (module
     docstring's order)."""
     k, n = q_KN.shape
-    nib = (q_KN.astype(jnp.int32) & 15).reshape(k // group, PLANES, group // PLANES, n)
+    nib = ((q_KN.astype(jnp.int32) + OFFSET) & 15).reshape(k // group, PLANES, group // PLANES, n)
     words = nib[:, 0]
     for p in range(1, PLANES):
         words = words | (nib[:, p] << (4 * p))
@@ -47,11 +57,10 @@ def pack_words(q_KN: jax.Array, group: int) -> jax.Array:
 
 
 def unpack_words(words: jax.Array, group: int) -> jax.Array:
-    """int32 words [K / 8, N] -> int8 values [K, N] (`pack_words`' inverse): nibble p sign-extended by shifting it
-    to the top bits and back (arithmetic shift)."""
+    """int32 words [K / 8, N] -> int8 values [K, N] (`pack_words`' inverse): nibble p masked out, less the offset."""
     rows, n = words.shape
     w = words.reshape(rows * PLANES // group, group // PLANES, n)
-    runs = jnp.stack([(w << (28 - 4 * p)) >> 28 for p in range(PLANES)], axis=1)  # [G, 8, g / 8, N]
+    runs = jnp.stack([((w >> (4 * p)) & 15) - OFFSET for p in range(PLANES)], axis=1)  # [G, 8, g / 8, N]
     return runs.reshape(rows * PLANES, n).astype(jnp.int8)
 
 

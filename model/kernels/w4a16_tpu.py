@@ -11,20 +11,27 @@ Key: R activation rows, K contraction length, N outputs, g the w4 group, G = K /
 
 Operands (prepared outside the kernel; none is a copy of the weight):
 - x [G, Rp, g]: the activations, rows padded to Rp (a multiple of the row block), split into groups along K and
-  moved group-major (a [R, K] array, small beside the weight), so a group's activations are one leading index;
+  moved group-major, each group's K order permuted to the unpacked values' (`_pair_order`; a [R, K] array, small
+  beside the weight), so a group's activations are one leading index;
 - words int32 [K / 8, N] and scales [G, N]: the leaf as stored (`model.kernels.tpu_layout`);
 - out float32 [Rp, N]: cast to the activation dtype after the kernel.
 
 Grid (Rp / bm, N / bn, K / bk), the last axis the reduction ("arbitrary": the output block stays in VMEM across it
 and is zeroed at its first step), the others "parallel". One step: for each of its bk / g groups (unrolled: at
-most `fit_tpu.MAX_GROUPS_PER_STEP`), the group's g / 8 word rows [g / 8, bn]; for p = 0..7 nibble p shifted to the
-top of the word and back (arithmetic shift: the two's complement value, exact), converted to float32 and then to
-the activation dtype (exact: |q| <= 8); the 8 runs stacked along K are the group's [g, bn] values in natural order
-(aligned: 16 rows each at g = 128); x [bm, g] times them on the matrix unit with a float32 result; that scaled by
-the group's scales [1, bn] and added to the float32 accumulator. The products are exact in the integers; scaling
-after each group's product keeps the weight's values exact whatever the scale dtype; the float32 sums run in
-group order, so results can differ from XLA's product (`model.quant.matmul`) in the last float32 bits before the
-cast to the activation dtype.
+most `fit_tpu.MAX_GROUPS_PER_STEP`), the group's g / 8 word rows [g / 8, bn] become its [g, bn] values as
+bfloat16 f = 1 + (q + 8) / 16, two per 32-bit lane (a shift, a mask and an OR with bfloat16 1.0 in both halves,
+read as bfloat16 by `pltpu.bitcast`: runs j and j + 4 interleaved, `model.kernels.tpu_layout`); x [bm, g], its K
+order permuted to match (`_pair_order`),
+times them on the matrix unit with a float32 result d; since q = 16 f - 24, the group's x . q is 16 d - 24 sum(x)
+(x's row sums, float32); that scaled by the group's scales [1, bn] and added to the float32 accumulator. Every f
+is exact in bfloat16 (1 + u / 16, four mantissa bits) and each product x f exact in float32; the float32 sums of d
+run over values of about 1.5 |x| rather than |q x|, so their rounding is a few times larger than a product of the
+integers (still about 1e-6 relative, far below the bfloat16 output's 2^-9). Why this form: at decode's one row
+the kernel is bound by the vector unit's unpacking, not by HBM (issue 43's profile: 437 GB/s of packed weights at
+a 698 GiB/s streaming read); shifting each nibble out and converting it to float32 and then bfloat16 took about
+five vector operations per weight, this 1.5 and no conversion (`scripts/probes/w4_unpack_tpu.py` times both).
+Results can differ from XLA's product (`model.quant.matmul`) in the last float32 bits before the cast to the
+activation dtype.
 
 The vector-unit variant (`tiling.vpu_rows` >= R: a decode step's few rows; `model.kernels.fit_tpu.VPU_ROWS` says
 when the engine plans it, 0 until measured): the same grid, words and scales; x handed transposed per group
@@ -50,8 +57,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from model.kernels.fit_tpu import SCOPED_VMEM, VPU_ROW_PAD, TpuTiling, rows_block, tiling_problem_tpu
-from model.kernels.tpu_layout import PLANES
+from model.kernels.fit_tpu import SCOPED_VMEM, VPU_MAX_ROWS, VPU_ROW_PAD, TpuTiling, rows_block, tiling_problem_tpu
+from model.kernels.tpu_layout import OFFSET, PAIRS, PLANES
 
 __all__ = ["KERNEL_NAME", "w4a16_tpu_matmul"]
 
@@ -60,9 +67,30 @@ KERNEL_NAME = "w4a16_pallas_tpu_kernel"
 containing "w4a16_pallas" as the w4a16 kernel)."""
 
 
-def _run(w: jax.Array, p: int) -> jax.Array:
-    """int32 words -> the signed value of nibble p (bits 4p..4p+3) of each, int32 in [-8, 7]."""
-    return (w << (28 - 4 * p)) >> 28 if p < PLANES - 1 else w >> 28
+_MASK = 0x00780078
+"""Bits 3..6 of each 16-bit half: the top four of a bfloat16's seven mantissa bits."""
+
+_ONE = 0x3F803F80
+"""bfloat16 1.0 (0x3F80) in both halves of a 32-bit lane."""
+
+
+def _pair_plane(w: jax.Array, j: int) -> jax.Array:
+    """int32 words [r, bn] -> bfloat16 [2 r, bn]: nibbles j (row 2i) and j + 4 (row 2i + 1) of word row i as
+    1 + u / 16, u the stored nibble q + 8 (`model.kernels.tpu_layout`): nibble j moved to bits 3..6, nibble j + 4
+    to bits 19..22, masked, ORed into bfloat16 1.0 in both halves, the lanes read as bfloat16 pairs."""
+    t = w << 3 if j == 0 else jax.lax.shift_right_logical(w, jnp.int32(4 * j - 3))
+    return pltpu.bitcast((t & jnp.int32(_MASK)) | jnp.int32(_ONE), jnp.bfloat16)
+
+
+def _group_values(w: jax.Array) -> jax.Array:
+    """A group's g / 8 word rows [g / 8, bn] -> its [g, bn] values f = 1 + (q + 8) / 16 in bfloat16, the 4 pair
+    planes stacked: row j g / 4 + 2 i + h holds K index (j + 4 h) g / 8 + i of the group (`_pair_order`)."""
+    return jnp.concatenate([_pair_plane(w, j) for j in range(PAIRS)], axis=0)
+
+
+def _nibble(w: jax.Array, p: int) -> jax.Array:
+    """int32 words -> the value q of nibble p (bits 4p..4p+3, stored as q + 8) of each, int32 in [-8, 7]."""
+    return ((w >> (4 * p)) & 15) - OFFSET
 
 
 def _zero_at_first_k_step(o_ref) -> None:
@@ -73,17 +101,19 @@ def _zero_at_first_k_step(o_ref) -> None:
 
 def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, groups: int):
     """One grid step: x_ref [groups, bm, g], w_ref [groups g / 8, bn] int32, s_ref [groups, bn], o_ref [bm, bn]
-    float32 (resident across the K axis of the grid)."""
+    float32 (resident across the K axis of the grid). Per group: f = 1 + (q + 8) / 16 exactly, so q = 16 f - 24 and
+    x . q = 16 (x . f) - 24 sum(x); the product x . f on the matrix unit, the correction from the row sums."""
     _zero_at_first_k_step(o_ref)
     rows = group // PLANES
     s = s_ref[...].astype(jnp.float32)
     acc = None
     for i in range(groups):
         x = x_ref[i]
-        w = w_ref[i * rows : (i + 1) * rows, :]
-        q = jnp.concatenate([_run(w, p).astype(jnp.float32).astype(x.dtype) for p in range(PLANES)], axis=0)
-        d = jax.lax.dot_general(x, q, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        part = d * s[i : i + 1, :]
+        f = _group_values(w_ref[i * rows : (i + 1) * rows, :])
+        f = f if x.dtype == jnp.bfloat16 else f.astype(x.dtype)
+        d = jax.lax.dot_general(x, f, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        c = jnp.sum(x.astype(jnp.float32), axis=1, keepdims=True)
+        part = (d * 16.0 - c * (16.0 + OFFSET)) * s[i : i + 1, :]
         acc = part if acc is None else acc + part
     o_ref[...] += acc
 
@@ -101,7 +131,7 @@ def _kernel_vpu(xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: i
         w = w_ref[i * run : (i + 1) * run, :]
         sums = [None] * rows
         for p in range(PLANES):
-            q = _run(w, p).astype(jnp.float32)
+            q = _nibble(w, p).astype(jnp.float32)
             for r in range(rows):
                 term = q * jnp.broadcast_to(xt[p * run : (p + 1) * run, r : r + 1], (run, bn))
                 sums[r] = term if sums[r] is None else sums[r] + term
@@ -112,14 +142,74 @@ def _kernel_vpu(xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: i
         o_ref[r : r + 1, :] += acc[r]
 
 
-def w4a16_tpu_kernel(*refs, vpu_rows: int = 0, **kw):
-    """The kernel body (the vector-unit variant for `vpu_rows` > 0 rows), named `KERNEL_NAME` for traces."""
+def _f32_plane(w: jax.Array, p: int) -> jax.Array:
+    """int32 words -> float32 1 + u / 16 for nibble p (u = q + 8, the stored nibble): the nibble moved to bits
+    19..22 (the top four of float32's 23 mantissa bits), masked and ORed into 1.0. Three integer operations, no
+    conversion."""
+    t = w << (19 - 4 * p) if 4 * p <= 19 else jax.lax.shift_right_logical(w, jnp.int32(4 * p - 19))
+    return jax.lax.bitcast_convert_type((t & jnp.int32(0x00780000)) | jnp.int32(0x3F800000), jnp.float32)
+
+
+def _kernel_hybrid(x_ref, xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: int, split: int):
+    """One grid step of the hybrid form at `rows` <= 8 rows: outputs [0, split) of the block as `_kernel` (matrix
+    unit), outputs [split, bn) on the vector unit: per nibble plane p the values f = 1 + u / 16 in float32
+    (`_f32_plane`) times each row's activations for that plane (xt_ref [groups, g, 8] float32, as the vector-unit
+    variant's), summed over the planes and the g / 8 word rows; then 16 that - 24 sum(x), scaled.
+    x_ref [groups, bm, g]; w_ref [groups g / 8, bn] int32; s_ref [groups, bn]; o_ref [bm, bn] float32."""
+    _zero_at_first_k_step(o_ref)
+    run = group // PLANES
+    s = s_ref[...].astype(jnp.float32)
+    acc, acc_v = None, [None] * rows
+    for i in range(groups):
+        w = w_ref[i * run : (i + 1) * run, :]
+        x = x_ref[i]
+        d = jax.lax.dot_general(x, _group_values(w[:, :split]), (((1,), (0,)), ((), ())),
+                                preferred_element_type=jnp.float32)  # fmt: skip
+        c = jnp.sum(x.astype(jnp.float32), axis=1, keepdims=True)
+        part = (d * 16.0 - c * (16.0 + OFFSET)) * s[i : i + 1, :split]
+        acc = part if acc is None else acc + part
+        xt, wv = xt_ref[i], w[:, split:]
+        sums = [None] * rows
+        for p in range(PLANES):
+            f = _f32_plane(wv, p)
+            for r in range(rows):
+                term = f * xt[p * run : (p + 1) * run, r : r + 1]
+                sums[r] = term if sums[r] is None else sums[r] + term
+        for r in range(rows):
+            cr = jnp.sum(xt[:, r : r + 1], axis=0, keepdims=True)
+            part_v = (jnp.sum(sums[r], axis=0, keepdims=True) * 16.0 - cr * (16.0 + OFFSET)) * s[i : i + 1, split:]
+            acc_v[r] = part_v if acc_v[r] is None else acc_v[r] + part_v
+    o_ref[:, :split] += acc
+    for r in range(rows):
+        o_ref[r : r + 1, split:] += acc_v[r]
+
+
+def w4a16_tpu_kernel(*refs, vpu_rows: int = 0, hybrid_rows: int = 0, split: int = 0, **kw):
+    """The kernel body (the vector-unit variant for `vpu_rows` > 0 rows, the hybrid form for `hybrid_rows` > 0),
+    named `KERNEL_NAME` for traces."""
     if vpu_rows:
         return _kernel_vpu(*refs, rows=vpu_rows, **kw)
+    if hybrid_rows:
+        return _kernel_hybrid(*refs, rows=hybrid_rows, split=split, **kw)
     return _kernel(*refs, **kw)
 
 
 w4a16_tpu_kernel.__name__ = KERNEL_NAME
+
+
+def _transposed(x_RK: jax.Array, k: int, group: int) -> jax.Array:
+    """x [R, K] -> float32 [K / g, g, 8]: transposed per group, rows padded to 8, the vector unit's activations."""
+    x = jnp.pad(x_RK.astype(jnp.float32), ((0, VPU_ROW_PAD - x_RK.shape[0]), (0, 0)))
+    return jnp.transpose(x.reshape(VPU_ROW_PAD, k // group, group), (1, 2, 0))
+
+
+def _pair_order(x_RK: jax.Array, k: int, group: int) -> jax.Array:
+    """x [Rp, K] -> [K / g, Rp, g]: group-major, and within a group in the order of `_group_values`' rows: position
+    j g / 4 + 2 i + h takes K index (j + 4 h) g / 8 + i (a permutation of the small activations, in place of moving
+    the weight's values)."""
+    rp = x_RK.shape[0]
+    x = x_RK.reshape(rp, k // group, 2, PAIRS, group // PLANES)  # (r, G, h, j, i)
+    return jnp.transpose(x, (1, 0, 3, 4, 2)).reshape(k // group, rp, group)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "n", "group", "tiling", "interpret"))
@@ -129,7 +219,8 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
 
     words: int32 [K / 8, N]; scales: [K / group, N], any float dtype (`model.kernels.tpu_layout`). Rows are padded
     to a multiple of the row block (`model.kernels.fit_tpu.rows_block`: R rounded up to 16, at most tiling.bm); R
-    <= tiling.vpu_rows takes the vector-unit variant. Raises ValueError naming why when `tiling` does not tile the
+    <= tiling.vpu_rows takes the vector-unit variant, R <= `fit_tpu.VPU_MAX_ROWS` with tiling.vpu_cols the hybrid
+    form (`_kernel_hybrid`). Raises ValueError naming why when `tiling` does not tile the
     shape (`model.kernels.fit_tpu.tiling_problem_tpu`: a program error; the engine plans tilings with
     `model.kernels.fit_tpu`). `interpret`: run as jax ops (CPU, tests)."""
     problem = tiling_problem_tpu(k, n, group, tiling)
@@ -137,31 +228,34 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
         raise ValueError(f"tiling {tiling.text} does not tile K={k} N={n} group {group}: {problem}")
     r = x_RK.shape[0]
     vpu = r <= tiling.vpu_rows
+    hybrid = not vpu and tiling.vpu_cols and r <= VPU_MAX_ROWS
     groups, bn = tiling.bk // group, tiling.bn
+    xt_spec = pl.BlockSpec((groups, group, VPU_ROW_PAD), lambda i, j, kk: (kk, 0, 0))
+    extra = [(_transposed(x_RK, k, group), xt_spec)] if hybrid else []
     if vpu:  # x transposed per group, rows padded to 8 (one row block)
         bm = rp = VPU_ROW_PAD
-        x = jnp.pad(x_RK.astype(jnp.float32), ((0, rp - r), (0, 0)))
-        x_in = jnp.transpose(x.reshape(rp, k // group, group), (1, 2, 0))
-        x_spec = pl.BlockSpec((groups, group, rp), lambda i, j, kk: (kk, 0, 0))
+        x_in, x_spec = _transposed(x_RK, k, group), xt_spec
     else:
         bm = rows_block(r, tiling)
         rp = -(-r // bm) * bm
         x = jnp.pad(x_RK, ((0, rp - r), (0, 0))) if rp != r else x_RK
-        x_in = jnp.transpose(x.reshape(rp, k // group, group), (1, 0, 2))
+        x_in = _pair_order(x, k, group)
         x_spec = pl.BlockSpec((groups, bm, group), lambda i, j, kk: (kk, i, 0))
     grid = (rp // bm, n // bn, k // tiling.bk)
     in_specs = [
         x_spec,
+        *[spec for _, spec in extra],
         pl.BlockSpec((tiling.bk // PLANES, bn), lambda i, j, kk: (kk, j)),
         pl.BlockSpec((groups, bn), lambda i, j, kk: (kk, j)),
     ]
     out_spec = pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))
     params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
                                   vmem_limit_bytes=SCOPED_VMEM)  # fmt: skip
-    kernel = functools.partial(w4a16_tpu_kernel, group=group, groups=groups, vpu_rows=r if vpu else 0)
+    kernel = functools.partial(w4a16_tpu_kernel, group=group, groups=groups, vpu_rows=r if vpu else 0,
+                               hybrid_rows=r if hybrid else 0, split=bn - tiling.vpu_cols)  # fmt: skip
     with jax.named_scope(KERNEL_NAME):
         out = pl.pallas_call(
             kernel, out_shape=jax.ShapeDtypeStruct((rp, n), jnp.float32), grid=grid, in_specs=in_specs,
             out_specs=out_spec, compiler_params=params, interpret=interpret, name=KERNEL_NAME,
-        )(x_in, words, scales)  # fmt: skip
+        )(x_in, *[a for a, _ in extra], words, scales)  # fmt: skip
     return out[:r].astype(x_RK.dtype)
