@@ -88,7 +88,7 @@ def _session_blocks(session: Session, sets: dict[str, tuple[Any, Any]], keys: di
     header = ["quant", "input tokens", "bytes/step", "gauge tok/s", "x dense", "roofline %", "first divergence",
               "max |Δlogit|"]  # fmt: skip
     table = Table(title=f"quantization on {session.device}: {session.describe()}", header=header, rows=rows,
-                  notes=_notes(session, sets, dense), kind="quant-session",
+                  notes=_notes(session, sets, dense, keys), kind="quant-session",
                   sources=tuple(v.name for v, _ in sets.values()))  # fmt: skip
     return [table, *(["Accuracy against dense:", Bullets(items=details)] if details else []),
             "Findings of each set (profiles of this session; shares above 100% of a denominator):",
@@ -108,10 +108,12 @@ def _ceiling_text(sets: dict[str, tuple[Any, Any]]) -> str:
     return text + "."
 
 
-def _notes(session: Session, sets: dict[str, tuple[Any, Any]], dense: Any) -> list[str]:
+def _notes(session: Session, sets: dict[str, tuple[Any, Any]], dense: Any, keys: dict[str, Any]) -> list[str]:
     runs = "; ".join(f"{q}: {v.name}" for q, (v, _) in sets.items())
+    backends = ", ".join(dict.fromkeys(str(keys[v.name].backend) for v, _ in sets.values()))
     return [
-        f"One session (docs/method.md, \"Comparisons\"): {session.describe()}. Runs: {runs}.",
+        f"One session (docs/method.md, \"Comparisons\"): {session.describe()}; engine backend {backends}. "
+        f"Runs: {runs}.",
         "gauge tok/s, median (min–max) over the timed repeats; x dense = median gauge / the dense run's median gauge "
         "at the same input size" + ("" if dense is not None else " (no dense run in this session: —)") + ".",
         _ceiling_text(sets),

@@ -246,7 +246,7 @@ ROWS_PER_STEP = RowColumn(key="batch", header="batch", align="right",
                           get=lambda k: ", ".join(f"{b:,}" for b in k.rows_per_step))
 """The runs table's batch: the rows per decode step the run measured (`RunKeys.rows_per_step`: a `--batch`
 sweep's sizes, a profile-only run's `--batch`), not the engine's recorded batch, which is 1 for both."""
-RUN_COLUMNS: tuple[RowColumn, ...] = (*columns("device", "date", "build_id"), ROWS_PER_STEP,
+RUN_COLUMNS: tuple[RowColumn, ...] = (*columns("device", "date", "build_id", "backend"), ROWS_PER_STEP,
                                       *columns("concurrency", "host", "run"))
 """The runs table's columns: the long format's key columns (bench/report/rows.py), batch as `ROWS_PER_STEP`."""
 
