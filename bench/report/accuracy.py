@@ -12,7 +12,8 @@ compute dtype can tell apart, and a different summation order picks the other: a
 (`divergence_verdict`): at a divergence at step 0, let d be dense's token and q the other run's; the divergence is a
 **tie** when dense's own logits put them at most one step of the compute dtype apart, logit[d] - logit[q] <=
 `dtype_step(logit[d], dtype)` (the spacing of representable values at logit[d]: 2^(floor(log2 |x|) - m), m the
-dtype's explicit mantissa bits, `MANTISSA_BITS`; bfloat16's 7 bits give 2^-8 = 0.0039 at 0.5), else an **error**.
+dtype's explicit mantissa bits, `MANTISSA_BITS`; bfloat16's 7 bits give 2^-8 = 0.0039 at 0.5), else an **error**
+(and undecided where dense's stored logits rank q above d by more than a step: not the logits it chose from).
 A divergence at step k > 0 is **undecided**: dense's logits at that step are not stored. Shares of equal tokens after
 a divergence count agreement by chance, so none is shown.
 
@@ -95,6 +96,10 @@ def divergence_verdict(step: int, dense_token: int, other_token: int, dense_logi
     top, other = dense_logits[dense_token], dense_logits[other_token]
     gap, step_size = top - other, dtype_step(top, dtype)
     name = dtype or "bfloat16"
+    if gap < -step_size:
+        return "undecided", (f"diverges at step 0 ({other_token} vs dense {dense_token}), but dense's stored logits "
+                             f"rank {other_token} above its own token by {-gap:.4g}: they are not the logits its "
+                             "greedy step chose from")  # fmt: skip
     verdict = "tie" if gap <= step_size else "error"
     relation = "<=" if verdict == "tie" else ">"
     return verdict, (f"diverges at step 0 ({other_token} vs dense {dense_token}); in dense's logits the gap between "
