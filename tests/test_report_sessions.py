@@ -157,7 +157,7 @@ def test_shares_above_100_are_findings_with_the_probes_numbers(two_hosts, tmp_pa
                         "bandwidth_bytes_s": 545174291261.9, "share_pct": 101.28}}  # a profile of 2026-12-05
     (line,) = share_findings(old)
     assert line.startswith("finding: profile roofline share 101.3% above 100% of its denominator")
-    assert "4.565 GB x 120.95 tok/s (gauge rate) = 514.2 GiB/s" in line and "507.7 GiB/s (545.2 GB/s)" in line
+    assert "4.565 GB x 120.95 tok/s (the joined sweep's gauge) = 514.2 GiB/s" in line and "507.7 GiB/s (545.2 GB/s)" in line
     assert share_findings({"roofline_findings": [{"line": "finding: recorded"}], **old}) == ["finding: recorded"]
     assert share_findings({"roofline": {**old["roofline"], "share_pct": 90.0}}) == []
     assert share_findings({}) == []

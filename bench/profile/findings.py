@@ -162,8 +162,8 @@ def share_findings(profile: Mapping[str, Any]) -> list[str]:
         kind = roof.get("bandwidth_kind") or "measured (device copy)"
         text = f"finding: profile roofline share {share:.1f}% above 100% of its denominator"
         if moved and tok_s:
-            source = roof.get("tok_s_source") or "not recorded"
-            text += (f": the step read {_gb(moved)} x {tok_s:,.2f} tok/s ({source} rate) = "
+            source = _RATE_NAMES.get(roof.get("tok_s_source"), "a rate of unrecorded source")
+            text += (f": the step read {_gb(moved)} x {tok_s:,.2f} tok/s ({source}) = "
                      f"{_gbs(moved * tok_s)}")  # fmt: skip
         if denominator:
             text += f", above the denominator {_gbs(denominator)} ({kind})"
@@ -179,6 +179,10 @@ def share_findings(profile: Mapping[str, Any]) -> list[str]:
                    + (f" (counting {_gb(b)} per step)" if b else "") + ": the step read fewer bytes than counted, "
                    "or the denominator is below the device's streaming rate.")  # fmt: skip
     return out
+
+
+_RATE_NAMES = {"gauge": "the joined sweep's gauge", "profile": "the device-time rate, 1000 / device ms per step"}
+"""profile.json's `roofline.tok_s_source` in words: which decode rate the share used (docs/method.md, "Profiles")."""
 
 
 def _gbs(bytes_s: float) -> str:
