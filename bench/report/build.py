@@ -6,7 +6,9 @@ Inputs: complete and incomplete run folders (schema version 1 or 2; `bench.runs.
 incomplete run (interrupted: a stop signal, a lost job, a budget that ran out) is reported with the cells it
 finished; its unfinished cells keep their invalid reason ("no timed repeats"), its label carries "(incomplete)",
 its environment table says which cells it did not finish, and the section "Incomplete runs" lists every one shown
-(`Report.incomplete`). Named folders that are still "running", "failed", of an unknown schema version or corrupt
+(`Report.incomplete`). Like with like (bench/report/sessions.py): the quantization sets are compared per session
+(bench/report/quantview.py), and every table whose runs differ in host, build or date carries a note naming those
+keys (`name_keys`); `Report.tables` holds every table as written. Named folders that are still "running", "failed", of an unknown schema version or corrupt
 are refused (RunFolderError); when no folder is named, every folder of the runs directory is tried and the bad
 ones are skipped with a warning naming the folder and the reason (`Report.skipped`). A `Selection`
 (bench/report/groups.py) picks the runs shown; they are compared only within their comparison groups.
@@ -249,6 +251,8 @@ def comparison_findings(views: list[RunView], base: RunView) -> list[str]:
             parts.append(f"{name} {each} (median {statistics.median(ratios):.2f}x)")
         quoted = v.other_published.get(f"speedup_{_slug(v)}_over_{_slug(base)}_decode") if v.published else None
         if parts:
+            note = key_note([run_keys(base), run_keys(v)], "speedup")
+            parts += [note.removesuffix(".")] if note else []
             text = f"Speedup of {v.label} over {base.label}: " + "; ".join(parts)
             out.append(text + (f"; the source quotes {quoted}x for decode." if quoted is not None else ".")
                        + partial_mark(drawn))  # fmt: skip

@@ -306,9 +306,10 @@ def columns(*keys: str) -> tuple[RowColumn, ...]:
     return tuple(BY_KEY[k] for k in keys)
 
 
-SUMMARY_COLUMNS = columns("device", "date", "build_id", "input_tokens", "gauge_tok_s_median", "e2e_tok_s_median",
-                          "ttft_ms_median", "valid")  # fmt: skip
-"""The long table a person reads (the markdown printed by `bench report --format md`): 8 columns."""
+SUMMARY_COLUMNS = columns("device", "host", "date", "build_id", "input_tokens", "gauge_tok_s_median",
+                          "e2e_tok_s_median", "ttft_ms_median", "valid")  # fmt: skip
+"""The long table a person reads (the markdown printed by `bench report --format md`): 9 columns, the host, date
+and build of each row named, since its rows come from every run shown."""
 
 
 # ---- printers ----------------------------------------------------------------------------------------------------

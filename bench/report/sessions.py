@@ -49,6 +49,7 @@ WHY = {
     "runs": "a list of the group's runs, not a comparison",
     "environment": "the facts of each run, listed, not compared",
     "load": "the latest run per level; a level's figures are its own run's",
+    "speedup": "the ratio is the device's, host's and build's together, not the build's alone",
     "quant-session": "one session (the same dense build id: code, checkpoint and engine configuration equal but "
                      "for the quantization, which enters the build id), so the builds differ by the quantization "
                      "alone",
