@@ -5,6 +5,7 @@ runs differ in host, build or date names the keys that differ; shares above 100%
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -200,3 +201,24 @@ def test_copies_of_the_archived_session_elsewhere_still_make_one_session(tmp_pat
         shutil.copytree(REPO / "runs" / name, root / name)
     report = build_report(None, tmp_path / "out", runs_dir=root, selection=Selection(where={"quant": "w4:128"}))
     assert not _session_tables(report)  # the selection left one set: nothing to set side by side
+
+
+def test_each_sets_profile_findings_stand_under_its_session(two_hosts, tmp_path: Path) -> None:
+    root, names = two_hosts
+    finding = {"rules": ["bytes share"], "op": "copy.191", "module": "jit__decode_program", "category": "copies",
+               "hlo": "%copy.191 = u8[262144,4480]{1,0:T(8,128)(4,1)} copy(u8[262144,4480] %p)",
+               "bytes_per_step": 2.34e9, "bytes_source": "the trace's bytes", "step_bytes": 4.163e9,
+               "step_bytes_source": "the roofline's bytes per step", "share_of_step_bytes": 0.562,
+               "ms_per_step": 3.57, "pct_time": 38.4, "rewrite": None}  # fmt: skip
+    profile = {"schema_version": 1, "steps": 20, "categories": {"other": {"pct": 100.0, "ms": 20.0}},
+               "totals": {"device_ms": 20.0, "steps": 20, "ms_per_step": 1.0, "tok_s": 1000.0, "distinct_ops": 3},
+               "roofline": {"bytes_per_step": 4.163e9, "tok_s": 1000.0, "tok_s_source": "profile",
+                            "bandwidth_bytes_s": 1e12, "share_pct": 416.3},
+               "findings": [finding]}  # fmt: skip
+    (root / names["ple8"] / "profile.json").write_text(json.dumps(profile))
+    md = build_report(None, tmp_path / "out", runs_dir=root).markdown.read_text()
+    session = md.split("### Quantization on CPU")[1].split("### ")[0]
+    assert f"- ple8 ({names['ple8']}): copy.191 (jit__decode_program); moves 2.340 GB per step" in session
+    assert f"- ple8 ({names['ple8']}): finding: profile roofline share 416.3% above 100% of its denominator" in session
+    assert "(the device-time rate, 1000 / device ms per step)" in session
+    assert "- none: no profile in this session" in session
