@@ -178,6 +178,7 @@ def test_the_archived_tpu_session_renders(tmp_path: Path) -> None:
     assert rows["w4:128"][4:8] == ["1.66x", "58.9", "step 0: error", "0.314"]
     assert any("= datasheet" in n and "819 GB/s" in n for n in table.notes)  # the ceiling, named
     md = report.markdown.read_text()
+    assert "### Quantization on TPU v5 lite (TPU v5e)" in md  # the chip as jax names it, and as its datasheet does
     assert "the gap between them is 0.1308 > one bfloat16 step at 0.4999 (0.001953): an error, not a tie" in md
 
 

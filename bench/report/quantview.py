@@ -23,7 +23,7 @@ from bench.report.document import Bullets
 from bench.report.sessions import Session, sessions_of
 from bench.report.tables import rate_text
 from bench.report.views import Table
-from bench.runs.ceiling import ceiling_of
+from bench.runs.ceiling import ceiling_of, datasheet_for
 from bench.runs.columns import BYTES_PER_STEP, ROOFLINE_SHARE, fmt_num, roofline_findings
 
 DENSE = "none"
@@ -65,8 +65,16 @@ def quant_session_blocks(groups: Sequence[Any]) -> list[tuple[str, list[Any]]]:
         sets = session_sets(session, keys)
         if len(sets) < 2:
             continue
-        out.append((f"Quantization on {session.device}", _session_blocks(session, sets, keys)))
+        out.append((f"Quantization on {device_names(session.device)}", _session_blocks(session, sets, keys)))
     return out
+
+
+def device_names(device: str) -> str:
+    """The device's chip name with the other names its datasheet entry knows it by (`bench.runs.ceiling.DATASHEETS`:
+    "TPU v5 lite (TPU v5e)"), else the chip name alone."""
+    sheet = datasheet_for(device)
+    others = [k for k in (sheet.device_kinds if sheet else ()) if k.lower() != device.lower()]
+    return f"{device} ({', '.join(others)})" if others else device
 
 
 def _session_blocks(session: Session, sets: dict[str, tuple[Any, Any]], keys: dict[str, Any]) -> list[Any]:
