@@ -60,8 +60,8 @@ def quant_session_blocks(groups: Sequence[Any]) -> list[tuple[str, list[Any]]]:
     """[(title, blocks)] per session of `groups` (`sessions_of`) with two or more quantization sets: its table and
     the bullets under it. [] when no session has two."""
     out = []
+    keys = {n: k for g in groups for n, k in g.keys.items()}
     for session in sessions_of(groups):
-        keys = {n: k for g in groups for n, k in g.keys.items()}
         sets = session_sets(session, keys)
         if len(sets) < 2:
             continue
@@ -78,6 +78,8 @@ def device_names(device: str) -> str:
 
 
 def _session_blocks(session: Session, sets: dict[str, tuple[Any, Any]], keys: dict[str, Any]) -> list[Any]:
+    """The session's table (one row per set and input size, the module docstring's columns), the accuracy's numbers
+    of each divergence, and each set's findings."""
     dense = sets.get(DENSE, (None, None))[0]
     dtype = keys[dense.name].compute_dtype if dense is not None else None
     rows, details = [], []
