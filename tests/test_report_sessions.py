@@ -194,7 +194,7 @@ def test_the_repositorys_own_report_names_every_host_it_mixes(tmp_path: Path) ->
         assert len({keys[n].host for n in t.sources}) == 1, t.title
 
 
-def test_copies_of_the_archived_session_elsewhere_still_make_one_session(tmp_path: Path) -> None:
+def test_a_selection_of_one_set_shows_no_quantization_table(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     for name in TPU_SESSION:
         if not (REPO / "runs" / name).is_dir():
