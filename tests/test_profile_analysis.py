@@ -134,11 +134,16 @@ def test_table_in_the_published_shape_with_roofline(leak):
     assert analysis.roofline.share_pct == pytest.approx(100.0 * 4 * D * D * 2 * 100.0 / 20e9)
     rows = format_profile_table(analysis)
     assert [label for label, _ in rows] == [
-        "dtype conversion", "fp32 gemv", "tensor core", "total kernel time", "distinct kernels", "decode gauge",
-        "bandwidth", "roofline share",
+        "dtype conversion", "fp32 gemv", "tensor core", "total kernel time", "distinct kernels",
+        "decode gauge (sweep)", "device-time rate", "bandwidth", "roofline share",
     ]  # fmt: skip
     values = dict(rows)
-    assert values["tensor core"] == "absent" and values["decode gauge"] == "100.0 tok/s"
+    assert values["tensor core"] == "absent" and values["decode gauge (sweep)"] == "100.0 tok/s"
+    # the profile's own rate is named for what it is, beside the sweep's gauge, never called a gauge
+    rate = 1000.0 / analysis.totals["ms_per_step"]
+    assert values["device-time rate"] == f"{rate:.1f} tok/s (1000 / device ms per step)"
+    unjoined = dict(format_profile_table(leak[1]))
+    assert "decode gauge (sweep)" not in unjoined and "gauge" not in unjoined["device-time rate"]
     assert rows == format_profile_table(json.loads(json.dumps(analysis.to_json())))
     assert dict(format_profile_table(leak[1]))["roofline share"] == "not measured"
 

@@ -172,7 +172,7 @@ def test_analyze_prints_the_published_table(matched, capsys):
     assert bench_in_process(["profile", "analyze", str(trace)]) == 0
     out = capsys.readouterr().out
     for label in ("dtype conversion", "fp32 gemv", "tensor core", "absent", "total kernel time", "distinct kernels",
-                  "decode gauge", "bandwidth", "roofline share"):  # fmt: skip
+                  "device-time rate", "bandwidth", "roofline share"):  # fmt: skip
         assert label in out
 
 

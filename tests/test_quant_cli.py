@@ -97,12 +97,14 @@ def test_the_report_shows_the_options_side_by_side(sweeps, tmp_path):
     runs, folders = sweeps
     report = build_report([folders["dense"], folders["w8"]], tmp_path / "report", runs_dir=runs)
     md = report.markdown.read_text()
-    assert "## Quantization options" in md and "decode by quantization" in md
-    section = md.split("## Quantization options")[1].split("\n## ")[0]
-    rows = [ln for ln in section.splitlines() if ln.startswith("| none ") or ln.startswith("| w8 ")]
-    assert [r.split("|")[1].strip() for r in rows] == ["none", "w8", "none", "w8"]  # gauge table, bytes table
-    dense_bytes = open_run(folders["dense"]).typed_manifest.checkpoint.weight_bytes
-    assert f"{dense_bytes:,}" in rows[0]
+    assert "## Quantization by session" in md and "### Quantization on CPU" in md
+    (table,) = [t for t in report.tables if t.kind == "quant-session"]  # one session: one build, minutes apart
+    rows = {r[0]: r for r in table.rows}
+    assert list(rows) == ["none", "w8"]
+    (dense_cell,), (w8_cell,) = open_run(folders["dense"]).cells(), open_run(folders["w8"]).cells()
+    assert rows["none"][2] == f"{dense_cell.bytes_per_step:,}" and rows["w8"][2] == f"{w8_cell.bytes_per_step:,}"
+    assert rows["none"][4] == "1.00x" and rows["w8"][4] == f"{w8_cell.gauge_tok_s_median / dense_cell.gauge_tok_s_median:.2f}x"
+    assert rows["w8"][6].startswith(("none (4 of 4)", "step ")) and float(rows["w8"][7]) > 0  # logits recorded
     env = (tmp_path / "report" / "environment.csv").read_text()
     assert "quantization,none,w8" in env.replace(" ", "")
 

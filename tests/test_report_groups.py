@@ -241,7 +241,7 @@ def test_the_runs_tables_show_the_rows_each_run_decoded_per_step(tmp_path: Path)
     assert [keys[n].rows_per_step for n in CPU_PROFILE_RUNS] == [(1,), (4,), (1,)]
     md = build_report(None, tmp_path / "out", runs_dir=root, selection=Selection()).markdown.read_text()
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines() if line.startswith("| ")]
-    runs_rows = {c[6]: c[3] for c in cells if len(c) == 7 and c[6] in keys}  # device, date, build, batch, ..., run
+    runs_rows = {c[7]: c[4] for c in cells if len(c) == 8 and c[7] in keys}  # device, date, build, backend, batch, ..., run
     assert runs_rows["2026-12-05-tpu-e2b-profile-b32-tpuv5e"] == "32"
     assert runs_rows["2026-12-05-gpurun-e2b-120939-tpuv5e"] == "1, 8, 32, 128"
     assert runs_rows["2026-12-02-batch-41-profile-b4-cpu"] == "4"

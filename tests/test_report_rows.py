@@ -92,7 +92,7 @@ def test_cli_format_prints_the_rows_on_stdout(runs: Path, tmp_path: Path, capsys
     elif fmt == "csv":
         assert out == (tmp_path / "o" / "rows.csv").read_text()
     else:
-        assert out.startswith("| device | date |") and len(out.splitlines()) == 13
+        assert out.startswith("| device | host | date |") and len(out.splitlines()) == 13
 
 
 def test_cli_bad_format_is_one_line_exit_2(runs: Path, tmp_path: Path, capsys) -> None:

@@ -317,7 +317,7 @@ def print_profile(data: dict, *, top: int = TOP_ROWS, console=None) -> None:
                         f"read-rate ceiling: this profile's share is against the copy{vs})")  # fmt: skip
     if roof.get("bytes_per_step") is not None:
         summary.add_row("bytes per step", f"{roof['bytes_per_step'] / 2**20:,.1f} MiB")
-        summary.add_row("tok/s used", f"{roof['tok_s']:.1f} ({roof['tok_s_source']})")
+        summary.add_row("tok/s used", f"{roof['tok_s']:.1f} ({'decode gauge (sweep)' if roof['tok_s_source'] == 'gauge' else 'device-time rate'})")
     totals = data["totals"]
     if totals.get("op_bytes_per_step") is not None:
         sources = ", ".join(f"{n} ops {src}" for src, n in (totals.get("op_bytes_sources") or {}).items() if n)

@@ -568,9 +568,11 @@ def _op_facts(modules: Mapping[str, HloModule], ev: _Event, count: int, trace_by
 # ---- the published table's shape -------------------------------------------------------------------------------
 def format_profile_table(analysis: ProfileAnalysis | Mapping[str, Any]) -> list[tuple[str, str]]:
     """Rows (label, value) in the shape of the published profile table, from an analysis or its `to_json()` dict:
-    dtype conversion %, fp32 gemv %, tensor core %, total kernel time, distinct kernels, decode gauge, bandwidth,
+    dtype conversion %, fp32 gemv %, tensor core %, total kernel time, distinct kernels, the decode rates, bandwidth,
     roofline share. "fp32 gemv" is the matmul_fp32 category (at batch 1 a decode step's products are matrix-vector
-    products); "decode gauge" is the gauge attached with the roofline, else the profile's own rate, labelled so.
+    products). The decode rates are named for what they are (docs/method.md, "Profiles"): "device-time rate" is
+    1000 / the profiled device ms per step, which leaves out the host's time between steps and is no gauge; where a
+    sweep's cell was joined (the roofline's tok/s source "gauge"), "decode gauge (sweep)" stands beside it.
     On a TPU the tensor core row is labelled "tensor core (MXU)" (its matrix units). A category the device cannot
     have reads "absent"; a roofline not attached reads "not measured". Every share
     here is over all traced steps (the total device time of each category / the total: the mean step), never the
@@ -583,10 +585,9 @@ def format_profile_table(analysis: ProfileAnalysis | Mapping[str, Any]) -> list[
         value = cats.get(name, {}).get("pct")
         return "absent" if value is None else f"{value:.1f}%"
 
-    if roof.get("tok_s") is not None and roof.get("tok_s_source") == "gauge":
-        gauge = f"{roof['tok_s']:.1f} tok/s"
-    else:
-        gauge = f"{totals['tok_s']:.1f} tok/s (from profile)"
+    joined = roof.get("tok_s") is not None and roof.get("tok_s_source") == "gauge"
+    rates = [("decode gauge (sweep)", f"{roof['tok_s']:.1f} tok/s")] if joined else []
+    rates.append(("device-time rate", f"{totals['tok_s']:.1f} tok/s (1000 / device ms per step)"))
     bandwidth = roof.get("bandwidth_bytes_s")
     share = roof.get("share_pct")
     tpu = (data.get("device") or {}).get("platform") == "tpu"
@@ -596,7 +597,7 @@ def format_profile_table(analysis: ProfileAnalysis | Mapping[str, Any]) -> list[
         ("tensor core (MXU)" if tpu else "tensor core", pct("tensor_core")),
         ("total kernel time", f"{totals['device_ms']:,.1f} ms over {totals['steps']} steps"),
         ("distinct kernels", f"{totals['distinct_ops']}"),
-        ("decode gauge", gauge),
+        *rates,
         ("bandwidth", "not measured" if bandwidth is None else f"{bandwidth / 2**30:,.3f} GiB/s"),
         ("roofline share", "not measured" if share is None else f"{share:.0f}%"),
     ]

@@ -1,7 +1,7 @@
 """Findings: the ops of a profile that a reader should look at first, named by rule (docs/profile.md, "Findings").
 
 Pure functions of profile.json's per-op rows (`bench.profile.analysis.OpRow.to_json()`): no jax, no trace reading,
-so `bench profile` and the report (`make report`) apply the same rules to the same numbers. Two rules:
+so `bench profile` and the report (`make report`) apply the same rules to the same numbers. Two rules over ops:
 
 1. **bytes share**: an op that moves (reads + writes) more than `OP_BYTES_SHARE` of the step's bytes per step.
    The step's bytes are the engine's bytes per decode step (the roofline's, docs/method.md, "Rooflines") when the
@@ -13,6 +13,10 @@ so `bench profile` and the report (`make report`) apply the same rules to the sa
 The published report found its dtype-conversion tax by reading the profile by hand; the TPU v5e's PLE relayout
 (`copy.191`, `u8[262144,4480]` from tiling T(32,128) to T(8,128): 3.57 ms of a 9.3 ms step) was found the same way.
 Both are what these rules name.
+
+And one over the profile's shares (`share_findings`): a roofline share above 100% of its denominator is a finding
+with the probe's numbers (docs/method.md, "Rooflines"), whether the profile recorded it (`roofline_findings`, since
+the read-rate ceiling) or is older and only holds the share (a profile that divided by the device copy).
 """
 
 from __future__ import annotations
@@ -138,3 +142,49 @@ def rules_text(rules: Mapping[str, Any] | None = None) -> str:
         parts.append(f"a copy, transpose, layout change or dtype conversion of a parameter of at least "
                      f"{100 * least:.1f}% of the step's bytes, inside the profiled program")  # fmt: skip
     return "; ".join(parts)
+
+
+def share_findings(profile: Mapping[str, Any]) -> list[str]:
+    """Each share above 100% of its denominator in a profile.json, one line with the numbers behind it: the lines
+    of its recorded `roofline_findings` (`bench.runs.ceiling.RooflineFinding.line`) where it has them; else, for a
+    `roofline.share_pct` above 100, the step's read rate (bytes per step x the tok/s used, and that rate's source)
+    against the denominator (`roofline.bandwidth_bytes_s`, else `bandwidth_gib_s`, with `bandwidth_kind`) and the
+    fastest read-only probe where recorded; and a derived share (`roofline.derived.share_pct`) above 100 with its
+    bytes per step. [] when no share is above 100 (or none is recorded)."""
+    recorded = [f.get("line") for f in profile.get("roofline_findings") or [] if isinstance(f, Mapping)]
+    if any(recorded):
+        return [line for line in recorded if line]
+    roof = profile.get("roofline") or {}
+    out = []
+    share, moved, tok_s = roof.get("share_pct"), roof.get("bytes_per_step"), roof.get("tok_s")
+    denominator = roof.get("bandwidth_bytes_s") or (roof.get("bandwidth_gib_s") or 0) * 2**30 or None
+    if isinstance(share, (int, float)) and share > 100:
+        kind = roof.get("bandwidth_kind") or "measured (device copy)"
+        text = f"finding: profile roofline share {share:.1f}% above 100% of its denominator"
+        if moved and tok_s:
+            source = _RATE_NAMES.get(roof.get("tok_s_source"), "a rate of unrecorded source")
+            text += (f": the step read {_gb(moved)} x {tok_s:,.2f} tok/s ({source}) = "
+                     f"{_gbs(moved * tok_s)}")  # fmt: skip
+        if denominator:
+            text += f", above the denominator {_gbs(denominator)} ({kind})"
+        read = profile.get("read_bandwidth")
+        if isinstance(read, Mapping) and read.get("bytes_per_s"):
+            text += f"; fastest read-only probe {_gbs(read['bytes_per_s'])}"
+        out.append(text + ". The denominator is slower than the step's own reads: a device copy (read + written) "
+                   "or a slowed probe is no ceiling, or the step read fewer bytes than its accounting counts.")
+    derived = (roof.get("derived") or {}).get("share_pct")
+    if isinstance(derived, (int, float)) and derived > 100:
+        b = (roof.get("derived") or {}).get("bytes_per_step")
+        out.append(f"finding: derived roofline share {derived:.1f}% above 100% of its denominator"
+                   + (f" (counting {_gb(b)} per step)" if b else "") + ": the step read fewer bytes than counted, "
+                   "or the denominator is below the device's streaming rate.")  # fmt: skip
+    return out
+
+
+_RATE_NAMES = {"gauge": "the joined sweep's gauge", "profile": "the device-time rate, 1000 / device ms per step"}
+"""profile.json's `roofline.tok_s_source` in words: which decode rate the share used (docs/method.md, "Profiles")."""
+
+
+def _gbs(bytes_s: float) -> str:
+    """"686.2 GiB/s (736.8 GB/s)"."""
+    return f"{bytes_s / 2**30:,.1f} GiB/s ({bytes_s / 1e9:,.1f} GB/s)"

@@ -8,6 +8,8 @@ longer have.
 - `compare_runs`, `Comparison`, `manifest_differences`  (bench.report.compare: `bench compare`)
 - `ReportRow`, `RunKeys`, `report_rows`, `ROW_COLUMNS`  (bench.report.rows: the long format and its column list)
 - `Selection`, `Group`                                  (bench.report.groups: selection and comparison groups)
+- sessions and key notes (bench.report.sessions), the quantization-by-session view (bench.report.quantview) and
+  accuracy against a session's dense run, ties told from errors (bench.report.accuracy)
 """
 
 from bench.report.build import Report, build_report

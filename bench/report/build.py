@@ -6,7 +6,9 @@ Inputs: complete and incomplete run folders (schema version 1 or 2; `bench.runs.
 incomplete run (interrupted: a stop signal, a lost job, a budget that ran out) is reported with the cells it
 finished; its unfinished cells keep their invalid reason ("no timed repeats"), its label carries "(incomplete)",
 its environment table says which cells it did not finish, and the section "Incomplete runs" lists every one shown
-(`Report.incomplete`). Named folders that are still "running", "failed", of an unknown schema version or corrupt
+(`Report.incomplete`). Like with like (bench/report/sessions.py): the quantization sets are compared per session
+(bench/report/quantview.py), and every table whose runs differ in host, build or date carries a note naming those
+keys (`name_keys`); `Report.tables` holds every table as written. Named folders that are still "running", "failed", of an unknown schema version or corrupt
 are refused (RunFolderError); when no folder is named, every folder of the runs directory is tried and the bad
 ones are skipped with a warning naming the folder and the reason (`Report.skipped`). A `Selection`
 (bench/report/groups.py) picks the runs shown; they are compared only within their comparison groups.
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
-from bench.profile.findings import rules_text, stored_findings
+from bench.profile.findings import rules_text, share_findings, stored_findings
 from bench.profile.roofline import roofline_share_pct
 from bench.report.compare import (
     describe_differences,
@@ -45,8 +47,10 @@ from bench.report.compare import (
 from bench.report.document import Bullets, Plot, Section, to_markdown
 from bench.report.groups import Group, Selection, group_runs, nearest_splits, select_runs
 from bench.report.page import render_page
+from bench.report.quantview import quant_session_blocks
 from bench.report.plots import plot_axis, plot_batches, plot_history, plot_load, plot_profile, plot_sweep
-from bench.report.rows import ReportRow, report_rows, row_columns, rows_csv, rows_jsonl, run_keys
+from bench.report.rows import ReportRow, RunKeys, report_rows, row_columns, rows_csv, rows_jsonl, run_keys
+from bench.report.sessions import key_note
 from bench.report.tables import (
     DASH,
     RunView,
@@ -74,8 +78,6 @@ from bench.report.views import (
     device_views,
     history_series,
     history_tables,
-    quant_families,
-    quant_tables,
     roofline_tables,
     runs_table,
 )
@@ -163,6 +165,29 @@ def roofline_findings_of(views: list[RunView]) -> list[str]:
     return out
 
 
+def matmul_findings_of(views: list[RunView]) -> list[str]:
+    """Per run, each prefill matmul share above 100% of the run's measured matrix-product rate (docs/method.md,
+    "Rooflines"), as "LABEL: finding: ..." with the probe's numbers (the manifest's `rates.matmul`: its shape,
+    dtype and GFLOP/s) and the prefill's own rate. [] when no share is above 100."""
+    out = []
+    for v in views:
+        probe = ((v.m.get("rates") or {}).get("matmul") or {}) if isinstance(v.m.get("rates"), dict) else {}
+        shape = "x".join(str(probe.get(k, "?")) for k in ("m", "n", "k"))
+        rate = (f"the matrix-product probe's {probe['gflop_s']:,.1f} GFLOP/s ({shape} {probe.get('dtype', '?')}, "
+                "median of its repeats)" if probe.get("gflop_s") else "the run's matrix-product rate")  # fmt: skip
+        for s in sorted(v.cells):
+            c = v.cells[s]
+            share = c.prefill_matmul_share_pct
+            if share is None or share <= 100.0:
+                continue
+            gflop_s = (c.prefill_flop_s or 0.0) / 1e9
+            out.append(f"{v.label}: finding: prefill matmul share {share:.1f}% above 100 at cell {s}: the prefill "
+                       f"computed {gflop_s:,.1f} GFLOP/s (its matrix-product FLOP / median prefill time), above "
+                       f"{rate}. The probe is no ceiling for this prefill: its products ran faster than the "
+                       "probe's (other shapes, or a less busy host), or the prefill counts FLOP its program skips.")
+    return out
+
+
 def _seconds(x: float | None) -> str:
     return DASH if x is None else f"{x:.2f} s"
 
@@ -226,6 +251,8 @@ def comparison_findings(views: list[RunView], base: RunView) -> list[str]:
             parts.append(f"{name} {each} (median {statistics.median(ratios):.2f}x)")
         quoted = v.other_published.get(f"speedup_{_slug(v)}_over_{_slug(base)}_decode") if v.published else None
         if parts:
+            note = key_note([run_keys(base), run_keys(v)], "speedup")
+            parts += [note.removesuffix(".")] if note else []
             text = f"Speedup of {v.label} over {base.label}: " + "; ".join(parts)
             out.append(text + (f"; the source quotes {quoted}x for decode." if quoted is not None else ".")
                        + partial_mark(drawn))  # fmt: skip
@@ -281,6 +308,8 @@ class Report:
     findings: list[str]
     rows: list[ReportRow] = dataclasses.field(default_factory=list)
     incomplete: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    tables: list[Table] = dataclasses.field(default_factory=list)
+    """Every table of the document, as written (each with its `sources` and the key note `name_keys` added)."""
 
 
 def _slowest(views: list[RunView]) -> RunView:
@@ -335,6 +364,7 @@ def build_report(
         sections.append(_incomplete_section(incomplete))
     if skipped:
         sections.append(Section(title="Skipped folders", anchor="skipped", blocks=[Bullets(items=[f"{n}: {r}" for n, r in skipped])]))
+    tables = name_keys(sections, groups[0].keys)
     intro = [
         f"{len(views)} run(s) in {len(groups)} comparison group(s); selection: {(selection or Selection()).describe()}"
         f" ({len(pool)} of {len(loaded)} run(s) passed its filters). Runs are compared only within a group "
@@ -350,7 +380,7 @@ def build_report(
     files.insert(0, out / "report.html")
     base = named or bases[groups[0].gid]
     return Report(out, out / "report.md", [out / "report.md", *files], [v.name for v in views], base.name, skipped,
-                  findings, rows, incomplete)  # fmt: skip
+                  findings, rows, incomplete, tables)  # fmt: skip
 
 
 def _incomplete_section(incomplete: list[tuple[str, str]]) -> Section:
@@ -443,15 +473,33 @@ def _groups_section(groups: list[Group]) -> Section:
 
 
 def _quant_section(groups: list[Group]) -> list[Section]:
-    """The quantization options side by side (`bench.report.views.quant_tables`), one section for every family of
-    groups that differ only in quantization; [] when there is none."""
-    tables = [t for family in quant_families(groups) for t in quant_tables(family)]
-    if not tables:
+    """The quantization sets of each session side by side (bench/report/quantview.py), one sub-section per session
+    with two or more sets; [] when there is none."""
+    found = quant_session_blocks(groups)
+    if not found:
         return []
-    intro = ("Groups that differ only in quantization (`--quant`), side by side: each option is its own comparison "
-             "group (its weights, weight bytes and build differ), so speedups and findings stay within each group; "
-             "`bench compare DENSE QUANTIZED` treats the quantization as the single variable.")  # fmt: skip
-    return [Section(title="Quantization options", anchor="quant", blocks=[intro, *tables])]
+    intro = ("The quantization sets (`--quant`) of one session side by side: runs of one device, host and build "
+             "(dense build id) started at most 2 hours apart (docs/method.md, \"Comparisons\"), so a ratio is the "
+             "quantization's, not another host's or build's. Each set is its own comparison group below.")  # fmt: skip
+    subs = [Section(title=title, level=3, anchor=f"quant-{i}", blocks=blocks) for i, (title, blocks) in enumerate(found, 1)]
+    return [Section(title="Quantization by session", anchor="quant", blocks=[intro, *subs])]
+
+
+def name_keys(sections: list[Section], keys: dict[str, RunKeys]) -> list[Table]:
+    """Every table of `sections` (walked in order, sub-sections included), each table whose `sources` differ in
+    host, build or date given the key note that says so and why they still stand side by side
+    (`bench.report.sessions.key_note`), in place. Returns the tables."""
+    out = []
+    for section in sections:
+        for i, block in enumerate(section.blocks):
+            if isinstance(block, Section):
+                out += name_keys([block], keys)
+            elif isinstance(block, Table):
+                note = key_note([keys[n] for n in block.sources if n in keys], block.kind)
+                if note is not None and note not in block.notes:
+                    block = section.blocks[i] = dataclasses.replace(block, notes=[*block.notes, note])
+                out.append(block)
+    return out
 
 
 def _chunks(views: list[RunView], n: int) -> list[list[RunView]]:
@@ -461,27 +509,61 @@ def _chunks(views: list[RunView], n: int) -> list[list[RunView]]:
 def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list[Path], list[str]]:
     """The section of one group: its views (bench/report/views.py) and plots, environment, profile and findings.
     Returns (section, plot files written, findings)."""
-    gid, blocks, files = group.gid, [], []
-    dev = device_views(group)
-    dev = assign_labels(sorted(dev, key=lambda v: v is not base))  # one run per device: the chip names it
-    blocks.append(f"{len(group.views)} run(s) on {', '.join(group.axis_values('device'))}. Median tok/s over the timed "
-                  f"repeats; (min–max) where raw samples exist; ✗ marks an invalid cell.")  # fmt: skip
-    if any(v.cells for v in dev):
-        blocks += device_tables(group, dev)
-        blocks += decode_loop_tables(dev)
-        blocks += roofline_tables(dev)
-        blocks += _published_notes([v for v in dev if v.published])
-        png = plot_sweep([(v.label, v.published, list(v.cells.values())) for v in dev], out / f"sweep_tok_s_{gid}.png")
-        files.append(png)
-        blocks.append(Plot(file=png.name, alt=f"{gid}: decode and end-to-end tok/s vs input tokens"))
-    elif not any(v.load for v in group.views) and not any(v.batch_cells for v in dev):
+    gid = group.gid
+    dev = assign_labels(sorted(device_views(group), key=lambda v: v is not base))  # one run per device: the chip
+    blocks: list[Any] = [f"{len(group.views)} run(s) on {', '.join(group.axis_values('device'))}. Median tok/s over "
+                         "the timed repeats; (min–max) where raw samples exist; ✗ marks an invalid cell."]  # fmt: skip
+    sweep_blocks, files = _sweep_blocks(group, dev, out)
+    blocks += sweep_blocks
+    if not sweep_blocks and not any(v.load for v in group.views) and not any(v.batch_cells for v in dev):
         blocks.append("No sweep cells in this group (profile-only runs).")
     batch_views = assign_labels(sorted((v for v in group.views if v.batch_cells), key=lambda v: v is not base))
-    batch_blocks, batch_files = _batch_blocks(batch_views, out, gid)  # every --batch sweep of the group
-    load_blocks, load_files = _load_blocks(group, base, out)
-    blocks += batch_blocks + load_blocks
-    files += batch_files + load_files
+    for more_blocks, more_files in (_batch_blocks(batch_views, out, gid), _load_blocks(group, base, out)):
+        blocks += more_blocks
+        files += more_files
     blocks.append(runs_table(group))
+    for more_blocks, more_files in (_axis_blocks(group, out), _history_blocks(group, out)):
+        blocks += more_blocks
+        files += more_files
+    findings, found = _group_findings(group, base, dev)
+    shown = {v.name for v in dev}  # and the --batch sweeps of the batch tables, which device_views may leave out
+    env_blocks = [_environment_block(chunk) for chunk in
+                  _chunks(assign_labels(dev + [v for v in batch_views if v.name not in shown]), 6)]  # fmt: skip
+    section = Section(title=f"{gid}: {group.title()}", anchor=gid, blocks=blocks)
+    subs = [Section(title=f"{gid} findings", level=3, anchor=f"{gid}-findings", blocks=findings),
+            Section(title=f"{gid} environment", level=3, anchor=f"{gid}-environment", blocks=env_blocks)]
+    prof, prof_files = _profile_blocks(group, sorted(group.views, key=lambda v: v is not base), out)
+    if prof:
+        subs.append(Section(title=f"{gid} profile", level=3, anchor=f"{gid}-profile", blocks=prof))
+    section.blocks.extend(subs)
+    return section, files + prof_files, found
+
+
+def _environment_block(views: list[RunView]) -> Table:
+    header, _, text = environment_table(views)
+    return Table(title="", header=header, rows=text, kind="environment", sources=tuple(v.name for v in views))
+
+
+def _sweep_blocks(group: Group, dev: list[RunView], out: Path) -> tuple[list[Any], list[Path]]:
+    """The device-by-device, decode-loop and roofline tables of the group's device views `dev` and their
+    tok/s-vs-input-tokens plot (each line's host named when the lines' hosts differ); ([], []) without cells."""
+    if not any(v.cells for v in dev):
+        return [], []
+    blocks = [*device_tables(group, dev), *decode_loop_tables(dev), *roofline_tables(dev),
+              *_published_notes([v for v in dev if v.published])]  # fmt: skip
+    hosts = {group.keys[v.name].host for v in dev}
+
+    def label(v: RunView) -> str:
+        return v.label + (f" ({group.keys[v.name].host or 'host not recorded'})" if len(hosts) > 1 else "")
+
+    png = plot_sweep([(label(v), v.published, list(v.cells.values())) for v in dev], out / f"sweep_tok_s_{group.gid}.png")
+    return [*blocks, Plot(file=png.name, alt=f"{group.gid}: decode and end-to-end tok/s vs input tokens")], [png]
+
+
+def _axis_blocks(group: Group, out: Path) -> tuple[list[Any], list[Path]]:
+    """Per axis ("batch", "concurrency") the group's runs hold more than one value of: its tables and plot."""
+    blocks: list[Any] = []
+    files = []
     for axis in ("batch", "concurrency"):
         series = axis_series(group, axis)
         if not series:
@@ -490,46 +572,48 @@ def group_section(group: Group, base: RunView, out: Path) -> tuple[Section, list
         sizes = sorted({s for runs in series.values() for s in runs[0].cells})[:3]
         lines = [(f"{device} {s:,} tokens", [(getattr(group.keys[v.name], axis), v.cells[s]) for v in runs
                                               if s in v.cells]) for device, runs in series.items() for s in sizes]  # fmt: skip
-        png = plot_axis(lines, axis, out / f"{axis}_{gid}.png")
-        files.append(png)
-        blocks.append(Plot(file=png.name, alt=f"{gid}: tok/s against {axis}"))
+        files.append(plot_axis(lines, axis, out / f"{axis}_{group.gid}.png"))
+        blocks.append(Plot(file=files[-1].name, alt=f"{group.gid}: tok/s against {axis}"))
+    return blocks, files
+
+
+def _history_blocks(group: Group, out: Path) -> tuple[list[Any], list[Path]]:
+    """The history tables and plot of the group (`history_series`): the plot draws one line per configuration and
+    host (a host's runs only; the others' dates stay on the axis), so runs of two hosts never make one line."""
     history = history_series(group)
-    if history:
-        blocks += history_tables(group)
-        lines = []
-        for name, runs in list(history.items())[:4]:
-            s = min(runs[-1].cells) if runs[-1].cells else None
-            lines.append((f"{name.split(',')[0]} {s:,} tokens",
-                          [(group.keys[v.name].date or v.name, v.cells.get(s)) for v in runs[-MAX_HISTORY_ROWS:]]))
-        png = plot_history(lines, out / f"history_{gid}.png")
-        files.append(png)
-        blocks.append(Plot(file=png.name, alt=f"{gid}: decode gauge over time"))
+    if not history:
+        return [], []
+    lines = []
+    for name, runs in list(history.items())[:4]:
+        s = min(runs[-1].cells) if runs[-1].cells else None
+        shown = runs[-MAX_HISTORY_ROWS:]
+        hosts = list(dict.fromkeys(group.keys[v.name].host for v in shown))
+        for host in hosts:
+            label = f"{name.split(',')[0]} {s:,} tokens" + (f", {host or 'host not recorded'}" if len(hosts) > 1 else "")
+            lines.append((label, [(group.keys[v.name].date or v.name,
+                                   v.cells.get(s) if group.keys[v.name].host == host else None) for v in shown]))  # fmt: skip
+    png = plot_history(lines, out / f"history_{group.gid}.png")
+    return [*history_tables(group), Plot(file=png.name, alt=f"{group.gid}: decode gauge over time, one line per host")], [png]
+
+
+def _group_findings(group: Group, base: RunView, dev: list[RunView]) -> tuple[list[Any], list[str]]:
+    """(the findings sub-section's blocks, the findings as lines) of one group: decode flatness, cold/warm, the
+    comparisons against `base` and over time, the profiles' findings, and every share above 100% of its
+    denominator (roofline, prefill matmul)."""
     compared = sorted(group.views, key=lambda v: v is not base)
     decode, cold = decode_findings(dev), cold_warm_findings(dev)
     comp = comparison_findings(compared, base) + history_findings(group)
-    roof = roofline_findings_of(dev)
-    findings = [Bullets(items=decode or ["No run with sweep cells."]), "Cold vs warm:", Bullets(items=cold),
-                f"Against the baseline ({base.label}):", Bullets(items=comp or ["Only one run."])]
+    over = roofline_findings_of(dev) + matmul_findings_of(dev)
+    blocks = [Bullets(items=decode or ["No run with sweep cells."]), "Cold vs warm:", Bullets(items=cold),
+              f"Against the baseline ({base.label}):", Bullets(items=comp or ["Only one run."])]
     profiled = profile_findings(assign_labels(sorted((v for v in group.views if v.profile is not None),
                                                      key=lambda v: v is not base)))  # fmt: skip
     if profiled:
-        findings += [PROFILE_FINDINGS_INTRO, Bullets(items=profiled)]
-    if roof:  # a share above 100% of its ceiling: said among the findings, not only under its table
-        findings += ["Rooflines above 100% of their ceiling (docs/method.md, Rooflines):", Bullets(items=roof)]
-    env_blocks = []
-    shown = {v.name for v in dev}  # and the --batch sweeps of the batch tables, which device_views may leave out
-    for chunk in _chunks(assign_labels(dev + [v for v in batch_views if v.name not in shown]), 6):
-        header, _, text = environment_table(chunk)
-        env_blocks.append(Table(title="", header=header, rows=text, kind="environment"))
-    section = Section(title=f"{gid}: {group.title()}", anchor=gid, blocks=blocks)
-    subs = [Section(title=f"{gid} findings", level=3, anchor=f"{gid}-findings", blocks=findings),
-            Section(title=f"{gid} environment", level=3, anchor=f"{gid}-environment", blocks=env_blocks)]
-    prof, prof_files = _profile_blocks(group, sorted(group.views, key=lambda v: v is not base), out)
-    if prof:
-        subs.append(Section(title=f"{gid} profile", level=3, anchor=f"{gid}-profile", blocks=prof))
-    section.blocks.extend(subs)
-    return section, files + prof_files, decode + cold + comp + roof + [p for p in profiled
-                                                                     if not p.endswith((NO_FINDINGS, NOT_RECORDED))]
+        blocks += [PROFILE_FINDINGS_INTRO, Bullets(items=profiled)]
+    if over:  # a share above 100% of its denominator: said among the findings, not only under its table
+        blocks += ["Shares above 100% of their denominator (docs/method.md, Rooflines):", Bullets(items=over)]
+    quiet = [p for p in profiled if not p.endswith((NO_FINDINGS, NOT_RECORDED))]
+    return blocks, decode + cold + comp + over + quiet
 
 
 def _load_blocks(group: Group, base: RunView, out: Path) -> tuple[list[Any], list[Path]]:
@@ -540,6 +624,7 @@ def _load_blocks(group: Group, base: RunView, out: Path) -> tuple[list[Any], lis
         return [], []
     _, _, header, text = load_report_table(views)
     table = Table(title="Serving under load (per level)", header=header, rows=text, kind="load",
+                  sources=tuple(v.name for v in views),
                   notes=["docs/method.md, \"Serving under load\": output tok/s = generated tokens of the level / its "
                          "wall time; TTFT, TPOT, e2e over its requests, ITL over every gap between tokens; queue "
                          "where the server reports it; valid: every request succeeded with exactly max_new_tokens."])  # fmt: skip
@@ -592,7 +677,7 @@ def _profile_blocks(group: Group, views: list[RunView], out: Path) -> tuple[list
     blocks: list[Any] = []
     for chunk in _chunks(with_prof, 6):
         _, _, header, rows = profile_table(chunk)
-        blocks.append(Table(title="", header=header, rows=rows, kind="profile"))
+        blocks.append(Table(title="", header=header, rows=rows, kind="profile", sources=tuple(v.name for v in chunk)))
     per_batch = batch_profile_table(with_prof)
     blocks += [per_batch] if per_batch is not None else []
     notes = roofline_notes(with_prof)
@@ -612,16 +697,17 @@ NO_FINDINGS = ": none"
 def profile_findings(views: list[RunView]) -> list[str]:
     """Per run with a profile.json: each finding its profile stored (`bench.profile.findings.format_finding`'s
     line, after the run's label), "<label>: none" when it stored none, "<label>: not recorded" for a profile
-    written before findings existed (archived runs: nothing is derived for them after the fact)."""
+    written before findings existed (archived runs: no op finding is derived for them after the fact); then each
+    share above 100% of its denominator the profile holds (`bench.profile.findings.share_findings`, for old
+    profiles too: the share and its inputs are recorded)."""
     out = []
     for v in views:
-        lines = stored_findings(v.profile or {})
+        lines, shares = stored_findings(v.profile or {}), share_findings(v.profile or {})
         if lines is None:
             out.append(f"{v.label}{NOT_RECORDED}")
-        elif not lines:
+        elif not lines and not shares:
             out.append(f"{v.label}{NO_FINDINGS}")
-        else:
-            out += [f"{v.label}: {line}" for line in lines]
+        out += [f"{v.label}: {line}" for line in [*(lines or []), *shares]]
     return out
 
 

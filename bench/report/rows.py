@@ -2,7 +2,8 @@
 cell's measured values with their spread, and the one column list every printer of these rows takes.
 
 `run_keys(view)` reads a run's keys from its typed manifest (`bench.runs.Manifest`): device, host, checkpoint id and
-content hash, weight bytes, quantization, dtypes, batch, concurrency, max_new_tokens, build id, date, provenance.
+content hash, weight bytes, quantization, dtypes, batch, concurrency, max_new_tokens, build id, date, provenance,
+engine backend (`backend_of`).
 An axis the run does not record gets its default: batch 1, concurrency 1, quantization "none" (every run so far
 decoded one sequence, one request at a time, unquantized). Concurrency is read from `engine_config.concurrency`
 (a workload note: a sweep through a server); batch and quantization from the engine configuration.
@@ -66,6 +67,8 @@ class RunKeys:
     `profile_batch`: the rows a profile-only run (`bench profile [--batch B]`) decoded per step (1 without
     --batch), None for any other run;
     `run_status`: the run's status, "complete" or "incomplete" (interrupted: only its finished cells are valid);
+    `backend`: which engine ran (`backend_of`: "jax", "cpu-kernels", with "(inferred)" for a manifest from
+    before it was recorded; None for published figures and peers);
     `method`: how the numbers were timed (`method_of`): "in-process" (the engine timed in this process),
     "remote target" (`sweep --target`: client-side timing over HTTP, streamed), "<engine> (peer)" (another engine,
     e.g. transformers, timed in its own process on the same workload) or "as published".
@@ -93,6 +96,7 @@ class RunKeys:
     run_status: str = "complete"
     batch_sweep: tuple[int, ...] | None = None
     profile_batch: int | None = None
+    backend: str | None = None
 
     @property
     def published(self) -> bool:
@@ -138,6 +142,21 @@ def method_of(manifest: Any) -> str:
     return METHOD_IN_PROCESS
 
 
+def backend_of(manifest: Any) -> str | None:
+    """The engine backend of a run, from its typed manifest (`bench.runs.manifest.EngineConfig.backend`): "jax"
+    (the pure-JAX engine) or "cpu-kernels" as recorded; for a manifest from before it was recorded, inferred from
+    the kernels it names (`EngineConfig.kernel`: "bf16=cpu" or "attention=cpu" ran only under the CPU kernels, then
+    on by default where they built), as "cpu-kernels (inferred)" or "jax (inferred)"; None for published figures
+    and for a peer (another engine)."""
+    if manifest.provenance.kind == "published" or manifest.peer is not None:
+        return None
+    if manifest.engine.backend:
+        return manifest.engine.backend
+    kernel = (manifest.engine.kernel or "").split()
+    cpu = any(part in ("bf16=cpu", "attention=cpu") for part in kernel)
+    return f"{'cpu-kernels' if cpu else 'jax'} (inferred)"
+
+
 def _int_or(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
@@ -171,7 +190,7 @@ def run_keys(view: Any) -> RunKeys:
         max_new_tokens=m.workload.max_new_tokens or next((c.max_new_tokens for c in view.cells.values()), None),
         build_id=m.build_id, date=date, started_at=m.started_at,
         provenance=m.provenance.kind, method=method_of(m), run_status=m.status, batch_sweep=_batch_sweep(m, view),
-        profile_batch=_profile_batch(m, view.run.manifest),
+        profile_batch=_profile_batch(m, view.run.manifest), backend=backend_of(m),
     )  # fmt: skip
 
 
@@ -255,6 +274,7 @@ KEY_COLUMNS: tuple[RowColumn, ...] = (
     _key("kv_cache_dtype", "kv cache"), _key("batch", "batch", "right"), _key("concurrency", "concurrency", "right"),
     _key("max_new_tokens", "new tokens", "right"), _key("build_id", "build"), _key("date", "date"),
     _key("provenance", "provenance"), _key("method", "method"), _key("run_status", "run status"),
+    _key("backend", "backend"),
 )  # fmt: skip
 """The run's identity keys, in table order."""
 CELL_ROW_COLUMNS: tuple[RowColumn, ...] = tuple(
@@ -286,9 +306,10 @@ def columns(*keys: str) -> tuple[RowColumn, ...]:
     return tuple(BY_KEY[k] for k in keys)
 
 
-SUMMARY_COLUMNS = columns("device", "date", "build_id", "input_tokens", "gauge_tok_s_median", "e2e_tok_s_median",
-                          "ttft_ms_median", "valid")  # fmt: skip
-"""The long table a person reads (the markdown printed by `bench report --format md`): 8 columns."""
+SUMMARY_COLUMNS = columns("device", "host", "date", "build_id", "input_tokens", "gauge_tok_s_median",
+                          "e2e_tok_s_median", "ttft_ms_median", "valid")  # fmt: skip
+"""The long table a person reads (the markdown printed by `bench report --format md`): 9 columns, the host, date
+and build of each row named, since its rows come from every run shown."""
 
 
 # ---- printers ----------------------------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ profile.json keys read (other keys are ignored; the first alias present wins):
   conversion | convert; matmul_fp32 | fp32_matmul | matmul_f32 | fp32_gemv; tensor_core | tensor_cores. Every
   category with a pct goes into the stacked bars.
 - `totals.device_ms` | total_device_ms | total_kernel_ms | total_kernel_time_ms (ms); `totals.distinct_kernels` |
-  distinct_ops; decode tok/s from `totals.decode_tok_s` | implied_tok_s, else `roofline.tok_s`, else `totals.tok_s`.
+  distinct_ops; decode tok/s from `totals.decode_tok_s` | implied_tok_s, else `roofline.tok_s`, else `totals.tok_s`;
+  the profile's device-time rate from `totals.tok_s`, else 1000 / `totals.ms_per_step` (shown beside the gauge,
+  under its own name: it is not a gauge).
 - `roofline.bandwidth_gib_s` | measured_bandwidth_gib_s (GiB/s), or `roofline.bandwidth_gb_s` (GB/s, converted);
   `roofline.bandwidth_kind` (text: "ceiling: <figure> (<definition>)" since the ceiling; "measured (device
   copy)" when absent, as profiles recorded before it divided by the copy); `roofline.share_pct` |
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
-from bench.report.rows import chip_name, quantization_label
+from bench.report.rows import backend_of, chip_name, quantization_label
 from bench.runs import (CellRow, CheckpointFacts, LoadRow, RunFolder, Sample, cell_key, load_reported_run, resolve_run,
                         run_folders)  # fmt: skip
 from bench.runs.columns import (
@@ -281,6 +283,7 @@ def environment_table(views: list[RunView]) -> tuple[list[str], list[list[Any]],
         ("checkpoint hash", lambda v: g(v, "checkpoint", "content_hash")),
         ("quantization", lambda v: quantization_label(g(v, "engine_config", "quantization"),
                                                       g(v, "engine_config", "scale_dtype"))),
+        ("engine backend", lambda v: backend_of(v.run.typed_manifest)),
         ("weight bytes", lambda v: g(v, "checkpoint", "weight_bytes")),
         ("configuration", lambda v: _config_text(g(v, "engine_config"))),
         ("git commit", lambda v: g(v, "git", "commit")),
@@ -363,7 +366,9 @@ def profile_figures(prof: dict[str, Any]) -> dict[str, Any]:
     """The figures the report uses from one profile.json (the module docstring lists the keys read).
 
     Returns a flat dict: per category its pct (%) and `<name>_absent`; device_ms (ms), distinct_kernels,
-    decode_tok_s (and whether it came from the profile itself); `batch` (rows per profiled step: `config.batch`, 1
+    decode_tok_s (and whether it came from the profile itself); `gauge_tok_s` (a gauge: a joined sweep's or the
+    published one; None when the profile had only its own rate) and `device_rate_tok_s` (1000 / device ms per step:
+    `totals.tok_s`, else from `totals.ms_per_step`; not a gauge, docs/method.md "Profiles"); `batch` (rows per profiled step: `config.batch`, 1
     when the profile records none); bandwidth_gib_s (GiB/s), bandwidth_kind, read_bandwidth_gib_s (GiB/s, None
     without a read-only probe), bytes_per_step (bytes), share_pct (%), share_approx; the derived share, bytes per
     step and accounting terms; `categories` {name: pct} of every category with a share; `findings`: how many
@@ -388,7 +393,10 @@ def profile_figures(prof: dict[str, Any]) -> dict[str, Any]:
     kind = roof.get("bandwidth_kind") or ("measured (device copy)" if bw is not None else None)
     derived = roof.get("derived") or {}
     read = prof.get("read_bandwidth")
+    ms = totals.get("ms_per_step")
+    device_rate = totals.get("tok_s") if totals.get("tok_s") is not None else (1000.0 / ms if ms else None)
     out.update(
+        gauge_tok_s=None if out["decode_tok_s_from_profile"] else out["decode_tok_s"], device_rate_tok_s=device_rate,
         bandwidth_gib_s=bw, bandwidth_kind=kind, bytes_per_step=roof.get("bytes_per_step"),
         read_bandwidth_gib_s=read.get("gib_s") if isinstance(read, dict) else None,
         share_pct=_first(roof, ("share_pct", "bandwidth_roofline_share_pct")),
@@ -415,9 +423,10 @@ _PROFILE_ROWS = (  # (csv key, markdown label, text formatter of the figures)
     ("tensor_core_pct", "tensor core", lambda f: fmt_pct(f["tensor_core"], absent=f["tensor_core_absent"])),
     ("total_kernel_time_ms", "total kernel time", _unit("device_ms", ",.1f", " ms")),
     ("distinct_kernels", "distinct kernels", _unit("distinct_kernels", ",")),
-    ("decode_gauge_tok_s", "decode, gauge",
-     lambda f: DASH if f["decode_tok_s"] is None else f"{fmt_num(f['decode_tok_s'])} tok/s"
-     + (" (from profile: 1000 / device ms per step, not a gauge)" if f["decode_tok_s_from_profile"] else "")),
+    ("decode_gauge_tok_s", "decode gauge (sweep)",
+     lambda f: DASH if f["gauge_tok_s"] is None else f"{fmt_num(f['gauge_tok_s'])} tok/s"),
+    ("device_time_rate_tok_s", "device-time rate (1000 / device ms per step)",
+     lambda f: DASH if f["device_rate_tok_s"] is None else f"{fmt_num(f['device_rate_tok_s'])} tok/s"),
     ("bandwidth_gib_s", "bandwidth", _unit("bandwidth_gib_s", ",.3f", " GiB/s")),
     ("bandwidth_kind", "bandwidth source", lambda f: f["bandwidth_kind"] or DASH),
     ("read_bandwidth_gib_s", "fastest read-only probe",
@@ -432,14 +441,15 @@ _PROFILE_ROWS = (  # (csv key, markdown label, text formatter of the figures)
 )  # fmt: skip
 _PROFILE_RAW = {
     "dtype_conversion_pct": "dtype_conversion", "fp32_matmul_pct": "matmul_fp32", "tensor_core_pct": "tensor_core",
-    "total_kernel_time_ms": "device_ms", "distinct_kernels": "distinct_kernels", "decode_gauge_tok_s": "decode_tok_s",
+    "total_kernel_time_ms": "device_ms", "distinct_kernels": "distinct_kernels", "decode_gauge_tok_s": "gauge_tok_s",
+    "device_time_rate_tok_s": "device_rate_tok_s",
     "bandwidth_gib_s": "bandwidth_gib_s", "bandwidth_kind": "bandwidth_kind",
     "read_bandwidth_gib_s": "read_bandwidth_gib_s", "roofline_share_pct": "share_pct",
     "roofline_share_derived_pct": "derived_share_pct", "profile_findings": "findings",
 }  # fmt: skip
 
 
-_OPTIONAL_PROFILE_ROWS = frozenset({"read_bandwidth_gib_s", "profile_findings"})
+_OPTIONAL_PROFILE_ROWS = frozenset({"read_bandwidth_gib_s", "profile_findings", "device_time_rate_tok_s"})
 """Rows of `_PROFILE_ROWS` shown only where some profile has the figure (profiles from before the read-only probe
 or the findings keep the table they had)."""
 

@@ -17,10 +17,7 @@ bytes per step, roofline share, FLOP per byte and rows differing from B = 1 acro
 it; `batch_profile_table`, where the group's profiles were taken at more than one batch (`bench profile --batch`),
 the device-time categories per batch side by side.
 
-Across groups, `quant_families` finds groups that differ only in quantization (each option is a comparison group
-of its own: its weights, weight bytes and build differ), and `quant_tables` shows them side by side per device:
-one row per option (the latest run of its group on that device), its weight bytes, gauge, bytes per step and
-roofline share per input size.
+Across groups, the quantization sets of one session stand side by side in bench/report/quantview.py.
 
 A table is at most `MAX_COLUMNS` columns and `MAX_ROWS` rows. Numbers print as bench.runs.columns prints them
 (`rate_text`). No jax, no engine.
@@ -70,7 +67,8 @@ MAX_SIZES = 5  # input sizes across in the axis and history views: 1 + 2 x 5 <= 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Table:
     """A view as text: `title`, `header`, `rows` (cells as printed), `notes` (lines under it), `kind` (the view:
-    "devices", "runs", "batch", "concurrency", "history"), `plot` (file name of its plot, or None)."""
+    "devices", "runs", "batch", "concurrency", "history", ...), `plot` (file name of its plot, or None), `sources`
+    (the names of the runs whose figures it shows: what a key note (bench/report/sessions.py) is about)."""
 
     title: str
     header: list[str]
@@ -78,6 +76,7 @@ class Table:
     notes: list[str] = dataclasses.field(default_factory=list)
     kind: str = ""
     plot: str | None = None
+    sources: tuple[str, ...] = ()
 
 
 def _base(group: Group, axis: str, views: Sequence[Any]) -> Any:
@@ -115,7 +114,8 @@ def device_tables(group: Group, views: Sequence[Any] | None = None) -> list[Tabl
         k = group.keys[chunk[0].name]
         part = f" ({i // MAX_DEVICES_PER_TABLE + 1})" if len(views) > MAX_DEVICES_PER_TABLE else ""
         title = f"{group.gid} device by device{part}: batch {k.batch}, concurrency {k.concurrency}"
-        out.append(Table(title=title, header=header, rows=rows, notes=notes, kind="devices"))
+        out.append(Table(title=title, header=header, rows=rows, notes=notes, kind="devices",
+                         sources=tuple(v.name for v in chunk)))
     return out
 
 
@@ -142,7 +142,7 @@ def decode_loop_tables(views: Sequence[Any]) -> list[Table]:
         notes += [f"{v.label}: {n.removeprefix('note: ')}" for v in chunk
                   for n in table_notes([HOST_OVERHEAD], [v.cells.get(s) for s in sizes])]  # fmt: skip
         out.append(Table(title="decode loop: host-synced vs on the device", header=header, rows=rows, notes=notes,
-                         kind="decode-loop"))  # fmt: skip
+                         kind="decode-loop", sources=tuple(v.name for v in chunk)))  # fmt: skip
     return out
 
 
@@ -183,7 +183,7 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
                          f"{end / 2**30:,.2f} GiB/s after the last ({drift_pct(start, end):+.1f}%): how far this "
                          "host drifted while the cells ran.")  # fmt: skip
         out.append(Table(title=f"rooflines: {v.label}", header=["input tokens", *(c.header for c in cols)],
-                         rows=rows, notes=notes, kind="rooflines"))  # fmt: skip
+                         rows=rows, notes=notes, kind="rooflines", sources=(v.name,)))  # fmt: skip
     return out
 
 
@@ -214,7 +214,7 @@ def batch_tables(views: Sequence[Any]) -> list[Table]:
         notes += [f"knee (median step > {1 + KNEE_FRACTION:g} x B = 1's): {k.line}" for k in knees(cells)]
         notes += [n.removeprefix("note: ") for n in table_notes(cols, cells, ceiling=ceiling_of(v.m))]
         out.append(Table(title=f"batches: {v.label}", header=["input tokens", BATCH.header, *(c.header for c in cols)],
-                         rows=rows, notes=notes, kind="batches"))  # fmt: skip
+                         rows=rows, notes=notes, kind="batches", sources=(v.name,)))  # fmt: skip
     return out
 
 
@@ -236,6 +236,7 @@ def batch_profile_table(views: Sequence[Any]) -> Table | None:
         rows.append(row)
     rows.append(["device ms per step", *(fmt_num((v.profile.get("totals") or {}).get("ms_per_step"), 3) for v in profiled)])
     return Table(title="device time by category per batch size", kind="profile-batches",
+                 sources=tuple(v.name for v in profiled),
                  header=["category", *(f"B = {v.figures['batch']} ({v.label})" for v in profiled)], rows=rows,
                  notes=["% of device (kernel) time over the profiled decode steps (`bench profile --batch B`); at "
                         "B = 1 every matrix product is a matrix-vector product, which no tensor core runs."])
@@ -245,7 +246,7 @@ ROWS_PER_STEP = RowColumn(key="batch", header="batch", align="right",
                           get=lambda k: ", ".join(f"{b:,}" for b in k.rows_per_step))
 """The runs table's batch: the rows per decode step the run measured (`RunKeys.rows_per_step`: a `--batch`
 sweep's sizes, a profile-only run's `--batch`), not the engine's recorded batch, which is 1 for both."""
-RUN_COLUMNS: tuple[RowColumn, ...] = (*columns("device", "date", "build_id"), ROWS_PER_STEP,
+RUN_COLUMNS: tuple[RowColumn, ...] = (*columns("device", "date", "build_id", "backend"), ROWS_PER_STEP,
                                       *columns("concurrency", "host", "run"))
 """The runs table's columns: the long format's key columns (bench/report/rows.py), batch as `ROWS_PER_STEP`."""
 
@@ -256,7 +257,8 @@ def runs_table(group: Group) -> Table:
     shown = views[-MAX_ROWS:]
     rows = [[c.key_text(group.keys[v.name]) for c in RUN_COLUMNS] for v in shown]
     notes = [f"{len(views) - len(shown)} earlier run(s) left out here; rows.csv holds them all."] if shown != views else []
-    return Table(title=f"{group.gid} runs", header=[c.header for c in RUN_COLUMNS], rows=rows, notes=notes, kind="runs")
+    return Table(title=f"{group.gid} runs", header=[c.header for c in RUN_COLUMNS], rows=rows, notes=notes, kind="runs",
+                 sources=tuple(v.name for v in shown))
 
 
 def _sizes(views: Sequence[Any]) -> list[int]:
@@ -295,7 +297,7 @@ def axis_tables(group: Group, axis: str) -> list[Table]:
         notes = [f"tok/s as the runs' cells record them, at {', '.join(f'{s:,}' for s in sizes)} input tokens; "
                  f"one run per {axis} value (the latest)."]  # fmt: skip
         out.append(Table(title=f"{group.gid}, {device}: against {axis}", header=header, rows=rows, notes=notes,
-                         kind=axis))  # fmt: skip
+                         kind=axis, sources=tuple(v.name for v in runs)))  # fmt: skip
     return out
 
 
@@ -327,54 +329,6 @@ def history_tables(group: Group) -> list[Table]:
             notes.append("(incomplete): an interrupted run; its finished cells are shown, its unfinished ones as —.")
         if len(shown) < len(runs):
             notes.append(f"{len(runs) - len(shown)} earlier run(s) left out here; rows.csv holds them all.")
-        out.append(Table(title=f"{group.gid} history: {name}", header=header, rows=rows, notes=notes, kind="history"))
-    return out
-
-
-# ---- quantization options side by side, across groups ---------------------------------------------------------------
-def _without_quant(group: Group) -> tuple[tuple[str, Any], ...]:
-    return tuple((k, v) for k, v in group.key if k != "quantization")
-
-
-def quant_families(groups: Sequence[Group]) -> list[list[Group]]:
-    """The measured groups that share every identity key but quantization, two or more at a time: one list per
-    such family, dense ("none") first, then by option text; families in the order of their first group."""
-    families: dict[Any, list[Group]] = {}
-    for g in groups:
-        if not g.published:
-            families.setdefault(_without_quant(g), []).append(g)
-    return [sorted(f, key=lambda g: (dict(g.key)["quantization"] != "none", str(dict(g.key)["quantization"])))
-            for f in families.values() if len(f) > 1]  # fmt: skip
-
-
-def quant_tables(family: Sequence[Group]) -> list[Table]:
-    """Per device that two or more groups of `family` (`quant_families`) measured: the options side by side, one
-    row per option (its group's latest run there, `device_views`). Two tables: weight bytes (as placed: packed
-    values + scales) and gauge tok/s per input size; bytes per step and roofline % per input size."""
-    out = []
-    per_group = [(g, {g.keys[v.name].device: v for v in device_views(g)}) for g in family]
-    devices = sorted({d for _, by_dev in per_group for d in by_dev})
-    gids = ", ".join(g.gid for g in family)
-    for device in devices:
-        rows = [(g, by_dev[device]) for g, by_dev in per_group if device in by_dev]
-        if len(rows) < 2:
-            continue
-        sizes = _sizes([v for _, v in rows])
-        quant = [(dict(g.key)["quantization"], g.gid) for g, _ in rows]
-        weights = [fmt_num(g.keys[v.name].weight_bytes, 0) for g, v in rows]
-        gauge = Table(title=f"{gids}, {device}: decode by quantization", kind="quant",
-                      header=["quant", "group", "weight bytes", *(f"{s:,} gauge" for s in sizes)],
-                      rows=[[q, gid, w, *(rate_text(v.cells.get(s), "gauge") for s in sizes)]
-                            for (q, gid), w, (_, v) in zip(quant, weights, rows)],
-                      notes=["gauge tok/s, median (min–max); weight bytes as placed on the device (packed values + "
-                             "scales; 4-bit values two per byte). Each option is its own comparison group: the "
-                             "row is its latest run on this device."])  # fmt: skip
-        roof = Table(title=f"{gids}, {device}: bytes per step by quantization", kind="quant",
-                     header=["quant", *(f"{s:,} {h}" for s in sizes for h in ("bytes/step", "roofline %"))],
-                     rows=[[q, *(c.text(v.cells.get(s)) for s in sizes for c in (BYTES_PER_STEP, ROOFLINE_SHARE))]
-                           for (q, _), (_, v) in zip(quant, rows)],
-                     notes=["bytes/step: the weights one decode step reads at their packed size plus the KV cache "
-                            "at the cell's compiled shape; roofline % = bytes/step x gauge / the run's measured "
-                            "copy bandwidth (— where a run has no rooflines)."])  # fmt: skip
-        out += [gauge, roof]
+        out.append(Table(title=f"{group.gid} history: {name}", header=header, rows=rows, notes=notes, kind="history",
+                         sources=tuple(v.name for v in shown)))
     return out
