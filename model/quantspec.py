@@ -47,11 +47,14 @@ LM_HEAD = "lm_head_VD"
 
 LAYER_PROJECTIONS = {
     "qkv_DX": (0,), "o_DX": (1,), "gate_up_DX": (0,), "down_DF": (1,), "ple_gate_PD": (1,), "ple_proj_PD": (0,),
+    "experts_gate_up_EDX": (1,), "experts_down_EDF": (2,),
 }  # fmt: skip
 """`model.params.LayerParams` fields (the compute layout, `model.accounting.compute_layer_shapes`) quantized by
 `w8` / `w4` -> their contraction axes: qkv_DX [D, X] contracts D (axis 0); o_DX [D, N H] contracts N H (axis 1, the
 output-major layout). Fused leaves quantize per output channel exactly as their parts would. The global
-`ple_proj_DX` is not a layer projection and stays dense, as do the norms and layer scalars."""
+`ple_proj_DX` is not a layer projection and stays dense, as do the norms and layer scalars. The experts' leaves
+(`model.accounting.expert_block_shapes`, axis 0 the expert) contract D (gate_up [E, D, 2I]) and I (down [E, D, I]),
+per expert and output channel; the router's [D, E] stays dense, as the router's choice depends on it."""
 
 WORD_TABLES: dict[str, frozenset[str] | None] = {"ple_embed_VX": None, LM_HEAD: frozenset({"tpu"})}
 """Quantized tables whose value bytes are stored in uint32 words (`QuantLayout.words`) -> the platforms (jax
