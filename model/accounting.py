@@ -306,8 +306,9 @@ class WeightBytes:
         return sum(c.decode_bytes for c in self.components)
 
 
-def _leaf(field: str, shape: Shape, itemsize: int, scale_itemsize: int, quant: QuantSpec) -> tuple[int, int]:
-    """(bytes, scales) of one leaf: dense at `itemsize`, or its `leaf_layout` packed with its scales."""
+def leaf_bytes(field: str, shape: Shape, itemsize: int, scale_itemsize: int, quant: QuantSpec) -> tuple[int, int]:
+    """(bytes, scales) of one leaf `field` of `shape` (the whole leaf, or a part of it: a shard, some experts):
+    dense at `itemsize`, or its `leaf_layout` packed with its scales of `scale_itemsize` bytes."""
     layout = leaf_layout(field, shape, quant)
     if layout is None:
         return math.prod(shape) * itemsize, 0
@@ -349,8 +350,8 @@ def weight_bytes_by_component(cfg: ModelConfig, itemsize: int, *, scale_itemsize
     acc = {name: [0, 0, 0, 0] for name in components_of(cfg)}  # params, scales, bytes, decode bytes
 
     def add(name: str, field: str, shape: Shape, *, params: bool = True, read: Shape | None = None) -> None:
-        stored, scales = _leaf(field, shape, itemsize, scale_itemsize, quant)
-        read_bytes = stored if read is None else _leaf(field, read, itemsize, scale_itemsize, quant)[0]
+        stored, scales = leaf_bytes(field, shape, itemsize, scale_itemsize, quant)
+        read_bytes = stored if read is None else leaf_bytes(field, read, itemsize, scale_itemsize, quant)[0]
         for k, v in enumerate((math.prod(shape) if params else 0, scales, stored, read_bytes)):
             acc[name][k] += v
 
