@@ -137,7 +137,10 @@ def test_a_sweep_that_does_not_fit_is_refused_before_loading():
     # batch 8 of (bucket 64 + 8) positions: KV per row = (sliding 4 x 2 x 4 + full 72 x 2 x 8) x 4 bytes
     assert (n, mem.batch, mem.cache_len) == (41, 8, 72) and mem.kv_bytes_per_row == (32 + 1152) * 4
     assert mem.needed == 4 * 3178 + 8 * 4736 and not mem.fits
-    with pytest.raises(EngineError, match=r"largest cell \(41 input tokens, batch 8.*does not fit.*lower --batch"):
+    with pytest.raises(EngineError, match=r"largest cell \(41 input tokens, batch 8.*does not fit.*at most 4 rows fit"):
+        # usable 36,000: (36,000 - 12,712) // 4,736 = 4 rows
+        check_sweep_fits(SMALL, cells, 8, dtype="float32", capacity=(40_000, "of test memory"))
+    with pytest.raises(EngineError, match="not even one row fits"):
         check_sweep_fits(SMALL, cells, 8, dtype="float32", capacity=(10_000, "of test memory"))
     assert check_sweep_fits(SMALL, [(41, 1)], 8, dtype="float32", capacity=(10**9, "of test memory")).fits
     assert check_sweep_fits(None, cells, 8) is None  # a repo id: the engine checks after loading

@@ -87,8 +87,9 @@ def test_e2b_is_unchanged():
     assert weight_bytes_by_component(E2B, 2).bytes == 9_257_138_758
 
 
-@pytest.mark.parametrize("fields", [{"num_experts": 4}, {"num_experts": 4, "top_k_experts": 5,
-                                                          "moe_intermediate_size": 2}, {"top_k_experts": 1}])  # fmt: skip
+@pytest.mark.parametrize("fields", [
+    {"num_experts": 4}, {"num_experts": 4, "top_k_experts": 5, "moe_intermediate_size": 2}, {"top_k_experts": 1},
+])  # fmt: skip
 def test_expert_fields_are_checked_together(fields):
     with pytest.raises(ConfigError, match="num_experts"):
         dataclasses.replace(TINY, **fields)

@@ -211,7 +211,8 @@ def _plan_flags(cfg, context: int | None, batch: int, mesh: str | None, device: 
     positions = cfg.max_position_embeddings
     context = prompt_limits(positions).max_length if context is None else context
     if not 1 <= context <= positions:
-        raise InputError(f"--context {context}: expected 1..{positions} positions (the model's max_position_embeddings)")
+        raise InputError(f"--context {context}: expected 1..{positions} positions (the model's "
+                         "max_position_embeddings)")  # fmt: skip
     if batch < 1:
         raise InputError(f"--batch {batch}: expected rows >= 1")
     if read_rate is not None and not read_rate > 0:
@@ -266,7 +267,8 @@ def _print_plan(plan: dict, dtype: str) -> None:
         table.add_column(col, justify="left" if col in ("device", "memory", "fits") else "right")
     for f in plan["fits"]:
         table.add_row(f["label"], f["memory"], f"{f['usable'] / gb:.3f}", f"{f['needed'] / gb:.3f}",
-                      "yes" if f["fits"] else "no", str(f["largest_batch"]), f"{f['predicted_tok_s']:,.1f}")  # fmt: skip
+                      "yes" if f["fits"] else "no", str(f["largest_batch"]),
+                      f"{f['predicted_tok_s']:,.1f}")  # fmt: skip
     make_console().print(table)
     if len(plan["fits"]) != 1:
         return

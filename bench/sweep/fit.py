@@ -17,8 +17,8 @@ from bench.runs.devices import fit_line
 
 
 def sweep_memory(cfg: ModelConfig, cells: Sequence[tuple[int, int]], max_new_tokens: int, *, weight_itemsize: int,
-                 kv_itemsize: int, scale_itemsize: int, quant, capacity: int, where: str,
-                 max_length: int | None = None, buckets: Sequence[int] | None = None) -> tuple[BatchMemory, int]:  # fmt: skip
+                 kv_itemsize: int, scale_itemsize: int, quant, capacity: int, where: str, max_length: int | None = None,
+                 buckets: Sequence[int] | None = None) -> tuple[BatchMemory, int]:  # fmt: skip
     """(`BatchMemory`, input tokens) of the cell of `cells` ((input tokens, batch) pairs) that needs the most memory:
     `model.accounting.weight_bytes` at `weight_itemsize` / `scale_itemsize` under `quant` (a
     `model.quantspec.QuantSpec`) plus batch rows of KV cache of (the cell's bucket + `max_new_tokens`) positions at
@@ -33,8 +33,9 @@ def sweep_memory(cfg: ModelConfig, cells: Sequence[tuple[int, int]], max_new_tok
     worst = None
     for n, b in cells:
         cache_len = limits.check_request(n, max_new_tokens) + max_new_tokens
-        mem = BatchMemory(batch=b, cache_len=cache_len, weight_bytes=weights,
-                          kv_bytes_per_row=kv_cache_bytes(cfg, cache_len, kv_itemsize), capacity=capacity, where=where)  # fmt: skip
+        row = kv_cache_bytes(cfg, cache_len, kv_itemsize)
+        mem = BatchMemory(batch=b, cache_len=cache_len, weight_bytes=weights, kv_bytes_per_row=row, capacity=capacity,
+                          where=where)  # fmt: skip
         if worst is None or mem.needed > worst[0].needed:
             worst = (mem, n)
     assert worst is not None, "a sweep has at least one cell"
@@ -44,7 +45,8 @@ def sweep_memory(cfg: ModelConfig, cells: Sequence[tuple[int, int]], max_new_tok
 def check_sweep_fits(cfg: ModelConfig | None, cells: Sequence[tuple[int, int]], max_new_tokens: int, *,
                      dtype: str | None = None, weight_dtype: str | None = None, quant: str | None = None,
                      scale_dtype: str | None = None, max_length: int | None = None,
-                     buckets: Sequence[int] | None = None, capacity: tuple[int, str] | None = None) -> BatchMemory | None:  # fmt: skip
+                     buckets: Sequence[int] | None = None,
+                     capacity: tuple[int, str] | None = None) -> BatchMemory | None:  # fmt: skip
     """`sweep_memory` of a sweep's flags on the live device, before anything loads: the dtype policy the engine
     will take (`model.policy.decide_policy` with `--dtype` / `--weight-dtype`), `--quant` / `--scale-dtype` (texts,
     already checked), the device's memory (`model.engine.memory_capacity`: `bytes_limit`, else the host's available
@@ -73,9 +75,10 @@ def check_sweep_fits(cfg: ModelConfig | None, cells: Sequence[tuple[int, int]], 
                           quant=spec, capacity=capacity[0], where=capacity[1], max_length=max_length,
                           buckets=buckets)  # fmt: skip
     if not mem.fits:
+        rows = (f"at most {mem.largest_batch} rows fit at this length: lower --batch, --inputs or --max-new-tokens"
+                if mem.largest_batch else "not even one row fits at this length: lower --inputs or --max-new-tokens, "
+                "pick a lighter --quant (w8, w4, int8_lm_head) or a device with more memory")  # fmt: skip
         raise EngineError(f"this sweep does not fit the device: its largest cell ({n} input tokens, batch "
-                          f"{mem.batch}; weights {policy.weight_dtype}, quant {spec.canonical}) needs "
-                          f"{fit_line(mem)}; lower --batch, --inputs or --max-new-tokens, pick a lighter --quant (w8, "
-                          "w4, int8_lm_head) or a device with more memory (bench checkpoint inspect --preset P --quant "
-                          "SET lists which fit)")  # fmt: skip
+                          f"{mem.batch}; weights {policy.weight_dtype}, quant {spec.canonical}) needs {fit_line(mem)}; "
+                          f"{rows} (bench checkpoint inspect --quant SET lists the devices it fits)")  # fmt: skip
     return mem
