@@ -144,3 +144,53 @@ def fit_line(mem: BatchMemory) -> str:
     return (f"{_size(mem.weight_bytes)} weights + {mem.batch} x {_size(mem.kv_bytes_per_row)} KV "
             f"({mem.cache_len} positions) = {_size(mem.needed)} vs {_size(mem.usable)} usable "
             f"({_size(mem.capacity)} {mem.where}, less {mem.reserve:.0%} reserved): {verdict}")
+
+
+# ---- the prediction of a mesh's decode step -----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """The decode step a mesh of `device`s predicts (docs/method.md, "Predicting a mesh"): the slowest device's bytes
+    (`share.step_read_bytes`) over `read_rate` (bytes/s: the datasheet's memory bandwidth, or a measured read rate,
+    `read_source` says which) plus the bytes each device sends in the step's collectives over one direction of the
+    link (`Link.bytes_per_s`). No overlap of the two, no collective latency, no compute: a bound on the step from
+    bytes alone."""
+
+    device: Device
+    share: object  # model.placement.DeviceShare
+    read_rate: float
+    read_source: str
+
+    @property
+    def memory_s(self) -> float:
+        """Seconds the slowest device spends reading its bytes."""
+        return self.share.step_read_bytes / self.read_rate
+
+    @property
+    def link_s(self) -> float:
+        """Seconds the collectives' bytes take over the link (0 on one device)."""
+        return self.share.collective_bytes / self.device.link.bytes_per_s
+
+    @property
+    def step_s(self) -> float:
+        """memory_s + link_s."""
+        return self.memory_s + self.link_s
+
+    @property
+    def tok_s(self) -> float:
+        """Predicted decode tokens/s of one sequence: 1 / step_s."""
+        return 1 / self.step_s
+
+    @property
+    def aggregate_tok_s(self) -> float:
+        """Of all `share.batch` rows: batch / step_s."""
+        return self.share.batch / self.step_s
+
+
+def predict(device: Device, share, read_rate: float | None = None) -> Prediction:
+    """`Prediction` of `share` (a `model.placement.DeviceShare`) on `device`s; `read_rate` (bytes/s) replaces the
+    datasheet's memory bandwidth (e.g. a run's measured read rate). Raises ValueError for a rate <= 0."""
+    if read_rate is not None and not read_rate > 0:
+        raise ValueError(f"read rate {read_rate!r}: expected bytes/s > 0")
+    source = (f"measured, given ({read_rate / 1e9:,.0f} GB/s)" if read_rate is not None
+              else f"datasheet {device.datasheet.figure}")  # fmt: skip
+    return Prediction(device=device, share=share, read_rate=read_rate or device.bandwidth, read_source=source)
