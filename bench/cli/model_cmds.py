@@ -243,6 +243,7 @@ def _plan(cfg, body: str, scale_dtype: str, spec, context: int, batch: int, plan
                      context=context, count=plan.size)  # fmt: skip
         guess = predict(d, share, None if read_rate is None else read_rate * 1e9)
         fits.append({"device": d.name, "label": d.label, "memory": d.memory_figure, "capacity": mem.capacity,
+                     "capacity_source": d.capacity_text,
                      "usable": mem.usable, "needed": mem.needed, "fits": mem.fits, "largest_batch": mem.largest_batch,
                      "predicted_tok_s": guess.tok_s, "_mem": mem, "_prediction": guess})  # fmt: skip
     return {"mesh": plan.text, "devices": plan.size, "context": context, "batch": batch, "share": share, "fits": fits}
@@ -261,12 +262,14 @@ def _print_plan(plan: dict, dtype: str) -> None:
     if plan["devices"] > 1:
         typer.echo(f"weights per device of {mesh}: {share.weight_bytes:,} bytes, of which {share.replicated_bytes:,} "
                    f"replicated on every device ({', '.join(share.replicated) or 'none'})")  # fmt: skip
-    table = Table(title=f"where it fits{per}: weights + batch x KV <= datasheet memory less 10% reserved "
-                        f"(docs/method.md, \"Where a model fits\")")  # fmt: skip
-    for col in ("device", "memory", "usable GB", "needed GB", "fits", "most rows", "predicted decode tok/s"):
+    table = Table(title=f"where it fits{per}: weights + batch x KV <= memory less 10% reserved (memory: the allocator "
+                        f"limit a run here recorded, else the datasheet; docs/method.md, \"Where a model fits\")")  # fmt: skip
+    for col in ("device", "memory", "capacity GB", "usable GB", "needed GB", "fits", "most rows",
+                "predicted decode tok/s"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("device", "memory", "fits") else "right")
     for f in plan["fits"]:
-        table.add_row(f["label"], f["memory"], f"{f['usable'] / gb:.3f}", f"{f['needed'] / gb:.3f}",
+        table.add_row(f["label"], f["memory"], f"{f['capacity'] / gb:.3f}", f"{f['usable'] / gb:.3f}",
+                      f"{f['needed'] / gb:.3f}",
                       "yes" if f["fits"] else "no", str(f["largest_batch"]),
                       f"{f['predicted_tok_s']:,.1f}")  # fmt: skip
     make_console().print(table)
