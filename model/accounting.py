@@ -315,8 +315,13 @@ def leaf_bytes(field: str, shape: Shape, itemsize: int, scale_itemsize: int, qua
     return quantized_bytes(shape, layout, scale_itemsize)
 
 
-def _note(name: str, cfg: ModelConfig, quant: QuantSpec) -> str:
-    """How component `name` is stored under `quant`, in words."""
+def _note(name: str, cfg: ModelConfig, quant: QuantSpec, experts_read: int = 0) -> str:
+    """How component `name` is stored under `quant` (and for the experts, how many a step reads), in words."""
+    note = _stored_as(name, cfg, quant, experts_read)
+    return f"{note}; no V projection on full layers (K = V)" if name == "layers" and cfg.attention_k_eq_v else note
+
+
+def _stored_as(name: str, cfg: ModelConfig, quant: QuantSpec, experts_read: int) -> str:
     if name == "LM head":
         return ("int8 copy of the tied table, one scale per row" if quant.int8_lm_head
                 else "tied: the input embedding's table, read whole for the logits")  # fmt: skip
@@ -325,8 +330,8 @@ def _note(name: str, cfg: ModelConfig, quant: QuantSpec) -> str:
     if name == EXPERTS:
         how = ("int8, one scale per output channel" if quant.layer_bits == 8 else
                f"int4, one scale per {quant.w4_group} contraction values" if quant.layer_bits == 4 else "dense")
-        return (f"{cfg.num_experts} per layer, width {cfg.moe_intermediate_size}, {how}; a step reads the ones "
-                "routed to")  # fmt: skip
+        return (f"{cfg.num_experts} per layer, width {cfg.moe_intermediate_size}, {how}; a step reads "
+                f"{experts_read} per layer (routed to)")  # fmt: skip
     if name == "layers" and quant.layer_bits == 8:
         return "projections int8, one scale per output channel; norms dense"
     if name == "layers" and quant.layer_bits == 4:
@@ -373,7 +378,7 @@ def weight_bytes_by_component(cfg: ModelConfig, itemsize: int, *, scale_itemsize
         add("LM head", LM_HEAD, head, params=False)
     else:
         acc["LM head"][3] += math.prod(head) * itemsize  # the tied table, read whole
-    parts = tuple(ComponentBytes(name=n, params=p, scales=s, bytes=b, decode_bytes=r, note=_note(n, cfg, quant))
+    parts = tuple(ComponentBytes(name=n, params=p, scales=s, bytes=b, decode_bytes=r, note=_note(n, cfg, quant, n_read))
                   for n, (p, s, b, r) in acc.items())  # fmt: skip
     return WeightBytes(components=parts, itemsize=itemsize, scale_itemsize=scale_itemsize, quant=quant.canonical)
 
