@@ -27,7 +27,7 @@ def test_every_device_has_its_figures_and_sources():
         assert "datasheet" in d.memory_source or "documentation" in d.memory_source
         assert d.link.source and d.datasheet.source
     assert device_named("TPU-V5E").memory_bytes == 16 * 10**9 and device_named("tpu-v5e").bandwidth == 819e9
-    assert device_named("tpu-v5e").capacity == 16_909_336_064  # the allocator's limit a run here recorded
+    assert device_named("tpu-v5e").capacity == 16_909_336_064  # the bytes_limit a run here recorded
     assert device_named("h100").capacity == 80 * 10**9  # none ran here: the datasheet, decimal units
     assert device_named("h100").link.bytes_per_s == 450e9 and device_named("nope") is None
 

@@ -262,8 +262,8 @@ def _print_plan(plan: dict, dtype: str) -> None:
     if plan["devices"] > 1:
         typer.echo(f"weights per device of {mesh}: {share.weight_bytes:,} bytes, of which {share.replicated_bytes:,} "
                    f"replicated on every device ({', '.join(share.replicated) or 'none'})")  # fmt: skip
-    table = Table(title=f"where it fits{per}: weights + batch x KV <= memory less 10% reserved (memory: the allocator "
-                        f"limit a run here recorded, else the datasheet; docs/method.md, \"Where a model fits\")")  # fmt: skip
+    table = Table(title=f"where it fits{per}: weights + batch x KV <= memory less 10% reserved (memory: what a run "
+                        f"here recorded, else the datasheet; docs/method.md, \"Where a model fits\")")  # fmt: skip
     for col in ("device", "memory", "capacity GB", "usable GB", "needed GB", "fits", "most rows",
                 "predicted decode tok/s"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("device", "memory", "fits") else "right")

@@ -3,10 +3,10 @@ with its maker's source; whether weights + KV cache fit one device; and the deco
 Standard library and the jax-free model facts only, so the inspector, the sweep and the report can share it
 (docs/method.md, "Where a model fits" and "Predicting a mesh").
 
-- **memory**: what jax's allocator reported on that device in this project's archived runs (`memory_bytes` of a
-  run's manifest, the `bytes_limit` the live check of a sweep compares against: TPU v5e 16,909,336,064 bytes, T4
-  16,106,127,360, L4 24,152,899,584), else the capacity the maker publishes read in decimal units (16 GB = 16e9
-  bytes), below what the allocators of the devices measured here report, so never more generous than the device.
+- **memory**: the device memory a run archived here recorded on that device (`memory_bytes` of its manifest: on
+  the TPU v5e jax's `bytes_limit`, 16,909,336,064 bytes, the figure a sweep's live check compares against; on the
+  T4G and L4 the device memory of the published reference runs, 15,360 and 23,034 MiB), else the capacity the
+  maker publishes read in decimal units (16 GB = 16e9 bytes), below what the devices recorded here have.
 - **memory bandwidth**: `bench.runs.ceiling.DATASHEETS`, the roofline's datasheet figures (one fact, one place).
 - **link**: the device-to-device interconnect a collective crosses (TPU ICI, NVLink, PCIe), as the maker publishes
   it, which is the bidirectional total per device; `Link.bytes_per_s` is one direction, half of it: a ring
@@ -42,8 +42,8 @@ class Device:
     """One device model: name (the `--device` value, e.g. "tpu-v5e"), label (for people), memory_bytes (the
     published capacity, decimal units), memory_figure (as published), memory_source, device_kind (the jax
     `device_kind` of its `bench.runs.ceiling.DATASHEETS` entry: the memory bandwidth), link (`Link`);
-    allocator_bytes / allocator_run: the allocator's limit an archived run of this project recorded on it, and
-    that run (None where none has run)."""
+    recorded_bytes / recorded_in: the device memory an archived run recorded on it (`memory_bytes`), and that run
+    (None where none has)."""
 
     name: str
     label: str
@@ -52,19 +52,19 @@ class Device:
     memory_source: str
     device_kind: str
     link: Link
-    allocator_bytes: int | None = None
-    allocator_run: str | None = None
+    recorded_bytes: int | None = None
+    recorded_in: str | None = None
 
     @property
     def capacity(self) -> int:
-        """Bytes a fit is planned against: the measured allocator limit where known, else the datasheet's."""
-        return self.allocator_bytes or self.memory_bytes
+        """Bytes a fit is planned against: the memory a run recorded where one has, else the datasheet's."""
+        return self.recorded_bytes or self.memory_bytes
 
     @property
     def capacity_text(self) -> str:
-        """Which capacity, in words: "allocator limit in runs/<run>" or "datasheet: 16 GB HBM2"."""
-        if self.allocator_bytes:
-            return f"allocator limit, {self.allocator_run}"
+        """Which capacity, in words: "recorded in runs/<run>" or "datasheet 16 GB HBM2"."""
+        if self.recorded_bytes:
+            return f"recorded in {self.recorded_in}"
         return f"datasheet {self.memory_figure}"
 
     @property
@@ -86,12 +86,12 @@ _ICI = "bidirectional inter-chip interconnect (ICI) bandwidth per chip"
 DEVICES = (
     Device(name="t4", label="NVIDIA T4 (16 GB)", memory_bytes=16 * 10**9, memory_figure="16 GB GDDR6",
            memory_source=_NV.format(name="T4", slug="tesla-t4", what="GPU memory"), device_kind="Tesla T4",
-           allocator_bytes=16_106_127_360, allocator_run="runs/2026-08-28-full-run-cached-g5g (T4G)",
+           recorded_bytes=16_106_127_360, recorded_in="runs/2026-08-28-full-run-cached-g5g (T4G, 15,360 MiB)",
            link=Link(name="PCIe Gen3 x16", figure="32 GB/s", bytes_per_s=16e9,
                      source=_NV.format(name="T4", slug="tesla-t4", what="interconnect bandwidth"))),
     Device(name="l4", label="NVIDIA L4 (24 GB)", memory_bytes=24 * 10**9, memory_figure="24 GB GDDR6",
            memory_source=_NV.format(name="L4", slug="l4", what="GPU memory"), device_kind="NVIDIA L4",
-           allocator_bytes=24_152_899_584, allocator_run="runs/2026-08-28-first-serve-g6",
+           recorded_bytes=24_152_899_584, recorded_in="runs/2026-08-28-first-serve-g6 (23,034 MiB)",
            link=Link(name="PCIe Gen4 x16", figure="64 GB/s", bytes_per_s=32e9,
                      source=_NV.format(name="L4", slug="l4", what="interconnect"))),
     Device(name="a100-40gb", label="NVIDIA A100 SXM (40 GB)", memory_bytes=40 * 10**9, memory_figure="40 GB HBM2",
@@ -111,8 +111,8 @@ DEVICES = (
                      source=_NV.format(name="H100", slug="h100", what="interconnect (SXM): NVLink"))),
     Device(name="tpu-v5e", label="TPU v5e (16 GB)", memory_bytes=16 * 10**9, memory_figure="16 GB HBM2",
            memory_source=_TPU.format(page="TPU v5e", slug="v5e", what="HBM2 capacity per chip"),
-           device_kind="TPU v5 lite", allocator_bytes=16_909_336_064,
-           allocator_run="runs/2026-12-07-tpu-e2b-w4-tpuv5e (jax 0.10.2)",
+           device_kind="TPU v5 lite", recorded_bytes=16_909_336_064,
+           recorded_in="runs/2026-12-07-tpu-e2b-w4-tpuv5e (jax 0.10.2 bytes_limit)",
            link=Link(name="ICI", figure="400 GB/s", bytes_per_s=200e9,
                      source=_TPU.format(page="TPU v5e", slug="v5e", what=_ICI))),
     Device(name="tpu-v6e", label="TPU v6e (32 GB)", memory_bytes=32 * 10**9, memory_figure="32 GB HBM",
@@ -129,8 +129,8 @@ DEVICES = (
 """The devices `bench checkpoint inspect` plans for, in this order. Figures as the makers publish them (the pages in
 each source, read 2026-12): NVIDIA's T4, L4, A100 and H100 datasheets (memory; NVLink or PCIe bandwidth, the
 bidirectional total; A100 and H100 as SXM modules) and Google's Cloud TPU pages (HBM per chip; ICI bandwidth per
-chip, bidirectional, over its 4 ports on v5e and v6e); the allocator limits from this project's archived runs'
-manifests (`environment.device.memory_bytes`)."""
+chip, bidirectional, over its 4 ports on v5e and v6e); the recorded memory from archived runs' manifests
+(`memory_bytes`)."""
 
 
 def device_named(name: str) -> Device | None:
