@@ -193,7 +193,8 @@ class DecodeReads:
     body: every non-embedding parameter except the experts, once; input_embedding_row: one row of embed_VD (D), the
     input lookup; ple_row: one row of the PLE table (X, 0 when P = 0), a gather per token; lm_head: the whole tied
     table (V x D) once more, for the logits; experts: the experts the step reads, n per layer of the E (n x 3 D I
-    x L; 0 without experts): the bytes follow the routing. Source: docs/method.md "Rooflines" and "Experts".
+    x L; 0 without experts): the bytes follow the routing. Source: docs/method.md, "Rooflines" and "K = V layers
+    and experts".
     """
 
     body: int
