@@ -8,7 +8,7 @@ import json
 import types
 
 import pytest
-from conftest import assert_one_line_error, bench_captured
+from conftest import FIXTURES, assert_one_line_error, bench_captured
 from test_family_accounting import SMALL
 
 from bench.runs.devices import DEVICES, device_named, fit_on, predict
@@ -111,6 +111,16 @@ def test_the_31b_prediction_on_four_v5e(capsys):
     assert fit["fits"] and fit["prediction"]["tok_s"] == predict(device_named("tpu-v5e"), share).tok_s
 
 
+def test_a_run_s_measured_read_rate_replaces_the_datasheet(capsys):
+    run = "runs/2026-12-07-tpu-e2b-w4-tpuv5e"  # archived: read 749,641,730,115 bytes/s (the Pallas stream probe)
+    r = _inspect(["--preset", "31b", "--quant", "w4", "--mesh", "tp=4", "--device", "tpu-v5e", "--read-rate", run,
+                  "--json"], capsys)  # fmt: skip
+    (fit,) = json.loads(r.stdout)["fit"]
+    assert fit["prediction"]["read_rate"] == 749641730115.0594 and "measured" in fit["prediction"]["read_source"]
+    share = device_share(G31B, parse_mesh("tp=4"), itemsize=2, context=8192, quant=parse_quant("w4"))
+    assert fit["prediction"]["memory_s"] == share.step_read_bytes / 749641730115.0594
+
+
 def test_one_chip_answers_for_each_shape(capsys):
     r = _inspect(["--preset", "31b", "--quant", "w4", "--json"], capsys)
     fits = {f["device"]: f["fits"] for f in json.loads(r.stdout)["fit"]}
@@ -128,6 +138,11 @@ def test_one_chip_answers_for_each_shape(capsys):
     (["--preset", "26b-a4b", "--experts", "129"], ["--experts", "1..128"]),
     (["--preset", "e2b", "--context", "0"], ["--context 0", "1..131072"]),
     (["--preset", "e2b", "--batch", "0"], ["--batch 0"]),
+    (["--preset", "31b", "--read-rate", "700"], ["--read-rate 700", "--device"]),
+    (["--preset", "31b", "--device", "h100", "--read-rate", "0"], ["--read-rate 0", "GB/s > 0"]),
+    (["--preset", "31b", "--device", "h100", "--read-rate", "no-such-run"], ["--read-rate no-such-run", "not found"]),
+    (["--preset", "31b", "--device", "h100", "--read-rate", "runs/2026-12-07-tpu-e2b-w4-tpuv5e"],
+     ["measured on TPU v5 lite", "not a NVIDIA H100"]),
 ])  # fmt: skip
 def test_bad_plan_flags_are_one_line_and_exit_2(args, needles, capsys):
     assert_one_line_error(_inspect(args, capsys), *needles)
@@ -147,3 +162,13 @@ def test_a_sweep_that_does_not_fit_is_refused_before_loading():
         check_sweep_fits(SMALL, cells, 8, dtype="float32", capacity=(10_000, "of test memory"))
     assert check_sweep_fits(SMALL, [(41, 1)], 8, dtype="float32", capacity=(10**9, "of test memory")).fits
     assert check_sweep_fits(None, cells, 8) is None  # a repo id: the engine checks after loading
+
+
+@pytest.mark.parametrize("run,quant", [("2026-12-07-tpu-e2b-dense-tpuv5e", "none"),
+                                       ("2026-12-07-tpu-e2b-w4-tpuv5e", "w4")])  # fmt: skip
+def test_one_device_bytes_equal_the_archived_tpu_runs(run, quant):
+    """The prediction's bytes on one device against what the TPU v5e runs recorded per step (E2B, 41 tokens: a
+    bucket of 64 + 64 new tokens = 128 positions, bfloat16)."""
+    (cell,) = [json.loads(line) for line in (FIXTURES.parent.parent / "runs" / run / "cells.jsonl").read_text().splitlines()]
+    share = device_share(E2B, ONE_DEVICE, itemsize=2, context=128, quant=parse_quant(quant))
+    assert share.step_read_bytes == cell["bytes_per_step"]

@@ -24,7 +24,7 @@ from bench.cli.common import (
     parse_quant_flags,
     setup_logging,
 )
-from bench.errors import InputError
+from bench.errors import InputError, RunFolderError
 
 checkpoint_app = typer.Typer(
     help="Create built-in checkpoints in the Hugging Face format; inspect a checkpoint's weight bytes.",
@@ -198,10 +198,12 @@ def _print_weight_bytes(source: dict, wb, dtype: str, scale_dtype: str) -> None:
 
 
 def _plan_flags(cfg, context: int | None, batch: int, mesh: str | None, device: str | None,
-                experts: int | None, read_rate: float | None):  # fmt: skip
-    """(context, Mesh, Device or None) of `checkpoint inspect`'s planning flags, checked before anything is
-    computed: InputError (one line) for a context outside 1..positions, a batch below 1, a mesh that does not
-    divide the model (`model.placement.check_mesh`), an unknown device, an expert count outside 1..E, a rate <= 0."""
+                experts: int | None, read_rate: str | None):  # fmt: skip
+    """(context, Mesh, Device or None, (read rate bytes/s, where) or None) of `checkpoint inspect`'s planning flags,
+    checked before anything is computed: InputError (one line) for a context outside 1..positions, a batch below 1,
+    a mesh that does not divide the model (`model.placement.check_mesh`), an unknown device, an expert count
+    outside 1..E, a read rate without --device, <= 0, or from a run without one or of another device;
+    RunFolderError for a run that is not there."""
     from model.accounting import check_experts_read
     from model.limits import prompt_limits
     from model.placement import check_mesh, parse_mesh
@@ -215,8 +217,6 @@ def _plan_flags(cfg, context: int | None, batch: int, mesh: str | None, device: 
                          "max_position_embeddings)")  # fmt: skip
     if batch < 1:
         raise InputError(f"--batch {batch}: expected rows >= 1")
-    if read_rate is not None and not read_rate > 0:
-        raise InputError(f"--read-rate {read_rate}: expected GB/s > 0 (e.g. a run's measured read rate)")
     try:
         plan = parse_mesh(mesh)
         check_mesh(cfg, plan)
@@ -226,10 +226,31 @@ def _plan_flags(cfg, context: int | None, batch: int, mesh: str | None, device: 
     dev = None if device is None else device_named(device)
     if device is not None and dev is None:
         raise InputError(f"--device {device}: unknown device; expected one of {device_names()}")
-    return context, plan, dev
+    return context, plan, dev, None if read_rate is None else _read_rate(read_rate, dev)
 
 
-def _plan(cfg, body: str, scale_dtype: str, spec, context: int, batch: int, plan, dev, experts, read_rate) -> dict:
+def _read_rate(text: str, dev) -> tuple[float, str]:
+    """`--read-rate`: GB/s, or a run folder (a path, or a name in runs/) whose measured read rate to use."""
+    from bench.runs import open_run
+    from bench.runs.devices import run_read_rate
+    from bench.runs.listing import resolve_run
+
+    if dev is None:
+        raise InputError(f"--read-rate {text}: a measured rate belongs to one kind of device; pass --device too")
+    try:
+        rate = float(text)
+    except ValueError:
+        try:
+            run = open_run(resolve_run(text, flag="--read-rate"))
+        except RunFolderError as exc:
+            raise InputError(f"--read-rate {text}: not GB/s, and {exc}") from None
+        return run_read_rate(run, dev)
+    if not rate > 0:
+        raise InputError(f"--read-rate {text}: expected GB/s > 0, or a run folder whose measured read rate to use")
+    return rate * 1e9, f"given: {rate:,.0f} GB/s"
+
+
+def _plan(cfg, body: str, scale_dtype: str, spec, context: int, batch: int, plan, dev, experts, rate) -> dict:
     """The fit of every device (or `dev`) and, with a device, the prediction of its mesh: a JSON-ready dict."""
     from model.placement import device_share
 
@@ -241,7 +262,7 @@ def _plan(cfg, body: str, scale_dtype: str, spec, context: int, batch: int, plan
     for d in DEVICES if dev is None else (dev,):
         mem = fit_on(d, weight_bytes=share.weight_bytes, kv_bytes_per_row=share.kv_bytes_per_row, batch=batch,
                      context=context, count=plan.size)  # fmt: skip
-        guess = predict(d, share, None if read_rate is None else read_rate * 1e9)
+        guess = predict(d, share, *(rate or ()))
         fits.append({"device": d.name, "label": d.label, "memory": d.memory_figure, "capacity": mem.capacity,
                      "capacity_source": d.capacity_text,
                      "usable": mem.usable, "needed": mem.needed, "fits": mem.fits, "largest_batch": mem.largest_batch,
@@ -313,8 +334,9 @@ def checkpoint_inspect(
                                       "tpu-v5e, tpu-v6e, tpu-v5p): its fit and the prediction's arithmetic."),
     experts: int | None = typer.Option(None, "--experts", help="Experts per layer a decode step reads (default: the "
                                        "router's top_k; at batch B the union of the rows' choices)."),
-    read_rate: float | None = typer.Option(None, "--read-rate", help="Memory read rate, GB/s, for the prediction "
-                                           "(default: the device's datasheet bandwidth), e.g. a run's measured one."),
+    read_rate: str | None = typer.Option(None, "--read-rate", help="With --device: the memory read rate of the "
+                                         "prediction, GB/s, or a run folder (path or name in runs/) whose measured read "
+                                         "rate to use; default: the device's datasheet bandwidth."),
     as_json: bool = typer.Option(False, "--json", help="Print the components and totals as JSON."),
 ) -> None:
     """Weight bytes of a checkpoint (or a preset's shapes) by component, as placed on the device, under --quant;
@@ -325,10 +347,10 @@ def checkpoint_inspect(
 
     spec, scale_dtype = parse_quant_flags(quant, scale_dtype)
     source, cfg, body = _inspect_source(checkpoint, preset, dtype)
-    context, plan_mesh, dev = _plan_flags(cfg, context, batch, mesh, device, experts, read_rate)
+    context, plan_mesh, dev, rate = _plan_flags(cfg, context, batch, mesh, device, experts, read_rate)
     wb = weight_bytes_by_component(cfg, _ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype], quant=spec,
                                    experts=experts)  # fmt: skip
-    plan = _plan(cfg, body, scale_dtype, spec, context, batch, plan_mesh, dev, experts, read_rate)
+    plan = _plan(cfg, body, scale_dtype, spec, context, batch, plan_mesh, dev, experts, rate)
     if not as_json:
         _print_weight_bytes(source, wb, body, scale_dtype)
         _print_plan(plan, body)

@@ -23,7 +23,8 @@ import dataclasses
 
 from model.accounting import MEMORY_RESERVE, BatchMemory
 
-from bench.runs.ceiling import Datasheet, datasheet_for
+from bench.errors import InputError
+from bench.runs.ceiling import Datasheet, ceiling_of, datasheet_for
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -208,11 +209,25 @@ class Prediction:
         return self.share.batch / self.step_s
 
 
-def predict(device: Device, share, read_rate: float | None = None) -> Prediction:
+def predict(device: Device, share, read_rate: float | None = None, read_source: str = "given") -> Prediction:
     """`Prediction` of `share` (a `model.placement.DeviceShare`) on `device`s; `read_rate` (bytes/s) replaces the
-    datasheet's memory bandwidth (e.g. a run's measured read rate). Raises ValueError for a rate <= 0."""
+    datasheet's memory bandwidth (e.g. a run's measured read rate, `run_read_rate`), `read_source` says where it
+    comes from. Raises ValueError for a rate <= 0."""
     if read_rate is not None and not read_rate > 0:
         raise ValueError(f"read rate {read_rate!r}: expected bytes/s > 0")
-    source = (f"measured, given ({read_rate / 1e9:,.0f} GB/s)" if read_rate is not None
-              else f"datasheet {device.datasheet.figure}")  # fmt: skip
+    source = (f"measured, {read_source}" if read_rate is not None else f"datasheet {device.datasheet.figure}")
     return Prediction(device=device, share=share, read_rate=read_rate or device.bandwidth, read_source=source)
+
+
+def run_read_rate(run, device: Device) -> tuple[float, str]:
+    """(bytes/s, where) of the fastest read-only stream a run measured (`bench.runs.ceiling.ceiling_of`: its
+    `read_bytes_s`), for predicting on `device`. `run`: a `bench.runs.RunFolder`. Raises InputError (one line)
+    when the run measured no read rate, or measured it on another kind of device than `device`."""
+    ceiling = ceiling_of(run.manifest)
+    if ceiling is None or not ceiling.read_bytes_s:
+        raise InputError(f"--read-rate {run.path}: this run measured no read rate (a --target or published run, or "
+                         "one from before the read probe); pass GB/s or another run")  # fmt: skip
+    if datasheet_for(ceiling.device_kind) != device.datasheet:
+        raise InputError(f"--read-rate {run.path}: measured on {ceiling.device_kind}, not a {device.label}; pass a "
+                         f"run of that device, or GB/s")  # fmt: skip
+    return ceiling.read_bytes_s, f"{run.path.name}: {ceiling.read_bytes_s / 1e9:,.0f} GB/s read"
