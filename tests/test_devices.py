@@ -169,6 +169,7 @@ def test_a_sweep_that_does_not_fit_is_refused_before_loading():
 def test_one_device_bytes_equal_the_archived_tpu_runs(run, quant):
     """The prediction's bytes on one device against what the TPU v5e runs recorded per step (E2B, 41 tokens: a
     bucket of 64 + 64 new tokens = 128 positions, bfloat16)."""
-    (cell,) = [json.loads(line) for line in (FIXTURES.parent.parent / "runs" / run / "cells.jsonl").read_text().splitlines()]
+    cells = (FIXTURES.parent.parent / "runs" / run / "cells.jsonl").read_text().splitlines()
+    (cell,) = [json.loads(line) for line in cells]
     share = device_share(E2B, ONE_DEVICE, itemsize=2, context=128, quant=parse_quant(quant))
     assert share.step_read_bytes == cell["bytes_per_step"]

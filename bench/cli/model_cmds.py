@@ -335,8 +335,8 @@ def checkpoint_inspect(
     experts: int | None = typer.Option(None, "--experts", help="Experts per layer a decode step reads (default: the "
                                        "router's top_k; at batch B the union of the rows' choices)."),
     read_rate: str | None = typer.Option(None, "--read-rate", help="With --device: the memory read rate of the "
-                                         "prediction, GB/s, or a run folder (path or name in runs/) whose measured read "
-                                         "rate to use; default: the device's datasheet bandwidth."),
+                                         "prediction, GB/s, or a run folder (path or name in runs/) whose measured "
+                                         "read rate to use; default: the device's datasheet bandwidth."),
     as_json: bool = typer.Option(False, "--json", help="Print the components and totals as JSON."),
 ) -> None:
     """Weight bytes of a checkpoint (or a preset's shapes) by component, as placed on the device, under --quant;
