@@ -11,7 +11,9 @@ A mesh is one axis (`Mesh`): tensor parallel `tp=N` or expert parallel `ep=N`. T
   device: the norms, the layer scalars, the router, the PLE projections. Per layer, the output projection and the
   MLP's down projection each end in an all-reduce of the [B, D] activations (a layer with experts: one more, for
   the experts' output, which is normalised apart from the MLP's); the input lookup of a vocabulary-split table is
-  one all-reduce of its [B, D] (and [B, X] for the PLE table) rows; the logits are one all-gather of [B, V] float32.
+  one all-reduce of its [B, D] (and [B, X] for the PLE table) rows; the greedy token is an argmax across the
+  vocabulary shards: two all-gathers of [B, N] 4-byte values (each shard's best logit and its index). Sampling
+  (temperature > 0) would gather more; the sweep decodes greedily.
 - **ep=N** (a model with experts): the experts split N ways by expert; everything else replicated, every device
   computing the same attention and MLP. Per layer one all-reduce of the [B, D] expert output (each device's chosen
   experts' share). The slowest device reads ceil(n / N) of the n experts a step is routed to (balanced routing:
@@ -42,8 +44,8 @@ from model.quantspec import LM_HEAD, NO_QUANT, QuantSpec
 Shape = tuple[int, ...]
 AXES = ("tp", "ep")
 """The mesh axes `parse_mesh` accepts: tensor parallel and expert parallel."""
-LOGITS_ITEMSIZE = 4
-"""Bytes per logit the tp all-gather moves: the engine's logits are float32 (softcap applied in float32)."""
+ARGMAX_ITEMSIZE = 4
+"""Bytes of each value the greedy argmax gathers across vocabulary shards: a float32 logit, an int32 index."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -291,7 +293,7 @@ def _collectives(cfg: ModelConfig, mesh: Mesh, batch: int, act_itemsize: int) ->
     out.append(reduce("input embedding row [B, D]", 1, act))
     if cfg.ple_dim:
         out.append(reduce("PLE row [B, X]", 1, batch * cfg.num_layers * cfg.ple_dim * act_itemsize))
-    logits = batch * cfg.vocab_size * LOGITS_ITEMSIZE
-    out.append(Collective(kind="all-gather", what="logits [B, V] float32", count=1, payload=logits,
-                          sent=(n - 1) * logits // n))  # fmt: skip
+    best = batch * n * ARGMAX_ITEMSIZE  # [B, N]: one value per row and vocabulary shard
+    out.append(Collective(kind="all-gather", what="greedy argmax across vocabulary shards [B, N] (value, index)",
+                          count=2, payload=best, sent=(n - 1) * best // n))  # fmt: skip
     return tuple(out)

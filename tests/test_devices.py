@@ -14,7 +14,7 @@ from test_family_accounting import SMALL
 from bench.runs.devices import DEVICES, device_named, fit_on, predict
 from bench.sweep.fit import check_sweep_fits, sweep_memory
 from model.accounting import kv_cache_bytes, weight_bytes, weight_bytes_by_component
-from model.config import E2B, G26B_A4B, G31B
+from model.config import E2B, G26B_A4B, G31B, TINY
 from model.errors import EngineError
 from model.placement import ONE_DEVICE, check_mesh, device_share, parse_mesh
 from model.quantspec import NO_QUANT, parse_quant
@@ -62,12 +62,21 @@ def test_tensor_parallel_by_hand():
     assert share.decode_weight_bytes == 2 * (1770 - 256 + 8 + 256 - 2 * 144)
     assert share.kv_bytes_per_row == 192  # one KV head: each device holds it (tp 2 a multiple of 1)
     # 2 layers x (attention, MLP, experts) + the input row: 7 all-reduces of [1, 8] bf16, 16 bytes, 16 sent each;
-    # the logits: 64 float32 = 256 bytes, 128 sent
-    assert [c.count for c in share.collectives] == [2, 2, 2, 1, 1]
-    assert share.collective_bytes == 7 * 16 + 128
+    # the greedy argmax: 2 all-gathers of [1, 2] 4-byte values, 8 bytes, 4 sent each
+    assert [c.count for c in share.collectives] == [2, 2, 2, 1, 2]
+    assert share.collective_bytes == 7 * 16 + 2 * 4
     guess = predict(device_named("tpu-v5e"), share)
-    assert guess.memory_s == (2980 + 192) / 819e9 and guess.link_s == 240 / 200e9
+    assert guess.memory_s == (2980 + 192) / 819e9 and guess.link_s == 120 / 200e9
     assert guess.tok_s == 1 / (guess.memory_s + guess.link_s)
+
+
+def test_tensor_parallel_bytes_equal_the_placed_engine():
+    """The tiny preset in float32, a step's weight bytes per device as the mesh branch measured them from the leaves
+    it placed on forced host devices (docs/engine.md, "Several devices": 1,356,792 B on one device, 717,816 at
+    tp = 2, 398,328 at tp = 4)."""
+    got = [device_share(TINY, parse_mesh(m), itemsize=4, context=16).decode_weight_bytes
+           for m in ("tp=1", "tp=2", "tp=4")]  # fmt: skip
+    assert got == [1_356_792, 717_816, 398_328]
 
 
 def test_expert_parallel_by_hand():
