@@ -40,7 +40,8 @@ EMBEDDING_TABLES = ("embed_VD", "ple_embed_VX")
 def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
     """Shapes of layer i's leaves by `model.params.LayerParams` field name (None for a leaf the layer lacks:
     K/V projections and k_norm on KV-shared layers, the V projection on a K = V layer (`has_v_projection`), the
-    PLE leaves when P = 0). Input-major layout. The expert block of a layer with experts: `expert_block_shapes`."""
+    PLE leaves when P = 0). Input-major layout. The expert block of a layer with experts: `expert_shapes`
+    (`layer_leaves` joins the two)."""
     d, n, k, h, f, p = cfg.hidden_size, cfg.num_heads, cfg.kv_heads(i), cfg.layer_head_dim(i), cfg.ffw_dim(i), cfg.ple_dim
     own_kv = not cfg.is_kv_shared(i)
     own_v = own_kv and has_v_projection(cfg, i)
@@ -97,33 +98,40 @@ def global_shapes(cfg: ModelConfig) -> dict[str, Shape | None]:
 
 
 EXPERT_LEAVES = ("experts_gate_up_EDX", "experts_down_EDF")
-"""The expert block's per-expert leaves (`expert_block_shapes`): axis 0 is the expert, so a step that routes to n
+"""The expert block's per-expert leaves (`expert_shapes`): axis 0 is the expert, so a step that routes to n
 experts reads n of the E slices (one slice: the shape with E = 1)."""
 
 
-def expert_block_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
-    """Shapes of layer i's expert block (empty without experts), E experts of width I (`moe_intermediate_size`):
-    router_DE [D, E] (the router's projection), router_scale_D [D] and expert_scale_E [E] (its learned scales),
-    experts_gate_up_EDX [E, D, 2I] and experts_down_EDF [E, D, I] (output-major, as down_DF), and the block's
-    three norms [D] (pre_ffw_norm_2_D before the experts, post_ffw_norm_1_D after the dense MLP,
-    post_ffw_norm_2_D after the experts). Source: transformers' `Gemma4TextDecoderLayer` with `enable_moe_block`
-    (`Gemma4TextRouter`: proj [E, D], scale [D], per_expert_scale [E]; `Gemma4TextExperts`: gate_up_proj
-    [E, 2I, D], down_proj [E, D, I]; post_feedforward_layernorm_1/2, pre_feedforward_layernorm_2). Field names
-    are this module's until the engine's expert layer names its leaves."""
-    if not cfg.num_experts:
-        return {}
+def expert_shapes(cfg: ModelConfig) -> dict[str, Shape | None]:
+    """Shapes of a layer's expert block (every value None without experts), E experts of width I
+    (`moe_intermediate_size`), the same in the storage and compute layouts: router_DE [D, E] (the router's
+    projection), router_scale_D [D] and expert_scale_E [E] (its learned scales), experts_gate_up_EDX [E, D, 2I] and
+    experts_down_EDF [E, D, I] (output-major, as down_DF), and the block's three norms [D] (post_ffw1_norm_D after
+    the dense MLP, pre_ffw2_norm_D before the experts, post_ffw2_norm_D after them). Source: transformers'
+    `Gemma4TextDecoderLayer` with `enable_moe_block` (`Gemma4TextRouter`: proj [E, D], scale [D], per_expert_scale
+    [E]; `Gemma4TextExperts`: gate_up_proj [E, 2I, D], down_proj [E, D, I]; post_feedforward_layernorm_1/2,
+    pre_feedforward_layernorm_2). Names and shapes as the moe branch's (which puts them in `layer_shapes`)."""
     d, e, m = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    on = cfg.num_experts > 0
     return {
-        "router_DE": (d, e), "router_scale_D": (d,), "expert_scale_E": (e,),
-        "experts_gate_up_EDX": (e, d, 2 * m), "experts_down_EDF": (e, d, m),
-        "pre_ffw_norm_2_D": (d,), "post_ffw_norm_1_D": (d,), "post_ffw_norm_2_D": (d,),
+        "router_DE": (d, e) if on else None, "router_scale_D": (d,) if on else None,
+        "expert_scale_E": (e,) if on else None,
+        "experts_gate_up_EDX": (e, d, 2 * m) if on else None, "experts_down_EDF": (e, d, m) if on else None,
+        "post_ffw1_norm_D": (d,) if on else None, "pre_ffw2_norm_D": (d,) if on else None,
+        "post_ffw2_norm_D": (d,) if on else None,
     }  # fmt: skip
+
+
+def layer_leaves(cfg: ModelConfig, i: int, *, compute: bool = True) -> dict[str, Shape | None]:
+    """Every leaf of layer i, the expert block's included: `compute_layer_shapes` (or `layer_shapes` with
+    compute=False) joined with `expert_shapes`, each field once (where a layout already holds the expert leaves,
+    their one shape)."""
+    return {**expert_shapes(cfg), **(compute_layer_shapes if compute else layer_shapes)(cfg, i)}
 
 
 def expert_params(cfg: ModelConfig) -> int:
     """Scalars of every expert of every layer (the `EXPERT_LEAVES`): L x E x 3 D I; 0 without experts."""
-    return sum(_size(s) for i in range(cfg.num_layers) for f, s in expert_block_shapes(cfg, i).items()
-               if f in EXPERT_LEAVES)  # fmt: skip
+    return cfg.num_layers * sum(_size(s) for f, s in expert_shapes(cfg).items() if f in EXPERT_LEAVES)
 
 
 def check_experts_read(cfg: ModelConfig, experts: int | None) -> int:
@@ -150,9 +158,9 @@ def _count(shapes: dict[str, Shape | None]) -> int:
 
 
 def layer_param_count(cfg: ModelConfig, i: int) -> int:
-    """Scalars of layer i: the sum over `layer_shapes(cfg, i)` and `expert_block_shapes(cfg, i)` (E2B: 36,184,065
-    for layer 0, which owns its K/V, 70,000,641 for layer 34, KV-shared with a double-wide feed-forward)."""
-    return _count(layer_shapes(cfg, i)) + _count(expert_block_shapes(cfg, i))
+    """Scalars of layer i: the sum over `layer_leaves(cfg, i, compute=False)` (E2B: 36,184,065 for layer 0, which
+    owns its K/V, 70,000,641 for layer 34, KV-shared with a double-wide feed-forward)."""
+    return _count(layer_leaves(cfg, i, compute=False))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -366,13 +374,10 @@ def weight_bytes_by_component(cfg: ModelConfig, itemsize: int, *, scale_itemsize
             row = (1, shape[1]) if field in EMBEDDING_TABLES else None
             add(_COMPONENT_OF[field], field, shape, read=row)
     for i in range(cfg.num_layers):
-        for field, shape in compute_layer_shapes(cfg, i).items():  # the leaves as placed on the device
-            if shape is not None:
-                add("layers", field, shape)
-        for field, shape in expert_block_shapes(cfg, i).items():
-            if field in EXPERT_LEAVES:  # a step reads the slices of the experts it was routed to
+        for field, shape in layer_leaves(cfg, i).items():  # the leaves as placed on the device
+            if shape is not None and field in EXPERT_LEAVES:  # a step reads the experts it was routed to
                 add(EXPERTS, field, shape, read=(n_read, *shape[1:]))
-            else:
+            elif shape is not None:
                 add("layers", field, shape)
     head = (cfg.vocab_size, cfg.hidden_size)
     if quant.int8_lm_head:

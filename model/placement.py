@@ -32,9 +32,9 @@ from model.accounting import (
     EXPERT_LEAVES,
     check_experts_read,
     compute_layer_shapes,
-    expert_block_shapes,
     global_shapes,
     has_v_projection,
+    layer_leaves,
     leaf_bytes,
     slots,
 )
@@ -250,8 +250,7 @@ def device_share(cfg: ModelConfig, mesh: Mesh, *, itemsize: int, context: int, b
         read += math.prod(head) * itemsize  # the tied table's rows on this device, read whole for the logits
     per_device = n_read if ep == 1 else -(-n_read // ep)
     for i in range(cfg.num_layers):
-        leaves = {**compute_layer_shapes(cfg, i), **expert_block_shapes(cfg, i)}
-        for field, shape in leaves.items():
+        for field, shape in layer_leaves(cfg, i).items():
             if shape is None:
                 continue
             if field in EXPERT_LEAVES:

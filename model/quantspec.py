@@ -54,7 +54,7 @@ output-major layout). Fused leaves quantize per output channel exactly as their 
 `ple_proj_DX` is not a layer projection and stays dense, as do the norms and layer scalars."""
 
 EXPERT_PROJECTIONS = {"experts_gate_up_EDX": (1,), "experts_down_EDF": (2,)}
-"""The experts' leaves (`model.accounting.expert_block_shapes`, axis 0 the expert) quantized by `w8` / `w4` like the
+"""The experts' leaves (`model.accounting.expert_shapes`, axis 0 the expert) quantized by `w8` / `w4` like the
 layer projections -> their contraction axes: D for gate_up [E, D, 2I], I for down [E, D, I]; one scale per expert
 and output channel (w8) or per GROUP contraction values (w4), so no scale block spans two experts. Apart from
 `LAYER_PROJECTIONS`, whose 2-D products the W4A16 kernel tiles (`model.kernels.fit`). The router's [D, E] stays
