@@ -39,13 +39,16 @@ EMBEDDING_TABLES = ("embed_VD", "ple_embed_VX")
 # ---- parameter shapes and counts --------------------------------------------------------------------------------
 def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
     """Shapes of layer i's leaves by `model.params.LayerParams` field name (None for a leaf the layer lacks:
-    K/V projections and k_norm on KV-shared layers, the PLE leaves when P = 0). Input-major layout."""
+    K/V projections and k_norm on KV-shared layers, the V projection on a K = V layer (`has_v_projection`), the
+    PLE leaves when P = 0). Input-major layout. The expert block of a layer with experts: `expert_shapes`
+    (`layer_leaves` joins the two)."""
     d, n, k, h, f, p = cfg.hidden_size, cfg.num_heads, cfg.kv_heads(i), cfg.layer_head_dim(i), cfg.ffw_dim(i), cfg.ple_dim
     own_kv = not cfg.is_kv_shared(i)
+    own_v = own_kv and has_v_projection(cfg, i)
     return {
         "attn_norm_D": (d,), "post_attn_norm_D": (d,), "pre_ffw_norm_D": (d,), "post_ffw_norm_D": (d,),
         "wq_DNH": (d, n, h), "q_norm_H": (h,),
-        "wk_DKH": (d, k, h) if own_kv else None, "wv_DKH": (d, k, h) if own_kv else None,
+        "wk_DKH": (d, k, h) if own_kv else None, "wv_DKH": (d, k, h) if own_v else None,
         "k_norm_H": (h,) if own_kv else None,
         "wo_NHD": (n, h, d), "gate_DF": (d, f), "up_DF": (d, f), "down_FD": (f, d),
         "ple_gate_DP": (d, p) if p else None, "ple_proj_PD": (p, d) if p else None,
@@ -53,14 +56,23 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
     }  # fmt: skip
 
 
+def has_v_projection(cfg: ModelConfig, i: int) -> bool:
+    """False on a full-attention layer of a K = V model (`attention_k_eq_v`: 31B, 26B-A4B): its values are the key
+    projection's output (before the key norm and RoPE, through the value norm), so it stores no V projection. The
+    cache still holds K and V (they differ after the norms and RoPE). Source: transformers' `Gemma4TextAttention`
+    (v_proj is None where `use_alternative_attention`)."""
+    return not (cfg.attention_k_eq_v and not cfg.is_sliding(i))
+
+
 def compute_layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
     """Shapes of layer i's leaves in the compute layout (`model.params.LayerParams`, built by `fuse_layer` from the
-    `layer_shapes` leaves): qkv_DX [D, (N + 2K) H] (KV-shared layers: [D, N H]), o_DX [D, N H], gate_up_DX
+    `layer_shapes` leaves): qkv_DX [D, (N + 2K) H] (KV-shared layers: [D, N H]; a K = V layer: [D, (N + K) H]),
+    o_DX [D, N H], gate_up_DX
     [D, 2F], down_DF [D, F], ple_gate_PD / ple_proj_PD [P, D], the norms as in `layer_shapes`. Same scalar
     count as `layer_shapes`, layer by layer."""
     s = layer_shapes(cfg, i)
     d, n, h, f = cfg.hidden_size, cfg.num_heads, cfg.layer_head_dim(i), cfg.ffw_dim(i)
-    kv = 2 * cfg.kv_heads(i) * h if s["wk_DKH"] is not None else 0
+    kv = ((s["wk_DKH"] is not None) + (s["wv_DKH"] is not None)) * cfg.kv_heads(i) * h
     p = cfg.ple_dim
     return {
         "attn_norm_D": s["attn_norm_D"], "post_attn_norm_D": s["post_attn_norm_D"],
@@ -85,6 +97,58 @@ def global_shapes(cfg: ModelConfig) -> dict[str, Shape | None]:
     }
 
 
+EXPERT_LEAVES = ("experts_gate_up_EDX", "experts_down_EDF")
+"""The expert block's per-expert leaves (`expert_shapes`): axis 0 is the expert, so a step that routes to n
+experts reads n of the E slices (one slice: the shape with E = 1)."""
+
+
+def expert_shapes(cfg: ModelConfig) -> dict[str, Shape | None]:
+    """Shapes of a layer's expert block (every value None without experts), E experts of width I
+    (`moe_intermediate_size`), the same in the storage and compute layouts: router_DE [D, E] (the router's
+    projection), router_scale_D [D] and expert_scale_E [E] (its learned scales), experts_gate_up_EDX [E, D, 2I] and
+    experts_down_EDF [E, D, I] (output-major, as down_DF), and the block's three norms [D] (post_ffw1_norm_D after
+    the dense MLP, pre_ffw2_norm_D before the experts, post_ffw2_norm_D after them). Source: transformers'
+    `Gemma4TextDecoderLayer` with `enable_moe_block` (`Gemma4TextRouter`: proj [E, D], scale [D], per_expert_scale
+    [E]; `Gemma4TextExperts`: gate_up_proj [E, 2I, D], down_proj [E, D, I]; post_feedforward_layernorm_1/2,
+    pre_feedforward_layernorm_2). Names and shapes as the moe branch's (which puts them in `layer_shapes`)."""
+    d, e, m = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    on = cfg.num_experts > 0
+    return {
+        "router_DE": (d, e) if on else None, "router_scale_D": (d,) if on else None,
+        "expert_scale_E": (e,) if on else None,
+        "experts_gate_up_EDX": (e, d, 2 * m) if on else None, "experts_down_EDF": (e, d, m) if on else None,
+        "post_ffw1_norm_D": (d,) if on else None, "pre_ffw2_norm_D": (d,) if on else None,
+        "post_ffw2_norm_D": (d,) if on else None,
+    }  # fmt: skip
+
+
+def layer_leaves(cfg: ModelConfig, i: int, *, compute: bool = True) -> dict[str, Shape | None]:
+    """Every leaf of layer i, the expert block's included: `compute_layer_shapes` (or `layer_shapes` with
+    compute=False) joined with `expert_shapes`, each field once (where a layout already holds the expert leaves,
+    their one shape)."""
+    return {**expert_shapes(cfg), **(compute_layer_shapes if compute else layer_shapes)(cfg, i)}
+
+
+def expert_params(cfg: ModelConfig) -> int:
+    """Scalars of every expert of every layer (the `EXPERT_LEAVES`): L x E x 3 D I; 0 without experts."""
+    return cfg.num_layers * sum(_size(s) for f, s in expert_shapes(cfg).items() if f in EXPERT_LEAVES)
+
+
+def check_experts_read(cfg: ModelConfig, experts: int | None) -> int:
+    """Experts per layer one decode step reads: `experts`, or the router's top_k when None (the estimate at batch
+    1: every token reads its top_k experts; at batch B the union of the rows' choices, between top_k and
+    min(E, B x top_k), is what the measured run records). 0 without experts. Raises ValueError for a count
+    outside 1..E on a model with experts, or above 0 on one without."""
+    if not cfg.num_experts:
+        if experts:
+            raise ValueError(f"experts read {experts}: this model has no experts (expected 0 or None)")
+        return 0
+    n = cfg.top_k_experts if experts is None else experts
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cfg.num_experts:
+        raise ValueError(f"experts read {n!r}: expected a whole number 1..{cfg.num_experts} (the model's experts)")
+    return n
+
+
 def _size(shape: Shape | None) -> int:
     return 0 if shape is None else math.prod(shape)
 
@@ -94,9 +158,9 @@ def _count(shapes: dict[str, Shape | None]) -> int:
 
 
 def layer_param_count(cfg: ModelConfig, i: int) -> int:
-    """Scalars of layer i: the sum over `layer_shapes(cfg, i)` (E2B: 36,184,065 for layer 0, which owns its K/V,
-    70,000,641 for layer 34, KV-shared with a double-wide feed-forward)."""
-    return _count(layer_shapes(cfg, i))
+    """Scalars of layer i: the sum over `layer_leaves(cfg, i, compute=False)` (E2B: 36,184,065 for layer 0, which
+    owns its K/V, 70,000,641 for layer 34, KV-shared with a double-wide feed-forward)."""
+    return _count(layer_leaves(cfg, i, compute=False))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,49 +198,68 @@ def param_counts(cfg: ModelConfig) -> ParamCounts:
 class DecodeReads:
     """Weight scalars one decode step (one new token, batch 1) reads, by storage group.
 
-    body: every non-embedding parameter, once; input_embedding_row: one row of embed_VD (D), the input lookup;
-    ple_row: one row of the PLE table (X, 0 when P = 0), a gather per token; lm_head: the whole tied table
-    (V x D) once more, for the logits. Source: docs/method.md "Rooflines".
+    body: every non-embedding parameter except the experts, once; input_embedding_row: one row of embed_VD (D), the
+    input lookup; ple_row: one row of the PLE table (X, 0 when P = 0), a gather per token; lm_head: the whole tied
+    table (V x D) once more, for the logits; experts: the experts the step reads, n per layer of the E (n x 3 D I
+    x L; 0 without experts): the bytes follow the routing. Source: docs/method.md, "Rooflines" and "K = V layers
+    and experts".
     """
 
     body: int
     input_embedding_row: int
     ple_row: int
     lm_head: int
+    experts: int = 0
 
     @property
     def total(self) -> int:
         """All weight scalars the step reads."""
-        return self.body + self.input_embedding_row + self.ple_row + self.lm_head
+        return self.body + self.input_embedding_row + self.ple_row + self.lm_head + self.experts
 
 
-def decode_reads(cfg: ModelConfig) -> DecodeReads:
-    """`DecodeReads` of `cfg`: the body of `param_counts`, one row of each embedding table, the tied table whole."""
+def decode_reads(cfg: ModelConfig, experts: int | None = None) -> DecodeReads:
+    """`DecodeReads` of `cfg`: the body of `param_counts` less the experts, one row of each embedding table, the
+    tied table whole, and `experts` experts per layer (`check_experts_read`: default the router's top_k)."""
     glob = global_shapes(cfg)
     embed, ple = glob["embed_VD"], glob["ple_embed_VX"]
     assert embed is not None  # every config has the tied table
     vocab, width = embed
+    every, n_read = expert_params(cfg), check_experts_read(cfg, experts)
     return DecodeReads(
-        body=param_counts(cfg).body,
+        body=param_counts(cfg).body - every,
         input_embedding_row=width,
         ple_row=ple[1] if ple is not None else 0,
         lm_head=vocab * width,
+        experts=every // cfg.num_experts * n_read if every else 0,
     )
 
 
 def decode_weight_bytes(cfg: ModelConfig, weight_itemsize: int, *, scale_itemsize: int = 2,
-                        quant: QuantSpec = NO_QUANT) -> int:  # fmt: skip
+                        quant: QuantSpec = NO_QUANT, experts: int | None = None) -> int:  # fmt: skip
     """Weight bytes one decode step reads with every dense weight stored at `weight_itemsize` bytes per scalar
     (e.g. 4 for float32, 2 for bfloat16) and the leaves `quant` quantizes at their packed size plus scales of
-    `scale_itemsize` bytes. Without quantization: `decode_reads(cfg).total` x itemsize."""
+    `scale_itemsize` bytes; `experts` experts per layer read (`check_experts_read`: default top_k). Without
+    quantization: `decode_reads(cfg, experts).total` x itemsize."""
     if quant == NO_QUANT:
-        return decode_reads(cfg).total * weight_itemsize
-    return weight_bytes_by_component(cfg, weight_itemsize, scale_itemsize=scale_itemsize, quant=quant).decode_bytes
+        return decode_reads(cfg, experts).total * weight_itemsize
+    return weight_bytes_by_component(cfg, weight_itemsize, scale_itemsize=scale_itemsize, quant=quant,
+                                     experts=experts).decode_bytes  # fmt: skip
 
 
 # ---- weight bytes by component, under quantization ----------------------------------------------------------------
 COMPONENTS = ("input embedding", "PLE table", "PLE projection+norm", "layers", "LM head", "other")
-"""The components `weight_bytes_by_component` reports, in order."""
+"""The components `weight_bytes_by_component` reports, in order (`components_of`: with "experts" after "layers"
+for a model with experts)."""
+EXPERTS = "experts"
+"""The component of the experts' own weights (`EXPERT_LEAVES`); the router and the block's norms are "layers"."""
+
+
+def components_of(cfg: ModelConfig) -> tuple[str, ...]:
+    """The components of `cfg` in order: `COMPONENTS`, with `EXPERTS` after "layers" when it has experts."""
+    if not cfg.num_experts:
+        return COMPONENTS
+    at = COMPONENTS.index("layers") + 1
+    return (*COMPONENTS[:at], EXPERTS, *COMPONENTS[at:])
 
 _COMPONENT_OF = {"embed_VD": "input embedding", "ple_embed_VX": "PLE table", "ple_proj_DX": "PLE projection+norm",
                  "ple_norm_P": "PLE projection+norm", "final_norm_D": "other", LM_HEAD: "LM head"}  # fmt: skip
@@ -232,21 +315,32 @@ class WeightBytes:
         return sum(c.decode_bytes for c in self.components)
 
 
-def _leaf(field: str, shape: Shape, itemsize: int, scale_itemsize: int, quant: QuantSpec) -> tuple[int, int]:
-    """(bytes, scales) of one leaf: dense at `itemsize`, or its `leaf_layout` packed with its scales."""
+def leaf_bytes(field: str, shape: Shape, itemsize: int, scale_itemsize: int, quant: QuantSpec) -> tuple[int, int]:
+    """(bytes, scales) of one leaf `field` of `shape` (the whole leaf, or a part of it: a shard, some experts):
+    dense at `itemsize`, or its `leaf_layout` packed with its scales of `scale_itemsize` bytes."""
     layout = leaf_layout(field, shape, quant)
     if layout is None:
         return math.prod(shape) * itemsize, 0
     return quantized_bytes(shape, layout, scale_itemsize)
 
 
-def _note(name: str, cfg: ModelConfig, quant: QuantSpec) -> str:
-    """How component `name` is stored under `quant`, in words."""
+def _note(name: str, cfg: ModelConfig, quant: QuantSpec, experts_read: int = 0) -> str:
+    """How component `name` is stored under `quant` (and for the experts, how many a step reads), in words."""
+    note = _stored_as(name, cfg, quant, experts_read)
+    return f"{note}; no V projection on full layers (K = V)" if name == "layers" and cfg.attention_k_eq_v else note
+
+
+def _stored_as(name: str, cfg: ModelConfig, quant: QuantSpec, experts_read: int) -> str:
     if name == "LM head":
         return ("int8 copy of the tied table, one scale per row" if quant.int8_lm_head
                 else "tied: the input embedding's table, read whole for the logits")  # fmt: skip
     if name == "PLE table" and quant.ple_bits:
         return f"int{quant.ple_bits}, one scale per (row, {min(PLE_GROUP, cfg.num_layers * cfg.ple_dim)} values)"
+    if name == EXPERTS:
+        how = ("int8, one scale per output channel" if quant.layer_bits == 8 else
+               f"int4, one scale per {quant.w4_group} contraction values" if quant.layer_bits == 4 else "dense")
+        return (f"{cfg.num_experts} per layer, width {cfg.moe_intermediate_size}, {how}; a step reads "
+                f"{experts_read} per layer (routed to)")  # fmt: skip
     if name == "layers" and quant.layer_bits == 8:
         return "projections int8, one scale per output channel; norms dense"
     if name == "layers" and quant.layer_bits == 4:
@@ -255,20 +349,23 @@ def _note(name: str, cfg: ModelConfig, quant: QuantSpec) -> str:
 
 
 def weight_bytes_by_component(cfg: ModelConfig, itemsize: int, *, scale_itemsize: int = 2,
-                              quant: QuantSpec = NO_QUANT) -> WeightBytes:  # fmt: skip
+                              quant: QuantSpec = NO_QUANT, experts: int | None = None) -> WeightBytes:  # fmt: skip
     """`WeightBytes` of `cfg` with dense leaves at `itemsize` bytes per scalar, quantized leaves
     (`model.quantspec.leaf_layout`) at their packed size plus scales of `scale_itemsize` bytes.
 
     A decode step reads one row of the input embedding (D values at `itemsize`), one row of the PLE table (X values
     at its packed size plus that row's scales), the whole LM head (the int8 copy with its scales, or the tied table
-    at `itemsize`), and every other leaf whole. E2B at bfloat16 with 16-bit scales: 9,257,138,758 bytes dense,
-    6,155,450,950 with `ple4,int8_lm_head` (the published runs' figure).
+    at `itemsize`), `experts` of the E slices of each expert leaf (`check_experts_read`: default the router's
+    top_k; the scale blocks of an expert leaf never span two experts, so a slice's bytes are exact), and every
+    other leaf whole. E2B at bfloat16 with 16-bit scales: 9,257,138,758 bytes dense, 6,155,450,950 with
+    `ple4,int8_lm_head` (the published runs' figure). Raises ValueError for an expert count out of range.
     """
-    acc = {name: [0, 0, 0, 0] for name in COMPONENTS}  # params, scales, bytes, decode bytes
+    n_read = check_experts_read(cfg, experts)
+    acc = {name: [0, 0, 0, 0] for name in components_of(cfg)}  # params, scales, bytes, decode bytes
 
     def add(name: str, field: str, shape: Shape, *, params: bool = True, read: Shape | None = None) -> None:
-        stored, scales = _leaf(field, shape, itemsize, scale_itemsize, quant)
-        read_bytes = stored if read is None else _leaf(field, read, itemsize, scale_itemsize, quant)[0]
+        stored, scales = leaf_bytes(field, shape, itemsize, scale_itemsize, quant)
+        read_bytes = stored if read is None else leaf_bytes(field, read, itemsize, scale_itemsize, quant)[0]
         for k, v in enumerate((math.prod(shape) if params else 0, scales, stored, read_bytes)):
             acc[name][k] += v
 
@@ -277,15 +374,17 @@ def weight_bytes_by_component(cfg: ModelConfig, itemsize: int, *, scale_itemsize
             row = (1, shape[1]) if field in EMBEDDING_TABLES else None
             add(_COMPONENT_OF[field], field, shape, read=row)
     for i in range(cfg.num_layers):
-        for field, shape in compute_layer_shapes(cfg, i).items():  # the leaves as placed on the device
-            if shape is not None:
+        for field, shape in layer_leaves(cfg, i).items():  # the leaves as placed on the device
+            if shape is not None and field in EXPERT_LEAVES:  # a step reads the experts it was routed to
+                add(EXPERTS, field, shape, read=(n_read, *shape[1:]))
+            elif shape is not None:
                 add("layers", field, shape)
     head = (cfg.vocab_size, cfg.hidden_size)
     if quant.int8_lm_head:
         add("LM head", LM_HEAD, head, params=False)
     else:
         acc["LM head"][3] += math.prod(head) * itemsize  # the tied table, read whole
-    parts = tuple(ComponentBytes(name=n, params=p, scales=s, bytes=b, decode_bytes=r, note=_note(n, cfg, quant))
+    parts = tuple(ComponentBytes(name=n, params=p, scales=s, bytes=b, decode_bytes=r, note=_note(n, cfg, quant, n_read))
                   for n, (p, s, b, r) in acc.items())  # fmt: skip
     return WeightBytes(components=parts, itemsize=itemsize, scale_itemsize=scale_itemsize, quant=quant.canonical)
 

@@ -52,6 +52,10 @@ class ModelConfig:
     global_head_dim: int  # full-attention layers
     intermediate_size: int
     use_double_wide_mlp: bool = False  # KV-shared layers get 2 * intermediate_size
+    attention_k_eq_v: bool = False  # full-attention layers have no value projection (31B, 26B-A4B)
+    num_experts: int = 0  # experts per layer beside the dense MLP (26B-A4B: 128); 0 = no expert block
+    top_k_experts: int = 0  # experts each token is routed to (26B-A4B: 8)
+    moe_intermediate_size: int = 0  # an expert's feed-forward width (26B-A4B: 704)
     sliding_window: int  # a key j is visible from query i iff i - sliding_window < j <= i
     layer_types: tuple[str, ...]
     rope_local_theta: float = 10_000.0
@@ -102,6 +106,12 @@ class ModelConfig:
             )
         if self.global_head_dim % 2 or self.head_dim % 2:
             raise ConfigError("config: head dims must be even for RoPE")
+        no_experts = self.num_experts == self.top_k_experts == self.moe_intermediate_size == 0
+        experts = 1 <= self.top_k_experts <= self.num_experts and self.moe_intermediate_size >= 1
+        if not (no_experts or experts):
+            raise ConfigError(f"config: num_experts={self.num_experts}, top_k_experts={self.top_k_experts}, "
+                              f"moe_intermediate_size={self.moe_intermediate_size}; expected all 0 (no experts) or "
+                              "num_experts >= top_k_experts >= 1 and a positive expert width")  # fmt: skip
         if self.tie_word_embeddings is False:
             raise ConfigError("config: tie_word_embeddings=false is not supported yet (Gemma 4 ties lm_head)")
 
@@ -530,3 +540,26 @@ TINY = ModelConfig(
 """A tiny config for tests: both geometries, MQA, KV sharing, double-wide MLP, PLE, window 8."""
 
 PRESETS: dict[str, ModelConfig] = {"tiny": TINY, "default": DEFAULT, "e2b": E2B, "e4b": E4B}
+
+G31B = ModelConfig(
+    vocab_size=262_144, hidden_size=5376, num_layers=60, num_heads=32, num_kv_heads=16, num_global_kv_heads=4,
+    head_dim=256, global_head_dim=512, intermediate_size=21504, sliding_window=1024, layer_types=_pattern(60, 6),
+    num_kv_shared_layers=0, ple_dim=0, max_position_embeddings=262_144, attention_k_eq_v=True, eos_token_ids=(1, 106),
+)  # fmt: skip
+"""Gemma 4 31B text decoder (issue 45's table; ../shared/gemma4-architecture.md §6: 60 layers at 5:1, window
+1024, 32 query heads on 16 KV heads (4 on full layers), K = V on full layers, no PLE, no KV sharing; 262144
+positions as the published config.json)."""
+
+G26B_A4B = ModelConfig(
+    vocab_size=262_144, hidden_size=2816, num_layers=30, num_heads=16, num_kv_heads=8, num_global_kv_heads=2,
+    head_dim=256, global_head_dim=512, intermediate_size=2112, sliding_window=1024, layer_types=_pattern(30, 6),
+    num_kv_shared_layers=0, ple_dim=0, max_position_embeddings=262_144, attention_k_eq_v=True, num_experts=128,
+    top_k_experts=8, moe_intermediate_size=704, eos_token_ids=(1, 106),
+)  # fmt: skip
+"""Gemma 4 26B-A4B text decoder (issue 45's table; ../shared/gemma4-architecture.md §6: 30 layers at 5:1, 16
+query heads on 8 KV heads (2 on full layers), K = V on full layers, a dense MLP of 2112 beside 128 experts of
+width 704, 8 chosen per token)."""
+
+SHAPE_PRESETS: dict[str, ModelConfig] = {"31b": G31B, "26b-a4b": G26B_A4B}
+"""Shapes the byte accounting knows before the engine runs them (`bench checkpoint inspect --preset 31b`): the
+engine's commands take `PRESETS` only, until the K = V and expert layers run (issue 45)."""

@@ -53,6 +53,13 @@ LAYER_PROJECTIONS = {
 output-major layout). Fused leaves quantize per output channel exactly as their parts would. The global
 `ple_proj_DX` is not a layer projection and stays dense, as do the norms and layer scalars."""
 
+EXPERT_PROJECTIONS = {"experts_gate_up_EDX": (1,), "experts_down_EDF": (2,)}
+"""The experts' leaves (`model.accounting.expert_shapes`, axis 0 the expert) quantized by `w8` / `w4` like the
+layer projections -> their contraction axes: D for gate_up [E, D, 2I], I for down [E, D, I]; one scale per expert
+and output channel (w8) or per GROUP contraction values (w4), so no scale block spans two experts. Apart from
+`LAYER_PROJECTIONS`, whose 2-D products the W4A16 kernel tiles (`model.kernels.fit`). The router's [D, E] stays
+dense: the experts a token reads depend on it."""
+
 WORD_TABLES: dict[str, frozenset[str] | None] = {"ple_embed_VX": None, LM_HEAD: frozenset({"tpu"})}
 """Quantized tables whose value bytes are stored in uint32 words (`QuantLayout.words`) -> the platforms (jax
 backend names) where, None for every platform: `stores_words` applies it.
@@ -231,8 +238,8 @@ def leaf_layout(field: str, shape: Shape, spec: QuantSpec, platform: str | None 
         if not spec.int8_lm_head:
             return None
         return QuantLayout(bits=8, block=rows_block(shape, shape[-1]), words=stores_words(field, shape, 8, platform))
-    if field in LAYER_PROJECTIONS and spec.layer_bits is not None:
-        contract = LAYER_PROJECTIONS[field]
+    if (field in LAYER_PROJECTIONS or field in EXPERT_PROJECTIONS) and spec.layer_bits is not None:
+        contract = LAYER_PROJECTIONS.get(field) or EXPERT_PROJECTIONS[field]
         group = None if spec.layer_bits == 8 else spec.w4_group
         return QuantLayout(bits=spec.layer_bits, block=channels_block(shape, contract, group))
     return None

@@ -24,7 +24,7 @@ from bench.cli.common import (
     parse_quant_flags,
     setup_logging,
 )
-from bench.errors import InputError
+from bench.errors import InputError, RunFolderError
 
 checkpoint_app = typer.Typer(
     help="Create built-in checkpoints in the Hugging Face format; inspect a checkpoint's weight bytes.",
@@ -155,17 +155,18 @@ def _inspect_source(checkpoint: str | None, preset: str | None, dtype: str | Non
     """(facts about the source for the output, its ModelConfig, the body dtype name) of `checkpoint inspect`.
     Raises InputError for both or neither source, an unknown preset or dtype, or mixed stored dtypes without
     --dtype; CheckpointError / ConfigError from the checkpoint's headers."""
-    from model.config import PRESETS
+    from model.config import PRESETS, SHAPE_PRESETS
 
+    shapes = {**PRESETS, **SHAPE_PRESETS}
     if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
         raise InputError(f"--dtype {dtype}: unknown dtype; expected float32, bfloat16 or float16")
     if (checkpoint is None) == (preset is None):
         raise InputError("checkpoint inspect: expected a CHECKPOINT directory or --preset NAME (one of them, "
                          "e.g. bench checkpoint inspect --preset e2b)")  # fmt: skip
     if preset is not None:
-        if preset not in PRESETS:
-            raise InputError(f"--preset {preset}: unknown preset; expected one of {', '.join(PRESETS)}")
-        return {"preset": preset}, PRESETS[preset], dtype or "bfloat16"
+        if preset not in shapes:
+            raise InputError(f"--preset {preset}: unknown preset; expected one of {', '.join(shapes)}")
+        return {"preset": preset}, shapes[preset], dtype or "bfloat16"
     from model.checkpoint import read_checkpoint_shapes
 
     shapes = read_checkpoint_shapes(checkpoint)
@@ -196,30 +197,176 @@ def _print_weight_bytes(source: dict, wb, dtype: str, scale_dtype: str) -> None:
                    f"{source['tensors']} tensors loaded, {source['ignored_tensors']} ignored)")  # fmt: skip
 
 
+def _plan_flags(cfg, context: int | None, batch: int, mesh: str | None, device: str | None,
+                experts: int | None, read_rate: str | None):  # fmt: skip
+    """(context, Mesh, Device or None, (read rate bytes/s, where) or None) of `checkpoint inspect`'s planning flags,
+    checked before anything is computed: InputError (one line) for a context outside 1..positions, a batch below 1,
+    a mesh that does not divide the model (`model.placement.check_mesh`), an unknown device, an expert count
+    outside 1..E, a read rate without --device, <= 0, or from a run without one or of another device;
+    RunFolderError for a run that is not there."""
+    from model.accounting import check_experts_read
+    from model.limits import prompt_limits
+    from model.placement import check_mesh, parse_mesh
+
+    from bench.runs.devices import device_named, device_names
+
+    positions = cfg.max_position_embeddings
+    context = prompt_limits(positions).max_length if context is None else context
+    if not 1 <= context <= positions:
+        raise InputError(f"--context {context}: expected 1..{positions} positions (the model's "
+                         "max_position_embeddings)")  # fmt: skip
+    if batch < 1:
+        raise InputError(f"--batch {batch}: expected rows >= 1")
+    try:
+        plan = parse_mesh(mesh)
+        check_mesh(cfg, plan)
+        check_experts_read(cfg, experts)
+    except ValueError as exc:
+        raise InputError(f"--experts {exc}" if str(exc).startswith("experts") else str(exc)) from None
+    dev = None if device is None else device_named(device)
+    if device is not None and dev is None:
+        raise InputError(f"--device {device}: unknown device; expected one of {device_names()}")
+    return context, plan, dev, None if read_rate is None else _read_rate(read_rate, dev)
+
+
+def _read_rate(text: str, dev) -> tuple[float, str]:
+    """`--read-rate`: GB/s, or a run folder (a path, or a name in runs/) whose measured read rate to use."""
+    from bench.runs import open_run
+    from bench.runs.devices import run_read_rate
+    from bench.runs.listing import resolve_run
+
+    if dev is None:
+        raise InputError(f"--read-rate {text}: a measured rate belongs to one kind of device; pass --device too")
+    try:
+        rate = float(text)
+    except ValueError:
+        try:
+            run = open_run(resolve_run(text, flag="--read-rate"))
+        except RunFolderError as exc:
+            raise InputError(f"--read-rate {text}: not GB/s, and {exc}") from None
+        return run_read_rate(run, dev)
+    if not rate > 0:
+        raise InputError(f"--read-rate {text}: expected GB/s > 0, or a run folder whose measured read rate to use")
+    return rate * 1e9, f"given: {rate:,.0f} GB/s"
+
+
+def _plan(cfg, body: str, scale_dtype: str, spec, context: int, batch: int, plan, dev, experts, rate) -> dict:
+    """The fit of every device (or `dev`) and, with a device, the prediction of its mesh: a JSON-ready dict."""
+    from model.placement import device_share
+
+    from bench.runs.devices import DEVICES, fit_on, predict
+
+    share = device_share(cfg, plan, itemsize=_ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype], quant=spec,
+                         context=context, batch=batch, experts=experts)  # fmt: skip
+    fits = []
+    for d in DEVICES if dev is None else (dev,):
+        mem = fit_on(d, weight_bytes=share.weight_bytes, kv_bytes_per_row=share.kv_bytes_per_row, batch=batch,
+                     context=context, count=plan.size)  # fmt: skip
+        guess = predict(d, share, *(rate or ()))
+        fits.append({"device": d.name, "label": d.label, "memory": d.memory_figure, "capacity": mem.capacity,
+                     "capacity_source": d.capacity_text,
+                     "usable": mem.usable, "needed": mem.needed, "fits": mem.fits, "largest_batch": mem.largest_batch,
+                     "predicted_tok_s": guess.tok_s, "_mem": mem, "_prediction": guess})  # fmt: skip
+    return {"mesh": plan.text, "devices": plan.size, "context": context, "batch": batch, "share": share, "fits": fits}
+
+
+def _print_plan(plan: dict, dtype: str) -> None:
+    """The KV cache, the fit table (per device of the mesh) and, for one device type, the prediction's arithmetic."""
+    from rich.table import Table
+
+    from bench.runs.devices import fit_line
+
+    share, gb, mesh = plan["share"], 1e9, plan["mesh"]
+    per = f" per device of {mesh}" if plan["devices"] > 1 else ""
+    typer.echo(f"KV cache{per}: {share.kv_bytes_per_row:,} bytes per row of {plan['context']} positions ({dtype}); "
+               f"batch {plan['batch']}: {share.kv_bytes:,} bytes")  # fmt: skip
+    if plan["devices"] > 1:
+        typer.echo(f"weights per device of {mesh}: {share.weight_bytes:,} bytes, of which {share.replicated_bytes:,} "
+                   f"replicated on every device ({', '.join(share.replicated) or 'none'})")  # fmt: skip
+    table = Table(title=f"where it fits{per}: weights + batch x KV <= memory less 10% reserved (memory: what a run "
+                        f"here recorded, else the datasheet; docs/method.md, \"Where a model fits\")")  # fmt: skip
+    for col in ("device", "memory", "capacity GB", "usable GB", "needed GB", "fits", "most rows",
+                "predicted decode tok/s"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("device", "memory", "fits") else "right")
+    for f in plan["fits"]:
+        table.add_row(f["label"], f["memory"], f"{f['capacity'] / gb:.3f}", f"{f['usable'] / gb:.3f}",
+                      f"{f['needed'] / gb:.3f}",
+                      "yes" if f["fits"] else "no", str(f["largest_batch"]),
+                      f"{f['predicted_tok_s']:,.1f}")  # fmt: skip
+    make_console().print(table)
+    if len(plan["fits"]) != 1:
+        return
+    f = plan["fits"][0]
+    guess, dev = f["_prediction"], f["_prediction"].device
+    typer.echo(f"{mesh} on {plan['devices']} x {dev.label}: {fit_line(f['_mem'])}")
+    typer.echo(f"decode step (bytes only, docs/method.md \"Predicting a mesh\"): the slowest device reads "
+               f"{share.decode_weight_bytes:,} bytes of weights + {plan['batch']} x {share.kv_read_bytes_per_row:,} "
+               f"of KV = {share.step_read_bytes:,} bytes at {guess.read_rate / gb:,.0f} GB/s ({guess.read_source}) "
+               f"= {guess.memory_s * 1e3:.3f} ms")  # fmt: skip
+    for c in share.collectives:
+        typer.echo(f"  {c.count} {c.kind} of {c.what}: {c.payload:,} bytes each, {c.sent:,} sent per device")
+    if share.collectives:
+        link = dev.link
+        typer.echo(f"collectives: {share.collective_bytes:,} bytes sent per device at {link.bytes_per_s / gb:,.0f} "
+                   f"GB/s ({link.name}, one direction of {link.figure}) = {guess.link_s * 1e3:.3f} ms")  # fmt: skip
+    typer.echo(f"predicted step {guess.step_s * 1e3:.3f} ms: {guess.tok_s:,.1f} tok/s per sequence"
+               + (f", {guess.aggregate_tok_s:,.1f} tok/s over {plan['batch']} rows" if plan["batch"] > 1 else ""))
+
+
 @checkpoint_app.command("inspect")
 def checkpoint_inspect(
     checkpoint: str | None = typer.Argument(None, help="A local checkpoint directory (config.json, *.safetensors): "
                                             "only config.json and the safetensors headers are read."),
     preset: str | None = typer.Option(None, "--preset", help="Inspect a preset's shapes instead (tiny, default, e2b, "
-                                      "e4b); nothing is written or read."),
+                                      "e4b, 31b, 26b-a4b); nothing is written or read."),
     quant: str | None = QuantOpt,
-    dtype: str | None = typer.Option(None, "--dtype", help="Dtype the dense weights are placed in (float32, bfloat16, "
-                                     "float16); default: the checkpoint's stored dtype, bfloat16 for a preset."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Dtype the dense weights (and the KV cache) are placed in "
+                                     "(float32, bfloat16, float16); default: the checkpoint's stored dtype, bfloat16 "
+                                     "for a preset."),
     scale_dtype: str = typer.Option("bfloat16", "--scale-dtype", help="Dtype of the quantization scales: bfloat16, "
                                     "float16 or float32."),
+    context: int | None = typer.Option(None, "--context", help="KV cache positions per row for the fit (default: "
+                                       "the engine's max length, 8192 or the model's positions if fewer)."),
+    batch: int = typer.Option(1, "--batch", help="Rows of KV cache for the fit and the prediction."),
+    mesh: str | None = typer.Option(None, "--mesh", help="Plan a mesh: tp=N (heads and widths split) or ep=N "
+                                    "(experts split): memory per device and the predicted decode step."),
+    device: str | None = typer.Option(None, "--device", help="One device type (t4, l4, a100-40gb, a100-80gb, h100, "
+                                      "tpu-v5e, tpu-v6e, tpu-v5p): its fit and the prediction's arithmetic."),
+    experts: int | None = typer.Option(None, "--experts", help="Experts per layer a decode step reads (default: the "
+                                       "router's top_k; at batch B the union of the rows' choices)."),
+    read_rate: str | None = typer.Option(None, "--read-rate", help="With --device: the memory read rate of the "
+                                         "prediction, GB/s, or a run folder (path or name in runs/) whose measured "
+                                         "read rate to use; default: the device's datasheet bandwidth."),
     as_json: bool = typer.Option(False, "--json", help="Print the components and totals as JSON."),
 ) -> None:
-    """Weight bytes of a checkpoint (or a preset's shapes) by component, as placed on the device, under --quant."""
+    """Weight bytes of a checkpoint (or a preset's shapes) by component, as placed on the device, under --quant;
+    the KV cache; where it fits; with --mesh, the memory per device and the predicted decode step."""
     import dataclasses
 
     from model.accounting import weight_bytes_by_component
 
     spec, scale_dtype = parse_quant_flags(quant, scale_dtype)
     source, cfg, body = _inspect_source(checkpoint, preset, dtype)
-    wb = weight_bytes_by_component(cfg, _ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype], quant=spec)
+    context, plan_mesh, dev, rate = _plan_flags(cfg, context, batch, mesh, device, experts, read_rate)
+    wb = weight_bytes_by_component(cfg, _ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype], quant=spec,
+                                   experts=experts)  # fmt: skip
+    plan = _plan(cfg, body, scale_dtype, spec, context, batch, plan_mesh, dev, experts, rate)
     if not as_json:
         _print_weight_bytes(source, wb, body, scale_dtype)
+        _print_plan(plan, body)
         return
     totals = {"params": wb.params, "scales": wb.scales, "bytes": wb.bytes, "decode_bytes": wb.decode_bytes}
+    share = plan["share"]
+    per_device = {k: v for k, v in dataclasses.asdict(share).items() if k not in ("mesh", "collectives")}
+    per_device["collectives"] = [{**dataclasses.asdict(c), "total_sent": c.total_sent} for c in share.collectives]
+    fits = [{k: v for k, v in f.items() if not k.startswith("_")} for f in plan["fits"]]
+    for f, row in zip(plan["fits"], fits, strict=True):
+        g = f["_prediction"]
+        row["prediction"] = {"read_rate": g.read_rate, "read_source": g.read_source, "memory_s": g.memory_s,
+                             "link": g.device.link.name, "link_bytes_per_s": g.device.link.bytes_per_s,
+                             "link_s": g.link_s, "step_s": g.step_s, "tok_s": g.tok_s,
+                             "aggregate_tok_s": g.aggregate_tok_s}  # fmt: skip
     typer.echo(json.dumps({**source, "dtype": body, "scale_dtype": scale_dtype, "quant": wb.quant,
-                           "components": [dataclasses.asdict(c) for c in wb.components], "total": totals}))  # fmt: skip
+                           "components": [dataclasses.asdict(c) for c in wb.components], "total": totals,
+                           "context": context, "batch": batch, "mesh": plan["mesh"], "per_device": per_device,
+                           "fit": fits}))  # fmt: skip

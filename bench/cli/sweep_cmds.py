@@ -475,6 +475,12 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
     dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype, backend = engine_flags
     # every size against the limits config.json sets, before a built-in checkpoint is created or a weight loads
     check_prompt_sizes(checkpoint, config.inputs, config.max_new_tokens, max_length, buckets)
+    from bench.cli.common import checkpoint_config, parse_buckets
+    from bench.sweep.fit import check_sweep_fits  # weights + the largest cell's KV cache vs the device: one line
+
+    check_sweep_fits(checkpoint_config(checkpoint), config.cells, config.max_new_tokens, dtype=dtype,
+                     weight_dtype=weight_dtype, quant=quant, scale_dtype=scale_dtype, max_length=max_length,
+                     buckets=parse_buckets(buckets))  # fmt: skip
     policy_at = now_iso()  # run.log stamps the policy and kernel lines with when they were decided, not written
     engine, report, _ckpt, cache_dir = open_engine(checkpoint, dtype, max_length, compile_cache, buckets=buckets,
                                                    quant=quant, scale_dtype=scale_dtype, kernel=kernel,
