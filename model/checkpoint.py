@@ -30,6 +30,7 @@ import numpy as np
 from model.accounting import global_shapes, layer_shapes
 from model.config import ModelConfig, load_config
 from model.errors import CheckpointError
+from model.folders import write_config_files  # noqa: F401 -- re-exported (model/folders.py writes it)
 from model.params import LayerParams, Params, fuse_layer, unfuse_layer
 from model.quant import quantize, quantize_fields
 from model.quantspec import LM_HEAD, NO_QUANT, QuantSpec, leaf_layout
@@ -447,21 +448,6 @@ def save_params(params: Params, cfg: ModelConfig, out_dir: Path, *, dtype=np.flo
     storage = [unfuse_layer(cfg, i, jax.tree_util.tree_map(np.asarray, lp)) for i, lp in enumerate(params.layers)]
 
     return save_tensors(leaves(), cfg, out_dir, dtype=dtype, layout=layout, extra_tensors=extra_tensors)
-
-
-def write_config_files(cfg: ModelConfig, out_dir: Path, *, form: str = "global_head_dim", wrapper: bool = False) -> None:
-    """Write config.json (text config, or wrapped as a `gemma4` multimodal config) and generation_config.json."""
-    text = cfg.to_hf_dict(form=form)
-    body = text
-    if wrapper:
-        text = {k: v for k, v in text.items() if k != "architectures"}
-        body = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text,
-                "vision_config": None, "audio_config": None, "tie_word_embeddings": True}  # fmt: skip
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
-    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids), "pad_token_id": cfg.pad_token_id,
-           "do_sample": False}  # fmt: skip
-    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
 
 
 def content_hash(ckpt: Path) -> str:

@@ -63,6 +63,7 @@ from model.cache import init_cache
 from model.config import ModelConfig
 from model.errors import EngineError
 from model.limits import DEFAULT_BUCKETS, PromptLimits, bucket_ladder, prompt_limits  # noqa: F401 -- re-exported
+from model.memory import memory_capacity
 from model.forward import decode_step, prefill
 from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
@@ -71,7 +72,8 @@ from model.programs import program
 from model.quantspec import NO_QUANT, QuantSpec
 
 # The bucket ladder and the prompt-length checks are model/limits.py's (no jax: a command line checks its sizes
-# against them before the weights load); re-exported here, where they always were.
+# against them before the weights load); re-exported here, where they always were. So is `memory_capacity`
+# (model/memory.py), which the engine uses: its home is a module the dummy weights share without importing this one.
 
 
 # ---- compile accounting --------------------------------------------------------------------------------------
@@ -826,43 +828,6 @@ def _check_loop(decode_loop: str, block: int | None, *, stop_at_eos: bool, on_to
         what = "stop_at_eos" if stop_at_eos else "on_token (streaming, stop strings, cancellation)"
         raise EngineError(f"the device decode loop cannot run with {what}: that decides after every token on the "
                           "host; use the host loop (decode_loop='host')")  # fmt: skip
-
-
-def _host_available_bytes() -> int | None:
-    """Host memory available to a new allocation (bytes): MemAvailable of /proc/meminfo, else the available
-    physical pages (os.sysconf); None when neither can be read."""
-    import os
-
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def memory_capacity(weight_bytes: int, device=None) -> tuple[int, str]:
-    """(bytes, where) the live device (default: jax's first) can hold for this process, weights included: the
-    allocator's `bytes_limit` of `device.memory_stats()` where the device reports it (GPUs), else the host's
-    available memory plus `weight_bytes` (the weights are already loaded there, so no longer "available").
-    Raises EngineError when neither can be read."""
-    device = device or jax.devices()[0]
-    try:
-        stats = device.memory_stats()
-    except Exception:  # backends without the call raise, others return None
-        stats = None
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]), f"of {device.platform} memory (bytes_limit)"
-    host = _host_available_bytes()
-    if host is None:
-        raise EngineError("cannot tell how much memory a batch may use: the device reports no memory_stats and "
-                          "the host neither /proc/meminfo nor os.sysconf pages")  # fmt: skip
-    return host + weight_bytes, "of host memory (MemAvailable + the weights already loaded)"
 
 
 def check_engine_switches() -> None:
