@@ -47,8 +47,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -68,58 +66,14 @@ from model.forward import decode_step, prefill
 from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
-from model.programs import program
+from model.programs import CompileCounter, program
 from model.quantspec import NO_QUANT, QuantSpec
+from model.sampling import GREEDY, Sampling, choose
 
 # The bucket ladder and the prompt-length checks are model/limits.py's (no jax: a command line checks its sizes
-# against them before the weights load); re-exported here, where they always were. So is `memory_capacity`
-# (model/memory.py), which the engine uses: its home is a module the dummy weights share without importing this one.
-
-
-# ---- compile accounting --------------------------------------------------------------------------------------
-class CompileCounter:
-    """Counts jit traces, backend compiles and persistent-cache hits/misses process-wide (jax.monitoring).
-
-    `traces` grows by one for every program jax had to (re)trace, i.e. every jit cache miss; a timed region
-    whose `traces` did not change compiled nothing.
-    """
-
-    _lock = threading.Lock()
-    _installed = False
-    traces = 0
-    backend_compiles = 0
-    cache_hits = 0
-    cache_misses = 0
-
-    @classmethod
-    def install(cls) -> None:
-        """Register the listeners once per process."""
-        with cls._lock:
-            if cls._installed:
-                return
-            from jax import monitoring
-
-            def on_duration(name: str, _secs: float, **_kw) -> None:
-                if name == "/jax/core/compile/jaxpr_trace_duration":
-                    cls.traces += 1
-                elif name == "/jax/core/compile/backend_compile_duration":
-                    cls.backend_compiles += 1
-
-            def on_event(name: str, **_kw) -> None:
-                if name == "/jax/compilation_cache/cache_hits":
-                    cls.cache_hits += 1
-                elif name == "/jax/compilation_cache/cache_misses":
-                    cls.cache_misses += 1
-
-            monitoring.register_event_duration_secs_listener(on_duration)
-            monitoring.register_event_listener(on_event)
-            cls._installed = True
-
-    @classmethod
-    def snapshot(cls) -> dict[str, int]:
-        """Current counts: traces, backend_compiles, cache_hits, cache_misses."""
-        return {"traces": cls.traces, "backend_compiles": cls.backend_compiles,
-                "cache_hits": cls.cache_hits, "cache_misses": cls.cache_misses}  # fmt: skip
+# against them before the weights load); re-exported here, where they always were. So are `Sampling` and `GREEDY`
+# (model/sampling.py), `CompileCounter` (model/programs.py) and `memory_capacity` (model/memory.py), which the
+# engine uses: their homes are the modules the decode slots and the dummy weights share without importing this one.
 
 
 def enable_compile_cache(path: Path | None) -> Path | None:
@@ -149,71 +103,13 @@ def enable_compile_cache(path: Path | None) -> Path | None:
     return path
 
 
-# ---- sampling ------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Sampling:
-    """Decoding settings. temperature 0 is greedy (argmax); otherwise temperature / top-k (0 = off) / top-p
-    sampling, deterministic for a seed (the key of each position is fold_in(PRNGKey(seed), position))."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise EngineError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise EngineError(f"top_p must be in (0, 1] and top_k >= 0, got top_p={self.top_p}, top_k={self.top_k}")
-        if not 0 <= self.seed < 2**32:
-            raise EngineError(f"seed must be in [0, 2^32), got {self.seed}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-    def args(self) -> tuple[jax.Array, ...]:
-        return (jnp.float32(max(self.temperature, 1e-6)), jnp.int32(self.top_k), jnp.float32(self.top_p),
-                jnp.uint32(self.seed))  # fmt: skip
-
-
-GREEDY = Sampling()
-
-
-def _choose(logits_BV: jax.Array, position: jax.Array, args, greedy: bool) -> jax.Array:
-    """Next token ids [B] (int32) from float32 logits [B,V]. `position` (the position decoded, for the sampling
-    key): an int32 scalar for every row, or [B] per row, row b then drawn with row b's own key exactly as a
-    single sequence at that position is."""
-    if greedy:
-        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    temperature, top_k, top_p, seed = args
-    z_BV = logits_BV / temperature
-    sorted_BV = jnp.sort(z_BV, axis=-1)[:, ::-1]
-    v = z_BV.shape[-1]
-    kth_B1 = jnp.take_along_axis(sorted_BV, jnp.clip(top_k - 1, 0, v - 1)[None, None], axis=-1)
-    z_BV = jnp.where((top_k > 0) & (z_BV < kth_B1), -jnp.inf, z_BV)
-    probs_BV = jax.nn.softmax(jnp.sort(z_BV, axis=-1)[:, ::-1], axis=-1)
-    keep_BV = (jnp.cumsum(probs_BV, axis=-1) - probs_BV) < top_p  # smallest prefix reaching top_p
-    cut_B1 = jnp.min(jnp.where(keep_BV, jnp.sort(z_BV, axis=-1)[:, ::-1], jnp.inf), axis=-1, keepdims=True)
-    z_BV = jnp.where(z_BV < cut_B1, -jnp.inf, z_BV)
-    if jnp.ndim(position):  # per row: row b's draw is a single sequence's [1, V] draw with its key
-        base = jax.random.PRNGKey(seed)
-
-        def row(p, z_V):
-            return jax.random.categorical(jax.random.fold_in(base, p), z_V[None], axis=-1)[0]
-
-        return jax.vmap(row)(position, z_BV).astype(jnp.int32)
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), position)
-    return jax.random.categorical(key, z_BV, axis=-1).astype(jnp.int32)
-
-
 @program(static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype", "greedy"))
 def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, act_dtype, greedy):
     """The chunked prefill of padded ids [B, bucket] with `length` real tokens into a fresh cache of
     `cache_len` slots, then the first token [B] (int32); one program per (bucket, cache_len)."""
     cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
     logits_BV, cache = prefill(as_params(params), cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
-    return _choose(logits_BV, length - 1, args, greedy), cache
+    return choose(logits_BV, length - 1, args, greedy), cache
 
 
 @program(static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype"))
@@ -230,7 +126,7 @@ def _decode_program(params, cache, token_B, args, *, cfg, act_dtype, greedy):
     with jax.named_scope("decode_step"):
         position = cache.length
         logits_BV, cache = decode_step(as_params(params), cfg, token_B, cache, dtype=DTYPES[act_dtype])
-        return _choose(logits_BV, position, args, greedy), cache
+        return choose(logits_BV, position, args, greedy), cache
 
 
 DECODE_LOOPS = ("host", "device")
@@ -241,8 +137,9 @@ fori_loop of steps, synced once per block)."""
 @program(static_argnames=("cfg", "act_dtype", "greedy", "steps"), donate_argnames=("cache",))
 def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype, greedy, steps):
     """`trips` (int32 scalar, 1 <= trips <= steps) decode steps in one device loop, each step exactly
-    `_decode_program`'s (decode_step, then `_choose` with the key of the position decoded). Returns (ids [steps, B]
-    int32: row i the token of step i, rows >= trips unused (zeros); the last token [B] int32; the cache)."""
+    `_decode_program`'s (decode_step, then `model.sampling.choose` with the key of the position decoded). Returns
+    (ids [steps, B] int32: row i the token of step i, rows >= trips unused (zeros); the last token [B] int32; the
+    cache)."""
 
     params = as_params(params)
 
@@ -251,7 +148,7 @@ def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype,
         with jax.named_scope("decode_step"):
             position = cache.length
             logits_BV, cache = decode_step(params, cfg, token_B, cache, dtype=DTYPES[act_dtype])
-            token_B = _choose(logits_BV, position, args, greedy)
+            token_B = choose(logits_BV, position, args, greedy)
         return token_B, cache, jax.lax.dynamic_update_index_in_dim(ids_SB, token_B, i, axis=0)
 
     ids_SB = jnp.zeros((steps, token_B.shape[0]), jnp.int32)
@@ -588,7 +485,7 @@ class Engine:
         eos = set(self.cfg.eos_token_ids)
         traces0 = CompileCounter.traces
         t0 = time.perf_counter_ns()  # from here: the ids' copy to the device, prefill, first token on the host
-        token_B, cache = self._prefill(ids, len(prompt_ids), bucket + max_new_tokens, args, sampling.greedy)
+        token_B, cache = self.prefill_row(ids, len(prompt_ids), bucket + max_new_tokens, args, sampling.greedy)
         tokens = [int(np.asarray(token_B)[0])]  # token_B[0] would run a device gather before the copy
         times = [time.perf_counter_ns()]
         arrived = None
@@ -714,7 +611,7 @@ class Engine:
         ids, bucket = self._padded(prompt_ids, max_new_tokens)
         args = GREEDY.args()
         act_dtype = self.policy.activation_dtype
-        state = self._prefill(ids, len(prompt_ids), bucket + max_new_tokens, args, True)
+        state = self.prefill_row(ids, len(prompt_ids), bucket + max_new_tokens, args, True)
 
         def step(state):
             token_B, cache = state
@@ -766,9 +663,11 @@ class Engine:
         ids[0, :n] = np.asarray(prompt_ids, np.int32)
         return ids, bucket
 
-    def _prefill(self, ids: np.ndarray, n: int, cache_len: int, args, greedy: bool):
-        """The compiled prefill of padded `ids` with `n` real tokens into a cache of `cache_len` positions:
-        (first token [1] int32, cache)."""
+    def prefill_row(self, ids: np.ndarray, n: int, cache_len: int, args, greedy: bool):
+        """The compiled prefill of padded `ids` [1, bucket] (int32) with `n` real tokens into a fresh cache of
+        `cache_len` positions, then its first token chosen with `args` (`Sampling.args`; `greedy`: argmax):
+        (first token [1] int32, cache). `generate`, `step_fn` and the decode slots (`model.slots`, at the slots'
+        cache length) prefill through it: one program per (bucket, cache_len, greedy)."""
         return _prefill_program(
             self.call_params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=cache_len,
             kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=greedy, xla_options=None,
