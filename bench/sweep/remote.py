@@ -254,47 +254,23 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
     instead of the one-at-a-time cells; resuming one needs the run's own load settings (num_requests,
     request_rate, seed, max_new_tokens), else RunFolderError.
     """
-    from bench.runs import create_run, free_label, open_run, writing_run
-    from bench.sweep.local import sized_prompt
+    from bench.runs import writing_run
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=TIMEOUT, headers=headers) as client:
         target = describe_target(client, url, model)
         tokenizer, source = load_prompt_tokenizer(checkpoint, target)
-        limit = (((target.health or {}).get("body") or {}).get("buckets") or [None])[-1] if target.ours else None
-        if limit is not None and max(config.inputs) > limit:
-            raise TargetError(f"--inputs {max(config.inputs)}: above the server's maximum prompt length {limit}")
-        prompts = {n: sized_prompt(tokenizer, n) for n in config.inputs}  # as the in-process sweep's
+        prompts = _sized_prompts(target, tokenizer, config)
         manifest = remote_manifest(target, config, source, load=config.notes() if load else None)
-        gauges: dict[str, Any] = {}
-        resumed = open_run(resume) if resume is not None else None
-        if resumed is not None:
-            if resumed.status == "complete":
-                raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
-            _check_resumed_load(resumed, config if load else None)
-            if (resumed.path / "target.json").is_file():  # read (and so checked) before the run is touched
-                gauges.update(_stored_gauges(resumed))
-
-        def start():
-            if resumed is None:
-                slug = manifest.slug
-                return create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
-            resumed.resume()
-            return resumed
-
+        resumed, gauges = _opened_for_resume(resume, config if load else None)
         metrics0: dict[str, float] = {}
         t0 = time.perf_counter()
 
+        def start():
+            return _start_run(resumed, runs_dir, name, manifest)
+
         def before_end(run, _status: str) -> None:
-            try:  # a second signal here (e.g. a slow /metrics) must not lose target.json; the run ends regardless
-                if target.ours:
-                    m = scrape_metrics(client, target.root)
-                    delta = {k: int(m.get(f"gemma4_bench_compile_cache_{k}_total", 0)
-                                    - metrics0.get(f"gemma4_bench_compile_cache_{k}_total", 0))
-                             for k in ("hits", "misses")}  # fmt: skip
-                    run.update_manifest(compile_cache={"dir": manifest.compile_cache.dir, **delta})
-            finally:
-                run.write_json("target.json", target.describe() | {"server_gauge_tok_s": gauges})
+            _record_target(client, target, run, manifest, metrics0, gauges)
 
         def after_end(run, status: str) -> None:
             progress(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
@@ -316,6 +292,65 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
                 run_remote_sweep(client, target, tokenizer, config, run, prompts, progress=progress,
                                  skip=run.finished_inputs(), should_stop=should_stop, server_gauges=gauges)  # fmt: skip
     return run
+
+
+def _sized_prompts(target: Target, tokenizer, config) -> dict:
+    """{input size: prompt} of exactly each of `config.inputs` tokens, built as the in-process sweep builds them
+    (`bench.sweep.local.sized_prompt`). Raises TargetError for a size above this project's server's largest
+    bucket (its /health), before anything is built."""
+    from bench.sweep.local import sized_prompt
+
+    limit = (((target.health or {}).get("body") or {}).get("buckets") or [None])[-1] if target.ours else None
+    if limit is not None and max(config.inputs) > limit:
+        raise TargetError(f"--inputs {max(config.inputs)}: above the server's maximum prompt length {limit}")
+    return {n: sized_prompt(tokenizer, n) for n in config.inputs}  # as the in-process sweep's
+
+
+def _opened_for_resume(resume: Path | None, load_config) -> tuple[Any, dict[str, Any]]:
+    """(the run folder at `resume`, opened and checked before it is touched, or None without `resume`; the
+    server-side gauges its target.json holds, {} for none). Raises RunFolderError for a complete run, another
+    kind of sweep or other load settings (`_check_resumed_load`; `load_config` None: the one-at-a-time sweep),
+    and a corrupt target.json."""
+    from bench.runs import open_run
+
+    gauges: dict[str, Any] = {}
+    if resume is None:
+        return None, gauges
+    resumed = open_run(resume)
+    if resumed.status == "complete":
+        raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
+    _check_resumed_load(resumed, load_config)
+    if (resumed.path / "target.json").is_file():  # read (and so checked) before the run is touched
+        gauges.update(_stored_gauges(resumed))
+    return resumed, gauges
+
+
+def _start_run(resumed, runs_dir: Path, name: str | None, manifest):
+    """The run the sweep writes: `resumed`, marked running again, or a new one in `runs_dir` labelled `name`
+    (None: "sweep", suffixed -2, -3, ... when taken)."""
+    from bench.runs import create_run, free_label
+
+    if resumed is None:
+        slug = manifest.slug
+        return create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
+    resumed.resume()
+    return resumed
+
+
+def _record_target(client: httpx.Client, target: Target, run, manifest, metrics0: dict[str, float],
+                   gauges: dict[str, Any]) -> None:  # fmt: skip
+    """Before the run ends, whatever ended it: this project's server's compile-cache hits and misses during the
+    sweep (its /metrics against `metrics0`) into the manifest, and target.json (the target and its server-side
+    `gauges`), written even when the scrape fails or a second signal arrives during it."""
+    try:  # a second signal here (e.g. a slow /metrics) must not lose target.json; the run ends regardless
+        if target.ours:
+            m = scrape_metrics(client, target.root)
+            delta = {k: int(m.get(f"gemma4_bench_compile_cache_{k}_total", 0)
+                            - metrics0.get(f"gemma4_bench_compile_cache_{k}_total", 0))
+                     for k in ("hits", "misses")}  # fmt: skip
+            run.update_manifest(compile_cache={"dir": manifest.compile_cache.dir, **delta})
+    finally:
+        run.write_json("target.json", target.describe() | {"server_gauge_tok_s": gauges})
 
 
 def _check_resumed_load(run, config) -> None:
