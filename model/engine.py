@@ -765,7 +765,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
 
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
-    from model.kernels.choice import log_plan, plan_kernel, with_kernel_mode, with_tilings
+    from model.kernels.choice import with_kernel_mode, with_tilings
     from model.policy import decide_policy
     from model.random_weights import load_random, read_marker
     from model.tokenizer import GemmaTokenizer
@@ -779,14 +779,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
                            activation_dtype=policy.activation_dtype, kv_dtype=policy.kv_dtype)  # before the weights
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
-    plan = None
-    if quant.layer_bits == 4:  # the fit check, at this config's shapes, before anything loads or compiles
-        plan = plan_kernel(cfg, quant, impl=policy.w4a16_kernel, reason=policy.w4a16_reason,
-                           act_bytes=np.dtype(DTYPES[policy.activation_dtype]).itemsize,
-                           scale_bytes=np.dtype(DTYPES[scale_dtype]).itemsize, forced=kernel == "pallas")  # fmt: skip
-        log_plan(plan, log)
-        if plan.impl != policy.w4a16_kernel:  # nothing fits: XLA's product, and the policy says so from here on
-            policy = dataclasses.replace(policy, w4a16_kernel=plan.impl, w4a16_reason=plan.reason)
+    plan, policy = _plan_w4_kernel(cfg, policy, quant, scale_dtype, kernel, log)  # before anything loads
     t0 = time.perf_counter()
     load = load_random if read_marker(path) is not None else load_params  # dummy weights: made on the device
     params, report = load(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put,
@@ -797,17 +790,42 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
         params = output_major_params(params, release=True)  # one leaf at a time: the peak stays near the weights
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
-    how = (f"made {report['tensors']} random tensors on the device for {path} ({report['dummy']['note']}, "
-           f"{policy.weight_dtype}" if report.get("dummy") else
-           f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
-           f"converted once at load to {policy.weight_dtype}")  # fmt: skip
-    log.info(f"{how}, quant {quant.canonical}) in {report['load_s']:.1f} s")
+    log.info(_loaded_line(report, path, policy, quant))
     for level, line in backend.lines:
         (log.warning if level == "warning" else log.info)(line)
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
                     scale_dtype=scale_dtype, kernel=plan, backend_plan=backend)  # fmt: skip
     return engine, report
+
+
+def _plan_w4_kernel(cfg: ModelConfig, policy: DevicePolicy, quant: QuantSpec, scale_dtype: str, kernel: str | None,
+                    log) -> tuple:  # fmt: skip
+    """(the `model.kernels.choice.KernelPlan` of the w4 projections, the policy) for `load_engine`: the fit check
+    at this config's shapes, before anything loads or compiles (logged); (None, `policy`) without w4 weights.
+    Where nothing fits, XLA's product, and the policy returned says so from here on. Raises KernelError for a
+    forced kernel (`kernel` "pallas") whose tiles do not fit."""
+    from model.kernels.choice import log_plan, plan_kernel
+
+    if quant.layer_bits != 4:
+        return None, policy
+    plan = plan_kernel(cfg, quant, impl=policy.w4a16_kernel, reason=policy.w4a16_reason,
+                       act_bytes=np.dtype(DTYPES[policy.activation_dtype]).itemsize,
+                       scale_bytes=np.dtype(DTYPES[scale_dtype]).itemsize, forced=kernel == "pallas")  # fmt: skip
+    log_plan(plan, log)
+    if plan.impl != policy.w4a16_kernel:  # nothing fits: XLA's product, and the policy says so from here on
+        policy = dataclasses.replace(policy, w4a16_kernel=plan.impl, w4a16_reason=plan.reason)
+    return plan, policy
+
+
+def _loaded_line(report: dict, path: Path, policy: DevicePolicy, quant: QuantSpec) -> str:
+    """`load_engine`'s log line of a finished load: what was loaded (or drawn on the device), from where, stored
+    and converted to which dtypes, the quantization and the seconds it took (`report["load_s"]`)."""
+    how = (f"made {report['tensors']} random tensors on the device for {path} ({report['dummy']['note']}, "
+           f"{policy.weight_dtype}" if report.get("dummy") else
+           f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
+           f"converted once at load to {policy.weight_dtype}")  # fmt: skip
+    return f"{how}, quant {quant.canonical}) in {report['load_s']:.1f} s"
 
 
 def log_policy_line(policy: DevicePolicy) -> None:
