@@ -6,7 +6,8 @@ Public API (everything else is internal):
 - `create_checkpoint`, `ensure_builtin`               (model.builtin)
 - `forward_full`, `prefill`, `decode_step`            (model.forward)
 - `decide_policy`, `DevicePolicy`                      (model.policy)
-- `Engine`, `load_engine`, `full_logits`, `Sampling`  (model.engine)
+- `Engine`, `load_engine`, `full_logits`               (model.engine)
+- `Sampling`                                           (model.sampling)
 - `SlotDecoder`                                        (model.slots: decode slots, `Engine.slot_decoder`)
 - `GemmaTokenizer`                                     (model.tokenizer)
 - `QuantSpec`, `parse_quant`                           (model.quantspec: the `--quant` options, jax-free)
@@ -31,7 +32,8 @@ _HOMES = {
     "create_checkpoint": "model.builtin", "ensure_builtin": "model.builtin",
     "forward_full": "model.forward", "prefill": "model.forward", "decode_step": "model.forward",
     "DevicePolicy": "model.policy", "decide_policy": "model.policy",
-    "Engine": "model.engine", "Sampling": "model.engine", "full_logits": "model.engine", "load_engine": "model.engine",
+    "Engine": "model.engine", "full_logits": "model.engine", "load_engine": "model.engine",
+    "Sampling": "model.sampling",
     "SlotDecoder": "model.slots",
     "GemmaTokenizer": "model.tokenizer",
     "QuantSpec": "model.quantspec", "parse_quant": "model.quantspec",
@@ -67,11 +69,12 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from model.builtin import create_checkpoint, ensure_builtin
     from model.checkpoint import content_hash, load_params, resolve_checkpoint
     from model.config import PRESETS, ModelConfig, load_config
-    from model.engine import Engine, Sampling, full_logits, load_engine
+    from model.engine import Engine, full_logits, load_engine
     from model.forward import decode_step, forward_full, prefill
     from model.limits import PromptLimits, prompt_limits
     from model.policy import DevicePolicy, decide_policy
     from model.quant import QuantArray, quantize_params, tree_bytes
     from model.quantspec import QuantSpec, parse_quant
+    from model.sampling import Sampling
     from model.slots import SlotDecoder
     from model.tokenizer import GemmaTokenizer

@@ -9,20 +9,18 @@ code serves them and real checkpoints. Same preset + seed + dtype -> the same by
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from model.checkpoint import save_tensors, write_config_files
+from model.checkpoint import save_tensors
 from model.config import PRESETS, ModelConfig
 from model.errors import CheckpointError
+from model.folders import cache_root, create_atomically, write_model_files
 from model.params import init_tensors
 
 BUILTIN_VERSION = 1  # bump when the generator changes, so a cached default is rebuilt rather than reused
 DEFAULT_PRESET = "default"
-TOKENIZER_VOCAB_CAP = 8192  # the shipped text cannot teach more merges; larger model vocabs keep the extra rows
 
 
 def _dtype(name: str):
@@ -61,29 +59,6 @@ def create_checkpoint(preset: str, out_dir: str | os.PathLike, *, seed: int = 0,
     return out
 
 
-def write_model_files(cfg: ModelConfig, out: Path, *, config_form: str = "global_head_dim", wrapper: bool = False) -> None:
-    """Everything of a built-in checkpoint but its weights, into the existing folder `out`: config.json and
-    generation_config.json (`model.checkpoint.write_config_files`), and the tokenizer trained on the shipped text
-    (`model.tokenizer.train_tokenizer`, at most `TOKENIZER_VOCAB_CAP` ids) as tokenizer.json and
-    tokenizer_config.json. Deterministic: the same config gives the same bytes. Raises OSError when `out` cannot
-    be written."""
-    from model.tokenizer import default_training_texts, save_tokenizer_files, train_tokenizer
-
-    write_config_files(cfg, out, form=config_form, wrapper=wrapper)
-    tok = train_tokenizer(default_training_texts(), min(cfg.vocab_size, TOKENIZER_VOCAB_CAP))
-    save_tokenizer_files(tok, out, model_max_length=cfg.max_position_embeddings)
-
-
-def cache_root() -> Path:
-    """Folder for built-in checkpoints and the compilation cache: $GEMMA4_BENCH_CACHE, else
-    $XDG_CACHE_HOME/gemma4-bench, else ~/.cache/gemma4-bench."""
-    env = os.environ.get("GEMMA4_BENCH_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "gemma4-bench"
-
-
 def builtin_path(preset: str = DEFAULT_PRESET, dtype: str = "bfloat16", seed: int = 0) -> Path:
     """Where the cached built-in checkpoint of (preset, dtype, seed) lives."""
     return cache_root() / "checkpoints" / f"{preset}-{dtype}-seed{seed}-v{BUILTIN_VERSION}"
@@ -97,23 +72,3 @@ def ensure_builtin(preset: str = DEFAULT_PRESET, *, dtype: str = "bfloat16", see
         return target
     log(f"creating built-in checkpoint '{preset}' ({dtype}, seed {seed}) in {target} (first use only)")
     return create_atomically(target, lambda tmp: create_checkpoint(preset, tmp, seed=seed, dtype=dtype))
-
-
-def create_atomically(target: Path, make) -> Path:
-    """Make the folder `target` with `make(tmp)` in a temporary sibling folder, then rename it into place, so an
-    interrupted creation never leaves a half folder; when another process won the race its folder (identical:
-    built-in folders are deterministic) is kept. Returns `target`. `make`'s errors propagate (the temporary
-    folder removed)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is an ordinary readable folder
-    try:
-        make(tmp)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process won the race; its folder is identical
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target

@@ -30,6 +30,7 @@ import numpy as np
 from model.accounting import global_shapes, layer_shapes
 from model.config import ModelConfig, load_config
 from model.errors import CheckpointError
+from model.folders import write_config_files  # noqa: F401 -- re-exported (model/folders.py writes it)
 from model.params import LayerParams, Params, fuse_layer, unfuse_layer
 from model.quant import quantize, quantize_fields
 from model.quantspec import LM_HEAD, NO_QUANT, QuantSpec, leaf_layout
@@ -321,6 +322,37 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     table = tensor_table(cfg)
     put = device_put or (lambda a: a)
     scales = {"scale_dtype": jnp.bfloat16 if scale_dtype is None else scale_dtype}
+    loaded = _stream_tensors(path, cfg, table, dtype, quant, scales, put)
+    _check_complete(path, table, loaded.seen)
+    params = Params(**loaded.glob, layers=tuple(loaded.layers), lm_head_VD=loaded.head)
+    report = {"path": str(path), "prefixes": sorted(loaded.prefixes), "tensors": len(loaded.seen),
+              "ignored": loaded.ignored, "stored_dtypes": sorted(loaded.stored),
+              "content_hash": loaded.content_hash}  # fmt: skip
+    return params, report
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Streamed:
+    """What `_stream_tensors` read: the global leaves by field (`glob`), the int8 head copy or None, the fused
+    layers (None where a layer was incomplete), the table names seen, the ignored keys, the prefixes and stored
+    dtypes met, and the content hash of the bytes read (`content_hash`'s value)."""
+
+    glob: dict[str, object]
+    head: object
+    layers: list[LayerParams | None]
+    seen: set[str]
+    ignored: list[str]
+    prefixes: set[str]
+    stored: set[str]
+    content_hash: str
+
+
+def _stream_tensors(path: Path, cfg: ModelConfig, table: dict[str, TensorSpec], dtype, quant: QuantSpec,
+                    scales: dict, put: Callable) -> _Streamed:  # fmt: skip
+    """`load_params`' one pass over the weight files, in order (`model.stream.iter_tensors`, hashing as it
+    reads): each tensor matched against `table` (`_match_tensor`: CheckpointError for an unexpected, duplicate
+    or mis-shaped one), a global one converted or quantized as it streams (`_load_global`) and placed with
+    `put`, a layer's kept until the layer is complete, then fused, quantized and placed."""
     glob: dict[str, object] = {name: None for name in global_shapes(cfg)}
     head = None
     layers: list[dict[str, object]] = [{name: None for name in layer_shapes(cfg, i)} for i in range(cfg.num_layers)]
@@ -355,11 +387,8 @@ def load_params(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
             fused[spec.layer] = jax.tree_util.tree_map(put, quantize_fields(lp, quant, **scales))
             if quant.layer_bits is not None:
                 release_free_heap()  # the quantizer's temporaries (model.stream.release_free_heap says why)
-    _check_complete(path, table, seen)
-    params = Params(**glob, layers=tuple(fused), lm_head_VD=head)
-    report = {"path": str(path), "prefixes": sorted(prefix_used), "tensors": len(seen), "ignored": ignored,
-              "stored_dtypes": sorted(stored), "content_hash": h.hexdigest()}  # fmt: skip
-    return params, report
+    return _Streamed(glob=glob, head=head, layers=fused, seen=seen, ignored=ignored, prefixes=prefix_used,
+                     stored=stored, content_hash=h.hexdigest())  # fmt: skip
 
 
 def _load_global(t: StoredTensor, spec: TensorSpec, dtype, quant: QuantSpec, scales: dict):
@@ -447,21 +476,6 @@ def save_params(params: Params, cfg: ModelConfig, out_dir: Path, *, dtype=np.flo
     storage = [unfuse_layer(cfg, i, jax.tree_util.tree_map(np.asarray, lp)) for i, lp in enumerate(params.layers)]
 
     return save_tensors(leaves(), cfg, out_dir, dtype=dtype, layout=layout, extra_tensors=extra_tensors)
-
-
-def write_config_files(cfg: ModelConfig, out_dir: Path, *, form: str = "global_head_dim", wrapper: bool = False) -> None:
-    """Write config.json (text config, or wrapped as a `gemma4` multimodal config) and generation_config.json."""
-    text = cfg.to_hf_dict(form=form)
-    body = text
-    if wrapper:
-        text = {k: v for k, v in text.items() if k != "architectures"}
-        body = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text,
-                "vision_config": None, "audio_config": None, "tie_word_embeddings": True}  # fmt: skip
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
-    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids), "pad_token_id": cfg.pad_token_id,
-           "do_sample": False}  # fmt: skip
-    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
 
 
 def content_hash(ckpt: Path) -> str:

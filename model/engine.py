@@ -47,8 +47,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -63,61 +61,19 @@ from model.cache import init_cache
 from model.config import ModelConfig
 from model.errors import EngineError
 from model.limits import DEFAULT_BUCKETS, PromptLimits, bucket_ladder, prompt_limits  # noqa: F401 -- re-exported
+from model.memory import memory_capacity
 from model.forward import decode_step, prefill
 from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
-from model.programs import program
+from model.programs import CompileCounter, program
 from model.quantspec import NO_QUANT, QuantSpec
+from model.sampling import GREEDY, Sampling, choose
 
 # The bucket ladder and the prompt-length checks are model/limits.py's (no jax: a command line checks its sizes
-# against them before the weights load); re-exported here, where they always were.
-
-
-# ---- compile accounting --------------------------------------------------------------------------------------
-class CompileCounter:
-    """Counts jit traces, backend compiles and persistent-cache hits/misses process-wide (jax.monitoring).
-
-    `traces` grows by one for every program jax had to (re)trace, i.e. every jit cache miss; a timed region
-    whose `traces` did not change compiled nothing.
-    """
-
-    _lock = threading.Lock()
-    _installed = False
-    traces = 0
-    backend_compiles = 0
-    cache_hits = 0
-    cache_misses = 0
-
-    @classmethod
-    def install(cls) -> None:
-        """Register the listeners once per process."""
-        with cls._lock:
-            if cls._installed:
-                return
-            from jax import monitoring
-
-            def on_duration(name: str, _secs: float, **_kw) -> None:
-                if name == "/jax/core/compile/jaxpr_trace_duration":
-                    cls.traces += 1
-                elif name == "/jax/core/compile/backend_compile_duration":
-                    cls.backend_compiles += 1
-
-            def on_event(name: str, **_kw) -> None:
-                if name == "/jax/compilation_cache/cache_hits":
-                    cls.cache_hits += 1
-                elif name == "/jax/compilation_cache/cache_misses":
-                    cls.cache_misses += 1
-
-            monitoring.register_event_duration_secs_listener(on_duration)
-            monitoring.register_event_listener(on_event)
-            cls._installed = True
-
-    @classmethod
-    def snapshot(cls) -> dict[str, int]:
-        """Current counts: traces, backend_compiles, cache_hits, cache_misses."""
-        return {"traces": cls.traces, "backend_compiles": cls.backend_compiles,
-                "cache_hits": cls.cache_hits, "cache_misses": cls.cache_misses}  # fmt: skip
+# against them before the weights load); re-exported here, where they always were. So are `Sampling` and `GREEDY`
+# (model/sampling.py), `CompileCounter` (model/programs.py) and `memory_capacity` (model/memory.py), which the
+# engine uses: their homes are the modules the decode slots and the dummy weights share without importing this one.
 
 
 def enable_compile_cache(path: Path | None) -> Path | None:
@@ -147,71 +103,13 @@ def enable_compile_cache(path: Path | None) -> Path | None:
     return path
 
 
-# ---- sampling ------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Sampling:
-    """Decoding settings. temperature 0 is greedy (argmax); otherwise temperature / top-k (0 = off) / top-p
-    sampling, deterministic for a seed (the key of each position is fold_in(PRNGKey(seed), position))."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise EngineError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise EngineError(f"top_p must be in (0, 1] and top_k >= 0, got top_p={self.top_p}, top_k={self.top_k}")
-        if not 0 <= self.seed < 2**32:
-            raise EngineError(f"seed must be in [0, 2^32), got {self.seed}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-    def args(self) -> tuple[jax.Array, ...]:
-        return (jnp.float32(max(self.temperature, 1e-6)), jnp.int32(self.top_k), jnp.float32(self.top_p),
-                jnp.uint32(self.seed))  # fmt: skip
-
-
-GREEDY = Sampling()
-
-
-def _choose(logits_BV: jax.Array, position: jax.Array, args, greedy: bool) -> jax.Array:
-    """Next token ids [B] (int32) from float32 logits [B,V]. `position` (the position decoded, for the sampling
-    key): an int32 scalar for every row, or [B] per row, row b then drawn with row b's own key exactly as a
-    single sequence at that position is."""
-    if greedy:
-        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    temperature, top_k, top_p, seed = args
-    z_BV = logits_BV / temperature
-    sorted_BV = jnp.sort(z_BV, axis=-1)[:, ::-1]
-    v = z_BV.shape[-1]
-    kth_B1 = jnp.take_along_axis(sorted_BV, jnp.clip(top_k - 1, 0, v - 1)[None, None], axis=-1)
-    z_BV = jnp.where((top_k > 0) & (z_BV < kth_B1), -jnp.inf, z_BV)
-    probs_BV = jax.nn.softmax(jnp.sort(z_BV, axis=-1)[:, ::-1], axis=-1)
-    keep_BV = (jnp.cumsum(probs_BV, axis=-1) - probs_BV) < top_p  # smallest prefix reaching top_p
-    cut_B1 = jnp.min(jnp.where(keep_BV, jnp.sort(z_BV, axis=-1)[:, ::-1], jnp.inf), axis=-1, keepdims=True)
-    z_BV = jnp.where(z_BV < cut_B1, -jnp.inf, z_BV)
-    if jnp.ndim(position):  # per row: row b's draw is a single sequence's [1, V] draw with its key
-        base = jax.random.PRNGKey(seed)
-
-        def row(p, z_V):
-            return jax.random.categorical(jax.random.fold_in(base, p), z_V[None], axis=-1)[0]
-
-        return jax.vmap(row)(position, z_BV).astype(jnp.int32)
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), position)
-    return jax.random.categorical(key, z_BV, axis=-1).astype(jnp.int32)
-
-
 @program(static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype", "greedy"))
 def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, act_dtype, greedy):
     """The chunked prefill of padded ids [B, bucket] with `length` real tokens into a fresh cache of
     `cache_len` slots, then the first token [B] (int32); one program per (bucket, cache_len)."""
     cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
     logits_BV, cache = prefill(as_params(params), cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
-    return _choose(logits_BV, length - 1, args, greedy), cache
+    return choose(logits_BV, length - 1, args, greedy), cache
 
 
 @program(static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype"))
@@ -228,7 +126,7 @@ def _decode_program(params, cache, token_B, args, *, cfg, act_dtype, greedy):
     with jax.named_scope("decode_step"):
         position = cache.length
         logits_BV, cache = decode_step(as_params(params), cfg, token_B, cache, dtype=DTYPES[act_dtype])
-        return _choose(logits_BV, position, args, greedy), cache
+        return choose(logits_BV, position, args, greedy), cache
 
 
 DECODE_LOOPS = ("host", "device")
@@ -239,8 +137,9 @@ fori_loop of steps, synced once per block)."""
 @program(static_argnames=("cfg", "act_dtype", "greedy", "steps"), donate_argnames=("cache",))
 def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype, greedy, steps):
     """`trips` (int32 scalar, 1 <= trips <= steps) decode steps in one device loop, each step exactly
-    `_decode_program`'s (decode_step, then `_choose` with the key of the position decoded). Returns (ids [steps, B]
-    int32: row i the token of step i, rows >= trips unused (zeros); the last token [B] int32; the cache)."""
+    `_decode_program`'s (decode_step, then `model.sampling.choose` with the key of the position decoded). Returns
+    (ids [steps, B] int32: row i the token of step i, rows >= trips unused (zeros); the last token [B] int32; the
+    cache)."""
 
     params = as_params(params)
 
@@ -249,7 +148,7 @@ def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype,
         with jax.named_scope("decode_step"):
             position = cache.length
             logits_BV, cache = decode_step(params, cfg, token_B, cache, dtype=DTYPES[act_dtype])
-            token_B = _choose(logits_BV, position, args, greedy)
+            token_B = choose(logits_BV, position, args, greedy)
         return token_B, cache, jax.lax.dynamic_update_index_in_dim(ids_SB, token_B, i, axis=0)
 
     ids_SB = jnp.zeros((steps, token_B.shape[0]), jnp.int32)
@@ -586,7 +485,7 @@ class Engine:
         eos = set(self.cfg.eos_token_ids)
         traces0 = CompileCounter.traces
         t0 = time.perf_counter_ns()  # from here: the ids' copy to the device, prefill, first token on the host
-        token_B, cache = self._prefill(ids, len(prompt_ids), bucket + max_new_tokens, args, sampling.greedy)
+        token_B, cache = self.prefill_row(ids, len(prompt_ids), bucket + max_new_tokens, args, sampling.greedy)
         tokens = [int(np.asarray(token_B)[0])]  # token_B[0] would run a device gather before the copy
         times = [time.perf_counter_ns()]
         arrived = None
@@ -712,7 +611,7 @@ class Engine:
         ids, bucket = self._padded(prompt_ids, max_new_tokens)
         args = GREEDY.args()
         act_dtype = self.policy.activation_dtype
-        state = self._prefill(ids, len(prompt_ids), bucket + max_new_tokens, args, True)
+        state = self.prefill_row(ids, len(prompt_ids), bucket + max_new_tokens, args, True)
 
         def step(state):
             token_B, cache = state
@@ -764,9 +663,11 @@ class Engine:
         ids[0, :n] = np.asarray(prompt_ids, np.int32)
         return ids, bucket
 
-    def _prefill(self, ids: np.ndarray, n: int, cache_len: int, args, greedy: bool):
-        """The compiled prefill of padded `ids` with `n` real tokens into a cache of `cache_len` positions:
-        (first token [1] int32, cache)."""
+    def prefill_row(self, ids: np.ndarray, n: int, cache_len: int, args, greedy: bool):
+        """The compiled prefill of padded `ids` [1, bucket] (int32) with `n` real tokens into a fresh cache of
+        `cache_len` positions, then its first token chosen with `args` (`Sampling.args`; `greedy`: argmax):
+        (first token [1] int32, cache). `generate`, `step_fn` and the decode slots (`model.slots`, at the slots'
+        cache length) prefill through it: one program per (bucket, cache_len, greedy)."""
         return _prefill_program(
             self.call_params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=cache_len,
             kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=greedy, xla_options=None,
@@ -828,43 +729,6 @@ def _check_loop(decode_loop: str, block: int | None, *, stop_at_eos: bool, on_to
                           "host; use the host loop (decode_loop='host')")  # fmt: skip
 
 
-def _host_available_bytes() -> int | None:
-    """Host memory available to a new allocation (bytes): MemAvailable of /proc/meminfo, else the available
-    physical pages (os.sysconf); None when neither can be read."""
-    import os
-
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def memory_capacity(weight_bytes: int, device=None) -> tuple[int, str]:
-    """(bytes, where) the live device (default: jax's first) can hold for this process, weights included: the
-    allocator's `bytes_limit` of `device.memory_stats()` where the device reports it (GPUs), else the host's
-    available memory plus `weight_bytes` (the weights are already loaded there, so no longer "available").
-    Raises EngineError when neither can be read."""
-    device = device or jax.devices()[0]
-    try:
-        stats = device.memory_stats()
-    except Exception:  # backends without the call raise, others return None
-        stats = None
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]), f"of {device.platform} memory (bytes_limit)"
-    host = _host_available_bytes()
-    if host is None:
-        raise EngineError("cannot tell how much memory a batch may use: the device reports no memory_stats and "
-                          "the host neither /proc/meminfo nor os.sysconf pages")  # fmt: skip
-    return host + weight_bytes, "of host memory (MemAvailable + the weights already loaded)"
-
-
 def check_engine_switches() -> None:
     """Raises EngineError (one line, `model.switches.switch_on`) for a value of a backend's on/off switch that is
     neither on nor off (`model.backends.check_switches`: GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_AMX,
@@ -901,7 +765,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
 
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
-    from model.kernels.choice import log_plan, plan_kernel, with_kernel_mode, with_tilings
+    from model.kernels.choice import with_kernel_mode, with_tilings
     from model.policy import decide_policy
     from model.random_weights import load_random, read_marker
     from model.tokenizer import GemmaTokenizer
@@ -915,14 +779,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
                            activation_dtype=policy.activation_dtype, kv_dtype=policy.kv_dtype)  # before the weights
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
-    plan = None
-    if quant.layer_bits == 4:  # the fit check, at this config's shapes, before anything loads or compiles
-        plan = plan_kernel(cfg, quant, impl=policy.w4a16_kernel, reason=policy.w4a16_reason,
-                           act_bytes=np.dtype(DTYPES[policy.activation_dtype]).itemsize,
-                           scale_bytes=np.dtype(DTYPES[scale_dtype]).itemsize, forced=kernel == "pallas")  # fmt: skip
-        log_plan(plan, log)
-        if plan.impl != policy.w4a16_kernel:  # nothing fits: XLA's product, and the policy says so from here on
-            policy = dataclasses.replace(policy, w4a16_kernel=plan.impl, w4a16_reason=plan.reason)
+    plan, policy = _plan_w4_kernel(cfg, policy, quant, scale_dtype, kernel, log)  # before anything loads
     t0 = time.perf_counter()
     load = load_random if read_marker(path) is not None else load_params  # dummy weights: made on the device
     params, report = load(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put,
@@ -933,17 +790,42 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
         params = output_major_params(params, release=True)  # one leaf at a time: the peak stays near the weights
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
-    how = (f"made {report['tensors']} random tensors on the device for {path} ({report['dummy']['note']}, "
-           f"{policy.weight_dtype}" if report.get("dummy") else
-           f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
-           f"converted once at load to {policy.weight_dtype}")  # fmt: skip
-    log.info(f"{how}, quant {quant.canonical}) in {report['load_s']:.1f} s")
+    log.info(_loaded_line(report, path, policy, quant))
     for level, line in backend.lines:
         (log.warning if level == "warning" else log.info)(line)
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
                     scale_dtype=scale_dtype, kernel=plan, backend_plan=backend)  # fmt: skip
     return engine, report
+
+
+def _plan_w4_kernel(cfg: ModelConfig, policy: DevicePolicy, quant: QuantSpec, scale_dtype: str, kernel: str | None,
+                    log) -> tuple:  # fmt: skip
+    """(the `model.kernels.choice.KernelPlan` of the w4 projections, the policy) for `load_engine`: the fit check
+    at this config's shapes, before anything loads or compiles (logged); (None, `policy`) without w4 weights.
+    Where nothing fits, XLA's product, and the policy returned says so from here on. Raises KernelError for a
+    forced kernel (`kernel` "pallas") whose tiles do not fit."""
+    from model.kernels.choice import log_plan, plan_kernel
+
+    if quant.layer_bits != 4:
+        return None, policy
+    plan = plan_kernel(cfg, quant, impl=policy.w4a16_kernel, reason=policy.w4a16_reason,
+                       act_bytes=np.dtype(DTYPES[policy.activation_dtype]).itemsize,
+                       scale_bytes=np.dtype(DTYPES[scale_dtype]).itemsize, forced=kernel == "pallas")  # fmt: skip
+    log_plan(plan, log)
+    if plan.impl != policy.w4a16_kernel:  # nothing fits: XLA's product, and the policy says so from here on
+        policy = dataclasses.replace(policy, w4a16_kernel=plan.impl, w4a16_reason=plan.reason)
+    return plan, policy
+
+
+def _loaded_line(report: dict, path: Path, policy: DevicePolicy, quant: QuantSpec) -> str:
+    """`load_engine`'s log line of a finished load: what was loaded (or drawn on the device), from where, stored
+    and converted to which dtypes, the quantization and the seconds it took (`report["load_s"]`)."""
+    how = (f"made {report['tensors']} random tensors on the device for {path} ({report['dummy']['note']}, "
+           f"{policy.weight_dtype}" if report.get("dummy") else
+           f"loaded {report['tensors']} tensors from {path} (stored {'/'.join(report['stored_dtypes'])}, "
+           f"converted once at load to {policy.weight_dtype}")  # fmt: skip
+    return f"{how}, quant {quant.canonical}) in {report['load_s']:.1f} s"
 
 
 def log_policy_line(policy: DevicePolicy) -> None:

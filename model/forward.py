@@ -233,13 +233,28 @@ def prefill(
     """
     if jnp.ndim(length):
         return _prefill_rows(params, cfg, ids_BT, length, cache, dtype=dtype, chunk=chunk)
-    b, t = ids_BT.shape
+    t = ids_BT.shape[1]
     dtype = dtype or (cache.k[0].dtype if cache.k else jnp.float32)
     c = prefill_chunk(cfg, t, chunk)
     ids_BT = jnp.pad(ids_BT, ((0, 0), (0, -(-t // c) * c - t)), constant_values=cfg.pad_token_id)
     only = ids_BT.shape[1] == c  # one chunk holds the whole bucket: no loop, and an empty cache before it
     tail = None if only else prefill_tail(c)
     n_chunks, use_tail = _chunk_plan(length, c, tail)
+    carry = _run_chunks(params, cfg, ids_BT, length, cache, dtype, c, n_chunks, only=only)
+    # From here on only the last real position matters; it lies in the last chunk (the tail chunk, if it runs).
+    last = length - 1
+    ks, vs, h_B1D, ple_B1LP = _last_chunk(params, cfg, ids_BT, length, last, dtype, c, tail, n_chunks, use_tail, carry)
+    out_BV = _last_position(params, cfg, h_B1D, ple_B1LP, last, ks, vs)
+    return out_BV, KVCache(k=ks, v=vs, length=jnp.asarray(length, jnp.int32))
+
+
+def _run_chunks(params: Params, cfg: ModelConfig, ids_BT: jax.Array, length: jax.Array, cache: KVCache, dtype,
+                c: int, n_chunks: jax.Array, *, only: bool) -> tuple:  # fmt: skip
+    """`prefill`'s loop: `n_chunks` chunks of C = `c` positions of the padded ids [B, T'] (T' a multiple of C)
+    through the cache layers (`_prefill_chunk`), from the empty `cache`; `only`: the one chunk holds the whole
+    bucket, run without a loop. Returns the carry (K caches, V caches, the last chunk's activations [B,C,D] and
+    per-layer inputs [B,C,L,P] or None)."""
+    b = ids_BT.shape[0]
 
     def body(index, carry):
         ks, vs, _, _ = carry
@@ -252,9 +267,14 @@ def prefill(
     ple0_BCLP = jnp.zeros((b, c, cfg.num_layers, cfg.ple_dim), dtype) if cfg.ple_dim else None
     carry = (cache.k, cache.v, h0_BCD, ple0_BCLP)
     with jax.named_scope("prefill_chunks"):
-        ks, vs, h_BCD, ple_BCLP = body(0, carry) if only else jax.lax.fori_loop(0, n_chunks, body, carry)
-    # From here on only the last real position matters; it lies in the last chunk (the tail chunk, if it runs).
-    last = length - 1
+        return body(0, carry) if only else jax.lax.fori_loop(0, n_chunks, body, carry)
+
+
+def _last_chunk(params: Params, cfg: ModelConfig, ids_BT: jax.Array, length: jax.Array, last: jax.Array, dtype,
+                c: int, tail: int | None, n_chunks: jax.Array, use_tail: jax.Array, carry: tuple) -> tuple:  # fmt: skip
+    """The last real position's (`last` = length - 1) activations after `_run_chunks`' `carry`: from the last
+    chunk it ran, or, where `_chunk_plan` says so (`use_tail`), from a tail chunk of `tail` positions run after
+    it. Returns (K caches, V caches, activations [B,1,D], per-layer inputs [B,1,L,P] or None) at `last`."""
 
     def at_last(start, h_BUD, ple_BULP):
         offset = last - start
@@ -273,13 +293,9 @@ def prefill(
             h_BUD, ple_BULP, ks, vs = _prefill_chunk(params, cfg, ids_BU, start, length, ks, vs, dtype, only=False)
         return ks, vs, *at_last(start, h_BUD, ple_BULP)
 
-    carry = (ks, vs, h_BCD, ple_BCLP)
     if tail is None:
-        ks, vs, h_B1D, ple_B1LP = from_last_chunk(carry)
-    else:
-        ks, vs, h_B1D, ple_B1LP = jax.lax.cond(use_tail, from_tail_chunk, from_last_chunk, carry)
-    out_BV = _last_position(params, cfg, h_B1D, ple_B1LP, last, ks, vs)
-    return out_BV, KVCache(k=ks, v=vs, length=jnp.asarray(length, jnp.int32))
+        return from_last_chunk(carry)
+    return jax.lax.cond(use_tail, from_tail_chunk, from_last_chunk, carry)
 
 
 def _chunk_plan(length: jax.Array, c: int, tail: int | None) -> tuple[jax.Array, jax.Array]:

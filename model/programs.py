@@ -4,20 +4,67 @@ An engine decides once, when it is made, which backend its programs trace with (
 "jax" by default) and which XLA options its decode programs compile with (`model.backends.BackendPlan.xla_options`:
 None, XLA's defaults, unless the "cpu-kernels" backend asks for its pass option), and passes both to every call of
 a program (`model.engine`'s prefill, host-loop step and device loop, `model.slots`' steps). The run's manifest
-records both (`EngineConfig.backend`, `EngineConfig.xla_options`), so they enter the build id. Importing this
-module starts no backend.
+records both (`EngineConfig.backend`, `EngineConfig.xla_options`), so they enter the build id. `CompileCounter`
+counts every trace and compile of them (and of any jitted function) in the process. Importing this module starts
+no backend.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from model.backends import compiler_options, using
+
+
+class CompileCounter:
+    """Counts jit traces, backend compiles and persistent-cache hits/misses process-wide (jax.monitoring).
+
+    `traces` grows by one for every program jax had to (re)trace, i.e. every jit cache miss; a timed region
+    whose `traces` did not change compiled nothing.
+    """
+
+    _lock = threading.Lock()
+    _installed = False
+    traces = 0
+    backend_compiles = 0
+    cache_hits = 0
+    cache_misses = 0
+
+    @classmethod
+    def install(cls) -> None:
+        """Register the listeners once per process."""
+        with cls._lock:
+            if cls._installed:
+                return
+            from jax import monitoring
+
+            def on_duration(name: str, _secs: float, **_kw) -> None:
+                if name == "/jax/core/compile/jaxpr_trace_duration":
+                    cls.traces += 1
+                elif name == "/jax/core/compile/backend_compile_duration":
+                    cls.backend_compiles += 1
+
+            def on_event(name: str, **_kw) -> None:
+                if name == "/jax/compilation_cache/cache_hits":
+                    cls.cache_hits += 1
+                elif name == "/jax/compilation_cache/cache_misses":
+                    cls.cache_misses += 1
+
+            monitoring.register_event_duration_secs_listener(on_duration)
+            monitoring.register_event_listener(on_event)
+            cls._installed = True
+
+    @classmethod
+    def snapshot(cls) -> dict[str, int]:
+        """Current counts: traces, backend_compiles, cache_hits, cache_misses."""
+        return {"traces": cls.traces, "backend_compiles": cls.backend_compiles,
+                "cache_hits": cls.cache_hits, "cache_misses": cls.cache_misses}  # fmt: skip
 
 
 def _per_backend(fun: Callable) -> Callable:
@@ -64,4 +111,4 @@ def program(**jit_kwargs) -> Callable[[Callable], Program]:
     return lambda fun: Program(fun, jit_kwargs)
 
 
-__all__ = ["Program", "program"]
+__all__ = ["CompileCounter", "Program", "program"]

@@ -41,7 +41,7 @@ its words hold (`_byte_view`: a bitcast, the same memory), by the forms below, e
 Three forms of the one product, chosen per leaf and call (layers never branch on them): the fused W4A16 Pallas
 kernel (`model.kernels.w4a16`) for an int4 2-D leaf whose static `tiling` was set at load (the engine's
 `--kernel` choice and fit check) and tiles its shape (`model.kernels.fit.fits_kernel`), with at most
-`model.kernels.choice.KERNEL_MAX_ROWS` activation rows; on CPU the multiply-and-sum of the backend's reduce form
+`model.kernels.fit.KERNEL_MAX_ROWS` activation rows; on CPU the multiply-and-sum of the backend's reduce form
 for a few rows (`model.backends.quant_matmul`); otherwise the dot form above. A dense weight's product may take a
 form of the platform's backend too (`model.backends.dense_matmul`), else the einsum. The kernel's module (and
 with it Pallas) is imported on the kernel's path only, the first time such a leaf is multiplied: a dense or
@@ -64,8 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model import backends
-from model.kernels.choice import KERNEL_MAX_ROWS
-from model.kernels.fit import Tiling, fits_kernel
+from model.kernels.fit import KERNEL_MAX_ROWS, Tiling, fits_kernel
 from model.kernels.fit_tpu import TpuTiling, fits_tpu
 from model.quantspec import (
     LM_HEAD,

@@ -7,7 +7,7 @@ weight dtype, and quantized there, so nothing but the small config and tokenizer
 
 The folder (`ensure_random`, cached like a built-in checkpoint, `random_folder`) holds everything of a built-in
 checkpoint but its weights: config.json, generation_config.json, the tokenizer the built-in checkpoints use
-(trained on the shipped text, `model.builtin.write_model_files`), and `MARKER`, which names the preset and seed.
+(trained on the shipped text, `model.folders.write_model_files`), and `MARKER`, which names the preset and seed.
 `model.engine.load_engine` loads such a folder with `load_random` instead of `model.checkpoint.load_params`; every
 command that takes a checkpoint folder (its config, its tokenizer) takes it as it is.
 
@@ -50,6 +50,8 @@ import numpy as np
 from model.accounting import MEMORY_RESERVE, compute_layer_shapes, global_shapes, weight_bytes
 from model.config import PRESETS, ModelConfig
 from model.errors import CheckpointError, EngineError
+from model.folders import cache_root, create_atomically, write_model_files
+from model.memory import memory_capacity
 from model.params import LayerParams, Params, init_rule
 from model.quant import QuantArray, quantize, quantize_fields
 from model.quantspec import (LM_HEAD, NO_QUANT, QuantLayout, QuantSpec, leaf_layout, scale_shape, value_dtype,
@@ -77,18 +79,14 @@ need 9.4 GB of float32 drawn whole. Part of the draw: a table's values depend on
 # ---- the folder ---------------------------------------------------------------------------------------------------
 def random_folder(spec: RandomSpec) -> Path:
     """Where the cached folder of `spec` lives: <cache root>/random/random-PRESET-seedSEED-vVERSION
-    (`model.builtin.cache_root`)."""
-    from model.builtin import cache_root
-
+    (`model.folders.cache_root`)."""
     return cache_root() / "random" / f"random-{spec.preset}-seed{spec.seed}-v{RANDOM_VERSION}"
 
 
 def ensure_random(spec: RandomSpec, *, log=print) -> Path:
-    """The folder of `spec`, created on first use (atomically, `model.builtin.create_atomically`): the preset's
+    """The folder of `spec`, created on first use (atomically, `model.folders.create_atomically`): the preset's
     config files, the built-in checkpoints' tokenizer and `MARKER`; no weights. `log` gets one line when it
     creates. Raises CheckpointError when the cache folder cannot be written."""
-    from model.builtin import create_atomically, write_model_files
-
     target = random_folder(spec)
     if (target / MARKER).is_file():
         return target
@@ -167,11 +165,9 @@ def check_fits(cfg: ModelConfig, name: str, *, itemsize: int, scale_itemsize: in
     """The bytes dummy weights of `cfg` need on `device` (default: jax's first): the weights as placed
     (`model.accounting.weight_bytes` at `itemsize` bytes per dense scalar, `scale_itemsize` per scale, `quant`)
     plus `working_bytes`, checked before anything is drawn against the device's memory (`bytes_limit` where it
-    reports one, else the host's available memory: `model.engine.memory_capacity`) less `MEMORY_RESERVE`.
+    reports one, else the host's available memory: `model.memory.memory_capacity`) less `MEMORY_RESERVE`.
     `name` (e.g. "random:e2b") names the checkpoint in the refusal. Raises EngineError, one line with the
     arithmetic and the fix, when they do not fit."""
-    from model.engine import memory_capacity
-
     weights = weight_bytes(cfg, itemsize, scale_itemsize=scale_itemsize, quant=quant)
     work = working_bytes(cfg, itemsize)
     capacity, where = memory_capacity(0, device)

@@ -4,7 +4,7 @@ Key: B slots (`max_batch`), S positions per slot (`cache_len`), V vocab, T a pro
 
 A `SlotDecoder` holds ONE batched KV cache [B rows, S positions] (`model.cache.KVCache` with one length per row)
 and the current token of each row. A sequence enters a free row with `prefill(slot, prompt_ids, max_new_tokens,
-sampling)`: its prompt runs through the single-sequence prefill program (`model.engine._prefill_program`, one row
+sampling)`: its prompt runs through the single-sequence prefill program (`model.engine.Engine.prefill_row`, one row
 at the prompt's bucket T and at the slots' cache length S, so every buffer, the sliding-window rings included, has
 exactly the slot's shape and its rows are copied as they are), then a jitted insert writes that row into row
 `slot` of the batched cache (per layer a dynamic_update_slice along the batch axis, its length and first token
@@ -52,23 +52,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from model.cache import KVCache, init_cache
-from model.engine import GREEDY, CompileCounter, Sampling, _choose, _prefill_program
 from model.errors import EngineError
 from model.forward import decode_step
 from model.packed import as_params
 from model.policy import DTYPES
-from model.programs import program
+from model.programs import CompileCounter, program
+from model.sampling import GREEDY, Sampling, choose
 
 
 def _choose_rows(logits_BV: jax.Array, position_B: jax.Array, rows: tuple[jax.Array, ...]) -> jax.Array:
     """Next token ids [B] (int32) from float32 logits [B,V], each row with its own settings: `rows` = (temperature
     [B] f32 (already >= 1e-6, as `Sampling.args`), top_k [B] i32, top_p [B] f32, seed [B] u32, greedy [B] bool).
-    A sampled row b is `_choose` of a single sequence at position_B[b] with its settings (vmapped), a greedy row
-    its argmax."""
+    A sampled row b is `model.sampling.choose` of a single sequence at position_B[b] with its settings (vmapped),
+    a greedy row its argmax."""
     temperature_B, top_k_B, top_p_B, seed_B, greedy_B = rows
 
     def one(z_V, p, t, k, tp, s):
-        return _choose(z_V[None], p, (t, k, tp, s), False)[0]
+        return choose(z_V[None], p, (t, k, tp, s), False)[0]
 
     sampled_B = jax.vmap(one)(logits_BV, position_B, temperature_B, top_k_B, top_p_B, seed_B)
     return jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), sampled_B)
@@ -92,7 +92,7 @@ def _next_tokens(logits_BV, position_B, token_B, active_B, rows, greedy: bool) -
     """Each row's next token [B] (int32) from its float32 logits [B,V] at its positions [B]: argmax when `greedy`
     (every occupied row greedy), else `_choose_rows` with the rows' settings `rows`; a free row (`active_B` False)
     keeps its token."""
-    next_B = _choose(logits_BV, position_B, None, True) if greedy else _choose_rows(logits_BV, position_B, rows)
+    next_B = choose(logits_BV, position_B, None, True) if greedy else _choose_rows(logits_BV, position_B, rows)
     return jnp.where(active_B, next_B, token_B)
 
 
@@ -204,12 +204,7 @@ class SlotDecoder:
                               "--max-length")  # fmt: skip
         ids = np.full((1, bucket), self.engine.cfg.pad_token_id, np.int32)
         ids[0, :n] = np.asarray(prompt_ids, np.int32)
-        token_1, row = _prefill_program(
-            self.engine.call_params, jnp.asarray(ids), jnp.int32(n), sampling.args(), cfg=self.engine.cfg,
-            cache_len=self.cache_len, kv_dtype=self.engine.policy.kv_dtype,
-            act_dtype=self.engine.policy.activation_dtype, greedy=sampling.greedy, xla_options=None,
-            backend=self.engine.backend,
-        )  # fmt: skip
+        token_1, row = self.engine.prefill_row(ids, n, self.cache_len, sampling.args(), sampling.greedy)
         try:
             self._cache, self._token_B = _insert_program(self._cache, self._token_B, row, token_1, jnp.int32(slot))
         except Exception:

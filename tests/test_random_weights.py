@@ -190,10 +190,9 @@ def test_compare_and_the_report_name_dummy_weights():
 
 # ---- bounds and keys ------------------------------------------------------------------------------------------------------
 def test_weights_that_do_not_fit_are_refused_before_anything_is_drawn(monkeypatch):
-    import model.engine
     import model.random_weights as rw
 
-    monkeypatch.setattr(model.engine, "memory_capacity", lambda weight_bytes, device=None: (10**6, "of test memory"))
+    monkeypatch.setattr(rw, "memory_capacity", lambda weight_bytes, device=None: (10**6, "of test memory"))
 
     def never(*args, **kwargs):
         raise AssertionError("drew weights although they do not fit")

@@ -207,36 +207,10 @@ def run_step(ctx: Context, name: str, argv: list[str], limit: float, *, env_extr
                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)  # fmt: skip
     ctx.current = proc
 
-    busy = []
-
-    def pump():
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            if not busy and any(mark in line for mark in CHIP_BUSY_MARKS):
-                busy.append(line)
-            step_log.write(line + "\n")
-            step_log.flush()
-            if capture is not None:
-                capture.append(line)
-            if not line.startswith(PROBE_MARK):
-                ctx.say(line)
-
-    reader = threading.Thread(target=pump, daemon=True)
+    busy: list[str] = []
+    reader = threading.Thread(target=_echo_output, args=(ctx, proc, step_log, capture, busy), daemon=True)
     reader.start()
-    status = None
-    try:
-        proc.wait(timeout=max(limit, 0.1))
-    except subprocess.TimeoutExpired:
-        status = "interrupted"
-        ctx.say(f"-- {name}: reached its limit of {limit:.0f} s; SIGTERM (finished work is kept)")
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=ctx.timing.grace)
-        except subprocess.TimeoutExpired:
-            status = "killed"
-            ctx.say(f"-- {name}: still running {ctx.timing.grace:.0f} s after SIGTERM; SIGKILL")
-            proc.kill()
-            proc.wait()
+    status = _wait_within(ctx, name, proc, limit)
     reader.join(timeout=10)
     step_log.close()
     ctx.current = None
@@ -258,6 +232,42 @@ def run_step(ctx: Context, name: str, argv: list[str], limit: float, *, env_extr
     ctx.say(f"-- {name}: {status} in {result.seconds:.1f} s" + (f" ({result.note})" if result.note else ""))
     ctx.steps.append(result)
     return result
+
+
+def _echo_output(ctx: Context, proc: subprocess.Popen, step_log, capture: list[str] | None, busy: list[str]) -> None:
+    """`run_step`'s reader (a thread): each output line of the step `proc` into its log file `step_log`, into
+    `capture` when given, and on to `ctx.say` (but the probe's marked lines); the first line that shows the TPU
+    held by another process (`CHIP_BUSY_MARKS`) into `busy`."""
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        if not busy and any(mark in line for mark in CHIP_BUSY_MARKS):
+            busy.append(line)
+        step_log.write(line + "\n")
+        step_log.flush()
+        if capture is not None:
+            capture.append(line)
+        if not line.startswith(PROBE_MARK):
+            ctx.say(line)
+
+
+def _wait_within(ctx: Context, name: str, proc: subprocess.Popen, limit: float) -> str | None:
+    """Wait for step `name` (`proc`) to end within `limit` seconds. None when it ended by itself; past the limit,
+    SIGTERM and "interrupted", and where it still runs `ctx.timing.grace` seconds later, SIGKILL and "killed"
+    (each said in one line)."""
+    try:
+        proc.wait(timeout=max(limit, 0.1))
+        return None
+    except subprocess.TimeoutExpired:
+        ctx.say(f"-- {name}: reached its limit of {limit:.0f} s; SIGTERM (finished work is kept)")
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=ctx.timing.grace)
+        return "interrupted"
+    except subprocess.TimeoutExpired:
+        ctx.say(f"-- {name}: still running {ctx.timing.grace:.0f} s after SIGTERM; SIGKILL")
+        proc.kill()
+        proc.wait()
+        return "killed"
 
 
 def skip(ctx: Context, name: str, why: str) -> StepResult:

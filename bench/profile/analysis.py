@@ -476,28 +476,7 @@ def _typical_step(rows, n_steps: int, platform: str) -> tuple[dict[str, tuple[fl
 
 
 def _summarise(events, steps, modules, platform, device, source, notes) -> ProfileAnalysis:
-    cache: dict[tuple[str, str, str, str], tuple[str, str, bool]] = {}
-    rows: dict[tuple[str, str, str], list] = {}
-    cat_ns = dict.fromkeys(CATEGORIES, 0.0)
-    flagged = {"control_flow": 0.0, "unknown_dtype": 0.0}
-    matched_ns = 0.0
-    for ev in events:
-        key = (ev.name, ev.hlo_op, ev.hlo_module, ev.program_id)
-        if key not in cache:
-            cache[key] = _classify_event(modules, ev, platform)
-        category, detail, matched = cache[key]
-        cat_ns[category] += ev.self_ns
-        if detail:
-            flagged[detail] += ev.self_ns
-        if matched:
-            matched_ns += ev.self_ns
-        row = rows.setdefault((ev.name, ev.hlo_op, ev.hlo_module), [category, 0, 0.0, [], ev, 0.0, 0])
-        row[1] += 1
-        row[2] += ev.self_ns
-        row[3].append(ev.self_ns)
-        if ev.trace_bytes is not None:
-            row[5] += ev.trace_bytes
-            row[6] += 1
+    rows, cat_ns, flagged, matched_ns = _tally(events, modules, platform)
     total_ns = sum(cat_ns.values())
     if total_ns <= 0:
         raise TraceError(f"{source}: the device ops inside the steps add up to no time")
@@ -532,6 +511,44 @@ def _summarise(events, steps, modules, platform, device, source, notes) -> Profi
         "op_bytes_unknown_pct": sum(r.pct for r in ops if r.bytes_per_step is None),
         "op_bytes_sources": {src: sum(1 for r in known if r.bytes_source == src) for src in BYTES_SOURCES},
     }
+    notes = _flag_notes(notes, flagged, total_ns, modules)
+    return ProfileAnalysis(device, len(steps), categories, totals, ops, None, notes, source, typical)
+
+
+def _tally(events, modules, platform) -> tuple[dict, dict[str, float], dict[str, float], float]:
+    """`_summarise`'s one pass over the device ops inside the steps, each classified once per (name, op, module,
+    program) (`_classify_event`). Returns (per (name, op, module): [category, count, self ns, each event's self
+    ns, its first event, trace bytes, events with bytes]; self ns per category; self ns flagged "control_flow" /
+    "unknown_dtype"; self ns of the events matched to an HLO instruction)."""
+    cache: dict[tuple[str, str, str, str], tuple[str, str, bool]] = {}
+    rows: dict[tuple[str, str, str], list] = {}
+    cat_ns = dict.fromkeys(CATEGORIES, 0.0)
+    flagged = {"control_flow": 0.0, "unknown_dtype": 0.0}
+    matched_ns = 0.0
+    for ev in events:
+        key = (ev.name, ev.hlo_op, ev.hlo_module, ev.program_id)
+        if key not in cache:
+            cache[key] = _classify_event(modules, ev, platform)
+        category, detail, matched = cache[key]
+        cat_ns[category] += ev.self_ns
+        if detail:
+            flagged[detail] += ev.self_ns
+        if matched:
+            matched_ns += ev.self_ns
+        row = rows.setdefault((ev.name, ev.hlo_op, ev.hlo_module), [category, 0, 0.0, [], ev, 0.0, 0])
+        row[1] += 1
+        row[2] += ev.self_ns
+        row[3].append(ev.self_ns)
+        if ev.trace_bytes is not None:
+            row[5] += ev.trace_bytes
+            row[6] += 1
+    return rows, cat_ns, flagged, matched_ns
+
+
+def _flag_notes(notes, flagged: dict[str, float], total_ns: float, modules) -> tuple[str, ...]:
+    """`notes` and the analysis' own: the time XLA:CPU ran inside control flow it does not trace op by op, the
+    products of an operand dtype the trace does not tell, and a trace without HLO protos."""
+    ms = 1e-6
     notes = list(notes)
     if flagged["control_flow"] > 0:
         notes.append(f"{flagged['control_flow'] * ms:.3f} ms ({100 * flagged['control_flow'] / total_ns:.1f}%) ran "
@@ -542,7 +559,7 @@ def _summarise(events, steps, modules, platform, device, source, notes) -> Profi
                      f"does not tell; counted as other")  # fmt: skip
     if not modules:
         notes.append("the trace holds no HLO protos: categories come from op and kernel names only")
-    return ProfileAnalysis(device, len(steps), categories, totals, ops, None, tuple(notes), source, typical)
+    return tuple(notes)
 
 
 def _op_facts(modules: Mapping[str, HloModule], ev: _Event, count: int, trace_bytes: float, with_bytes: int,

@@ -194,12 +194,7 @@ def capture_steps(
     state). The trace goes under `trace_dir` (jax's layout: `plugins/profile/<session>/<host>.xplane.pb`).
     Raises InputError for `n_steps < 1`, `warmup < 0` or `restart_every < 1`.
     """
-    if not isinstance(n_steps, int) or n_steps < 1:
-        raise InputError(f"--steps {n_steps}: expected a whole number of decode steps >= 1")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise InputError(f"warmup {warmup}: expected a whole number >= 0")
-    if restart_every is not None and (not isinstance(restart_every, int) or restart_every < 1):
-        raise InputError(f"restart_every {restart_every}: expected a whole number of steps >= 1, or None")
+    _check_capture(n_steps, warmup, restart_every)
     import jax
 
     for _ in range(warmup):
@@ -211,23 +206,8 @@ def capture_steps(
     trace_dir.mkdir(parents=True, exist_ok=True)
     before = _traces_under(trace_dir)
     options, applied = _profile_options(python_tracer, host_tracer_level)
-    if options is None:
-        jax.profiler.start_trace(str(trace_dir))
-    else:
-        jax.profiler.start_trace(str(trace_dir), profiler_options=options)
-    step_ms: list[float] = []
-    restarts = 0
-    try:
-        for i in range(n_steps):
-            if restarting and i > 0 and i % restart_every == 0:  # between two step annotations: not counted
-                state, restarts = _copy_state(start_state), restarts + 1
-            with jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=i):
-                t0 = time.perf_counter()
-                state = jax.block_until_ready(step_fn(state))
-                step_ms.append((time.perf_counter() - t0) * 1e3)
-    finally:
-        jax.profiler.stop_trace()
-
+    state, step_ms, restarts = _traced_steps(step_fn, state, n_steps, trace_dir, options, start_state=start_state,
+                                             restart_every=restart_every if restarting else None)  # fmt: skip
     new = sorted(_traces_under(trace_dir) - before, key=lambda p: p.stat().st_mtime)
     if not new:
         raise RuntimeError(f"jax.profiler wrote no *.xplane.pb under {trace_dir}")
@@ -249,6 +229,44 @@ def capture_steps(
         restarts=restarts,
         final_state=state,
     )
+
+
+def _check_capture(n_steps: int, warmup: int, restart_every: int | None) -> None:
+    """InputError (one line) for `capture_steps` arguments it cannot run: n_steps < 1, warmup < 0,
+    restart_every < 1 (each a whole number; restart_every may be None)."""
+    if not isinstance(n_steps, int) or n_steps < 1:
+        raise InputError(f"--steps {n_steps}: expected a whole number of decode steps >= 1")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise InputError(f"warmup {warmup}: expected a whole number >= 0")
+    if restart_every is not None and (not isinstance(restart_every, int) or restart_every < 1):
+        raise InputError(f"restart_every {restart_every}: expected a whole number of steps >= 1, or None")
+
+
+def _traced_steps(step_fn: Callable[[Any], Any], state: Any, n_steps: int, trace_dir: Path, options: Any, *,
+                  start_state: Any, restart_every: int | None) -> tuple[Any, list[float], int]:  # fmt: skip
+    """`capture_steps`' traced part: the profiler started into `trace_dir` (with `options`, None: jax's defaults),
+    `n_steps` calls of `step_fn` each in its step annotation and blocked on, the state replaced by a copy of
+    `start_state` between annotations every `restart_every` steps (None: never), the profiler stopped whatever
+    happens. Returns (the last state, each step's wall time in ms, the restarts)."""
+    import jax
+
+    if options is None:
+        jax.profiler.start_trace(str(trace_dir))
+    else:
+        jax.profiler.start_trace(str(trace_dir), profiler_options=options)
+    step_ms: list[float] = []
+    restarts = 0
+    try:
+        for i in range(n_steps):
+            if restart_every is not None and i > 0 and i % restart_every == 0:  # between two annotations: not counted
+                state, restarts = _copy_state(start_state), restarts + 1
+            with jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=i):
+                t0 = time.perf_counter()
+                state = jax.block_until_ready(step_fn(state))
+                step_ms.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        jax.profiler.stop_trace()
+    return state, step_ms, restarts
 
 
 def _copy_state(state: Any) -> Any:

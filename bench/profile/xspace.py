@@ -220,16 +220,7 @@ def _parse_module(hlo_proto: bytes) -> HloModule | None:
     dtype_by_id: dict[int, str] = {}
     name_by_global_id: dict[int, str] = {}
     for comp in raw_computations:
-        comp_name, comp_id, root_id, instrs = "", 0, 0, []
-        for number, wire_type, value in _fields(comp):  # type: ignore[arg-type]
-            if number == 1:
-                comp_name = _text(value)
-            elif number == 5:
-                comp_id = value  # type: ignore[assignment]
-            elif number == 6:
-                root_id = value  # type: ignore[assignment]
-            elif number == 2:
-                instrs.append(_parse_instruction(value))  # type: ignore[arg-type]
+        comp_name, comp_id, root_id, instrs = _parse_computation(comp)
         computation_names[comp_id] = comp_name
         for ins in instrs:
             dtype_by_id[ins["id"]] = ins["dtype"]
@@ -240,38 +231,62 @@ def _parse_module(hlo_proto: bytes) -> HloModule | None:
     computation_of: dict[str, str] = {}
     callers: dict[str, str] = {}
     for comp_name, _, root_id, instrs in raw:
-        built, root = [], ""
-        name_by_id = {ins["id"]: ins["name"] for ins in instrs}
-        users: dict[str, list[str]] = {}
-        for ins in instrs:
-            for operand in dict.fromkeys(ins["operands"]):
-                if operand in name_by_id:
-                    users.setdefault(name_by_id[operand], []).append(ins["name"])
-        for ins in instrs:
-            hi = HloInstruction(
-                name=ins["name"],
-                opcode=ins["opcode"],
-                dtype=ins["dtype"],
-                operand_dtypes=tuple(dtype_by_id.get(i, "?") for i in ins["operands"]),
-                op_name=ins["op_name"],
-                fusion_kind=ins["fusion_kind"],
-                custom_call_target=ins["target"],
-                called=tuple(computation_names.get(c, "?") for c in ins["called"]),
-                users=tuple(users.get(ins["name"], ())),
-                shape=ins["shape"],
-                operands=tuple(name_by_global_id.get(i, "?") for i in ins["operands"]),
-                parameter_number=ins["param"] if ins["opcode"] == "parameter" else None,
-            )
-            built.append(hi)
+        built = _built_instructions(instrs, computation_names, dtype_by_id, name_by_global_id)
+        for hi in built:
             instructions[hi.name] = hi
             computation_of[hi.name] = comp_name
             for called in hi.called:
                 callers.setdefault(called, hi.name)
-            if ins["id"] == root_id:
-                root = hi.name
+        root = next((hi.name for hi, ins in zip(reversed(built), reversed(instrs)) if ins["id"] == root_id), "")
         computations[comp_name] = HloComputation(comp_name, tuple(built), root or (built[-1].name if built else ""))
     entry = computation_names.get(entry_id, "") if entry_id is not None else ""
     return HloModule(name, computations, instructions, entry or entry_name, computation_of, callers)
+
+
+def _parse_computation(comp: bytes) -> tuple[str, int, int, list[dict]]:
+    """One HloComputationProto: (its name, id, root instruction id, its instructions as `_parse_instruction`
+    gives them, in order)."""
+    comp_name, comp_id, root_id, instrs = "", 0, 0, []
+    for number, _wire_type, value in _fields(comp):
+        if number == 1:
+            comp_name = _text(value)
+        elif number == 5:
+            comp_id = value  # type: ignore[assignment]
+        elif number == 6:
+            root_id = value  # type: ignore[assignment]
+        elif number == 2:
+            instrs.append(_parse_instruction(value))  # type: ignore[arg-type]
+    return comp_name, comp_id, root_id, instrs
+
+
+def _built_instructions(instrs: list[dict], computation_names: dict[int, str], dtype_by_id: dict[int, str],
+                        name_by_global_id: dict[int, str]) -> list[HloInstruction]:  # fmt: skip
+    """One computation's instructions as `HloInstruction`s, in order: operands, their dtypes and the called
+    computations resolved by id across the module (`?` where unknown), each instruction's users within the
+    computation (in order, each once per user)."""
+    name_by_id = {ins["id"]: ins["name"] for ins in instrs}
+    users: dict[str, list[str]] = {}
+    for ins in instrs:
+        for operand in dict.fromkeys(ins["operands"]):
+            if operand in name_by_id:
+                users.setdefault(name_by_id[operand], []).append(ins["name"])
+    return [
+        HloInstruction(
+            name=ins["name"],
+            opcode=ins["opcode"],
+            dtype=ins["dtype"],
+            operand_dtypes=tuple(dtype_by_id.get(i, "?") for i in ins["operands"]),
+            op_name=ins["op_name"],
+            fusion_kind=ins["fusion_kind"],
+            custom_call_target=ins["target"],
+            called=tuple(computation_names.get(c, "?") for c in ins["called"]),
+            users=tuple(users.get(ins["name"], ())),
+            shape=ins["shape"],
+            operands=tuple(name_by_global_id.get(i, "?") for i in ins["operands"]),
+            parameter_number=ins["param"] if ins["opcode"] == "parameter" else None,
+        )
+        for ins in instrs
+    ]
 
 
 def _parse_instruction(buf: bytes) -> dict:

@@ -16,7 +16,7 @@ other top-level keys (`decode_bytes`, `target`, a published run's notes) are kep
 reads versions 1 and 2 (version 1: `checkpoint.path` instead of `checkpoint.source`, no `command`).
 
 No local path is recorded: the checkpoint is named by `checkpoint_id` and `checkpoint_source`, and a compile cache
-folder inside the cache root (`model.builtin.cache_root()`) is written relative to it, as `<cache>/xla`.
+folder inside the cache root (`model.folders.cache_root()`) is written relative to it, as `<cache>/xla`.
 
 Standard library only (no jax, no engine): the report reads manifests of machines you no longer have. Facts that
 need jax (`device_facts`) are gathered by the caller and passed in.

@@ -399,8 +399,7 @@ def summarize_cell(
     cold = next((s for s in rows if s.kind == "cold"), None)
     reasons = _invalid_reasons(host, max_new_tokens) if host or not device else []
     reasons += _invalid_reasons(device, max_new_tokens, loop="device-loop ") if device else []
-    gauge, e2e, ttft = (_stats([getattr(s, f) for s in timed]) for f in ("gauge_tok_s", "e2e_tok_s", "ttft_ms"))
-    steps = [x for s in timed for x in s.step_ms]
+    figures = _timed_fields(timed)
     verdicts = [s.degenerate for s in timed]
     return CellRow(
         input_tokens=size,
@@ -411,6 +410,23 @@ def summarize_cell(
         invalid_reason="; ".join(reasons) or None,
         status="ok",
         error=None,
+        **figures,
+        **_cold_fields(cold, timed, figures["ttft_ms_median"]),
+        compile_events_timed=None if any(s.compile_events is None for s in timed) else sum(s.compile_events for s in timed),
+        degenerate=None if not timed or None in verdicts else any(verdicts),
+        generated_tokens_per_repeat=[s.generated_tokens for s in timed],
+        partial=stopped_by is not None, repeats_planned=repeats_planned if stopped_by else None, stopped_by=stopped_by,
+        **_device_fields(host, device),
+        **_batch_fields(batch, timed),
+    )  # fmt: skip
+
+
+def _timed_fields(timed: list[Sample]) -> dict[str, Any]:
+    """A cell's figures from its timed repeats (docs/method.md, "Per cell"): gauge, end-to-end and TTFT median, min
+    and max; prefill and TPOT medians; the step-time median and p99 over every per-step decode time pooled."""
+    gauge, e2e, ttft = (_stats([getattr(s, f) for s in timed]) for f in ("gauge_tok_s", "e2e_tok_s", "ttft_ms"))
+    steps = [x for s in timed for x in s.step_ms]
+    return dict(
         gauge_tok_s_median=gauge[0], gauge_tok_s_min=gauge[1], gauge_tok_s_max=gauge[2],
         e2e_tok_s_median=e2e[0], e2e_tok_s_min=e2e[1], e2e_tok_s_max=e2e[2],
         ttft_ms_median=ttft[0], ttft_ms_min=ttft[1], ttft_ms_max=ttft[2],
@@ -418,13 +434,6 @@ def summarize_cell(
         tpot_ms_median=_stats([s.tpot_ms for s in timed])[0],
         step_ms_median=statistics.median(steps) if steps else None,
         step_ms_p99=_percentile(steps, 99) if steps else None,
-        **_cold_fields(cold, timed, ttft[0]),
-        compile_events_timed=None if any(s.compile_events is None for s in timed) else sum(s.compile_events for s in timed),
-        degenerate=None if not timed or None in verdicts else any(verdicts),
-        generated_tokens_per_repeat=[s.generated_tokens for s in timed],
-        partial=stopped_by is not None, repeats_planned=repeats_planned if stopped_by else None, stopped_by=stopped_by,
-        **_device_fields(host, device),
-        **_batch_fields(batch, timed),
     )  # fmt: skip
 
 

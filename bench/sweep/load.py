@@ -43,7 +43,7 @@ import httpx
 from bench.errors import InputError
 from bench.measure.degeneracy import check_degenerate
 from bench.runs.records import LoadRow, LoadSample, failed_level, summarize_level
-from bench.sweep.remote import OURS, TIMEOUT, TRACES, Target, fold_chunk, parse_metrics
+from bench.sweep.target import OURS, TIMEOUT, TRACES, Target, fold_chunk, parse_metrics
 
 MAX_CONCURRENCY = 1024  # requests in flight per level at most: a client-side bound (sockets, memory)
 

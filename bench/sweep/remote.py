@@ -31,7 +31,8 @@ so). The server-side decode gauge of each request (this project's `/metrics`, st
 
 The run folder records the target, `/v1/models`, `/health` and whether it is this project's server (manifest key
 `target`, and `target.json`). Errors: `TargetError` (one line) for an unreachable target, an unknown model, or no
-tokenizer to size prompts with.
+tokenizer to size prompts with. The target itself (who it is, its metrics, the prompt tokenizer, a streamed chunk)
+is bench/sweep/target.py's, shared with the sweep under load (bench/sweep/load.py).
 """
 
 from __future__ import annotations
@@ -43,148 +44,23 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from bench.errors import BenchError, RunFolderError
+from bench.errors import RunFolderError
 from bench.measure.degeneracy import check_degenerate
 from bench.measure.request import Measured, request_times
 from bench.runs.records import CellRow, Sample
+from bench.sweep.load import run_load_sweep
+from bench.sweep.target import (GAUGE_LAST, TIMEOUT, TRACES, Target, TargetError, describe_target, fold_chunk,
+                                load_prompt_tokenizer, parse_metrics, scrape_metrics)  # fmt: skip
 
 if TYPE_CHECKING:
     from bench.sweep.local import StopSignals
 
-TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=60.0)
-OURS = "gemma4_bench_ready"  # a metric only this project's server exposes
-GAUGE_LAST, TRACES = 'gemma4_bench_decode_tokens_per_second{stat="last"}', "gemma4_bench_compile_traces_total"
-
-
-class TargetError(BenchError):
-    """A target that cannot be measured as asked (unreachable, unknown model, bad answer, wrong prompt size)."""
-
-
-# ---- the target ---------------------------------------------------------------------------------------------------
-class Target:
-    """An OpenAI-compatible endpoint: `base` (ends in /v1), `root` (scheme://host:port, where /health and /metrics
-    live), the `model` id, whether it is this project's server (`ours`), and what it said about itself."""
-
-    def __init__(self, base: str, root: str, model: str, ours: bool, health: Any, models: Any):
-        self.base, self.root, self.model, self.ours, self.health, self.models = base, root, model, ours, health, models
-
-    @property
-    def kind(self) -> str:
-        return "gemma4-bench" if self.ours else "openai-compatible"
-
-    def describe(self) -> dict[str, Any]:
-        return {"url": self.base, "model": self.model, "kind": self.kind, "health": self.health, "models": self.models}
-
-
-def describe_target(client: httpx.Client, url: str, model: str | None) -> Target:
-    """Ask the server who it is: `GET /v1/models` (required), `/health` and `/metrics` (optional). `model` None picks
-    the only (or first) served model. Raises TargetError for a bad URL, an unreachable server or an unknown model."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise TargetError(f"--target {url}: expected http://HOST:PORT/v1")
-    base, root = url.rstrip("/"), f"{parts.scheme}://{parts.netloc}"
-    try:
-        r = client.get(f"{base}/models")
-    except httpx.HTTPError as exc:
-        raise TargetError(f"--target {url}: cannot reach the server ({type(exc).__name__}: {exc})") from None
-    if r.status_code in (401, 403):
-        raise TargetError(f"--target {url}: GET {base}/models answered {r.status_code}: the server wants an API key; "
-                          "pass --api-key KEY (or set $GEMMA4_BENCH_API_KEY)")
-    if r.status_code != 200:
-        raise TargetError(f"--target {url}: GET {base}/models answered {r.status_code} ({r.text[:200]}); is it ready?")
-    models = r.json()
-    ids = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
-    if model is None:
-        if not ids:
-            raise TargetError(f"--target {url}: the server lists no models; pass --model NAME")
-        model = ids[0]
-    elif ids and model not in ids:
-        raise TargetError(f"--model {model}: the server serves {ids}; pass one of them")
-    health = _get_json(client, f"{root}/health")
-    metrics = scrape_metrics(client, root)
-    return Target(base, root, model, OURS in metrics, health, models)
-
-
-def _get_json(client: httpx.Client, url: str) -> Any:
-    try:
-        r = client.get(url)
-        return {"status_code": r.status_code, "body": r.json()}
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {'name{label="v",...}': value}, labels sorted by name (no braces when there are none)."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[sample.name + (f"{{{labels}}}" if labels else "")] = float(sample.value)
-    return out
-
-
-def scrape_metrics(client: httpx.Client, root: str) -> dict[str, float]:
-    """`GET {root}/metrics` as {'name{labels}': value}; {} when the server has none or it cannot be parsed."""
-    try:
-        r = client.get(f"{root}/metrics")
-        return parse_metrics(r.text) if r.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError):
-        return {}
-
-
-def load_prompt_tokenizer(checkpoint: str | None, target: Target):
-    """The tokenizer prompts are sized with: `checkpoint` (a local folder, or a hub repo id whose tokenizer.json is
-    fetched), else the one of this project's server's checkpoint, found from the `source` its /health publishes
-    (builtin:NAME: the built-in in this machine's cache, when it is there; a hub repo id: as a given one; an older
-    server's `path`, when that folder exists here). Returns (tokenizer, source): the source is the checkpoint's
-    builtin:NAME or repo id, or for a local folder its `checkpoint_id` (never a path of this machine). Raises
-    TargetError when there is none."""
-    from bench.runs.manifest import checkpoint_id
-    from model.tokenizer import GemmaTokenizer
-
-    if checkpoint is None and target.ours:
-        served = (((target.health or {}).get("body") or {}).get("checkpoint") or {})
-        local = _builtin_folder(served.get("source")) or served.get("path")
-        if local and (Path(local) / "tokenizer.json").is_file():
-            return GemmaTokenizer.from_dir(local), served.get("source") or checkpoint_id(Path(local).resolve())
-        if served.get("source") and not str(served["source"]).startswith(("builtin:", "random:")):
-            checkpoint = served["source"]  # a hub repo id
-    if checkpoint is None:
-        raise TargetError("--target: pass --checkpoint naming the served model's tokenizer (a folder, repo id or "
-                          "builtin:NAME); exact input sizes are built with it and checked against the server's usage")  # fmt: skip
-    if Path(checkpoint).is_dir():
-        return GemmaTokenizer.from_dir(checkpoint), checkpoint_id(Path(checkpoint).resolve())  # no path of here
-    from huggingface_hub import hf_hub_download
-
-    try:
-        file = hf_hub_download(checkpoint, "tokenizer.json")
-    except Exception as exc:  # noqa: BLE001  (hub errors are many; one line says which)
-        raise TargetError(f"--checkpoint {checkpoint}: cannot fetch its tokenizer.json ({type(exc).__name__})") from None
-    return GemmaTokenizer.from_dir(Path(file).parent), checkpoint
-
-
-def _builtin_folder(source: str | None) -> str | None:
-    """The cached folder of a built-in checkpoint named `builtin:NAME`, or of the config and tokenizer of dummy
-    weights named `random:NAME[@SEED]`, on this machine (None for another source, or a malformed one)."""
-    if source and source.startswith("random:"):
-        from model.errors import CheckpointError
-        from model.random_spec import parse_random
-        from model.random_weights import random_folder
-
-        try:
-            return str(random_folder(parse_random(source)))
-        except CheckpointError:
-            return None
-    if not source or not source.startswith("builtin:"):
-        return None
-    from model.builtin import builtin_path
-
-    return str(builtin_path(source.split(":", 1)[1]))
+# The target's names (bench/sweep/target.py, shared with the sweep under load) are read from here too.
+__all__ = ["TargetError", "Target", "describe_target", "parse_metrics", "scrape_metrics", "fold_chunk", "Streamed",
+           "stream_chat", "measure_remote", "run_remote_sweep", "served_bucket", "remote_manifest", "sweep_target"]
 
 
 # ---- one request ----------------------------------------------------------------------------------------------------
@@ -225,25 +101,6 @@ def stream_chat(client: httpx.Client, target: Target, text: str, max_tokens: int
             fold_chunk(out, obj, t)
     out.t_end = time.perf_counter_ns()
     return out
-
-
-def fold_chunk(out: Any, obj: dict[str, Any], t: int) -> None:
-    """Fold one parsed stream chunk `obj`, which arrived at `t` (perf_counter_ns), into `out` (a `Streamed`, or the
-    load sweep's stream): its `usage` and degeneracy verdict where it carries them, and for each choice its text,
-    its token ids and, when it brings a token, its arrival time (`t_content`: what TTFT and the inter-token gaps
-    are read from). A server that streams token ids (this project's) brings a token exactly where the ids are not
-    empty: a text-only chunk with `token_ids: []` (the flush of a character cut at the last token) is text, not
-    a token. For any other server a chunk with content is one arrival."""
-    out.usage = obj.get("usage") or out.usage
-    out.verdict = obj.get("degenerate") or out.verdict
-    for choice in obj.get("choices") or []:
-        content = (choice.get("delta") or {}).get("content") or ""
-        ids = choice.get("token_ids")
-        out.text += content
-        if ids or (ids is None and content):
-            out.t_content.append(t)
-        if ids:
-            out.token_ids = (out.token_ids or []) + list(ids)
 
 
 def measure_remote(client: httpx.Client, target: Target, tokenizer, prompt, max_new_tokens: int, *, kind: str,
@@ -397,47 +254,23 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
     instead of the one-at-a-time cells; resuming one needs the run's own load settings (num_requests,
     request_rate, seed, max_new_tokens), else RunFolderError.
     """
-    from bench.runs import create_run, free_label, open_run, writing_run
-    from bench.sweep.local import sized_prompt
+    from bench.runs import writing_run
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=TIMEOUT, headers=headers) as client:
         target = describe_target(client, url, model)
         tokenizer, source = load_prompt_tokenizer(checkpoint, target)
-        limit = (((target.health or {}).get("body") or {}).get("buckets") or [None])[-1] if target.ours else None
-        if limit is not None and max(config.inputs) > limit:
-            raise TargetError(f"--inputs {max(config.inputs)}: above the server's maximum prompt length {limit}")
-        prompts = {n: sized_prompt(tokenizer, n) for n in config.inputs}  # as the in-process sweep's
+        prompts = _sized_prompts(target, tokenizer, config)
         manifest = remote_manifest(target, config, source, load=config.notes() if load else None)
-        gauges: dict[str, Any] = {}
-        resumed = open_run(resume) if resume is not None else None
-        if resumed is not None:
-            if resumed.status == "complete":
-                raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
-            _check_resumed_load(resumed, config if load else None)
-            if (resumed.path / "target.json").is_file():  # read (and so checked) before the run is touched
-                gauges.update(_stored_gauges(resumed))
-
-        def start():
-            if resumed is None:
-                slug = manifest.slug
-                return create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
-            resumed.resume()
-            return resumed
-
+        resumed, gauges = _opened_for_resume(resume, config if load else None)
         metrics0: dict[str, float] = {}
         t0 = time.perf_counter()
 
+        def start():
+            return _start_run(resumed, runs_dir, name, manifest)
+
         def before_end(run, _status: str) -> None:
-            try:  # a second signal here (e.g. a slow /metrics) must not lose target.json; the run ends regardless
-                if target.ours:
-                    m = scrape_metrics(client, target.root)
-                    delta = {k: int(m.get(f"gemma4_bench_compile_cache_{k}_total", 0)
-                                    - metrics0.get(f"gemma4_bench_compile_cache_{k}_total", 0))
-                             for k in ("hits", "misses")}  # fmt: skip
-                    run.update_manifest(compile_cache={"dir": manifest.compile_cache.dir, **delta})
-            finally:
-                run.write_json("target.json", target.describe() | {"server_gauge_tok_s": gauges})
+            _record_target(client, target, run, manifest, metrics0, gauges)
 
         def after_end(run, status: str) -> None:
             progress(f"sweep {status} in {time.perf_counter() - t0:.1f} s; run folder {run.path}")
@@ -453,14 +286,71 @@ def sweep_target(url: str, model: str | None, config, *, checkpoint: str | None,
                 metrics0.update(scrape_metrics(client, target.root))
             should_stop = stop if stop is not None else (lambda: False)
             if load:
-                from bench.sweep.load import run_load_sweep
-
                 run_load_sweep(target, tokenizer, config, run, prompts, headers=headers, progress=progress,
                                should_stop=should_stop)  # fmt: skip
             else:
                 run_remote_sweep(client, target, tokenizer, config, run, prompts, progress=progress,
                                  skip=run.finished_inputs(), should_stop=should_stop, server_gauges=gauges)  # fmt: skip
     return run
+
+
+def _sized_prompts(target: Target, tokenizer, config) -> dict:
+    """{input size: prompt} of exactly each of `config.inputs` tokens, built as the in-process sweep builds them
+    (`bench.sweep.local.sized_prompt`). Raises TargetError for a size above this project's server's largest
+    bucket (its /health), before anything is built."""
+    from bench.sweep.local import sized_prompt
+
+    limit = (((target.health or {}).get("body") or {}).get("buckets") or [None])[-1] if target.ours else None
+    if limit is not None and max(config.inputs) > limit:
+        raise TargetError(f"--inputs {max(config.inputs)}: above the server's maximum prompt length {limit}")
+    return {n: sized_prompt(tokenizer, n) for n in config.inputs}  # as the in-process sweep's
+
+
+def _opened_for_resume(resume: Path | None, load_config) -> tuple[Any, dict[str, Any]]:
+    """(the run folder at `resume`, opened and checked before it is touched, or None without `resume`; the
+    server-side gauges its target.json holds, {} for none). Raises RunFolderError for a complete run, another
+    kind of sweep or other load settings (`_check_resumed_load`; `load_config` None: the one-at-a-time sweep),
+    and a corrupt target.json."""
+    from bench.runs import open_run
+
+    gauges: dict[str, Any] = {}
+    if resume is None:
+        return None, gauges
+    resumed = open_run(resume)
+    if resumed.status == "complete":
+        raise RunFolderError(f"run {resume} is already complete; start a new one with --name")
+    _check_resumed_load(resumed, load_config)
+    if (resumed.path / "target.json").is_file():  # read (and so checked) before the run is touched
+        gauges.update(_stored_gauges(resumed))
+    return resumed, gauges
+
+
+def _start_run(resumed, runs_dir: Path, name: str | None, manifest):
+    """The run the sweep writes: `resumed`, marked running again, or a new one in `runs_dir` labelled `name`
+    (None: "sweep", suffixed -2, -3, ... when taken)."""
+    from bench.runs import create_run, free_label
+
+    if resumed is None:
+        slug = manifest.slug
+        return create_run(runs_dir, name or free_label(runs_dir, "sweep", slug), slug, manifest)
+    resumed.resume()
+    return resumed
+
+
+def _record_target(client: httpx.Client, target: Target, run, manifest, metrics0: dict[str, float],
+                   gauges: dict[str, Any]) -> None:  # fmt: skip
+    """Before the run ends, whatever ended it: this project's server's compile-cache hits and misses during the
+    sweep (its /metrics against `metrics0`) into the manifest, and target.json (the target and its server-side
+    `gauges`), written even when the scrape fails or a second signal arrives during it."""
+    try:  # a second signal here (e.g. a slow /metrics) must not lose target.json; the run ends regardless
+        if target.ours:
+            m = scrape_metrics(client, target.root)
+            delta = {k: int(m.get(f"gemma4_bench_compile_cache_{k}_total", 0)
+                            - metrics0.get(f"gemma4_bench_compile_cache_{k}_total", 0))
+                     for k in ("hits", "misses")}  # fmt: skip
+            run.update_manifest(compile_cache={"dir": manifest.compile_cache.dir, **delta})
+    finally:
+        run.write_json("target.json", target.describe() | {"server_gauge_tok_s": gauges})
 
 
 def _check_resumed_load(run, config) -> None:

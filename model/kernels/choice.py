@@ -10,9 +10,9 @@ first time a leaf with a tiling is multiplied.
 
 Dispatch: `model.quant.matmul` is the one product; a `QuantArray` whose static `tiling` is set (by
 `with_tilings`, at load, from the engine's `KernelPlan`) goes through the kernel when the tiling tiles its shape
-(`model.kernels.fit.fits_kernel`), with at most `KERNEL_MAX_ROWS` rows on a GPU (prefill's longer products keep
-XLA's dot, which fuses the int4 convert into its GEMM) and any number on a TPU (the leaf is stored in the
-kernel's layout; longer products take several row blocks). Layers never branch on it.
+(`model.kernels.fit.fits_kernel`), with at most `model.kernels.fit.KERNEL_MAX_ROWS` rows on a GPU (prefill's
+longer products keep XLA's dot, which fuses the int4 convert into its GEMM) and any number on a TPU (the leaf is
+stored in the kernel's layout; longer products take several row blocks). Layers never branch on it.
 """
 
 from __future__ import annotations
@@ -25,15 +25,11 @@ from model.kernels import fit, fit_tpu
 from model.kernels.fit import Tiling
 from model.kernels.fit_tpu import TpuTiling
 
-__all__ = ["MIN_CAPABILITY", "KERNEL_MAX_ROWS", "KernelPlan", "decide_mode", "with_kernel_mode", "device_limit",
+__all__ = ["MIN_CAPABILITY", "KernelPlan", "decide_mode", "with_kernel_mode", "device_limit",
            "plan_kernel", "with_tilings", "log_plan"]  # fmt: skip
 
 MIN_CAPABILITY = (8, 0)
 """Lowest NVIDIA compute capability the Triton lowering runs on (`model.kernels.w4a16` says why)."""
-
-KERNEL_MAX_ROWS = 64
-"""Most activation rows a product goes through the kernel with (4 row blocks); longer products (prefill chunks)
-take XLA's dot."""
 
 
 def _cc(cc: str | None) -> tuple[int, int]:

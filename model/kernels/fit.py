@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable
 
 __all__ = ["KIB", "LIMITS", "TPU_VMEM", "PUBLISHED_TILING", "Tiling", "Projection", "Fit", "Need", "limit_for",
            "need", "projections", "shape_problem", "tile_problem", "tiling_problem", "fits_kernel", "candidates",
-           "choose", "plan", "refusal", "parse_tiling", "KERNEL_OPTIONS", "parse_kernel"]
+           "choose", "plan", "refusal", "parse_tiling", "KERNEL_OPTIONS", "parse_kernel", "KERNEL_MAX_ROWS"]
 
 KIB = 1024
 
@@ -71,6 +71,10 @@ at least 16."""
 
 DOT_ROWS = 16
 """Rows of one block (bm): the matrix unit's smallest M. Fewer rows (a decode step has 1) are padded."""
+
+KERNEL_MAX_ROWS = 64
+"""Most activation rows a product goes through the kernel with on a GPU (4 row blocks); longer products (prefill
+chunks) take XLA's dot (`model.quant`'s dispatch; `model.kernels.choice` says why)."""
 
 MIN_PROGRAMS = 256
 """Programs the split-K grid aims for (about two per streaming multiprocessor on the largest GPUs): a decode

@@ -44,7 +44,7 @@ is XLA's (`model.quant.matmul`'s dot or reduce form), and `--kernel w4a16=pallas
 
 Dispatch: `model.quant.matmul` is the one product; a `QuantArray` whose static `tiling` is set (by
 `model.kernels.choice.with_tilings`, at load) goes through this kernel when the tiling tiles its shape
-(`model.kernels.fit.fits_kernel`), with at most `model.kernels.choice.KERNEL_MAX_ROWS` rows. This module imports
+(`model.kernels.fit.fits_kernel`), with at most `model.kernels.fit.KERNEL_MAX_ROWS` rows. This module imports
 Pallas: `model.quant` imports it on that path only, so a dense engine never loads Pallas.
 """
 

@@ -31,7 +31,7 @@ the weights in bfloat16 cost decode 8x (the published report's "leak one", repro
 `runs/2026-11-30-leak-one-cpu`). The kernels read the same 200 MiB in 12-14 ms, half the float32 product's bytes.
 
 The build: `_build` (first called by `availability`) compiles `cpu_bf16.cc` once per (source, compiler, jaxlib
-headers, CPU) into `<cache root>/kernels/` (`model.builtin.cache_root`) with `$CXX` (default `c++`), `-O3
+headers, CPU) into `<cache root>/kernels/` (`model.folders.cache_root`) with `$CXX` (default `c++`), `-O3
 -march=native`, and the XLA FFI headers that jaxlib ships (`jax.ffi.include_dir()`). Where that fails (no compiler,
 no headers, not a CPU backend) `availability()` says why, and `plan` (an engine asking for the kernels) raises it
 as one EngineError line before any weight loads. A value of `AMX_SWITCH` or `ATTENTION_SWITCH` other than
@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 
 from model.errors import EngineError
+from model.folders import cache_root
 from model.switches import switch_on
 
 SOURCE = Path(__file__).with_name("cpu_bf16.cc")
@@ -201,8 +202,6 @@ def _loaded() -> KernelLibrary:
 def _load() -> KernelLibrary:
     """Build (`_build`), load and register the library; what it says of its tiles. Raises EngineError for a bad
     `AMX_SWITCH` before anything is built."""
-    from model.builtin import cache_root  # the project's cache folder
-
     switch_on(AMX_SWITCH)  # the library reads it itself (once, as on/off): a typo must not reach it as "on"
     try:
         lib_path, how = _build(cache_root() / "kernels")
