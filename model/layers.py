@@ -131,7 +131,7 @@ def project_qkv(
     b, t = a_BTD.shape[:2]
     n, h, k = cfg.num_heads, cfg.layer_head_dim(layer), cfg.kv_heads(layer)
     tables = rope.of(cfg, layer)
-    if lp.qkv_DX.ndim == 3:  # grouped by device (model.sharding): [D, G, (N/G + 2 Kd) H]
+    if _grouped(lp.qkv_DX):  # grouped by device (model.sharding): [D, G, (N/G + 2 Kd) H]
         return _project_qkv_grouped(lp, cfg, a_BTD, tables, h)
     z_BTX = dense(a_BTD, lp.qkv_DX, "BTD,DX->BTX")
     q_BTNH = rms_norm(z_BTX[..., : n * h].reshape(b, t, n, h), lp.q_norm_H, cfg.rms_norm_eps)
@@ -142,6 +142,12 @@ def project_qkv(
     k_BTKH = apply_rope(k_BTKH, tables)
     v_BTKH = rms_norm(z_BTX[..., (n + k) * h :].reshape(b, t, k, h), None, cfg.rms_norm_eps)
     return q_BTNH, jnp.swapaxes(k_BTKH, 1, 2), jnp.swapaxes(v_BTKH, 1, 2)
+
+
+def _grouped(w) -> bool:
+    """Whether a fused weight is held grouped by device, [D, G, X/G] (`model.sharding.group_layer`), rather than
+    [D, X] (a dense array, a `model.quant.QuantArray` by its logical shape; a `model.quant.OutputMajor` never)."""
+    return len(getattr(w, "shape", ())) == 3
 
 
 def _project_qkv_grouped(lp: LayerParams, cfg: ModelConfig, a_BTD: jax.Array, tables: Rope, h: int):
@@ -262,7 +268,7 @@ def layer_tail(
     h_BTD = h_BTD + rms_norm(attn_BTD, lp.post_attn_norm_D, cfg.rms_norm_eps)
     with jax.named_scope("mlp"):
         x_BTD = rms_norm(h_BTD, lp.pre_ffw_norm_D, cfg.rms_norm_eps)
-        if lp.gate_up_DX.ndim == 3:  # grouped by device (model.sharding): [D, G, 2 F/G], group g gate_g | up_g
+        if _grouped(lp.gate_up_DX):  # grouped by device (model.sharding): [D, G, 2 F/G], group g gate_g | up_g
             gu_BTGX = dense(x_BTD, lp.gate_up_DX, "BTD,DGX->BTGX")
             f = gu_BTGX.shape[-1] // 2
             m_BTGF = gelu(gu_BTGX[..., :f]) * gu_BTGX[..., f:]
