@@ -132,7 +132,7 @@ def project_qkv(
     n, h, k = cfg.num_heads, cfg.layer_head_dim(layer), cfg.kv_heads(layer)
     tables = rope.of(cfg, layer)
     if _grouped(lp.qkv_DX):  # grouped by device (model.sharding): [D, G, (N/G + 2 Kd) H]
-        return _project_qkv_grouped(lp, cfg, a_BTD, tables, h)
+        return _project_qkv_grouped(lp, cfg, layer, a_BTD, tables, h)
     z_BTX = dense(a_BTD, lp.qkv_DX, "BTD,DX->BTX")
     q_BTNH = rms_norm(z_BTX[..., : n * h].reshape(b, t, n, h), lp.q_norm_H, cfg.rms_norm_eps)
     q_BTNH = apply_rope(q_BTNH, tables)
@@ -150,24 +150,27 @@ def _grouped(w) -> bool:
     return len(getattr(w, "shape", ())) == 3
 
 
-def _project_qkv_grouped(lp: LayerParams, cfg: ModelConfig, a_BTD: jax.Array, tables: Rope, h: int):
+def _project_qkv_grouped(lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, tables: Rope, h: int):
     """`project_qkv` with the fused weight grouped by device, qkv_DX [D, G, (N/G + 2 Kd) H] (`model.sharding
     .group_layer`): group g holds query heads g N/G .. (g+1) N/G - 1 and the Kd KV heads they read (its own K/G, or
     one copy of a KV head when G > K). Returns queries [B,T,N,H] in head order and keys and values [B,G Kd,T,H]
     in group order (the KV cache of a mesh, `model.sharding.MeshLayout.cache_heads`); Kd from the weight's shape
-    (0: a KV-shared layer, k = v = None). The same norms and RoPE per head as `project_qkv`."""
+    (0: a KV-shared layer, k = v = None). The same norms and RoPE per head as `project_qkv`. A layer whose values
+    are its keys' projection (K = V, `values_from_keys` where the config has it) holds [D, G, (N/G + Kd) H]."""
     b, t = a_BTD.shape[:2]
     _, g, x = lp.qkv_DX.shape
     nq = cfg.num_heads // g
-    kd = (x // h - nq) // 2
+    k_eq_v = getattr(cfg, "values_from_keys", lambda _: False)(layer)  # K = V: the family's configs only
+    kd = (x // h - nq) // (1 if k_eq_v else 2)
     z_BTGX = dense(a_BTD, lp.qkv_DX, "BTD,DGX->BTGX")
     q_BTNH = rms_norm(z_BTGX[..., : nq * h].reshape(b, t, g * nq, h), lp.q_norm_H, cfg.rms_norm_eps)
     q_BTNH = apply_rope(q_BTNH, tables)
     if lp.k_norm_H is None:
         return q_BTNH, None, None
-    k_BTKH = rms_norm(z_BTGX[..., nq * h : (nq + kd) * h].reshape(b, t, g * kd, h), lp.k_norm_H, cfg.rms_norm_eps)
-    k_BTKH = apply_rope(k_BTKH, tables)
-    v_BTKH = rms_norm(z_BTGX[..., (nq + kd) * h :].reshape(b, t, g * kd, h), None, cfg.rms_norm_eps)
+    raw_k_BTKH = z_BTGX[..., nq * h : (nq + kd) * h].reshape(b, t, g * kd, h)
+    k_BTKH = apply_rope(rms_norm(raw_k_BTKH, lp.k_norm_H, cfg.rms_norm_eps), tables)
+    raw_v_BTKH = raw_k_BTKH if k_eq_v else z_BTGX[..., (nq + kd) * h :].reshape(b, t, g * kd, h)
+    v_BTKH = rms_norm(raw_v_BTKH, None, cfg.rms_norm_eps)
     return q_BTNH, jnp.swapaxes(k_BTKH, 1, 2), jnp.swapaxes(v_BTKH, 1, 2)
 
 

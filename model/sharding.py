@@ -209,15 +209,17 @@ def prepare_mesh(spec: MeshSpec, cfg: ModelConfig, backend: str, kernel: str | N
 def qkv_columns(cfg: ModelConfig, layer: int, tp: int, own_kv: bool) -> np.ndarray:
     """Columns of `qkv_DX` [D, (N + 2K) H] (KV-shared: [D, N H]) each tp group holds, [G, X/G'] int: group g its
     query heads g N/G .. (g+1) N/G - 1, then the keys and values of its `kv_group_heads` KV heads (heads g Kd ..
-    when tp divides K, else head g // (G / K))."""
+    when tp divides K, else head g // (G / K)); a K = V layer (`values_from_keys`, where the config has it) holds
+    no value columns."""
     n, h, k = cfg.num_heads, cfg.layer_head_dim(layer), cfg.kv_heads(layer)
     nq, kd = n // tp, kv_group_heads(k, tp)
+    k_eq_v = getattr(cfg, "values_from_keys", lambda _: False)(layer)  # K = V: keys only (the family's configs)
     groups = []
     for g in range(tp):
         cols = list(range(g * nq * h, (g + 1) * nq * h))
         if own_kv:
             heads = range(g * kd, (g + 1) * kd) if k % tp == 0 else [g // (tp // k)]
-            for base in (n * h, (n + k) * h):  # keys, then values
+            for base in (n * h,) if k_eq_v else (n * h, (n + k) * h):  # keys, then values
                 for j in heads:
                     cols.extend(range(base + j * h, base + (j + 1) * h))
         groups.append(cols)
