@@ -413,7 +413,7 @@ class Engine:
                  scale_dtype: str = "bfloat16", kernel=None, backend_plan: BackendPlan | None = None,
                  layout=None):  # fmt: skip
         self.params = params
-        self.layout = layout  # model.sharding.MeshLayout the params are placed over (load_engine's mesh); None: one device
+        self.layout = layout  # model.sharding.MeshLayout of the params (load_engine's mesh); None: one device
         if backend_plan is None:
             backend_plan = plan_backend(policy.backend, policy.platform, weight_dtype=policy.weight_dtype,
                                         activation_dtype=policy.activation_dtype, kv_dtype=policy.kv_dtype)  # fmt: skip

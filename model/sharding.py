@@ -478,5 +478,5 @@ def _device_of(params):
 
 __all__ = ["COLLECTIVE_OPS", "DeviceStep", "MESH_AXES", "MeshLayout", "MeshSpec", "SPLIT_AXIS", "check_mesh",
            "collective_bytes", "decode_program_text", "device_steps", "device_weight_bytes", "gate_up_columns",
-           "group_layer", "kv_group_heads", "leaf_shardings", "make_layout", "parse_mesh", "place_params", "prepare_mesh",
-           "qkv_columns"]  # fmt: skip
+           "group_layer", "kv_group_heads", "leaf_shardings", "make_layout", "parse_mesh", "place_params",
+           "prepare_mesh", "qkv_columns"]  # fmt: skip

@@ -496,9 +496,11 @@ def test_collectives_are_their_own_category(opcode):
     assert classify_hlo(copy, module, copy.name, "cpu") == ("copies_transfers", "")
 
 
-@pytest.mark.parametrize("name, category", [("all-reduce.12", "collective"), ("all-gather-start.1", "collective"),
-                                            ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "collective"),
-                                            ("collective-permute-done", "collective"), ("memcpy32_post", "copies_transfers")])
+@pytest.mark.parametrize("name, category", [
+    ("all-reduce.12", "collective"), ("all-gather-start.1", "collective"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "collective"), ("collective-permute-done", "collective"),
+    ("memcpy32_post", "copies_transfers"),
+])  # fmt: skip
 def test_collective_names_without_hlo(name, category):
     from bench.profile.classify import classify_name
 
