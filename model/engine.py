@@ -909,7 +909,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     forced kernel the device cannot run or whose tiles do not fit, and EngineError for a policy's backend that
     cannot run here (`model.backends.plan_backend`: "cpu-kernels" off CPU or without a C++ compiler) and for a
     value of an on/off switch (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_AMX, GEMMA4_BENCH_CPU_ATTENTION)
-    that is neither on nor off (all before the weights load). `mesh` (a `model.sharding.MeshSpec`, None: one
+    that is neither on nor off (all before the weights load). `mesh` (a `model.placement.Mesh`, None: one
     device, the path before meshes): the weights and KV cache placed over that many devices
     (`model.sharding.prepare_mesh` before the weights load: MeshError for a mesh the model or the devices cannot
     take; `place_params` after).

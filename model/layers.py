@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model import backends, quant
+from model.accounting import has_v_projection
 from model.config import ModelConfig
 from model.params import LayerParams
 
@@ -156,11 +157,11 @@ def _project_qkv_grouped(lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: j
     one copy of a KV head when G > K). Returns queries [B,T,N,H] in head order and keys and values [B,G Kd,T,H]
     in group order (the KV cache of a mesh, `model.sharding.MeshLayout.cache_heads`); Kd from the weight's shape
     (0: a KV-shared layer, k = v = None). The same norms and RoPE per head as `project_qkv`. A layer whose values
-    are its keys' projection (K = V, `values_from_keys` where the config has it) holds [D, G, (N/G + Kd) H]."""
+    are its keys' projection (K = V: `model.accounting.has_v_projection` False) holds [D, G, (N/G + Kd) H]."""
     b, t = a_BTD.shape[:2]
     _, g, x = lp.qkv_DX.shape
     nq = cfg.num_heads // g
-    k_eq_v = getattr(cfg, "values_from_keys", lambda _: False)(layer)  # K = V: the family's configs only
+    k_eq_v = not has_v_projection(cfg, layer)  # K = V: the values are the keys' projection
     kd = (x // h - nq) // (1 if k_eq_v else 2)
     z_BTGX = dense(a_BTD, lp.qkv_DX, "BTD,DGX->BTGX")
     q_BTNH = rms_norm(z_BTGX[..., : nq * h].reshape(b, t, g * nq, h), lp.q_norm_H, cfg.rms_norm_eps)

@@ -23,7 +23,8 @@ all-reduce of [B, T, D] each per layer.
 - KV heads: split when G divides K (each device K/G heads of the cache); copied when K divides G (each device the
   one KV head its query heads read: G/K copies of each, made at placement: the KV projection weights and the cache
   of that head are held G/K times over the mesh, every device computing only its own); refused otherwise
-  (`check_mesh`). E2B's one KV head at tp = 2 is copied: each device holds the whole (one-head) cache.
+  (`check_mesh`; the rule is `model.placement.kv_heads_per_device`, the inspector's). E2B's one KV head at tp = 2
+  is copied: each device holds the whole (one-head) cache.
 - The tied embedding table (and the int8 head copy) is split by vocabulary rows: it is the largest leaf a decode
   step reads whole (the logits), so splitting it divides the step's largest read; the input lookup becomes a
   masked gather of one row per device and a small all-reduce of [B, T, D], and the greedy argmax a reduction over
@@ -36,7 +37,9 @@ all-reduce of [B, T, D] each per layer.
   values (int4 packed two per byte along the last axis, which cuts at whole heads since H is even) and the scales
   where they vary along that axis and divide evenly; scales of one value along it (w8's per-output scales of a
   product split by its input) are replicated.
-Expert parallel (ep) is parsed and checked but not placed yet: the expert block is not on this branch.
+The mesh's text, its checks against the model and the KV-head rule are `model.placement`'s (the inspector predicts
+a mesh from the same facts); this module places arrays. Expert parallel (ep) is parsed and checked but refused
+here: the experts are not placed by expert yet (under tp they are replicated).
 """
 
 from __future__ import annotations
@@ -51,110 +54,60 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from model import placement
+from model.accounting import has_v_projection
 from model.config import ModelConfig
 from model.errors import MeshError
+from model.placement import Mesh, kv_heads_per_device
 
 MESH_AXES = ("ep", "tp")
-"""The mesh's axis names, outermost first: expert parallel, tensor parallel."""
-
-_TERM = re.compile(r"^(tp|ep)=(\d+)$")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MeshSpec:
-    """How many devices split the model: `tp` tensor parallel (attention heads and MLP width), `ep` expert
-    parallel (experts; models with experts only). One device each by default. The text form is `text`."""
-
-    tp: int = 1
-    ep: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("tp", "ep"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise MeshError(f"mesh {name}={value!r}: expected a whole number of devices >= 1")
-
-    @property
-    def devices(self) -> int:
-        """Devices the mesh needs: tp x ep."""
-        return self.tp * self.ep
-
-    @property
-    def text(self) -> str:
-        """The canonical text, e.g. "tp=2" or "tp=2,ep=2" (ep left out at 1), which `parse_mesh` reads back."""
-        return f"tp={self.tp}" + (f",ep={self.ep}" if self.ep > 1 else "")
+"""The `jax.sharding.Mesh`'s axis names, outermost first: expert parallel, tensor parallel (one of them of size 1:
+`model.placement.Mesh` is one axis)."""
 
 
-def parse_mesh(text: str) -> MeshSpec:
-    """The `MeshSpec` of a text such as "tp=2", "tp=4,ep=2" or "ep=2" (comma-separated `axis=N`, each axis at most
-    once, spaces ignored). Raises MeshError (one line: the text received, the form expected) for anything else."""
-    terms = [t for t in str(text).replace(" ", "").split(",")]
-    values: dict[str, int] = {}
-    for term in terms:
-        m = _TERM.match(term)
-        if m is None or m.group(1) in values:
-            why = f"{m.group(1)} given twice" if m else f"term {term!r} is not tp=N or ep=N"
-            raise MeshError(f"--mesh {text!r}: {why}; expected e.g. tp=2 or tp=2,ep=2 (N a whole number >= 1)")
-        values[m.group(1)] = int(m.group(2))
-    if any(v < 1 for v in values.values()):
-        raise MeshError(f"--mesh {text!r}: every axis needs at least 1 device; expected e.g. tp=2 or tp=2,ep=2")
-    return MeshSpec(**values)
+def parse_mesh(text: str) -> Mesh:
+    """The `model.placement.Mesh` of a `--mesh` text ("tp=2", "ep=4": `model.placement.parse_mesh`, the one parser
+    the inspector and the engine share). Raises MeshError (its one line) for anything else."""
+    try:
+        return placement.parse_mesh(text)
+    except ValueError as exc:
+        raise MeshError(str(exc)) from None
 
 
-def kv_group_heads(k: int, tp: int) -> int:
-    """KV heads one tp group holds for a layer of `k` KV heads: k / tp when tp divides k, else 1 (a copy of the one
-    KV head its query heads read; `check_mesh` refuses a tp that neither divides k nor is divided by it)."""
-    return k // tp if k % tp == 0 else 1
-
-
-def check_mesh(cfg: ModelConfig, spec: MeshSpec) -> None:
-    """Raises MeshError (one line, with the numbers) for a mesh `cfg` cannot be split over: tp must divide the
-    query heads, the feed-forward width of every layer and the vocabulary (and the PLE vocabulary); each layer's
-    KV heads must divide tp or be divided by it; ep > 1 needs a model with experts (and the expert block placed,
-    not built yet). Before anything loads."""
-    tp = spec.tp
-    if spec.ep > 1:
-        experts = getattr(cfg, "num_experts", 0) or 0
-        if not experts:
-            raise MeshError(f"--mesh {spec.text}: ep={spec.ep} splits experts, and this model has none "
-                            "(num_experts 0); use tp=N")  # fmt: skip
-        raise MeshError(f"--mesh {spec.text}: expert parallel (ep) placement is not built yet for the "
-                        f"{experts} experts; use tp=N")  # fmt: skip
-    if tp == 1:
-        return
-    if cfg.num_heads % tp:
-        raise MeshError(f"--mesh {spec.text}: tp={tp} does not divide the {cfg.num_heads} query heads; use a tp "
-                        f"that divides {cfg.num_heads}")  # fmt: skip
-    for i in range(cfg.num_layers):
-        k = cfg.kv_heads(i)
-        if k % tp and tp % k:
-            raise MeshError(f"--mesh {spec.text}: tp={tp} and the {k} KV heads of layer {i}: one must divide the "
-                            "other (KV heads are split when tp divides them, copied when they divide tp)")  # fmt: skip
-    for f in sorted({cfg.ffw_dim(i) for i in range(cfg.num_layers)}):
-        if f % tp:
-            raise MeshError(f"--mesh {spec.text}: tp={tp} does not divide the feed-forward width {f}")
-    vocabs = {"vocabulary": cfg.vocab_size} | ({"PLE vocabulary": cfg.ple_vocab} if cfg.ple_dim else {})
-    for name, v in vocabs.items():
-        if v % tp:
-            raise MeshError(f"--mesh {spec.text}: tp={tp} does not divide the {name} of {v} rows")
+def check_mesh(cfg: ModelConfig, mesh: Mesh) -> None:
+    """Raises MeshError (one line, with the numbers) for a mesh the engine cannot place `cfg` over: what
+    `model.placement.check_mesh` refuses (tp must divide the query heads, the vocabulary, every MLP width and the
+    experts' width, and each layer's KV heads must divide tp or be divided by it; ep needs experts it divides), a
+    tp that does not divide the PLE vocabulary (its table is split by rows here), and ep > 1 (the experts are not
+    placed by expert yet: under tp they are replicated). Before anything loads."""
+    try:
+        placement.check_mesh(cfg, mesh)
+    except ValueError as exc:
+        raise MeshError(str(exc)) from None
+    if mesh.ep > 1:
+        raise MeshError(f"--mesh {mesh.text}: the engine does not place experts by expert yet (the inspector "
+                        "predicts it); use tp=N")  # fmt: skip
+    if cfg.ple_dim and cfg.ple_vocab % mesh.tp:
+        raise MeshError(f"--mesh {mesh.text}: {mesh.tp} does not divide the model's PLE vocabulary rows "
+                        f"({cfg.ple_vocab})")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshLayout:
-    """A `MeshSpec` over real devices: the `jax.sharding.Mesh` (axes `MESH_AXES`, shape (ep, tp)). Hashable: the
-    engine's programs take it as a static argument (None: one device, the programs as before)."""
+    """A `model.placement.Mesh` over real devices: the `jax.sharding.Mesh` (axes `MESH_AXES`, shape (ep, tp)).
+    Hashable: the engine's programs take it as a static argument (None: one device, the programs as before)."""
 
-    spec: MeshSpec
-    mesh: Mesh
+    spec: Mesh
+    mesh: jax.sharding.Mesh
 
     @property
     def tp(self) -> int:
         return self.spec.tp
 
     def cache_heads(self, cfg: ModelConfig, layer: int) -> int:
-        """KV heads of `layer`'s cache buffer on the mesh: G x Kd (`kv_group_heads`): K when tp divides K, else tp
-        (one copy per device)."""
-        return self.tp * kv_group_heads(cfg.kv_heads(layer), self.tp)
+        """KV heads of `layer`'s cache buffer on the mesh: G x Kd (`model.placement.kv_heads_per_device`): K when tp
+        divides K, else tp (one copy per device)."""
+        return self.tp * kv_heads_per_device(cfg, layer, self.tp)
 
     def sharding(self, spec: P) -> NamedSharding:
         """`NamedSharding` of `spec` over this mesh."""
@@ -177,20 +130,20 @@ class MeshLayout:
         )
 
 
-def make_layout(spec: MeshSpec, devices: Sequence | None = None) -> MeshLayout:
-    """The `MeshLayout` of `spec` over the first tp x ep of `devices` (default `jax.devices()`). Raises MeshError
-    (one line) when there are fewer devices than that."""
+def make_layout(spec: Mesh, devices: Sequence | None = None) -> MeshLayout:
+    """The `MeshLayout` of `spec` (a `model.placement.Mesh`) over the first `spec.size` of `devices` (default
+    `jax.devices()`). Raises MeshError (one line) when there are fewer devices than that."""
     devices = list(jax.devices() if devices is None else devices)
-    if len(devices) < spec.devices:
+    if len(devices) < spec.size:
         platform = devices[0].platform if devices else "?"
-        raise MeshError(f"--mesh {spec.text} needs {spec.devices} devices, and {len(devices)} {platform} device(s) "
+        raise MeshError(f"--mesh {spec.text} needs {spec.size} devices, and {len(devices)} {platform} device(s) "
                         "are here (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N before jax starts "
                         "makes N)")  # fmt: skip
-    grid = np.array(devices[: spec.devices], dtype=object).reshape(spec.ep, spec.tp)
-    return MeshLayout(spec=spec, mesh=Mesh(grid, MESH_AXES))
+    grid = np.array(devices[: spec.size], dtype=object).reshape(spec.ep, spec.tp)
+    return MeshLayout(spec=spec, mesh=jax.sharding.Mesh(grid, MESH_AXES))
 
 
-def prepare_mesh(spec: MeshSpec, cfg: ModelConfig, backend: str, kernel: str | None) -> tuple[MeshLayout, str]:
+def prepare_mesh(spec: Mesh, cfg: ModelConfig, backend: str, kernel: str | None) -> tuple[MeshLayout, str]:
     """(the `MeshLayout` of `spec`, the w4 kernel choice to load with: "xla") for `model.engine.load_engine`,
     before the weights load. A mesh runs the pure-JAX engine with XLA's products: raises MeshError (one line) for
     another backend (`backend`, `model.backends`: its kernels run on one device), for `kernel` "pallas" (the W4A16
@@ -208,12 +161,12 @@ def prepare_mesh(spec: MeshSpec, cfg: ModelConfig, backend: str, kernel: str | N
 # ---- the grouped layout of the fused weights -------------------------------------------------------------------
 def qkv_columns(cfg: ModelConfig, layer: int, tp: int, own_kv: bool) -> np.ndarray:
     """Columns of `qkv_DX` [D, (N + 2K) H] (KV-shared: [D, N H]) each tp group holds, [G, X/G'] int: group g its
-    query heads g N/G .. (g+1) N/G - 1, then the keys and values of its `kv_group_heads` KV heads (heads g Kd ..
-    when tp divides K, else head g // (G / K)); a K = V layer (`values_from_keys`, where the config has it) holds
-    no value columns."""
+    query heads g N/G .. (g+1) N/G - 1, then the keys and values of its Kd KV heads
+    (`model.placement.kv_heads_per_device`: heads g Kd .. when tp divides K, else head g // (G / K)); a K = V layer
+    (`model.accounting.has_v_projection` False) holds no value columns."""
     n, h, k = cfg.num_heads, cfg.layer_head_dim(layer), cfg.kv_heads(layer)
-    nq, kd = n // tp, kv_group_heads(k, tp)
-    k_eq_v = getattr(cfg, "values_from_keys", lambda _: False)(layer)  # K = V: keys only (the family's configs)
+    nq, kd = n // tp, kv_heads_per_device(cfg, layer, tp)
+    k_eq_v = not has_v_projection(cfg, layer)
     groups = []
     for g in range(tp):
         cols = list(range(g * nq * h, (g + 1) * nq * h))
@@ -462,7 +415,7 @@ def device_steps(engine, n_tokens: int, max_new_tokens: int) -> list[DeviceStep]
     kv = 0
     for i in range(cfg.num_layers):
         src = cfg.kv_source(i)
-        kd = kv_group_heads(cfg.kv_heads(src), tp) if layout else cfg.kv_heads(src)
+        kd = kv_heads_per_device(cfg, src, tp) if layout else cfg.kv_heads(src)
         kv += 2 * slots(cfg, src, positions) * kd * cfg.layer_head_dim(src) * itemsize
     sizes, counts = collective_bytes(decode_program_text(engine, n_tokens, max_new_tokens)) if layout else ({}, {})
     devices = list(layout.mesh.devices.flat) if layout else [_device_of(engine.params)]
@@ -476,7 +429,6 @@ def _device_of(params):
     return next(iter(params.embed_VD.devices()))
 
 
-__all__ = ["COLLECTIVE_OPS", "DeviceStep", "MESH_AXES", "MeshLayout", "MeshSpec", "SPLIT_AXIS", "check_mesh",
-           "collective_bytes", "decode_program_text", "device_steps", "device_weight_bytes", "gate_up_columns",
-           "group_layer", "kv_group_heads", "leaf_shardings", "make_layout", "parse_mesh", "place_params",
-           "prepare_mesh", "qkv_columns"]  # fmt: skip
+__all__ = ["COLLECTIVE_OPS", "DeviceStep", "MESH_AXES", "MeshLayout", "SPLIT_AXIS", "check_mesh", "collective_bytes",
+           "decode_program_text", "device_steps", "device_weight_bytes", "gate_up_columns", "group_layer",
+           "leaf_shardings", "make_layout", "parse_mesh", "place_params", "prepare_mesh", "qkv_columns"]  # fmt: skip

@@ -22,11 +22,11 @@ from model.engine import Engine, load_engine
 from model.params import init_params
 from model.policy import decide_policy
 from model.quant import quantize_params
+from model.placement import kv_heads_per_device
 from model.quantspec import parse_quant
 from model.sharding import (
     SPLIT_AXIS,
     device_steps,
-    kv_group_heads,
     make_layout,
     parse_mesh,
     place_params,
@@ -113,7 +113,7 @@ def test_gqa_split_and_copied_kv_heads_give_one_devices_tokens(tp):
     # the cache a prefill returns: each device its KV heads (split or one copy), every layer
     _, cache = engine.step_fn(PROMPTS[0], NEW)[0]
     for i, k in zip(GQA.cache_layers, cache.k, strict=True):
-        kd = kv_group_heads(GQA.kv_heads(i), tp)
+        kd = kv_heads_per_device(GQA, i, tp)
         assert k.shape[1] == tp * kd and k.sharding.shard_shape(k.shape)[1] == kd
 
 
@@ -140,7 +140,7 @@ def _expected_weight_bytes(cfg: ModelConfig, tp: int, itemsize: int = 4) -> int:
     for i in range(cfg.num_layers):
         n, h, f = cfg.num_heads, cfg.layer_head_dim(i), cfg.ffw_dim(i)
         own = not cfg.is_kv_shared(i)
-        kd = kv_group_heads(cfg.kv_heads(i), tp) if own else 0
+        kd = kv_heads_per_device(cfg, i, tp) if own else 0
         total += d * (n // tp + 2 * kd) * h + d * n * h // tp + d * 2 * f // tp + d * f // tp  # qkv, o, gate_up, down
         total += 4 * d + h + (h if own else 0) + 1 + (2 * p * d + d if p else 0)  # norms, q/k norm, scalar, PLE
     total += cfg.vocab_size // tp * d + d + cfg.num_layers * p + (d * cfg.num_layers * p + p if p else 0) + d
