@@ -716,6 +716,15 @@ class Engine:
         return self.generate([self.cfg.bos_token_id] * n_tokens, max_new_tokens, sampling, decode_loop=decode_loop,
                              block=block)  # fmt: skip
 
+    def lower_decode(self, cache, token_B, rows: int = 1):
+        """The greedy decode step's program lowered (a `jax.stages.Lowered`) for `cache` and `token_B` (arrays or
+        `jax.ShapeDtypeStruct`s with their shardings) and the parameters a step of `rows` rows reads, exactly as
+        `generate` calls it: for reading what it compiles to (`model.sharding.decode_program_text`). Runs nothing."""
+        jitted = _decode_program._plain if self.xla_options is None else _decode_program._cpu
+        return jitted.lower(self.decode_params(rows), cache, token_B, GREEDY.args(), cfg=self.cfg,
+                            act_dtype=self.policy.activation_dtype, greedy=True, backend=self.backend,
+                            layout=self.layout)  # fmt: skip
+
     def step_fn(self, prompt_ids: Sequence[int], max_new_tokens: int):
         """(state, step) for profiling decode alone: state = (token_B [1] int32, cache) after a greedy prefill of
         `prompt_ids` at its compiled shape (bucket, max_new_tokens), padded as `generate` pads; step(state) runs

@@ -370,10 +370,10 @@ def collective_bytes(hlo_text: str) -> tuple[dict[str, int], dict[str, int]]:
 def decode_program_text(engine, n_tokens: int, max_new_tokens: int, batch: int = 1) -> str:
     """The compiled HLO text of `engine`'s greedy decode step at the compiled shape of `n_tokens` (bucket +
     max_new_tokens cache positions) and `batch` rows: lowered and compiled from abstract arguments (nothing runs;
-    the compile is XLA's, cached as any)."""
+    the compile is XLA's, cached as any; `model.engine.Engine.lower_decode`, so this module never imports the
+    engine, which imports it)."""
     from model.accounting import slots
     from model.cache import KVCache
-    from model.engine import GREEDY, _decode_program
     from model.policy import DTYPES
 
     cfg, layout = engine.cfg, engine.layout
@@ -390,11 +390,7 @@ def decode_program_text(engine, n_tokens: int, max_new_tokens: int, batch: int =
     cache = KVCache(k=tuple(buf(i) for i in cfg.cache_layers), v=tuple(buf(i) for i in cfg.cache_layers),
                     length=jax.ShapeDtypeStruct((), np.int32, sharding=rep))  # fmt: skip
     token = jax.ShapeDtypeStruct((batch,), np.int32, sharding=rep)
-    jitted = _decode_program._plain if engine.xla_options is None else _decode_program._cpu
-    lowered = jitted.lower(engine.decode_params(batch), cache, token, GREEDY.args(), cfg=cfg,
-                           act_dtype=engine.policy.activation_dtype, greedy=True, backend=engine.backend,
-                           layout=layout)  # fmt: skip
-    return lowered.compile().as_text()
+    return engine.lower_decode(cache, token, rows=batch).compile().as_text()
 
 
 def device_steps(engine, n_tokens: int, max_new_tokens: int) -> list[DeviceStep]:
