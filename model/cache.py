@@ -44,16 +44,20 @@ class KVCache:
     length: jax.Array
 
 
-def init_cache(cfg: ModelConfig, max_len: int, dtype, batch: int = 1) -> KVCache:
+def init_cache(cfg: ModelConfig, max_len: int, dtype, batch: int = 1, layout=None) -> KVCache:
     """An empty cache of `batch` rows (zeros, scalar length 0) able to hold `max_len` positions per row (prompt
     bucket + max_new_tokens); its bytes are `model.accounting.kv_cache_bytes`. Prefill replaces the length
-    with the one it is given (scalar or per row)."""
-    shapes = [(batch, cfg.kv_heads(i), slots(cfg, i, max_len), cfg.layer_head_dim(i)) for i in cfg.cache_layers]
-    return KVCache(
+    with the one it is given (scalar or per row). `layout` (a `model.sharding.MeshLayout`, inside a program): the
+    buffers hold the mesh's KV heads (`MeshLayout.cache_heads`: a copied KV head once per device) and are
+    constrained to its cache sharding; None: one device, as before."""
+    heads = cfg.kv_heads if layout is None else (lambda i: layout.cache_heads(cfg, i))
+    shapes = [(batch, heads(i), slots(cfg, i, max_len), cfg.layer_head_dim(i)) for i in cfg.cache_layers]
+    cache = KVCache(
         k=tuple(jnp.zeros(s, dtype) for s in shapes),
         v=tuple(jnp.zeros(s, dtype) for s in shapes),
         length=jnp.zeros((), jnp.int32),
     )
+    return cache if layout is None else layout.constrain_cache(cache)
 
 
 def ring_positions(length: jax.Array, ring: int) -> jax.Array:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -103,30 +104,38 @@ def enable_compile_cache(path: Path | None) -> Path | None:
     return path
 
 
-@program(static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype", "greedy"))
-def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, act_dtype, greedy):
+@program(static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype", "greedy", "layout"))
+def _prefill_program(params, ids_BT, length, args, *, cfg, cache_len, kv_dtype, act_dtype, greedy, layout=None):
     """The chunked prefill of padded ids [B, bucket] with `length` real tokens into a fresh cache of
-    `cache_len` slots, then the first token [B] (int32); one program per (bucket, cache_len)."""
-    cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
+    `cache_len` slots, then the first token [B] (int32); one program per (bucket, cache_len). `layout` (every
+    program's): the engine's `model.sharding.MeshLayout`, whose cache sharding the returned cache keeps; None:
+    one device."""
+    cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0], layout=layout)
     logits_BV, cache = prefill(as_params(params), cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
-    return choose(logits_BV, length - 1, args, greedy), cache
+    return choose(logits_BV, length - 1, args, greedy), _constrained(cache, layout)
 
 
-@program(static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype"))
-def _prefill_logits_program(params, ids_BT, length, *, cfg, cache_len, kv_dtype, act_dtype):
+def _constrained(cache, layout):
+    """`cache` constrained to the mesh's cache sharding (`model.sharding.MeshLayout.constrain_cache`); itself
+    without a mesh."""
+    return cache if layout is None else layout.constrain_cache(cache)
+
+
+@program(static_argnames=("cfg", "cache_len", "kv_dtype", "act_dtype", "layout"))
+def _prefill_logits_program(params, ids_BT, length, *, cfg, cache_len, kv_dtype, act_dtype, layout=None):
     """`_prefill_program`'s prefill at the same shape, returning its float32 logits [B, V] at the last real
     position instead of the token chosen from them (the cache is dropped)."""
-    cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0])
+    cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0], layout=layout)
     logits_BV, _ = prefill(as_params(params), cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
     return logits_BV
 
 
-@program(static_argnames=("cfg", "act_dtype", "greedy"), donate_argnames=("cache",))
-def _decode_program(params, cache, token_B, args, *, cfg, act_dtype, greedy):
+@program(static_argnames=("cfg", "act_dtype", "greedy", "layout"), donate_argnames=("cache",))
+def _decode_program(params, cache, token_B, args, *, cfg, act_dtype, greedy, layout=None):
     with jax.named_scope("decode_step"):
         position = cache.length
         logits_BV, cache = decode_step(as_params(params), cfg, token_B, cache, dtype=DTYPES[act_dtype])
-        return choose(logits_BV, position, args, greedy), cache
+        return choose(logits_BV, position, args, greedy), _constrained(cache, layout)
 
 
 DECODE_LOOPS = ("host", "device")
@@ -134,8 +143,8 @@ DECODE_LOOPS = ("host", "device")
 fori_loop of steps, synced once per block)."""
 
 
-@program(static_argnames=("cfg", "act_dtype", "greedy", "steps"), donate_argnames=("cache",))
-def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype, greedy, steps):
+@program(static_argnames=("cfg", "act_dtype", "greedy", "steps", "layout"), donate_argnames=("cache",))
+def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype, greedy, steps, layout=None):
     """`trips` (int32 scalar, 1 <= trips <= steps) decode steps in one device loop, each step exactly
     `_decode_program`'s (decode_step, then `model.sampling.choose` with the key of the position decoded). Returns
     (ids [steps, B] int32: row i the token of step i, rows >= trips unused (zeros); the last token [B] int32; the
@@ -153,7 +162,7 @@ def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype,
 
     ids_SB = jnp.zeros((steps, token_B.shape[0]), jnp.int32)
     token_B, cache, ids_SB = jax.lax.fori_loop(0, trips, body, (token_B, cache, ids_SB))
-    return ids_SB, token_B, cache
+    return ids_SB, token_B, _constrained(cache, layout)
 
 
 # ---- the engine ----------------------------------------------------------------------------------------------
@@ -294,13 +303,17 @@ class Engine:
     `cpu_kernel` (the backend's kernels in use as space-separated manifest names, e.g. "bf16=cpu attention=cpu";
     None for none: recorded in the manifest as the engine's kernel) and `xla_options` (the XLA options its decode
     programs compile with; None: XLA's defaults; recorded in the manifest). Raises EngineError for a backend that
-    cannot run here (`plan_backend`), a prompt that no bucket holds or a max_new_tokens below 1.
+    cannot run here (`plan_backend`), a prompt that no bucket holds or a max_new_tokens below 1. `layout`: the
+    `model.sharding.MeshLayout` `params` are placed over (`model.sharding.place_params`), passed to every program;
+    None (default): one device.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, policy: DevicePolicy, *, max_length: int | None = None,
                  buckets: Sequence[int] | None = None, tokenizer=None, quant: QuantSpec = NO_QUANT,
-                 scale_dtype: str = "bfloat16", kernel=None, backend_plan: BackendPlan | None = None):  # fmt: skip
+                 scale_dtype: str = "bfloat16", kernel=None, backend_plan: BackendPlan | None = None,
+                 layout=None):  # fmt: skip
         self.params = params
+        self.layout = layout  # model.sharding.MeshLayout of the params (load_engine's mesh); None: one device
         if backend_plan is None:
             backend_plan = plan_backend(policy.backend, policy.platform, weight_dtype=policy.weight_dtype,
                                         activation_dtype=policy.activation_dtype, kv_dtype=policy.kv_dtype)  # fmt: skip
@@ -498,7 +511,7 @@ class Engine:
         def step(cache, token_B):  # the call `_decode_program` was traced with (positional args: one program)
             return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg,
                                    act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
-                                   xla_options=self.xla_options, backend=self.backend)  # fmt: skip
+                                   xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
 
         steps = 0 if stops(tokens[0]) else max_new_tokens - len(tokens)  # the device loop leaves none
         for token_B in _dispatched_ahead(step, cache, token_B, steps):
@@ -532,7 +545,7 @@ class Engine:
         token_B, cache = _prefill_program(
             self.call_params, jnp.asarray(ids), jnp.asarray(lengths, jnp.int32), args, cfg=self.cfg,
             cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype,
-            greedy=sampling.greedy, xla_options=None, backend=self.backend,
+            greedy=sampling.greedy, xla_options=None, backend=self.backend, layout=self.layout,
         )  # fmt: skip
         rows = [[t] for t in np.asarray(token_B).tolist()]
         times = [time.perf_counter_ns()]
@@ -544,7 +557,7 @@ class Engine:
         def step(cache, token_B):
             return _decode_program(params, cache, token_B, args, cfg=self.cfg,
                                    act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
-                                   xla_options=self.xla_options, backend=self.backend)  # fmt: skip
+                                   xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
 
         for token_B in _dispatched_ahead(step, cache, token_B, max_new_tokens - len(rows[0])):
             for row, t in zip(rows, np.asarray(token_B).tolist(), strict=True):
@@ -569,7 +582,7 @@ class Engine:
             ids_SB, token_B, cache = _decode_loop_program(
                 self.call_params if params is None else params, cache, token_B, args, jnp.int32(trips), cfg=self.cfg,
                 act_dtype=self.policy.activation_dtype, greedy=greedy, steps=steps, xla_options=self.xla_options,
-                backend=self.backend,
+                backend=self.backend, layout=self.layout,
             )  # fmt: skip
             if tokens and isinstance(tokens[0], list):  # a batch: every row's ids
                 for row, ids in zip(tokens, np.asarray(ids_SB)[:trips].T.tolist(), strict=True):
@@ -593,7 +606,7 @@ class Engine:
         logits_BV = _prefill_logits_program(
             self.call_params, jnp.asarray(ids), jnp.int32(len(prompt_ids)), cfg=self.cfg, cache_len=bucket + max_new_tokens,
             kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, xla_options=None,
-            backend=self.backend,
+            backend=self.backend, layout=self.layout,
         )  # fmt: skip
         return np.asarray(logits_BV[0], np.float32)
 
@@ -602,6 +615,15 @@ class Engine:
         """Compile (or load from the persistent cache) and run the programs of one compiled shape once."""
         return self.generate([self.cfg.bos_token_id] * n_tokens, max_new_tokens, sampling, decode_loop=decode_loop,
                              block=block)  # fmt: skip
+
+    def lower_decode(self, cache, token_B, rows: int = 1):
+        """The greedy decode step's program lowered (a `jax.stages.Lowered`) for `cache` and `token_B` (arrays or
+        `jax.ShapeDtypeStruct`s with their shardings) and the parameters a step of `rows` rows reads, exactly as
+        `generate` calls it: for reading what it compiles to (`model.sharding.decode_program_text`). Runs nothing."""
+        jitted = _decode_program._plain if self.xla_options is None else _decode_program._cpu
+        return jitted.lower(self.decode_params(rows), cache, token_B, GREEDY.args(), cfg=self.cfg,
+                            act_dtype=self.policy.activation_dtype, greedy=True, backend=self.backend,
+                            layout=self.layout)  # fmt: skip
 
     def step_fn(self, prompt_ids: Sequence[int], max_new_tokens: int):
         """(state, step) for profiling decode alone: state = (token_B [1] int32, cache) after a greedy prefill of
@@ -616,7 +638,7 @@ class Engine:
         def step(state):
             token_B, cache = state
             return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True,
-                                   xla_options=self.xla_options, backend=self.backend)  # fmt: skip
+                                   xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
 
         return state, step
 
@@ -629,14 +651,15 @@ class Engine:
         act_dtype = self.policy.activation_dtype
         state = _prefill_program(self.call_params, jnp.asarray(ids), jnp.asarray(lengths, jnp.int32), args, cfg=self.cfg,
                                  cache_len=bucket + max_new_tokens, kv_dtype=self.policy.kv_dtype,
-                                 act_dtype=act_dtype, greedy=True, xla_options=None, backend=self.backend)  # fmt: skip
+                                 act_dtype=act_dtype, greedy=True, xla_options=None, backend=self.backend,
+                                 layout=self.layout)  # fmt: skip
 
         params = self.decode_params(len(prompts))
 
         def step(state):
             token_B, cache = state
             return _decode_program(params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True,
-                                   xla_options=self.xla_options, backend=self.backend)  # fmt: skip
+                                   xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
 
         return state, step
 
@@ -671,7 +694,7 @@ class Engine:
         return _prefill_program(
             self.call_params, jnp.asarray(ids), jnp.int32(n), args, cfg=self.cfg, cache_len=cache_len,
             kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=greedy, xla_options=None,
-            backend=self.backend,
+            backend=self.backend, layout=self.layout,
         )  # fmt: skip
 
 
@@ -741,7 +764,8 @@ def check_engine_switches() -> None:
 
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,
                 buckets: Sequence[int] | None = None, log_policy: bool = True, quant: QuantSpec = NO_QUANT,
-                scale_dtype: str = "bfloat16", kernel: str | None = None) -> tuple[Engine, dict]:  # fmt: skip
+                scale_dtype: str = "bfloat16", kernel: str | None = None,
+                mesh=None) -> tuple[Engine, dict]:  # fmt: skip
     """Resolve and load a Hugging Face Gemma 4 checkpoint onto the live device under a dtype policy; a
     `random:PRESET[@SEED]` text (or its folder) makes dummy weights on the device instead
     (`model.random_weights.load_random`: same layouts, no weight file; its report adds `dummy`).
@@ -759,13 +783,14 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     forced kernel the device cannot run or whose tiles do not fit, and EngineError for a policy's backend that
     cannot run here (`model.backends.plan_backend`: "cpu-kernels" off CPU or without a C++ compiler) and for a
     value of an on/off switch (GEMMA4_BENCH_XLA_CPU_OPTIONS, GEMMA4_BENCH_CPU_AMX, GEMMA4_BENCH_CPU_ATTENTION)
-    that is neither on nor off (all before the weights load).
+    that is neither on nor off (all before the weights load). `mesh` (a `model.placement.Mesh`, None: one
+    device, the path before meshes): the weights and KV cache placed over that many devices
+    (`model.sharding.prepare_mesh` before the weights load: MeshError for a mesh the model or the devices cannot
+    take; `place_params` after).
     """
-    import logging
-
     from model.checkpoint import load_params, resolve_checkpoint
     from model.config import load_config
-    from model.kernels.choice import with_kernel_mode, with_tilings
+    from model.kernels.choice import with_kernel_mode
     from model.policy import decide_policy
     from model.random_weights import load_random, read_marker
     from model.tokenizer import GemmaTokenizer
@@ -779,15 +804,13 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
                            activation_dtype=policy.activation_dtype, kv_dtype=policy.kv_dtype)  # before the weights
     path = resolve_checkpoint(checkpoint)
     cfg = load_config(path)
+    layout, kernel, policy = _prepare_mesh(mesh, cfg, backend, kernel, policy, quant)  # MeshError before the weights
     plan, policy = _plan_w4_kernel(cfg, policy, quant, scale_dtype, kernel, log)  # before anything loads
     t0 = time.perf_counter()
     load = load_random if read_marker(path) is not None else load_params  # dummy weights: made on the device
     params, report = load(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put,
                           quant=quant, scale_dtype=DTYPES[scale_dtype])  # fmt: skip
-    if plan is not None and plan.impl == "pallas":
-        params = with_tilings(params, plan)
-    if backend.output_major:  # the kernels read [N, K] weights: the input-major projections held transposed instead
-        params = output_major_params(params, release=True)  # one leaf at a time: the peak stays near the weights
+    params = _arranged(params, cfg, plan, backend, layout)
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
     log.info(_loaded_line(report, path, policy, quant))
@@ -795,8 +818,40 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
         (log.warning if level == "warning" else log.info)(line)
     tokenizer = GemmaTokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     engine = Engine(params, cfg, policy, max_length=max_length, buckets=buckets, tokenizer=tokenizer, quant=quant,
-                    scale_dtype=scale_dtype, kernel=plan, backend_plan=backend)  # fmt: skip
+                    scale_dtype=scale_dtype, kernel=plan, backend_plan=backend, layout=layout)  # fmt: skip
     return engine, report
+
+
+def _prepare_mesh(mesh, cfg: ModelConfig, backend: BackendPlan, kernel: str | None, policy: DevicePolicy,
+                  quant: QuantSpec) -> tuple:  # fmt: skip
+    """(the `model.sharding.MeshLayout` or None, the kernel choice, the policy) for `load_engine`: with a mesh,
+    `model.sharding.prepare_mesh` (MeshError for a mesh the model or the devices cannot take) turns off the
+    kernels a mesh cannot place, and the policy says so; without one, everything as given."""
+    if mesh is None:
+        return None, kernel, policy
+    from model.kernels.choice import with_kernel_mode
+    from model.sharding import prepare_mesh
+
+    layout, kernel = prepare_mesh(mesh, cfg, backend.backend, kernel)
+    return layout, kernel, with_kernel_mode(policy, quant, kernel)
+
+
+def _arranged(params: Params, cfg: ModelConfig, plan, backend: BackendPlan, layout) -> Params:
+    """The loaded `params` as the engine reads them: the w4 projections in the TPU kernel's layout where `plan`
+    chose it (`model.kernels.choice.with_tilings`), the input-major projections held transposed where the
+    backend's kernels read [N, K] (one leaf at a time: the peak stays near the weights), then placed over the mesh
+    of `layout` (`model.sharding.place_params`; one device without one)."""
+    if plan is not None and plan.impl == "pallas":
+        from model.kernels.choice import with_tilings
+
+        params = with_tilings(params, plan)
+    if backend.output_major:
+        params = output_major_params(params, release=True)
+    if layout is None:
+        return params
+    from model.sharding import place_params
+
+    return place_params(params, cfg, layout)
 
 
 def _plan_w4_kernel(cfg: ModelConfig, policy: DevicePolicy, quant: QuantSpec, scale_dtype: str, kernel: str | None,

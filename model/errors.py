@@ -35,3 +35,8 @@ class KernelError(ModelError):
     """A kernel choice the device cannot run (`--kernel w4a16=pallas` on CPU, below compute capability 8.0, or
     without w4 weights), or a kernel whose tiles do not fit the device's scratch memory (names the bytes needed,
     the limit, the largest term and a tiling that fits)."""
+
+
+class MeshError(EngineError):
+    """A device mesh (`--mesh tp=N,ep=N`, `model.sharding`) that is malformed, asks for more devices than there are,
+    or does not divide the model's heads, KV heads, feed-forward width or vocabulary (names the numbers)."""

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model import backends, quant
+from model.accounting import has_v_projection
 from model.config import ModelConfig
 from model.params import LayerParams
 
@@ -131,6 +132,8 @@ def project_qkv(
     b, t = a_BTD.shape[:2]
     n, h, k = cfg.num_heads, cfg.layer_head_dim(layer), cfg.kv_heads(layer)
     tables = rope.of(cfg, layer)
+    if _grouped(lp.qkv_DX):  # grouped by device (model.sharding): [D, G, (N/G + 2 Kd) H]
+        return _project_qkv_grouped(lp, cfg, layer, a_BTD, tables, h)
     z_BTX = dense(a_BTD, lp.qkv_DX, "BTD,DX->BTX")
     q_BTNH = rms_norm(z_BTX[..., : n * h].reshape(b, t, n, h), lp.q_norm_H, cfg.rms_norm_eps)
     q_BTNH = apply_rope(q_BTNH, tables)
@@ -139,6 +142,36 @@ def project_qkv(
     k_BTKH = rms_norm(z_BTX[..., n * h : (n + k) * h].reshape(b, t, k, h), lp.k_norm_H, cfg.rms_norm_eps)
     k_BTKH = apply_rope(k_BTKH, tables)
     v_BTKH = rms_norm(z_BTX[..., (n + k) * h :].reshape(b, t, k, h), None, cfg.rms_norm_eps)
+    return q_BTNH, jnp.swapaxes(k_BTKH, 1, 2), jnp.swapaxes(v_BTKH, 1, 2)
+
+
+def _grouped(w) -> bool:
+    """Whether a fused weight is held grouped by device, [D, G, X/G] (`model.sharding.group_layer`), rather than
+    [D, X] (a dense array, a `model.quant.QuantArray` by its logical shape; a `model.quant.OutputMajor` never)."""
+    return len(getattr(w, "shape", ())) == 3
+
+
+def _project_qkv_grouped(lp: LayerParams, cfg: ModelConfig, layer: int, a_BTD: jax.Array, tables: Rope, h: int):
+    """`project_qkv` with the fused weight grouped by device, qkv_DX [D, G, (N/G + 2 Kd) H] (`model.sharding
+    .group_layer`): group g holds query heads g N/G .. (g+1) N/G - 1 and the Kd KV heads they read (its own K/G, or
+    one copy of a KV head when G > K). Returns queries [B,T,N,H] in head order and keys and values [B,G Kd,T,H]
+    in group order (the KV cache of a mesh, `model.sharding.MeshLayout.cache_heads`); Kd from the weight's shape
+    (0: a KV-shared layer, k = v = None). The same norms and RoPE per head as `project_qkv`. A layer whose values
+    are its keys' projection (K = V: `model.accounting.has_v_projection` False) holds [D, G, (N/G + Kd) H]."""
+    b, t = a_BTD.shape[:2]
+    _, g, x = lp.qkv_DX.shape
+    nq = cfg.num_heads // g
+    k_eq_v = not has_v_projection(cfg, layer)  # K = V: the values are the keys' projection
+    kd = (x // h - nq) // (1 if k_eq_v else 2)
+    z_BTGX = dense(a_BTD, lp.qkv_DX, "BTD,DGX->BTGX")
+    q_BTNH = rms_norm(z_BTGX[..., : nq * h].reshape(b, t, g * nq, h), lp.q_norm_H, cfg.rms_norm_eps)
+    q_BTNH = apply_rope(q_BTNH, tables)
+    if lp.k_norm_H is None:
+        return q_BTNH, None, None
+    raw_k_BTKH = z_BTGX[..., nq * h : (nq + kd) * h].reshape(b, t, g * kd, h)
+    k_BTKH = apply_rope(rms_norm(raw_k_BTKH, lp.k_norm_H, cfg.rms_norm_eps), tables)
+    raw_v_BTKH = raw_k_BTKH if k_eq_v else z_BTGX[..., (nq + kd) * h :].reshape(b, t, g * kd, h)
+    v_BTKH = rms_norm(raw_v_BTKH, None, cfg.rms_norm_eps)
     return q_BTNH, jnp.swapaxes(k_BTKH, 1, 2), jnp.swapaxes(v_BTKH, 1, 2)
 
 
@@ -239,9 +272,15 @@ def layer_tail(
     h_BTD = h_BTD + rms_norm(attn_BTD, lp.post_attn_norm_D, cfg.rms_norm_eps)
     with jax.named_scope("mlp"):
         x_BTD = rms_norm(h_BTD, lp.pre_ffw_norm_D, cfg.rms_norm_eps)
-        gu_BTX = dense(x_BTD, lp.gate_up_DX, "BTD,DX->BTX")  # one product: gate and up side by side
-        f = gu_BTX.shape[-1] // 2
-        m_BTD = dense(gelu(gu_BTX[..., :f]) * gu_BTX[..., f:], lp.down_DF, "BTF,DF->BTD")
+        if _grouped(lp.gate_up_DX):  # grouped by device (model.sharding): [D, G, 2 F/G], group g gate_g | up_g
+            gu_BTGX = dense(x_BTD, lp.gate_up_DX, "BTD,DGX->BTGX")
+            f = gu_BTGX.shape[-1] // 2
+            m_BTGF = gelu(gu_BTGX[..., :f]) * gu_BTGX[..., f:]
+            m_BTD = dense(m_BTGF.reshape(*m_BTGF.shape[:2], -1), lp.down_DF, "BTF,DF->BTD")
+        else:
+            gu_BTX = dense(x_BTD, lp.gate_up_DX, "BTD,DX->BTX")  # one product: gate and up side by side
+            f = gu_BTX.shape[-1] // 2
+            m_BTD = dense(gelu(gu_BTX[..., :f]) * gu_BTX[..., f:], lp.down_DF, "BTF,DF->BTD")
         h_BTD = h_BTD + rms_norm(m_BTD, lp.post_ffw_norm_D, cfg.rms_norm_eps)
     if ple_BTP is not None:
         with jax.named_scope("per_layer_input"):

@@ -203,7 +203,8 @@ def test_gpu_shaped_trace_categories_from_kernel_names():
     assert analysis.device["platform"] == "gpu" and analysis.steps == 3
     assert analysis.totals["device_ms"] == pytest.approx(3 * 100e-3)  # the "XLA Ops" copy is not counted twice
     expected = {"dtype_conversion": 50, "matmul_fp32": 30, "tensor_core": 10, "copies_transfers": 5,
-                "other_fusions": 5, "attention": 0, "matmul_16bit": 0, "other": 0, "w4a16_kernel": 0}  # fmt: skip
+                "other_fusions": 5, "attention": 0, "matmul_16bit": 0, "other": 0, "w4a16_kernel": 0,
+                "collective": 0}  # fmt: skip
     assert {name: pytest.approx(pct) for name, (pct, _) in analysis.categories.items()} == expected
     assert analysis.totals["distinct_ops"] == 5
     assert any("no HLO" in note for note in analysis.notes)
@@ -479,3 +480,28 @@ def test_leak_one_is_named_as_a_conversion_of_each_weight_and_matched_dtypes_nam
     assert len(named) == 4 and {f["rewrite"]["kind"] for f in named} == {"dtype conversion"}
     assert all(f["rewrite"]["parameter_shape"].startswith(f"bf16[{D},{D}]") for f in named)
     assert not [f for f in matched[1].to_json()["findings"] if "parameter rewrite" in f["rules"]]
+
+
+@pytest.mark.parametrize("opcode", ["all-reduce", "all-gather-start", "all-gather-done", "reduce-scatter", "all-to-all",
+                                    "collective-permute", "collective-permute-start"])
+def test_collectives_are_their_own_category(opcode):
+    from bench.profile.classify import classify_hlo
+
+    op = _instr(f"{opcode}.3", opcode, op_name="jit(_decode_program)/decode_step/layer_1/attention/reduce_sum")
+    fused = _instr("fusion.4", "fusion", called=("with",), op_name="jit(_decode_program)/decode_step/mlp/add")
+    copy = _instr("copy.5", "copy")
+    module = _module(("with", [_instr("p0", "parameter"), _instr("c", "convert"), op]), ("main", [op, fused, copy]))
+    assert classify_hlo(op, module, op.name, "tpu") == ("collective", "")  # before the attention scope
+    assert classify_hlo(fused, module, fused.name, "gpu") == ("collective", "")  # before dtype conversion
+    assert classify_hlo(copy, module, copy.name, "cpu") == ("copies_transfers", "")
+
+
+@pytest.mark.parametrize("name, category", [
+    ("all-reduce.12", "collective"), ("all-gather-start.1", "collective"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "collective"), ("collective-permute-done", "collective"),
+    ("memcpy32_post", "copies_transfers"),
+])  # fmt: skip
+def test_collective_names_without_hlo(name, category):
+    from bench.profile.classify import classify_name
+
+    assert classify_name(name, "gpu") == (category, "")

@@ -25,6 +25,10 @@ Categories, each device nanosecond in exactly one, decided in this order (first 
 0. w4a16_kernel: the fused W4A16 Pallas kernel (`model.kernels.w4a16`): a kernel named, or an op under a named
    scope, containing "w4a16_pallas" (`bench.profile.classify.is_w4a16_kernel`); its own category, so the
    kernel's share is read directly (not "other", nor a matrix product of unknown dtype).
+0b. collective: data exchanged between devices (a mesh, `model.sharding`): an HLO all-reduce, all-gather,
+   reduce-scatter, all-to-all or collective-permute (or its -start / -done half), or a fusion containing one
+   (`bench.profile.classify.is_collective`); without HLO, a name of one (`all-reduce.3`) or an NCCL kernel. Its
+   own category, so a mesh's communication is read per device beside its products (it was data movement before).
 1. dtype_conversion: HLO `convert`, or a fusion doing only converts plus data movement; without HLO, a name
    containing "convert" (`wrapped_convert`, `loop_convert_fusion`).
 2. tensor_core: a GPU kernel `bench.profile.classify.is_tensor_core_kernel` accepts; on a TPU, an op that is or
@@ -40,8 +44,7 @@ Categories, each device nanosecond in exactly one, decided in this order (first 
    reduce (a fusion of both whose JAX op is a `dot_general`, `bench.profile.classify.is_rewritten_product`): the
    TPU backend's one-row products, run on the vector units, split by the fusion's operand dtypes.
 5. copies_transfers: data movement without arithmetic: copy, transpose, (dynamic-)slice, dynamic-update-slice
-   (the KV-cache write), concatenate, pad, gather/scatter, collectives, and fusions of only these; GPU
-   Memcpy*/Memset events.
+   (the KV-cache write), concatenate, pad, gather/scatter, and fusions of only these; GPU Memcpy*/Memset events.
 6. other_fusions: any other fusion (elementwise, reductions, norms).
 7. other: everything else (unfused elementwise ops, reductions, custom calls, control flow).
 
@@ -80,7 +83,7 @@ from bench.runs.schema import PROFILE_SCHEMA_VERSION  # profile.json's layout ve
 
 CATEGORIES = (
     "w4a16_kernel", "dtype_conversion", "tensor_core", "attention", "matmul_fp32", "matmul_16bit",
-    "copies_transfers", "other_fusions", "other",
+    "copies_transfers", "collective", "other_fusions", "other",
 )  # fmt: skip
 TOP_OPS_IN_JSON = 40
 

@@ -21,6 +21,18 @@ _MOVE = {
     "collective-permute-start", "collective-permute-done", "send", "recv", "send-done", "recv-done",
 }  # fmt: skip
 _CONTROL_FLOW = {"while", "call", "conditional"}
+COLLECTIVE_OPCODES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+"""HLO collectives (data exchanged between devices: `model.sharding`'s meshes), with their asynchronous -start and
+-done halves: the "collective" category."""
+_COLLECTIVE_NAME = re.compile(r"nccl|all[-_]?reduce|all[-_]?gather|reduce[-_]?scatter|all[-_]?to[-_]?all|"
+                              r"collective[-_]?permute", re.IGNORECASE)  # fmt: skip
+"""A kernel or event named for a collective: NCCL's kernels (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`) and XLA's
+ops as traces name them (`all-reduce.3`, `all-gather-start.1`, `collective-permute-done`)."""
+
+
+def is_collective(opcode: str) -> bool:
+    """True for an HLO collective opcode (`COLLECTIVE_OPCODES`, or its -start / -done half)."""
+    return opcode.removesuffix("-start").removesuffix("-done") in COLLECTIVE_OPCODES
 _W4A16_KERNEL = re.compile(r"w4a16_pallas", re.IGNORECASE)
 """The fused W4A16 kernel's name (`model.kernels.w4a16.KERNEL_NAME`, "w4a16_pallas_kernel"): the Triton kernel's
 name on a GPU, and the named scope around its call (so an interpreted run's ops carry it in their op_name)."""
@@ -156,6 +168,8 @@ def classify_hlo(instr: HloInstruction, module: HloModule, kernel: str, platform
     if is_w4a16_kernel(kernel) or is_w4a16_kernel(_scope(instr, module)):
         return "w4a16_kernel", ""
     inner = _fused(instr, module) if instr.opcode == "fusion" else []
+    if any(is_collective(i.opcode) for i in [instr, *inner]):  # devices exchanging data, whatever else it fuses
+        return "collective", ""
     work = [i.opcode for i in inner if i.opcode not in ("parameter", "constant", "tuple", "get-tuple-element")]
     if instr.opcode == "convert" or ("convert" in work and all(op == "convert" or op in _MOVE for op in work)):
         return "dtype_conversion", ""
@@ -193,7 +207,7 @@ _NAME_FP32 = re.compile(r"\bfloat\b|sgemm|sgemv|f32|fp32|tf32", re.IGNORECASE)
 _NAME_MATMUL = re.compile(r"gemm|gemv|matmul|xmma|nvjet|cublas|cutlass|(^|[_.])dot([_.]|$)", re.IGNORECASE)
 _NAME_ATTENTION = re.compile(r"attention|fmha|flash|sdpa", re.IGNORECASE)
 _NAME_TPU_MXU = re.compile(r"(^|_)(convolution|dot)([_.]|$)")  # a TPU fusion named after its ops: convolution_add_fusion
-_NAME_COPY = re.compile(r"memcpy|memset|copy|transpose|dynamic.update.slice|concatenate|gather|scatter|nccl", re.I)
+_NAME_COPY = re.compile(r"memcpy|memset|copy|transpose|dynamic.update.slice|concatenate|gather|scatter", re.I)
 
 
 def _name_dtype_group(kernel: str) -> str | None:
@@ -208,6 +222,8 @@ def classify_name(kernel: str, platform: str) -> tuple[str, str]:
     """(category, detail) from an event name alone, for ops whose HLO instruction the trace does not hold."""
     if is_w4a16_kernel(kernel):
         return "w4a16_kernel", ""
+    if _COLLECTIVE_NAME.search(kernel):
+        return "collective", ""
     if "convert" in kernel.lower():
         return "dtype_conversion", ""
     if platform == "gpu" and is_tensor_core_kernel(kernel):
