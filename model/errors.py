@@ -35,3 +35,8 @@ class KernelError(ModelError):
     """A kernel choice the device cannot run (`--kernel w4a16=pallas` on CPU, below compute capability 8.0, or
     without w4 weights), or a kernel whose tiles do not fit the device's scratch memory (names the bytes needed,
     the limit, the largest term and a tiling that fits)."""
+
+
+class OptionError(ModelError):
+    """An engine option value that is malformed or out of range (`--dtype`, `--max-length`, `--buckets`,
+    `--scale-dtype`, `--kernel`, `--backend`: `model.engine_config.EngineConfig.from_options`)."""
