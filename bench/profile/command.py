@@ -389,40 +389,59 @@ def _profile(joined, opts):
 def _capture_into(run, setup, opts):
     """Trace, analyse, measure bandwidth (the copy, and the read-only probes whose fastest, or the device's
     datasheet figure where larger, is the roofline's ceiling: bench/runs/ceiling.py), write `run`/profile.json (the
-    caller ends the run)."""
-    from bench.profile.analysis import analyze_trace, attach_roofline
-    from bench.profile.bandwidth import measure_bandwidth, measure_read_probes
-    from bench.profile.capture import batch_decode_steps, capture_steps, prompt_decode_steps
-    from bench.runs.ceiling import CEILING_KEY, FINDINGS_KEY, finding_of, roofline_ceiling
+    caller ends the run). Returns (profile.json dict, the capture, profile.json's path)."""
+    from bench.profile.analysis import analyze_trace
     from model.backends import xla_options_line
 
     opts.capturing = True
-    log = logging.getLogger("bench")
-    engine, max_new_tokens = setup.engine, setup.max_new_tokens
-    bucket = engine.bucket_for(opts.input_tokens)
+    log, engine = logging.getLogger("bench"), setup.engine
     log.info(f"run folder: {run.path}")
     run.log(engine.policy.line())
     if (options_line := xla_options_line(engine.xla_options, engine.policy.platform)) is not None:
         run.log(options_line)
     mismatch = run_mismatches(run, setup)
+    capture = _trace(run, setup, opts, log)
+    analysis = analyze_trace(capture.xplane_path)
+    data = _with_roofline(analysis, run, setup, opts, capture, mismatch, log)
+    path = run.write_json("profile.json", data)
+    for note in data["capture_notes"]:
+        run.log(f"profile note: {note}")
+    return data, capture, path
 
+
+def _trace(run, setup, opts, log):
+    """The capture (`bench.profile.capture.capture_steps`) of `opts.steps` decode steps after the prompt (or the
+    batch cell's prompts) and `WARMUP_STEPS` warm-up steps, into `run`/profile/."""
+    from bench.profile.capture import batch_decode_steps, capture_steps, prompt_decode_steps
+
+    engine, max_new_tokens = setup.engine, setup.max_new_tokens
     if opts.batch == 1:
         state, step = prompt_decode_steps(engine, setup.prompt.ids, max_new_tokens)
     else:
         state, step = batch_decode_steps(engine, [p.ids for p in setup.prompt], max_new_tokens)
     rows = f" x {opts.batch} rows (the sweep's batch cell prompts)" if opts.batch > 1 else ""
     log.info(f"profiling {opts.steps} decode steps after a prompt of {opts.input_tokens} input tokens{rows} "
-             f"(bucket {bucket}) and {WARMUP_STEPS} warm-up steps")  # fmt: skip
+             f"(bucket {engine.bucket_for(opts.input_tokens)}) and {WARMUP_STEPS} warm-up steps")  # fmt: skip
     capture = capture_steps(step, state, opts.steps, run.path / "profile", warmup=WARMUP_STEPS,
                             python_tracer=opts.python_tracer,
                             restart_every=max_new_tokens - 1 - WARMUP_STEPS)  # fmt: skip
     del state
     run.log(f"captured {capture.n_steps} decode steps: {capture.xplane_path} ({capture.xplane_bytes} bytes)")
-    analysis = analyze_trace(capture.xplane_path)
+    return capture
 
+
+def _with_roofline(analysis, run, setup, opts, capture, mismatch: list[str], log) -> dict:
+    """profile.json's dict: the analysis with the bandwidth measured now (the copy and the read-only probes), the
+    roofline attached against their ceiling, a share above 100% of it as a finding, the capture's notes (the
+    roofline's rate, the capture's, how the joined run differs: `mismatch`, the finding), the config and the
+    capture's facts."""
+    from bench.profile.analysis import attach_roofline
+    from bench.profile.bandwidth import measure_bandwidth, measure_read_probes
+    from bench.runs.ceiling import CEILING_KEY, FINDINGS_KEY, finding_of, roofline_ceiling
+
+    engine, max_new_tokens = setup.engine, setup.max_new_tokens
     log.info("measuring device bandwidth (device-to-device copy, then the read-only probes)")
-    bw = measure_bandwidth()
-    reads = measure_read_probes()
+    bw, reads = measure_bandwidth(), measure_read_probes()
     read_bw = reads.fastest
     ceiling = roofline_ceiling(read_bw.bytes_per_s, read_bw.method, read_bw.device_kind, copy_bytes_s=bw.bytes_per_s)
     decode_bytes, gauge, gauge_note = _roofline_inputs(engine, setup.cell, opts.input_tokens, max_new_tokens,
@@ -440,7 +459,7 @@ def _capture_into(run, setup, opts):
     data["trace"] = os.path.relpath(analysis.trace_path, run.path)  # relative: the run folder can move
     data["notes"] = list(data["notes"]) + notes
     data["capture_notes"] = notes  # the notes of the capture, not the analysis: `--update` keeps these
-    data["config"] = _profile_config(setup, opts, bucket, decode_bytes)
+    data["config"] = _profile_config(setup, opts, engine.bucket_for(opts.input_tokens), decode_bytes)
     data["capture"] = _capture_facts(capture, run.path, setup.flags_info)
     data["bandwidth"] = bw.to_json()
     data["read_bandwidth"] = read_bw.to_json()  # the fastest read probe
@@ -449,10 +468,7 @@ def _capture_into(run, setup, opts):
     data["roofline"]["bandwidth_kind"] = f"ceiling: {ceiling.chosen} ({ceiling.definition})"
     if found is not None:
         data[FINDINGS_KEY] = [found.to_json()]
-    path = run.write_json("profile.json", data)
-    for note in notes:
-        run.log(f"profile note: {note}")
-    return data, capture, path
+    return data
 
 
 def refuse_other_quant(ran, quant: str, scale_dtype: str | None) -> None:
