@@ -57,7 +57,7 @@ def parse_random_flag(spec: str):
 
 def compile_cache_dir(spec: str | None) -> Path | None:
     """`--compile-cache`: None -> <cache root>/xla; 'off' -> disabled; else that folder."""
-    from model.builtin import cache_root
+    from model.folders import cache_root
 
     if spec is None:
         path = cache_root() / "xla"
@@ -191,7 +191,8 @@ def engine_manifest(command: str, engine, report: dict, checkpoint: str | None, 
         policy_facts,
         portable_dir,
     )
-    from model.builtin import DEFAULT_PRESET, cache_root
+    from model.builtin import DEFAULT_PRESET
+    from model.folders import cache_root
 
     spec, facts = checkpoint or f"builtin:{DEFAULT_PRESET}", engine_config_of(engine)
     return build_manifest(

@@ -65,7 +65,7 @@ def stored_flags(run) -> SweepFlags:
     (builtin:NAME or a hub id; a schema-1 run's folder; None for a local folder); the compile cache its folder
     on this machine ('off' for none: `bench.runs.manifest.local_dir`)."""
     from bench.runs.manifest import local_dir
-    from model.builtin import cache_root
+    from model.folders import cache_root
 
     m = run.typed_manifest
     notes = m.workload.notes or {}
@@ -110,7 +110,7 @@ def _cache_text(flag: str | None, given: bool = True) -> str:
     a `given` one is resolved as the flag is (`bench.engines.compile_cache_dir`: a file is refused)."""
     from bench.engines import compile_cache_dir
     from bench.runs.manifest import portable_dir
-    from model.builtin import cache_root
+    from model.folders import cache_root
 
     if not given:
         return "off" if flag in (None, "off") else portable_dir(flag, cache_root()) or "off"
