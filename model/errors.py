@@ -40,3 +40,8 @@ class KernelError(ModelError):
 class MeshError(EngineError):
     """A device mesh (`--mesh tp=N,ep=N`, `model.sharding`) that is malformed, asks for more devices than there are,
     or does not divide the model's heads, KV heads, feed-forward width or vocabulary (names the numbers)."""
+
+
+class OptionError(ModelError):
+    """An engine option value that is malformed or out of range (`--dtype`, `--max-length`, `--buckets`,
+    `--scale-dtype`, `--kernel`, `--backend`: `model.engine_config.EngineConfig.from_options`)."""

@@ -75,23 +75,25 @@ def test_the_manifest_records_the_backend_and_an_old_manifest_reads_as_written()
 
 
 def test_a_resumed_sweep_takes_the_runs_backend_and_refuses_another() -> None:
-    from bench.cli.sweep_cmds import _resumed_backend
     from bench.errors import InputError
-    from bench.runs import EngineConfig
+    from bench.runs import CheckpointFacts, EngineConfig, Manifest
+    from bench.sweep.resume import SweepFlags, resume_options
+    from model.engine_config import EngineConfig as Options
 
-    def run(backend):
-        engine = EngineConfig(backend=backend)
-        return SimpleNamespace(path=Path("runs/x"), typed_manifest=SimpleNamespace(engine=engine))
+    def resumed(ran, backend):  # the backend a resumed sweep runs (bench/sweep/resume.py)
+        m = Manifest(engine=EngineConfig(backend=ran), checkpoint=CheckpointFacts(id="c", source="builtin:tiny"))
+        run = SimpleNamespace(path=Path("runs/x"), typed_manifest=m)
+        return resume_options(run, SweepFlags(), Options.from_options(backend=backend))[1].backend
 
-    assert _resumed_backend(run("cpu-kernels"), None) == "cpu-kernels"
-    assert _resumed_backend(run("jax"), "jax") == "jax"
+    assert resumed("cpu-kernels", None) == "cpu-kernels"
+    assert resumed("jax", "jax") == "jax"
     with pytest.raises(InputError, match="^--backend jax differs from the resumed run's cpu-kernels; drop the flag"):
-        _resumed_backend(run("cpu-kernels"), "jax")
-    assert _resumed_backend(run(None), None) is None  # a run from before: the default (its build id says the rest)
+        resumed("cpu-kernels", "jax")
+    assert resumed(None, None) is None  # a run from before: the default (its build id says the rest)
 
 
 def test_a_profile_joined_to_a_run_of_another_backend_says_it_differs() -> None:
-    from bench.cli.profile_cmds import _run_mismatches
+    from bench.profile.command import run_mismatches as _run_mismatches
     from bench.runs import EngineConfig
 
     def run(backend):

@@ -93,7 +93,7 @@ def test_steps_whose_trace_cannot_fit_are_refused_before_the_model_loads(tmp_pat
                                                                          no_load) -> None:  # fmt: skip
     """8,200 steps of the default preset were killed for memory at 20.7 GB, leaving the run "running"."""
     import bench.runs.environment as environment
-    from bench.cli.profile_cmds import TRACE_BYTES_PER_LAYER_STEP
+    from bench.profile.command import TRACE_BYTES_PER_LAYER_STEP
     from model.config import PRESETS
 
     monkeypatch.setattr(environment, "host_available_bytes", lambda: 20 * 2**30)
@@ -108,7 +108,7 @@ def test_steps_whose_trace_cannot_fit_are_refused_before_the_model_loads(tmp_pat
 
 def test_the_bound_passes_what_fits_and_reads_the_checkpoints_layers(monkeypatch) -> None:
     import bench.runs.environment as environment
-    from bench.cli.profile_cmds import TRACE_BYTES_PER_LAYER_STEP, check_trace_memory
+    from bench.profile.command import TRACE_BYTES_PER_LAYER_STEP, check_trace_memory
     from bench.errors import InputError
     from model.config import PRESETS
 

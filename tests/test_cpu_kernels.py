@@ -252,19 +252,25 @@ def test_a_resumed_sweep_takes_the_runs_weight_dtype_and_refuses_another():
     from pathlib import Path
     from types import SimpleNamespace
 
-    from bench.cli.sweep_cmds import _resumed_weight_dtype
     from bench.errors import InputError
-    from bench.runs import EngineConfig
+    from bench.runs import CheckpointFacts, EngineConfig, Manifest
+    from bench.sweep.resume import SweepFlags, resume_options
+    from model.engine_config import EngineConfig as Options
 
     def run(**engine):
-        return SimpleNamespace(path=Path("runs/x"), typed_manifest=SimpleNamespace(engine=EngineConfig(**engine)))
+        m = Manifest(engine=EngineConfig(**engine), checkpoint=CheckpointFacts(id="c", source="builtin:tiny"))
+        return SimpleNamespace(path=Path("runs/x"), typed_manifest=m)
+
+    def _resumed_weight_dtype(ran, weight_dtype):  # the weight dtype a resumed sweep runs with
+        return resume_options(ran, SweepFlags(), Options.from_options(weight_dtype=weight_dtype))[1].weight_dtype
 
     bf16 = run(weight_dtype="bfloat16", compute_dtype="float32", kernel="bf16=cpu")
     assert _resumed_weight_dtype(bf16, None) == "bfloat16"
     assert _resumed_weight_dtype(bf16, "bfloat16") == "bfloat16"
     with pytest.raises(InputError, match="--weight-dtype float32 differs from the resumed run's bfloat16"):
         _resumed_weight_dtype(bf16, "float32")
-    assert _resumed_weight_dtype(run(weight_dtype="float32", compute_dtype="float32"), None) is None  # the policy's
+    # the run's own, as it resolved it: an explicit weight dtype equal to the compute dtype is the policy's default
+    assert _resumed_weight_dtype(run(weight_dtype="float32", compute_dtype="float32"), None) == "float32"
     assert _resumed_weight_dtype(run(), None) is None  # a run from before the flag
 
 
@@ -292,7 +298,7 @@ def test_the_manifest_names_the_w4_product_and_the_cpu_kernel_side_by_side():
 def test_a_profile_joined_to_a_run_made_without_the_cpu_kernel_says_it_differs():
     from types import SimpleNamespace
 
-    from bench.cli.profile_cmds import _run_mismatches
+    from bench.profile.command import run_mismatches as _run_mismatches
     from bench.runs import EngineConfig
 
     policy = SimpleNamespace(compute_dtype="float32", weight_dtype="bfloat16")

@@ -31,10 +31,11 @@ def test_policy_line_and_manifest_record_the_w4_product(tiny_checkpoint, caplog)
 
     from bench.cli.common import engine_manifest, open_engine
     from bench.runs.manifest import Workload
+    from model.engine_config import EngineConfig
 
     spec = str(tiny_checkpoint)
     with caplog.at_level(logging.INFO, logger="model.engine"):
-        engine, report, _, cache = open_engine(spec, "float32", None, "off", quant="w4:32")
+        engine, report, _, cache = open_engine(spec, EngineConfig.from_options(dtype="float32", quant="w4:32"), "off")
     assert "w4a16_kernel=xla (CPU: Pallas would only interpret the kernel there" in caplog.text
     assert "w4a16 kernel: xla (CPU" in caplog.text
     m = engine_manifest("sweep", engine, report, spec, cache, Workload())
@@ -44,9 +45,9 @@ def test_policy_line_and_manifest_record_the_w4_product(tiny_checkpoint, caplog)
     assert (m.engine.kernel, m.engine.kernel_tiles) == (w4, None)
     assert m.to_dict()["engine_config"]["kernel"] == w4 and m.dtype_policy["w4a16_kernel"] == "xla"
     assert m.engine.dense().kernel == cpu
-    forced, report2, _, _ = open_engine(spec, "float32", None, "off", quant="w4:32", kernel="w4a16=xla")
+    forced, report2, _, _ = open_engine(spec, EngineConfig.from_options(dtype="float32", quant="w4:32", kernel="w4a16=xla"), "off")
     assert engine_manifest("sweep", forced, report2, spec, cache, Workload()).build_id == m.build_id
-    dense, report3, _, _ = open_engine(spec, "float32", None, "off")
+    dense, report3, _, _ = open_engine(spec, EngineConfig.from_options(dtype="float32"), "off")
     assert engine_manifest("sweep", dense, report3, spec, cache, Workload()).engine.kernel == cpu
 
 

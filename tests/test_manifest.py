@@ -43,12 +43,14 @@ def payloads(tiny_checkpoint):
 
     from bench.cli.common import engine_manifest, open_engine
     from bench.cli.serve_cmds import load_served_model
-    from bench.cli.sweep_cmds import sweep_workload
+    from bench.sweep.command import sweep_workload
     from bench.sweep.remote import Target, remote_manifest
 
-    spec = str(tiny_checkpoint)
-    served = load_served_model(spec, "float32", None, "off")
-    engine, report, _, cache = open_engine(spec, "float32", None, "off")
+    from model.engine_config import EngineConfig
+
+    spec, f32 = str(tiny_checkpoint), EngineConfig.from_options(dtype="float32")
+    served = load_served_model(spec, f32, "off")
+    engine, report, _, cache = open_engine(spec, f32, "off")
     sweep_cfg = SimpleNamespace(inputs=(20, 41), max_new_tokens=8, repeats=2)
     sweep = engine_manifest("sweep", engine, report, spec, cache, sweep_workload(sweep_cfg))
     profile_cfg = SimpleNamespace(inputs=(41,), max_new_tokens=30, repeats=None)
@@ -57,11 +59,11 @@ def payloads(tiny_checkpoint):
                                            "buckets": list(engine.buckets)}}  # fmt: skip
     target = Target("http://127.0.0.1:1/v1", "http://127.0.0.1:1", "tiny", True, health, {"data": [{"id": "tiny"}]})
     remote = remote_manifest(target, sweep_cfg, spec)
-    engine16, report16, _, cache16 = open_engine(spec, "bfloat16", None, "off")
+    engine16, report16, _, cache16 = open_engine(spec, EngineConfig.from_options(dtype="bfloat16"), "off")
     bf16 = engine_manifest("sweep", engine16, report16, spec, cache16, sweep_workload(sweep_cfg))
-    engine8, report8, _, cache8 = open_engine(spec, "float32", None, "off", quant="ple4,w8")
+    engine8, report8, _, cache8 = open_engine(spec, EngineConfig.from_options(dtype="float32", quant="ple4,w8"), "off")
     w8 = engine_manifest("sweep", engine8, report8, spec, cache8, sweep_workload(sweep_cfg))
-    served8 = load_served_model(spec, "float32", None, "off", quant="w8,ple4")
+    served8 = load_served_model(spec, EngineConfig.from_options(dtype="float32", quant="w8,ple4"), "off")
     return SimpleNamespace(served=served, sweep=sweep, profile=profile, remote=remote, bf16=bf16, w8=w8,
                            served8=served8, path=spec)  # fmt: skip
 
@@ -210,7 +212,12 @@ def test_a_schema_2_manifest_needs_a_checkpoint_source_and_a_schema_1_one_a_path
 
 # ---- resuming --------------------------------------------------------------------------------------------------------
 def test_resuming_a_run_of_a_local_folder_asks_for_the_checkpoint(tmp_path):
-    from bench.cli.sweep_cmds import _resumed_flags, check_same_build
+    from bench.sweep.resume import SweepFlags, check_same_build, resume_options
+    from model.engine_config import EngineConfig
+
+    def _resumed_flags(run, checkpoint):  # (inputs, max_new_tokens, repeats, checkpoint) a resumed sweep takes
+        f = resume_options(run, SweepFlags(checkpoint=checkpoint), EngineConfig())[0]
+        return f.inputs, f.max_new_tokens, f.repeats, f.checkpoint
 
     run = make_measured_run(tmp_path, "local", status="incomplete")
     m = json.loads((run.path / "manifest.json").read_text())
@@ -219,8 +226,8 @@ def test_resuming_a_run_of_a_local_folder_asks_for_the_checkpoint(tmp_path):
     (run.path / "manifest.json").write_text(json.dumps(m))
     run = open_run(run.path)
     with pytest.raises(InputError, match="local checkpoint folder .* pass --checkpoint FOLDER"):
-        _resumed_flags(run, None, None, None, None)
-    assert _resumed_flags(run, None, None, None, "/ckpt") == ("41,521", 8, 2, "/ckpt")
+        _resumed_flags(run, None)
+    assert _resumed_flags(run, "/ckpt") == ("41,521", 8, 2, "/ckpt")
     old = open_run(ARCHIVED[-1])
     with pytest.raises(RunFolderError, match="older harness, schema 1"):
         check_same_build(old, Manifest(build_id="ffffffffffff"))

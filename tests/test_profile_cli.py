@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import bench_in_process
-from bench.cli.profile_cmds import nvidia_gpu_expected
+from bench.profile.command import nvidia_gpu_expected
 from model.backends.cpu.kernels import ATTENTION_KERNEL, bf16_kernel_name
 
 STEPS = 3

@@ -112,24 +112,29 @@ def test_the_report_shows_the_options_side_by_side(sweeps, tmp_path):
 def test_a_resumed_sweep_takes_the_runs_quantization_and_refuses_another():
     from types import SimpleNamespace
 
-    from bench.cli.sweep_cmds import _resumed_quant
     from bench.errors import InputError
-    from bench.runs import EngineConfig
+    from bench.runs import CheckpointFacts, EngineConfig, Manifest
+    from bench.sweep.resume import SweepFlags, resume_options
+    from model.engine_config import EngineConfig as Options
 
-    run = SimpleNamespace(path=Path("runs/x"), typed_manifest=SimpleNamespace(
-        engine=EngineConfig(quantization="int8_lm_head,ple4", scale_dtype="float16")))
+    def _resumed_quant(facts, quant, scale_dtype):  # (quantization, scale dtype) a resumed sweep runs with
+        m = Manifest(engine=facts, checkpoint=CheckpointFacts(id="c", source="builtin:tiny"))
+        run = SimpleNamespace(path=Path("runs/x"), typed_manifest=m)
+        got = resume_options(run, SweepFlags(), Options.from_options(quant=quant, scale_dtype=scale_dtype))[1]
+        return got.quant_spec.canonical, got.scale_dtype
+
+    run = EngineConfig(quantization="int8_lm_head,ple4", scale_dtype="float16")
     assert _resumed_quant(run, None, None) == ("int8_lm_head,ple4", "float16")
     assert _resumed_quant(run, "ple4,int8_lm_head", None) == ("int8_lm_head,ple4", "float16")  # canonical
     with pytest.raises(InputError, match="--quant w8 differs from the resumed run's int8_lm_head,ple4"):
         _resumed_quant(run, "w8", None)
     with pytest.raises(InputError, match="--scale-dtype bfloat16 differs"):
         _resumed_quant(run, None, "bfloat16")
-    dense = SimpleNamespace(path=Path("runs/y"), typed_manifest=SimpleNamespace(engine=EngineConfig()))
-    assert _resumed_quant(dense, None, None) == ("none", None)  # a run from before --quant is dense
+    assert _resumed_quant(EngineConfig(), None, None) == ("none", None)  # a run from before --quant is dense
 
 
 def test_a_profile_joined_to_a_run_refuses_other_weights():
-    from bench.cli.profile_cmds import _refuse_other_quant
+    from bench.profile.command import refuse_other_quant as _refuse_other_quant
     from bench.errors import InputError
     from bench.runs import EngineConfig
 

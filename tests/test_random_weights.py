@@ -225,7 +225,7 @@ def test_every_command_refuses_a_bad_preset_in_one_line_before_loading(tmp_path)
     check_checkpoint("random:e2b@3")
     assert not is_hub_id("random:e2b")
     for check in (lambda: check_options(Options(outdir=tmp_path, checkpoint="random:nosuch")),
-                  lambda: _check_options("random:nosuch", 8000, None, None, None, 1024, None),
+                  lambda: _check_options("random:nosuch", 8000, 1024, None),
                   lambda: check_checkpoint("random:nosuch")):  # fmt: skip
         with pytest.raises(InputError, match="--checkpoint random:nosuch: unknown preset 'nosuch'") as info:
             check()

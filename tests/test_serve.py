@@ -646,13 +646,15 @@ def test_weight_dtype_bfloat16_is_the_served_engines_and_health_names_it_with_th
     from bench.cli.serve_cmds import load_served_model
     from bench.runs.manifest import Workload
     from bench.serve import create_app, default_slots
+    from model.engine_config import EngineConfig
 
     spec = str(tiny_checkpoint)
-    loaded = load_served_model(spec, "float32", 64, "off", weight_dtype="bfloat16")
+    config = EngineConfig.from_options(dtype="float32", max_length=64, weight_dtype="bfloat16")
+    loaded = load_served_model(spec, config, "off")
     pol = loaded.engine.policy
     assert (pol.weight_dtype, pol.compute_dtype, pol.backend) == ("bfloat16", "float32", "jax")
     assert loaded.kernel is None  # pure JAX: XLA widens the bfloat16 weights
-    engine, report, _, cache = open_engine(spec, "float32", 64, "off", weight_dtype="bfloat16")
+    engine, report, _, cache = open_engine(spec, config, "off")
     swept = engine_manifest("sweep", engine, report, spec, cache, Workload())
     assert (swept.engine.weight_dtype, swept.engine.kernel) == ("bfloat16", loaded.kernel)
     assert swept.build_id == loaded.build_id
@@ -721,11 +723,11 @@ def test_bench_serve_passes_weight_dtype_to_the_engine(tiny_checkpoint, tmp_path
 def test_a_bad_weight_dtype_is_one_line_before_the_port_opens():
     from conftest import assert_one_line_error, run_cli_here
 
-    from bench.cli.serve_cmds import _check_options
-    from bench.errors import InputError
+    from model.engine_config import EngineConfig
+    from model.errors import OptionError
 
-    with pytest.raises(InputError, match="--weight-dtype int3"):
-        _check_options(None, 8000, None, None, None, 1024, None, weight_dtype="int3")
+    with pytest.raises(OptionError, match="--weight-dtype int3"):
+        EngineConfig.from_options(weight_dtype="int3")
     with socket.socket() as taken:  # a port in use: the flag is refused first, not the port
         taken.bind(("127.0.0.1", 0))
         taken.listen()

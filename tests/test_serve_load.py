@@ -354,5 +354,5 @@ def test_bad_scheduler_options_are_refused_in_one_line_before_the_port_opens():
     for kw, flag in (({"max_batch": 0}, "--max-batch 0"), ({"max_queue": -1}, "--max-queue -1"),
                      ({"request_deadline": 0.0}, "--request-deadline 0.0")):  # fmt: skip
         with pytest.raises(InputError, match=flag):
-            _check_options(None, 8000, None, None, None, 1024, None, **kw)
+            _check_options(None, 8000, 1024, None, **kw)
     assert_one_line_error(run_cli_here(["serve", "--max-batch", "0"]), "--max-batch 0", "decode slots")

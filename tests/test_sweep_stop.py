@@ -242,9 +242,10 @@ def test_a_killed_writer_is_named_in_the_list(tmp_path: Path, capsys) -> None:
 @pytest.mark.parametrize("text,needles", [("64,32", ["not in increasing order", "--buckets 32,64"]),
                                           ("64,64", ["repeats a rung", "--buckets 64"])])  # fmt: skip
 def test_buckets_out_of_order_or_repeated_are_refused(text, needles) -> None:
-    from bench.cli.common import parse_buckets
+    from model.engine_config import parse_buckets
+    from model.errors import OptionError
 
-    with pytest.raises(InputError) as info:
+    with pytest.raises(OptionError) as info:
         parse_buckets(text)
     assert all(n in str(info.value) for n in needles), str(info.value)
     assert parse_buckets("32,64") == (32, 64)

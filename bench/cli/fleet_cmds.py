@@ -55,9 +55,7 @@ def plan_cmd(
 ) -> None:
     """Write one SkyPilot task YAML per accelerator and fleet.json into --out, each validated against SkyPilot's
     schema (offline: no cloud access, no credentials). The HF token is a secret named in the YAML, never written."""
-    from bench.fleet import KNOWN, FleetOptions, build_plan, fleet_name, is_known, parse_accelerators, validate_task
-    from bench.fleet import write_plan
-    from bench.fleet.sdk import sky_version
+    from bench.fleet import FleetOptions, build_plan, fleet_name, parse_accelerators, validate_task, write_plan
     from bench.gpurun.main import REPO
 
     names = parse_accelerators(accelerators)
@@ -74,6 +72,15 @@ def plan_cmd(
     for file_name, config in configs.items():
         validate_task(config, str(out / file_name))
     written = write_plan(plan, configs, out, replace=replace)
+    _print_plan(plan, out, written, len(configs))
+
+
+def _print_plan(plan, out: Path, written: list, tasks: int) -> None:
+    """What `bench fleet plan` wrote: one line per task, the command each runs, where results go, the secret, and
+    the file list's last entry with the next step."""
+    from bench.fleet import KNOWN, is_known
+    from bench.fleet.sdk import sky_version
+
     market = "spot" if plan.spot else "on-demand"
     runs_as = "managed job" if plan.managed else "cluster"
     for task in plan.tasks:
@@ -91,7 +98,7 @@ def plan_cmd(
                    "with rsync; the compilation cache starts empty on each cluster)")  # fmt: skip
     if plan.hf_token:
         typer.echo("secret: HF_TOKEN by name only; `bench fleet launch` passes its value from your environment")
-    typer.echo(f"wrote {written[-1]}; {len(configs)} task(s) valid against SkyPilot {sky_version()}'s schema "
+    typer.echo(f"wrote {written[-1]}; {tasks} task(s) valid against SkyPilot {sky_version()}'s schema "
                f"(offline: a launch needs cloud credentials). Next: bench fleet launch {out}")  # fmt: skip
 
 

@@ -8,22 +8,8 @@ from pathlib import Path
 import typer
 
 from bench.cli import app
-from bench.cli.common import (
-    BackendOpt,
-    CheckpointOpt,
-    CompileCacheOpt,
-    DtypeOpt,
-    KernelOpt,
-    MaxLengthOpt,
-    QuantOpt,
-    ScaleDtypeOpt,
-    make_console,
-    open_engine,
-    parse_backend_flag,
-    parse_kernel_flag,
-    parse_quant_flags,
-    setup_logging,
-)
+from bench.cli.common import CheckpointOpt, CompileCacheOpt, make_console, setup_logging
+from bench.cli.engine_options import QUANT_HELP, EngineFlags, engine_options
 from bench.errors import InputError, RunFolderError
 
 checkpoint_app = typer.Typer(
@@ -33,86 +19,62 @@ checkpoint_app = typer.Typer(
 app.add_typer(checkpoint_app, name="checkpoint")
 
 
+PromptOpt = typer.Option(
+    ..., "--prompt", "-p",
+    help="The user message, wrapped in Gemma's chat turn format; it is always text (a control-token string such as "
+    "<turn|> in it is encoded as ordinary characters).",
+)  # fmt: skip
+MaxNewOpt = typer.Option(32, "--max-new-tokens", "-n", help="Tokens to generate (stops at EOS).")
+RawOpt = typer.Option(
+    False, "--raw",
+    help="Feed BOS + exactly the prompt given, without the chat turn format; special-token strings in it "
+    "(<|turn>, <turn|>, <eos>, ...) are parsed as those tokens.",
+)  # fmt: skip
+DecodeLoopOpt = typer.Option(
+    "host", "--decode-loop", help="host (default: one step per token, stops at EOS) or device (the tokens after the "
+    "first in one device loop, or blocks of --decode-block steps: exactly --max-new-tokens are generated, and what "
+    "follows the first EOS is dropped from the output); prints its timing on stderr.")
+DecodeBlockOpt = typer.Option(None, "--decode-block", help="With --decode-loop device: steps per device call (default: "
+                              "all in one).")  # fmt: skip
+
+
 @app.command()
+@engine_options("dtype", "max_length", "quant", "scale_dtype", "kernel", "backend")
 def generate(
-    prompt: str = typer.Option(
-        ..., "--prompt", "-p",
-        help="The user message, wrapped in Gemma's chat turn format; it is always text (a control-token string "
-        "such as <turn|> in it is encoded as ordinary characters).",
-    ),  # fmt: skip
-    checkpoint: str | None = CheckpointOpt,
-    max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", help="Tokens to generate (stops at EOS)."),
-    raw: bool = typer.Option(
-        False, "--raw",
-        help="Feed BOS + exactly the prompt given, without the chat turn format; special-token strings in it "
-        "(<|turn>, <turn|>, <eos>, ...) are parsed as those tokens.",
-    ),  # fmt: skip
-    temperature: float = typer.Option(0.0, help="0 = greedy (default); > 0 samples."),
+    prompt: str = PromptOpt, checkpoint: str | None = CheckpointOpt, max_new_tokens: int = MaxNewOpt,
+    raw: bool = RawOpt, temperature: float = typer.Option(0.0, help="0 = greedy (default); > 0 samples."),
     top_k: int = typer.Option(0, help="Sample from the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass (1.0 = off)."),
     seed: int = typer.Option(0, help="Sampling seed: the same seed gives the same tokens."),
     as_json: bool = typer.Option(False, "--json", help="Print prompt and generated token ids as JSON."),
-    dtype: str | None = DtypeOpt,
-    max_length: int | None = MaxLengthOpt,
-    compile_cache: str | None = CompileCacheOpt,
-    quant: str | None = QuantOpt,
-    scale_dtype: str | None = ScaleDtypeOpt,
-    kernel: str | None = KernelOpt,
-    backend: str | None = BackendOpt,
-    decode_loop: str = typer.Option(
-        "host", "--decode-loop", help="host (default: one step per token, stops at EOS) or device (the tokens "
-        "after the first in one device loop, or blocks of --decode-block steps: exactly --max-new-tokens are "
-        "generated, and what follows the first EOS is dropped from the output); prints its timing on stderr."),
-    decode_block: int | None = typer.Option(None, "--decode-block", help="With --decode-loop device: steps per "
-                                            "device call (default: all in one)."),
+    engine_flags: EngineFlags = EngineFlags(), compile_cache: str | None = CompileCacheOpt,
+    decode_loop: str = DecodeLoopOpt, decode_block: int | None = DecodeBlockOpt,
 ) -> None:
     """Generate a completion for one prompt and print it (with --json: the ids, and the quantization and weight
     bytes (packed values + scales, as placed on the device) of the engine that generated them)."""
+    from bench.engines import check_generate, generate_once
     from model.engine import Sampling
 
-    if max_new_tokens < 1:
-        raise InputError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
-    if decode_loop not in ("host", "device"):
-        raise InputError(f"--decode-loop {decode_loop!r}: expected host or device (bench generate times one loop)")
-    if decode_block is not None and (decode_block < 1 or decode_loop != "device"):
-        raise InputError(f"--decode-block {decode_block}: expected steps >= 1, with --decode-loop device")
-    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
-        raise InputError("sampling: expected --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1")
-    parse_quant_flags(quant, scale_dtype)  # one line for a bad value, before anything loads
-    parse_kernel_flag(kernel, quant)
-    parse_backend_flag(backend)
+    check_generate(max_new_tokens, decode_loop, decode_block, temperature, top_k, top_p)
+    config = engine_flags.config()  # one line for a bad value, before anything loads
     setup_logging()
-    engine, _, path, _ = open_engine(checkpoint, dtype, max_length, compile_cache, quant=quant, scale_dtype=scale_dtype,
-                                     kernel=kernel, backend=backend)  # fmt: skip
-    tok = engine.tokenizer
-    if tok is None:
-        raise InputError(f"{path}: has no tokenizer.json; bench generate needs one to read --prompt")
-    ids = [tok.bos_id] + tok.encode(prompt) if raw else tok.chat_ids(prompt)
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    on_host = decode_loop == "host"
-    gen = engine.generate(ids, max_new_tokens, sampling, stop_at_eos=on_host, decode_loop=decode_loop,
-                          block=decode_block)  # fmt: skip
-    shown = gen.token_ids if on_host else _until_eos(gen.token_ids, set(engine.cfg.eos_token_ids))
-    text = tok.decode(shown)
-    if not on_host:
+    done = generate_once(checkpoint, config, compile_cache, prompt, raw=raw, max_new_tokens=max_new_tokens,
+                         sampling=sampling, decode_loop=decode_loop, block=decode_block)  # fmt: skip
+    engine, gen = done.engine, done.generation
+    if decode_loop != "host":
         typer.echo(_device_timing_line(gen), err=True)
-    if as_json:
-        out = {"prompt": prompt, "prompt_ids": ids, "generated_ids": shown, "text": text,
-               "quant": engine.quant.canonical, "scale_dtype": engine.scale_dtype if engine.quant.names else None,
-               "weight_bytes": engine.weight_bytes, "backend": engine.backend}  # fmt: skip
-        if not on_host:
-            out["decode_loop"] = {"loop": "device", "block": decode_block, "generated": len(gen.token_ids),
-                                  "prefill_ms": gen.prefill_ms, "decode_ms": gen.decode_ms,
-                                  "ms_per_step": gen.ms_per_step, "block_ms": gen.block_ms}  # fmt: skip
-        typer.echo(json.dumps(out))
-    else:
-        typer.echo(text)
-
-
-def _until_eos(token_ids: list[int], eos: set[int]) -> list[int]:
-    """The ids up to and including the first EOS (all of them when none): what the host loop would have stopped at."""
-    cut = next((i for i, t in enumerate(token_ids) if t in eos), None)
-    return token_ids if cut is None else token_ids[: cut + 1]
+    if not as_json:
+        typer.echo(done.text)
+        return
+    out = {"prompt": prompt, "prompt_ids": done.prompt_ids, "generated_ids": done.shown, "text": done.text,
+           "quant": engine.quant.canonical, "scale_dtype": engine.scale_dtype if engine.quant.names else None,
+           "weight_bytes": engine.weight_bytes, "backend": engine.backend}  # fmt: skip
+    if decode_loop != "host":
+        out["decode_loop"] = {"loop": "device", "block": decode_block, "generated": len(gen.token_ids),
+                              "prefill_ms": gen.prefill_ms, "decode_ms": gen.decode_ms,
+                              "ms_per_step": gen.ms_per_step, "block_ms": gen.block_ms}  # fmt: skip
+    typer.echo(json.dumps(out))
 
 
 def _device_timing_line(gen) -> str:
@@ -319,7 +281,7 @@ def checkpoint_inspect(
                                             "only config.json and the safetensors headers are read."),
     preset: str | None = typer.Option(None, "--preset", help="Inspect a preset's shapes instead (tiny, default, e2b, "
                                       "e4b, 31b, 26b-a4b); nothing is written or read."),
-    quant: str | None = QuantOpt,
+    quant: str | None = typer.Option(None, "--quant", help=QUANT_HELP),
     dtype: str | None = typer.Option(None, "--dtype", help="Dtype the dense weights (and the KV cache) are placed in "
                                      "(float32, bfloat16, float16); default: the checkpoint's stored dtype, bfloat16 "
                                      "for a preset."),
@@ -345,7 +307,10 @@ def checkpoint_inspect(
 
     from model.accounting import weight_bytes_by_component
 
-    spec, scale_dtype = parse_quant_flags(quant, scale_dtype)
+    from model.engine_config import EngineConfig
+
+    options = EngineConfig.from_options(quant=quant, scale_dtype=scale_dtype)  # one line for a bad value
+    spec, scale_dtype = options.quant_spec, options.scales
     source, cfg, body = _inspect_source(checkpoint, preset, dtype)
     context, plan_mesh, dev, rate = _plan_flags(cfg, context, batch, mesh, device, experts, read_rate)
     wb = weight_bytes_by_component(cfg, _ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype], quant=spec,

@@ -380,13 +380,15 @@ def check_options(options: Options) -> None:
 
 
 def _check_kernels(kernels: Sequence[str]) -> None:
-    """InputError (one line) for a `--kernel` value other than w4a16=pallas / w4a16=xla, or one given twice."""
-    from model.kernels.fit import parse_kernel  # standard library only (no jax)
+    """InputError (one line) for a `--kernel` value other than w4a16=pallas / w4a16=xla, or one given twice: each
+    checked as `bench sweep --quant w4 --kernel VALUE` checks it (`model.engine_config.EngineConfig.from_options`)."""
+    from model.engine_config import EngineConfig  # standard library only (no jax)
+    from model.errors import OptionError
 
     for i, text in enumerate(kernels):
         try:
-            parse_kernel(text)
-        except ValueError as exc:
+            EngineConfig.from_options(quant="w4", kernel=text)
+        except OptionError as exc:
             raise InputError(f"{exc} (each --kernel flag of gpu-run is one run per w4 option set)") from None
         if text in kernels[:i]:
             raise InputError(f"--kernel {text}: given twice; expected each value once (e.g. --kernel w4a16=pallas "
@@ -395,14 +397,15 @@ def _check_kernels(kernels: Sequence[str]) -> None:
 
 def _check_quant_sets(sets: Sequence[str]) -> None:
     """InputError (one line) for a `--quant` option set that `model.quantspec.parse_quant` refuses, or one given
-    twice (in canonical form: "ple4,int8_lm_head" and "int8_lm_head,ple4" are the same set)."""
+    twice (in canonical form: "ple4,int8_lm_head" and "int8_lm_head,ple4" are the same set): each parsed as
+    `bench sweep --quant` parses it (`model.engine_config.EngineConfig.from_options`)."""
+    from model.engine_config import EngineConfig  # standard library only (no jax, no numpy)
     from model.errors import QuantError
-    from model.quantspec import parse_quant  # standard library only (no jax, no numpy)
 
     seen: dict[str, str] = {}
     for text in sets:
         try:
-            canonical = parse_quant(text).canonical
+            canonical = EngineConfig.from_options(quant=text).quant_spec.canonical
         except QuantError as exc:
             raise InputError(f"{exc} (each --quant flag of gpu-run is one option set)") from None
         if canonical in seen:

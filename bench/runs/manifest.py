@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import RunFolderError
+from model.errors import ModelError
 from bench.runs.environment import build_id, git_state, host_facts, package_versions, python_command_line
 from bench.runs.schema import MANIFEST, SCHEMA_VERSION, manifest_problems
+from model.engine_config import EngineConfig as EngineOptions
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = (REPO / "model", REPO / "bench")
@@ -310,6 +312,20 @@ class Manifest:
         return None if self.engine.quantized or self.peer is not None else self.build_id
 
     @property
+    def engine_options(self) -> EngineOptions:
+        """The engine configuration the run resolved (`model.engine_config.EngineConfig`): the manifest's
+        `ENGINE_OPTIONS_KEY` object, or, in a run written before it was stored, the same fields read from its
+        `engine_config` facts (`engine_options_of`). Raises RunFolderError for a stored object that does not read
+        back (an unknown quantization or kernel text)."""
+        stored = self.extra.get(ENGINE_OPTIONS_KEY)
+        if not isinstance(stored, Mapping):
+            return engine_options_of(self.engine)
+        try:
+            return EngineOptions.from_manifest(stored)
+        except ModelError as exc:
+            raise RunFolderError(f"{MANIFEST}: {ENGINE_OPTIONS_KEY}: {exc}") from None
+
+    @property
     def slug(self) -> str | None:
         """The device's short name for run-folder names (device.slug), None when unknown."""
         return self.device.get("slug")
@@ -428,16 +444,26 @@ DENSE_BUILD_ID_KEY = "dense_build_id"
 """The manifest key of `Manifest.dense_build_id`: the build id of the same payload unquantized."""
 
 
-def payload_build_id(engine: EngineConfig, checkpoint_hash: str | None) -> str:
+ENGINE_OPTIONS_KEY = "engine_options"
+"""The manifest's top-level key holding the engine configuration whole, as the engine resolved it
+(`model.engine_config.EngineConfig.to_manifest()`, `Manifest.engine_options`); `engine_config` keeps the same facts
+flat beside the workload, as every reader of it expects (bench report, bench compare)."""
+
+
+def payload_build_id(engine: EngineConfig, checkpoint_hash: str | None, options: EngineOptions | None = None) -> str:
     """The build id of a payload (12 hex chars): `bench.runs.environment.build_id` over the `.py` sources of
-    `SOURCE_ROOTS`, the checkpoint content hash and `engine.to_dict()`. Nothing per command enters it."""
-    return build_id(SOURCE_ROOTS, checkpoint_hash, engine.to_dict())
+    `SOURCE_ROOTS`, the checkpoint content hash and `engine.to_dict()`, with the engine configuration
+    `options.to_manifest()` under key "options" where given (every command that opens the engine gives it:
+    `build_manifest`). Nothing per command enters it."""
+    config = engine.to_dict() if options is None else {**engine.to_dict(), "options": options.to_manifest()}
+    return build_id(SOURCE_ROOTS, checkpoint_hash, config)
 
 
 def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineConfig, workload: Workload,
                    device: Mapping[str, Any], dtype_policy: Mapping[str, Any] | None,
                    compile_cache: CompileCacheFacts, target: TargetFacts | None = None,
-                   peer: PeerEngine | None = None, extra: Mapping[str, Any] | None = None) -> Manifest:  # fmt: skip
+                   peer: PeerEngine | None = None, extra: Mapping[str, Any] | None = None,
+                   options: EngineOptions | None = None) -> Manifest:  # fmt: skip
     """The manifest of `command` ("sweep", "sweep --target", "profile", "serve", "peer"), status "running", name
     and times unset (`bench.runs.create_run` sets them).
 
@@ -448,12 +474,16 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
     are the peer process's); `device` and `dtype_policy` come from the caller (jax's, the server's or the
     peer's). `extra`: other top-level keys (e.g. decode_bytes); the target's description goes under `target`,
     the peer under `peer`; a payload run here also records `dense_build_id` (`Manifest.dense_build_id`).
+    `options`: the engine configuration as resolved (`engine_options_of`), stored whole under
+    `ENGINE_OPTIONS_KEY` and hashed into a payload's build id (`payload_build_id`).
     Raises InputError when a source folder is missing (environment.build_id); ValueError
     for both a target and a peer.
     """
     if target is not None and peer is not None:
         raise ValueError("build_manifest: a run measures through a target or a peer engine, not both")
     more, host, versions = dict(extra or {}), host_facts(), package_versions()
+    if options is not None:
+        more[ENGINE_OPTIONS_KEY] = options.to_manifest()
     if target is not None:
         payload_id = target.build_id
         more["target"] = dict(target.description)
@@ -463,9 +493,10 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
         versions = dict(peer.versions)
         host["python"] = peer.versions.get("python")
     else:
-        payload_id = payload_build_id(engine, checkpoint.content_hash)
-        more[DENSE_BUILD_ID_KEY] = (payload_build_id(engine.dense(), checkpoint.content_hash) if engine.quantized
-                                    else payload_id)  # fmt: skip
+        payload_id = payload_build_id(engine, checkpoint.content_hash, options)
+        dense = options.dense() if options is not None else None
+        more[DENSE_BUILD_ID_KEY] = (payload_build_id(engine.dense(), checkpoint.content_hash, dense)
+                                    if engine.quantized else payload_id)  # fmt: skip
     return Manifest(
         command=command, command_line=tuple(python_command_line()), build_id=payload_id, git=_typed(GitState, git_state(REPO)),
         versions=versions, device=dict(device), host=host, dtype_policy=dtype_policy,
@@ -495,6 +526,24 @@ def engine_config_of(engine: Any, *, batch: int = 1) -> EngineConfig:
                         kernel_tiles=plan.tiles if plan is not None else None,
                         xla_options=getattr(engine, "xla_options", None),
                         backend=getattr(engine, "backend", None))  # fmt: skip
+
+
+def engine_options_of(facts: EngineConfig, *, mesh: Any = None) -> EngineOptions:
+    """The engine configuration (`model.engine_config.EngineConfig`) an engine with the recorded `facts` resolved:
+    its dtypes, max length and buckets, its quantization (dense where none is recorded) with its scale dtype, its
+    w4 kernel (`w4_kernel_of`: "pallas" or "xla"; the CPU kernels follow the backend and the weight dtype) and its
+    backend (None in a run from before it was recorded); `mesh` as given (None: one device). Where a fact was
+    not recorded (older runs) the field is None. Raises QuantError for a recorded quantization that is not an
+    option set."""
+    from model.quantspec import parse_quant
+
+    w4 = w4_kernel_of(facts.kernel)
+    return EngineOptions(compute_dtype=facts.compute_dtype, weight_dtype=facts.weight_dtype,
+                         activation_dtype=facts.activation_dtype, kv_cache_dtype=facts.kv_cache_dtype,
+                         max_length=facts.max_length, buckets=tuple(facts.buckets) if facts.buckets else None,
+                         quant=parse_quant(facts.quantization if facts.quantized else None),
+                         scale_dtype=facts.scale_dtype if facts.quantized else None,
+                         kernel=w4.partition("=")[2] if w4 else None, backend=facts.backend, mesh=mesh)  # fmt: skip
 
 
 def policy_facts(pol: Any) -> dict[str, Any]:

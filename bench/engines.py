@@ -1,0 +1,252 @@
+"""Opening the engine for a command: the checkpoint text resolved (`checkpoint_path`), the compile cache
+(`compile_cache_dir`), prompt sizes checked against the model's limits before anything loads (`check_prompt_sizes`),
+the engine loaded under its configuration (`open_engine`, a `model.engine_config.EngineConfig`) and the run manifest
+of what was loaded (`engine_manifest`: the one builder, so every command's build id is the same for one payload).
+
+Library code: it raises typed errors (`bench.errors.InputError`, the engine's `model.errors.ModelError`s) and logs
+on the "bench" logger; `bench.cli` turns errors into one line and exit code 2. See docs/engine.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+from pathlib import Path
+
+from bench.errors import InputError
+
+
+def checkpoint_path(spec: str | None) -> str:
+    """Resolve `--checkpoint`: None -> the cached built-in default; builtin:NAME -> that preset (created on first
+    use, bfloat16, seed 0); random:PRESET[@SEED] -> its dummy-weights folder of config and tokenizer
+    (`model.random_weights.ensure_random`, created on first use; the weights are made on the device at load);
+    anything else is passed on (a directory or a repo id). Raises InputError (one line, the presets listed) for
+    an unknown preset or a bad seed."""
+    from model.builtin import DEFAULT_PRESET, ensure_builtin
+
+    log = logging.getLogger("bench")
+    if spec is None:
+        return str(ensure_builtin(DEFAULT_PRESET, log=log.info))
+    if spec.startswith("random:"):
+        from model.random_weights import ensure_random
+
+        return str(ensure_random(parse_random_flag(spec), log=log.info))
+    if spec.startswith("builtin:"):
+        from model.config import PRESETS
+
+        name = spec.split(":", 1)[1]
+        if name not in PRESETS:
+            raise InputError(f"--checkpoint {spec}: unknown built-in preset; expected builtin:{{{','.join(PRESETS)}}}")
+        return str(ensure_builtin(name, log=log.info))
+    return spec
+
+
+def parse_random_flag(spec: str):
+    """`--checkpoint random:PRESET[@SEED]` -> `model.random_spec.RandomSpec`; InputError (one line naming the
+    flag, the text and the presets) for an unknown preset or a bad seed."""
+    from model.errors import CheckpointError
+    from model.random_spec import parse_random
+
+    try:
+        return parse_random(spec)
+    except CheckpointError as exc:
+        raise InputError(f"--checkpoint {exc}") from None
+
+
+def compile_cache_dir(spec: str | None) -> Path | None:
+    """`--compile-cache`: None -> <cache root>/xla; 'off' -> disabled; else that folder."""
+    from model.folders import cache_root
+
+    if spec is None:
+        path = cache_root() / "xla"
+    elif spec.lower() in ("off", "none", "0", "false"):
+        return None
+    else:
+        path = Path(spec).expanduser()
+    if path.exists() and not path.is_dir():
+        raise InputError(f"--compile-cache {path}: is a file; pass a folder (or 'off')")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--compile-cache {path}: cannot create the folder ({exc.strerror or exc}); pass another") from None
+    return path
+
+
+def checkpoint_config(spec: str | None):
+    """The `model.config.ModelConfig` of the `--checkpoint` text, from its config alone: no weight is read and no
+    built-in checkpoint is created. None (the default), builtin:NAME and random:NAME[@SEED] -> the preset's config;
+    a local directory -> its config.json (ConfigError, one line, when that is malformed). None for anything else (a
+    Hugging Face repo id: its config.json comes with its download, and the engine checks then; a path that does not
+    exist, or an unknown preset: loading names it)."""
+    from model.builtin import DEFAULT_PRESET
+    from model.config import PRESETS, load_config
+
+    if spec is None or spec.startswith(("builtin:", "random:")):
+        return PRESETS.get(DEFAULT_PRESET if spec is None else spec.split(":", 1)[1].split("@", 1)[0])
+    path = Path(spec).expanduser()
+    return load_config(path) if (path / "config.json").is_file() else None
+
+
+def checkpoint_positions(spec: str | None) -> int | None:
+    """The model's positions (max_position_embeddings) of the `--checkpoint` text, from its config alone
+    (`checkpoint_config`); None where that cannot be read before loading."""
+    cfg = checkpoint_config(spec)
+    return None if cfg is None else cfg.max_position_embeddings
+
+
+def check_prompt_sizes(checkpoint: str | None, sizes: Sequence[int], max_new_tokens: int, config,
+                       *, flag: str = "--inputs") -> None:  # fmt: skip
+    """Every prompt size of `sizes` (tokens, the `flag` values) against the limits an engine of `--checkpoint`
+    with the `model.engine_config.EngineConfig` `config` (its max length and buckets) will have
+    (`model.limits.prompt_limits`, from config.json alone), before the weights load. Raises InputError, one line
+    naming the flag, the value, the limit and the fix: --max-length above the model's positions, a ladder the
+    model cannot take, a size no bucket holds or whose prompt + `max_new_tokens` exceed the model's positions.
+    Does nothing more when the config cannot be read without loading (`checkpoint_positions`: the engine checks
+    the same after the load)."""
+    from model.errors import EngineError
+    from model.limits import prompt_limits
+
+    positions = checkpoint_positions(checkpoint)
+    if positions is None:
+        return
+    if config.max_length is not None and config.max_length > positions:
+        raise InputError(f"--max-length {config.max_length}: above the model's {positions} positions "
+                         f"(max_position_embeddings); expected --max-length 1..{positions}")  # fmt: skip
+    try:
+        limits = prompt_limits(positions, max_length=config.max_length, buckets=config.buckets)
+    except EngineError as exc:
+        raise InputError(f"--buckets {config.flag_text('buckets')}: {exc}") from None
+    for n in sizes:
+        try:
+            limits.check_request(n, max_new_tokens)
+        except EngineError as exc:
+            raise InputError(f"{flag} {n}: {exc}") from None
+
+
+def check_backend_runs(config) -> None:
+    """Whether the backend of `config` (a `model.engine_config.EngineConfig`) can run on this machine's device
+    (`model.backends.check_runs`: EngineError, one line); nothing for the default. Starts jax's backend; loads no
+    weights. `bench serve` calls it before its port opens."""
+    from model.backends import check_runs
+    from model.policy import device_facts
+
+    if config.backend is not None:
+        check_runs(config.backend, device_facts()[0])
+
+
+def open_engine(checkpoint: str | None, config, compile_cache: str | None):
+    """Decide and log the dtype policy (the first line), enable the compile cache, resolve and load the
+    checkpoint under the engine configuration `config` (a `model.engine_config.EngineConfig`, checked when it was
+    built: `EngineConfig.from_options`). Returns (engine, load report, checkpoint path, compile cache folder or
+    None). Raises InputError for a bad checkpoint text or a --max-length above the model's positions, KernelError
+    for a forced kernel this device cannot run, and EngineError for a backend that cannot run here
+    (`model.backends.plan_backend`: "cpu-kernels" off CPU or without a C++ compiler), before anything loads."""
+    from model.backends import check_runs
+    from model.engine import enable_compile_cache, load_engine, log_policy_line
+    from model.kernels.choice import with_kernel_mode
+    from model.policy import decide_policy, with_backend
+
+    if checkpoint is not None and checkpoint.startswith("random:"):
+        parse_random_flag(checkpoint)  # an unknown preset is one line before anything is logged or loaded
+    policy = decide_policy(config.compute_dtype, weight_dtype=config.weight_dtype)
+    policy = with_backend(with_kernel_mode(policy, config.quant_spec, config.kernel), config.backend)
+    log_policy_line(policy)  # the first line, before a built-in checkpoint is created or anything loads
+    check_runs(policy.backend, policy.platform)  # can it run here: one line if not, before anything loads
+    cache = enable_compile_cache(compile_cache_dir(compile_cache))
+    path = checkpoint_path(checkpoint)
+    if config.max_length is not None:  # in the flag's terms, before the weights load (the engine's names a bucket)
+        from model.checkpoint import resolve_checkpoint
+        from model.config import load_config
+
+        path = resolve_checkpoint(path)
+        positions = load_config(path).max_position_embeddings
+        if config.max_length > positions:
+            raise InputError(f"--max-length {config.max_length}: above the model's {positions} positions "
+                             f"(max_position_embeddings); expected --max-length 1..{positions}")  # fmt: skip
+    engine, report = load_engine(path, policy=policy, max_length=config.max_length, buckets=config.buckets,
+                                 log_policy=False, quant=config.quant_spec, scale_dtype=config.scales,
+                                 kernel=config.kernel)  # fmt: skip
+    return engine, report, Path(report["path"]), cache
+
+
+def engine_manifest(command: str, engine, report: dict, checkpoint: str | None, cache_dir: Path | None, workload,
+                    extra: dict | None = None):  # fmt: skip
+    """The run manifest (`bench.runs.manifest.build_manifest`) of `command` on the engine `open_engine` loaded:
+    `checkpoint` is the `--checkpoint` text (None: the built-in default), `report` the load report (its content
+    hash was computed while loading), `cache_dir` the compile cache folder (written relative to the cache root),
+    `workload` the command's `bench.runs.Workload`, `extra` more top-level keys. The engine configuration is
+    recorded whole as the engine resolved it (`bench.runs.manifest.engine_options_of`, its mesh the engine's
+    `mesh` where it has one) and hashed into the build id. Same payload, same build id, from every command."""
+    import jax
+
+    from bench.runs.environment import device_facts
+    from bench.runs.manifest import (
+        CompileCacheFacts,
+        build_manifest,
+        checkpoint_facts,
+        engine_config_of,
+        engine_options_of,
+        policy_facts,
+        portable_dir,
+    )
+    from model.builtin import DEFAULT_PRESET
+    from model.folders import cache_root
+
+    spec, facts = checkpoint or f"builtin:{DEFAULT_PRESET}", engine_config_of(engine)
+    return build_manifest(
+        command, checkpoint=checkpoint_facts(spec, report, engine.weight_bytes), engine=facts,
+        workload=workload, device=device_facts(jax), dtype_policy=policy_facts(engine.policy),
+        compile_cache=CompileCacheFacts(dir=portable_dir(cache_dir, cache_root())), extra=extra,
+        options=engine_options_of(facts, mesh=getattr(engine, "mesh", None)),
+    )  # fmt: skip
+
+
+# ---- bench generate -------------------------------------------------------------------------------------------------
+def check_generate(max_new_tokens: int, decode_loop: str, block: int | None, temperature: float, top_k: int,
+                   top_p: float) -> None:  # fmt: skip
+    """InputError (one line) for a `bench generate` option out of range, before anything loads."""
+    if max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
+    if decode_loop not in ("host", "device"):
+        raise InputError(f"--decode-loop {decode_loop!r}: expected host or device (bench generate times one loop)")
+    if block is not None and (block < 1 or decode_loop != "device"):
+        raise InputError(f"--decode-block {block}: expected steps >= 1, with --decode-loop device")
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        raise InputError("sampling: expected --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Generated:
+    """What `generate_once` did: the engine, the prompt's ids, the `model.engine.Generation`, the ids shown (up to
+    the first EOS with the device loop, which generates all it was asked for) and their text."""
+
+    engine: Any
+    prompt_ids: list[int]
+    generation: Any
+    shown: list[int]
+    text: str
+
+
+def generate_once(checkpoint: str | None, config, compile_cache: str | None, prompt: str, *, raw: bool,
+                  max_new_tokens: int, sampling, decode_loop: str, block: int | None) -> Generated:  # fmt: skip
+    """Open the engine (`open_engine`, under the `model.engine_config.EngineConfig` `config`) and generate for one
+    prompt: the chat turn around it, or with `raw` BOS + the prompt as given (special-token strings parsed);
+    `sampling` a `model.engine.Sampling`; the host loop stops at EOS, the device loop (`block` steps per call)
+    generates `max_new_tokens`. Raises InputError for a checkpoint without a tokenizer."""
+    engine, _, path, _ = open_engine(checkpoint, config, compile_cache)
+    tok = engine.tokenizer
+    if tok is None:
+        raise InputError(f"{path}: has no tokenizer.json; bench generate needs one to read --prompt")
+    ids = [tok.bos_id] + tok.encode(prompt) if raw else tok.chat_ids(prompt)
+    on_host = decode_loop == "host"
+    gen = engine.generate(ids, max_new_tokens, sampling, stop_at_eos=on_host, decode_loop=decode_loop, block=block)
+    shown = gen.token_ids if on_host else until_eos(gen.token_ids, set(engine.cfg.eos_token_ids))
+    return Generated(engine=engine, prompt_ids=ids, generation=gen, shown=shown, text=tok.decode(shown))
+
+
+def until_eos(token_ids: list[int], eos: set[int]) -> list[int]:
+    """The ids up to and including the first EOS (all of them when none): what the host loop would have stopped at."""
+    cut = next((i for i, t in enumerate(token_ids) if t in eos), None)
+    return token_ids if cut is None else token_ids[: cut + 1]
