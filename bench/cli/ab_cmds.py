@@ -55,7 +55,7 @@ def ab_cmd(
     import sys
 
     from bench.ab.session import AbPlan, Cell, run_session
-    from bench.ab.sides import parse_side
+    from bench.ab.sides import locate, parse_side
     from bench.runs import check_writable
 
     conf = _percent(confidence, "--confidence") / 100.0
@@ -70,6 +70,8 @@ def ab_cmd(
 
         run_name(name, "device")  # a label that cannot name a folder: one line before anything runs
     check_writable(runs_dir)
+    for side in (plan.a, plan.b):  # a build that is neither a worktree nor a git ref: one line before anything runs
+        locate(side, Path.cwd())
     cell = plan.cell
     typer.echo(f"cell: {cell.input_tokens} input tokens, {cell.max_new_tokens} new tokens, {cell.repeats} timed "
                f"repeats per measurement; metric: {cell.metric} tok/s (median of the repeats); {plan.pairs} pairs in "
