@@ -620,7 +620,7 @@ def compare_runs(
                 continue
             lo, hi = intervals[metric]
             said = (f"{where}: {'gauge' if metric == 'gauge' else 'end-to-end'} tok/s {value:+.1f}% vs baseline "
-                    f"(limit -{noise.gate_pct:g}%; interval {100 * (lo - 1):+.1f}%..{100 * (hi - 1):+.1f}%)")  # fmt: skip
+                    f"(limit -{noise.gate_pct:.3g}%; interval {100 * (lo - 1):+.1f}%..{100 * (hi - 1):+.1f}%)")  # fmt: skip
             if delta.verdicts[metric] == "FAIL":
                 failures.append(said)
             elif delta.verdicts[metric] == "UNRESOLVED":
