@@ -1,14 +1,22 @@
-"""Compare two archived runs: speed per cell with each run's spread, token agreement, payload differences, a verdict.
+"""Compare two archived runs: speed per cell with an interval that knows the noise, token agreement, payload
+differences, a verdict.
 
 Reads run folders only (no jax, no `model/`), so it works on archived runs of machines that are gone, and it can
-gate a deployment: `Comparison.exit_code` is 1 when a threshold is crossed, else 0.
+gate a deployment: `Comparison.exit_code` is 0 PASS, 1 FAIL (a threshold crossed), 3 UNRESOLVED (`EXIT_CODES`).
 
-Thresholds (each a reason in `Comparison.failures`):
-- a candidate's median gauge or end-to-end tok/s more than `max_slowdown_pct` below the baseline's at a cell;
+The speed verdict (docs/method.md, "The compare verdicts"): per cell both runs have, for the gauge and the
+end-to-end rate, an interval of the ratio candidate / baseline from the two runs' timed repeats
+(`bench.ab.stats.ratio_interval`; the min-max spreads without raw samples), widened by an A/A calibration of
+`bench ab` where one is given (`calibration_noise`); the gate is `max_slowdown_pct` when given, else NOISE_FACTOR x
+the noise (`Noise`); a cell and metric is PASS, FAIL or UNRESOLVED as its interval lies above, below or across
+1 - gate (`CellDelta.verdicts`).
+
+Thresholds (each a reason in `Comparison.failures`; an unresolved cell is a line of `Comparison.unresolved`):
+- a candidate's median gauge or end-to-end tok/s whose interval lies wholly more than the gate below the baseline's;
 - a candidate cell that is invalid or failed, or missing where the baseline has one;
 - with `require_same_tokens`, generated ids that differ at a cell, or that cannot be checked (no raw samples);
 - at a load level both runs have (a sweep under load, `LevelDelta`): a candidate's output throughput more than
-  `max_slowdown_pct` below the baseline's, or a candidate level that is invalid. Levels of one run only are named
+  the gate below the baseline's (a level has no repeats: its point alone), or a candidate level that is invalid. Levels of one run only are named
   in the notes, not compared.
 
 Token agreement compares the first timed repeat's generated ids (greedy decoding makes every repeat equal; a run
@@ -425,7 +433,7 @@ class Comparison:
 
     baseline: str
     candidate: str
-    max_slowdown_pct: float
+    max_slowdown_pct: float  # the gate in force (given, or set from the noise: `Noise`)
     cells: list[CellDelta]
     tokens: list[TokenAgreement]
     differences: list[Difference]
