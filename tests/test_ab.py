@@ -82,7 +82,7 @@ def test_an_aa_session_runs_abba_and_is_not_resolved(tmp_path: Path, fake_python
     assert m["ab"]["statistics"] == {"ratio": "B / A of the metric, per pair", "statistic": "median of the ratios",
                                      "interval": "percentile bootstrap, resampling pairs", "resamples": 10000,
                                      "seed": 0, "confidence": 0.95, "min_effect_pct": 1.0}  # fmt: skip
-    assert "test_injection" not in m["ab"]
+    assert "test_injection" not in m["ab"] and m["ab"]["warnings"] == []
     code, out, _ = bench_captured(["runs", "validate", str(run)], capsys)
     assert code == 0 and "valid" in out
 
@@ -228,3 +228,12 @@ def test_real_ten_percent_slowdown_is_resolved(tmp_path: Path, canary_figure) ->
     verdict = json.loads((_ab_run(runs) / "manifest.json").read_text())["ab"]["verdict"]
     canary_figure("slowed B / A median ratio", verdict["median"], bound="resolved slower")
     assert verdict["resolved"] == "slower", verdict["text"]
+
+
+def test_a_side_whose_build_changed_during_the_session_is_warned() -> None:
+    from bench.ab.session import build_warnings
+
+    sides = {"A": {"build_ids": ["aaaaaaaaaaaa"]}, "B": {"build_ids": ["aaaaaaaaaaaa", "bbbbbbbbbbbb"]}}
+    assert build_warnings(sides) == ["side B ran 2 builds during the session (aaaaaaaaaaaa, bbbbbbbbbbbb): its checkout "
+                                     "changed while it was measured, so its pairs mix builds; measure a git ref instead"]
+    assert build_warnings({"A": sides["A"], "B": sides["A"]}) == []

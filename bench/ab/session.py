@@ -299,6 +299,10 @@ def run_session(plan: AbPlan, *, here: Path, progress: Callable[[str], None] = l
                 ab = {**run.manifest["ab"], "sides": {t.side.name: _side_facts(t, argvs[t.side.name], session.rows)
                                                       for t in (ta, tb)}}  # fmt: skip
                 ab["aa"] = _is_aa(ab["sides"], plan)
+                ab["warnings"] = build_warnings(ab["sides"])
+                for line in ab["warnings"]:
+                    progress(f"warning: {line}")
+                    run.log(f"warning: {line}")
                 ab["verdict"] = verdict.to_json() if verdict is not None else None
                 run.update_manifest(ab=ab)
                 run.log(verdict.text if verdict is not None else "no verdict: fewer than 2 valid pairs")
@@ -319,6 +323,14 @@ def _verdict(plan: AbPlan, rows: list[Measurement]):
     ratios = pair_ratios([a for _, a, _ in pairs], [b for _, _, b in pairs])
     return ab_verdict(ratios, confidence=plan.confidence, min_effect_pct=plan.min_effect_pct,
                       resamples=plan.resamples, seed=plan.seed)  # fmt: skip
+
+
+def build_warnings(sides: dict[str, Any]) -> list[str]:
+    """One line per side whose measurements ran more than one build id (its code, checkpoint or configuration
+    changed on disk during the session: e.g. this checkout edited meanwhile); [] when each side ran one build."""
+    return [f"side {name} ran {len(facts['build_ids'])} builds during the session ({', '.join(facts['build_ids'])}): "
+            "its checkout changed while it was measured, so its pairs mix builds; measure a git ref instead"
+            for name, facts in sides.items() if len(facts["build_ids"]) > 1]  # fmt: skip
 
 
 def _is_aa(sides: dict[str, Any], plan: AbPlan) -> bool:

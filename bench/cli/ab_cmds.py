@@ -117,6 +117,8 @@ def _print_summary(run, verdict) -> None:  # noqa: ANN001
         inj = ab["test_injection"]
         console.print(f"TEST-ONLY: side {inj['side']} ran with a {inj['decode_delay_ms']:g} ms decode delay per step",
                       markup=False, highlight=False)  # fmt: skip
+    for line in ab.get("warnings") or []:
+        console.print(f"warning: {line}", markup=False, highlight=False)
     stats = ab["statistics"]
     console.print(f"method: median of the per-pair ratios B / A; {100 * stats['confidence']:g}% percentile bootstrap "
                   f"interval ({stats['resamples']:,} resamples of the pairs, seed {stats['seed']})",

@@ -60,6 +60,7 @@ def session_table(view: Any) -> Table:
         f"bootstrap interval ({stats.get('resamples') or 0:,} resamples of the pairs, seed {stats.get('seed')}); "
         f"a change is claimed beyond +-{stats.get('min_effect_pct', 0):g}% (docs/method.md, \"A/B runs\")",
     ]  # fmt: skip
+    notes += [f"warning: {line}" for line in ab.get("warnings") or []]
     if ab.get("test_injection"):
         inj = ab["test_injection"]
         notes.append(f"TEST-ONLY: side {inj.get('side')} ran with a {inj.get('decode_delay_ms')} ms decode delay per "
