@@ -317,3 +317,5 @@ def test_a_calibration_must_be_an_aa_session(tmp_path: Path, capsys) -> None:
         compare_runs(base.path, cand.path, calibration=ab.path)
     code, _, err = bench_captured(["compare", str(base.path), str(cand.path), "--calibration", str(base.path)], capsys)
     assert code == 2 and "not an A/A session" in err and len(err.strip().splitlines()) == 1
+    code, _, err = bench_captured(["compare", str(base.path), str(ab.path)], capsys)  # a session is no sweep
+    assert code == 2 and "an A/B session of `bench ab`, which holds ratios, not cells" in err

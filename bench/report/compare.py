@@ -573,14 +573,20 @@ def compare_runs(
 
     `max_slowdown_pct` is the gate (None: set from the noise, `Noise`); `calibration` an A/A session of
     `bench ab` whose noise widens every cell's interval (`calibration_noise`). Raises RunFolderError for a run
-    that is missing, incomplete, corrupt or of another schema version, or a calibration that is not an A/A
-    session, and ValueError for a negative `max_slowdown_pct`. See the module docstring for the thresholds and
+    that is missing, incomplete, corrupt, of another schema version or an A/B session, or a calibration that is
+    not an A/A session, and ValueError for a negative `max_slowdown_pct`. See the module docstring for the thresholds and
     docs/method.md, "Comparisons", for the intervals and verdicts.
     """
     if max_slowdown_pct is not None and max_slowdown_pct < 0:
         raise ValueError(f"max_slowdown_pct must be >= 0, got {max_slowdown_pct}")
     base = baseline if isinstance(baseline, RunFolder) else open_complete_run(baseline)
     cand = candidate if isinstance(candidate, RunFolder) else open_complete_run(candidate)
+    from bench.ab.archive import is_ab_run
+
+    for run in (base, cand):
+        if is_ab_run(run.manifest):
+            raise RunFolderError(f"{run.path}: an A/B session of `bench ab`, which holds ratios, not cells; compare two "
+                                 "sweep runs, or read the session's verdict (its run.log, `bench report`)")  # fmt: skip
     cal = calibration_noise(calibration) if calibration is not None else None
     base_cells = {cell_key(c): c for c in base.cells()}  # a cell is (input tokens, batch): `--batch` sweeps
     cand_cells = {cell_key(c): c for c in cand.cells()}
