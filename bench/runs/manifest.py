@@ -34,7 +34,6 @@ from typing import Any
 from bench.errors import RunFolderError
 from bench.runs.environment import build_id, git_state, host_facts, package_versions, python_command_line
 from bench.runs.schema import MANIFEST, SCHEMA_VERSION, manifest_problems
-from model.switches import TEST_DELAY_ENV, injected_decode_delay_s
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = (REPO / "model", REPO / "bench")
@@ -458,6 +457,8 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
     """
     if target is not None and peer is not None:
         raise ValueError("build_manifest: a run measures through a target or a peer engine, not both")
+    from model.switches import TEST_DELAY_ENV, injected_decode_delay_s  # jax-free; not a reader's import
+
     more, host, versions = dict(extra or {}), host_facts(), package_versions()
     if (delay := injected_decode_delay_s()) is not None:  # test only: a known slowdown, never unrecorded
         more[TEST_INJECTION_KEY] = {"variable": TEST_DELAY_ENV, "decode_delay_ms": 1e3 * delay}
