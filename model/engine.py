@@ -70,6 +70,7 @@ from model.policy import DTYPES, DevicePolicy
 from model.programs import CompileCounter, program
 from model.quantspec import NO_QUANT, QuantSpec
 from model.sampling import GREEDY, Sampling, choose
+from model.switches import TEST_DELAY_ENV, injected_decode_delay_s
 
 # The bucket ladder and the prompt-length checks are model/limits.py's (no jax: a command line checks its sizes
 # against them before the weights load); re-exported here, where they always were. So are `Sampling` and `GREEDY`
@@ -333,6 +334,8 @@ class Engine:
         self.max_length = self.limits.max_length  # the largest prompt a request may have
         self.buckets = self.limits.buckets
         self.explicit_buckets = self.limits.explicit_buckets  # the limit's flag: --buckets if given, else --max-length
+        # test only (`model.switches.TEST_DELAY_ENV`, set by `bench ab`'s tests): seconds each host-loop step waits
+        self.test_decode_delay_s = injected_decode_delay_s()
         CompileCounter.install()
 
     def decode_positions(self, n_tokens: int, max_new_tokens: int) -> int:
@@ -514,6 +517,8 @@ class Engine:
                                    xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
 
         steps = 0 if stops(tokens[0]) else max_new_tokens - len(tokens)  # the device loop leaves none
+        if self.test_decode_delay_s:  # test only: every step's token passes a wait on the device's stream
+            step = _delayed_step(step, self.test_decode_delay_s)
         for token_B in _dispatched_ahead(step, cache, token_B, steps):
             tokens.append(int(np.asarray(token_B)[0]))  # waits for this step's token only
             times.append(time.perf_counter_ns())
@@ -737,6 +742,31 @@ def _dispatched_ahead(step: Callable, cache, token_B: jax.Array, steps: int) -> 
         yield ready
 
 
+@functools.lru_cache(maxsize=None)
+def _delay_program(seconds: float) -> Callable:
+    """Test only: a jitted identity of a token array that sleeps `seconds` on the host inside the program (a
+    `jax.pure_callback`), so the next step, which takes its output, waits for it on the device's stream."""
+
+    def wait(token):
+        time.sleep(seconds)
+        return token
+
+    return jax.jit(lambda t: jax.pure_callback(wait, jax.ShapeDtypeStruct(t.shape, t.dtype), t))
+
+
+def _delayed_step(step: Callable, seconds: float) -> Callable:
+    """Test only (`model.switches.TEST_DELAY_ENV`): `step` whose token passes `_delay_program(seconds)` before the
+    next step takes it. A wait on the host between dispatches would be hidden by the steps dispatched ahead
+    (`HOST_LOOP_AHEAD`); this one lengthens every step by `seconds` (plus the callback's own cost)."""
+    delay = _delay_program(seconds)
+
+    def delayed(cache, token_B):
+        token_B, cache = step(cache, token_B)
+        return delay(token_B), cache
+
+    return delayed
+
+
 def _check_loop(decode_loop: str, block: int | None, *, stop_at_eos: bool, on_token: bool) -> None:
     """EngineError (one line: received, expected, fix) for a decode loop `Engine.generate` cannot run."""
     if decode_loop not in DECODE_LOOPS:
@@ -760,6 +790,12 @@ def check_engine_switches() -> None:
     from model.backends import check_switches
 
     check_switches()
+    if injected_decode_delay_s() is not None:  # EngineError for a malformed value; a set one is said at once
+        import logging
+
+        logging.getLogger("model.engine").warning(
+            f"{TEST_DELAY_ENV} is set: every host-loop decode step waits {1e3 * injected_decode_delay_s():g} ms more "
+            "(a test-only slowdown; recorded in the run's manifest as test_injection)")
 
 
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,

@@ -6,6 +6,7 @@ refuses anything else the same way (a typo such as `=of` must not leave a featur
 from __future__ import annotations
 
 import os
+import re
 
 from model.errors import EngineError
 
@@ -29,4 +30,24 @@ def switch_on(name: str) -> bool:
     return value in ON
 
 
-__all__ = ["OFF", "ON", "switch_on"]
+TEST_DELAY_ENV = "GEMMA4_BENCH_TEST_DECODE_DELAY"
+"""Test only: a delay added to every host-loop decode step (`injected_decode_delay_s`), how `bench ab`'s tests make
+a known slowdown (docs/commands/ab.md). Its value must read `test-only:<ms>ms` (e.g. `test-only:2ms`), so no
+ordinary value (1, on, 2) turns it on; the run's manifest records it (`test_injection`) and the engine logs a
+warning when it is set."""
+
+
+def injected_decode_delay_s() -> float | None:
+    """The test-only decode delay of `TEST_DELAY_ENV` in seconds, None when the variable is unset or empty.
+    Raises EngineError (one line) for any other value than `test-only:<ms>ms` with 0 < ms <= 1000."""
+    raw = os.environ.get(TEST_DELAY_ENV)
+    if raw is None or not raw.strip(SPACE):
+        return None
+    m = re.fullmatch(r"test-only:(\d+(?:\.\d+)?)ms", raw.strip(SPACE))
+    if m is None or not 0 < float(m.group(1)) <= 1000:
+        raise EngineError(f"{TEST_DELAY_ENV}={raw!r}: a test-only decode delay, expected test-only:<ms>ms with "
+                          "0 < ms <= 1000 (e.g. test-only:2ms); unset it for normal runs")  # fmt: skip
+    return float(m.group(1)) / 1000.0
+
+
+__all__ = ["OFF", "ON", "TEST_DELAY_ENV", "injected_decode_delay_s", "switch_on"]

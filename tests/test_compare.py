@@ -62,7 +62,8 @@ def test_a_slowdown_beyond_the_limit_fails_and_names_the_cell(tmp_path: Path) ->
     assert result.cells[0].gauge_delta_pct == pytest.approx(-10.0)
     assert result.cells[0].spread(result.cells[0].candidate, "gauge") == (pytest.approx(17.82), pytest.approx(18.18))
     assert result.cells[0].within_noise("gauge") is False
-    assert any(f.startswith("41 input tokens: gauge tok/s -10.0% vs baseline (limit -5%)") for f in result.failures)
+    assert any(f.startswith("41 input tokens: gauge tok/s -10.0% vs baseline (limit -5%; interval -11.8%..-8.2%)")
+               for f in result.failures)  # the interval: the two runs' repeats resampled (docs/method.md)
     assert compare_runs(base.path, cand.path, max_slowdown_pct=15.0).exit_code == 0
 
 
@@ -228,3 +229,93 @@ def test_complete_runs_say_no_partial_cells(tmp_path: Path) -> None:
     base, cand = make_measured_run(tmp_path, "base"), make_measured_run(tmp_path, "cand")
     result = compare_runs(base.path, cand.path)
     assert result.partial == [] and result.verdict == "PASS"
+
+
+# ---- the verdicts that know the noise (docs/method.md, "Comparisons") -----------------------------------------------
+def _aa_session(runs_dir: Path, ratios: list[float], *, aa: bool = True, label: str = "aa"):
+    """A complete A/A session of `bench ab` (kind "ab") whose pairs have these ratios B / A (A at 20 tok/s)."""
+    from bench.ab.archive import Measurement, pairs_csv
+    from bench.runs import create_run
+    from runfolders import manifest
+
+    run = create_run(runs_dir, label, "cpu", {**manifest(build_id=None), "kind": "ab", "ab": {"aa": aa}},
+                     date="2026-12-01")  # fmt: skip
+    rows = []
+    for k, r in enumerate(ratios):
+        for side, value in (("A", 20.0), ("B", 20.0 * r)):
+            rows.append(Measurement(index=len(rows), kind="pair", pair=k, side=side, value=value, lo=value, hi=value,
+                                    repeats=3, repeat_values=(value,) * 3, valid=True, build_id="0123456789ab",
+                                    run=None, exit_code=0, seconds=10.0, started_at="2026-12-01T00:00:00+00:00"))  # fmt: skip
+    (run.path / "pairs.csv").write_text(pairs_csv(rows))
+    run.finish("complete")
+    return run
+
+
+def test_the_default_gate_is_twice_the_repeats_noise(tmp_path: Path) -> None:
+    base, cand = _pair(tmp_path)  # repeats at -1%, 0, +1% on both sides
+    result = compare_runs(base.path, cand.path)
+    noise = result.noise
+    assert noise.gate_from == "noise" and noise.calibration is None
+    # the median over cells and metrics of the intervals' half-widths: the gauge's reach the extremes of 3 repeats
+    # (+-2.0%), the end-to-end rate's are narrower (its TTFT is a part that the jitter moves less)
+    assert 1.0 < noise.repeats_pct <= 100 * (1.01 / 0.99 - 1) + 1e-9
+    assert noise.gate_pct == pytest.approx(2 * noise.repeats_pct)
+    assert result.word == "PASS" and result.exit_code == 0
+    assert result.cells[0].verdicts == {"gauge": "PASS", "e2e": "PASS"}
+    assert result.cells[0].intervals["gauge"] == (pytest.approx(0.99 / 1.01), pytest.approx(1.01 / 0.99))
+
+
+@pytest.mark.parametrize(
+    ("cand_gauge", "word", "code"),
+    [(20.0, "PASS", 0), (19.2, "UNRESOLVED", 3), (18.0, "FAIL", 1)],  # no change; 4% slower; 10% slower
+)
+def test_pass_unresolved_and_fail_by_the_interval_against_the_gate(tmp_path: Path, cand_gauge: float, word: str,
+                                                                   code: int, capsys) -> None:  # fmt: skip
+    """Gate about 3.4% (2 x 1.7% of noise): a 4% slower candidate's gauge interval (-5.9..-2.1%) reaches across it."""
+    base, cand = _pair(tmp_path, cand_gauge=cand_gauge)
+    result = compare_runs(base.path, cand.path)
+    assert result.word == word and result.exit_code == code
+    assert result.cells[0].verdicts["gauge"] == word
+    out_code, out, _ = bench_captured(["compare", str(base.path), str(cand.path), "--calibration", "none"], capsys)
+    assert out_code == code and f"verdict: {word} (max slowdown {result.max_slowdown_pct:.3g}%)" in out
+    assert f"noise: gate {result.max_slowdown_pct:.1f}% (2 x the noise, at least 1%); noise: the runs' repeats +-" in out
+    if word == "UNRESOLVED":
+        assert (f"UNRESOLVED: 41 input tokens: gauge tok/s -4.0% vs baseline (limit -{result.max_slowdown_pct:.3g}%; "
+                "interval -5.9%..-2.1%)") in out
+
+
+def test_the_gate_flag_overrides_the_noise(tmp_path: Path, capsys) -> None:
+    base, cand = _pair(tmp_path, cand_gauge=19.2)
+    assert compare_runs(base.path, cand.path, max_slowdown_pct=10.0).word == "PASS"
+    assert compare_runs(base.path, cand.path, max_slowdown_pct=1.0).word == "FAIL"
+    code, out, _ = bench_captured(["compare", str(base.path), str(cand.path), "--gate", "10%"], capsys)
+    assert code == 0 and "gate 10.0% (as given)" in out
+
+
+def test_an_aa_calibration_widens_every_interval(tmp_path: Path, capsys) -> None:
+    base, cand = _pair(tmp_path, cand_gauge=18.0)  # 10% slower: FAIL on the repeats alone
+    assert compare_runs(base.path, cand.path).word == "FAIL"
+    aa = _aa_session(tmp_path, [1.06, 0.95, 1.04, 0.97, 1.05, 0.94])
+    result = compare_runs(base.path, cand.path, calibration=aa.path)
+    c = result.noise.calibration_pct
+    assert result.noise.calibration == aa.name and result.noise.calibration_pairs == 6
+    assert 9.0 < c < 11.0 and result.noise.noise_pct == c and result.noise.gate_pct == pytest.approx(2 * c)
+    lo, hi = result.cells[0].intervals["gauge"]
+    assert lo == pytest.approx(0.9 / (1 + c / 100)) and hi == pytest.approx(0.9 * (1 + c / 100))
+    assert result.word == "PASS"  # 10% slower, where runs of one build move by ~10% alone: inside a gate of ~20%
+    assert compare_runs(base.path, cand.path, 5.0, calibration=aa.path).word == "UNRESOLVED"  # a 5% gate: can't tell
+    # found by itself in --runs-dir: the latest A/A session on the candidate's device and CPU model
+    code, out, _ = bench_captured(["compare", str(base.path), str(cand.path), "--runs-dir", str(tmp_path), "--gate",
+                                   "5%"], capsys)  # fmt: skip
+    assert code == 3 and f"the A/A session {aa.name} +-" in out and "(6 pairs)" in out
+
+
+def test_a_calibration_must_be_an_aa_session(tmp_path: Path, capsys) -> None:
+    base, cand = _pair(tmp_path)
+    ab = _aa_session(tmp_path, [1.1, 1.1, 1.1], aa=False, label="ab")
+    with pytest.raises(RunFolderError, match="not an A/A session of `bench ab`"):
+        compare_runs(base.path, cand.path, calibration=ab.path)
+    code, _, err = bench_captured(["compare", str(base.path), str(cand.path), "--calibration", str(base.path)], capsys)
+    assert code == 2 and "not an A/A session" in err and len(err.strip().splitlines()) == 1
+    code, _, err = bench_captured(["compare", str(base.path), str(ab.path)], capsys)  # a session is no sweep
+    assert code == 2 and "an A/B session of `bench ab`, which holds ratios, not cells" in err

@@ -42,6 +42,7 @@ def _register(argv: list[str]) -> None:
 
         return
     from bench.cli import (
+        ab_cmds,  # noqa: F401
         fleet_cmds,  # noqa: F401
         gpurun_cmds,  # noqa: F401
         kernel_cmds,  # noqa: F401

@@ -1,7 +1,8 @@
 """Commands over archived run folders (no jax): `bench report`, `bench compare`, `bench runs list|validate`.
 
-Exit codes: 0 success; 1 `bench compare` crossed a threshold, or `bench runs validate` found problems;
-2 a user error (missing or unreadable run, bad flag), printed as one line by `bench.cli.main`.
+Exit codes: 0 success (`bench compare`: PASS); 1 `bench compare` FAIL (a threshold crossed beyond the noise), or
+`bench runs validate` found problems; 3 `bench compare` UNRESOLVED (a cell's change cannot be told from the noise
+at its gate); 2 a user error (missing or unreadable run, bad flag), printed as one line by `bench.cli.main`.
 """
 
 from __future__ import annotations
@@ -94,23 +95,53 @@ def print_rows(report, fmt: str) -> str:  # noqa: ANN001 -- a bench.report.Repor
 def compare_cmd(
     baseline: Annotated[str, typer.Argument(help="Baseline run (folder or name in --runs-dir).")],
     candidate: Annotated[str, typer.Argument(help="Candidate run (folder or name in --runs-dir).")],
-    max_slowdown: Annotated[str, typer.Option("--max-slowdown", help="Largest allowed slowdown, e.g. 5%.")] = "5%",
+    max_slowdown: Annotated[str | None, typer.Option(
+        "--max-slowdown", "--gate", help="The gate: the largest slowdown allowed, e.g. 5%. Default: 2 x the "
+        "measured noise (the runs' repeats, and the A/A calibration), at least 1%; 5% when no noise is known.")] = None,
     require_same_tokens: Annotated[bool, typer.Option(help="Fail when the greedy token ids differ.")] = False,
+    calibration: Annotated[str, typer.Option(
+        "--calibration", help="An A/A session of `bench ab` (one build on both sides) whose noise widens each "
+        "cell's interval: a run folder or name, 'auto' (the latest in --runs-dir on the candidate's device and "
+        "CPU model) or 'none'.")] = "auto",
     runs_dir: RunsDirOpt = Path("runs"),
 ) -> None:
-    """Compare a candidate run with a baseline; exit 1 when a threshold is crossed (a regression gate)."""
+    """Compare a candidate run with a baseline: PASS (exit 0), FAIL (exit 1: a threshold crossed beyond the noise)
+    or UNRESOLVED (exit 3: a cell's interval reaches across the gate); exit 2 for bad input."""
+    from bench.report.compare import compare_runs, find_calibration
+    from bench.runs import open_complete_run, resolve_run
+
+    limit = parse_percent(max_slowdown) if max_slowdown is not None else None
+    base_path, cand_path = resolve_run(baseline, runs_dir), resolve_run(candidate, runs_dir)
+    if calibration == "auto":
+        cal = find_calibration(runs_dir, open_complete_run(cand_path).manifest)
+    else:
+        cal = None if calibration == "none" else resolve_run(calibration, runs_dir, flag="--calibration")
+    result = compare_runs(base_path, cand_path, limit, require_same_tokens, calibration=cal)
+    console = make_console()
+    if result.cells or not result.levels:
+        console.print(_cells_table(result))
+    if result.levels:
+        console.print(_load_table(result))
+    if any(cell.has_device_loop for cell in result.cells):
+        console.print(_device_loop_table(result))
+    if result.tokens:
+        console.print(_accuracy_table(result))
+    _print_verdict(console, result)
+    if result.exit_code:
+        raise SystemExit(result.exit_code)  # not typer.Exit: in non-standalone mode click returns its code unseen
+
+
+def _cells_table(result):  # noqa: ANN001 -- a bench.report.compare.CompareResult
+    """The per-cell table of `bench compare`: gauges and end-to-end rates, their deltas and intervals, the speed
+    verdict and whether the greedy tokens agree."""
     from rich.table import Table
 
     from bench.report import rate_text
-    from bench.report.compare import compare_runs
-    from bench.runs import resolve_run
 
-    limit = parse_percent(max_slowdown)
-    result = compare_runs(resolve_run(baseline, runs_dir), resolve_run(candidate, runs_dir), limit, require_same_tokens)
-    console = make_console()
     table = Table(title=f"{result.candidate} vs {result.baseline} (baseline)")
-    for col in ("input tokens", "gauge base", "gauge cand", "Δ gauge", "e2e base", "e2e cand", "Δ e2e", "tokens"):
-        table.add_column(col, justify="left" if col == "tokens" else "right")
+    for col in ("input tokens", "gauge base", "gauge cand", "Δ gauge", "interval", "e2e base", "e2e cand", "Δ e2e",
+                "interval ", "speed", "tokens"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("tokens", "speed") else "right")
     tokens = {t.input_tokens: t for t in result.tokens}
     for cell in result.cells:
         t = tokens.get(cell.input_tokens) if cell.batch == 1 else None
@@ -120,18 +151,17 @@ def compare_cmd(
         table.add_row(
             f"{cell.input_tokens:,}" + (f" x{cell.batch}" if cell.batch != 1 else ""), rate_text(cell.baseline, "gauge"),
             rate_text(cell.candidate, "gauge"),
-            "—" if cell.gauge_delta_pct is None else f"{cell.gauge_delta_pct:+.1f}%",
+            "—" if cell.gauge_delta_pct is None else f"{cell.gauge_delta_pct:+.1f}%", _interval(cell, "gauge"),
             rate_text(cell.baseline, "e2e"), rate_text(cell.candidate, "e2e"),
-            "—" if cell.e2e_delta_pct is None else f"{cell.e2e_delta_pct:+.1f}%", agree,
+            "—" if cell.e2e_delta_pct is None else f"{cell.e2e_delta_pct:+.1f}%", _interval(cell, "e2e"),
+            _speed_verdict(cell), agree,
         )  # fmt: skip
-    if result.cells or not result.levels:
-        console.print(table)
-    if result.levels:
-        console.print(_load_table(result))
-    if any(cell.has_device_loop for cell in result.cells):
-        console.print(_device_loop_table(result))
-    if result.tokens:
-        console.print(_accuracy_table(result))
+    return table
+
+
+def _print_verdict(console, result) -> None:  # noqa: ANN001
+    """`bench compare`'s closing lines: whether the comparison is single-variable, its notes, the noise, each
+    failure and unresolved cell, and the verdict."""
     verdict = {True: "single-variable", False: "NOT single-variable", None: "single-variable not established"}
     variable = f" ({result.variable})" if result.variable else ""
     console.print(f"comparison: {verdict[result.single_variable]}{variable}", markup=False)
@@ -145,11 +175,28 @@ def compare_cmd(
         console.print("  ◐ partial cell: fewer timed repeats than planned; compared on the repeats it has", markup=False)
     for line in result.partial:
         console.print(f"  partial: {line}", markup=False)
+    console.print(f"  noise: {result.noise.describe()}", markup=False)
+    if result.noise.calibration is None:
+        console.print("  note: no A/A calibration: the intervals hold the runs' own repeats only, not the host's "
+                      "drift between runs; measure one with `bench ab --a \"\" --b \"\"` (docs/commands/ab.md)",
+                      markup=False)  # fmt: skip
     for failure in result.failures:
         console.print(f"  FAIL: {failure}", markup=False)
-    console.print(f"verdict: {result.verdict} (max slowdown {limit:g}%)", markup=False)
-    if result.exit_code:
-        raise SystemExit(result.exit_code)  # not typer.Exit: in non-standalone mode click returns its code unseen
+    for line in result.unresolved:
+        console.print(f"  UNRESOLVED: {line}", markup=False)
+    console.print(f"verdict: {result.verdict} (max slowdown {result.max_slowdown_pct:.3g}%)", markup=False)
+
+
+def _interval(cell, metric: str) -> str:  # noqa: ANN001 -- a bench.report.compare.CellDelta
+    """The cell's interval of the candidate's change (`CellDelta.intervals`), e.g. "-11.8..-8.2%"; "—" without."""
+    iv = cell.intervals.get(metric)
+    return "—" if iv is None else f"{100 * (iv[0] - 1):+.1f}..{100 * (iv[1] - 1):+.1f}%"
+
+
+def _speed_verdict(cell) -> str:  # noqa: ANN001 -- a bench.report.compare.CellDelta
+    """The cell's speed verdict: the worse of its metrics' (FAIL, then UNRESOLVED, then PASS), "—" without."""
+    found = set(cell.verdicts.values())
+    return next((w for w in ("FAIL", "UNRESOLVED", "PASS") if w in found), "—")
 
 
 def _load_table(result) -> "rich.table.Table":  # noqa: F821

@@ -39,6 +39,7 @@ from typing import Any
 from bench.errors import InputError, RunFolderError
 from bench.profile.findings import rules_text, share_findings, stored_findings
 from bench.profile.roofline import roofline_share_pct
+from bench.report.ab import ab_sections, split_ab_views
 from bench.report.compare import (
     describe_differences,
     manifest_differences,
@@ -338,6 +339,7 @@ def build_report(
     be written or the selection matches no run.
     """
     loaded, skipped = load_runs(run_dirs, runs_dir)
+    sessions, loaded = split_ab_views(loaded)  # A/B sessions: their own section, never in a comparison group
     if not loaded:
         why = f" ({len(skipped)} skipped: " + "; ".join(f"{n}: {r}" for n, r in skipped) + ")" if skipped else ""
         raise RunFolderError(f"no complete or incomplete run folders to report in {runs_dir}{why}")
@@ -362,6 +364,7 @@ def build_report(
     incomplete = [(v.name, completion_text(v)) for v in views if v.incomplete]
     if incomplete:
         sections.append(_incomplete_section(incomplete))
+    sections += ab_sections(sessions)
     if skipped:
         sections.append(Section(title="Skipped folders", anchor="skipped", blocks=[Bullets(items=[f"{n}: {r}" for n, r in skipped])]))
     tables = name_keys(sections, groups[0].keys)

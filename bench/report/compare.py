@@ -1,14 +1,22 @@
-"""Compare two archived runs: speed per cell with each run's spread, token agreement, payload differences, a verdict.
+"""Compare two archived runs: speed per cell with an interval that knows the noise, token agreement, payload
+differences, a verdict.
 
 Reads run folders only (no jax, no `model/`), so it works on archived runs of machines that are gone, and it can
-gate a deployment: `Comparison.exit_code` is 1 when a threshold is crossed, else 0.
+gate a deployment: `Comparison.exit_code` is 0 PASS, 1 FAIL (a threshold crossed), 3 UNRESOLVED (`EXIT_CODES`).
 
-Thresholds (each a reason in `Comparison.failures`):
-- a candidate's median gauge or end-to-end tok/s more than `max_slowdown_pct` below the baseline's at a cell;
+The speed verdict (docs/method.md, "The compare verdicts"): per cell both runs have, for the gauge and the
+end-to-end rate, an interval of the ratio candidate / baseline from the two runs' timed repeats
+(`bench.ab.stats.ratio_interval`; the min-max spreads without raw samples), widened by an A/A calibration of
+`bench ab` where one is given (`calibration_noise`); the gate is `max_slowdown_pct` when given, else NOISE_FACTOR x
+the noise (`Noise`); a cell and metric is PASS, FAIL or UNRESOLVED as its interval lies above, below or across
+1 - gate (`CellDelta.verdicts`).
+
+Thresholds (each a reason in `Comparison.failures`; an unresolved cell is a line of `Comparison.unresolved`):
+- a candidate's median gauge or end-to-end tok/s whose interval lies wholly more than the gate below the baseline's;
 - a candidate cell that is invalid or failed, or missing where the baseline has one;
 - with `require_same_tokens`, generated ids that differ at a cell, or that cannot be checked (no raw samples);
 - at a load level both runs have (a sweep under load, `LevelDelta`): a candidate's output throughput more than
-  `max_slowdown_pct` below the baseline's, or a candidate level that is invalid. Levels of one run only are named
+  the gate below the baseline's (a level has no repeats: its point alone), or a candidate level that is invalid. Levels of one run only are named
   in the notes, not compared.
 
 Token agreement compares the first timed repeat's generated ids (greedy decoding makes every repeat equal; a run
@@ -50,6 +58,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from bench.errors import RunFolderError
 from bench.runs import (
     CellRow,
     CheckpointFacts,
@@ -202,6 +211,135 @@ def single_variable(base: dict[str, Any], cand: dict[str, Any]) -> tuple[bool | 
     return (None if all(d.unknown for d in diffs) else False), diffs
 
 
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "UNRESOLVED": 3}
+"""`bench compare`'s exit code per verdict (2 is a user error: a missing run, a bad flag)."""
+NOISE_FACTOR = 2.0
+"""The default gate is NOISE_FACTOR x the comparison's noise (`Noise`): an unchanged candidate's interval, at most
+one noise below its point, then stays above 1 - gate while its point is within one noise of 1, and a candidate slower
+by more than the gate plus one noise fails (a stated choice, docs/method.md "Comparisons")."""
+GATE_FLOOR_PCT = 1.0
+"""The least default gate (percent): runs whose repeats agree exactly do not gate at 0%."""
+FALLBACK_GATE_PCT = 5.0
+"""The gate when no noise is known (neither run has repeats, no A/A calibration): the fixed gate of old."""
+METRICS = ("gauge", "e2e")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Noise:
+    """How a comparison's gate was set (docs/method.md, "Comparisons").
+
+    `repeats_pct`: the median over cells and metrics of the half-width of each cell's repeat interval (percent of
+    its ratio; None when no cell has repeats on both sides); `calibration`: the A/A session used (a run folder
+    name) and `calibration_pct` its noise (`bench.ab.stats.aa_noise_pct`), `calibration_pairs` its valid pairs;
+    `noise_pct` = the larger of the two (None when neither is known); `gate_pct` the gate in force and `gate_from`
+    how it was set: "--max-slowdown" (given), "noise" (NOISE_FACTOR x noise, at least GATE_FLOOR_PCT) or "fixed"
+    (FALLBACK_GATE_PCT: no noise known)."""
+
+    repeats_pct: float | None
+    calibration: str | None
+    calibration_pct: float | None
+    calibration_pairs: int | None
+    noise_pct: float | None
+    gate_pct: float
+    gate_from: str
+
+    def describe(self) -> str:
+        """One line: the gate and where it came from."""
+        parts = []
+        if self.repeats_pct is not None:
+            parts.append(f"the runs' repeats +-{self.repeats_pct:.1f}% (median half-width of the cells' intervals)")
+        if self.calibration is not None:
+            parts.append(f"the A/A session {self.calibration} +-{self.calibration_pct:.1f}% for one pair of runs "
+                         f"({self.calibration_pairs} pairs)")  # fmt: skip
+        noise = "; ".join(parts) or "no repeats on both sides and no A/A calibration"
+        how = {"--max-slowdown": "as given", "fixed": f"fixed {FALLBACK_GATE_PCT:g}%: no noise known",
+               "noise": f"{NOISE_FACTOR:g} x the noise, at least {GATE_FLOOR_PCT:g}%"}[self.gate_from]  # fmt: skip
+        return f"gate {self.gate_pct:.1f}% ({how}); noise: {noise}"
+
+
+def _repeat_values(samples: list[Sample]) -> dict[tuple[int, int], dict[str, list[float]]]:
+    """Per cell (input tokens, batch), per metric, the timed repeats' rates (tok/s) of the host loop."""
+    out: dict[tuple[int, int], dict[str, list[float]]] = {}
+    for s in samples:
+        if s.kind != "timed":
+            continue
+        per = out.setdefault(cell_key(s), {m: [] for m in METRICS})
+        for m in METRICS:
+            value = getattr(s, f"{m}_tok_s")
+            if value is not None and value > 0:
+                per[m].append(value)
+    return out
+
+
+def _point_interval(b: CellRow, c: CellRow, metric: str, reps_b: list[float], reps_c: list[float]):
+    """(ratio of the medians, its repeat interval or None): `bench.ab.stats.ratio_interval` where both sides have 2
+    or more repeats, else the ratio over the two min-max spreads where both have them, else None."""
+    from bench.ab.stats import ratio_interval
+
+    mb, mc = getattr(b, f"{metric}_tok_s_median"), getattr(c, f"{metric}_tok_s_median")
+    if not mb or not mc:
+        return None, None
+    r = mc / mb
+    if len(reps_b) >= 2 and len(reps_c) >= 2:
+        return r, ratio_interval(reps_b, reps_c)
+    lo_b, hi_b = getattr(b, f"{metric}_tok_s_min"), getattr(b, f"{metric}_tok_s_max")
+    lo_c, hi_c = getattr(c, f"{metric}_tok_s_min"), getattr(c, f"{metric}_tok_s_max")
+    if None in (lo_b, hi_b, lo_c, hi_c) or not lo_b or not hi_b:
+        return r, None
+    return r, (lo_c / hi_b, hi_c / lo_b)
+
+
+def calibration_noise(run: str | Path | RunFolder) -> tuple[str, float, int]:
+    """(name, noise %, pairs) of an A/A session (`bench ab` with one build on both sides, `ab.aa` true):
+    `bench.ab.stats.aa_noise_pct` of its valid pairs' ratios. RunFolderError for a run that is not a complete
+    A/A session with at least 3 valid pairs."""
+    from bench.ab.archive import is_ab_run, paired_values, read_pairs
+    from bench.ab.stats import aa_noise_pct, pair_ratios
+
+    folder = run if isinstance(run, RunFolder) else open_complete_run(run)
+    ab = folder.manifest.get("ab") or {}
+    if not is_ab_run(folder.manifest) or not ab.get("aa"):
+        raise RunFolderError(f"{folder.path}: not an A/A session of `bench ab` (one build, the same flags on both "
+                             "sides); pass one as --calibration, or --calibration none")  # fmt: skip
+    pairs = paired_values(read_pairs(folder.path))
+    if len(pairs) < 3:
+        raise RunFolderError(f"{folder.path}: {len(pairs)} valid pair(s); a calibration needs at least 3")
+    ratios = pair_ratios([a for _, a, _ in pairs], [b for _, _, b in pairs])
+    return folder.name, aa_noise_pct(ratios), len(pairs)
+
+
+def find_calibration(runs_dir: str | Path, manifest: dict[str, Any]) -> Path | None:
+    """The latest complete A/A session in `runs_dir` measured on the device kind and host CPU model of
+    `manifest` (a run's), None when there is none (or no such folder)."""
+    from bench.ab.archive import is_ab_run
+    from bench.runs import list_runs, open_run
+
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return None
+    want = (_get(manifest, ("device", "device_kind")), _get(manifest, ("host", "cpu_model")))
+    best = None
+    for summary in list_runs(root):
+        if not summary.ok or summary.status != "complete":
+            continue
+        try:
+            m = open_run(summary.path).manifest
+        except RunFolderError:
+            continue
+        got = (_get(m, ("device", "device_kind")), _get(m, ("host", "cpu_model")))
+        if is_ab_run(m) and (m.get("ab") or {}).get("aa") and got == want:
+            if best is None or (summary.started_at or "") > (best.started_at or ""):
+                best = summary
+    return best.path if best is not None else None
+
+
+def _cell_verdict(interval: tuple[float, float], gate_pct: float) -> str:
+    """"PASS" when the whole interval of the ratio is at or above 1 - gate, "FAIL" when it is below, else
+    "UNRESOLVED"."""
+    floor = 1.0 - gate_pct / 100.0
+    return "PASS" if interval[0] >= floor else "FAIL" if interval[1] < floor else "UNRESOLVED"
+
+
 @dataclasses.dataclass(frozen=True)
 class CellDelta:
     """One input size in both runs. Deltas in % of the baseline median ((candidate - baseline) / baseline).
@@ -214,6 +352,11 @@ class CellDelta:
     e2e_delta_pct: float | None
     device_gauge_delta_pct: float | None = None  # the device loop's gauge, where both runs timed it
     batch: int = 1  # rows decoded together (`--batch` sweeps; a cell is (input_tokens, batch))
+    intervals: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    """Per metric ("gauge", "e2e"), the interval of the ratio candidate / baseline (`Noise`, docs/method.md
+    "Comparisons"); absent where a side has no figure."""
+    verdicts: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Per metric, "PASS", "FAIL" or "UNRESOLVED": the interval above, below, or across 1 - gate."""
 
     @property
     def name(self) -> str:
@@ -290,7 +433,7 @@ class Comparison:
 
     baseline: str
     candidate: str
-    max_slowdown_pct: float
+    max_slowdown_pct: float  # the gate in force (given, or set from the noise: `Noise`)
     cells: list[CellDelta]
     tokens: list[TokenAgreement]
     differences: list[Difference]
@@ -306,24 +449,33 @@ class Comparison:
     """Per input size both runs have, the next-token logit error (`LogitAgreement`)."""
     levels: list[LevelDelta] = dataclasses.field(default_factory=list)
     """The load levels (a sweep under load) both runs have, in order (`LevelDelta`)."""
+    unresolved: list[str] = dataclasses.field(default_factory=list)
+    """Each cell and metric whose interval reaches across 1 - gate: the change cannot be told from the noise."""
+    noise: Noise | None = None
+    """How the gate and the intervals were set (`Noise`)."""
+
+    @property
+    def word(self) -> str:
+        """"FAIL" when a threshold was crossed, else "UNRESOLVED" when a cell's interval reaches across the gate,
+        else "PASS"."""
+        return "FAIL" if self.failures else "UNRESOLVED" if self.unresolved else "PASS"
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        return self.word == "PASS"
 
     @property
     def verdict(self) -> str:
-        """"PASS" or "FAIL", followed by "with partial cells: ..." (the input sizes and sides) where any cell of
-        either run is partial: partial cells count toward the verdict (see the module docstring)."""
-        word = "PASS" if self.passed else "FAIL"
+        """`word`, followed by "with partial cells: ..." (the input sizes and sides) where any cell of either run
+        is partial: partial cells count toward the verdict (see the module docstring)."""
         if not self.partial:
-            return word
-        return f"{word} with partial cells: " + "; ".join(self.partial)
+            return self.word
+        return f"{self.word} with partial cells: " + "; ".join(self.partial)
 
     @property
     def exit_code(self) -> int:
-        """0 when no threshold was crossed, 1 otherwise (what `bench compare` exits with)."""
-        return 0 if self.passed else 1
+        """What `bench compare` exits with: 0 PASS, 1 FAIL, 3 UNRESOLVED (`EXIT_CODES`)."""
+        return EXIT_CODES[self.word]
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -413,31 +565,57 @@ def _delta(base: float | None, cand: float | None) -> float | None:
 def compare_runs(
     baseline: str | Path | RunFolder,
     candidate: str | Path | RunFolder,
-    max_slowdown_pct: float = 5.0,
+    max_slowdown_pct: float | None = None,
     require_same_tokens: bool = False,
+    calibration: str | Path | RunFolder | None = None,
 ) -> Comparison:
     """Compare `candidate` against `baseline` (run folders or their paths; both must be complete).
 
-    Raises RunFolderError for a run that is missing, incomplete, corrupt or of another schema version, and
-    ValueError for a negative `max_slowdown_pct`. See the module docstring for the thresholds.
+    `max_slowdown_pct` is the gate (None: set from the noise, `Noise`); `calibration` an A/A session of
+    `bench ab` whose noise widens every cell's interval (`calibration_noise`). Raises RunFolderError for a run
+    that is missing, incomplete, corrupt, of another schema version or an A/B session, or a calibration that is
+    not an A/A session, and ValueError for a negative `max_slowdown_pct`. See the module docstring for the thresholds and
+    docs/method.md, "Comparisons", for the intervals and verdicts.
     """
-    if max_slowdown_pct < 0:
+    if max_slowdown_pct is not None and max_slowdown_pct < 0:
         raise ValueError(f"max_slowdown_pct must be >= 0, got {max_slowdown_pct}")
     base = baseline if isinstance(baseline, RunFolder) else open_complete_run(baseline)
     cand = candidate if isinstance(candidate, RunFolder) else open_complete_run(candidate)
+    from bench.ab.archive import is_ab_run
+
+    for run in (base, cand):
+        if is_ab_run(run.manifest):
+            raise RunFolderError(f"{run.path}: an A/B session of `bench ab`, which holds ratios, not cells; compare two "
+                                 "sweep runs, or read the session's verdict (its run.log, `bench report`)")  # fmt: skip
+    cal = calibration_noise(calibration) if calibration is not None else None
     base_cells = {cell_key(c): c for c in base.cells()}  # a cell is (input tokens, batch): `--batch` sweeps
     cand_cells = {cell_key(c): c for c in cand.cells()}
     keys = sorted(set(base_cells) | set(cand_cells))
+    reps_b, reps_c = _repeat_values(base.samples()), _repeat_values(cand.samples())
+    points: dict[tuple[int, int], dict[str, tuple[float, tuple[float, float] | None]]] = {}
+    for key in keys:
+        b, c = base_cells.get(key), cand_cells.get(key)
+        if b is None or c is None:
+            continue
+        for metric in METRICS:
+            r, interval = _point_interval(b, c, metric, reps_b.get(key, {}).get(metric, []),
+                                          reps_c.get(key, {}).get(metric, []))  # fmt: skip
+            if r is not None:
+                points.setdefault(key, {})[metric] = (r, interval)
+    noise = _noise(points, cal, max_slowdown_pct)
     failures: list[str] = []
+    unresolved: list[str] = []
     notes: list[str] = []
     deltas = []
     for key in keys:
         b, c = base_cells.get(key), cand_cells.get(key)
+        intervals = {m: _widened(r, iv, noise) for m, (r, iv) in points.get(key, {}).items()}
         delta = CellDelta(
             key[0], b, c,
             _delta(b and b.gauge_tok_s_median, c and c.gauge_tok_s_median),
             _delta(b and b.e2e_tok_s_median, c and c.e2e_tok_s_median),
             _delta(b and b.device_gauge_tok_s_median, c and c.device_gauge_tok_s_median), batch=key[1],
+            intervals=intervals, verdicts={m: _cell_verdict(iv, noise.gate_pct) for m, iv in intervals.items()},
         )  # fmt: skip
         deltas.append(delta)
         where = delta.name
@@ -451,12 +629,16 @@ def compare_runs(
             continue
         if not b.valid:
             notes.append(f"{where}: baseline cell invalid ({b.invalid_reason or b.error})")
-        for metric, value in (("gauge", delta.gauge_delta_pct), ("end-to-end", delta.e2e_delta_pct)):
-            if value is not None and value < -max_slowdown_pct:
-                noise = delta.within_noise("gauge" if metric == "gauge" else "e2e")
-                extra = " (inside both runs' min-max spread)" if noise else ""
-                limit = f"limit -{max_slowdown_pct:g}%"
-                failures.append(f"{where}: {metric} tok/s {value:+.1f}% vs baseline ({limit}){extra}")
+        for metric, value in (("gauge", delta.gauge_delta_pct), ("e2e", delta.e2e_delta_pct)):
+            if metric not in delta.verdicts or value is None:
+                continue
+            lo, hi = intervals[metric]
+            said = (f"{where}: {'gauge' if metric == 'gauge' else 'end-to-end'} tok/s {value:+.1f}% vs baseline "
+                    f"(limit -{noise.gate_pct:.3g}%; interval {100 * (lo - 1):+.1f}%..{100 * (hi - 1):+.1f}%)")  # fmt: skip
+            if delta.verdicts[metric] == "FAIL":
+                failures.append(said)
+            elif delta.verdicts[metric] == "UNRESOLVED":
+                unresolved.append(said)
     partial = [f"{side} {run.name}, {c.input_tokens:,} input tokens{_rows(c.batch)}: {c.repeats} of "
                f"{c.repeats_planned} repeats ({c.stopped_by})"
                for side, run, cells in (("baseline", base, base_cells), ("candidate", cand, cand_cells))
@@ -470,17 +652,48 @@ def compare_runs(
                 failures.append(f"{t.input_tokens} input tokens: generated ids differ from token {t.first_divergence}")
             elif t.status == "unknown":
                 failures.append(f"{t.input_tokens} input tokens: token agreement cannot be checked ({t.note})")
-    levels = _level_deltas(base, cand, max_slowdown_pct, failures, notes)
+    levels = _level_deltas(base, cand, noise.gate_pct, failures, notes)
     if (host := _bandwidth_note(base.manifest, cand.manifest)) is not None:
         notes.append(host)
     same, _ = single_variable(base.manifest, cand.manifest)
     variable = quant_variable(base.typed_manifest, cand.typed_manifest)
     return Comparison(
-        baseline=base.name, candidate=cand.name, max_slowdown_pct=max_slowdown_pct, cells=deltas, tokens=tokens,
+        baseline=base.name, candidate=cand.name, max_slowdown_pct=noise.gate_pct, cells=deltas, tokens=tokens,
         differences=manifest_differences(base.manifest, cand.manifest), single_variable=same or variable is not None,
         failures=failures, notes=notes, partial=partial, variable=variable, logits=_logit_agreement(base, cand, shared),
-        levels=levels,
+        levels=levels, unresolved=unresolved, noise=noise,
     )  # fmt: skip
+
+
+def _noise(points: dict, cal: tuple[str, float, int] | None, given: float | None) -> Noise:
+    """The comparison's `Noise` from the cells' repeat intervals (`points`: per cell, per metric, (ratio,
+    interval or None)), the calibration (name, noise %, pairs) and the gate given (None: set from the noise)."""
+    from bench.ab.stats import median
+
+    widths = [100.0 * max(iv[1] / r - 1.0, 1.0 - iv[0] / r)
+              for per in points.values() for r, iv in per.values() if iv is not None]  # fmt: skip
+    repeats = median(widths) if widths else None
+    cal_pct = cal[1] if cal is not None else None
+    known = [x for x in (repeats, cal_pct) if x is not None]
+    noise = max(known) if known else None
+    if given is not None:
+        gate, source = given, "--max-slowdown"
+    elif noise is not None:
+        gate, source = max(GATE_FLOOR_PCT, NOISE_FACTOR * noise), "noise"
+    else:
+        gate, source = FALLBACK_GATE_PCT, "fixed"
+    return Noise(repeats_pct=repeats, calibration=cal[0] if cal else None, calibration_pct=cal_pct,
+                 calibration_pairs=cal[2] if cal else None, noise_pct=noise, gate_pct=gate, gate_from=source)  # fmt: skip
+
+
+def _widened(r: float, interval: tuple[float, float] | None, noise: Noise) -> tuple[float, float]:
+    """A cell's interval of the ratio `r`: the hull of its repeat interval (None: the point) and, with a
+    calibration, r / (1 + c) .. r x (1 + c), c its noise as a fraction."""
+    lo, hi = interval if interval is not None else (r, r)
+    if noise.calibration_pct is not None:
+        c = 1.0 + noise.calibration_pct / 100.0
+        lo, hi = min(lo, r / c), max(hi, r * c)
+    return lo, hi
 
 
 def _bandwidth_note(base: dict, cand: dict) -> str | None:

@@ -440,6 +440,10 @@ def drift_pct(start_bytes_s: float, end_bytes_s: float) -> float:
 
 
 # ---- the one build id and the one builder ---------------------------------------------------------------------
+TEST_INJECTION_KEY = "test_injection"
+"""The manifest key that records a test-only slowdown the engine was given (`model.switches.TEST_DELAY_ENV`, set by
+`bench ab`'s tests): {"variable", "decode_delay_ms"}; absent from every ordinary run."""
+
 DENSE_BUILD_ID_KEY = "dense_build_id"
 """The manifest key of `Manifest.dense_build_id`: the build id of the same payload unquantized."""
 
@@ -481,9 +485,13 @@ def build_manifest(command: str, *, checkpoint: CheckpointFacts, engine: EngineC
     """
     if target is not None and peer is not None:
         raise ValueError("build_manifest: a run measures through a target or a peer engine, not both")
+    from model.switches import TEST_DELAY_ENV, injected_decode_delay_s  # jax-free; not a reader's import
+
     more, host, versions = dict(extra or {}), host_facts(), package_versions()
     if options is not None:
         more[ENGINE_OPTIONS_KEY] = options.to_manifest()
+    if (delay := injected_decode_delay_s()) is not None:  # test only: a known slowdown, never unrecorded
+        more[TEST_INJECTION_KEY] = {"variable": TEST_DELAY_ENV, "decode_delay_ms": 1e3 * delay}
     if target is not None:
         payload_id = target.build_id
         more["target"] = dict(target.description)

@@ -35,6 +35,8 @@ PROVENANCES = ("measured", "published")
 MANIFEST, CELLS_JSONL, CELLS_CSV, SAMPLES, PROFILE, LOG = (
     "manifest.json", "cells.jsonl", "cells.csv", "samples.jsonl", "profile.json", "run.log",
 )  # fmt: skip
+AB_PAIRS = "pairs.csv"
+"""An A/B session's measurements (`bench ab`, kind "ab": bench/ab/archive.py reads and writes it)."""
 LOAD_JSONL, LOAD_SAMPLES = "load.jsonl", "load_samples.jsonl"
 """A sweep under load (`--concurrency`): one `LoadRow` per level, one `LoadSample` per request. Older folders have
 neither file and read as before."""
@@ -307,7 +309,8 @@ def run_files_problems(files: RunFiles) -> list[str]:
                 problems.append(f"{CELLS_CSV}: {files.csv_rows} rows but {CELLS_JSONL} has {len(seen)}")
     if not problems and not published:
         problems += _consistency_problems(files)
-    measured = CELLS_JSONL in files.lines or LOAD_JSONL in files.lines or files.has_profile
+    measured = (CELLS_JSONL in files.lines or LOAD_JSONL in files.lines or files.has_profile
+                or (p / AB_PAIRS).is_file())  # an A/B session's measurements (bench/ab/archive.py)
     if manifest.get("status") == "complete" and not measured:
         problems.append(f"{CELLS_JSONL}: missing in a complete run (and no {LOAD_JSONL} or {PROFILE} either)")
     if published and (SAMPLES in files.lines or LOAD_SAMPLES in files.lines):

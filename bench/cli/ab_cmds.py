@@ -1,0 +1,128 @@
+"""`bench ab`: two builds or two engine configurations measured alternately in one session, with a verdict
+(docs/commands/ab.md). Parses flags and prints; the session is `bench.ab.session`.
+
+Exit codes: 0 the session ran (its verdict resolved or not); 2 bad input (a flag, a side that cannot be located,
+a warm-up that failed), one line; 130 interrupted (the run folder is kept, status incomplete).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bench.cli import app
+from bench.cli.common import make_console
+
+SIDE_HELP = ("Side {X}: '[BUILD] [SWEEP FLAGS]'. BUILD: a git ref (branch, tag, commit; checked out in a temporary "
+             "worktree) or a worktree folder; none: this checkout as it is. Flags: engine flags of `bench sweep`, "
+             "e.g. \"--quant w8\".")  # fmt: skip
+
+
+def _percent(text: str, flag: str) -> float:
+    from bench.cli.report_cmds import parse_percent
+
+    return parse_percent(text, flag)
+
+
+@app.command("ab")
+def ab_cmd(
+    a: Annotated[str, typer.Option("--a", help=SIDE_HELP.format(X="A (the reference)"))] = "",
+    b: Annotated[str, typer.Option("--b", help=SIDE_HELP.format(X="B (the change)"))] = "",
+    pairs: Annotated[int, typer.Option("--pairs", help="Pairs of measurements (ABBA order), at least 3.")] = 8,
+    inputs: Annotated[int, typer.Option("--inputs", help="The cell's exact input tokens.")] = 41,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="The cell's generated tokens.")] = 64,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed repeats per measurement (their median is "
+                                         "its value).")] = 3,
+    metric: Annotated[str, typer.Option("--metric", help="gauge (host-loop decode tok/s) or e2e (end-to-end "
+                                        "tok/s).")] = "gauge",
+    confidence: Annotated[str, typer.Option("--confidence", help="The interval's coverage.")] = "95%",
+    min_effect: Annotated[str, typer.Option("--min-effect", help="The smallest change claimed: resolved only when "
+                                            "the whole interval lies beyond it.")] = "1%",
+    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples.")] = 10_000,
+    seed: Annotated[int, typer.Option("--seed", help="The bootstrap's seed.")] = 0,
+    python: Annotated[str | None, typer.Option("--python", help="Interpreter of the measurements (default: "
+                                               "this one).")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Run label (default 'ab', made free).")] = None,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where the ab run folder is archived.")] = Path("runs"),
+    keep_sweeps: Annotated[Path | None, typer.Option("--keep-sweeps", help="Keep each measurement's own sweep "
+                                                     "run folder (and its log) in this folder.")] = None,
+    test_delay_b: Annotated[float | None, typer.Option("--test-decode-delay-ms-b", hidden=True)] = None,
+) -> None:
+    """Measure two sides alternately in one session (each measurement its own `bench sweep` process), per pair the
+    ratio B / A of the cell's rate, their median and bootstrap interval, and a verdict."""
+    import sys
+
+    from bench.ab.session import AbPlan, Cell, run_session
+    from bench.ab.sides import locate, parse_side
+    from bench.runs import check_writable
+
+    conf = _percent(confidence, "--confidence") / 100.0
+    plan = AbPlan(a=parse_side("A", a), b=parse_side("B", b),
+                  cell=Cell(input_tokens=inputs, max_new_tokens=max_new_tokens, repeats=repeats, metric=metric),
+                  pairs=pairs, confidence=conf, min_effect_pct=_percent(min_effect, "--min-effect"),
+                  resamples=resamples, seed=seed, python=python or sys.executable, runs_dir=runs_dir, label=name,
+                  keep_sweeps=keep_sweeps, test_delay_ms_b=test_delay_b)  # fmt: skip
+    plan.check()
+    if name is not None:
+        from bench.runs import run_name
+
+        run_name(name, "device")  # a label that cannot name a folder: one line before anything runs
+    check_writable(runs_dir)
+    for side in (plan.a, plan.b):  # a build that is neither a worktree nor a git ref: one line before anything runs
+        locate(side, Path.cwd())
+    cell = plan.cell
+    typer.echo(f"cell: {cell.input_tokens} input tokens, {cell.max_new_tokens} new tokens, {cell.repeats} timed "
+               f"repeats per measurement; metric: {cell.metric} tok/s (median of the repeats); {plan.pairs} pairs in "
+               "ABBA order, each measurement its own `bench sweep` process", err=True)  # fmt: skip
+    run, verdict = run_session(plan, here=Path.cwd(), progress=lambda line: typer.echo(line, err=True))
+    _print_summary(run, verdict)
+
+
+def _print_summary(run, verdict) -> None:  # noqa: ANN001
+    """The pairs table (A, B, ratio per pair) and the verdict line of a finished session, on stdout."""
+    from rich.table import Table
+
+    from bench.ab.archive import read_pairs
+
+    rows = read_pairs(run.path)
+    ab = run.manifest["ab"]
+    table = Table(title=f"{run.name}: {ab['metric']} tok/s per measurement (ABBA)")
+    for col in ("pair", "order", "A", "B", "B / A"):
+        table.add_column(col, justify="right")
+    by_pair: dict[int, dict[str, object]] = {}
+    for m in rows:
+        if m.kind == "pair":
+            by_pair.setdefault(m.pair, {"order": ""})
+            by_pair[m.pair][m.side] = m
+            by_pair[m.pair]["order"] += m.side
+
+    def shown(m) -> str:  # noqa: ANN001
+        return "—" if m is None or m.value is None else f"{m.value:,.2f}" + ("" if m.valid else " (invalid)")
+
+    for k, p in sorted(by_pair.items()):
+        ma, mb = p.get("A"), p.get("B")
+        ratio = (f"{mb.value / ma.value:.4f}" if ma is not None and mb is not None and ma.value and mb.value
+                 and ma.valid and mb.valid else "—")  # fmt: skip
+        table.add_row(str(k + 1), str(p["order"]), shown(ma), shown(mb), ratio)
+    console = make_console()
+    console.print(table)
+    for side in ("A", "B"):
+        facts = ab["sides"][side]
+        console.print(f"side {side}: {facts['text'] or '(this checkout)'}; build id {', '.join(facts['build_ids']) or '—'}"
+                      f"; {facts['checkout']}" + (f" {facts['commit'][:12]}" if facts.get("commit") else ""),
+                      markup=False, highlight=False)  # fmt: skip
+    if ab.get("test_injection"):
+        inj = ab["test_injection"]
+        console.print(f"TEST-ONLY: side {inj['side']} ran with a {inj['decode_delay_ms']:g} ms decode delay per step",
+                      markup=False, highlight=False)  # fmt: skip
+    for line in ab.get("warnings") or []:
+        console.print(f"warning: {line}", markup=False, highlight=False)
+    stats = ab["statistics"]
+    console.print(f"method: median of the per-pair ratios B / A; {100 * stats['confidence']:g}% percentile bootstrap "
+                  f"interval ({stats['resamples']:,} resamples of the pairs, seed {stats['seed']})",
+                  markup=False, highlight=False)  # fmt: skip
+    text = verdict.text if verdict is not None else "no verdict: fewer than 2 pairs with two valid measurements"
+    console.print(f"verdict: {text}", markup=False, highlight=False)
+    console.print(f"run folder: {run.path}", markup=False, highlight=False)
