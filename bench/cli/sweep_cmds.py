@@ -33,7 +33,8 @@ from bench.cli.common import (
 from bench.errors import InputError, RunFolderError
 from bench.runs import now_iso, writing_run
 from bench.runs.manifest import w4_kernel_of
-from bench.sweep.local import DECODE_LOOP_CHOICES, StopSignals, parse_batches, parse_decode_loop, parse_inputs
+from bench.sweep.local import DECODE_LOOP_CHOICES, ORDERS, StopSignals, parse_batches, parse_decode_loop, parse_inputs
+from bench.sweep.local import parse_order, resumed_order
 from bench.sweep.rates import RATES_KEY
 
 
@@ -356,6 +357,10 @@ def sweep(
         "B different prompts of the exact size decoded together; per cell the per-sequence gauge, the aggregate "
         "throughput, step times, bytes per step and arithmetic intensity, and the knee under the table. B = 1 is the "
         "cell without --batch. Default: one sequence per request (with --resume: the run's). Not with --target."),
+    order: str | None = typer.Option(
+        None, "--order", help="interleaved (every cell warmed up first, then repeat r of every cell before repeat "
+        "r + 1 of any, the rate probes between rounds) or sequential (cell after cell). Default interleaved (with "
+        "--resume: the run's; docs/method.md, Interleaving)."),
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     from bench.runs import check_writable, open_run, resolve_run
@@ -395,6 +400,7 @@ def sweep(
                              "continues sweeps only: run `bench sweep` without --resume for a new run")  # fmt: skip
     # where the run is written, checked before anything loads (one line, exit 2)
     check_writable(resume or runs_dir, flag="--resume" if resume is not None else "--runs-dir")
+    order = resumed_order(open_run(resume), order) if resume is not None else order  # a run keeps its order
     if resume is not None and target is not None and (inputs is None or max_new_tokens is None):
         ran = open_run(resume).typed_manifest.workload  # a server's run resumes at its own sizes by default
         inputs = inputs if inputs is not None else ",".join(str(n) for n in ran.inputs or ()) or None
@@ -444,7 +450,8 @@ def sweep(
                          max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                          repeats=3 if repeats is None else repeats, min_duration_s=min_duration or 0.0,
                          max_duration_s=max_duration, block=decode_block, batches=batches or (),
-                         decode_loops=loops or DECODE_LOOP_CHOICES["host" if target else DEFAULT_DECODE_LOOP])  # fmt: skip
+                         decode_loops=loops or DECODE_LOOP_CHOICES["host" if target else DEFAULT_DECODE_LOOP],
+                         order=ORDERS[0] if order is None else parse_order(order))  # fmt: skip
     config.check()
     engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype, backend)
     if target is not None and concurrency is not None:
@@ -517,7 +524,7 @@ def _sweep_local(config, resumed, checkpoint: str | None, name: str | None, runs
                   skip=run.finished_cells() if config.batches else run.finished_inputs(), should_stop=stop,
                   prompts=prompts, rates=rates, batch_prompts=batch_prompts)  # fmt: skip
         _record_findings(run, rates)
-        if not stop():
+        if not stop() and config.order == "sequential":  # interleaved: the probes after each round (run_sweep)
             _end_bandwidth(run, rates, log)
     _print_table(run, log)
 
