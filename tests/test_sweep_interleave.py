@@ -49,7 +49,8 @@ def _run(tmp_path: Path, label: str = "inter"):
 
 def test_repeats_run_round_robin_after_every_warm_up_and_the_probes_between_rounds(tmp_path: Path) -> None:
     calls, probes = [], []
-    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=2, decode_loops=("host", "device"))
+    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=2, decode_loops=("host", "device"),
+                         order="interleaved")  # fmt: skip
     run = _run(tmp_path)
     rows = sweep_cells(config, run, PROMPTS, measure=fake_measure(calls),
                        probe=lambda r, cells: probes.append((r, cells)))
@@ -72,7 +73,7 @@ def test_repeats_run_round_robin_after_every_warm_up_and_the_probes_between_roun
 
 
 def test_a_stop_mid_round_keeps_every_cell_partial_and_resume_completes_the_missing_repeats(tmp_path: Path) -> None:
-    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=3)
+    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=3, order="interleaved")
     stop: list = []
     with pytest.raises(KeyboardInterrupt):
         with writing_run(lambda: _run(tmp_path)) as run:
@@ -100,7 +101,7 @@ def test_a_stop_mid_round_keeps_every_cell_partial_and_resume_completes_the_miss
 
 
 def test_a_kill_mid_round_is_completed_and_a_run_keeps_its_order(tmp_path: Path) -> None:
-    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=2)
+    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=2, order="interleaved")
     run = _run(tmp_path)
     sweep_cells(config, run, PROMPTS, measure=fake_measure([]), skip=[20, 41])  # records the order only
     run.append_samples([make_sample(20, "cold", 0, n=4), make_sample(20, "warmup", 0, n=4),
@@ -121,7 +122,7 @@ def test_a_kill_mid_round_is_completed_and_a_run_keeps_its_order(tmp_path: Path)
 def test_a_failing_cell_mid_round_is_recorded_and_the_others_go_on(tmp_path: Path) -> None:
     calls: list = []
     run = _run(tmp_path)
-    rows = sweep_cells(SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=3), run, PROMPTS,
+    rows = sweep_cells(SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=3, order="interleaved"), run, PROMPTS,
                        measure=fake_measure(calls, fail=(41, "timed", 1)))  # fmt: skip
     assert [(r.status, r.repeats) for r in rows] == [("ok", 3), ("failed", 3)]
     assert "out of memory" in rows[1].error and rows[1].bucket == 64
@@ -130,8 +131,8 @@ def test_a_failing_cell_mid_round_is_recorded_and_the_others_go_on(tmp_path: Pat
 
 def _rates(copy: float, read: float, matmul: float) -> DeviceRates:
     ceiling = roofline_ceiling(read, "xla read", "cpu", copy_bytes_s=copy)
-    return DeviceRates(bandwidth_bytes_s=copy, matmul_flop_s=matmul, measured={"copy_bandwidth": {}}, ceiling=ceiling,
-                       read_bandwidth_bytes_s=read)  # fmt: skip
+    return DeviceRates(bandwidth_bytes_s=copy, matmul_flop_s=matmul, measured={"copy_bandwidth": {"bytes_per_s": copy}},
+                       ceiling=ceiling, read_bandwidth_bytes_s=read)  # fmt: skip
 
 
 def test_each_cell_is_divided_by_the_probes_around_its_repeats(tmp_path: Path) -> None:

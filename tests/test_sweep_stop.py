@@ -43,9 +43,9 @@ def fake_measure(calls: list, *, e2e_ms: float | None = None, stop_after: tuple[
 PROMPTS = {20: "p20", 41: "p41"}
 
 
-def _interrupted_run(tmp_path: Path, repeats: int = 6, stop_at: int = 3, order: str = "sequential"):
+def _interrupted_run(tmp_path: Path, repeats: int = 6, stop_at: int = 3):
     """A run of cells 20 and 41 stopped (as by a first signal) after `stop_at` timed repeats of cell 41."""
-    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=repeats, order=order)
+    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=repeats)
     stop: list = []
     with pytest.raises(KeyboardInterrupt):
         with writing_run(lambda: create_run(tmp_path, "cut", "cpu", manifest())) as run:
@@ -88,7 +88,7 @@ def test_a_kill_mid_cell_leaves_its_samples_and_resume_completes_them(tmp_path: 
     assert validate_run(run.path) == [] and run.finished_inputs() == []
     calls: list = []
     with writing_run(lambda: (run.resume(), run)[1]) as again:
-        sweep_cells(SweepConfig(inputs=(41,), max_new_tokens=4, repeats=3, order="sequential"), again, PROMPTS,
+        sweep_cells(SweepConfig(inputs=(41,), max_new_tokens=4, repeats=3), again, PROMPTS,
                     measure=fake_measure(calls), skip=again.finished_inputs())  # fmt: skip
     assert calls[-1] == (41, "timed", 2) and calls[0] == (41, "cold-resume", 0)
     (cell,) = open_run(run.path).cells()

@@ -33,8 +33,8 @@ from bench.cli.common import (
 from bench.errors import InputError, RunFolderError
 from bench.runs import now_iso, writing_run
 from bench.runs.manifest import w4_kernel_of
-from bench.sweep.local import DECODE_LOOP_CHOICES, ORDERS, StopSignals, parse_batches, parse_decode_loop, parse_inputs
-from bench.sweep.local import parse_order, resumed_order
+from bench.sweep.local import DECODE_LOOP_CHOICES, StopSignals, parse_batches, parse_decode_loop, parse_inputs
+from bench.sweep.local import DEFAULT_ORDER, parse_order, resumed_order
 from bench.sweep.rates import RATES_KEY
 
 
@@ -360,7 +360,7 @@ def sweep(
     order: str | None = typer.Option(
         None, "--order", help="interleaved (every cell warmed up first, then repeat r of every cell before repeat "
         "r + 1 of any, the rate probes between rounds) or sequential (cell after cell). Default interleaved (with "
-        "--resume: the run's; docs/method.md, Interleaving)."),
+        "--resume: the run's; with --target: sequential; docs/method.md, Interleaving)."),
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     from bench.runs import check_writable, open_run, resolve_run
@@ -451,7 +451,7 @@ def sweep(
                          repeats=3 if repeats is None else repeats, min_duration_s=min_duration or 0.0,
                          max_duration_s=max_duration, block=decode_block, batches=batches or (),
                          decode_loops=loops or DECODE_LOOP_CHOICES["host" if target else DEFAULT_DECODE_LOOP],
-                         order=ORDERS[0] if order is None else parse_order(order))  # fmt: skip
+                         order=parse_order(order) if order else "sequential" if target else DEFAULT_ORDER)  # fmt: skip
     config.check()
     engine_flags = (dtype, max_length, compile_cache, buckets, quant, scale_dtype, kernel, weight_dtype, backend)
     if target is not None and concurrency is not None:

@@ -6,7 +6,7 @@ Order of work (docs/method.md "Per cell"):
    persistent compilation cache, the programs of the first shape);
 3. per cell and decode loop of `SweepConfig.decode_loops` (host, then device), one warm-up request at its compiled
    shape (bucket, max_new_tokens, loop, block) and `repeats` timed ones (kinds `LOOP_KINDS`), in the order of
-   `SweepConfig.order` (docs/method.md, "Interleaving"): "interleaved" (the default) warms every cell and loop
+   `SweepConfig.order` (docs/method.md, "Interleaving"): "interleaved" (`bench sweep`'s default) warms every cell and loop
    up first, then runs rounds: timed repeat r of every cell and loop before repeat r + 1 of any, so that the
    host's drift touches every cell alike; the in-process sweep measures the device's rates before the first round
    and after each (`bench.sweep.rates.RoundProbes`), and each cell's shares use the probes around its repeats.
@@ -53,7 +53,11 @@ class SweepConfig:
     loops each cell is timed with (`DECODE_LOOP_CHOICES`: host, device or both, in that order), and the device
     loop's `block` (steps per device call; None: all the tokens after the first in one). `batches`: the batch
     sizes of `--batch` (each input size is measured at each, `cells`); () (no --batch): one sequence per request,
-    rows without batch fields, exactly the sweep before batches existed."""
+    rows without batch fields, exactly the sweep before batches existed. `order` (`ORDERS`): "interleaved" (every
+    cell's warm-ups first, then timed repeat r of every cell and loop before repeat r + 1 of any; `bench sweep`'s
+    default in process, `DEFAULT_ORDER`) or "sequential" (each cell's requests together, cell after cell: this
+    record's default, what every caller that names no order got before interleaving, and `--target`'s);
+    docs/method.md, "Interleaving"."""
 
     inputs: tuple[int, ...]
     max_new_tokens: int = 64
@@ -63,7 +67,7 @@ class SweepConfig:
     decode_loops: tuple[str, ...] = ("host",)
     block: int | None = None
     batches: tuple[int, ...] = ()
-    order: str = "interleaved"
+    order: str = "sequential"
 
     @property
     def cells(self) -> list[tuple[int, int]]:
@@ -110,7 +114,10 @@ class SweepConfig:
 
 
 ORDERS = ("interleaved", "sequential")
-"""`--order` values (docs/method.md, "Interleaving"): the first is the default."""
+"""`--order` values (docs/method.md, "Interleaving")."""
+DEFAULT_ORDER = "interleaved"
+"""`bench sweep`'s default `--order` in process. A `--target` sweep's default is "sequential": the server's cells
+in the order its earlier runs measured them (`--order interleaved` interleaves them too)."""
 ORDER_NOTE = "order"
 """The run manifest's workload note that says which order a sweep's requests ran in (`record_order`); a run that
 records none ran in the sequential order (sweeps before interleaving)."""
@@ -120,7 +127,7 @@ def parse_order(text: str) -> str:
     """'interleaved' | 'sequential' (any case) -> the order (`ORDERS`). Raises InputError (one line) otherwise."""
     order = text.strip().lower() if isinstance(text, str) else text
     if order not in ORDERS:
-        raise InputError(f"--order {text!r}: expected interleaved (repeats round-robin across the cells, the default) "
+        raise InputError(f"--order {text!r}: expected interleaved (repeats round-robin across the cells) "
                          "or sequential (each cell's repeats together), e.g. --order sequential")  # fmt: skip
     return order
 

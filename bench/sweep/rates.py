@@ -224,7 +224,8 @@ class RoundProbes:
     matrix product). Each is recorded in the run manifest under `RATES_KEY` -> `PROBES_KEY` as it is taken:
     {"session": this process's number among the run's (0 for the first; each resume adds one), "after_round": r
     (0: before the first round), "cells": [[n, B], ...] (the cells that measured a timed repeat in round r), "at"
-    (ISO time), "copy_bytes_s", "read_bytes_s", "read_probe", "matmul_flop_s"}; a probe that raises is recorded
+    (ISO time), "copy_bytes_s", "read_bytes_s", "read_probe", "matmul_flop_s", "copy_bandwidth" (the copy's
+    `BandwidthResult.to_json()`)}; a probe that raises is recorded
     with its "error" instead of figures and logged: it never stops the sweep.
 
     A cell's probes (`around`) are those next to a round in which it measured a timed repeat, in every session of
@@ -246,7 +247,8 @@ class RoundProbes:
         try:
             rates = self._measure()
             record.update(copy_bytes_s=rates.bandwidth_bytes_s, read_bytes_s=rates.read_bandwidth_bytes_s,
-                          read_probe=rates.ceiling.read_probe, matmul_flop_s=rates.matmul_flop_s)  # fmt: skip
+                          read_probe=rates.ceiling.read_probe, matmul_flop_s=rates.matmul_flop_s,
+                          copy_bandwidth=rates.measured.get("copy_bandwidth"))  # fmt: skip
             self._log(f"rate probe {'before round 1' if after_round == 0 else f'after round {after_round}'}: copy "
                       f"{rates.bandwidth_bytes_s / 2**30:,.2f} GiB/s, read {_gib(rates.read_bandwidth_bytes_s)}, "
                       f"matrix product {rates.matmul_flop_s / 1e9:,.1f} GFLOP/s")  # fmt: skip
@@ -308,10 +310,8 @@ class RoundProbes:
         mine = [p for p in self.records if p.get("session", 0) == self.session and "error" not in p]
         moved = host_movement(mine, rows)
         fields: dict[str, Any] = {HOST_KEY: moved.to_json()} if moved is not None else {}
-        if mine:
-            last = mine[-1]
-            fields[COPY_END_KEY] = {"bytes_per_s": last["copy_bytes_s"], "gib_s": last["copy_bytes_s"] / 2**30,
-                                    "method": "the last rate probe's copy (docs/method.md, Interleaving)"}  # fmt: skip
+        if mine and mine[-1].get("copy_bandwidth"):
+            fields[COPY_END_KEY] = mine[-1]["copy_bandwidth"]  # the copy's BandwidthResult, as a sequential end's
         if fields:
             self._update(**fields)
         if moved is None:
