@@ -152,6 +152,7 @@ def test_each_cell_is_divided_by_the_probes_around_its_repeats(tmp_path: Path) -
     assert probes.rates_for((521, 1)) is None  # no repeats, no probes: the run's start rates apply
     recorded = json.loads((run.path / "manifest.json").read_text())[RATES_KEY][PROBES_KEY]
     assert [p["cells"] for p in recorded] == [[], [[20, 1], [41, 1]], [[41, 1]]] and recorded[0]["session"] == 0
+    assert all(p["seconds"] >= 0 for p in recorded)  # each probe's own cost
 
     probes(3, [(41, 1)])
     lines, warning = probes.finish([with_spreads(row)])

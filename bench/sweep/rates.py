@@ -28,10 +28,16 @@ table and recorded under `RATES_KEY` as `bench.runs.ceiling.FINDINGS_KEY` with t
 before the ceiling (no `ceiling` key) keeps its shares against its copy (`bench.runs.ceiling.ceiling_of` says so),
 also when it is resumed: one denominator per run.
 
-After its last cell an in-process sweep that was not stopped measures the copy bandwidth again and records it
-under `RATES_KEY` as `COPY_END_KEY` (`drift_lines`): how far the host moved while the cells ran. The shares stay against
-the start's ceiling (one denominator per run); the end copy says how much of a difference between cells of one
-run the host's drift alone could make.
+An interleaved sweep (`bench sweep`'s default order; docs/method.md, "Interleaving") measures the rates again
+before its first round and after each (`RoundProbes`, recorded under `RATES_KEY` as `PROBES_KEY`): each cell's
+shares are divided by the medians of the probes around its repeats (its own ceiling and matrix-product rate, on
+its row), and a sweep that was not stopped ends with the host's movement across the probes against the cells'
+repeat spread (`host_movement`, `HOST_KEY`), its last probe's copy recorded as `COPY_END_KEY`.
+
+In the sequential order, after its last cell an in-process sweep that was not stopped measures the copy bandwidth
+again and records it under `RATES_KEY` as `COPY_END_KEY` (`drift_lines`): how far the host moved while the cells
+ran. The shares stay against the start's ceiling (one denominator per run); the end copy says how much of a
+difference between cells of one run the host's drift alone could make.
 
 A batch cell (`CellRow.batch` B, `bench sweep --batch`; docs/method.md "Batches"): bytes_per_step =
 `Engine.decode_bytes(n, max_new_tokens, batch=B)["total"]` (the weights once plus every row's KV cache), the shares
@@ -43,6 +49,7 @@ B x one row's. `batch_rows` adds `flops_per_step` (`model.flops.decode_flops` of
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -224,8 +231,9 @@ class RoundProbes:
     matrix product). Each is recorded in the run manifest under `RATES_KEY` -> `PROBES_KEY` as it is taken:
     {"session": this process's number among the run's (0 for the first; each resume adds one), "after_round": r
     (0: before the first round), "cells": [[n, B], ...] (the cells that measured a timed repeat in round r), "at"
-    (ISO time), "copy_bytes_s", "read_bytes_s", "read_probe", "matmul_flop_s", "copy_bandwidth" (the copy's
-    `BandwidthResult.to_json()`)}; a probe that raises is recorded
+    (ISO time), "seconds" (the probe's own wall time: its cost to the sweep), "copy_bytes_s", "read_bytes_s",
+    "read_probe", "matmul_flop_s", "copy_bandwidth" (the copy's `BandwidthResult.to_json()`)}; a probe that raises
+    is recorded
     with its "error" instead of figures and logged: it never stops the sweep.
 
     A cell's probes (`around`) are those next to a round in which it measured a timed repeat, in every session of
@@ -244,8 +252,10 @@ class RoundProbes:
 
         record: dict[str, Any] = {"session": self.session, "after_round": after_round,
                                   "cells": [list(k) for k in cells], "at": now_iso()}  # fmt: skip
+        t0 = time.perf_counter()
         try:
             rates = self._measure()
+            record["seconds"] = time.perf_counter() - t0  # what the probe cost the sweep
             record.update(copy_bytes_s=rates.bandwidth_bytes_s, read_bytes_s=rates.read_bandwidth_bytes_s,
                           read_probe=rates.ceiling.read_probe, matmul_flop_s=rates.matmul_flop_s,
                           copy_bandwidth=rates.measured.get("copy_bandwidth"))  # fmt: skip
