@@ -6,8 +6,8 @@ Order of work (docs/method.md "Per cell"):
    persistent compilation cache, the programs of the first shape);
 3. per cell and decode loop of `SweepConfig.decode_loops` (host, then device), one warm-up request at its compiled
    shape (bucket, max_new_tokens, loop, block) and `repeats` timed ones (kinds `LOOP_KINDS`), in the order of
-   `SweepConfig.order` (docs/method.md, "Interleaving"): "interleaved" (`bench sweep`'s default) warms every cell and loop
-   up first, then runs rounds: timed repeat r of every cell and loop before repeat r + 1 of any, so that the
+   `SweepConfig.order` (docs/method.md, "Interleaving"): "interleaved" (`bench sweep`'s default) warms every cell
+   and loop up first, then runs rounds: timed repeat r of every cell and loop before repeat r + 1 of any, so that the
    host's drift touches every cell alike; the in-process sweep measures the device's rates before the first round
    and after each (`bench.sweep.rates.RoundProbes`), and each cell's shares use the probes around its repeats.
    "sequential" measures cell after cell (each loop's warm-up, then its timed repeats);
