@@ -215,3 +215,27 @@ def test_two_short_default_sweeps_are_compared_by_the_agreement_rule(tmp_path: P
         assert recorded_order(run) == "interleaved" and len(run.manifest[RATES_KEY][PROBES_KEY]) == 4
         (cell,) = run.cells()
         assert cell.rate_probes == 4 and cell.gauge_spread_pct is not None and cell.ceiling_bytes_s > 0
+
+
+def test_a_bad_or_changed_order_is_one_line_before_anything_loads(tmp_path: Path, capsys, monkeypatch) -> None:
+    import model.engine
+    from bench.cli import main
+
+    def no_load(*_a, **_k):
+        raise AssertionError("the checkpoint was loaded before --order was checked")
+
+    monkeypatch.setattr(model.engine, "load_engine", no_load)
+
+    def cli(args: list[str]) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as ended:
+            main(args)
+        return ended.value.code, capsys.readouterr().err
+
+    code, err = cli(["sweep", "--order", "sideways", "--runs-dir", str(tmp_path)])
+    assert code == 2 and "--order 'sideways'" in err and "interleaved" in err and len(err.splitlines()) == 1
+    run = _run(tmp_path, "seq")
+    sweep_cells(SweepConfig(inputs=(20,), max_new_tokens=4, repeats=1), run, PROMPTS, measure=fake_measure([]))
+    run.unlock()  # a sequential run left incomplete
+    code, err = cli(["sweep", "--resume", str(run.path), "--order", "interleaved", "--runs-dir", str(tmp_path)])
+    assert code == 2 and "--order interleaved differs from the resumed run's sequential" in err
+    assert len(err.splitlines()) == 1
