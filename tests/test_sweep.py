@@ -140,7 +140,8 @@ def test_interrupted_sweep_keeps_finished_cells_and_resumes(env, tmp_path):
     runs = tmp_path / "runs"
     code = "import sys; from bench.cli import main; main(sys.argv[1:])"
     args = ["sweep", "--inputs", "20,41,70,100", "--max-new-tokens", "24", "--repeats", "3", "--checkpoint",
-            "builtin:tiny", "--name", "cut", "--runs-dir", str(runs)]  # fmt: skip
+            "builtin:tiny", "--name", "cut", "--runs-dir", str(runs), "--order", "sequential"]  # fmt: skip
+    # sequential: finished cells while others are still to come (interleaved: tests/test_sweep_interleave.py)
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=dict(os.environ, **env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.time() + 300

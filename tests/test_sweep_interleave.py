@@ -53,11 +53,11 @@ def test_repeats_run_round_robin_after_every_warm_up_and_the_probes_between_roun
                          order="interleaved")  # fmt: skip
     run = _run(tmp_path)
     rows = sweep_cells(config, run, PROMPTS, measure=fake_measure(calls),
-                       probe=lambda r, cells: probes.append((r, cells)))
+                       probe=lambda r, cells, last=False: probes.append((r, cells, last)))
     warm = [(20, "cold", 0), (20, "warmup", 0), (20, "warmup-device", 0), (41, "warmup", 0), (41, "warmup-device", 0)]
     rounds = [(n, kind, r) for r in (0, 1) for n in (20, 41) for kind in ("timed", "timed-device")]
     assert calls == warm + rounds
-    assert probes == [(0, []), (1, [(20, 1), (41, 1)]), (2, [(20, 1), (41, 1)])]
+    assert probes == [(0, [], False), (1, [(20, 1), (41, 1)], False), (2, [(20, 1), (41, 1)], False), (2, [], True)]
     assert [(r.repeats, r.device_repeats, r.partial) for r in rows] == [(2, 2, False), (2, 2, False)]
     assert recorded_order(open_run(run.path)) == "interleaved"  # the manifest says which order ran
     assert rows[0].gauge_spread_pct == 0.0 and rows[0].device_gauge_spread_pct == 0.0  # equal repeats: no width
@@ -163,6 +163,21 @@ def test_each_cell_is_divided_by_the_probes_around_its_repeats(tmp_path: Path) -
     assert warning.startswith("warning: the host moved")
     again = RoundProbes(open_run(run.path), lambda: _rates(1e9, 1e9, 1e9), _rates(10e9, 8e9, 1e11))
     assert again.session == 1  # a resumed run's probes are a new session beside the first's
+
+
+def test_probes_are_spaced_so_that_they_cost_a_bounded_share(tmp_path: Path, monkeypatch) -> None:
+    import bench.sweep.rates
+
+    monkeypatch.setattr(bench.sweep.rates, "PROBE_SPACING", 1e9)  # no round is long enough: start and end only
+    probes = RoundProbes(_run(tmp_path), lambda: _rates(10e9, 8e9, 1e11), _rates(10e9, 8e9, 1e11))
+    probes(0, [])
+    probes(1, [(20, 1)])
+    probes(2, [(20, 1), (41, 1)])
+    probes(2, [], last=True)  # the end: every cell measured since the last probe
+    assert [(p["after_round"], p["cells"]) for p in probes.records] == [(0, []), (2, [[20, 1], [41, 1]])]
+    probes(2, [], last=True)
+    assert len(probes.records) == 2  # nothing measured since: no probe
+    assert [p["after_round"] for p in probes.around((20, 1))] == [0, 2]
 
 
 def test_the_host_moved_line_compares_the_probes_with_the_cells_spread() -> None:

@@ -378,9 +378,10 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
     return rows
 
 
-Probe = Callable[[int, list[tuple[int, int]]], None]
-"""An interleaved sweep's rate probe (`bench.sweep.rates.RoundProbes`): called before the first round (0, []) and
-after each round r with the cells ((input tokens, batch)) that measured a timed repeat in it."""
+Probe = Callable[..., None]
+"""An interleaved sweep's rate probe (`bench.sweep.rates.RoundProbes`): called before the first round (0, []),
+after each round r with the cells ((input tokens, batch)) that measured a timed repeat in it, and once more after
+the last round with `last=True` (r the last round, no cells): the probe decides which calls it measures at."""
 
 
 def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], *,
@@ -437,7 +438,7 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
                     after_cell=after_cell, cell_logits=cell_logits, row_reference=row_reference)  # fmt: skip
     if config.order == "sequential":
         return _sequential(cells, cold_kind, end)
-    return _interleaved(cells, cold_kind, end, probe or (lambda _round, _cells: None))
+    return _interleaved(cells, cold_kind, end, probe or (lambda *_args, **_kw: None))
 
 
 def _sequential(cells: list[_Cell], cold_kind: str | None, end: Callable[[_Cell], CellRow]) -> list[CellRow]:
@@ -466,10 +467,12 @@ def _interleaved(cells: list[_Cell], cold_kind: str | None, end: Callable[[_Cell
             finally:
                 cold_kind = None if cell.cold_done else cold_kind
         probe(0, [])
+        number = 0
         for number, slots in enumerate(_rounds(cells), 1):
             for cell, loop in slots:
                 cell.attempt(lambda: cell.timed_one(loop))  # noqa: B023 -- called at once
             probe(number, list(dict.fromkeys(cell.key for cell, _loop in slots)))
+        probe(number, [], last=True)
     except KeyboardInterrupt:
         for cell in cells:
             cell.write_partial()

@@ -225,12 +225,20 @@ HOST_KEY = "host_movement"
 (`host_movement`), written when an interleaved sweep ends without a stop."""
 
 
+PROBE_SPACING = 10.0
+"""An interleaved sweep probes after a round only once this many times the previous probe's own time has passed
+since it (and always before the first round and after the last), so that probes take at most about 1/10 of the
+sweep: every round of the default sweep (about 27 s on a quiet 2-core CPU, a probe 1.5 s), every few of a sweep
+of one small cell and many repeats."""
+
+
 class RoundProbes:
-    """The rate probes of an interleaved in-process sweep, one before its first round and one after each
-    (`bench.sweep.local.sweep_cells`' `probe`), each a `measure` (`measure_rates`: the copy, the read probes, the
-    matrix product). Each is recorded in the run manifest under `RATES_KEY` -> `PROBES_KEY` as it is taken:
+    """The rate probes of an interleaved in-process sweep, one before its first round, one after a round once
+    `PROBE_SPACING` allows, and one after the last (`bench.sweep.local.sweep_cells`' `probe`), each a `measure`
+    (`measure_rates`: the copy, the read probes, the matrix product). Each is recorded in the run manifest under `RATES_KEY` -> `PROBES_KEY` as it is taken:
     {"session": this process's number among the run's (0 for the first; each resume adds one), "after_round": r
-    (0: before the first round), "cells": [[n, B], ...] (the cells that measured a timed repeat in round r), "at"
+    (0: before the first round), "cells": [[n, B], ...] (the cells that measured a timed repeat since the probe
+    before), "at"
     (ISO time), "seconds" (the probe's own wall time: its cost to the sweep), "copy_bytes_s", "read_bytes_s",
     "read_probe", "matmul_flop_s", "copy_bandwidth" (the copy's `BandwidthResult.to_json()`)}; a probe that raises
     is recorded
@@ -246,12 +254,24 @@ class RoundProbes:
         self._run, self._measure, self._start, self._log = run, measure, start, log
         self.records: list[dict[str, Any]] = list((run.manifest.get(RATES_KEY) or {}).get(PROBES_KEY) or [])
         self.session = 1 + max((int(p.get("session", 0)) for p in self.records), default=-1)
+        self._pending: list[tuple[int, int]] = []  # cells measured since the last probe
+        self._last_at, self._last_s = 0.0, 0.0  # when the last probe ended, and how long it took (perf_counter s)
 
-    def __call__(self, after_round: int, cells: list[tuple[int, int]]) -> None:
+    def __call__(self, after_round: int, cells: list[tuple[int, int]], *, last: bool = False) -> None:
+        """Measure now, before the first round (`after_round` 0), at the end (`last`: when a round is not measured
+        yet), or after a round once `PROBE_SPACING` x the previous probe's time has passed since it; otherwise
+        keep the round's `cells` for the next probe (each probe records every cell measured since the one before)."""
         from bench.runs import now_iso
 
+        self._pending.extend(k for k in cells if k not in self._pending)
+        if last and not self._pending:
+            return
+        spaced = time.perf_counter() - self._last_at >= PROBE_SPACING * self._last_s
+        if not (after_round == 0 or last or spaced):
+            return
         record: dict[str, Any] = {"session": self.session, "after_round": after_round,
-                                  "cells": [list(k) for k in cells], "at": now_iso()}  # fmt: skip
+                                  "cells": [list(k) for k in self._pending], "at": now_iso()}  # fmt: skip
+        self._pending = []
         t0 = time.perf_counter()
         try:
             rates = self._measure()
@@ -265,6 +285,7 @@ class RoundProbes:
         except Exception as exc:  # noqa: BLE001 -- a probe is context: it must not stop the sweep
             record["error"] = f"{type(exc).__name__}: {exc}"[:300]
             self._log(f"rate probe after round {after_round} failed ({record['error']})")
+        self._last_at, self._last_s = time.perf_counter(), time.perf_counter() - t0
         self.records.append(record)
         self._update(**{PROBES_KEY: self.records})
 
