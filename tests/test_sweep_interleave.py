@@ -227,9 +227,10 @@ def test_two_short_default_sweeps_are_compared_by_the_agreement_rule(tmp_path: P
         highs = getattr(a, f"{stem}_max"), getattr(b, f"{stem}_max")
         assert c.agree == (max(lows) <= min(highs))
     for run in (first, second):
-        assert recorded_order(run) == "interleaved" and len(run.manifest[RATES_KEY][PROBES_KEY]) == 4
+        probes = run.manifest[RATES_KEY][PROBES_KEY]  # before round 1, after the last, between as spacing allows
+        assert recorded_order(run) == "interleaved" and 2 <= len(probes) <= 4 and probes[-1]["cells"]
         (cell,) = run.cells()
-        assert cell.rate_probes == 4 and cell.gauge_spread_pct is not None and cell.ceiling_bytes_s > 0
+        assert cell.rate_probes == len(probes) and cell.gauge_spread_pct is not None and cell.ceiling_bytes_s > 0
 
 
 def test_a_bad_or_changed_order_is_one_line_before_anything_loads(tmp_path: Path, capsys, monkeypatch) -> None:
