@@ -193,7 +193,8 @@ def test_a_second_signal_while_the_sweep_ends_still_ends_the_run(tiny_checkpoint
     assert not (folder / ".lock").exists()
 
 
-def test_a_cell_records_the_bucket_its_requests_report(tmp_path):
+@pytest.mark.parametrize("order", ["sequential", "interleaved"])
+def test_a_cell_records_the_bucket_its_requests_report(tmp_path, order):
     """sweep_cells takes the bucket from what each request reports; requests of one cell that disagree fail it."""
     from runfolders import make_sample
 
@@ -201,7 +202,7 @@ def test_a_cell_records_the_bucket_its_requests_report(tmp_path):
     from bench.runs import create_run
     from bench.sweep.local import SweepConfig, sweep_cells
 
-    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=2)
+    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=2, order=order)
     prompts = {20: "p20", 41: "p41"}
     calls = []
 

@@ -499,7 +499,7 @@ def _cell_end(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], r
     next-token logits, the row written and its log line. Untimed: after the cell's requests."""
 
     def end(cell: _Cell) -> CellRow:
-        row, (n, b) = cell.failure or cell.row(), cell.key
+        row, (n, b) = cell.final_row(), cell.key
         if config.batches and row_reference is not None and row.error is None:
             try:
                 row = cell.compare_rows(row, references, row_reference)
@@ -596,11 +596,24 @@ class _Cell:
             work()
             return True
         except Exception as exc:  # one failing cell (e.g. out of memory) must not lose the others
-            message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-            self._progress(f"{self.label()}: FAILED ({message})")
-            self.failure = failed_cell(self.n, message, bucket=self.known(), max_new_tokens=self.config.max_new_tokens,
-                                       repeats=self.config.repeats, batch=self.batch)  # fmt: skip
+            self._fail(exc)
             return False
+
+    def _fail(self, exc: Exception) -> None:
+        message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+        self._progress(f"{self.label()}: FAILED ({message})")
+        self.failure = failed_cell(self.n, message, bucket=self.known(), max_new_tokens=self.config.max_new_tokens,
+                                   repeats=self.config.repeats, batch=self.batch)  # fmt: skip
+
+    def final_row(self) -> CellRow:
+        """The cell's row once its requests are done (`row`), or its failure: a row that cannot be summarised (e.g.
+        its requests reported two buckets) fails the cell."""
+        if self.failure is None:
+            try:
+                return self.row()
+            except Exception as exc:  # noqa: BLE001 -- one cell's bad record must not lose the others
+                self._fail(exc)
+        return self.failure
 
     def measure_all(self, cold_kind: str | None) -> None:
         """The sequential order: the cold request (when `cold_kind` is given), then per loop its warm-up and its
