@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -57,14 +58,17 @@ def test_sweep_writes_a_complete_consistent_run_folder(finished_run, env):
                                                                  "timed-device", "timed", "timed-device"]  # fmt: skip
     assert [s.input_tokens for s in samples if s.kind == "timed"] == [20, 41, 70, 20, 41, 70]  # round-robin
     rates = json.loads((folder / "manifest.json").read_text())["rates"]
-    assert [p["after_round"] for p in rates["probes"]] == [0, 1, 2] and "host_movement" in rates
-    assert all(c.rate_probes == 3 and c.ceiling_bytes_s > 0 and c.gauge_spread_pct >= 0 for c in cells)
-    for c in cells:  # each cell divided by the median of the probes around its repeats (all three here)
+    # before round 1 and after the last always; after round 1 only when PROBE_SPACING allows (the host's timing)
+    after = [p["after_round"] for p in rates["probes"]]
+    assert after in ([0, 1, 2], [0, 2]) and "host_movement" in rates
+    assert all(c.rate_probes == len(after) and c.ceiling_bytes_s > 0 and c.gauge_spread_pct >= 0 for c in cells)
+    for c in cells:  # each cell divided by the median of the probes around its repeats (all of them here)
         reads = sorted(p["read_bytes_s"] for p in rates["probes"])
-        assert c.ceiling_bytes_s == c.probe_read_bytes_s_median == reads[1] and c.probe_read_bytes_s_min == reads[0]
-        assert c.roofline_share_pct == pytest.approx(100 * c.bytes_per_step * c.gauge_tok_s_median / reads[1])
+        assert c.ceiling_bytes_s == c.probe_read_bytes_s_median == pytest.approx(statistics.median(reads))
+        assert c.probe_read_bytes_s_min == reads[0]
+        assert c.roofline_share_pct == pytest.approx(100 * c.bytes_per_step * c.gauge_tok_s_median / c.ceiling_bytes_s)
     assert rates["copy_bandwidth_end"] == rates["probes"][-1]["copy_bandwidth"]  # the report's drift note reads it
-    assert "host movement across the sweep's 3 rate probes" in proc.stderr
+    assert f"host movement across the sweep's {len(after)} rate probes" in proc.stderr
     assert sum(s.kind == "cold" for s in samples) == 1  # the fresh engine's first request only
     assert all(s.input_tokens in (20, 41, 70) for s in samples)  # exact input sizes, checked after tokenization
     for s in samples:
