@@ -26,8 +26,6 @@ MAX_FUNCTION_LINES = 60
 # Functions over the bound that other work owns today (issue 42 part 2 is splitting them on other branches); the
 # lead empties this list once those branches are merged. Nothing else may join it. "path: qualified name".
 ALLOWED_LONG_FUNCTIONS = frozenset({
-    # the in-process sweep's cell loop, being rewritten (interleaved cells)
-    "bench/sweep/local.py: sweep_cells",
     # the compare, being reworked (noise-aware verdicts)
     "bench/report/compare.py: compare_runs",
 })  # fmt: skip

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -52,9 +53,22 @@ def test_sweep_writes_a_complete_consistent_run_folder(finished_run, env):
         assert c.gauge_tok_s_median >= c.e2e_tok_s_median  # prefill and tokenization are outside the gauge
         assert c.ttft_ms_median >= c.prefill_ms_median > 0
     samples = run.samples()
-    # the default decode loops (both): the host loop's requests, then the device loop's own warm-up and repeats
-    assert [s.kind for s in samples if s.input_tokens == 20] == ["cold", "warmup", "timed", "timed", "warmup-device",
-                                                                 "timed-device", "timed-device"]  # fmt: skip
+    # the default decode loops (both) in the default interleaved order: each loop's warm-up first, then the rounds
+    assert [s.kind for s in samples if s.input_tokens == 20] == ["cold", "warmup", "warmup-device", "timed",
+                                                                 "timed-device", "timed", "timed-device"]  # fmt: skip
+    assert [s.input_tokens for s in samples if s.kind == "timed"] == [20, 41, 70, 20, 41, 70]  # round-robin
+    rates = json.loads((folder / "manifest.json").read_text())["rates"]
+    # before round 1 and after the last always; after round 1 only when PROBE_SPACING allows (the host's timing)
+    after = [p["after_round"] for p in rates["probes"]]
+    assert after in ([0, 1, 2], [0, 2]) and "host_movement" in rates
+    assert all(c.rate_probes == len(after) and c.ceiling_bytes_s > 0 and c.gauge_spread_pct >= 0 for c in cells)
+    for c in cells:  # each cell divided by the median of the probes around its repeats (all of them here)
+        reads = sorted(p["read_bytes_s"] for p in rates["probes"])
+        assert c.ceiling_bytes_s == c.probe_read_bytes_s_median == pytest.approx(statistics.median(reads))
+        assert c.probe_read_bytes_s_min == reads[0]
+        assert c.roofline_share_pct == pytest.approx(100 * c.bytes_per_step * c.gauge_tok_s_median / c.ceiling_bytes_s)
+    assert rates["copy_bandwidth_end"] == rates["probes"][-1]["copy_bandwidth"]  # the report's drift note reads it
+    assert f"host movement across the sweep's {len(after)} rate probes" in proc.stderr
     assert sum(s.kind == "cold" for s in samples) == 1  # the fresh engine's first request only
     assert all(s.input_tokens in (20, 41, 70) for s in samples)  # exact input sizes, checked after tokenization
     for s in samples:
@@ -64,6 +78,7 @@ def test_sweep_writes_a_complete_consistent_run_folder(finished_run, env):
         assert s.tpot_ms == pytest.approx((s.e2e_ms - s.ttft_ms) / 11)
     assert all(c.device_repeats == 2 and c.host_overhead_ms is not None for c in cells)
     assert json.loads((folder / "manifest.json").read_text())["engine_config"]["decode_loop"] == "both"
+    assert json.loads((folder / "manifest.json").read_text())["engine_config"]["order"] == "interleaved"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["dtype_policy"]["compute_dtype"] == "float32"
     assert len(manifest["build_id"]) == 12 and manifest["checkpoint"]["content_hash"]
@@ -129,7 +144,8 @@ def test_interrupted_sweep_keeps_finished_cells_and_resumes(env, tmp_path):
     runs = tmp_path / "runs"
     code = "import sys; from bench.cli import main; main(sys.argv[1:])"
     args = ["sweep", "--inputs", "20,41,70,100", "--max-new-tokens", "24", "--repeats", "3", "--checkpoint",
-            "builtin:tiny", "--name", "cut", "--runs-dir", str(runs)]  # fmt: skip
+            "builtin:tiny", "--name", "cut", "--runs-dir", str(runs), "--order", "sequential"]  # fmt: skip
+    # sequential: finished cells while others are still to come (interleaved: tests/test_sweep_interleave.py)
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=dict(os.environ, **env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.time() + 300
@@ -181,7 +197,8 @@ def test_a_second_signal_while_the_sweep_ends_still_ends_the_run(tiny_checkpoint
     assert not (folder / ".lock").exists()
 
 
-def test_a_cell_records_the_bucket_its_requests_report(tmp_path):
+@pytest.mark.parametrize("order", ["sequential", "interleaved"])
+def test_a_cell_records_the_bucket_its_requests_report(tmp_path, order):
     """sweep_cells takes the bucket from what each request reports; requests of one cell that disagree fail it."""
     from runfolders import make_sample
 
@@ -189,14 +206,14 @@ def test_a_cell_records_the_bucket_its_requests_report(tmp_path):
     from bench.runs import create_run
     from bench.sweep.local import SweepConfig, sweep_cells
 
-    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=2)
+    config = SweepConfig(inputs=(20, 41), max_new_tokens=4, repeats=2, order=order)
     prompts = {20: "p20", 41: "p41"}
     calls = []
 
     def measure(prompt, kind, repeat):
         n = int(prompt[1:])
         calls.append((n, kind))
-        bucket = 48 if n == 20 else (64 if len(calls) % 2 else 96)  # the 41 cell's requests disagree
+        bucket = 48 if n == 20 else (64 if sum(c[0] == 41 for c in calls) % 2 else 96)  # the 41 cell's disagree
         return Measured(sample=make_sample(n, kind, repeat, n=4), bucket=bucket)
 
     run = create_run(tmp_path, "fake", "cpu", {})

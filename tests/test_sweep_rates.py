@@ -34,8 +34,8 @@ def test_an_in_process_sweep_records_its_rates_and_every_row_its_rooflines(tiny_
     runs = tmp_path / "runs"
     code, out, _ = bench_captured(["sweep", "--inputs", "20,41", "--max-new-tokens", "4", "--repeats", "1",
                                    "--checkpoint", str(tiny_checkpoint), "--runs-dir", str(runs), "--name", "r",
-                                   "--compile-cache", "off"], capsys)  # fmt: skip
-    assert code == 0
+                                   "--compile-cache", "off", "--order", "sequential"], capsys)  # fmt: skip
+    assert code == 0  # sequential: one rate measurement, every cell divided by it (interleaved: test_sweep.py)
     (folder,) = runs.iterdir()
     manifest = json.loads((folder / "manifest.json").read_text())
     bw, mm = manifest[RATES_KEY]["copy_bandwidth"], manifest[RATES_KEY]["matmul"]

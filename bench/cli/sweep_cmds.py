@@ -154,6 +154,10 @@ BatchOpt = typer.Option(
     "B different prompts of the exact size decoded together; per cell the per-sequence gauge, the aggregate "
     "throughput, step times, bytes per step and arithmetic intensity, and the knee under the table. B = 1 is the "
     "cell without --batch. Default: one sequence per request (with --resume: the run's). Not with --target.")
+OrderOpt = typer.Option(
+    None, "--order", help="interleaved (every cell warmed up first, then repeat r of every cell before repeat "
+    "r + 1 of any, the rate probes between rounds) or sequential (cell after cell). Default interleaved (with "
+    "--resume: the run's; with --target: sequential; docs/method.md, Interleaving).")
 RESUMED = "with --resume: the run's; given otherwise, refused"
 
 
@@ -170,6 +174,7 @@ def sweep(
     decode_block: int | None = DecodeBlockOpt, api_key: str | None = ApiKeyOpt,
     concurrency: str | None = ConcurrencyOpt, request_rate: float | None = RequestRateOpt,
     num_requests: int | None = NumRequestsOpt, seed: int | None = SeedOpt, batch: str | None = BatchOpt,
+    order: str | None = OrderOpt,
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     import dataclasses
@@ -179,7 +184,7 @@ def sweep(
 
     flags = SweepFlags(inputs=inputs, max_new_tokens=max_new_tokens, repeats=repeats, min_duration=min_duration,
                        max_duration=max_duration, decode_loop=decode_loop, decode_block=decode_block, batch=batch,
-                       checkpoint=checkpoint, compile_cache=compile_cache)  # fmt: skip
+                       checkpoint=checkpoint, compile_cache=compile_cache, order=order)  # fmt: skip
     remote = TargetFlags(target=target, model=model, api_key=api_key, concurrency=concurrency,
                          request_rate=request_rate, num_requests=num_requests, seed=seed)  # fmt: skip
     plan = plan_sweep(flags, dataclasses.asdict(engine_flags), remote, name=name, runs_dir=runs_dir, resume=resume)

@@ -264,16 +264,28 @@ def roofline_findings(rows: Iterable[CellRow | None], ceiling: Ceiling | None,
                       columns: Sequence[Column] = (ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE),
                       ) -> list[RooflineFinding]:  # fmt: skip
     """One `bench.runs.ceiling.RooflineFinding` per (row, roofline share column of `columns`) whose share is above
-    100% of `ceiling` (the share as the row records it, with that loop's gauge and the row's bytes per step), in
-    row order, host loop first. [] without a ceiling or a share above 100."""
+    100% of `ceiling` (the row's own where it has one, `row_ceiling`; the share as the row records it, with that
+    loop's gauge and the row's bytes per step), in row order, host loop first. [] without a ceiling or a share
+    above 100."""
     out = []
     for r in (r for r in rows if r is not None):
         for col in columns:
             found = finding_of(cell_name(r), _loop(col), col.value(r), r.bytes_per_step,
-                               getattr(r, _ROOFLINE_GAUGES[col.key]), ceiling)  # fmt: skip
+                               getattr(r, _ROOFLINE_GAUGES[col.key]), row_ceiling(r, ceiling))  # fmt: skip
             if found is not None:
                 out.append(found)
     return out
+
+
+def row_ceiling(row: CellRow, ceiling: Ceiling | None) -> Ceiling | None:
+    """The ceiling `row`'s shares were divided by: the run's `ceiling`, or, for a cell of an interleaved sweep that
+    records its own (`CellRow.ceiling_bytes_s`: the probes around its repeats, docs/method.md "Interleaving"), the
+    run's with the cell's denominator and read rate in place of the start's. None without a run ceiling."""
+    if ceiling is None or row.ceiling_bytes_s is None:
+        return ceiling
+    sheet = ceiling.datasheet is not None and row.ceiling_bytes_s == ceiling.datasheet.bytes_per_s
+    return dataclasses.replace(ceiling, bytes_per_s=row.ceiling_bytes_s, read_bytes_s=row.probe_read_bytes_s_median,
+                               chosen="datasheet" if sheet else "measured read")  # fmt: skip
 
 
 def text_rows(columns: Sequence[Column], rows: Iterable[CellRow]) -> list[list[str]]:

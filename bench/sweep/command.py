@@ -16,11 +16,14 @@ from typing import Any
 from bench.errors import InputError
 from bench.sweep.local import (
     DECODE_LOOP_CHOICES,
+    DEFAULT_ORDER,
     StopSignals,
     SweepConfig,
     parse_batches,
     parse_decode_loop,
     parse_inputs,
+    parse_order,
+    resumed_order,
 )
 from bench.sweep.rates import RATES_KEY
 from bench.sweep.resume import SweepFlags, check_same_build, open_resumed, resume_options
@@ -75,6 +78,8 @@ def plan_sweep(flags: SweepFlags, engine_options: Mapping[str, Any], remote: Tar
 
     _check_remote(flags, remote)
     _check_name(name)
+    if flags.order is not None:
+        parse_order(flags.order)  # bad values: one line before anything loads
     folder = resolve_run(resume, runs_dir, flag="--resume") if resume is not None else None
     resumed = open_resumed(folder, remote.target) if folder is not None else None
     # where the run is written, checked before anything loads (one line, exit 2)
@@ -87,7 +92,7 @@ def plan_sweep(flags: SweepFlags, engine_options: Mapping[str, Any], remote: Tar
     engine = EngineConfig.from_options(**engine_options)  # bad values: one line, before anything loads
     if resumed is not None:
         flags, engine = resume_options(resumed, flags, engine)
-    return SweepPlan(config=_sweep_config(flags, DEFAULT_DECODE_LOOP), engine=engine, flags=flags, remote=remote,
+    return SweepPlan(config=_sweep_config(flags, DEFAULT_DECODE_LOOP, DEFAULT_ORDER), engine=engine, flags=flags, remote=remote,
                      name=name, runs_dir=runs_dir, resume=folder, resumed=resumed)  # fmt: skip
 
 
@@ -154,12 +159,14 @@ def _target_plan(flags: SweepFlags, remote: TargetFlags, *, name: str | None, ru
     (--concurrency) a LoadConfig. InputError for a decode loop given."""
     from bench.runs import open_run
 
+    if resume is not None:  # a run keeps its order; another is refused (one line), as `resume_options` does
+        flags = dataclasses.replace(flags, order=resumed_order(open_run(resume), flags.order))
     if resume is not None and (flags.inputs is None or flags.max_new_tokens is None):
         ran = open_run(resume).typed_manifest.workload  # a server's run resumes at its own sizes by default
         flags = dataclasses.replace(
             flags, inputs=flags.inputs if flags.inputs is not None else ",".join(map(str, ran.inputs or ())) or None,
             max_new_tokens=flags.max_new_tokens if flags.max_new_tokens is not None else ran.max_new_tokens)  # fmt: skip
-    config = _sweep_config(flags, "host")
+    config = _sweep_config(flags, "host", "sequential")
     if remote.concurrency is None:
         return SweepPlan(config=config, engine=None, flags=flags, remote=remote, name=name, runs_dir=runs_dir,
                          resume=resume)  # fmt: skip
@@ -174,9 +181,9 @@ def _target_plan(flags: SweepFlags, remote: TargetFlags, *, name: str | None, ru
                      load=True)  # fmt: skip
 
 
-def _sweep_config(flags: SweepFlags, default_loop: str) -> SweepConfig:
+def _sweep_config(flags: SweepFlags, default_loop: str, default_order: str) -> SweepConfig:
     """The checked SweepConfig of the workload options (the defaults where not given; `default_loop`: the decode
-    loop without --decode-loop). InputError for a value out of range, or a decode loop chosen through a server."""
+    loop without --decode-loop, `default_order` the order without --order: sequential through a server). InputError for a value out of range, or a decode loop chosen through a server."""
     loops = parse_decode_loop(flags.decode_loop) if flags.decode_loop is not None else None  # bad values: one line
     if default_loop == "host" and (loops not in (None, ("host",)) or flags.decode_block is not None):
         raise InputError(f"--decode-loop {flags.decode_loop or 'host'}{' --decode-block' if flags.decode_block else ''}: "
@@ -188,7 +195,8 @@ def _sweep_config(flags: SweepFlags, default_loop: str) -> SweepConfig:
         repeats=DEFAULT_REPEATS if flags.repeats is None else flags.repeats, min_duration_s=flags.min_duration or 0.0,
         max_duration_s=flags.max_duration, block=flags.decode_block,
         batches=parse_batches(flags.batch) if flags.batch is not None else (),
-        decode_loops=loops or DECODE_LOOP_CHOICES[default_loop])  # fmt: skip
+        decode_loops=loops or DECODE_LOOP_CHOICES[default_loop],
+        order=parse_order(flags.order) if flags.order is not None else default_order)  # fmt: skip
     config.check()
     return config
 
@@ -330,7 +338,7 @@ def _measure(plan: SweepPlan, m: _Measured, log):
                   skip=run.finished_cells() if config.batches else run.finished_inputs(), should_stop=stop,
                   prompts=m.prompts, rates=m.rates, batch_prompts=m.batch_prompts)  # fmt: skip
         _record_findings(run, m.rates)
-        if not stop():
+        if not stop() and config.order == "sequential":  # interleaved: the probes after each round (run_sweep)
             _end_bandwidth(run, m.rates, log)
     return run
 

@@ -4,12 +4,17 @@ Order of work (docs/method.md "Per cell"):
 1. every prompt is built and its exact token count checked before anything is measured;
 2. the first request of the fresh engine is recorded separately as `cold` (it compiles, or restores from the
    persistent compilation cache, the programs of the first shape);
-3. per cell: one warm-up request at the exact compiled shape (bucket, max_new_tokens), then `repeats` timed ones;
-   per decode loop of `SweepConfig.decode_loops`, in order (host, then device: each loop its own warm-up at its
-   compiled shape (bucket, max_new_tokens, loop, block) and its own timed repeats, kinds `LOOP_KINDS`);
-4. the cell's samples and summary row are written to the run folder as soon as the cell ends (atomically), so an
-   interrupted sweep keeps every finished cell; a cell that fails (e.g. out of memory) is recorded as failed and
-   the sweep goes on.
+3. per cell and decode loop of `SweepConfig.decode_loops` (host, then device), one warm-up request at its compiled
+   shape (bucket, max_new_tokens, loop, block) and `repeats` timed ones (kinds `LOOP_KINDS`), in the order of
+   `SweepConfig.order` (docs/method.md, "Interleaving"): "interleaved" (`bench sweep`'s default) warms every cell
+   and loop up first, then runs rounds: timed repeat r of every cell and loop before repeat r + 1 of any, so that the
+   host's drift touches every cell alike; the in-process sweep measures the device's rates before the first round
+   and after each (`bench.sweep.rates.RoundProbes`), and each cell's shares use the probes around its repeats.
+   "sequential" measures cell after cell (each loop's warm-up, then its timed repeats);
+4. every sample is appended to the run folder as it is measured, and a cell's summary row as the cell ends (after
+   its last timed repeat in the sequential order, after the last round in the interleaved one), so an interrupted
+   sweep keeps every measured request (its cells in progress as partial rows); a cell that fails (e.g. out of
+   memory) is recorded as failed and the sweep goes on.
 
 Batches (`SweepConfig.batches`, `bench sweep --batch 1,4,16`; docs/method.md "Batches"): a cell is (input tokens,
 B), in the order input size, then batch as given. A B = 1 cell is exactly the cell of a sweep without --batch (the
@@ -27,16 +32,17 @@ import contextlib
 import dataclasses
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from bench.errors import InputError
 from bench.measure.prompts import Prompt, exact_prompt, min_prompt_tokens, row_prompts
 from bench.measure.request import Measured, measure_batch_request, measure_request
 from bench.runs import RunFolder
 from bench.runs.logits import logits_path, write_logits
+from bench.runs.agreement import with_spreads
 from bench.runs.records import LOOP_KINDS, CellRow, Sample, cell_key, failed_cell, summarize_cell
 from bench.signals import deliveries_counted, stop_now, stop_signals_handled
-from bench.sweep.rates import DeviceRates, batch_rows, roofline_rows
+from bench.sweep.rates import DeviceRates, RoundProbes, batch_rows, measure_rates, roofline_rows
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,7 +53,11 @@ class SweepConfig:
     loops each cell is timed with (`DECODE_LOOP_CHOICES`: host, device or both, in that order), and the device
     loop's `block` (steps per device call; None: all the tokens after the first in one). `batches`: the batch
     sizes of `--batch` (each input size is measured at each, `cells`); () (no --batch): one sequence per request,
-    rows without batch fields, exactly the sweep before batches existed."""
+    rows without batch fields, exactly the sweep before batches existed. `order` (`ORDERS`): "interleaved" (every
+    cell's warm-ups first, then timed repeat r of every cell and loop before repeat r + 1 of any; `bench sweep`'s
+    default in process, `DEFAULT_ORDER`) or "sequential" (each cell's requests together, cell after cell: this
+    record's default, what every caller that names no order got before interleaving, and `--target`'s);
+    docs/method.md, "Interleaving"."""
 
     inputs: tuple[int, ...]
     max_new_tokens: int = 64
@@ -57,6 +67,7 @@ class SweepConfig:
     decode_loops: tuple[str, ...] = ("host",)
     block: int | None = None
     batches: tuple[int, ...] = ()
+    order: str = "sequential"
 
     @property
     def cells(self) -> list[tuple[int, int]]:
@@ -99,6 +110,53 @@ class SweepConfig:
         if bad_batch or len(set(self.batches)) != len(self.batches):
             raise InputError(f"--batch {','.join(map(str, self.batches))}: expected distinct whole numbers of rows "
                              ">= 1, e.g. --batch 1,4,16,64")  # fmt: skip
+        parse_order(self.order)
+
+
+ORDERS = ("interleaved", "sequential")
+"""`--order` values (docs/method.md, "Interleaving")."""
+DEFAULT_ORDER = "interleaved"
+"""`bench sweep`'s default `--order` in process. A `--target` sweep's default is "sequential": the server's cells
+in the order its earlier runs measured them (`--order interleaved` interleaves them too)."""
+ORDER_NOTE = "order"
+"""The run manifest's workload note that says which order a sweep's requests ran in (`record_order`); a run that
+records none ran in the sequential order (sweeps before interleaving)."""
+
+
+def parse_order(text: str) -> str:
+    """'interleaved' | 'sequential' (any case) -> the order (`ORDERS`). Raises InputError (one line) otherwise."""
+    order = text.strip().lower() if isinstance(text, str) else text
+    if order not in ORDERS:
+        raise InputError(f"--order {text!r}: expected interleaved (repeats round-robin across the cells) "
+                         "or sequential (each cell's repeats together), e.g. --order sequential")  # fmt: skip
+    return order
+
+
+def recorded_order(run: RunFolder) -> str:
+    """The order `run`'s requests ran in: its workload note `ORDER_NOTE`, or "sequential" for a run that records
+    none (sweeps before interleaving)."""
+    return run.typed_manifest.workload.notes.get(ORDER_NOTE) or "sequential"
+
+
+def resumed_order(run: RunFolder, given: str | None) -> str:
+    """With --resume: the order of `run` when `--order` is not given (`given` None); a given one that differs from
+    the run's is an InputError (one line: both orders, the fix). A run keeps one order: its rounds and probes
+    (docs/method.md, "Interleaving") mean nothing across a change."""
+    ran = recorded_order(run)
+    if given is not None and parse_order(given) != ran:
+        raise InputError(f"--order {given} differs from the resumed run's {ran}; drop the flag to continue "
+                         f"{run.path} as it started")  # fmt: skip
+    return ran
+
+
+def record_order(run: RunFolder, order: str) -> None:
+    """Write `order` into `run`'s workload notes (`ORDER_NOTE`, in the manifest's engine_config), unless it is
+    there; a run that holds samples under another order is an InputError (`resumed_order`)."""
+    if run.samples():
+        resumed_order(run, order)
+    config = dict(run.manifest.get("engine_config") or {})
+    if config.get(ORDER_NOTE) != order:
+        run.update_manifest(engine_config={**config, ORDER_NOTE: order})
 
 
 DECODE_LOOP_CHOICES = {"host": ("host",), "device": ("device",), "both": ("host", "device")}
@@ -273,8 +331,12 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
     `prompts` (from `build_prompts`) and, with `config.batches`, `batch_prompts` (`build_batch_prompts`; every
     batch checked to fit first, `check_batches`) are built here when not given. `rates` (the device's measured
     rates, `bench.sweep.rates.measure_rates`) give every row its roofline fields (`bench.sweep.rates.with_rooflines`);
-    None leaves them out. A `--batch` sweep's rows get their batch figures (`bench.sweep.rates.batch_rows`: FLOPs
-    per step, arithmetic intensity) and `rows_differ` (module docstring). The rest is `sweep_cells`.
+    None leaves them out. In the interleaved order (`SweepConfig.order`), with `rates`, the rate probes run before
+    the first round and after each (`bench.sweep.rates.RoundProbes`): each cell's shares use the probes around its
+    repeats, and a sweep that was not stopped ends with the host's movement against the cells' spread (a line,
+    and a warning line when the host moved more; docs/method.md, "Interleaving"). A `--batch` sweep's rows get
+    their batch figures (`bench.sweep.rates.batch_rows`: FLOPs per step, arithmetic intensity) and `rows_differ`
+    (module docstring). The rest is `sweep_cells`.
     """
     if prompts is None:  # callers that already built (and so checked) them pass them in
         config.check()
@@ -292,7 +354,10 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
         return measure_batch_request(engine, work, config.max_new_tokens, kind=kind, repeat=repeat,
                                      decode_loop=loop, block=block)  # fmt: skip
 
-    finishers = [f for f in (roofline_rows(engine, rates, config.max_new_tokens) if rates is not None else None,
+    probes = None
+    if rates is not None and config.order == "interleaved":  # probes between rounds: each cell's own rates
+        probes = RoundProbes(run, lambda: measure_rates(engine.policy.compute_dtype), rates, log=progress)
+    finishers = [f for f in (roofline_rows(engine, rates, config.max_new_tokens, probes=probes) if rates else None,
                              batch_rows(engine, config.max_new_tokens) if config.batches else None) if f is not None]
 
     def finish(row: CellRow) -> CellRow:
@@ -300,12 +365,23 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
             row = f(row)
         return row
 
-    return sweep_cells(config, run, prompts, measure=measure, progress=progress, skip=skip, should_stop=should_stop,
+    rows = sweep_cells(config, run, prompts, measure=measure, progress=progress, skip=skip, should_stop=should_stop,
                        finish_row=finish if finishers else None,
                        cell_logits=lambda prompt: engine.next_token_logits(prompt.ids, config.max_new_tokens),
-                       batch_prompts=batch_prompts,
+                       batch_prompts=batch_prompts, probe=probes,
                        row_reference=lambda prompt: engine.generate(list(prompt.ids), config.max_new_tokens).token_ids,
                        )  # fmt: skip
+    if probes is not None:  # not stopped: how far the host moved against the cells' spread
+        lines, warning = probes.finish(rows)
+        for line in lines + ([warning] if warning else []):
+            progress(line)
+    return rows
+
+
+Probe = Callable[..., None]
+"""An interleaved sweep's rate probe (`bench.sweep.rates.RoundProbes`): called before the first round (0, []),
+after each round r with the cells ((input tokens, batch)) that measured a timed repeat in it, and once more after
+the last round with `last=True` (r the last round, no cells): the probe decides which calls it measures at."""
 
 
 def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], *,
@@ -315,13 +391,20 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
                 finish_row: Callable[[CellRow], CellRow] | None = None,
                 cell_logits: Callable[[Prompt], Sequence[float]] | None = None,
                 batch_prompts: dict[tuple[int, int], tuple[Prompt, ...]] | None = None,
-                row_reference: Callable[[Prompt], list[int]] | None = None) -> list[CellRow]:  # fmt: skip
-    """The order of work of every sweep (in-process or through a server): the first request of the sweep is
-    recorded as `cold` ("cold-resume" when the run already holds its cold start: a resumed run's fresh engine);
-    then per cell one `warmup` and the timed requests (`config.timed_more` says when to stop: `repeats`, the
-    durations); `measure(prompt, kind, repeat)` returns the Sample and the bucket the request ran at. Every
-    sample is appended to `run` as it is measured; as the cell ends, its summary row (`CellRow`, whose bucket is
-    the one its requests reported, never recomputed).
+                row_reference: Callable[[Prompt], list[int]] | None = None,
+                probe: Probe | None = None) -> list[CellRow]:  # fmt: skip
+    """The order of work of every sweep (in-process or through a server; docs/method.md, "Interleaving"): the
+    first request of the sweep is recorded as `cold` ("cold-resume" when the run already holds its cold start: a
+    resumed run's fresh engine); each cell has one `warmup` per decode loop and its timed requests
+    (`config.timed_more` says when to stop: `repeats`, the durations). `config.order` "sequential": cell after
+    cell, each loop's warm-up then its timed repeats. "interleaved": every cell's cold / warm-up requests first,
+    then rounds: round r times repeat r of every (cell, loop) that lacks it and needs one, in cell order, before
+    any takes repeat r + 1 (a resumed cell joins at the repeat it lacks); `probe` runs before the first round and
+    after each. `measure(prompt, kind, repeat)` returns the Sample and the bucket the request ran at. Every
+    sample is appended to `run` as it is measured; a cell's summary row (`CellRow`, whose bucket is the one its
+    requests reported, never recomputed) as the cell ends: after its own repeats (sequential), after the last
+    round (interleaved). The order is recorded in the manifest (`record_order`; InputError when `run` holds
+    samples of another order).
 
     Cells are `config.cells` ((input tokens, batch)) not in `skip` (input sizes: their B = 1 cells; or (n, B)
     keys). A B > 1 cell (`config.batches`) measures `batch_prompts[(n, B)]`: `measure` then gets that tuple of
@@ -331,49 +414,99 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
 
     A cell of `run` that is partial ("interrupted") or has samples but no row (a kill) is completed: its timed
     repeats continue from the number it has (after this engine's warm-up), and its row summarises them all.
-    `should_stop` is polled before every request (a signal handler sets it): when it turns true the sweep
-    raises KeyboardInterrupt there, after writing the cell in progress as a partial row ("interrupted"), so
-    every measured request stays. Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed
-    cell (with the bucket of any request of the cell that came back), and the sweep goes on. `after_cell(n,
-    row)` may add text to the cell's log line; `finish_row(row)` completes each measured (or partial) row before it
-    is written (the in-process sweep's roofline fields); `cell_logits(prompt)` (the in-process sweep's: float32 [V],
-    the prompt's next-token logits) is recorded for every cell that did not fail, after its timed repeats and
-    before its row (`bench.runs.logits`; one file per input size: a B = 1 cell's, else the first cell's of that
-    size, row 0's prompt being the B = 1 prompt). The caller marks the run complete / incomplete.
+    `should_stop` is polled before every request: when it turns true the sweep raises KeyboardInterrupt there,
+    after writing every cell in progress as a partial row ("interrupted"), so every measured request stays.
+    Exceptions other than KeyboardInterrupt inside a cell are recorded as a failed cell (with the bucket of any
+    request of the cell that came back), and the sweep goes on. `after_cell(n, row)` may add text to the cell's
+    log line; `finish_row(row)` completes each measured (or partial) row before it is written (the in-process
+    sweep's roofline fields); `cell_logits(prompt)` (float32 [V], the prompt's next-token logits) is recorded for
+    every cell that did not fail, untimed, before its row (`bench.runs.logits`; one file per input size: a B = 1
+    cell's, else the first cell's of that size). The caller marks the run complete / incomplete.
     """
-    rows: list[CellRow] = []
+    record_order(run, config.order)
     earlier, buckets = _earlier_samples(run), {cell_key(r): r.bucket for r in run.cells()}
-    cold_kind: str | None = "cold-resume" if any(s.kind == "cold" for ss in earlier.values() for s in ss) else "cold"
+    cold_kind = "cold-resume" if any(s.kind == "cold" for ss in earlier.values() for s in ss) else "cold"
     t0 = time.perf_counter()
     skipped = {(k, 1) if isinstance(k, int) else tuple(k) for k in skip}
     todo = [key for key in config.cells if key not in skipped]
-    references = _references(earlier, prompts) if config.batches else {}  # prompt ids -> greedy ids at B = 1
-    for index, (n, b) in enumerate(todo, 1):
-        work = prompts[n] if b == 1 else batch_prompts[(n, b)]
-        cell = _Cell(config, run, n, work, measure, earlier.get((n, b), []), earlier_bucket=buckets.get((n, b)),
-                     where=f"cell {index}/{len(todo)}", should_stop=should_stop, finish_row=finish_row,
-                     progress=lambda line: progress(f"{line} [{time.perf_counter() - t0:.1f} s]"),
-                     batch=b if config.batches else None)  # fmt: skip
+    cells = [_Cell(config, run, n, prompts[n] if b == 1 else batch_prompts[(n, b)], measure, earlier.get((n, b), []),
+                   earlier_bucket=buckets.get((n, b)), where=f"cell {index}/{len(todo)}", should_stop=should_stop,
+                   progress=lambda line: progress(f"{line} [{time.perf_counter() - t0:.1f} s]"),
+                   finish_row=finish_row, batch=b if config.batches else None)
+             for index, (n, b) in enumerate(todo, 1)]  # fmt: skip
+    end = _cell_end(config, run, prompts, _references(earlier, prompts) if config.batches else {},
+                    after_cell=after_cell, cell_logits=cell_logits, row_reference=row_reference)  # fmt: skip
+    if config.order == "sequential":
+        return _sequential(cells, cold_kind, end)
+    return _interleaved(cells, cold_kind, end, probe or (lambda *_args, **_kw: None))
+
+
+def _sequential(cells: list[_Cell], cold_kind: str | None, end: Callable[[_Cell], CellRow]) -> list[CellRow]:
+    """Cell after cell: each one's requests (the cold one in the first cell that gets that far), then its end."""
+    rows = []
+    for cell in cells:
         try:
-            try:
-                row = cell.measure_all(cold_kind)
-            finally:
-                cold_kind = None if cell.cold_done else cold_kind  # the next cell does it if this one failed first
-            if config.batches and row_reference is not None:  # untimed: after the cell's requests
-                try:
-                    row = cell.compare_rows(row, references, row_reference)
-                except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed comparison must not lose it
-                    run.log(f"{cell.label()}: rows not compared with B = 1 ({type(exc).__name__}: {exc})"[:500])
+            cell.attempt(lambda: cell.measure_all(cold_kind))  # noqa: B023 -- called at once
         except KeyboardInterrupt:
             cell.write_partial()
             raise
-        except Exception as exc:  # one failing cell (e.g. out of memory) must not lose the others
-            message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-            progress(f"{cell.label()}: FAILED ({message})")
-            row = failed_cell(n, message, bucket=cell.known(), max_new_tokens=config.max_new_tokens,
-                              repeats=config.repeats, batch=b if config.batches else None)  # fmt: skip
+        finally:
+            cold_kind = None if cell.cold_done else cold_kind  # the next cell does it if this one failed first
+        rows.append(end(cell))
+    return rows
+
+
+def _interleaved(cells: list[_Cell], cold_kind: str | None, end: Callable[[_Cell], CellRow],
+                 probe: Probe) -> list[CellRow]:  # fmt: skip
+    """Every cell's cold / warm-up requests, the probe, then the rounds (`_rounds`), each followed by the probe;
+    then every cell's end, in cell order. A stop writes every cell as it stands (partial, or failed)."""
+    try:
+        for cell in cells:
+            try:
+                cell.attempt(lambda: cell.warm_all(cold_kind))  # noqa: B023 -- called at once
+            finally:
+                cold_kind = None if cell.cold_done else cold_kind
+        probe(0, [])
+        number = 0
+        for number, slots in enumerate(_rounds(cells), 1):
+            for cell, loop in slots:
+                cell.attempt(lambda: cell.timed_one(loop))  # noqa: B023 -- called at once
+            probe(number, list(dict.fromkeys(cell.key for cell, _loop in slots)))
+        probe(number, [], last=True)
+    except KeyboardInterrupt:
+        for cell in cells:
+            cell.write_partial()
+        raise
+    return [end(cell) for cell in cells]
+
+
+def _rounds(cells: list[_Cell]) -> Iterator[list[tuple[_Cell, str]]]:
+    """The interleaved rounds, each computed when the one before it has run: the (cell, loop) slots, in cell and
+    loop order, whose timed repeats are the fewest among the slots that still need one (`_Cell.more`), so that
+    repeat r of every slot comes before repeat r + 1 of any (a resumed slot catches up first). Failed cells have
+    none."""
+    while True:
+        due = [(c, loop) for c in cells if c.failure is None for loop in c.config.decode_loops if c.more(loop)]
+        if not due:
+            return
+        level = min(c.done(loop) for c, loop in due)
+        yield [(c, loop) for c, loop in due if c.done(loop) == level]
+
+
+def _cell_end(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], references: dict[tuple, list[int]], *,
+              after_cell, cell_logits, row_reference) -> Callable[[_Cell], CellRow]:  # fmt: skip
+    """The end of a cell (`sweep_cells`' hooks): its row (or its failure), the rows compared with B = 1, its
+    next-token logits, the row written and its log line. Untimed: after the cell's requests."""
+
+    def end(cell: _Cell) -> CellRow:
+        row, (n, b) = cell.final_row(), cell.key
+        if config.batches and row_reference is not None and row.error is None:
+            try:
+                row = cell.compare_rows(row, references, row_reference)
+            except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed comparison must not lose it
+                run.log(f"{cell.label()}: rows not compared with B = 1 ({type(exc).__name__}: {exc})"[:500])
         if cell_logits is not None and row.error is None and (b == 1 or not logits_path(run.path, n).exists()):
-            try:  # not timed: after the cell's requests, before its row
+            try:
                 write_logits(run.path, n, cell_logits(prompts[n]))
             except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed record must not lose it
                 run.log(f"{cell.label()}: next-token logits not recorded ({type(exc).__name__}: {exc})"[:500])
@@ -383,8 +516,9 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
                                               + (f", rows differing from B = 1: {row.rows_differ}" if b > 1 else ""))
         run.log(f"{cell.label()}: {'valid' if row.valid else 'INVALID: ' + str(row.invalid_reason)}; "
                 f"gauge {row.gauge_tok_s_median} tok/s, e2e {row.e2e_tok_s_median} tok/s{batch}{extra}")  # fmt: skip
-        rows.append(row)
-    return rows
+        return row
+
+    return end
 
 
 def _earlier_samples(run: RunFolder) -> dict[tuple[int, int], list[Sample]]:
@@ -421,6 +555,8 @@ class _Cell:
         self.samples = list(earlier)
         self.ran: list[int | None] = [earlier_bucket] if earlier_bucket is not None else []  # buckets as reported
         self.cold_done = False
+        self.failure: CellRow | None = None  # the failed row, once a request of the cell raised
+        self._estimated: dict[str, bool] = {}  # per loop: whether its time estimate was made (`_estimate`)
         self.where, self._progress, self._should_stop = where, progress, should_stop
         self._finish = finish_row or (lambda row: row)
 
@@ -445,34 +581,99 @@ class _Cell:
         self.ran.append(measured.bucket)
         return measured.sample
 
-    def measure_all(self, cold_kind: str | None) -> CellRow:
-        """The cell's requests (the cold one first when `cold_kind` is given), then its row."""
+    @property
+    def key(self) -> tuple[int, int]:
+        """(input tokens, batch): the cell's key (`cell_key`)."""
+        return self.n, self.batch or 1
+
+    def attempt(self, work: Callable[[], object]) -> bool:
+        """Run `work` (requests of this cell) unless the cell has failed; an exception other than KeyboardInterrupt
+        fails the cell (`failure`: its row, with the bucket of any request that came back; a FAILED progress
+        line). True when `work` ran to its end."""
+        if self.failure is not None:
+            return False
+        try:
+            work()
+            return True
+        except Exception as exc:  # one failing cell (e.g. out of memory) must not lose the others
+            self._fail(exc)
+            return False
+
+    def _fail(self, exc: Exception) -> None:
+        message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+        self._progress(f"{self.label()}: FAILED ({message})")
+        self.failure = failed_cell(self.n, message, bucket=self.known(), max_new_tokens=self.config.max_new_tokens,
+                                   repeats=self.config.repeats, batch=self.batch)  # fmt: skip
+
+    def final_row(self) -> CellRow:
+        """The cell's row once its requests are done (`row`), or its failure: a row that cannot be summarised (e.g.
+        its requests reported two buckets) fails the cell."""
+        if self.failure is None:
+            try:
+                return self.row()
+            except Exception as exc:  # noqa: BLE001 -- one cell's bad record must not lose the others
+                self._fail(exc)
+        return self.failure
+
+    def measure_all(self, cold_kind: str | None) -> None:
+        """The sequential order: the cold request (when `cold_kind` is given), then per loop its warm-up and its
+        timed repeats."""
+        self._cold(cold_kind)
+        for loop in self.config.decode_loops:
+            self.warm(loop)
+            while self.more(loop):
+                self.timed_one(loop)
+
+    def warm_all(self, cold_kind: str | None) -> None:
+        """The interleaved order's first phase for this cell: the cold request (when `cold_kind` is given), then
+        every loop's warm-up at its compiled shape."""
+        self._cold(cold_kind)
+        for loop in self.config.decode_loops:
+            self.warm(loop)
+
+    def _cold(self, cold_kind: str | None) -> None:
         if cold_kind is not None:
             self.one(cold_kind, 0, COLD_NOTES[cold_kind])
             self.cold_done = True
-        bounded = [self._loop(loop) for loop in self.config.decode_loops]
-        return self._row("max-duration" if any(bounded) else None)
 
-    def _loop(self, loop: str) -> bool:
-        """One decode loop's warm-up and timed repeats (continuing those measured before a resume); True when
-        `--max-duration` stopped them before the planned repeats."""
-        config = self.config
+    def _what(self, loop: str) -> str:
+        return "" if self.config.decode_loops == ("host",) else f"{loop} loop "
+
+    def done(self, loop: str) -> int:
+        """Timed repeats of `loop` so far (those measured before a resume included)."""
+        return len(self.timed(LOOP_KINDS[loop][1]))
+
+    def more(self, loop: str) -> bool:
+        """Whether `loop` needs another timed repeat (`SweepConfig.timed_more`)."""
+        kind = LOOP_KINDS[loop][1]
+        return self.config.timed_more(self.done(loop), _timed_s(self.timed(kind)))
+
+    def warm(self, loop: str) -> None:
+        """One decode loop's warm-up at its compiled shape (and, for a resumed cell, a line saying how many timed
+        repeats it continues from)."""
         warmup, kind = LOOP_KINDS[loop]
-        what = "" if config.decode_loops == ("host",) else f"{loop} loop "
-        shape = f"({self.known() or 'its bucket'}, {config.max_new_tokens}" + (f", {loop} loop)" if what else ")")
-        done = len(self.timed(kind))
-        if done:
-            self._progress(f"{self.label()}: continuing its {done} {what}timed repeat(s) measured before the resume")
-        estimated = self._estimate(self.one(warmup, 0, f"warm-up at {shape}"), kind, what)
-        r = done
-        while config.timed_more(r, _timed_s(self.timed(kind))):
-            sample = self.one(kind, r, f"{what}repeat {r + 1}/{config.repeats}")
-            estimated = estimated or self._estimate(sample, kind, what)
-            r += 1
-        if r < config.repeats:
-            self._progress(f"{self.label()}: --max-duration {config.max_duration_s:g} s reached after {r} of "
-                           f"{config.repeats} {what}timed repeats; the cell is kept as partial")  # fmt: skip
-        return r < config.repeats
+        what = self._what(loop)
+        shape = f"({self.known() or 'its bucket'}, {self.config.max_new_tokens}" + (f", {loop} loop)" if what else ")")
+        if self.done(loop):
+            self._progress(f"{self.label()}: continuing its {self.done(loop)} {what}timed repeat(s) measured before "
+                           "the resume")  # fmt: skip
+        self._estimated[loop] = self._estimate(self.one(warmup, 0, f"warm-up at {shape}"), kind, self._what(loop))
+
+    def timed_one(self, loop: str) -> None:
+        """The next timed repeat of `loop` (its number continues those measured before a resume)."""
+        kind, what, r = LOOP_KINDS[loop][1], self._what(loop), self.done(loop)
+        sample = self.one(kind, r, f"{what}repeat {r + 1}/{self.config.repeats}")
+        self._estimated[loop] = self._estimated.get(loop) or self._estimate(sample, kind, what)
+
+    def row(self) -> CellRow:
+        """The cell's row once its requests are done: partial ("max-duration", with a line saying so) when
+        `--max-duration` stopped a loop before its planned repeats."""
+        short = [loop for loop in self.config.decode_loops if self.done(loop) < self.config.repeats]
+        for loop in short:
+            self._progress(f"{self.label()}: --max-duration {self.config.max_duration_s:g} s reached after "
+                           f"{self.done(loop)} of {self.config.repeats} {self._what(loop)}timed repeats; the cell is "
+                           "kept as partial")  # fmt: skip
+        return self._row("max-duration" if short else None)
 
     def _estimate(self, sample: Sample, kind: str, what: str) -> bool:
         """Say how long the cell's remaining timed repeats should take when that is long (`needs_estimate`), from
@@ -488,7 +689,7 @@ class _Cell:
         row = summarize_cell(self.samples, max_new_tokens=self.config.max_new_tokens, bucket=_one_bucket(self.ran),
                              input_tokens=self.n, stopped_by=stopped_by, repeats_planned=self.config.repeats,
                              batch=self.batch)  # fmt: skip
-        return self._finish(row)
+        return self._finish(with_spreads(row))
 
     def compare_rows(self, row: CellRow, references: dict[tuple, list[int]],
                      reference: Callable[[Prompt], list[int]]) -> CellRow:  # fmt: skip
@@ -518,8 +719,10 @@ class _Cell:
 
     def write_partial(self) -> None:
         """After a stop: the cell's row as partial ("interrupted"), when any of its requests came back (its
-        samples are in the run already); `--resume` completes it."""
-        if self.samples:
+        samples are in the run already; `--resume` completes it), or its failure row where it failed."""
+        if self.failure is not None:
+            self.run.append_cell(self.failure)
+        elif self.samples:
             self.run.append_cell(self._row("interrupted"))
             loops = self.config.decode_loops
             done = " and ".join(f"{len(self.timed(LOOP_KINDS[loop][1]))} of {self.config.repeats}"

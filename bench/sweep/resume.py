@@ -15,15 +15,15 @@ import dataclasses
 from pathlib import Path
 
 from bench.errors import InputError, RunFolderError
-from bench.sweep.local import parse_batches, parse_inputs
+from bench.sweep.local import parse_batches, parse_inputs, parse_order, recorded_order
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepFlags:
     """The in-process sweep's workload options as typed (None: not given): `inputs` ("41,521"), `max_new_tokens`,
     `repeats`, `min_duration` / `max_duration` (s), `decode_loop` ("host", "device", "both"), `decode_block`
-    (steps), `batch` ("1,4,16"), `checkpoint` (the --checkpoint text) and `compile_cache` (the --compile-cache
-    text)."""
+    (steps), `batch` ("1,4,16"), `checkpoint` (the --checkpoint text), `compile_cache` (the --compile-cache
+    text) and `order` ("interleaved", "sequential": docs/method.md, "Interleaving")."""
 
     inputs: str | None = None
     max_new_tokens: int | None = None
@@ -35,6 +35,7 @@ class SweepFlags:
     batch: str | None = None
     checkpoint: str | None = None
     compile_cache: str | None = None
+    order: str | None = None
 
 
 def resume_options(run, flags: SweepFlags, engine) -> tuple[SweepFlags, object]:
@@ -76,7 +77,8 @@ def stored_flags(run) -> SweepFlags:
                       decode_loop=notes.get("decode_loop", "host"), decode_block=notes.get("decode_block"),
                       batch=",".join(map(str, batches)) if batches else None,
                       checkpoint=m.checkpoint.source or m.checkpoint.path,
-                      compile_cache=local_dir(m.compile_cache.dir, cache_root()) or "off")  # fmt: skip
+                      compile_cache=local_dir(m.compile_cache.dir, cache_root()) or "off",
+                      order=recorded_order(run))  # fmt: skip
 
 
 def workload_differences(given: SweepFlags, stored: SweepFlags) -> list[tuple[str, str, str]]:
@@ -100,6 +102,8 @@ def workload_differences(given: SweepFlags, stored: SweepFlags) -> list[tuple[st
             out.append((flag, str(value), f"{was or 'none'}"))
     if given.batch is not None and parse_batches(given.batch) != (parse_batches(stored.batch) if stored.batch else ()):
         out.append(("--batch", given.batch, stored.batch or "none"))
+    if given.order is not None and parse_order(given.order) != stored.order:  # a run keeps one order: its rounds
+        out.append(("--order", given.order, stored.order))  # and probes mean nothing across a change
     if given.compile_cache is not None and _cache_text(given.compile_cache) != _cache_text(stored.compile_cache, False):
         out.append(("--compile-cache", given.compile_cache, stored.compile_cache))
     return out
