@@ -42,25 +42,45 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
     K/V projections and k_norm on KV-shared layers, the PLE leaves when P = 0). Input-major layout."""
     d, n, k, h, f, p = cfg.hidden_size, cfg.num_heads, cfg.kv_heads(i), cfg.layer_head_dim(i), cfg.ffw_dim(i), cfg.ple_dim
     own_kv = not cfg.is_kv_shared(i)
+    own_v = own_kv and not cfg.values_from_keys(i)  # attention_k_eq_v: full layers have no v_proj
     return {
         "attn_norm_D": (d,), "post_attn_norm_D": (d,), "pre_ffw_norm_D": (d,), "post_ffw_norm_D": (d,),
         "wq_DNH": (d, n, h), "q_norm_H": (h,),
-        "wk_DKH": (d, k, h) if own_kv else None, "wv_DKH": (d, k, h) if own_kv else None,
+        "wk_DKH": (d, k, h) if own_kv else None, "wv_DKH": (d, k, h) if own_v else None,
         "k_norm_H": (h,) if own_kv else None,
         "wo_NHD": (n, h, d), "gate_DF": (d, f), "up_DF": (d, f), "down_FD": (f, d),
         "ple_gate_DP": (d, p) if p else None, "ple_proj_PD": (p, d) if p else None,
         "post_ple_norm_D": (d,) if p else None, "layer_scalar_1": (1,),
+        **expert_shapes(cfg),
+    }  # fmt: skip
+
+
+def expert_shapes(cfg: ModelConfig) -> dict[str, Shape | None]:
+    """Shapes of a layer's expert-block leaves (all None without experts), the same in the storage and compute
+    layouts: router_DE [D, E] (router.proj, input-major), router_scale_D [D] (router.scale), expert_scale_E [E]
+    (router.per_expert_scale), experts_gate_up_EDX [E, D, 2I] (experts.gate_up_proj, gate then up, input-major),
+    experts_down_EDF [E, D, I] (experts.down_proj as stored, output-major), and the three extra norms
+    (post_feedforward_layernorm_1 / pre_feedforward_layernorm_2 / post_feedforward_layernorm_2). Names from
+    transformers' models/gemma4/modeling_gemma4.py (`Gemma4TextRouter`, `Gemma4TextExperts`)."""
+    d, e, m = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    on = cfg.has_experts
+    return {
+        "router_DE": (d, e) if on else None, "router_scale_D": (d,) if on else None,
+        "expert_scale_E": (e,) if on else None,
+        "experts_gate_up_EDX": (e, d, 2 * m) if on else None, "experts_down_EDF": (e, d, m) if on else None,
+        "post_ffw1_norm_D": (d,) if on else None, "pre_ffw2_norm_D": (d,) if on else None,
+        "post_ffw2_norm_D": (d,) if on else None,
     }  # fmt: skip
 
 
 def compute_layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
     """Shapes of layer i's leaves in the compute layout (`model.params.LayerParams`, built by `fuse_layer` from the
-    `layer_shapes` leaves): qkv_DX [D, (N + 2K) H] (KV-shared layers: [D, N H]), o_DX [D, N H], gate_up_DX
+    `layer_shapes` leaves): qkv_DX [D, (N + 2K) H] (KV-shared layers: [D, N H]; K = V layers: [D, (N + K) H]), o_DX [D, N H], gate_up_DX
     [D, 2F], down_DF [D, F], ple_gate_PD / ple_proj_PD [P, D], the norms as in `layer_shapes`. Same scalar
     count as `layer_shapes`, layer by layer."""
     s = layer_shapes(cfg, i)
     d, n, h, f = cfg.hidden_size, cfg.num_heads, cfg.layer_head_dim(i), cfg.ffw_dim(i)
-    kv = 2 * cfg.kv_heads(i) * h if s["wk_DKH"] is not None else 0
+    kv = sum(cfg.kv_heads(i) * h for name in ("wk_DKH", "wv_DKH") if s[name] is not None)
     p = cfg.ple_dim
     return {
         "attn_norm_D": s["attn_norm_D"], "post_attn_norm_D": s["post_attn_norm_D"],
@@ -69,6 +89,7 @@ def compute_layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
         "o_DX": (d, n * h), "gate_up_DX": (d, 2 * f), "down_DF": (d, f),
         "ple_gate_PD": (p, d) if p else None, "ple_proj_PD": (p, d) if p else None,
         "post_ple_norm_D": s["post_ple_norm_D"], "layer_scalar_1": s["layer_scalar_1"],
+        **expert_shapes(cfg),
     }  # fmt: skip
 
 

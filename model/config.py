@@ -76,6 +76,9 @@ class ModelConfig:
     num_experts: int = 0
     top_k_experts: int = 0
     moe_intermediate_size: int = 0
+    # Not an architecture fact and not in config.json: how tokens are assigned to experts, "router" (the model's)
+    # or "balanced" (dummy weights only: `model.moe.ROUTINGS`, chosen by `model.random_weights.ROUTING_ENV`).
+    expert_routing: str = "router"
 
     def __post_init__(self) -> None:
         if self.ple_vocab_size is None:  # normalise, so that equal architectures compare (and hash) equal
@@ -116,6 +119,8 @@ class ModelConfig:
             raise ConfigError(f"config: an expert block needs 1 <= top_k_experts <= num_experts and "
                               f"moe_intermediate_size >= 1; got num_experts={self.num_experts}, top_k_experts="
                               f"{self.top_k_experts}, moe_intermediate_size={self.moe_intermediate_size}")
+        if self.expert_routing not in ("router", "balanced"):
+            raise ConfigError(f"config: expert_routing={self.expert_routing!r}; expected 'router' or 'balanced'")
         if self.tie_word_embeddings is False:
             raise ConfigError("config: tie_word_embeddings=false is not supported yet (Gemma 4 ties lm_head)")
 
@@ -601,16 +606,16 @@ window 1024, `k_eq_v_global`, 128 experts of width 704 with the top 8 per token 
 per-layer inputs, no KV sharing); 256K context."""
 
 TINY_31B = ModelConfig(
-    vocab_size=512, hidden_size=64, num_layers=6, num_heads=4, num_kv_heads=2, num_global_kv_heads=1, head_dim=16,
-    global_head_dim=32, intermediate_size=128, sliding_window=8, layer_types=(SLIDING, SLIDING, FULL) * 2,
+    vocab_size=256, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, num_global_kv_heads=1, head_dim=16,
+    global_head_dim=32, intermediate_size=64, sliding_window=8, layer_types=(SLIDING, FULL) * 2,
     ple_dim=0, max_position_embeddings=256, eos_token_ids=(1, 106), attention_k_eq_v=True,
 )  # fmt: skip
-"""31B's shape, tiny, for tests: K = V on full layers, separate full-layer KV heads (2 sliding, 1 full), no PLE,
-no KV sharing, window 8."""
+"""31B's shape, tiny, for tests (and small enough for a fixture of a few hundred KB): K = V on full layers,
+separate full-layer KV heads (2 sliding, 1 full), no PLE, no KV sharing, window 8, 4 layers."""
 
-TINY_MOE = dataclasses.replace(TINY_31B, intermediate_size=96, num_experts=8, top_k_experts=3, moe_intermediate_size=32)
-"""26B-A4B's shape, tiny, for tests: `TINY_31B` with an expert block of 8 experts of width 32, the top 3 per token,
-beside a dense MLP of 96."""
+TINY_MOE = dataclasses.replace(TINY_31B, intermediate_size=48, num_experts=8, top_k_experts=3, moe_intermediate_size=16)
+"""26B-A4B's shape, tiny, for tests: `TINY_31B` with an expert block of 8 experts of width 16, the top 3 per token,
+beside a dense MLP of 48."""
 
 PRESETS: dict[str, ModelConfig] = {"tiny": TINY, "default": DEFAULT, "e2b": E2B, "e4b": E4B,
                                    "tiny-31b": TINY_31B, "tiny-moe": TINY_MOE, "31b": G31B, "26b-a4b": G26B_A4B}

@@ -7,7 +7,8 @@ scale blocks, and how many bytes that takes. Issue 14 defines the options:
 - `ple8`, `ple4`: the per-layer-embedding table `ple_embed_VX` in 8 or 4 bits, one scale per (row, 256 values).
 - `int8_lm_head`: a separate int8 copy of the tied table `embed_VD` for the output projection, one scale per
   vocabulary row; the input embedding keeps its dtype for the lookup.
-- `w8`: the layer projections (`LAYER_PROJECTIONS`) in int8, one scale per output channel.
+- `w8`: the layer projections (`LAYER_PROJECTIONS`, and the experts of `EXPERT_PROJECTIONS`) in int8, one scale per
+  output channel.
 - `w4` (or `w4:GROUP`): the same projections in int4, one scale per GROUP values along the contraction axis
   (default 128).
 
@@ -52,6 +53,14 @@ LAYER_PROJECTIONS = {
 `w8` / `w4` -> their contraction axes: qkv_DX [D, X] contracts D (axis 0); o_DX [D, N H] contracts N H (axis 1, the
 output-major layout). Fused leaves quantize per output channel exactly as their parts would. The global
 `ple_proj_DX` is not a layer projection and stays dense, as do the norms and layer scalars."""
+
+EXPERT_PROJECTIONS = {"experts_gate_up_EDX": (1,), "experts_down_EDF": (2,)}
+"""The expert block's weights (26B-A4B; `model.accounting.expert_shapes`) quantized by `w8` / `w4` like the layer
+projections -> their contraction axes: experts_gate_up_EDX [E, D, 2I] contracts D, experts_down_EDF [E, D, I]
+contracts I. The expert axis E is never contracted, so every expert has its own scales (w8: one per (expert,
+output channel); w4: one per (expert, GROUP contraction values, output channel)) and one expert's slice is a
+quantized 2-D weight of its own (`model.moe`). Kept apart from `LAYER_PROJECTIONS`, whose 2-D leaves the W4A16
+kernels tile; the router (router_DE) stays dense, as do the scales and norms."""
 
 WORD_TABLES: dict[str, frozenset[str] | None] = {"ple_embed_VX": None, LM_HEAD: frozenset({"tpu"})}
 """Quantized tables whose value bytes are stored in uint32 words (`QuantLayout.words`) -> the platforms (jax
@@ -231,8 +240,8 @@ def leaf_layout(field: str, shape: Shape, spec: QuantSpec, platform: str | None 
         if not spec.int8_lm_head:
             return None
         return QuantLayout(bits=8, block=rows_block(shape, shape[-1]), words=stores_words(field, shape, 8, platform))
-    if field in LAYER_PROJECTIONS and spec.layer_bits is not None:
-        contract = LAYER_PROJECTIONS[field]
+    if (field in LAYER_PROJECTIONS or field in EXPERT_PROJECTIONS) and spec.layer_bits is not None:
+        contract = LAYER_PROJECTIONS.get(field) or EXPERT_PROJECTIONS[field]
         group = None if spec.layer_bits == 8 else spec.w4_group
         return QuantLayout(bits=spec.layer_bits, block=channels_block(shape, contract, group))
     return None
