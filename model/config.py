@@ -606,7 +606,7 @@ window 1024, `k_eq_v_global`, 128 experts of width 704 with the top 8 per token 
 per-layer inputs, no KV sharing); 256K context."""
 
 TINY_31B = ModelConfig(
-    vocab_size=256, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, num_global_kv_heads=1, head_dim=16,
+    vocab_size=512, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, num_global_kv_heads=1, head_dim=16,
     global_head_dim=32, intermediate_size=64, sliding_window=8, layer_types=(SLIDING, FULL) * 2,
     ple_dim=0, max_position_embeddings=256, eos_token_ids=(1, 106), attention_k_eq_v=True,
 )  # fmt: skip

@@ -927,6 +927,8 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     load = load_random if read_marker(path) is not None else load_params  # dummy weights: made on the device
     params, report = load(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put,
                           quant=quant, scale_dtype=DTYPES[scale_dtype])  # fmt: skip
+    if report.get("dummy", {}).get("expert_routing", "router") != cfg.expert_routing:  # dummy weights' routing
+        cfg = dataclasses.replace(cfg, expert_routing=report["dummy"]["expert_routing"])
     if plan is not None and plan.impl == "pallas":
         params = with_tilings(params, plan)
     if backend.output_major:  # the kernels read [N, K] weights: the input-major projections held transposed instead

@@ -93,11 +93,12 @@ OUT = REPO / "tests" / "fixtures" / "reference"
 # no PLE, no KV sharing; and the expert block) repeat their last token far more (no per-layer inputs: the token's
 # own embedding dominates the residual stream): with the embedding std of tiny no seed of 0..63 passed. Their
 # embedding table is drawn with EMBED_FACTOR times that std (the project's own random init uses 0.1, see
-# model.params.init_rule), and their seeds are the first of 0..39 that pass (`--find-seeds`); tiny-31b's smallest
-# greedy top-1/top-2 margin is 0.012 (MIN_MARGIN), still four orders of magnitude above float32 parity errors.
-SEED_31B, SEED_MOE = 6, 3
-EMBED_FACTOR = {"tiny-31b": 0.3, "tiny-moe": 0.3}
-MIN_MARGIN = {"tiny-31b": 0.01}
+# model.params.init_rule), and their seeds are the first of 0..39 that pass (`--find-seeds`) with a smallest greedy
+# top-1/top-2 margin of 0.01 (MIN_MARGIN; 0.011 and 0.013 found), still four orders of magnitude above float32
+# parity errors.
+SEED_31B, SEED_MOE = 19, 35
+EMBED_FACTOR = {"tiny-31b": 0.3, "tiny-moe": 0.5}
+MIN_MARGIN = {"tiny-31b": 0.01, "tiny-moe": 0.01}
 SEEDS = {"tiny": 35, "tiny-gqa": 2, "tiny-31b": SEED_31B, "tiny-moe": SEED_MOE}
 EXTRA_SEED = 1
 PROMPT_LEN = 24  # T: longer than the sliding window (8), so the window mask matters

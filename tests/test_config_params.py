@@ -75,6 +75,16 @@ def test_31b_and_26b_a4b_facts():
     assert (moe.intermediate_size, moe.num_experts, moe.top_k_experts, moe.moe_intermediate_size) == (2112, 128, 8, 704)
 
 
+def test_31b_and_26b_a4b_parameter_counts():
+    # Our arithmetic (model.accounting) at the presets' sizes: 30.7B for 31B; 25.2B for 26B-A4B, 3.8B of them active
+    # per token (the experts' 22.8B counted at 8 of 128), the sizes the models' names and cards give.
+    assert param_counts(PRESETS["31b"]).total == 30_697_345_340
+    moe = PRESETS["26b-a4b"]
+    experts = moe.num_layers * moe.num_experts * 3 * moe.hidden_size * moe.moe_intermediate_size
+    assert param_counts(moe).total == 25_233_141_790 and experts == 22_837_985_280
+    assert round((param_counts(moe).total - experts * (1 - 8 / 128)) / 1e9, 1) == 3.8
+
+
 def test_global_kv_heads_apply_only_with_k_eq_v_as_in_transformers():
     # transformers 5.23 Gemma4TextConfig.__post_init__: num_global_key_value_heads overrides the full layers' KV
     # heads only when attention_k_eq_v is true.
@@ -123,7 +133,7 @@ def test_default_preset_size_and_decode_bytes():
     assert decode_weight_bytes(E2B, 2) < 0.6 * count_params(abstract_params(E2B)) * 2
 
 
-@pytest.mark.parametrize("cfg", [TINY, DEFAULT, E2B, E4B], ids=["tiny", "default", "e2b", "e4b"])
+@pytest.mark.parametrize("cfg", list(PRESETS.values()), ids=list(PRESETS))
 def test_jax_free_counts_equal_the_parameter_tree(cfg):
     tree = abstract_params(cfg)
     counts = param_counts(cfg)
@@ -256,7 +266,7 @@ def test_integers_are_numbers_and_null_is_read_where_transformers_allows_it():
     assert cfg.layer_types == (("sliding_attention",) * 5 + ("full_attention",)) * 2 and cfg.global_head_dim == 512
 
 
-@pytest.mark.parametrize("cfg", [TINY, DEFAULT, E2B, E4B], ids=["tiny", "default", "e2b", "e4b"])
+@pytest.mark.parametrize("cfg", list(PRESETS.values()), ids=list(PRESETS))
 def test_compute_layout_shapes_are_the_fused_storage_leaves(cfg):
     # accounting.compute_layer_shapes (jax-free: the byte accounting and abstract_params use it) must be exactly
     # what fuse_layer builds from the checkpoint's storage leaves, layer by layer, with the same scalar count.

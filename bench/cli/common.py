@@ -14,8 +14,8 @@ from bench.errors import InputError
 
 CHECKPOINT_HELP = (
     "Checkpoint: a local Hugging Face directory, a hub repo id (owner/name), builtin:PRESET "
-    "(tiny, default, e2b, e4b), or random:PRESET / random:PRESET@SEED (dummy weights made on the device, no "
-    "checkpoint file). "
+    "(tiny, default, e2b, e4b, tiny-31b, tiny-moe, 31b, 26b-a4b), or random:PRESET / random:PRESET@SEED (dummy "
+    "weights made on the device, no checkpoint file). "
     "Default: the built-in 'default' checkpoint, created on first use."
 )
 DTYPE_HELP = "Override the compute dtype (float32, bfloat16, float16); default: chosen from the live device."
