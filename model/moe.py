@@ -28,10 +28,11 @@ array: a step reads the weights of its tiles' experts only.
   tiles past the last used one are skipped (`jax.lax.cond`), so each expert that received tokens is read once per
   M of its rows and experts nobody chose are not read. Padding rows are zeros and are dropped.
 Why not `jax.lax.ragged_dot`: it takes a dense weight array (no quantized experts without converting all of
-them) and XLA:CPU ran it like the dense product over every expert (2-core CPU, jax 0.12, float32, E = 32,
-D = 512, 2I = 256, K = 4: 3.1 ms for one token against 0.16 ms for the gathered products, 39 ms at 64 tokens against
-27 ms for computing every expert densely; docs/engine.md "Mixture of experts"). The tiled loop is measured beside it
-in scripts/probes/moe_forms.py (CPU here; the same script on a TPU says which form to prefer there).
+them), and XLA:CPU ran it slower than computing every expert on every token: scripts/probes/moe_forms.py --small
+(2-core CPU under load, jax 0.12, float32, E = 32, D = 512, I = 128, K = 4), ms per call of one layer's experts,
+tiles / ragged_dot / every expert: 1 token 1.66 / 33.0 / 12.7, 8 tokens 1.46 / 38.7 / 19.3, 128 tokens 10.1 /
+418.5 / 162.6 (docs/engine.md "Mixture of experts: what a step reads"). The same script at 26B-A4B's shapes on a
+TPU says which form to prefer there.
 """
 
 from __future__ import annotations

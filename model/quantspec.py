@@ -62,7 +62,8 @@ output channel); w4: one per (expert, GROUP contraction values, output channel))
 quantized 2-D weight of its own (`model.moe`). Kept apart from `LAYER_PROJECTIONS`, whose 2-D leaves the W4A16
 kernels tile; the router (router_DE) stays dense, as do the scales and norms."""
 
-WORD_TABLES: dict[str, frozenset[str] | None] = {"ple_embed_VX": None, LM_HEAD: frozenset({"tpu"})}
+WORD_TABLES: dict[str, frozenset[str] | None] = {"ple_embed_VX": None, LM_HEAD: frozenset({"tpu"}),
+                                                 **dict.fromkeys(EXPERT_PROJECTIONS, frozenset({"tpu"}))}
 """Quantized tables whose value bytes are stored in uint32 words (`QuantLayout.words`) -> the platforms (jax
 backend names) where, None for every platform: `stores_words` applies it.
 
@@ -70,6 +71,11 @@ backend names) where, None for every platform: `stores_words` applies it.
   (`model.quant.take_rows`), which reads a row of words and unpacks only that row. On CPU that costs about what
   the bytes did (jit of one row of a [65536, 8960] table, jax 0.12, 2 shared cores, fastest of 200 calls:
   21-26 us as words against 17-25 us as bytes, at 4 and 8 bits), against tens of ms per decode step.
+- The expert weights (`EXPERT_PROJECTIONS`), on a TPU only, by the same finding (not measured for them yet:
+  scripts/probes/moe_forms.py times both storages): a decode step slices one expert's [D, X] values out of the
+  [E, D, X] array (`model.moe.expert_weight`) and multiplies them, and an 8-bit parameter sliced or multiplied was
+  copied whole into another tiling in every call, which for 26B-A4B's experts would be gigabytes per layer.
+  Their slices are multiplied plane by plane there (`model.quant.matmul`), elsewhere as the bytes they hold.
 - The int8 head copy, on a TPU only: it is multiplied whole (`model.quant.matmul` multiplies a word table plane
   by plane there). XLA:CPU expands a reinterpretation of words as bytes into shifts and materializes the whole
   int8 table, and ran that and every plane form tried 20-40x slower than its multiply-and-sum over the int8
@@ -243,7 +249,8 @@ def leaf_layout(field: str, shape: Shape, spec: QuantSpec, platform: str | None 
     if (field in LAYER_PROJECTIONS or field in EXPERT_PROJECTIONS) and spec.layer_bits is not None:
         contract = LAYER_PROJECTIONS.get(field) or EXPERT_PROJECTIONS[field]
         group = None if spec.layer_bits == 8 else spec.w4_group
-        return QuantLayout(bits=spec.layer_bits, block=channels_block(shape, contract, group))
+        return QuantLayout(bits=spec.layer_bits, block=channels_block(shape, contract, group),
+                           words=stores_words(field, shape, spec.layer_bits, platform))  # fmt: skip
     return None
 
 

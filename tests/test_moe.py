@@ -242,3 +242,26 @@ def test_dummy_expert_weights_are_drawn_by_blocks_in_their_final_layout(monkeypa
 class CFG_SHAPES:
     experts_gate_up_EDX = (CFG.num_experts, CFG.hidden_size, 2 * CFG.moe_intermediate_size)
     experts_down_EDF = (CFG.num_experts, CFG.hidden_size, CFG.moe_intermediate_size)
+
+
+@pytest.mark.parametrize("quant", ["w8", "w4:16"])
+def test_tpu_storage_of_quantized_experts_is_words_with_the_same_products(params, quant):
+    # On a TPU the expert values are held in uint32 words (model.quantspec.WORD_TABLES): sliced per expert and
+    # multiplied plane by plane there. Here: the same values, and the planes product of a slice equals the bytes'.
+    from model import quant as quant_mod
+
+    spec = parse_quant(quant)
+    tpu, cpu = quantize_params(params, spec, platform="tpu"), quantize_params(params, spec, platform="cpu")
+    rng = np.random.default_rng(4)
+    for f, lhs, rhs, out in (("experts_gate_up_EDX", "MD", "DX", "MX"), ("experts_down_EDF", "MF", "DF", "MD")):
+        w_t, w_c = getattr(tpu.layers[0], f), getattr(cpu.layers[0], f)
+        assert w_t.words and not w_c.words and w_t.values.dtype == jnp.uint32
+        np.testing.assert_array_equal(np.asarray(dequantize(w_t, jnp.float32)), np.asarray(dequantize(w_c, jnp.float32)))
+        s_t, s_c = moe.expert_weight(w_t, jnp.int32(5)), moe.expert_weight(w_c, jnp.int32(5))
+        x = jnp.asarray(rng.standard_normal((3, s_c.shape[rhs.index(lhs[1])])), jnp.float32)
+        planes = quant_mod._planes_form(x, s_t, lhs, rhs, out)
+        assert planes is not None
+        want = jnp.einsum(f"{lhs},{rhs}->{out}", x, dequantize(s_c, jnp.float32))
+        np.testing.assert_allclose(np.asarray(planes), np.asarray(want), rtol=1e-5, atol=1e-5)
+    ids = jnp.asarray([[2, 40, 41, 300, 7]], jnp.int32)
+    np.testing.assert_allclose(np.asarray(_full(tpu, CFG, ids)), np.asarray(_full(cpu, CFG, ids)), rtol=0, atol=1e-6)
