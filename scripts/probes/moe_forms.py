@@ -7,6 +7,9 @@ Forms, each of one layer's expert block (gate_up then down, the routing weights 
   gather     the chosen experts' weights gathered per assignment ([N*K, D, X]) and one batched product
   dense      every expert on every token, then the chosen ones picked (the upper bound on reads and FLOPs)
 
+Then the engine's tiles on w8 and w4 experts (group 128), their values stored as bytes or in uint32 words (the
+storage the engine picks on a TPU), at 1 and 8 tokens.
+
 Each form runs `STEPS` times inside one jitted loop on fresh routes (ids drawn per step), so the time per call
 includes no dispatch; `bytes_chosen` is the expert weight bytes the chosen experts hold (the least a form must
 read), and `gbps_chosen` those bytes over the time. Writes results.json into $OUT (or the folder given as the first
@@ -33,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from model.moe import expert_products  # noqa: E402
 
 STEPS = 8
+SIZES = (1, 8, 32, 128, 512)
 
 
 class _Layer:
@@ -118,7 +122,7 @@ def main() -> None:
     per_expert = (d * 2 * i + d * i) * np.dtype(dtype).itemsize
     results = {"device": str(jax.devices()[0]), "jax": jax.__version__, "E": e, "D": d, "I": i, "K": k,
                "dtype": np.dtype(dtype).name, "steps": STEPS, "cases": []}  # fmt: skip
-    for n_tok in (1, 8, 32, 128, 512):
+    for n_tok in SIZES:
         x = jnp.asarray(rng.standard_normal((n_tok, d), np.float32), dtype)
         chosen = min(n_tok * k, e) * per_expert  # distinct experts at most: the bytes a form must read
         ref = None
@@ -140,6 +144,30 @@ def main() -> None:
             results["cases"].append(case)
             print(f"tokens {n_tok:4d} {name:7s} {sec * 1e3:9.3f} ms  {chosen / sec / 1e9:7.1f} GB/s of chosen experts  "
                   f"diff {err:.2e}", flush=True)  # fmt: skip
+    # Quantized experts through the engine's tiles: the value bytes as int8/uint8 arrays or in uint32 words (the
+    # storage model.quantspec.leaf_layout picks on a TPU), at the decode sizes.
+    from model.quant import quantize
+    from model.quantspec import channels_block
+
+    for bits, group in ((8, None), (4, 128)):
+        for words in (False, True):
+            q_gu = quantize(gu, bits, channels_block(gu.shape, (1,), group), words=words)
+            q_dn = quantize(dn, bits, channels_block(dn.shape, (2,), group), words=words)
+            stored = sum(int(a.nbytes) for a in (q_gu.values, q_gu.scales, q_dn.values, q_dn.scales)) // e
+            for n_tok in (1, 8):
+                x = jnp.asarray(rng.standard_normal((n_tok, d), np.float32), dtype)
+                name = f"tiles-w{bits}-{'words' if words else 'bytes'}"
+                try:
+                    sec, _ = timed(tiles, q_gu, q_dn, x, k, e)
+                except Exception as exc:
+                    results["cases"].append({"tokens": n_tok, "form": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                    print(f"tokens {n_tok:4d} {name} error {type(exc).__name__}", flush=True)
+                    continue
+                chosen = min(n_tok * k, e) * stored
+                results["cases"].append({"tokens": n_tok, "form": name, "ms": round(sec * 1e3, 4),
+                                         "bytes_chosen_max": chosen, "gbps_chosen": round(chosen / sec / 1e9, 1)})
+                print(f"tokens {n_tok:4d} {name:16s} {sec * 1e3:9.3f} ms  {chosen / sec / 1e9:7.1f} GB/s of chosen "
+                      "experts", flush=True)  # fmt: skip
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
