@@ -117,9 +117,9 @@ def _inspect_source(checkpoint: str | None, preset: str | None, dtype: str | Non
     """(facts about the source for the output, its ModelConfig, the body dtype name) of `checkpoint inspect`.
     Raises InputError for both or neither source, an unknown preset or dtype, or mixed stored dtypes without
     --dtype; CheckpointError / ConfigError from the checkpoint's headers."""
-    from model.config import PRESETS, SHAPE_PRESETS
+    from model.config import PRESETS
 
-    shapes = {**PRESETS, **SHAPE_PRESETS}
+    shapes = PRESETS
     if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
         raise InputError(f"--dtype {dtype}: unknown dtype; expected float32, bfloat16 or float16")
     if (checkpoint is None) == (preset is None):
