@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from model.config import ModelConfig
+from model.ops import dense, gelu, rms_norm
 from model.quant import QuantArray, matmul
 
 MAX_TILE = 64
@@ -66,8 +67,6 @@ def route(lp, cfg: ModelConfig, h_ND: jax.Array, *, layer: int = 0) -> tuple[jax
     """The router of one layer on the residual stream h [N, D] (activation dtype): (expert ids int32 [N, K],
     weights float32 [N, K]), as the module docstring says; with `cfg.expert_routing == "balanced"` the ids are
     `balanced_experts` for `layer` and the weights the router's renormalised probabilities of those experts."""
-    from model.layers import dense
-
     with jax.named_scope("router"):
         x_ND = _rms(h_ND, cfg.rms_norm_eps) * lp.router_scale_D.astype(h_ND.dtype)
         x_ND = x_ND * jnp.asarray(cfg.hidden_size**-0.5, h_ND.dtype)
@@ -101,8 +100,6 @@ def expert_weight(w, e: jax.Array):
 
 def _ffn(x_MD: jax.Array, gate_up_DX, down_DF) -> jax.Array:
     """One expert on M rows: down(gelu_tanh(gate(x)) * up(x)) -> [M, D] in x's dtype."""
-    from model.layers import dense, gelu
-
     gu_MX = dense(x_MD, gate_up_DX, "MD,DX->MX")
     f = gu_MX.shape[-1] // 2
     return dense(gelu(gu_MX[:, :f]) * gu_MX[:, f:], down_DF, "MF,DF->MD")
@@ -183,8 +180,6 @@ def expert_block(lp, cfg: ModelConfig, h_BTD: jax.Array, *, layer: int) -> jax.A
     """The expert branch of a decoder layer on the residual stream h [B, T, D] (after attention, before the
     feed-forward): route (`route`, on h itself), then the experts on pre_feedforward_layernorm_2(h), then
     post_feedforward_layernorm_2. Returns [B, T, D] in h's dtype."""
-    from model.layers import rms_norm
-
     b, t, d = h_BTD.shape
     h_ND = h_BTD.reshape(b * t, d)
     with jax.named_scope("moe"):
