@@ -280,7 +280,7 @@ def checkpoint_inspect(
     checkpoint: str | None = typer.Argument(None, help="A local checkpoint directory (config.json, *.safetensors): "
                                             "only config.json and the safetensors headers are read."),
     preset: str | None = typer.Option(None, "--preset", help="Inspect a preset's shapes instead (tiny, default, e2b, "
-                                      "e4b, 31b, 26b-a4b); nothing is written or read."),
+                                      "e4b, tiny-31b, tiny-moe, 31b, 26b-a4b); nothing is written or read."),
     quant: str | None = typer.Option(None, "--quant", help=QUANT_HELP),
     dtype: str | None = typer.Option(None, "--dtype", help="Dtype the dense weights (and the KV cache) are placed in "
                                      "(float32, bfloat16, float16); default: the checkpoint's stored dtype, bfloat16 "
