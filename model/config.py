@@ -119,7 +119,7 @@ class ModelConfig:
         if not (no_experts or experts):
             raise ConfigError(f"config: num_experts={self.num_experts}, top_k_experts={self.top_k_experts}, "
                               f"moe_intermediate_size={self.moe_intermediate_size}; expected all 0 (no experts) or "
-                              "num_experts >= top_k_experts >= 1 and a positive expert width")  # fmt: skip
+                              "1 <= top_k_experts <= num_experts and moe_intermediate_size >= 1")  # fmt: skip
         if self.expert_routing not in ("router", "balanced"):
             raise ConfigError(f"config: expert_routing={self.expert_routing!r}; expected 'router' or 'balanced'")
         if self.tie_word_embeddings is False:

@@ -17,6 +17,7 @@ from model.accounting import (
     compute_layer_shapes,
     decode_reads,
     decode_weight_bytes,
+    expert_params,
     layer_param_count,
     layer_shapes,
     param_counts,
@@ -141,7 +142,9 @@ def test_jax_free_counts_equal_the_parameter_tree(cfg):
     assert [layer_param_count(cfg, i) for i in range(cfg.num_layers)] == [count_params(l) for l in tree.layers]
     assert counts.embedding == count_params(tree.embed_VD)
     reads = decode_reads(cfg)
-    assert reads.body == counts.body and reads.lm_head == counts.embedding
+    every = expert_params(cfg)  # the body of `decode_reads` leaves out the experts; it reads top_k of each layer's
+    assert reads.body + every == counts.body and reads.lm_head == counts.embedding
+    assert reads.experts == (every // cfg.num_experts * cfg.top_k_experts if every else 0)
     assert reads.input_embedding_row == cfg.hidden_size and reads.ple_row == cfg.num_layers * cfg.ple_dim
     assert decode_weight_bytes(cfg, 2) == 2 * reads.total
 
