@@ -53,6 +53,25 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
         "wo_NHD": (n, h, d), "gate_DF": (d, f), "up_DF": (d, f), "down_FD": (f, d),
         "ple_gate_DP": (d, p) if p else None, "ple_proj_PD": (p, d) if p else None,
         "post_ple_norm_D": (d,) if p else None, "layer_scalar_1": (1,),
+        **expert_shapes(cfg),
+    }  # fmt: skip
+
+
+def expert_shapes(cfg: ModelConfig) -> dict[str, Shape | None]:
+    """Shapes of a layer's expert-block leaves (all None without experts), the same in the storage and compute
+    layouts: router_DE [D, E] (router.proj, input-major), router_scale_D [D] (router.scale), expert_scale_E [E]
+    (router.per_expert_scale), experts_gate_up_EDX [E, D, 2I] (experts.gate_up_proj, gate then up, input-major),
+    experts_down_EDF [E, D, I] (experts.down_proj as stored, output-major), and the three extra norms
+    (post_feedforward_layernorm_1 / pre_feedforward_layernorm_2 / post_feedforward_layernorm_2). Names from
+    transformers' models/gemma4/modeling_gemma4.py (`Gemma4TextRouter`, `Gemma4TextExperts`)."""
+    d, e, m = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    on = cfg.has_experts
+    return {
+        "router_DE": (d, e) if on else None, "router_scale_D": (d,) if on else None,
+        "expert_scale_E": (e,) if on else None,
+        "experts_gate_up_EDX": (e, d, 2 * m) if on else None, "experts_down_EDF": (e, d, m) if on else None,
+        "post_ffw1_norm_D": (d,) if on else None, "pre_ffw2_norm_D": (d,) if on else None,
+        "post_ffw2_norm_D": (d,) if on else None,
     }  # fmt: skip
 
 
@@ -81,6 +100,7 @@ def compute_layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape | None]:
         "o_DX": (d, n * h), "gate_up_DX": (d, 2 * f), "down_DF": (d, f),
         "ple_gate_PD": (p, d) if p else None, "ple_proj_PD": (p, d) if p else None,
         "post_ple_norm_D": s["post_ple_norm_D"], "layer_scalar_1": s["layer_scalar_1"],
+        **expert_shapes(cfg),
     }  # fmt: skip
 
 
@@ -100,26 +120,6 @@ def global_shapes(cfg: ModelConfig) -> dict[str, Shape | None]:
 EXPERT_LEAVES = ("experts_gate_up_EDX", "experts_down_EDF")
 """The expert block's per-expert leaves (`expert_shapes`): axis 0 is the expert, so a step that routes to n
 experts reads n of the E slices (one slice: the shape with E = 1)."""
-
-
-def expert_shapes(cfg: ModelConfig) -> dict[str, Shape | None]:
-    """Shapes of a layer's expert block (every value None without experts), E experts of width I
-    (`moe_intermediate_size`), the same in the storage and compute layouts: router_DE [D, E] (the router's
-    projection), router_scale_D [D] and expert_scale_E [E] (its learned scales), experts_gate_up_EDX [E, D, 2I] and
-    experts_down_EDF [E, D, I] (output-major, as down_DF), and the block's three norms [D] (post_ffw1_norm_D after
-    the dense MLP, pre_ffw2_norm_D before the experts, post_ffw2_norm_D after them). Source: transformers'
-    `Gemma4TextDecoderLayer` with `enable_moe_block` (`Gemma4TextRouter`: proj [E, D], scale [D], per_expert_scale
-    [E]; `Gemma4TextExperts`: gate_up_proj [E, 2I, D], down_proj [E, D, I]; post_feedforward_layernorm_1/2,
-    pre_feedforward_layernorm_2). Names and shapes as the moe branch's (which puts them in `layer_shapes`)."""
-    d, e, m = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
-    on = cfg.num_experts > 0
-    return {
-        "router_DE": (d, e) if on else None, "router_scale_D": (d,) if on else None,
-        "expert_scale_E": (e,) if on else None,
-        "experts_gate_up_EDX": (e, d, 2 * m) if on else None, "experts_down_EDF": (e, d, m) if on else None,
-        "post_ffw1_norm_D": (d,) if on else None, "pre_ffw2_norm_D": (d,) if on else None,
-        "post_ffw2_norm_D": (d,) if on else None,
-    }  # fmt: skip
 
 
 def layer_leaves(cfg: ModelConfig, i: int, *, compute: bool = True) -> dict[str, Shape | None]:

@@ -105,8 +105,11 @@ def tensor_table(cfg: ModelConfig) -> dict[str, TensorSpec]:
         }  # fmt: skip
         if not cfg.is_kv_shared(i):
             entries["self_attn.k_proj.weight"] = ("wk_DKH", (k * h, d), heads_in(s["wk_DKH"]), heads_out(s["wk_DKH"]))
-            entries["self_attn.v_proj.weight"] = ("wv_DKH", (k * h, d), heads_in(s["wv_DKH"]), heads_out(s["wv_DKH"]))
             entries["self_attn.k_norm.weight"] = ("k_norm_H", (h,), _identity, _identity)
+        if s["wv_DKH"] is not None:  # absent on KV-shared layers and on attention_k_eq_v's full layers
+            entries["self_attn.v_proj.weight"] = ("wv_DKH", (k * h, d), heads_in(s["wv_DKH"]), heads_out(s["wv_DKH"]))
+        if cfg.has_experts:
+            entries.update(_expert_entries(cfg))
         if cfg.ple_dim:
             p = cfg.ple_dim
             entries["per_layer_input_gate.weight"] = ("ple_gate_DP", (p, d), _t, _t)
@@ -115,6 +118,28 @@ def tensor_table(cfg: ModelConfig) -> dict[str, TensorSpec]:
         for name, (field, shape, fwd, back) in entries.items():
             table[f"layers.{i}.{name}"] = TensorSpec(field, i, shape, fwd, back)
     return table
+
+
+def _swap_last(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2))
+
+
+def _expert_entries(cfg: ModelConfig) -> dict[str, tuple]:
+    """A layer's expert-block tensors (26B-A4B), transformers' names (models/gemma4/modeling_gemma4.py:
+    `Gemma4TextDecoderLayer` router / experts / the three extra norms): name -> (field, HF shape, to engine, to HF).
+    router.proj.weight [E, D] is transposed to router_DE [D, E]; experts.gate_up_proj [E, 2I, D] to [E, D, 2I];
+    experts.down_proj [E, D, I] is kept as stored (`model.accounting.expert_shapes`)."""
+    d, e, m = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    return {
+        "router.proj.weight": ("router_DE", (e, d), _t, _t),
+        "router.scale": ("router_scale_D", (d,), _identity, _identity),
+        "router.per_expert_scale": ("expert_scale_E", (e,), _identity, _identity),
+        "experts.gate_up_proj": ("experts_gate_up_EDX", (e, 2 * m, d), _swap_last, _swap_last),
+        "experts.down_proj": ("experts_down_EDF", (e, d, m), _identity, _identity),
+        "post_feedforward_layernorm_1.weight": ("post_ffw1_norm_D", (d,), _identity, _identity),
+        "pre_feedforward_layernorm_2.weight": ("pre_ffw2_norm_D", (d,), _identity, _identity),
+        "post_feedforward_layernorm_2.weight": ("post_ffw2_norm_D", (d,), _identity, _identity),
+    }  # fmt: skip
 
 
 def _is_ignorable(full_key: str, rel_key: str | None, cfg: ModelConfig) -> bool:

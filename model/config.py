@@ -52,10 +52,6 @@ class ModelConfig:
     global_head_dim: int  # full-attention layers
     intermediate_size: int
     use_double_wide_mlp: bool = False  # KV-shared layers get 2 * intermediate_size
-    attention_k_eq_v: bool = False  # full-attention layers have no value projection (31B, 26B-A4B)
-    num_experts: int = 0  # experts per layer beside the dense MLP (26B-A4B: 128); 0 = no expert block
-    top_k_experts: int = 0  # experts each token is routed to (26B-A4B: 8)
-    moe_intermediate_size: int = 0  # an expert's feed-forward width (26B-A4B: 704)
     sliding_window: int  # a key j is visible from query i iff i - sliding_window < j <= i
     layer_types: tuple[str, ...]
     rope_local_theta: float = 10_000.0
@@ -71,6 +67,18 @@ class ModelConfig:
     pad_token_id: int = 0
     bos_token_id: int = 2
     eos_token_ids: tuple[int, ...] = (1,)
+    # 31B / 26B-A4B (transformers' `attention_k_eq_v`): full-attention layers have no value projection; their values
+    # are the key projection's output before k-norm and RoPE, through the v-norm (modeling_gemma4.py,
+    # `Gemma4TextAttention.forward`). Sliding layers keep their own v_proj.
+    attention_k_eq_v: bool = False
+    # 26B-A4B (transformers' `enable_moe_block`, `num_experts`, `top_k_experts`, `moe_intermediate_size`): every layer
+    # has an expert block beside its dense MLP (`model.moe`); 0 experts = no expert block.
+    num_experts: int = 0
+    top_k_experts: int = 0
+    moe_intermediate_size: int = 0
+    # Not an architecture fact and not in config.json: how tokens are assigned to experts, "router" (the model's)
+    # or "balanced" (dummy weights only: `model.moe.ROUTINGS`, chosen by `model.random_weights.ROUTING_ENV`).
+    expert_routing: str = "router"
 
     def __post_init__(self) -> None:
         if self.ple_vocab_size is None:  # normalise, so that equal architectures compare (and hash) equal
@@ -111,7 +119,9 @@ class ModelConfig:
         if not (no_experts or experts):
             raise ConfigError(f"config: num_experts={self.num_experts}, top_k_experts={self.top_k_experts}, "
                               f"moe_intermediate_size={self.moe_intermediate_size}; expected all 0 (no experts) or "
-                              "num_experts >= top_k_experts >= 1 and a positive expert width")  # fmt: skip
+                              "1 <= top_k_experts <= num_experts and moe_intermediate_size >= 1")  # fmt: skip
+        if self.expert_routing not in ("router", "balanced"):
+            raise ConfigError(f"config: expert_routing={self.expert_routing!r}; expected 'router' or 'balanced'")
         if self.tie_word_embeddings is False:
             raise ConfigError("config: tie_word_embeddings=false is not supported yet (Gemma 4 ties lm_head)")
 
@@ -155,6 +165,17 @@ class ModelConfig:
         if self.use_double_wide_mlp and self.is_kv_shared(layer):
             return 2 * self.intermediate_size
         return self.intermediate_size
+
+    def values_from_keys(self, layer: int) -> bool:
+        """True when `layer`'s values are its keys' projection (`attention_k_eq_v` on a full-attention layer that
+        owns K/V): the layer has no v_proj, v = v-norm(k_proj(x)) taken before the k-norm and RoPE, so keys and
+        values still differ and the cache holds both."""
+        return self.attention_k_eq_v and not self.is_sliding(layer) and not self.is_kv_shared(layer)
+
+    @property
+    def has_experts(self) -> bool:
+        """True when every layer has an expert block beside its dense MLP (`num_experts` > 0: 26B-A4B)."""
+        return self.num_experts > 0
 
     @property
     def cache_layers(self) -> tuple[int, ...]:
@@ -216,9 +237,12 @@ class ModelConfig:
             "use_bidirectional_attention": None,
             "vocab_size_per_layer_input": self.ple_vocab,
             "hidden_size_per_layer_input": self.ple_dim,
-            "attention_k_eq_v": False,
+            "attention_k_eq_v": self.attention_k_eq_v,
             "num_kv_shared_layers": self.num_kv_shared_layers,
-            "enable_moe_block": False,
+            "enable_moe_block": self.has_experts,
+            "num_experts": self.num_experts or None,
+            "top_k_experts": self.top_k_experts or None,
+            "moe_intermediate_size": self.moe_intermediate_size or None,
             "use_double_wide_mlp": self.use_double_wide_mlp,
             "torch_dtype": "bfloat16",
         }
@@ -347,13 +371,14 @@ def _text_config(raw: Any, where: str) -> _Reader:
 
 
 def _refuse_unsupported(r: _Reader) -> None:
-    """ConfigError for a Gemma 4 feature the engine does not implement yet, naming the field."""
-    for field in ("attention_k_eq_v", "enable_moe_block"):
-        if r.get(field, _BOOL, False):
-            raise r.error(f"{r.name(field)}=True (Gemma 4 31B/26B feature) is not supported yet")
+    """ConfigError for a Gemma 4 feature the engine does not implement yet, naming the field.
+
+    `use_bidirectional_attention: "vision"` (31B, 26B-A4B) is accepted: in transformers it makes only vision tokens
+    attend bidirectionally, and the engine reads text only, which stays causal; "all" is refused."""
     bidirectional = r.obj.get("use_bidirectional_attention")
-    if bidirectional not in (None, False):
-        raise r.error(f"{r.name('use_bidirectional_attention')}={_shown(bidirectional)} is not supported yet")
+    if bidirectional not in (None, False, "vision"):
+        raise r.error(f"{r.name('use_bidirectional_attention')}={_shown(bidirectional)} is not supported yet "
+                      "(only null or 'vision', whose text tokens attend causally)")
     act = r.get("hidden_activation", _STR, "gelu_pytorch_tanh")
     if act not in _SUPPORTED_ACTIVATIONS:
         raise r.error(f"{r.name('hidden_activation')}={_shown(act)}; expected one of {_SUPPORTED_ACTIVATIONS}")
@@ -408,9 +433,13 @@ def _per_layer_overrides(r: _Reader, layer_types: tuple[str, ...]) -> tuple[int 
 def _full_attention_geometry(r: _Reader, layer_types: tuple[str, ...]) -> tuple[int, int | None]:
     """(global_head_dim, num_global_kv_heads) from either published form: the hub's `global_head_dim` /
     `num_global_key_value_heads`, or transformers' `per_layer_config` (which wins when both are given).
-    The head dim defaults to 512 as in transformers; None KV heads means "the same as sliding layers"."""
+    The head dim defaults to 512 as in transformers; None KV heads means "the same as sliding layers".
+    As transformers 5.23 (`Gemma4TextConfig.__post_init__`), `num_global_key_value_heads` applies only when
+    `attention_k_eq_v` is true; without it the full layers keep `num_key_value_heads`."""
     head_dim = r.get("global_head_dim", _INT, None, null=None)
     kv_heads = r.get("num_global_key_value_heads", _INT, None, null=None)
+    if not r.get("attention_k_eq_v", _BOOL, False):
+        kv_heads = None
     if r.get("per_layer_config", _OBJECT, None, null=None):
         head_dim, kv_heads = _per_layer_overrides(r, layer_types)
     return (512 if head_dim is None else head_dim), kv_heads
@@ -446,10 +475,12 @@ def config_from_dict(raw: dict[str, Any], *, where: str = "config.json") -> Mode
     where: the file, named in every message. Raises ConfigError for another model type, a missing field, a
     field of the wrong JSON type (naming it with its path, e.g. 'text_config.num_hidden_layers', the value and
     the type expected), or a Gemma 4 feature not supported yet (attention_k_eq_v, enable_moe_block,
-    bidirectional attention, per-layer overrides other than the head dim and KV heads of full layers).
+    bidirectional attention of every token, per-layer overrides other than the head dim and KV heads of full
+    layers), and for an expert block (`enable_moe_block`) without its sizes.
     """
     r = _text_config(raw, where)
     _refuse_unsupported(r)
+    experts = _expert_block(r)
     layer_types = _layer_types(r)
     global_head_dim, num_global_kv_heads = _full_attention_geometry(r, layer_types)
     local_theta, global_theta, partial = _rope_parameters(r)
@@ -480,7 +511,21 @@ def config_from_dict(raw: dict[str, Any], *, where: str = "config.json") -> Mode
         pad_token_id=r.get("pad_token_id", _INT, 0, null=0),
         bos_token_id=r.get("bos_token_id", _INT, 2, null=2),
         eos_token_ids=_eos_ids(r),
+        attention_k_eq_v=r.get("attention_k_eq_v", _BOOL, False),
+        **experts,
     )
+
+
+def _expert_block(r: _Reader) -> dict[str, int]:
+    """{num_experts, top_k_experts, moe_intermediate_size} of an `enable_moe_block` config (each a required
+    integer then), or zeros when the block is off (transformers ignores the sizes then)."""
+    if not r.get("enable_moe_block", _BOOL, False):
+        return {"num_experts": 0, "top_k_experts": 0, "moe_intermediate_size": 0}
+    fields = ("num_experts", "top_k_experts", "moe_intermediate_size")
+    missing = [f for f in fields if r.obj.get(f) is None]
+    if missing:
+        raise r.error(f"{r.name('enable_moe_block')}=True needs {r.name(missing[0])} (an integer); it is missing or null")
+    return {f: r.get(f, _INT) for f in fields}
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -539,27 +584,39 @@ TINY = ModelConfig(
 )  # fmt: skip
 """A tiny config for tests: both geometries, MQA, KV sharing, double-wide MLP, PLE, window 8."""
 
-PRESETS: dict[str, ModelConfig] = {"tiny": TINY, "default": DEFAULT, "e2b": E2B, "e4b": E4B}
-
 G31B = ModelConfig(
     vocab_size=262_144, hidden_size=5376, num_layers=60, num_heads=32, num_kv_heads=16, num_global_kv_heads=4,
     head_dim=256, global_head_dim=512, intermediate_size=21504, sliding_window=1024, layer_types=_pattern(60, 6),
-    num_kv_shared_layers=0, ple_dim=0, max_position_embeddings=262_144, attention_k_eq_v=True, eos_token_ids=(1, 106),
+    num_kv_shared_layers=0, ple_dim=0, max_position_embeddings=262_144, eos_token_ids=(1, 106),
+    attention_k_eq_v=True,
 )  # fmt: skip
-"""Gemma 4 31B text decoder (issue 45's table; ../shared/gemma4-architecture.md §6: 60 layers at 5:1, window
-1024, 32 query heads on 16 KV heads (4 on full layers), K = V on full layers, no PLE, no KV sharing; 262144
-positions as the published config.json)."""
+"""Gemma 4 31B text decoder: google-deepmind/gemma `gemma/gm/nn/gemma4/_gemma4.py` (`Gemma4_31B`: 60 layers at 5:1,
+embed_dim 5376, hidden_dim 4 x 5376 = 21504, 32 heads, 16 KV heads on sliding layers and 4 on global ones, head dims
+256 / 512, window 1024, no per-layer inputs, no KV sharing, `k_eq_v_global`); 256K context (architecture notes §6).
+Field names as transformers' `Gemma4TextConfig` (models/gemma4/configuration_gemma4.py)."""
 
 G26B_A4B = ModelConfig(
     vocab_size=262_144, hidden_size=2816, num_layers=30, num_heads=16, num_kv_heads=8, num_global_kv_heads=2,
     head_dim=256, global_head_dim=512, intermediate_size=2112, sliding_window=1024, layer_types=_pattern(30, 6),
-    num_kv_shared_layers=0, ple_dim=0, max_position_embeddings=262_144, attention_k_eq_v=True, num_experts=128,
-    top_k_experts=8, moe_intermediate_size=704, eos_token_ids=(1, 106),
+    num_kv_shared_layers=0, ple_dim=0, max_position_embeddings=262_144, eos_token_ids=(1, 106),
+    attention_k_eq_v=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
 )  # fmt: skip
-"""Gemma 4 26B-A4B text decoder (issue 45's table; ../shared/gemma4-architecture.md §6: 30 layers at 5:1, 16
-query heads on 8 KV heads (2 on full layers), K = V on full layers, a dense MLP of 2112 beside 128 experts of
-width 704, 8 chosen per token)."""
+"""Gemma 4 26B-A4B (mixture of experts): google-deepmind/gemma `gemma/gm/nn/gemma4/_gemma4.py` (`Gemma4_26B_A4B`:
+30 layers at 5:1, embed_dim 2816, 16 heads, 8 KV heads on sliding layers and 2 on global ones, head dims 256 / 512,
+window 1024, `k_eq_v_global`, 128 experts of width 704 with the top 8 per token beside a dense MLP of 2112, no
+per-layer inputs, no KV sharing); 256K context."""
 
-SHAPE_PRESETS: dict[str, ModelConfig] = {"31b": G31B, "26b-a4b": G26B_A4B}
-"""Shapes the byte accounting knows before the engine runs them (`bench checkpoint inspect --preset 31b`): the
-engine's commands take `PRESETS` only, until the K = V and expert layers run (issue 45)."""
+TINY_31B = ModelConfig(
+    vocab_size=512, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, num_global_kv_heads=1, head_dim=16,
+    global_head_dim=32, intermediate_size=64, sliding_window=8, layer_types=(SLIDING, FULL) * 2,
+    ple_dim=0, max_position_embeddings=256, eos_token_ids=(1, 106), attention_k_eq_v=True,
+)  # fmt: skip
+"""31B's shape, tiny, for tests (and small enough for a fixture of a few hundred KB): K = V on full layers,
+separate full-layer KV heads (2 sliding, 1 full), no PLE, no KV sharing, window 8, 4 layers."""
+
+TINY_MOE = dataclasses.replace(TINY_31B, intermediate_size=48, num_experts=8, top_k_experts=3, moe_intermediate_size=16)
+"""26B-A4B's shape, tiny, for tests: `TINY_31B` with an expert block of 8 experts of width 16, the top 3 per token,
+beside a dense MLP of 48."""
+
+PRESETS: dict[str, ModelConfig] = {"tiny": TINY, "default": DEFAULT, "e2b": E2B, "e4b": E4B,
+                                   "tiny-31b": TINY_31B, "tiny-moe": TINY_MOE, "31b": G31B, "26b-a4b": G26B_A4B}

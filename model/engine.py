@@ -846,6 +846,7 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     load = load_random if read_marker(path) is not None else load_params  # dummy weights: made on the device
     params, report = load(path, cfg, dtype=np.dtype(DTYPES[policy.weight_dtype]), device_put=jax.device_put,
                           quant=quant, scale_dtype=DTYPES[scale_dtype])  # fmt: skip
+    cfg = _dummy_routing(cfg, report)
     params = _arranged(params, cfg, plan, backend, layout)
     jax.block_until_ready(params)
     report["load_s"] = time.perf_counter() - t0
@@ -888,6 +889,13 @@ def _arranged(params: Params, cfg: ModelConfig, plan, backend: BackendPlan, layo
     from model.sharding import place_params
 
     return place_params(params, cfg, layout)
+
+
+def _dummy_routing(cfg: ModelConfig, report: dict) -> ModelConfig:
+    """`cfg` with the expert routing the dummy weights were drawn for (`report["dummy"]["expert_routing"]`,
+    "router" or "balanced": `model.random_weights.expert_routing`); `cfg` itself for real weights."""
+    routing = report.get("dummy", {}).get("expert_routing", "router")
+    return cfg if routing == cfg.expert_routing else dataclasses.replace(cfg, expert_routing=routing)
 
 
 def _plan_w4_kernel(cfg: ModelConfig, policy: DevicePolicy, quant: QuantSpec, scale_dtype: str, kernel: str | None,

@@ -117,7 +117,7 @@ def forward_full(
             k_BKTH, v_BKTH = kv[cfg.kv_source(i)]
             mask_BTT = jnp.broadcast_to(_visible(cfg, i, pos_BT[0][:, None], pos_BT[0][None, :]), (b, t, t))
             o_BTNH = attend(q_BTNH, k_BKTH, v_BKTH, mask_BTT)
-            h_BTD = layer_tail(lp, cfg, h_BTD, attn_output(lp, o_BTNH), _ple(ple_BTLP, i))
+            h_BTD = layer_tail(lp, cfg, h_BTD, attn_output(lp, o_BTNH), _ple(ple_BTLP, i), i)
             hidden.append(h_BTD)
     out = logits(params, cfg, h_BTD)
     return (out, jnp.stack(hidden)) if return_hidden else out
@@ -183,7 +183,7 @@ def _prefill_chunk(params: Params, cfg: ModelConfig, ids_BC: jax.Array, start: j
                 slot_C = pos_BC[0]
             ks[i] = write_slots(ks[i], k_BKCH, slot_C, real_C)
             vs[i] = write_slots(vs[i], v_BKCH, slot_C, real_C)
-            h_BCD = layer_tail(lp, cfg, h_BCD, attn_output(lp, o_BCNH), _ple(ple_BCLP, i))
+            h_BCD = layer_tail(lp, cfg, h_BCD, attn_output(lp, o_BCNH), _ple(ple_BCLP, i), i)
     return h_BCD, ple_BCLP, tuple(ks), tuple(vs)
 
 
@@ -203,7 +203,7 @@ def _last_position(params: Params, cfg: ModelConfig, h_B1D: jax.Array, ple_B1LP:
             k_BKSH, v_BKSH = ks[cfg.kv_source(i)], vs[cfg.kv_source(i)]
             vis_S = _cache_visible(cfg, i, last, k_BKSH.shape[2])
             o_B1NH = attend_one(q_B1NH, k_BKSH, v_BKSH, _row_mask(vis_S, b))
-            h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
+            h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i), i)
     return logits(params, cfg, h_B1D)[:, 0]
 
 
@@ -402,7 +402,7 @@ def decode_step(
             s = k_BKSH.shape[2]
             vis_S = _cache_visible(cfg, i, p, s)
             o_B1NH = attend_one(q_B1NH, k_BKSH, v_BKSH, _row_mask(vis_S, b), rows)
-            h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i))
+            h_B1D = layer_tail(lp, cfg, h_B1D, attn_output(lp, o_B1NH), _ple(ple_B1LP, i), i)
     out_BV = logits(params, cfg, h_B1D)[:, 0]
     length = p + 1 if rows is None else cache.length.at[rows].set(p + 1, unique_indices=True)
     return out_BV, KVCache(k=tuple(new_k), v=tuple(new_v), length=length)

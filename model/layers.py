@@ -15,40 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model import backends, quant
+from model import backends
 from model.accounting import has_v_projection
 from model.config import ModelConfig
+from model.ops import dense, gelu, rms_norm  # noqa: F401  (re-exported: the layers' names for them)
 from model.params import LayerParams
 
 _MASKED = -1e30  # finite, so a fully masked row (a padding query) softmaxes to a uniform row instead of NaN
-
-
-def dense(x: jax.Array, w, spec: str) -> jax.Array:
-    """`einsum(spec, x, w)` in the activation dtype: `model.quant.matmul`, for a dense weight (converted to x's
-    dtype first) or a `model.quant.QuantArray` (integer values converted, scales applied after the product).
-
-    The one place where stored weights meet activations, so the layers never branch on quantization: when the
-    stored dtype differs from the compute dtype this convert is what a profile shows as dtype-conversion time
-    (the published report's "leak one").
-    """
-    return quant.matmul(x, w, spec)
-
-
-def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
-    """RMSNorm over the last axis, computed in float32 and cast back: x * (mean(x^2) + eps)^-1/2 * w.
-
-    Gemma 4 multiplies by w directly (Gemma 2/3 used 1 + w); w=None is the weightless v-norm.
-    """
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    if w is not None:
-        y = y * w.astype(jnp.float32)
-    return y.astype(x.dtype)
-
-
-def gelu(x: jax.Array) -> jax.Array:
-    """GELU with the tanh approximation (`gelu_pytorch_tanh`)."""
-    return jax.nn.gelu(x, approximate=True)
 
 
 def rope_inv_freq(cfg: ModelConfig, sliding: bool) -> np.ndarray:
@@ -125,7 +98,8 @@ def project_qkv(
     from ONE matrix product with the fused q/k/v weight `lp.qkv_DX` (KV-shared layers: q only, k = v = None).
 
     Queries: q-norm (learned weight) and RoPE of the layer's type (`rope`: the tables at a_BTD's positions);
-    scale 1.0 (no 1/sqrt(H)). Keys: k-norm (learned weight) and RoPE; values: v-norm without weight. The norms and
+    scale 1.0 (no 1/sqrt(H)). Keys: k-norm (learned weight) and RoPE; values: v-norm without weight, of the value
+    projection or, where `cfg.values_from_keys(layer)` (K = V: `qkv_DX` holds q and k only), of the key projection. The norms and
     RoPE apply per head, so splitting the fused product's columns first gives exactly the separate projections'
     results.
     """
@@ -139,9 +113,12 @@ def project_qkv(
     q_BTNH = apply_rope(q_BTNH, tables)
     if lp.k_norm_H is None:
         return q_BTNH, None, None
-    k_BTKH = rms_norm(z_BTX[..., n * h : (n + k) * h].reshape(b, t, k, h), lp.k_norm_H, cfg.rms_norm_eps)
-    k_BTKH = apply_rope(k_BTKH, tables)
-    v_BTKH = rms_norm(z_BTX[..., (n + k) * h :].reshape(b, t, k, h), None, cfg.rms_norm_eps)
+    raw_k_BTKH = z_BTX[..., n * h : (n + k) * h].reshape(b, t, k, h)
+    k_BTKH = apply_rope(rms_norm(raw_k_BTKH, lp.k_norm_H, cfg.rms_norm_eps), tables)
+    # attention_k_eq_v (31B, 26B-A4B full layers): no v_proj; the values are the key projection's raw output
+    # (before k-norm and RoPE) through the v-norm (transformers `Gemma4TextAttention.forward`: v = k_proj(x)).
+    raw_v_BTKH = raw_k_BTKH if cfg.values_from_keys(layer) else z_BTX[..., (n + k) * h :].reshape(b, t, k, h)
+    v_BTKH = rms_norm(raw_v_BTKH, None, cfg.rms_norm_eps)
     return q_BTNH, jnp.swapaxes(k_BTKH, 1, 2), jnp.swapaxes(v_BTKH, 1, 2)
 
 
@@ -265,10 +242,15 @@ def attn_output(lp: LayerParams, o_BTNH: jax.Array) -> jax.Array:
 
 
 def layer_tail(
-    lp: LayerParams, cfg: ModelConfig, h_BTD: jax.Array, attn_BTD: jax.Array, ple_BTP: jax.Array | None
+    lp: LayerParams, cfg: ModelConfig, h_BTD: jax.Array, attn_BTD: jax.Array, ple_BTP: jax.Array | None,
+    layer: int = 0,
 ) -> jax.Array:
-    """Everything after attention in a decoder layer: post-attn norm + residual, GeGLU MLP with its two norms,
-    the per-layer-input gate and projection, and the layer scalar (architecture notes §2.2)."""
+    """Everything after attention in decoder layer `layer`: post-attn norm + residual, GeGLU MLP with its two
+    norms, the per-layer-input gate and projection, and the layer scalar (architecture notes §2.2).
+
+    With experts (`cfg.has_experts`, 26B-A4B) the expert block (`model.moe.expert_block`, on the residual stream
+    before the MLP) runs beside the MLP: post_feedforward_layernorm_1(MLP) + the experts' normed output, then
+    post_feedforward_layernorm of that sum joins the residual (transformers `Gemma4TextDecoderLayer.forward`)."""
     h_BTD = h_BTD + rms_norm(attn_BTD, lp.post_attn_norm_D, cfg.rms_norm_eps)
     with jax.named_scope("mlp"):
         x_BTD = rms_norm(h_BTD, lp.pre_ffw_norm_D, cfg.rms_norm_eps)
@@ -281,6 +263,10 @@ def layer_tail(
             gu_BTX = dense(x_BTD, lp.gate_up_DX, "BTD,DX->BTX")  # one product: gate and up side by side
             f = gu_BTX.shape[-1] // 2
             m_BTD = dense(gelu(gu_BTX[..., :f]) * gu_BTX[..., f:], lp.down_DF, "BTF,DF->BTD")
+        if cfg.has_experts:
+            from model.moe import expert_block
+
+            m_BTD = rms_norm(m_BTD, lp.post_ffw1_norm_D, cfg.rms_norm_eps) + expert_block(lp, cfg, h_BTD, layer=layer)
         h_BTD = h_BTD + rms_norm(m_BTD, lp.post_ffw_norm_D, cfg.rms_norm_eps)
     if ple_BTP is not None:
         with jax.named_scope("per_layer_input"):

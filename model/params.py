@@ -26,7 +26,7 @@ import numpy as np
 
 from model.accounting import compute_layer_shapes, global_shapes, layer_shapes
 from model.config import ModelConfig
-from model.quantspec import LAYER_PROJECTIONS
+from model.quantspec import EXPERT_PROJECTIONS, LAYER_PROJECTIONS
 
 
 def _pytree(cls):
@@ -65,11 +65,22 @@ class LayerParams:
     ple_proj_PD: jax.Array | None  # [P, D]: per_layer_projection, input-major
     post_ple_norm_D: jax.Array | None  # post_per_layer_input_norm
     layer_scalar_1: jax.Array  # layer_scalar, shape [1]
+    # The expert block (26B-A4B; None without experts): `model.accounting.expert_shapes`, `model.moe`.
+    router_DE: jax.Array | None = None  # router.proj, input-major [D, E]
+    router_scale_D: jax.Array | None = None  # router.scale
+    expert_scale_E: jax.Array | None = None  # router.per_expert_scale
+    experts_gate_up_EDX: Any = None  # [E, D, 2I]: experts.gate_up_proj (gate then up), input-major
+    experts_down_EDF: Any = None  # [E, D, I]: experts.down_proj as stored (output-major)
+    post_ffw1_norm_D: jax.Array | None = None  # post_feedforward_layernorm_1 (after the dense MLP)
+    pre_ffw2_norm_D: jax.Array | None = None  # pre_feedforward_layernorm_2 (the experts' input)
+    post_ffw2_norm_D: jax.Array | None = None  # post_feedforward_layernorm_2 (after the experts)
 
 
 _NORMS = ("attn_norm_D", "post_attn_norm_D", "pre_ffw_norm_D", "post_ffw_norm_D", "q_norm_H", "k_norm_H",
-          "post_ple_norm_D", "layer_scalar_1")  # fmt: skip
-"""Fields that `fuse_layer` passes through unchanged (their storage and compute forms are the same)."""
+          "post_ple_norm_D", "layer_scalar_1", "router_DE", "router_scale_D", "expert_scale_E", "experts_gate_up_EDX",
+          "experts_down_EDF", "post_ffw1_norm_D", "pre_ffw2_norm_D", "post_ffw2_norm_D")  # fmt: skip
+"""Fields that `fuse_layer` passes through unchanged (their storage and compute forms are the same; the expert
+block's leaves among them)."""
 
 
 def _xp(x):
@@ -111,12 +122,12 @@ def unfuse_layer(cfg: ModelConfig, i: int, lp: LayerParams) -> dict[str, Any]:
     kh = cfg.kv_heads(i) * h
     q, rest = lp.qkv_DX[:, : n * h], lp.qkv_DX[:, n * h :]
     f = lp.gate_up_DX.shape[1] // 2
-    own_kv = s["wk_DKH"] is not None
+    own_kv, own_v = s["wk_DKH"] is not None, s["wv_DKH"] is not None
     return {
         **{k: getattr(lp, k) for k in _NORMS},
         "wq_DNH": q.reshape(s["wq_DNH"]),
         "wk_DKH": rest[:, :kh].reshape(s["wk_DKH"]) if own_kv else None,
-        "wv_DKH": rest[:, kh:].reshape(s["wv_DKH"]) if own_kv else None,
+        "wv_DKH": rest[:, kh:].reshape(s["wv_DKH"]) if own_v else None,
         "wo_NHD": _t(lp.o_DX).reshape(s["wo_NHD"]),
         "gate_DF": lp.gate_up_DX[:, :f], "up_DF": lp.gate_up_DX[:, f:],
         "down_FD": _t(lp.down_DF),
@@ -224,6 +235,8 @@ def fan_in(name: str, shape: tuple[int, ...]) -> int:
         return shape[0] * shape[1]
     if name in LAYER_PROJECTIONS:
         return math.prod(shape[a] for a in LAYER_PROJECTIONS[name])
+    if name in EXPERT_PROJECTIONS:
+        return math.prod(shape[a] for a in EXPERT_PROJECTIONS[name])
     return shape[0]
 
 
@@ -240,12 +253,17 @@ def init_rule(cfg: ModelConfig, name: str, shape: tuple[int, ...], head_dim: int
     greedy decoding locks into "x x x x" loops (seen on the default preset: 64 identical tokens); at 0.1/sqrt(D)
     the bias is about 0.3 sigma and greedy output varies like text. The PLE table keeps std 1/sqrt(D). Linear
     weights with std 1/sqrt(`fan_in`); other norm weights 1 + 0.1 noise (so a norm applied with the wrong weight
-    is noticed); layer_scalar uniform in [0.7, 1.3].
+    is noticed); layer_scalar uniform in [0.7, 1.3]. The expert block: the router's projection with std 1 (its
+    input is RMS-normalised and scaled by D^-1/2, so the expert logits have unit scale and the top-k choice is
+    not decided by rounding; with std 1/sqrt(D) they had std 1/sqrt(D) and near-ties everywhere), its two scales
+    near 1 like a norm weight, the experts' weights std 1/sqrt(fan_in) (`model.quantspec.EXPERT_PROJECTIONS`).
     """
     if name in ("q_norm_H", "k_norm_H"):
         return InitRule("gain", head_dim**-0.25, 0.05)
-    if name.endswith("norm_D") or name.endswith("norm_P"):
+    if name.endswith("norm_D") or name.endswith("norm_P") or name in ("router_scale_D", "expert_scale_E"):
         return InitRule("gain", 1.0, 0.1)
+    if name == "router_DE":
+        return InitRule("normal", 1.0)
     if name == "layer_scalar_1":
         return InitRule("uniform", 0.7, 1.3)
     if name == "embed_VD":

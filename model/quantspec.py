@@ -7,7 +7,8 @@ scale blocks, and how many bytes that takes. Issue 14 defines the options:
 - `ple8`, `ple4`: the per-layer-embedding table `ple_embed_VX` in 8 or 4 bits, one scale per (row, 256 values).
 - `int8_lm_head`: a separate int8 copy of the tied table `embed_VD` for the output projection, one scale per
   vocabulary row; the input embedding keeps its dtype for the lookup.
-- `w8`: the layer projections (`LAYER_PROJECTIONS`) in int8, one scale per output channel.
+- `w8`: the layer projections (`LAYER_PROJECTIONS`, and the experts of `EXPERT_PROJECTIONS`) in int8, one scale per
+  output channel.
 - `w4` (or `w4:GROUP`): the same projections in int4, one scale per GROUP values along the contraction axis
   (default 128).
 
@@ -54,13 +55,15 @@ output-major layout). Fused leaves quantize per output channel exactly as their 
 `ple_proj_DX` is not a layer projection and stays dense, as do the norms and layer scalars."""
 
 EXPERT_PROJECTIONS = {"experts_gate_up_EDX": (1,), "experts_down_EDF": (2,)}
-"""The experts' leaves (`model.accounting.expert_shapes`, axis 0 the expert) quantized by `w8` / `w4` like the
-layer projections -> their contraction axes: D for gate_up [E, D, 2I], I for down [E, D, I]; one scale per expert
-and output channel (w8) or per GROUP contraction values (w4), so no scale block spans two experts. Apart from
-`LAYER_PROJECTIONS`, whose 2-D products the W4A16 kernel tiles (`model.kernels.fit`). The router's [D, E] stays
-dense: the experts a token reads depend on it."""
+"""The expert block's weights (26B-A4B; `model.accounting.expert_shapes`) quantized by `w8` / `w4` like the layer
+projections -> their contraction axes: experts_gate_up_EDX [E, D, 2I] contracts D, experts_down_EDF [E, D, I]
+contracts I. The expert axis E is never contracted, so every expert has its own scales (w8: one per (expert,
+output channel); w4: one per (expert, GROUP contraction values, output channel)) and one expert's slice is a
+quantized 2-D weight of its own (`model.moe`). Kept apart from `LAYER_PROJECTIONS`, whose 2-D leaves the W4A16
+kernels tile; the router (router_DE) stays dense, as do the scales and norms."""
 
-WORD_TABLES: dict[str, frozenset[str] | None] = {"ple_embed_VX": None, LM_HEAD: frozenset({"tpu"})}
+WORD_TABLES: dict[str, frozenset[str] | None] = {"ple_embed_VX": None, LM_HEAD: frozenset({"tpu"}),
+                                                 **dict.fromkeys(EXPERT_PROJECTIONS, frozenset({"tpu"}))}
 """Quantized tables whose value bytes are stored in uint32 words (`QuantLayout.words`) -> the platforms (jax
 backend names) where, None for every platform: `stores_words` applies it.
 
@@ -68,6 +71,11 @@ backend names) where, None for every platform: `stores_words` applies it.
   (`model.quant.take_rows`), which reads a row of words and unpacks only that row. On CPU that costs about what
   the bytes did (jit of one row of a [65536, 8960] table, jax 0.12, 2 shared cores, fastest of 200 calls:
   21-26 us as words against 17-25 us as bytes, at 4 and 8 bits), against tens of ms per decode step.
+- The expert weights (`EXPERT_PROJECTIONS`), on a TPU only, by the same finding (not measured for them yet:
+  scripts/probes/moe_forms.py times both storages): a decode step slices one expert's [D, X] values out of the
+  [E, D, X] array (`model.moe.expert_weight`) and multiplies them, and an 8-bit parameter sliced or multiplied was
+  copied whole into another tiling in every call, which for 26B-A4B's experts would be gigabytes per layer.
+  Their slices are multiplied plane by plane there (`model.quant.matmul`), elsewhere as the bytes they hold.
 - The int8 head copy, on a TPU only: it is multiplied whole (`model.quant.matmul` multiplies a word table plane
   by plane there). XLA:CPU expands a reinterpretation of words as bytes into shifts and materializes the whole
   int8 table, and ran that and every plane form tried 20-40x slower than its multiply-and-sum over the int8
@@ -241,7 +249,8 @@ def leaf_layout(field: str, shape: Shape, spec: QuantSpec, platform: str | None 
     if (field in LAYER_PROJECTIONS or field in EXPERT_PROJECTIONS) and spec.layer_bits is not None:
         contract = LAYER_PROJECTIONS.get(field) or EXPERT_PROJECTIONS[field]
         group = None if spec.layer_bits == 8 else spec.w4_group
-        return QuantLayout(bits=spec.layer_bits, block=channels_block(shape, contract, group))
+        return QuantLayout(bits=spec.layer_bits, block=channels_block(shape, contract, group),
+                           words=stores_words(field, shape, spec.layer_bits, platform))  # fmt: skip
     return None
 
 

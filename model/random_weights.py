@@ -54,8 +54,8 @@ from model.folders import cache_root, create_atomically, write_model_files
 from model.memory import memory_capacity
 from model.params import LayerParams, Params, init_rule
 from model.quant import QuantArray, quantize, quantize_fields
-from model.quantspec import (LM_HEAD, NO_QUANT, QuantLayout, QuantSpec, leaf_layout, scale_shape, value_dtype,
-                             value_shape)  # fmt: skip
+from model.quantspec import (EXPERT_PROJECTIONS, LM_HEAD, NO_QUANT, QuantLayout, QuantSpec, leaf_layout, scale_shape,
+                             value_dtype, value_shape)  # fmt: skip
 from model.random_spec import DUMMY_NOTE, RandomSpec
 
 RANDOM_VERSION = 1
@@ -70,6 +70,13 @@ PRNGS = ("threefry2x32", "rbg")
 """threefry2x32 (jax's default: the same bits on every backend) or rbg (XLA's RngBitGenerator: its bits may differ
 by backend and version; jax's documentation says it may be faster on TPUs). Part of the draw: recorded in the
 manifest (`dummy.prng`) and hashed (`dummy_content_hash`)."""
+
+ROUTING_ENV = "GEMMA4_BENCH_EXPERT_ROUTING"
+"""The environment variable that chooses how dummy weights of a preset with experts (26B-A4B) route tokens: one of
+`model.moe.ROUTINGS`, default "router" (the random router's own top-k). "balanced" assigns every expert equally
+often across a step's tokens, the K experts per token unchanged (a random router may favour experts unlike a
+trained one's). Not part of the weights (not hashed), but of the run: recorded in the manifest
+(`dummy.expert_routing`), and a balanced run's checkpoint id ends in "-balanced" (`bench.runs.manifest`)."""
 
 DRAW_BLOCK = 1 << 24
 """Scalars drawn per block of a 2-D global table (64 MiB of float32 work): the E2B PLE table, 2.35e9 scalars, would
@@ -131,6 +138,16 @@ def prng_impl() -> str:
     return value
 
 
+def expert_routing() -> str:
+    """The routing `ROUTING_ENV` names (unset: "router"). Raises EngineError, one line, for another value."""
+    from model.moe import ROUTINGS
+
+    value = os.environ.get(ROUTING_ENV, ROUTINGS[0]).strip()
+    if value not in ROUTINGS:
+        raise EngineError(f"{ROUTING_ENV}={value!r}: expected one of {', '.join(ROUTINGS)}; unset it for {ROUTINGS[0]}")
+    return value
+
+
 def dummy_content_hash(path: str | os.PathLike, spec: RandomSpec, weight_dtype: str, prng: str = PRNGS[0]) -> str:
     """The content hash (sha256 hex) of dummy weights: over the draw's key (`RANDOM_VERSION`, preset, seed, the
     weight dtype's name, the generator unless it is the default `PRNGS[0]`) and the folder's config.json and
@@ -149,14 +166,17 @@ def dummy_content_hash(path: str | os.PathLike, spec: RandomSpec, weight_dtype: 
 # ---- the bound ------------------------------------------------------------------------------------------------------
 def working_bytes(cfg: ModelConfig, itemsize: int) -> int:
     """Bytes `random_params` holds beside the finished weights at most (a stated margin from the shapes, not a
-    measurement): one layer's leaves dense at `itemsize` (they are quantized together, `quantize_fields`) plus
-    twice the float32 bytes of the largest leaf or table block drawn at once (its draw and the quantizer's
-    float32 work)."""
-    layer = max(sum(math.prod(s) for s in compute_layer_shapes(cfg, i).values() if s is not None)
-                for i in range(cfg.num_layers))  # fmt: skip
-    largest = max(math.prod(s) for i in range(cfg.num_layers) for s in compute_layer_shapes(cfg, i).values()
-                  if s is not None)  # fmt: skip
-    block = max(_block_rows(s) * math.prod(s[1:]) for s in global_shapes(cfg).values() if s is not None and len(s) > 1)
+    measurement): one layer's leaves dense at `itemsize` (they are quantized together, `quantize_fields`; the
+    expert weights are not among them: drawn by blocks) plus twice the float32 bytes of the largest leaf or block
+    (of a table's rows, of an expert weight's experts) drawn at once (its draw and the quantizer's float32 work)."""
+    def whole(i):  # the leaves drawn whole (the expert weights are drawn by blocks of experts, `_expert_leaf`)
+        return [s for n, s in compute_layer_shapes(cfg, i).items() if s is not None and n not in EXPERT_PROJECTIONS]
+
+    layer = max(sum(math.prod(s) for s in whole(i)) for i in range(cfg.num_layers))
+    largest = max(math.prod(s) for i in range(cfg.num_layers) for s in whole(i))
+    tables = [s for s in global_shapes(cfg).values() if s is not None and len(s) > 1]
+    tables += [s for n, s in compute_layer_shapes(cfg, 0).items() if n in EXPERT_PROJECTIONS and s is not None]
+    block = max(_block_rows(s) * math.prod(s[1:]) for s in tables)
     return layer * itemsize + 2 * 4 * max(largest, block)
 
 
@@ -261,6 +281,19 @@ def _table(key, rule, shape: tuple[int, ...], dtype, layouts: tuple[QuantLayout,
                    for (v, s), lay in zip(quantized, layouts, strict=True)]  # fmt: skip
 
 
+def _expert_leaf(seed_key, cfg: ModelConfig, key_name: str, name: str, shape: tuple[int, ...], dtype,
+                 quant: QuantSpec, scale_dtype, platform: str):  # fmt: skip
+    """An expert weight [E, ...] (`model.quantspec.EXPERT_PROJECTIONS`) drawn `_block_rows` experts at a time into
+    preallocated buffers (`_table`: each block quantized as it is drawn, every expert its own scales, so blocks
+    quantize exactly as the whole would): the dense leaf, or its `QuantArray` where `leaf_layout` quantizes it.
+    26B-A4B's gate/up weight is 507M scalars a layer: drawn whole, its float32 work alone was 4 GB."""
+    layout = leaf_layout(name, shape, quant, platform)
+    layouts = () if layout is None else (layout,)
+    dense, quantized = _table(leaf_key(seed_key, key_name), init_rule(cfg, name, shape, 0), shape, dtype, layouts,
+                              scale_dtype, keep_dense=layout is None)  # fmt: skip
+    return dense if layout is None else quantized[0]
+
+
 def random_params(cfg: ModelConfig, seed: int, *, dtype, quant: QuantSpec = NO_QUANT, scale_dtype=jnp.bfloat16,
                   prng: str = PRNGS[0], platform: str | None = None) -> tuple[Params, int]:  # fmt: skip
     """Random `Params` of `cfg` made on jax's default device: every leaf drawn as the module docstring says, in
@@ -299,7 +332,13 @@ def random_params(cfg: ModelConfig, seed: int, *, dtype, quant: QuantSpec = NO_Q
         head = quantized[-1] if head_layout is not None else head
     layers = []
     for i in range(cfg.num_layers):
-        leaves = _draw_leaves(seed_key, cfg, compute_layer_shapes(cfg, i), f"layers.{i}.", cfg.layer_head_dim(i), dtype)
+        shapes = compute_layer_shapes(cfg, i)
+        plain = {n: None if n in EXPERT_PROJECTIONS else s for n, s in shapes.items()}
+        leaves = _draw_leaves(seed_key, cfg, plain, f"layers.{i}.", cfg.layer_head_dim(i), dtype)
+        for name in EXPERT_PROJECTIONS:  # [E, ...]: drawn and quantized a few experts at a time, like a table
+            if shapes[name] is not None:
+                leaves[name] = _expert_leaf(seed_key, cfg, f"layers.{i}.{name}", name, shapes[name], dtype, quant,
+                                            scale_dtype, platform)  # fmt: skip
         drawn += sum(x is not None for x in leaves.values())
         layers.append(quantize_fields(LayerParams(**leaves), quant, scale_dtype=scale_dtype, platform=platform))
         del leaves  # the dense leaves of a quantized layer go now, before the next layer is drawn
@@ -313,9 +352,10 @@ def load_random(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     same call and unused (the draws run on jax's default device). The report: path, prefixes [], tensors (leaves
     drawn), ignored [], stored_dtypes [] (nothing is stored), content_hash (`dummy_content_hash`) and `dummy`:
     {kind "random", preset, seed, weight_dtype, prng (`prng_impl`), source (the `random:` text), note
-    `DUMMY_NOTE`, draw_s (seconds drawing, device-synced)}. Raises CheckpointError for a folder without a valid
-    marker, EngineError for a bad `PRNG_ENV` value or when the weights do not fit (`check_fits`), before anything
-    is drawn."""
+    `DUMMY_NOTE`, draw_s (seconds drawing, device-synced), and for a preset with experts expert_routing
+    (`expert_routing`: "router" or "balanced"; `model.engine.load_engine` runs the engine with that routing)}.
+    Raises CheckpointError for a folder without a valid marker, EngineError for a bad `PRNG_ENV` or `ROUTING_ENV`
+    value or when the weights do not fit (`check_fits`), before anything is drawn."""
     from model.config import load_config
 
     path = Path(ckpt)
@@ -326,12 +366,15 @@ def load_random(ckpt: str | os.PathLike, cfg: ModelConfig | None = None, *, dtyp
     scale = jnp.bfloat16 if scale_dtype is None else scale_dtype
     dtype_name = np.dtype(dtype).name
     prng = prng_impl()
+    routing = expert_routing()  # EngineError for a bad value, before anything is drawn
     check_fits(cfg, spec.text, itemsize=np.dtype(dtype).itemsize, scale_itemsize=np.dtype(scale).itemsize, quant=quant)
     t0 = time.perf_counter()
     params, drawn = random_params(cfg, spec.seed, dtype=dtype, quant=quant, scale_dtype=scale, prng=prng)
     jax.block_until_ready(params)
     dummy = {"kind": "random", "preset": spec.preset, "seed": spec.seed, "weight_dtype": dtype_name, "prng": prng,
              "source": spec.text, "note": DUMMY_NOTE, "draw_s": round(time.perf_counter() - t0, 3)}  # fmt: skip
+    if cfg.has_experts:
+        dummy["expert_routing"] = routing
     report = {"path": str(path), "prefixes": [], "tensors": drawn, "ignored": [], "stored_dtypes": [],
               "content_hash": dummy_content_hash(path, spec, dtype_name, prng), "dummy": dummy}  # fmt: skip
     return params, report

@@ -82,15 +82,24 @@ from transformers import (
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from model.config import FULL, SLIDING, TINY, ModelConfig, load_config  # noqa: E402
+from model.config import FULL, PRESETS, SLIDING, TINY, ModelConfig, load_config  # noqa: E402
 
 OUT = REPO / "tests" / "fixtures" / "reference"
 # One seed per checkpoint; it drives the weights, then the prompt ids. A random model with tied embeddings tends
 # to repeat its last token under greedy decoding (the token's own embedding stays in the residual stream), so
 # these two were picked from seeds 0..63 as ones whose greedy continuation has >= 12 distinct tokens out of 16 with
 # a top-1/top-2 logit margin of at least 0.03 at every step (checked in reference_arrays). EXTRA_SEED draws the
-# tensors added to tiny-published.
-SEEDS = {"tiny": 35, "tiny-gqa": 2}
+# tensors added to tiny-published. tiny-31b and tiny-moe (issue 45: attention_k_eq_v, separate full-layer KV heads,
+# no PLE, no KV sharing; and the expert block) repeat their last token far more (no per-layer inputs: the token's
+# own embedding dominates the residual stream): with the embedding std of tiny no seed of 0..63 passed. Their
+# embedding table is drawn with EMBED_FACTOR times that std (the project's own random init uses 0.1, see
+# model.params.init_rule), and their seeds are the first of 0..39 that pass (`--find-seeds`) with a smallest greedy
+# top-1/top-2 margin of 0.01 (MIN_MARGIN; 0.011 and 0.013 found), still four orders of magnitude above float32
+# parity errors.
+SEED_31B, SEED_MOE = 19, 35
+EMBED_FACTOR = {"tiny-31b": 0.3, "tiny-moe": 0.5}
+MIN_MARGIN = {"tiny-31b": 0.01, "tiny-moe": 0.01}
+SEEDS = {"tiny": 35, "tiny-gqa": 2, "tiny-31b": SEED_31B, "tiny-moe": SEED_MOE}
 EXTRA_SEED = 1
 PROMPT_LEN = 24  # T: longer than the sliding window (8), so the window mask matters
 GREEDY_LEN = 16
@@ -118,7 +127,9 @@ def text_config(mc: ModelConfig) -> Gemma4TextConfig:
     d = mc.to_hf_dict(form="global_head_dim")
     for key in ("architectures", "model_type", "torch_dtype"):
         d.pop(key)
-    return Gemma4TextConfig(**d, dtype="float32", attn_implementation="eager")
+    # experts_implementation="eager": transformers' own per-expert loop (`Gemma4TextExperts.forward`) rather than
+    # its default grouped_mm kernel, whose float32 sums run in another order (the reloaded model took another one).
+    return Gemma4TextConfig(**d, dtype="float32", attn_implementation="eager", experts_implementation="eager")
 
 
 def model_config_note(mc: ModelConfig) -> str:
@@ -130,11 +141,14 @@ def model_config_note(mc: ModelConfig) -> str:
 
 
 # ---- weights -----------------------------------------------------------------------------------------------------
-def init_trained_like(model: torch.nn.Module, gen: torch.Generator) -> None:
-    """Overwrite every parameter and layer_scalar of a Gemma4ForCausalLM with the module docstring's init."""
+def init_trained_like(model: torch.nn.Module, gen: torch.Generator, embed_factor: float = 1.0) -> None:
+    """Overwrite every parameter and layer_scalar of a Gemma4ForCausalLM with the module docstring's init
+    (`embed_factor` times the embedding table's std: see EMBED_FACTOR)."""
     from transformers.models.gemma4.modeling_gemma4 import (
         Gemma4RMSNorm,
         Gemma4TextDecoderLayer,
+        Gemma4TextExperts,
+        Gemma4TextRouter,
         Gemma4TextScaledWordEmbedding,
     )
 
@@ -147,7 +161,18 @@ def init_trained_like(model: torch.nn.Module, gen: torch.Generator) -> None:
             if name == "lm_head":  # tied to model.embed_tokens; written there
                 continue
             if isinstance(mod, Gemma4TextScaledWordEmbedding):  # scaled by sqrt(hidden) or sqrt(PLE width)
-                normal(mod.weight, 1 / mod.scalar_embed_scale)
+                normal(mod.weight, (embed_factor if name.endswith("embed_tokens") else 1.0) / mod.scalar_embed_scale)
+            elif isinstance(mod, Gemma4TextRouter):  # unit-scale expert logits; its scales near 1
+                normal(mod.proj.weight, 1.0)
+                for t in (mod.scale, mod.per_expert_scale):
+                    t.copy_(1 + 0.1 * torch.randn(t.shape, generator=gen))
+                done.update(id(t) for t in (mod.proj.weight, mod.scale, mod.per_expert_scale))
+                continue
+            elif isinstance(mod, Gemma4TextExperts):  # [E, 2I, D] and [E, D, I]: std 1/sqrt(fan_in)
+                normal(mod.gate_up_proj, mod.gate_up_proj.shape[-1] ** -0.5)
+                normal(mod.down_proj, mod.down_proj.shape[-1] ** -0.5)
+                done.update(id(t) for t in (mod.gate_up_proj, mod.down_proj))
+                continue
             elif isinstance(mod, torch.nn.Linear):
                 normal(mod.weight, mod.in_features**-0.5)
             elif isinstance(mod, Gemma4RMSNorm) and mod.with_scale:
@@ -173,7 +198,8 @@ def last_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids[None], use_cache=False).logits[0, -1]
 
 
-def reference_arrays(model: torch.nn.Module, ids: torch.Tensor) -> tuple[dict[str, np.ndarray], dict]:
+def reference_arrays(model: torch.nn.Module, ids: torch.Tensor, min_margin: float = 0.03
+                     ) -> tuple[dict[str, np.ndarray], dict]:  # fmt: skip
     """expected.npz's arrays for a Gemma4ForCausalLM, plus statistics, checking the hidden-state indexing."""
     text = model.model
     seen: dict[str, torch.Tensor] = {}
@@ -218,7 +244,7 @@ def reference_arrays(model: torch.nn.Module, ids: torch.Tensor) -> tuple[dict[st
     assert max_abs < 15.0, f"logits reach {max_abs:.2f}: too close to the softcap 30"
     assert float(attn_max.max()) < 0.9, f"attention is nearly one-hot: {attn_max.tolist()}"
     assert len(set(greedy)) >= 12, f"degenerate greedy continuation {greedy}"
-    assert min(margins) >= 0.03, f"greedy top-1/top-2 margin {min(margins):.2e} is too thin to test against"
+    assert min(margins) >= min_margin, f"greedy top-1/top-2 margin {min(margins):.2e} is too thin to test against"
 
     arrays = {
         "input_ids": ids.numpy().astype(np.int32),
@@ -288,16 +314,23 @@ def save_causal(name: str, mc: ModelConfig) -> tuple[Gemma4ForCausalLM, dict, di
     """Build, initialise, save and compute the references of one Gemma4ForCausalLM fixture."""
     gen = torch.Generator().manual_seed(SEEDS[name])
     model = Gemma4ForCausalLM(text_config(mc)).eval()
-    init_trained_like(model, gen)
+    init_trained_like(model, gen, EMBED_FACTOR.get(name, 1.0))
     ids = prompt_ids(mc.vocab_size, gen)
-    arrays, stats = reference_arrays(model, ids)
+    arrays, stats = reference_arrays(model, ids, MIN_MARGIN.get(name, 0.03))
 
     out = OUT / name
     model.save_pretrained(out)
-    reloaded = Gemma4ForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
-    assert torch.equal(reloaded(input_ids=ids[None], use_cache=False).logits[0], torch.from_numpy(arrays["logits"]))
+    reloaded = Gemma4ForCausalLM.from_pretrained(out, attn_implementation="eager", experts_implementation="eager").eval()
+    again = reloaded(input_ids=ids[None], use_cache=False).logits[0]
+    # The reloaded expert model (same tensors, bit for bit) sums in another order somewhere: 1.2e-7 apart on
+    # tiny-moe (transformers 5.23, torch 2.13 CPU); every other fixture reloads bit for bit.
+    reload_diff = float((again - torch.from_numpy(arrays["logits"])).abs().max())
+    assert reload_diff <= (1e-6 if mc.has_experts else 0.0), f"{name}: reloaded logits differ by {reload_diff}"
     assert load_config(out) == mc, f"{name}: the project's load_config disagrees with the ModelConfig it came from"
-    write_expected(out, arrays, stats, {"seed": SEEDS[name], "model_config": model_config_note(mc)})
+    extra = {"seed": SEEDS[name], "model_config": model_config_note(mc), "reload_max_abs_diff": reload_diff}
+    if name in EMBED_FACTOR:
+        extra["embed_tokens_std"] = f"{EMBED_FACTOR[name]} / sqrt(hidden_size)"
+    write_expected(out, arrays, stats, extra)
     return model, arrays, stats
 
 
@@ -399,7 +432,8 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def main() -> None:
+def main(only: tuple[str, ...] = ()) -> None:
+    """Write every fixture (the folder is remade), or with `only` (fixture names of `PRESETS`) just those."""
     torch.manual_seed(0)  # only transformers' own init (all overwritten) draws from the global generator
     torch.set_num_threads(1)  # one summation order for every matmul, whatever the machine
     transformers.utils.logging.disable_progress_bar()
@@ -407,19 +441,28 @@ def main() -> None:
     collected = _Collect()
     logging.getLogger("transformers").addHandler(collected)
 
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
-    with torch.no_grad():
-        tiny, arrays, stats = save_causal("tiny", TINY)
-        save_causal("tiny-gqa", TINY_GQA)
-        save_published(tiny, arrays, stats)
-    check_same_arrays(OUT / "tiny", OUT / "tiny-published")
+    if only:  # just these fixtures, the others left as they are
+        for name in only:
+            shutil.rmtree(OUT / name, ignore_errors=True)
+        with torch.no_grad():
+            for name in only:
+                save_causal(name, PRESETS[name])
+    else:
+        if OUT.exists():
+            shutil.rmtree(OUT)
+        OUT.mkdir(parents=True)
+        with torch.no_grad():
+            tiny, arrays, stats = save_causal("tiny", TINY)
+            save_causal("tiny-gqa", TINY_GQA)
+            save_published(tiny, arrays, stats)
+            save_causal("tiny-31b", PRESETS["tiny-31b"])
+            save_causal("tiny-moe", PRESETS["tiny-moe"])
+        check_same_arrays(OUT / "tiny", OUT / "tiny-published")
 
     for path in sorted(OUT.rglob("*")):
         if path.is_file():
             print(f"{path.stat().st_size:>9}  {path.relative_to(REPO)}")
-    for name in ("tiny", "tiny-gqa"):
+    for name in ("tiny", "tiny-gqa", "tiny-31b", "tiny-moe"):
         print(name, json.loads((OUT / name / "expected.json").read_text())["stats"])
     if collected.messages:
         print("transformers warnings:")
@@ -427,5 +470,29 @@ def main() -> None:
             print("  " + m.replace("\n", "\n  "))
 
 
+def find_seeds(names: tuple[str, ...] = ("tiny-31b", "tiny-moe"), tries: int = 40) -> None:
+    """Print, for each preset named, the first seed in 0..tries-1 whose fixture passes reference_arrays' checks
+    (the way SEEDS were picked); writes nothing."""
+    torch.set_num_threads(1)
+    transformers.utils.logging.disable_default_handler()
+    for name in names:
+        mc = PRESETS[name]
+        for seed in range(tries):
+            gen = torch.Generator().manual_seed(seed)
+            model = Gemma4ForCausalLM(text_config(mc)).eval()
+            with torch.no_grad():
+                init_trained_like(model, gen, EMBED_FACTOR.get(name, 1.0))
+                try:
+                    _, stats = reference_arrays(model, prompt_ids(mc.vocab_size, gen), MIN_MARGIN.get(name, 0.03))
+                except AssertionError as exc:
+                    print(f"{name} seed {seed}: {str(exc)[:100]}")
+                    continue
+            print(f"{name}: seed {seed} {stats}")
+            break
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--find-seeds"]:
+        find_seeds()
+    else:
+        main(tuple(a.removeprefix("--only=") for a in sys.argv[1:] if a.startswith("--only=")))

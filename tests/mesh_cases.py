@@ -176,11 +176,8 @@ def test_default_preset_at_tp_gives_one_devices_tokens(tp):
 def test_31b_and_moe_shaped_presets_at_tp_give_one_devices_tokens(preset, tp):
     """31B- (K = V full layers) and 26B-A4B-shaped (experts) small presets, from the family issue (45): tensor
     parallel splits their attention and dense MLP; the experts are replicated (expert parallel, ep, is refused
-    until it is placed). Skipped where the presets are not in `model.config.PRESETS` yet. Checked before that
-    branch was on main by applying it to this one: both presets' tokens at tp = 2 and 4 equal one device's."""
+    until it is placed). The presets are in `model.config.PRESETS` since the moe merge."""
     from model.config import PRESETS
 
-    if preset not in PRESETS:
-        pytest.skip(f"preset {preset!r} not on this branch yet (issue 45): K = V and experts untested here")
     cfg = PRESETS[preset]
     assert _tokens(_engine(cfg, f"tp={tp}")) == _alone(cfg)

@@ -17,6 +17,7 @@ from model.accounting import (
     compute_layer_shapes,
     decode_reads,
     decode_weight_bytes,
+    expert_params,
     layer_param_count,
     layer_shapes,
     param_counts,
@@ -26,7 +27,7 @@ from model.errors import ConfigError
 from model.params import abstract_params, count_params, fuse_layer, init_params
 
 
-@pytest.mark.parametrize("cfg", [TINY, DEFAULT, E2B, E4B], ids=["tiny", "default", "e2b", "e4b"])
+@pytest.mark.parametrize("cfg", list(PRESETS.values()), ids=list(PRESETS))
 @pytest.mark.parametrize("form", ["global_head_dim", "per_layer_config"])
 def test_both_config_forms_round_trip(cfg, form):
     assert config_from_dict(json.loads(json.dumps(cfg.to_hf_dict(form=form)))) == cfg
@@ -49,10 +50,10 @@ def test_e2b_facts():
 @pytest.mark.parametrize(
     "field,value,match",
     [
-        ("attention_k_eq_v", True, "attention_k_eq_v"),
-        ("enable_moe_block", True, "enable_moe_block"),
+        ("attention_k_eq_v", "yes", "attention_k_eq_v"),
+        ("enable_moe_block", True, "enable_moe_block=True needs num_experts"),
         ("model_type", "llama", "model_type is 'llama'"),
-        ("use_bidirectional_attention", "vision", "use_bidirectional_attention"),
+        ("use_bidirectional_attention", "all", "use_bidirectional_attention"),
         ("hidden_activation", "silu", "hidden_activation"),
     ],
 )
@@ -60,6 +61,46 @@ def test_unsupported_or_foreign_configs_name_the_field(field, value, match):
     raw = dict(TINY.to_hf_dict(), **{field: value})
     with pytest.raises(ConfigError, match=match):
         config_from_dict(raw)
+
+
+def test_31b_and_26b_a4b_facts():
+    # google-deepmind/gemma gm/nn/gemma4/_gemma4.py (Gemma4_31B, Gemma4_26B_A4B) and issue 45's table.
+    g31, moe = PRESETS["31b"], PRESETS["26b-a4b"]
+    for cfg, layers, width, heads, kv, kv_full in ((g31, 60, 5376, 32, 16, 4), (moe, 30, 2816, 16, 8, 2)):
+        full = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
+        assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads) == (layers, width, heads)
+        assert (cfg.kv_heads(0), cfg.kv_heads(5)) == (kv, kv_full) and full == list(range(5, layers, 6))
+        assert cfg.sliding_window == 1024 and cfg.ple_dim == 0 and cfg.num_kv_shared_layers == 0
+        assert cfg.values_from_keys(5) and not cfg.values_from_keys(4)
+    assert g31.intermediate_size == 21504 and not g31.has_experts
+    assert (moe.intermediate_size, moe.num_experts, moe.top_k_experts, moe.moe_intermediate_size) == (2112, 128, 8, 704)
+
+
+def test_31b_and_26b_a4b_parameter_counts():
+    # Our arithmetic (model.accounting) at the presets' sizes: 30.7B for 31B; 25.2B for 26B-A4B, 3.8B of them active
+    # per token (the experts' 22.8B counted at 8 of 128), the sizes the models' names and cards give.
+    assert param_counts(PRESETS["31b"]).total == 30_697_345_340
+    moe = PRESETS["26b-a4b"]
+    experts = moe.num_layers * moe.num_experts * 3 * moe.hidden_size * moe.moe_intermediate_size
+    assert param_counts(moe).total == 25_233_141_790 and experts == 22_837_985_280
+    assert round((param_counts(moe).total - experts * (1 - 8 / 128)) / 1e9, 1) == 3.8
+
+
+def test_global_kv_heads_apply_only_with_k_eq_v_as_in_transformers():
+    # transformers 5.23 Gemma4TextConfig.__post_init__: num_global_key_value_heads overrides the full layers' KV
+    # heads only when attention_k_eq_v is true.
+    raw = dict(PRESETS["tiny-31b"].to_hf_dict(), num_global_key_value_heads=2)
+    assert config_from_dict(raw).kv_heads(2) == 2
+    assert config_from_dict(dict(raw, attention_k_eq_v=False)).kv_heads(2) == PRESETS["tiny-31b"].num_kv_heads
+
+
+def test_expert_block_sizes_are_checked():
+    raw = PRESETS["tiny-moe"].to_hf_dict()
+    assert config_from_dict(dict(raw, enable_moe_block=False)).num_experts == 0
+    with pytest.raises(ConfigError, match="top_k_experts <= num_experts"):
+        config_from_dict(dict(raw, top_k_experts=9))
+    with pytest.raises(ConfigError, match="'top_k_experts' is 2.5"):
+        config_from_dict(dict(raw, top_k_experts=2.5))
 
 
 def test_missing_field_and_bad_json(tmp_path):
@@ -93,7 +134,7 @@ def test_default_preset_size_and_decode_bytes():
     assert decode_weight_bytes(E2B, 2) < 0.6 * count_params(abstract_params(E2B)) * 2
 
 
-@pytest.mark.parametrize("cfg", [TINY, DEFAULT, E2B, E4B], ids=["tiny", "default", "e2b", "e4b"])
+@pytest.mark.parametrize("cfg", list(PRESETS.values()), ids=list(PRESETS))
 def test_jax_free_counts_equal_the_parameter_tree(cfg):
     tree = abstract_params(cfg)
     counts = param_counts(cfg)
@@ -101,7 +142,9 @@ def test_jax_free_counts_equal_the_parameter_tree(cfg):
     assert [layer_param_count(cfg, i) for i in range(cfg.num_layers)] == [count_params(l) for l in tree.layers]
     assert counts.embedding == count_params(tree.embed_VD)
     reads = decode_reads(cfg)
-    assert reads.body == counts.body and reads.lm_head == counts.embedding
+    every = expert_params(cfg)  # the body of `decode_reads` leaves out the experts; it reads top_k of each layer's
+    assert reads.body + every == counts.body and reads.lm_head == counts.embedding
+    assert reads.experts == (every // cfg.num_experts * cfg.top_k_experts if every else 0)
     assert reads.input_embedding_row == cfg.hidden_size and reads.ple_row == cfg.num_layers * cfg.ple_dim
     assert decode_weight_bytes(cfg, 2) == 2 * reads.total
 
@@ -226,7 +269,7 @@ def test_integers_are_numbers_and_null_is_read_where_transformers_allows_it():
     assert cfg.layer_types == (("sliding_attention",) * 5 + ("full_attention",)) * 2 and cfg.global_head_dim == 512
 
 
-@pytest.mark.parametrize("cfg", [TINY, DEFAULT, E2B, E4B], ids=["tiny", "default", "e2b", "e4b"])
+@pytest.mark.parametrize("cfg", list(PRESETS.values()), ids=list(PRESETS))
 def test_compute_layout_shapes_are_the_fused_storage_leaves(cfg):
     # accounting.compute_layer_shapes (jax-free: the byte accounting and abstract_params use it) must be exactly
     # what fuse_layer builds from the checkpoint's storage leaves, layer by layer, with the same scalar count.

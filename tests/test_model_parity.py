@@ -1,4 +1,5 @@
-"""Numerical parity with Hugging Face transformers 5.23 (fixtures made by scripts/make_reference_fixtures.py).
+"""Numerical parity with Hugging Face transformers 5.23 (fixtures made by scripts/make_reference_fixtures.py): E2B-shaped
+tiny checkpoints, and the 31B shape (tiny-31b: K = V full layers, no PLE) and 26B-A4B shape (tiny-moe: experts).
 
 Tolerance: float32 logits within max relative error 1e-5 of the reference (relative to the largest logit
 magnitude), layer by layer too; greedy tokens identical.
@@ -18,7 +19,7 @@ from model.engine import Engine
 from model.forward import forward_full, logits
 from model.policy import decide_policy
 
-NAMES = ["tiny", "tiny-gqa", "tiny-published"]
+NAMES = ["tiny", "tiny-gqa", "tiny-published", "tiny-31b", "tiny-moe"]
 
 
 def _rel_err(got, want) -> float:

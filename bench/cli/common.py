@@ -25,8 +25,8 @@ from bench.engines import (  # noqa: F401  (re-exported for the commands)
 
 CHECKPOINT_HELP = (
     "Checkpoint: a local Hugging Face directory, a hub repo id (owner/name), builtin:PRESET "
-    "(tiny, default, e2b, e4b), or random:PRESET / random:PRESET@SEED (dummy weights made on the device, no "
-    "checkpoint file). "
+    "(tiny, default, e2b, e4b, tiny-31b, tiny-moe, 31b, 26b-a4b), or random:PRESET / random:PRESET@SEED (dummy "
+    "weights made on the device, no checkpoint file). "
     "Default: the built-in 'default' checkpoint, created on first use."
 )
 CACHE_HELP = "Persistent XLA compilation cache folder, or 'off'. Default: a folder under the user's cache dir."

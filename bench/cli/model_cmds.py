@@ -117,9 +117,9 @@ def _inspect_source(checkpoint: str | None, preset: str | None, dtype: str | Non
     """(facts about the source for the output, its ModelConfig, the body dtype name) of `checkpoint inspect`.
     Raises InputError for both or neither source, an unknown preset or dtype, or mixed stored dtypes without
     --dtype; CheckpointError / ConfigError from the checkpoint's headers."""
-    from model.config import PRESETS, SHAPE_PRESETS
+    from model.config import PRESETS
 
-    shapes = {**PRESETS, **SHAPE_PRESETS}
+    shapes = PRESETS
     if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
         raise InputError(f"--dtype {dtype}: unknown dtype; expected float32, bfloat16 or float16")
     if (checkpoint is None) == (preset is None):
@@ -280,7 +280,7 @@ def checkpoint_inspect(
     checkpoint: str | None = typer.Argument(None, help="A local checkpoint directory (config.json, *.safetensors): "
                                             "only config.json and the safetensors headers are read."),
     preset: str | None = typer.Option(None, "--preset", help="Inspect a preset's shapes instead (tiny, default, e2b, "
-                                      "e4b, 31b, 26b-a4b); nothing is written or read."),
+                                      "e4b, tiny-31b, tiny-moe, 31b, 26b-a4b); nothing is written or read."),
     quant: str | None = typer.Option(None, "--quant", help=QUANT_HELP),
     dtype: str | None = typer.Option(None, "--dtype", help="Dtype the dense weights (and the KV cache) are placed in "
                                      "(float32, bfloat16, float16); default: the checkpoint's stored dtype, bfloat16 "

@@ -70,7 +70,8 @@ class CheckpointFacts:
     parameters. `tensors`, `ignored_tensors`: counts of the load; `load_s`: seconds. `path`: the folder on the
     machine that ran, read from version 1 manifests only (never written now). `dummy`: for dummy weights
     (`--checkpoint random:PRESET[@SEED]`, made on the device, no checkpoint file) what was made: {"kind": "random",
-    "preset", "seed", "weight_dtype", "source", "note", "draw_s"}; their `content_hash` is a hash of the preset,
+    "preset", "seed", "weight_dtype", "source", "note", "draw_s", and "expert_routing" for a preset with experts:
+    "router" or "balanced", `model.random_weights.ROUTING_ENV`}; their `content_hash` is a hash of the preset,
     seed, weight dtype, config and tokenizer (`model.random_weights.dummy_content_hash`), not of a file. None (and
     absent from the manifest) for a checkpoint read from files.
     """
@@ -96,10 +97,12 @@ class CheckpointFacts:
 
     @property
     def label(self) -> str | None:
-        """How a report names the checkpoint: its id, and for dummy weights "(dummy weights)" after it."""
+        """How a report names the checkpoint: its id, and for dummy weights "(dummy weights)" after it, with the
+        expert routing where there are experts ("(dummy weights, balanced routing)")."""
         if self.id is None or not self.dummy:
             return self.id
-        return f"{self.id} (dummy weights)"
+        routing = self.dummy.get("expert_routing")
+        return f"{self.id} (dummy weights{f', {routing} routing' if routing else ''})"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -584,13 +587,14 @@ def checkpoint_source(spec: str) -> str | None:
 def checkpoint_facts(spec: str, load_report: Mapping[str, Any], weight_bytes: int) -> CheckpointFacts:
     """The `CheckpointFacts` of a load: `spec` as given to `--checkpoint` (None resolved to its builtin:NAME by the
     caller), the load report of `model.engine.load_engine` (path, tensors, ignored, content_hash, load_s, and
-    `dummy` for dummy weights: then the id is "random-PRESET-DTYPE-seedSEED" and the source the canonical
-    random:PRESET[@SEED], whatever folder or text named it)."""
+    `dummy` for dummy weights: then the id is "random-PRESET-DTYPE-seedSEED", "-balanced" added for balanced expert
+    routing, and the source the canonical random:PRESET[@SEED], whatever folder or text named it)."""
     dummy = load_report.get("dummy")
     ident = checkpoint_id(load_report["path"])
     source = checkpoint_source(spec)
     if dummy:
         ident = f"random-{dummy['preset']}-{dummy['weight_dtype']}-seed{dummy['seed']}"
+        ident += "-balanced" if dummy.get("expert_routing") == "balanced" else ""
         source = dummy["source"]
     return CheckpointFacts(id=ident, source=source, content_hash=load_report.get("content_hash"),
                            weight_bytes=weight_bytes, tensors=load_report.get("tensors"),

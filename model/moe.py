@@ -1,0 +1,189 @@
+"""The expert block of Gemma 4 26B-A4B: the router and the experts' products, decode-first.
+
+Key: N tokens (B*T rows of the activations), D model width, E experts, K experts per token (top-k), I expert width,
+X = 2I (gate and up side by side), M rows per tile, U tiles.
+
+What is computed (transformers 5.23 models/gemma4/modeling_gemma4.py, `Gemma4TextRouter`, `Gemma4TextExperts`,
+`Gemma4TextDecoderLayer.forward`; google-deepmind/gemma gemma/gm/nn/gemma4/_moe.py holds the same block):
+- router, on the residual stream before the feed-forward (not the MLP's normed input): x = RMSNorm without weight
+  (float32, cast back) * router.scale * D^-1/2; logits = x @ router.proj^T; probabilities = softmax(logits) in
+  float32; the top K by probability; their probabilities divided by their sum; each times router.per_expert_scale
+  of its expert.
+- experts, on pre_feedforward_layernorm_2(residual): for each chosen expert, down(gelu_tanh(gate(x)) * up(x)) with
+  that expert's gate_up_proj [2I, D] (gate the first I rows) and down_proj [D, I], times its routing weight, summed
+  over the K experts of the token.
+- `model.layers.layer_tail` adds post_feedforward_layernorm_1(dense MLP) and post_feedforward_layernorm_2(experts)
+  and normalises the sum with post_feedforward_layernorm.
+
+How the experts' weights are read (`expert_products`): the (token, expert) assignments are grouped into tiles of M
+rows that share one expert, and a loop over the tiles (`jax.lax.map`) slices ONE expert's weights per tile
+(`expert_weight`: a dynamic index on the expert axis, of a dense array or of a quantized array's values and
+scales) and multiplies its rows by it with `model.quant.matmul`, the product every other weight goes through (w8,
+w4: `model.quantspec.EXPERT_PROJECTIONS`). So no program ever multiplies, gathers or converts the whole expert
+array: a step reads the weights of its tiles' experts only.
+- Decode (N*K <= E, e.g. one token: K assignments): M = 1, one tile per assignment, no sorting: the K experts the
+  router chose are the only expert weights read (tests/test_moe.py counts them in the step's program).
+- Prefill and larger batches (N*K > E): sort and segment. The assignments are sorted by expert, each expert's run
+  padded to a whole number of tiles of M rows (M the power of two >= N*K / E, at most `MAX_TILE`), and the
+  tiles past the last used one are skipped (`jax.lax.cond`), so each expert that received tokens is read once per
+  M of its rows and experts nobody chose are not read. Padding rows are zeros and are dropped.
+Why not `jax.lax.ragged_dot`: it takes a dense weight array (no quantized experts without converting all of
+them), and XLA:CPU ran it slower than computing every expert on every token: scripts/probes/moe_forms.py --small
+(2-core CPU under load, jax 0.12, float32, E = 32, D = 512, I = 128, K = 4), ms per call of one layer's experts,
+tiles / ragged_dot / every expert: 1 token 1.66 / 33.0 / 12.7, 8 tokens 1.46 / 38.7 / 19.3, 128 tokens 10.1 /
+418.5 / 162.6 (docs/engine.md "Mixture of experts: what a step reads"). The same script at 26B-A4B's shapes on a
+TPU says which form to prefer there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from model.config import ModelConfig
+from model.ops import dense, gelu, rms_norm
+from model.quant import QuantArray, matmul
+
+MAX_TILE = 64
+"""Most rows a tile of the sorted assignments holds (prefill): a tile reads one expert's weights whole, so larger
+tiles read each expert fewer times at the cost of more padding rows."""
+
+ROUTINGS = ("router", "balanced")
+"""How tokens are assigned to experts: "router" (the model's router: the top K of its probabilities) or
+"balanced" (dummy weights only, `model.random_weights`: assignment j of a step's N*K, in token-major order, goes to
+expert (j + layer * K) mod E, so across a step's tokens every expert is chosen equally often (to within one when
+E does not divide N*K), each token's K experts distinct when K <= E; the weights are the router's probabilities of
+those experts, renormalised and scaled as in "router", so the router still runs and its cost is measured)."""
+
+
+def _rms(x: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def route(lp, cfg: ModelConfig, h_ND: jax.Array, *, layer: int = 0) -> tuple[jax.Array, jax.Array]:
+    """The router of one layer on the residual stream h [N, D] (activation dtype): (expert ids int32 [N, K],
+    weights float32 [N, K]), as the module docstring says; with `cfg.expert_routing == "balanced"` the ids are
+    `balanced_experts` for `layer` and the weights the router's renormalised probabilities of those experts."""
+    with jax.named_scope("router"):
+        x_ND = _rms(h_ND, cfg.rms_norm_eps) * lp.router_scale_D.astype(h_ND.dtype)
+        x_ND = x_ND * jnp.asarray(cfg.hidden_size**-0.5, h_ND.dtype)
+        p_NE = jax.nn.softmax(dense(x_ND, lp.router_DE, "ND,DE->NE").astype(jnp.float32), axis=-1)
+        if cfg.expert_routing == "balanced":
+            idx_NK = balanced_experts(h_ND.shape[0], cfg.top_k_experts, cfg.num_experts, layer)
+            w_NK = jnp.take_along_axis(p_NE, idx_NK, axis=-1)
+        else:
+            w_NK, idx_NK = jax.lax.top_k(p_NE, cfg.top_k_experts)
+        w_NK = w_NK / jnp.sum(w_NK, axis=-1, keepdims=True)
+        w_NK = w_NK * jnp.take(lp.expert_scale_E.astype(jnp.float32), idx_NK)
+        return idx_NK.astype(jnp.int32), w_NK
+
+
+def balanced_experts(n: int, k: int, e: int, layer: int) -> jax.Array:
+    """Expert ids int32 [n, k] of the balanced routing (`ROUTINGS`): assignment j = token * k + slot goes to expert
+    (j + layer * k) mod e."""
+    j = jnp.arange(n * k, dtype=jnp.int32).reshape(n, k)
+    return (j + layer * k) % e
+
+
+def expert_weight(w, e: jax.Array):
+    """Expert `e`'s slice (int32 scalar, traced) of an expert weight [E, ...]: a dense array's [...], or a
+    `QuantArray` of the slice's values and scales (its layout without the expert axis). Only that slice is read."""
+    if isinstance(w, QuantArray):
+        values = jax.lax.dynamic_index_in_dim(w.values, e, 0, keepdims=False)
+        scales = jax.lax.dynamic_index_in_dim(w.scales, e, 0, keepdims=False)
+        return dataclasses.replace(w, values=values, scales=scales, shape=w.shape[1:], block=w.block[1:], tiling=None)
+    return jax.lax.dynamic_index_in_dim(w, e, 0, keepdims=False)
+
+
+def _ffn(x_MD: jax.Array, gate_up_DX, down_DF) -> jax.Array:
+    """One expert on M rows: down(gelu_tanh(gate(x)) * up(x)) -> [M, D] in x's dtype."""
+    gu_MX = dense(x_MD, gate_up_DX, "MD,DX->MX")
+    f = gu_MX.shape[-1] // 2
+    return dense(gelu(gu_MX[:, :f]) * gu_MX[:, f:], down_DF, "MF,DF->MD")
+
+
+def tile_rows(n: int, e: int) -> int:
+    """Rows M per tile for n = N*K assignments over e experts: 1 when n <= e (decode: one tile per assignment),
+    else the power of two >= n / e, at most `MAX_TILE`."""
+    if n <= e:
+        return 1
+    m = 1
+    while m < min(-(-n // e), MAX_TILE):
+        m *= 2
+    return m
+
+
+def tile_count(n: int, e: int, m: int) -> int:
+    """Tiles U that always hold n assignments over e experts padded to whole tiles of m rows: each expert that
+    gets c > 0 of them uses ceil(c / m) tiles, so at most (n + min(n, e) (m - 1)) / m in all."""
+    return (n + min(n, e) * (m - 1)) // m
+
+
+def expert_products(lp, x_ND: jax.Array, idx_NK: jax.Array, w_NK: jax.Array, num_experts: int) -> jax.Array:
+    """The experts' output [N, D] (x's dtype): sum over k of w_NK[:, k] * expert_{idx_NK[:, k]}(x), reading only
+    the chosen experts' weights (module docstring). x [N, D] is the experts' normed input; idx int32 [N, K],
+    w float32 [N, K] from `route`."""
+    n_tok, k = idx_NK.shape
+    n, d = n_tok * k, x_ND.shape[-1]
+    m = tile_rows(n, num_experts)
+    e_n = idx_NK.reshape(n)
+    gu, dn = lp.experts_gate_up_EDX, lp.experts_down_EDF
+    with jax.named_scope("experts"):
+        if m == 1:  # one tile per (token, expert): the chosen experts only, in assignment order
+            tok_n = jnp.arange(n, dtype=jnp.int32) // k
+
+            def one(j):
+                e = e_n[j]
+                x_1D = jax.lax.dynamic_slice_in_dim(x_ND, tok_n[j], 1, axis=0)
+                return _ffn(x_1D, expert_weight(gu, e), expert_weight(dn, e))[0]
+
+            y_nD = jax.lax.map(one, jnp.arange(n, dtype=jnp.int32))
+        else:
+            y_nD = _sorted_tiles(x_ND, e_n, k, m, num_experts, gu, dn)
+        y_NKD = y_nD.reshape(n_tok, k, d).astype(jnp.float32)
+        return jnp.einsum("NKD,NK->ND", y_NKD, w_NK).astype(x_ND.dtype)
+
+
+def _sorted_tiles(x_ND, e_n, k: int, m: int, num_experts: int, gu, dn) -> jax.Array:
+    """Sort and segment: each assignment's expert output [n, D], in assignment order, from tiles of m rows that
+    share one expert (`tile_count` of them; the unused ones skipped)."""
+    n, d = e_n.shape[0], x_ND.shape[-1]
+    u = tile_count(n, num_experts, m)
+    order = jnp.argsort(e_n, stable=True)
+    e_s = e_n[order]
+    counts_E = jnp.bincount(e_n, length=num_experts)
+    padded_E = -(-counts_E // m) * m
+    ends_E = jnp.cumsum(padded_E)
+    first_E = ends_E - padded_E  # first padded row of each expert's run
+    rank_s = jnp.arange(n) - (jnp.cumsum(counts_E) - counts_E)[e_s]  # place of a sorted assignment in its run
+    row_s = first_E[e_s] + rank_s
+    x_RD = jnp.zeros((u * m, d), x_ND.dtype).at[row_s].set(x_ND[order // k], unique_indices=True)
+    tile_e = jnp.clip(jnp.searchsorted(ends_E, jnp.arange(u) * m, side="right"), 0, num_experts - 1).astype(jnp.int32)
+    used = ends_E[-1] // m
+
+    def tile(t):
+        def run(_):
+            x_MD = jax.lax.dynamic_slice_in_dim(x_RD, t * m, m, axis=0)
+            return _ffn(x_MD, expert_weight(gu, tile_e[t]), expert_weight(dn, tile_e[t]))
+
+        return jax.lax.cond(t < used, run, lambda _: jnp.zeros((m, d), x_ND.dtype), None)
+
+    y_RD = jax.lax.map(tile, jnp.arange(u, dtype=jnp.int32)).reshape(u * m, d)
+    y_s = y_RD[row_s]
+    return jnp.zeros((n, d), y_RD.dtype).at[order].set(y_s, unique_indices=True)
+
+
+def expert_block(lp, cfg: ModelConfig, h_BTD: jax.Array, *, layer: int) -> jax.Array:
+    """The expert branch of a decoder layer on the residual stream h [B, T, D] (after attention, before the
+    feed-forward): route (`route`, on h itself), then the experts on pre_feedforward_layernorm_2(h), then
+    post_feedforward_layernorm_2. Returns [B, T, D] in h's dtype."""
+    b, t, d = h_BTD.shape
+    h_ND = h_BTD.reshape(b * t, d)
+    with jax.named_scope("moe"):
+        idx_NK, w_NK = route(lp, cfg, h_ND, layer=layer)
+        x_ND = rms_norm(h_ND, lp.pre_ffw2_norm_D, cfg.rms_norm_eps)
+        y_ND = expert_products(lp, x_ND, idx_NK, w_NK, cfg.num_experts)
+        return rms_norm(y_ND, lp.post_ffw2_norm_D, cfg.rms_norm_eps).reshape(b, t, d)
