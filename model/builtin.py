@@ -19,7 +19,7 @@ from model.errors import CheckpointError
 from model.folders import cache_root, create_atomically, write_model_files
 from model.params import init_tensors
 
-BUILTIN_VERSION = 1  # bump when the generator changes, so a cached default is rebuilt rather than reused
+BUILTIN_VERSION = 2  # bump when the generator changes, so a cached default is rebuilt rather than reused
 DEFAULT_PRESET = "default"
 
 
