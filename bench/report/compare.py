@@ -579,19 +579,55 @@ def compare_runs(
     """
     if max_slowdown_pct is not None and max_slowdown_pct < 0:
         raise ValueError(f"max_slowdown_pct must be >= 0, got {max_slowdown_pct}")
-    base = baseline if isinstance(baseline, RunFolder) else open_complete_run(baseline)
-    cand = candidate if isinstance(candidate, RunFolder) else open_complete_run(candidate)
-    from bench.ab.archive import is_ab_run
-
-    for run in (base, cand):
-        if is_ab_run(run.manifest):
-            raise RunFolderError(f"{run.path}: an A/B session of `bench ab`, which holds ratios, not cells; compare two "
-                                 "sweep runs, or read the session's verdict (its run.log, `bench report`)")  # fmt: skip
+    base, cand = _opened(baseline), _opened(candidate)
     cal = calibration_noise(calibration) if calibration is not None else None
     base_cells = {cell_key(c): c for c in base.cells()}  # a cell is (input tokens, batch): `--batch` sweeps
     cand_cells = {cell_key(c): c for c in cand.cells()}
     keys = sorted(set(base_cells) | set(cand_cells))
-    reps_b, reps_c = _repeat_values(base.samples()), _repeat_values(cand.samples())
+    points = _points(keys, base_cells, cand_cells, _repeat_values(base.samples()), _repeat_values(cand.samples()))
+    noise = _noise(points, cal, max_slowdown_pct)
+    deltas, failures, unresolved, notes = _cell_deltas(keys, base_cells, cand_cells, points, noise)
+    partial = [f"{side} {run.name}, {c.input_tokens:,} input tokens{_rows(c.batch)}: {c.repeats} of "
+               f"{c.repeats_planned} repeats ({c.stopped_by})"
+               for side, run, cells in (("baseline", base, base_cells), ("candidate", cand, cand_cells))
+               for c in cells.values() if c.partial]  # fmt: skip
+    shared = [k[0] for k in keys if k in base_cells and k in cand_cells and k[1] == 1]
+    tokens, token_notes = _token_agreement(base, cand, shared)
+    notes += token_notes
+    if require_same_tokens:
+        for t in tokens:
+            if t.status == "differ":
+                failures.append(f"{t.input_tokens} input tokens: generated ids differ from token {t.first_divergence}")
+            elif t.status == "unknown":
+                failures.append(f"{t.input_tokens} input tokens: token agreement cannot be checked ({t.note})")
+    levels = _level_deltas(base, cand, noise.gate_pct, failures, notes)
+    if (host := _bandwidth_note(base.manifest, cand.manifest)) is not None:
+        notes.append(host)
+    same, _ = single_variable(base.manifest, cand.manifest)
+    variable = quant_variable(base.typed_manifest, cand.typed_manifest)
+    return Comparison(
+        baseline=base.name, candidate=cand.name, max_slowdown_pct=noise.gate_pct, cells=deltas, tokens=tokens,
+        differences=manifest_differences(base.manifest, cand.manifest), single_variable=same or variable is not None,
+        failures=failures, notes=notes, partial=partial, variable=variable, logits=_logit_agreement(base, cand, shared),
+        levels=levels, unresolved=unresolved, noise=noise,
+    )  # fmt: skip
+
+
+def _opened(run: str | Path | RunFolder) -> RunFolder:
+    """The complete run folder `run` names; RunFolderError for one that is not, or for an A/B session of `bench ab`
+    (ratios, not cells)."""
+    from bench.ab.archive import is_ab_run
+
+    opened = run if isinstance(run, RunFolder) else open_complete_run(run)
+    if is_ab_run(opened.manifest):
+        raise RunFolderError(f"{opened.path}: an A/B session of `bench ab`, which holds ratios, not cells; compare two "
+                             "sweep runs, or read the session's verdict (its run.log, `bench report`)")  # fmt: skip
+    return opened
+
+
+def _points(keys, base_cells, cand_cells, reps_b, reps_c) -> dict[tuple[int, int], dict[str, tuple]]:
+    """Per cell both runs hold, per metric of `METRICS`: (candidate / baseline ratio, its interval from the repeats
+    or None); `reps_b`/`reps_c` the runs' repeat values per cell and metric (`_repeat_values`)."""
     points: dict[tuple[int, int], dict[str, tuple[float, tuple[float, float] | None]]] = {}
     for key in keys:
         b, c = base_cells.get(key), cand_cells.get(key)
@@ -602,7 +638,12 @@ def compare_runs(
                                           reps_c.get(key, {}).get(metric, []))  # fmt: skip
             if r is not None:
                 points.setdefault(key, {})[metric] = (r, interval)
-    noise = _noise(points, cal, max_slowdown_pct)
+    return points
+
+
+def _cell_deltas(keys, base_cells, cand_cells, points, noise: Noise):
+    """(the `CellDelta` of every cell, failures, unresolved lines, notes): each cell's ratios widened by the noise
+    (`_widened`) and judged against its gate (`_cell_verdict`); a cell the candidate lacks or holds invalid fails."""
     failures: list[str] = []
     unresolved: list[str] = []
     notes: list[str] = []
@@ -639,30 +680,7 @@ def compare_runs(
                 failures.append(said)
             elif delta.verdicts[metric] == "UNRESOLVED":
                 unresolved.append(said)
-    partial = [f"{side} {run.name}, {c.input_tokens:,} input tokens{_rows(c.batch)}: {c.repeats} of "
-               f"{c.repeats_planned} repeats ({c.stopped_by})"
-               for side, run, cells in (("baseline", base, base_cells), ("candidate", cand, cand_cells))
-               for c in cells.values() if c.partial]  # fmt: skip
-    shared = [k[0] for k in keys if k in base_cells and k in cand_cells and k[1] == 1]
-    tokens, token_notes = _token_agreement(base, cand, shared)
-    notes += token_notes
-    if require_same_tokens:
-        for t in tokens:
-            if t.status == "differ":
-                failures.append(f"{t.input_tokens} input tokens: generated ids differ from token {t.first_divergence}")
-            elif t.status == "unknown":
-                failures.append(f"{t.input_tokens} input tokens: token agreement cannot be checked ({t.note})")
-    levels = _level_deltas(base, cand, noise.gate_pct, failures, notes)
-    if (host := _bandwidth_note(base.manifest, cand.manifest)) is not None:
-        notes.append(host)
-    same, _ = single_variable(base.manifest, cand.manifest)
-    variable = quant_variable(base.typed_manifest, cand.typed_manifest)
-    return Comparison(
-        baseline=base.name, candidate=cand.name, max_slowdown_pct=noise.gate_pct, cells=deltas, tokens=tokens,
-        differences=manifest_differences(base.manifest, cand.manifest), single_variable=same or variable is not None,
-        failures=failures, notes=notes, partial=partial, variable=variable, logits=_logit_agreement(base, cand, shared),
-        levels=levels, unresolved=unresolved, noise=noise,
-    )  # fmt: skip
+    return deltas, failures, unresolved, notes
 
 
 def _noise(points: dict, cal: tuple[str, float, int] | None, given: float | None) -> Noise:
