@@ -11,26 +11,7 @@ import sys
 
 import typer
 
-app = typer.Typer(
-    name="bench",
-    help="Benchmark Gemma 4 on a pure-JAX engine: sweeps, profiles, reports, serving.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-@app.callback()
-def _commands() -> None:
-    # A callback keeps `bench` a group of commands however many `_register` adds: typer runs a lone registered
-    # command as the app itself, which would read `bench gpu-run OUTDIR`'s "gpu-run" as OUTDIR.
-    pass
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print `error: <message>` on stderr and return the `typer.Exit` to raise (exit code 2 by default)."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
+from bench.cli.root import app, fail  # noqa: E402,F401  (re-exported: `bench.cli.app`, `bench.cli.fail`)
 
 
 def _register(argv: list[str]) -> None:

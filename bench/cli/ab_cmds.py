@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from bench.cli import app
+from bench.cli.root import app
 from bench.cli.common import make_console
 
 SIDE_HELP = ("Side {X}: '[BUILD] [SWEEP FLAGS]'. BUILD: a git ref (branch, tag, commit; checked out in a temporary "

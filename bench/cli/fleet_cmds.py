@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from bench.cli import app
+from bench.cli.root import app
 
 fleet_app = typer.Typer(help="Sweeps across a fleet of GPU types on SkyPilot: plan, launch, status, collect, down.",
                         no_args_is_help=True)  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from bench.cli import app
+from bench.cli.root import app
 
 
 @app.command("gpu-run")

@@ -7,7 +7,7 @@ import json
 
 import typer
 
-from bench.cli import app
+from bench.cli.root import app
 from bench.cli.common import make_console
 from bench.errors import InputError
 

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from bench.cli import app
+from bench.cli.root import app
 from bench.cli.common import CheckpointOpt, setup_logging
 from bench.errors import InputError
 

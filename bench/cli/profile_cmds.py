@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from bench.cli import app
+from bench.cli.root import app
 from bench.cli.common import CheckpointOpt, CompileCacheOpt, make_console, setup_logging
 from bench.cli.engine_options import EngineFlags, engine_options
 from bench.errors import InputError

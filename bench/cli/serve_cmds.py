@@ -8,7 +8,7 @@ import os
 
 import typer
 
-from bench.cli import app
+from bench.cli.root import app
 from bench.cli.common import API_KEY_ENV, CheckpointOpt, CompileCacheOpt, setup_logging
 from bench.cli.engine_options import EngineFlags, engine_options
 from bench.errors import InputError

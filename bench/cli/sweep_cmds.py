@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from bench.cli import app
+from bench.cli.root import app
 from bench.cli.common import API_KEY_ENV, CheckpointOpt, CompileCacheOpt, setup_logging
 from bench.cli.engine_options import EngineFlags, engine_options
 from bench.sweep.command import DEFAULT_DECODE_LOOP
