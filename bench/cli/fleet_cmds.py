@@ -94,7 +94,7 @@ def _print_plan(plan, out: Path, written: list, tasks: int) -> None:
             task.accelerator) else "not in the project's list: SkyPilot's catalog decides at launch"  # fmt: skip
         spans = f"x{task.devices}" + (f" on {task.hosts} hosts" if task.hosts > 1 else "")
         mesh = f", --mesh {task.mesh}" if task.mesh else ""
-        typer.echo(f"wrote {out / task.yaml_file}: {task.accelerator}, {spans}{mesh} ({where}), {market}, {runs_as} "
+        typer.echo(f"wrote {out / task.yaml_file}: {task.accelerator} {spans}{mesh} ({where}), {market}, {runs_as} "
                    f"{task.task_name}")  # fmt: skip
         typer.echo(f"  runs: {task.command}" + (" (on every host, through bench.fleet.distributed)"
                                                 if task.hosts > 1 else ""))  # fmt: skip
