@@ -54,6 +54,7 @@ def test_requests_count_devices_and_hosts():
     v5e8, v5e16 = parse_request("tpu-v5e-8"), parse_request("tpu-v5litepod-16")
     assert (v5e8.name, v5e8.devices, v5e8.hosts, v5e8.accelerators) == ("tpu-v5litepod-8", 8, 1, "tpu-v5litepod-8:1")
     assert (v5e16.devices, v5e16.hosts, v5e16.nodes, v5e16.multi_host) == (16, 4, 1, True)
+    assert v5e16.tpu_runtime == "v2-alpha-tpuv5-lite" and parse_request("tpu-v6e-8").tpu_runtime == "v2-alpha-tpuv6e"
     assert parse_request("tpu-v6e-4").devices == 4 and not parse_request("tpu-v6e-4").multi_host
     assert [parse_request(t).slug for t in ("L4", "L4:2", "H100:8x2", "tpu-v5e-4")] == [
         "l4", "l4-x2", "h100-x8-n2", "tpu-v5litepod-4"]  # fmt: skip
@@ -84,6 +85,8 @@ def test_each_one_host_task_passes_its_mesh_to_gpu_run(tmp_path):
         assert words[words.index("--checkpoint") + 1] == "random:e2b"
         assert (words[words.index("--mesh") + 1] if "--mesh" in words else None) == mesh
     assert "'jax[tpu]'" in configs["tpu-v5litepod-4.yaml"]["setup"] and "cuda13" in configs["h100-x8.yaml"]["setup"]
+    assert configs["tpu-v5litepod-4.yaml"]["resources"]["accelerator_args"] == {"runtime_version": "v2-alpha-tpuv5-lite"}
+    assert "accelerator_args" not in configs["h100-x8.yaml"]["resources"]
     plan, _ = build_plan(options(accelerators=("L4", "H100:8")), REPO)
     assert [(t.devices, t.hosts, t.mesh) for t in plan.tasks] == [(1, 1, None), (8, 1, "tp=8")]
     write_plan(plan, plan_configs(accelerators=("L4", "H100:8")), tmp_path / "mesh")
@@ -302,6 +305,8 @@ def test_count_node_and_tpu_tasks_are_valid_for_skypilot():
         task = sky.Task.from_yaml_config(copy.deepcopy(config))
         (res,) = task.resources
         assert (res.accelerators, task.num_nodes) == want[name]
+        if name.startswith("tpu-"):  # our runtime, not SkyPilot's v5p default
+            assert res.accelerator_args["runtime_version"] == "v2-alpha-tpuv5-lite"
 
 
 def test_plan_command_prints_devices_meshes_and_hosts(tmp_path, capsys):

@@ -66,8 +66,10 @@ class TpuGeneration:
     """One TPU generation as SkyPilot names its slices `PREFIX-N` (N chips for these generations: one TensorCore
     per chip). `alias`: the name people use (`tpu-v5e`); `sizes`: the slice sizes Google sells; `host_chips`: the
     most chips one host of a slice holds (a slice of more is several hosts of `multi_host_chips` chips each);
-    `memory_gib`: HBM per chip (GB as Google publishes it). Source: cloud.google.com/tpu/docs/v5e and
-    /tpu/docs/v6e (configurations and VM types)."""
+    `memory_gib`: HBM per chip (GB as Google publishes it); `runtime`: the TPU VM software version the task asks
+    for (`resources.accelerator_args.runtime_version`: SkyPilot 0.14 defaults every tpu-v5* to v2-alpha-tpuv5, the
+    v5p image; v5e's is v2-alpha-tpuv5-lite). Source: cloud.google.com/tpu/docs/v5e, /tpu/docs/v6e
+    (configurations, VM types) and /tpu/docs/runtimes."""
 
     prefix: str
     alias: str | None
@@ -75,11 +77,12 @@ class TpuGeneration:
     host_chips: int
     multi_host_chips: int
     memory_gib: int
+    runtime: str
 
 
 TPUS: tuple[TpuGeneration, ...] = (
-    TpuGeneration("tpu-v5litepod", "tpu-v5e", (1, 4, 8, 16, 32, 64, 128, 256), 8, 4, 16),
-    TpuGeneration("tpu-v6e", None, (1, 4, 8, 16, 32, 64, 128, 256), 8, 4, 32),
+    TpuGeneration("tpu-v5litepod", "tpu-v5e", (1, 4, 8, 16, 32, 64, 128, 256), 8, 4, 16, "v2-alpha-tpuv5-lite"),
+    TpuGeneration("tpu-v6e", None, (1, 4, 8, 16, 32, 64, 128, 256), 8, 4, 32, "v2-alpha-tpuv6e"),
 )
 """The TPU generations a task may ask for (their chips are jax devices one for one)."""
 
@@ -89,14 +92,20 @@ class Request:
     """What one task asks for. `name`: SkyPilot's spelling ("H100", "tpu-v5litepod-16"); `count`: accelerators per
     node (`resources.accelerators: NAME:COUNT`; a TPU slice is 1); `nodes`: SkyPilot's `num_nodes` (a TPU slice: 1,
     whatever its hosts); `devices`: jax devices in all (GPUs x nodes, or the slice's chips); `hosts`: machines,
-    one jax process each (nodes, or the slice's hosts); `tpu`: a TPU slice."""
+    one jax process each (nodes, or the slice's hosts); `tpu_runtime`: a TPU slice's runtime version
+    (`TpuGeneration.runtime`), None for a GPU."""
 
     name: str
     count: int = 1
     nodes: int = 1
     devices: int = 1
     hosts: int = 1
-    tpu: bool = False
+    tpu_runtime: str | None = None
+
+    @property
+    def tpu(self) -> bool:
+        """Whether this is a TPU slice."""
+        return self.tpu_runtime is not None
 
     @property
     def text(self) -> str:
@@ -144,7 +153,7 @@ def _tpu_request(text: str) -> Request:
         raise InputError(f"--accelerators {text}: {gen.prefix} slices come in {', '.join(map(str, gen.sizes))} "
                          f"chips, not {chips}")  # fmt: skip
     hosts = 1 if chips <= gen.host_chips else chips // gen.multi_host_chips
-    return Request(name=f"{gen.prefix}-{chips}", devices=chips, hosts=hosts, tpu=True)
+    return Request(name=f"{gen.prefix}-{chips}", devices=chips, hosts=hosts, tpu_runtime=gen.runtime)
 
 
 def parse_request(text: str) -> Request:

@@ -3,9 +3,10 @@ as task YAML files plus `fleet.json` into the plan folder (`bench fleet plan ...
 
 What one task does (its YAML, `task_config`):
 - `resources`: the accelerator of its `--accelerators` entry (`bench.fleet.accelerators.Request`:
-  `accelerators: NAME:COUNT`, a TPU slice `tpu-v5litepod-N:1`), `use_spot`, `disk_size` (GB), `infra` when given,
-  and with a bucket `job_recovery` (managed jobs: a preempted spot machine is replaced and the run command starts
-  again; `max_restarts_on_errors: 0`, so a failing run is not retried). `NAME:COUNTxNODES` sets `num_nodes`.
+  `accelerators: NAME:COUNT`, a TPU slice `tpu-v5litepod-N:1` with its `accelerator_args.runtime_version`),
+  `use_spot`, `disk_size` (GB), `infra` when given, and with a bucket `job_recovery` (managed jobs: a preempted
+  spot machine is replaced and the run command starts again; `max_restarts_on_errors: 0`, so a failing run is not
+  retried). `NAME:COUNTxNODES` sets `num_nodes`.
 - `workdir`: the repository root (SkyPilot uploads it, leaving out what .gitignore lists); `setup` makes `.venv`
   there with a Python >= 3.12 (`scripts/find-python.sh`, else one `uv` installs) and installs the project from
   `constraints.txt` with the `cuda13` extra on a GPU, with `jax[tpu]` on a TPU slice.
@@ -34,8 +35,9 @@ What one task does (its YAML, `task_config`):
   value `bench fleet launch` passes from its own environment. No file the plan writes holds a token.
 
 gpu-run.sh exit codes 0 (every step ran) and 3 (the budget stopped a step; the folders are valid) end the task
-with 0; 1 and 2 end it with that code (a multi-host task: the sweeps' codes, a sweep the budget stopped counting 3). Standard library and PyYAML only; nothing here imports SkyPilot (schema
-validation is `bench.fleet.sdk.validate_task`).
+with 0; 1 and 2 end it with that code (a multi-host task: the sweeps' codes, a sweep the budget stopped counting
+3). Standard library, PyYAML and `model.placement` (no jax) only; nothing here imports SkyPilot (schema validation
+is `bench.fleet.sdk.validate_task`).
 """
 
 from __future__ import annotations
@@ -358,12 +360,17 @@ def _sh(token: str) -> str:
     return f'"{token}"' if token in ("$out", "$ckpt") or token.startswith("$out/") else shlex.quote(token)
 
 
+def gpu_run_line(args: tuple[str, ...]) -> str:
+    """The run script's gpu-run.sh line: the workdir's .venv Python, OUT ("$out"), then `args`."""
+    return "PYTHON=.venv/bin/python scripts/gpu-run.sh " + " ".join(_sh(t) for t in ("$out", *args))
+
+
 def bench_lines(options: FleetOptions, req: Request) -> tuple[str, ...]:
     """The benchmark command lines of a task, as its run script runs them: one host, `scripts/gpu-run.sh "$out"
     ...` (`task_args`); several hosts, one `run_sweep ...` per --quant set (`sweep_args`; `multi_host_script`
     defines run_sweep: `python -m bench.fleet.distributed --devices N -- sweep ...` within the budget)."""
     if not req.multi_host:
-        return ("PYTHON=.venv/bin/python scripts/gpu-run.sh " + " ".join(_sh(t) for t in ("$out", *task_args(options, req))),)
+        return (gpu_run_line(task_args(options, req)),)
     sets = options.quant or (None,)
     return tuple("run_sweep " + " ".join(_sh(t) for t in sweep_args(options, req, q)) for q in sets)
 
@@ -422,8 +429,7 @@ def run_script(plan_name: str, task_slug: str, out: str, args: tuple[str, ...], 
     entries, write gpu-run's exit code to OUT/exit-code, and exit 0 for its 0 and 3 (the folders are valid), else
     its code."""
     lines = ["set -uo pipefail", f"out={out}", *_prologue(task_slug, bucket, hub_checkpoint)]
-    lines.append("PYTHON=.venv/bin/python scripts/gpu-run.sh " + " ".join(_sh(t) for t in ("$out", *args)))
-    lines.append("rc=$?")
+    lines += [gpu_run_line(args), "rc=$?"]
     return "\n".join(lines + _epilogue(plan_name, task_slug, bucket, "gpu-run")) + "\n"
 
 
@@ -469,6 +475,8 @@ def task_config(options: FleetOptions, accelerator: str, workdir: Path) -> dict[
     out = task_out(options.name, s, bucket)
     resources: dict[str, Any] = {"accelerators": req.accelerators, "use_spot": options.spot,
                                  "disk_size": options.disk_size}  # fmt: skip
+    if req.tpu_runtime is not None and not (options.infra or "").lower().startswith(("kubernetes", "k8s")):
+        resources["accelerator_args"] = {"runtime_version": req.tpu_runtime}  # a TPU VM's image (not on GKE)
     if options.infra:
         resources["infra"] = options.infra
     if bucket:
