@@ -65,7 +65,9 @@ usual next steps up."""
 class TpuGeneration:
     """One TPU generation as SkyPilot names its slices `PREFIX-N` (N chips for these generations: one TensorCore
     per chip). `alias`: the name people use (`tpu-v5e`); `sizes`: the slice sizes Google sells; `host_chips`: the
-    most chips one host of a slice holds (a slice of more is several hosts of `multi_host_chips` chips each);
+    most chips one TPU VM of a slice holds (a slice of more is several VMs of `multi_host_chips` chips each: what
+    this project calls hosts, one jax process each; Google's tables count 8-chip machines as hosts and list the
+    VMs apart, e.g. v6e-16: 2 hosts, 4 VMs of ct6e-standard-4t);
     `memory_gib`: HBM per chip (GB as Google publishes it); `runtime`: the TPU VM software version the task asks
     for (`resources.accelerator_args.runtime_version`: SkyPilot 0.14 defaults every tpu-v5* to v2-alpha-tpuv5, the
     v5p image; v5e's is v2-alpha-tpuv5-lite). Source: cloud.google.com/tpu/docs/v5e, /tpu/docs/v6e
