@@ -130,12 +130,15 @@ def test_the_mesh_lines_parse_with_the_commands_own_parsers(tmp_path):
     `bench sweep`'s own click commands; skipped until those commands take --mesh (another branch adds it)."""
     configs = plan_configs(accelerators=("H100:8", "H100:8x2"), checkpoint="random:31b")
     gpu = shlex.split(next(ln for ln in configs["h100-x8.yaml"]["run"].splitlines() if "gpu-run.sh" in ln))
-    sweep = shlex.split(next(ln for ln in configs["h100-x8-n2.yaml"]["run"].splitlines() if ln.startswith("run_sweep")))
+    sweep = shlex.split(next(ln for ln in configs["h100-x8-n2.yaml"]["run"].splitlines() if ln.startswith("run_sweep ")))
     gpu_params = _subcommand_params("gpu-run", [str(tmp_path) if w == "$out" else w for w in gpu[2:]])
     sweep_params = _subcommand_params("sweep", [w.replace("$out", str(tmp_path)) for w in sweep[1:]])
     if gpu_params is None or sweep_params is None:
         pytest.skip("bench gpu-run / bench sweep take no --mesh yet (the mesh CLI branch adds it)")
     assert gpu_params["mesh"] == "tp=8" and sweep_params["mesh"] == "tp=16"
+    from bench.gpurun.main import Options, check_options
+
+    check_options(Options(**{**gpu_params, "quant": tuple(gpu_params["quant"] or ())}))  # gpu-run's own checks
 
 
 # ---- several hosts ------------------------------------------------------------------------------------------------
