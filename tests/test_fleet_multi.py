@@ -320,7 +320,7 @@ def test_plan_command_prints_devices_meshes_and_hosts(tmp_path, capsys):
     assert code == 0, err
     assert "L4 x1 (" in stdout and "H100:8 x8, --mesh tp=8" in stdout
     assert "tpu-v5litepod-16 x16 on 4 hosts, --mesh tp=16 (Cloud TPU on GCP)" in stdout
-    assert "through bench.fleet.distributed" in stdout
+    assert "through bench.fleet.distributed" in stdout and "does not yet run across processes" in stdout
     code, _, err = bench_captured(["fleet", "plan", "--accelerators", "A100:16", "--checkpoint", "builtin:e2b",
                                    "--out", str(tmp_path / "fleet" / "bad")], capsys)  # fmt: skip
     assert code == 2 and "query heads (8)" in err and err.strip().count("\n") == 0

@@ -98,6 +98,9 @@ def _print_plan(plan, out: Path, written: list, tasks: int) -> None:
                    f"{task.task_name}")  # fmt: skip
         typer.echo(f"  runs: {task.command}" + (" (on every host, through bench.fleet.distributed)"
                                                 if task.hosts > 1 else ""))  # fmt: skip
+    if any(t.hosts > 1 for t in plan.tasks):
+        typer.echo("several hosts: planned and checked offline, but the sweep does not yet run across processes "
+                   "(docs/devices/fleet.md, \"Several hosts\")")  # fmt: skip
     checkpoint = plan.options.get("checkpoint")
     if checkpoint and is_hub_id(checkpoint) and any(t.mesh for t in plan.tasks):
         typer.echo(f"mesh: {checkpoint}'s config is read on the machine, where the engine checks the mesh "

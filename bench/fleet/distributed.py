@@ -21,8 +21,10 @@ not an import: this package never imports `bench.cli` (like bench/gpurun/__main_
 one module of bench.fleet that imports jax (inside `jax_initialize`, an exception the import contract names);
 nothing imports it.
 
-Offline, this is tested with fake variables (`read_cluster`) and one process on the CPU (`jax.distributed` with a
-coordinator on 127.0.0.1): a launch across real hosts needs cloud credentials and is not tested here.
+Offline, this is tested with fake variables (`read_cluster`) and two real processes on the CPU (`jax.distributed`
+with a coordinator on 127.0.0.1): a launch across real hosts needs cloud credentials and is not tested here. The
+sweep itself does not yet run across processes (docs/devices/fleet.md, "Several hosts": its bandwidth probe and
+mesh record read other processes' devices).
 """
 
 from __future__ import annotations
