@@ -161,7 +161,8 @@ def test_a_multi_host_tpu_slice_is_one_node_whose_hosts_each_run_the_sweep(tmp_p
     y = configs["tpu-v5litepod-16.yaml"]
     assert "num_nodes" not in y and y["resources"]["accelerators"] == "tpu-v5litepod-16:1"
     assert "--devices 16 -- sweep" in y["run"] and "--mesh tp=16" in y["run"]
-    assert (plan.tasks[0].devices, plan.tasks[0].hosts) == (16, 4) and plan.tasks[0].command.startswith("run_sweep")
+    assert (plan.tasks[0].devices, plan.tasks[0].hosts) == (16, 4) and plan.tasks[0].command.startswith(
+        ".venv/bin/python -m bench.fleet.distributed --devices 16 -- sweep --checkpoint random:31b --mesh tp=16")
 
 
 @pytest.mark.parametrize("kw,needle", [
@@ -320,7 +321,8 @@ def test_plan_command_prints_devices_meshes_and_hosts(tmp_path, capsys):
     assert code == 0, err
     assert "L4 x1 (" in stdout and "H100:8 x8, --mesh tp=8" in stdout
     assert "tpu-v5litepod-16 x16 on 4 hosts, --mesh tp=16 (Cloud TPU on GCP)" in stdout
-    assert "through bench.fleet.distributed" in stdout and "does not yet run across processes" in stdout
+    assert "-m bench.fleet.distributed --devices 16 -- sweep" in stdout and "(on every host)" in stdout
+    assert "does not yet run across processes" in stdout
     code, _, err = bench_captured(["fleet", "plan", "--accelerators", "A100:16", "--checkpoint", "builtin:e2b",
                                    "--out", str(tmp_path / "fleet" / "bad")], capsys)  # fmt: skip
     assert code == 2 and "query heads (8)" in err and err.strip().count("\n") == 0

@@ -96,8 +96,7 @@ def _print_plan(plan, out: Path, written: list, tasks: int) -> None:
         mesh = f", --mesh {task.mesh}" if task.mesh else ""
         typer.echo(f"wrote {out / task.yaml_file}: {task.accelerator} {spans}{mesh} ({where}), {market}, {runs_as} "
                    f"{task.task_name}")  # fmt: skip
-        typer.echo(f"  runs: {task.command}" + (" (on every host, through bench.fleet.distributed)"
-                                                if task.hosts > 1 else ""))  # fmt: skip
+        typer.echo(f"  runs: {task.command}" + (" (on every host)" if task.hosts > 1 else ""))
     if any(t.hosts > 1 for t in plan.tasks):
         typer.echo("several hosts: planned and checked offline, but the sweep does not yet run across processes "
                    "(docs/devices/fleet.md, \"Several hosts\")")  # fmt: skip

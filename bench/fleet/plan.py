@@ -375,6 +375,15 @@ def bench_lines(options: FleetOptions, req: Request) -> tuple[str, ...]:
     return tuple("run_sweep " + " ".join(_sh(t) for t in sweep_args(options, req, q)) for q in sets)
 
 
+def shown_command(req: Request, line: str) -> str:
+    """A benchmark line as people read it: a multi-host task's `run_sweep ARGS` spelled out as the command each
+    host runs (`.venv/bin/python -m bench.fleet.distributed --devices N -- sweep ARGS`)."""
+    head = "run_sweep "
+    if req.multi_host and line.startswith(head):
+        return f".venv/bin/python -m {DISTRIBUTED} --devices {req.devices} -- sweep {line[len(head):]}"
+    return line
+
+
 _SETUP = """\
 set -euo pipefail
 if [ ! -x .venv/bin/python ]; then
@@ -512,7 +521,7 @@ def build_plan(options: FleetOptions, workdir: Path) -> tuple[FleetPlan, dict[st
         tasks.append(FleetTask(accelerator=req.text, slug=s, task_name=config["name"], yaml_file=f"{s}.yaml",
                                out=task_out(options.name, s, options.bucket is not None), devices=req.devices,
                                hosts=req.hosts, mesh=None if mesh is None else mesh.text,
-                               command=bench_lines(options, req)[0]))  # fmt: skip
+                               command=shown_command(req, bench_lines(options, req)[0])))  # fmt: skip
     opts = asdict(options)
     plan = FleetPlan(name=options.name, bucket=options.bucket.rstrip("/") if options.bucket else None,
                      spot=options.spot, hf_token=_hub(options) is not None,
