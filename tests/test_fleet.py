@@ -52,10 +52,11 @@ def make_plan(folder: Path, **kw) -> Path:
 
 
 # ---- the plan ----------------------------------------------------------------------------------------------------
-def test_accelerators_are_catalog_names_one_gpu_each():
+def test_accelerators_are_catalog_names_with_counts():
     assert parse_accelerators("t4g, L4,h100") == ("T4g", "L4", "H100")
     assert parse_accelerators("RTX4090") == ("RTX4090",)  # not in our list: SkyPilot decides at launch
-    for bad in ("", "L4,,T4g", "L4:2", "L4,l4", "l 4"):
+    assert parse_accelerators("L4:1,L4:2") == ("L4", "L4:2")  # a count of 1 is the plain name; other counts differ
+    for bad in ("", "L4,,T4g", "L4:0", "L4,l4", "L4:1,l4", "l 4"):
         with pytest.raises(InputError):
             parse_accelerators(bad)
 

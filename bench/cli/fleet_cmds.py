@@ -25,8 +25,10 @@ PlanDir = Annotated[Path, typer.Argument(help="The plan folder (fleet/NAME) that
 
 @fleet_app.command("plan")
 def plan_cmd(
-    accelerators: str = typer.Option(..., "--accelerators", help="SkyPilot catalog names, one task each, e.g. "
-                                     "T4g,L4,H100 (one GPU per task)."),
+    accelerators: str = typer.Option(..., "--accelerators", help="SkyPilot catalog names, one task each, with a "
+                                     "count (NAME:COUNT), machines (NAME:COUNTxNODES) or a TPU slice, e.g. "
+                                     "T4g,L4:2,H100:8,H100:8x2,tpu-v5litepod-8 (tpu-v5e-N reads as tpu-v5litepod-N). "
+                                     "A task of N > 1 devices runs with --mesh tp=N."),
     out: Path = typer.Option(..., "--out", help="The plan folder, fleet/NAME/: its name names the fleet "
                              "(lower-case letters, digits, hyphens)."),
     spot: bool = typer.Option(False, "--spot", help="Spot instances, recovered from preemption as managed jobs "
@@ -51,6 +53,8 @@ def plan_cmd(
     infra: str | None = typer.Option(None, "--infra", help="SkyPilot's resources.infra, e.g. aws or aws/us-east-1 "
                                      "(default: any cloud the credentials allow)."),
     disk_size: int = typer.Option(100, "--disk-size", help="Disk per machine (GB)."),
+    mesh_axis: str = typer.Option("tp", "--mesh-axis", help="The mesh axis of a task of several devices: tp (heads "
+                                  "and widths split) or ep (experts split)."),
     replace: bool = typer.Option(False, "--replace", help="Write over a plan already in --out."),
 ) -> None:
     """Write one SkyPilot task YAML per accelerator and fleet.json into --out, each validated against SkyPilot's
@@ -62,7 +66,7 @@ def plan_cmd(
     options = FleetOptions(name=fleet_name(out), accelerators=names, spot=spot, bucket=bucket, checkpoint=checkpoint,
                            inputs=inputs, max_new_tokens=max_new_tokens, repeats=repeats, steps=steps,
                            decode_loop=decode_loop, quant=tuple(quant or ()), batch=batch, budget_s=budget_s,
-                           infra=infra, disk_size=disk_size)  # fmt: skip
+                           infra=infra, disk_size=disk_size, mesh_axis=mesh_axis)  # fmt: skip
     from bench.fleet.plan import gpu_run_check_fields
     from bench.gpurun.main import Options as GpuRunOptions
     from bench.gpurun.main import check_options as check_gpu_run  # gpu-run.sh's own checks, on the same values
@@ -76,20 +80,30 @@ def plan_cmd(
 
 
 def _print_plan(plan, out: Path, written: list, tasks: int) -> None:
-    """What `bench fleet plan` wrote: one line per task, the command each runs, where results go, the secret, and
+    """What `bench fleet plan` wrote: one line per task and the command it runs, where results go, the secret, and
     the file list's last entry with the next step."""
     from bench.fleet import KNOWN, is_known
+    from bench.fleet.plan import is_hub_id
     from bench.fleet.sdk import sky_version
 
     market = "spot" if plan.spot else "on-demand"
     runs_as = "managed job" if plan.managed else "cluster"
     for task in plan.tasks:
-        where = KNOWN[task.accelerator.lower()].families if is_known(task.accelerator) else (
-            "not in the project's list: SkyPilot's catalog decides at launch")  # fmt: skip
-        typer.echo(f"wrote {out / task.yaml_file}: {task.accelerator} x1 ({where}), {market}, {runs_as} "
+        base = task.accelerator.split(":", 1)[0]
+        where = (KNOWN[base.lower()].families if base.lower() in KNOWN else "Cloud TPU on GCP") if is_known(
+            task.accelerator) else "not in the project's list: SkyPilot's catalog decides at launch"  # fmt: skip
+        spans = f"x{task.devices}" + (f" on {task.hosts} hosts" if task.hosts > 1 else "")
+        mesh = f", --mesh {task.mesh}" if task.mesh else ""
+        typer.echo(f"wrote {out / task.yaml_file}: {task.accelerator} {spans}{mesh} ({where}), {market}, {runs_as} "
                    f"{task.task_name}")  # fmt: skip
-    typer.echo(f"run on each: scripts/gpu-run.sh {plan.tasks[0].out.replace(plan.tasks[0].slug, 'SLUG')} "
-               f"{' '.join(plan.gpu_run_args)}")  # fmt: skip
+        typer.echo(f"  runs: {task.command}" + (" (on every host)" if task.hosts > 1 else ""))
+    if any(t.hosts > 1 for t in plan.tasks):
+        typer.echo("several hosts: planned and checked offline, but the sweep does not yet run across processes "
+                   "(docs/devices/fleet.md, \"Several hosts\")")  # fmt: skip
+    checkpoint = plan.options.get("checkpoint")
+    if checkpoint and is_hub_id(checkpoint) and any(t.mesh for t in plan.tasks):
+        typer.echo(f"mesh: {checkpoint}'s config is read on the machine, where the engine checks the mesh "
+                   "(not checked here, offline)")  # fmt: skip
     if plan.bucket:
         typer.echo(f"results: {plan.bucket}/{plan.name}/SLUG/runs/; compilation cache: {plan.bucket}/xla-cache/SLUG/ "
                    "(restored before each run, new entries saved after it)")  # fmt: skip
