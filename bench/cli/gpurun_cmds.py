@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from bench.cli import app
+from bench.cli.engine_options import MESH_HELP
 
 
 @app.command("gpu-run")
@@ -40,6 +41,7 @@ def gpu_run(
         None, "--kernel", help="w4a16=pallas or w4a16=xla, repeatable: each option set with w4 weights is swept and "
         "profiled once per value (--quant w4 --kernel w4a16=pallas --kernel w4a16=xla: the fused kernel on and "
         "off). Default: no --kernel (the engine decides)."),
+    mesh: str | None = typer.Option(None, "--mesh", help=f"Every sweep and profile: {MESH_HELP}"),
     batch: str | None = typer.Option(
         None, "--batch", help="Batch sizes passed to every sweep (bench sweep --batch), e.g. 1,8,32,128; the largest is "
         "also profiled, into its own run. Pair large batches with small --inputs (e.g. --inputs 41). Default: none."),
@@ -57,7 +59,7 @@ def gpu_run(
     options = Options(outdir=outdir, budget_s=budget_s, checkpoint=checkpoint, tiny=tiny, pack=pack, inputs=inputs,
                       max_new_tokens=max_new_tokens, repeats=repeats, steps=steps,
                       decode_loop=decode_loop, quant=tuple(quant or ()), kernel=tuple(kernel or ()),
-                      batch=batch)  # fmt: skip
+                      batch=batch, mesh=mesh)  # fmt: skip
     outcome = run(options, emit=typer.echo)
     if outcome.code:
         raise typer.Exit(outcome.code)
