@@ -89,3 +89,39 @@ def test_a_mesh_this_machine_or_model_cannot_take_is_one_line_before_anything_lo
     assert all(n in lines[0] for n in needles), lines[0]
     assert "loaded" not in proc.stderr and "Traceback" not in proc.stderr
     assert not any(tmp_path.iterdir())  # no run folder
+
+
+def test_the_batch_memory_of_a_mesh_is_per_device_and_says_so() -> None:
+    from bench.runs.devices import fit_line
+    from model.accounting import BatchMemory
+
+    own = BatchMemory(batch=8, cache_len=100, weight_bytes=10_000, kv_bytes_per_row=1_000, capacity=50_000,
+                      where="of cpu memory (bytes_limit)", mesh="tp=2")  # fmt: skip
+    assert (own.needed, own.largest_batch, own.fits) == (18_000, 35, True)  # each device its own memory
+    shared = BatchMemory(batch=16, cache_len=100, weight_bytes=10_000, kv_bytes_per_row=1_000, capacity=50_000,
+                         where="of host memory", mesh="tp=2", sharing=2)  # fmt: skip
+    assert shared.needed == 2 * (10_000 + 16_000) and shared.largest_batch == 12  # 45,000 // 2 - 10,000 = 12,500
+    line = shared.refusal()
+    for needle in ("batch 16 does not fit on each device of tp=2", "of KV cache per device", "of weights per device",
+                   "= 0.000 GB per device, x 2 devices sharing it", "at most 12 rows fit"):  # fmt: skip
+        assert needle in line, (needle, line)
+    assert "per device of tp=2, x 2 devices sharing it" in fit_line(shared)
+    one = BatchMemory(batch=16, cache_len=100, weight_bytes=10_000, kv_bytes_per_row=1_000, capacity=50_000,
+                      where="of host memory")  # fmt: skip
+    assert "device" not in one.refusal() and "device" not in fit_line(one)  # one device: the line as it was
+
+
+def test_the_sweeps_fit_before_loading_is_per_device_under_a_mesh() -> None:
+    from bench.sweep.fit import sweep_memory
+    from model.config import DEFAULT
+    from model.placement import Mesh, device_share
+    from model.quantspec import parse_quant
+
+    kw = dict(weight_itemsize=4, kv_itemsize=4, scale_itemsize=2, quant=parse_quant(None), capacity=10**12,
+              where="of host memory")  # fmt: skip
+    one, _ = sweep_memory(DEFAULT, [(41, 4)], 16, **kw)
+    two, _ = sweep_memory(DEFAULT, [(41, 4)], 16, mesh=Mesh(axis="tp", size=2), **kw)
+    share = device_share(DEFAULT, Mesh(axis="tp", size=2), itemsize=4, context=two.cache_len, kv_itemsize=4)
+    assert (two.weight_bytes, two.kv_bytes_per_row, two.sharing, two.mesh) == (share.weight_bytes,
+                                                                              share.kv_bytes_per_row, 2, "tp=2")
+    assert one.weight_bytes / 2 <= two.weight_bytes < one.weight_bytes and two.kv_bytes_per_row <= one.kv_bytes_per_row
