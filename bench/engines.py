@@ -296,6 +296,20 @@ def mesh_record(engine, sizes: Sequence[int], max_new_tokens: int) -> dict[str, 
             "roofline_bytes": {n: max(s.total for s in ss) for n, ss in steps.items()}}  # fmt: skip
 
 
+def mesh_lines(record: dict[str, Any]) -> list[str]:
+    """One line per input size of a `mesh_record`: the mesh, the slowest device's bytes per step (the roofline's),
+    the range over its devices, and the collectives each device's step runs (op x count, bytes)."""
+    out = []
+    for n, steps in record["steps"].items():
+        totals = [s["total"] for s in steps]
+        slowest = max(steps, key=lambda s: s["total"])
+        ops = ", ".join(f"{op} x{slowest['collectives'][op]} ({b:,} B)" for op, b in slowest["collective_bytes"].items())
+        out.append(f"mesh {record['mesh']} at {n} input tokens: each device reads {min(totals):,}..{max(totals):,} B "
+                   f"per decode step of one row (the roofline's bytes: device {slowest['device']}'s "
+                   f"{slowest['total']:,}); its collectives: {ops or 'none'}")  # fmt: skip
+    return out
+
+
 # ---- bench generate -------------------------------------------------------------------------------------------------
 def check_generate(max_new_tokens: int, decode_loop: str, block: int | None, temperature: float, top_k: int,
                    top_p: float) -> None:  # fmt: skip

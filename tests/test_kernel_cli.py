@@ -101,3 +101,12 @@ def test_gpu_run_runs_each_w4_set_with_the_kernel_on_and_off() -> None:
 def test_gpu_run_refuses_a_bad_kernel(tmp_path, capsys) -> None:
     code, _, err = bench_captured(["gpu-run", str(tmp_path / "o"), "--kernel", "w4a16=cuda"], capsys)
     assert code == 2 and "--kernel w4a16=cuda" in err and "Traceback" not in err
+
+
+def test_gpu_run_refuses_a_malformed_mesh_before_any_step() -> None:
+    from bench.errors import InputError
+    from bench.gpurun.main import Options, check_options
+
+    with pytest.raises(InputError, match=r"^--mesh tp=0: expected tp=N or ep=N"):
+        check_options(Options(outdir=Path("x"), mesh="tp=0"))
+    check_options(Options(outdir=Path("x"), mesh="tp=2"))  # the devices are each step's question

@@ -73,6 +73,18 @@ def test_the_report_and_compare_show_the_mesh(runs) -> None:
     assert "tp=2" in proc.stdout, proc.stdout[-3000:]
 
 
+@pytest.mark.slow
+def test_generate_takes_the_mesh_and_gives_one_devices_tokens() -> None:
+    args = ["generate", "--checkpoint", "builtin:tiny", "--prompt", "Two devices", "--max-new-tokens", "6", "--json",
+            "--dtype", "float32", "--compile-cache", str(SUITE_XLA_CACHE) if SUITE_XLA_CACHE else "off"]  # fmt: skip
+    ids = []
+    for extra in ([], ["--mesh", "tp=2"]):
+        proc = run_cli([*args, *extra], env=TWO_DEVICES, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ids.append(json.loads(proc.stdout.strip().splitlines()[-1])["generated_ids"])
+    assert ids[0] == ids[1] and len(ids[0]) >= 1
+
+
 @pytest.mark.parametrize("devices, mesh, needles", [
     (2, "tp=4", ["--mesh tp=4", "needs 4 devices", "jax sees 2 cpu device(s)",
                  "XLA_FLAGS=--xla_force_host_platform_device_count=4"]),

@@ -250,7 +250,15 @@ def run_local(plan: SweepPlan):
     alone), load the engine, check every prompt and batch, build the manifest (and, resuming, check it is the
     run's build), then measure into a new or the resumed run folder. Returns the run folder (ended: complete,
     incomplete after a stop signal, or failed)."""
-    from bench.engines import MESH_KEY, check_mesh_here, check_prompt_sizes, engine_manifest, mesh_record, open_engine
+    from bench.engines import (
+        MESH_KEY,
+        check_mesh_here,
+        check_prompt_sizes,
+        engine_manifest,
+        mesh_lines,
+        mesh_record,
+        open_engine,
+    )
     from bench.runs import now_iso
     from bench.sweep.local import build_batch_prompts, build_prompts, check_batches
     from model.engine import CompileCounter
@@ -274,6 +282,8 @@ def run_local(plan: SweepPlan):
     extra = {"decode_bytes": decode_bytes, RATES_KEY: dict(rates.measured)}
     if (per_device := mesh_record(engine, config.inputs, config.max_new_tokens)) is not None:
         extra[MESH_KEY] = per_device  # a mesh: each device's bytes and collectives (one device: nothing new)
+        for line in mesh_lines(per_device):
+            log.info(line)
     manifest = engine_manifest("sweep", engine, report, plan.flags.checkpoint, cache_dir, workload, extra=extra)
     if resumed is not None:
         check_same_build(resumed, manifest)
