@@ -85,17 +85,25 @@ def test_generate_takes_the_mesh_and_gives_one_devices_tokens() -> None:
     assert ids[0] == ids[1] and len(ids[0]) >= 1
 
 
-@pytest.mark.parametrize("devices, mesh, needles", [
-    (2, "tp=4", ["--mesh tp=4", "needs 4 devices", "jax sees 2 cpu device(s)",
-                 "XLA_FLAGS=--xla_force_host_platform_device_count=4"]),
-    (4, "tp=3", ["--mesh tp=3", "3 does not divide", "query heads (4)", "expected tp in 1, 2, 4"]),
-    (2, "ep=2", ["--mesh ep=2", "no experts"]),
-    (2, "tp=two", ["--mesh tp=two", "tp=N or ep=N"]),
+TINY = ["-c", "builtin:tiny"]
+
+
+@pytest.mark.parametrize("devices, args, needles", [
+    (2, [*SWEEP, "--mesh", "tp=4"], ["--mesh tp=4", "needs 4 devices", "jax sees 2 cpu device(s)",
+                                     "XLA_FLAGS=--xla_force_host_platform_device_count=4"]),
+    (4, [*SWEEP, "--mesh", "tp=3"], ["--mesh tp=3", "3 does not divide", "query heads (4)", "expected tp in 1, 2, 4"]),
+    (2, [*SWEEP, "--mesh", "ep=2"], ["--mesh ep=2", "no experts"]),
+    (2, [*SWEEP, "--mesh", "tp=two"], ["--mesh tp=two", "tp=N or ep=N"]),
+    (2, ["sweep", "--target", "http://127.0.0.1:9/v1", "--inputs", "20", "--mesh", "tp=2"], ["--mesh tp=2", "--target"]),
+    (1, ["profile", *TINY, "--mesh", "tp=2"], ["--mesh tp=2", "needs 2 devices", "jax sees 1 cpu device(s)"]),
+    (1, ["generate", "-p", "hi", *TINY, "--mesh", "tp=2"], ["--mesh tp=2", "needs 2 devices"]),
+    (1, ["serve", *TINY, "--port", "1", "--mesh", "tp=2"], ["--mesh tp=2", "needs 2 devices"]),
 ])  # fmt: skip
-def test_a_mesh_this_machine_or_model_cannot_take_is_one_line_before_anything_loads(devices, mesh, needles,
+def test_a_mesh_this_machine_or_model_cannot_take_is_one_line_before_anything_loads(devices, args, needles,
                                                                                     tmp_path) -> None:  # fmt: skip
     env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
-    proc = run_cli([*SWEEP, "--mesh", mesh, "--runs-dir", str(tmp_path)], env=env, timeout=300)
+    runs = ["--runs-dir", str(tmp_path)] if args[0] in ("sweep", "profile") else []
+    proc = run_cli([*args, *runs], env=env, timeout=300)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert all(n in lines[0] for n in needles), lines[0]

@@ -140,6 +140,9 @@ def _check_target_engine(options: Mapping[str, Any], compile_cache: str | None) 
     if options.get("kernel") is not None:
         raise InputError(f"--kernel {options['kernel']}: with --target the server multiplies its weights as it was "
                          "started; drop the flag (start the server with `bench serve --kernel ...`)")  # fmt: skip
+    if options.get("mesh") is not None:
+        raise InputError(f"--mesh {options['mesh']}: with --target the server runs on the devices it was started "
+                         "on; drop the flag (start the server with `bench serve --mesh ...`)")  # fmt: skip
     if options.get("weight_dtype") is not None:
         raise InputError(f"--weight-dtype {options['weight_dtype']}: with --target the server stores its weights as "
                          "it was started; drop the flag (start the server with `bench serve --weight-dtype ...`)")  # fmt: skip
