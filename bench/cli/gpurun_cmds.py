@@ -12,7 +12,8 @@ from pathlib import Path
 import typer
 
 from bench.cli import app
-from bench.cli.engine_options import MESH_HELP
+
+from bench.cli.engine_options import MESH_HELP  # the group's --mesh text: gpu-run passes it to every step
 
 
 @app.command("gpu-run")
