@@ -145,3 +145,15 @@ def test_the_sweeps_fit_before_loading_is_per_device_under_a_mesh() -> None:
     assert (two.weight_bytes, two.kv_bytes_per_row, two.sharing, two.mesh) == (share.weight_bytes,
                                                                               share.kv_bytes_per_row, 2, "tp=2")
     assert one.weight_bytes / 2 <= two.weight_bytes < one.weight_bytes and two.kv_bytes_per_row <= one.kv_bytes_per_row
+
+
+@pytest.mark.slow
+def test_a_profile_joined_to_a_mesh_run_takes_its_mesh_and_divides_per_device(runs) -> None:
+    proc = run_cli(["profile", "--run", str(runs["tp2"]), "--steps", "2", "--input-tokens", "16", "--checkpoint",
+                    "builtin:tiny", "--dtype", "float32", "--compile-cache",
+                    str(SUITE_XLA_CACHE) if SUITE_XLA_CACHE else "off"], env=TWO_DEVICES, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads((runs["tp2"] / "profile.json").read_text())
+    mesh = json.loads((runs["tp2"] / "manifest.json").read_text())["mesh"]
+    assert data["config"]["mesh"] == "tp=2"  # no --mesh given: the run's
+    assert data["roofline"]["bytes_per_step"] == mesh["roofline_bytes"]["16"]  # the slowest device's bytes
