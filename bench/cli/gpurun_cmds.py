@@ -42,7 +42,7 @@ def gpu_run(
         None, "--kernel", help="w4a16=pallas or w4a16=xla, repeatable: each option set with w4 weights is swept and "
         "profiled once per value (--quant w4 --kernel w4a16=pallas --kernel w4a16=xla: the fused kernel on and "
         "off). Default: no --kernel (the engine decides)."),
-    mesh: str | None = typer.Option(None, "--mesh", help=f"Every sweep and profile: {MESH_HELP}"),
+    mesh: str | None = typer.Option(None, "--mesh", help=f"Passed to every sweep and profile. {MESH_HELP}"),
     batch: str | None = typer.Option(
         None, "--batch", help="Batch sizes passed to every sweep (bench sweep --batch), e.g. 1,8,32,128; the largest is "
         "also profiled, into its own run. Pair large batches with small --inputs (e.g. --inputs 41). Default: none."),
