@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections.abc import Sequence
 from typing import Any
 from pathlib import Path
@@ -136,13 +137,42 @@ def check_backend_runs(config) -> None:
         check_runs(config.backend, device_facts()[0])
 
 
+def check_mesh_here(checkpoint: str | None, config) -> None:
+    """The mesh of `config` (a `model.engine_config.EngineConfig`; nothing without one) against this machine and
+    the model, before anything loads: MeshError (one line) when it needs more devices than jax sees here (what was
+    given, how many devices there are, how to have more), and as `model.sharding.check_mesh` when it does not
+    divide the model's heads, widths, vocabulary or experts (the model's config.json alone, `checkpoint_config`;
+    a hub repo id is checked by the engine after its download, still before the weights load). Starts jax's
+    backend."""
+    mesh = config.mesh
+    if mesh is None:
+        return
+    import jax
+
+    from model.errors import MeshError
+    from model.sharding import check_mesh
+
+    devices = jax.devices()
+    if len(devices) < mesh.size:
+        platform = devices[0].platform
+        fix = (f"set XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before the command (jax reads it "
+               "when it starts) to make that many host devices" if platform == "cpu" else
+               f"run on a machine with {mesh.size} {platform} devices, or pass a mesh of at most {len(devices)}")  # fmt: skip
+        raise MeshError(f"--mesh {mesh.text}: needs {mesh.size} devices, and jax sees {len(devices)} {platform} "
+                        f"device(s) here; {fix}")  # fmt: skip
+    cfg = checkpoint_config(checkpoint)
+    if cfg is not None:
+        check_mesh(cfg, mesh)
+
+
 def open_engine(checkpoint: str | None, config, compile_cache: str | None):
     """Decide and log the dtype policy (the first line), enable the compile cache, resolve and load the
     checkpoint under the engine configuration `config` (a `model.engine_config.EngineConfig`, checked when it was
     built: `EngineConfig.from_options`). Returns (engine, load report, checkpoint path, compile cache folder or
     None). Raises InputError for a bad checkpoint text or a --max-length above the model's positions, KernelError
-    for a forced kernel this device cannot run, and EngineError for a backend that cannot run here
-    (`model.backends.plan_backend`: "cpu-kernels" off CPU or without a C++ compiler), before anything loads."""
+    for a forced kernel this device cannot run, EngineError for a backend that cannot run here
+    (`model.backends.plan_backend`: "cpu-kernels" off CPU or without a C++ compiler), and MeshError for a mesh
+    this machine or the model cannot take (`check_mesh_here`), before anything loads."""
     from model.backends import check_runs
     from model.engine import enable_compile_cache, load_engine, log_policy_line
     from model.kernels.choice import with_kernel_mode
@@ -154,6 +184,7 @@ def open_engine(checkpoint: str | None, config, compile_cache: str | None):
     policy = with_backend(with_kernel_mode(policy, config.quant_spec, config.kernel), config.backend)
     log_policy_line(policy)  # the first line, before a built-in checkpoint is created or anything loads
     check_runs(policy.backend, policy.platform)  # can it run here: one line if not, before anything loads
+    check_mesh_here(checkpoint, config)  # enough devices, a mesh the model divides: before a checkpoint is made
     cache = enable_compile_cache(compile_cache_dir(compile_cache))
     path = checkpoint_path(checkpoint)
     if config.max_length is not None:  # in the flag's terms, before the weights load (the engine's names a bucket)
@@ -167,7 +198,7 @@ def open_engine(checkpoint: str | None, config, compile_cache: str | None):
                              f"(max_position_embeddings); expected --max-length 1..{positions}")  # fmt: skip
     engine, report = load_engine(path, policy=policy, max_length=config.max_length, buckets=config.buckets,
                                  log_policy=False, quant=config.quant_spec, scale_dtype=config.scales,
-                                 kernel=config.kernel)  # fmt: skip
+                                 kernel=config.kernel, mesh=config.mesh)  # fmt: skip
     return engine, report, Path(report["path"]), cache
 
 
@@ -177,8 +208,9 @@ def engine_manifest(command: str, engine, report: dict, checkpoint: str | None, 
     `checkpoint` is the `--checkpoint` text (None: the built-in default), `report` the load report (its content
     hash was computed while loading), `cache_dir` the compile cache folder (written relative to the cache root),
     `workload` the command's `bench.runs.Workload`, `extra` more top-level keys. The engine configuration is
-    recorded whole as the engine resolved it (`bench.runs.manifest.engine_options_of`, its mesh the engine's
-    `mesh` where it has one) and hashed into the build id. Same payload, same build id, from every command."""
+    recorded whole as the engine resolved it (`bench.runs.manifest.engine_options_of`, its mesh the one its
+    parameters are placed on: `engine.layout.spec`, None on one device) and hashed into the build id. Same payload,
+    same build id, from every command."""
     import jax
 
     from bench.runs.environment import device_facts
@@ -199,8 +231,83 @@ def engine_manifest(command: str, engine, report: dict, checkpoint: str | None, 
         command, checkpoint=checkpoint_facts(spec, report, engine.weight_bytes), engine=facts,
         workload=workload, device=device_facts(jax), dtype_policy=policy_facts(engine.policy),
         compile_cache=CompileCacheFacts(dir=portable_dir(cache_dir, cache_root())), extra=extra,
-        options=engine_options_of(facts, mesh=getattr(engine, "mesh", None)),
+        options=engine_options_of(facts, mesh=engine_mesh(engine)),
     )  # fmt: skip
+
+
+def engine_mesh(engine):
+    """The `model.placement.Mesh` a loaded engine's parameters are placed on (`engine.layout.spec`), None on one
+    device (and for an engine without a layout)."""
+    layout = getattr(engine, "layout", None)
+    return None if layout is None else layout.spec
+
+
+# ---- what each device of a mesh reads ---------------------------------------------------------------------------
+_DEVICE_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per loaded engine: {(input tokens, max_new_tokens): its `model.sharding.DeviceStep`s} (each compiles a program)."""
+
+
+def device_steps_of(engine, n_tokens: int, max_new_tokens: int) -> list | None:
+    """`model.sharding.device_steps` of `engine` at the compiled shape of `n_tokens` prompt tokens and
+    `max_new_tokens` new ones (one `DeviceStep` per device of its mesh: weight and KV bytes one row's step reads
+    there, the collectives' bytes of the compiled decode program), computed once per engine and shape; None on one
+    device (no mesh). Raises EngineError as `Engine.check_request`."""
+    if engine_mesh(engine) is None:
+        return None
+    memo = _DEVICE_STEPS.setdefault(engine, {})
+    if (n_tokens, max_new_tokens) not in memo:
+        from model.sharding import device_steps
+
+        memo[(n_tokens, max_new_tokens)] = device_steps(engine, n_tokens, max_new_tokens)
+    return memo[(n_tokens, max_new_tokens)]
+
+
+def step_read_bytes(engine, n_tokens: int, max_new_tokens: int, batch: int = 1) -> dict[str, int]:
+    """Bytes one decode step of `batch` rows reads, the roofline's numerator (docs/method.md, "Rooflines"), as
+    {"weights", "kv_cache", "total"}: on one device `Engine.decode_bytes` itself; under a mesh the slowest
+    device's (the most bytes of `device_steps_of`: its weights once plus `batch` rows of its KV cache shard), so
+    the roofline is per device: that device's bytes over the measured bandwidth of one device (docs/method.md,
+    "Several devices")."""
+    steps = device_steps_of(engine, n_tokens, max_new_tokens)
+    if steps is None:
+        return engine.decode_bytes(n_tokens, max_new_tokens, batch=batch)
+    slowest = max(steps, key=lambda s: s.weight_bytes + batch * s.kv_bytes)
+    kv = batch * slowest.kv_bytes
+    return {"weights": slowest.weight_bytes, "kv_cache": kv, "total": slowest.weight_bytes + kv}
+
+
+MESH_KEY = "mesh"
+"""The manifest's key (a run on a mesh only) of what each device of the mesh does (`mesh_record`)."""
+
+
+def mesh_record(engine, sizes: Sequence[int], max_new_tokens: int) -> dict[str, Any] | None:
+    """The manifest's `mesh` object of a run on `engine`'s mesh at the input sizes `sizes`, None on one device:
+    `mesh` (its text, "tp=2"), `devices`, and per input size (`steps`, keyed by the size as text) one object per
+    device: `device` (jax id), `weight_bytes` and `kv_bytes` one row's decode step reads there, `total`, and its
+    collectives (`collective_bytes` {op: bytes}, `collectives` {op: count}, from the compiled decode program);
+    `roofline_bytes` {size: the slowest device's total}, the bytes a one-row cell's roofline divides
+    (`step_read_bytes`)."""
+    mesh = engine_mesh(engine)
+    if mesh is None:
+        return None
+    steps = {str(n): device_steps_of(engine, n, max_new_tokens) for n in sizes}
+    return {"mesh": mesh.text, "devices": mesh.size,
+            "steps": {n: [{**dataclasses.asdict(s), "total": s.total} for s in ss] for n, ss in steps.items()},
+            "roofline_bytes": {n: max(s.total for s in ss) for n, ss in steps.items()}}  # fmt: skip
+
+
+def mesh_lines(record: dict[str, Any]) -> list[str]:
+    """One line per input size of a `mesh_record`: the mesh, the slowest device's bytes per step (the roofline's),
+    the range over its devices, and the collectives each device's step runs (op x count, bytes)."""
+    out = []
+    for n, steps in record["steps"].items():
+        totals = [s["total"] for s in steps]
+        slowest = max(steps, key=lambda s: s["total"])
+        ops = ", ".join(f"{op} x{slowest['collectives'][op]} ({b:,} B)" for op, b in slowest["collective_bytes"].items())
+        out.append(f"mesh {record['mesh']} at {n} input tokens: each device reads {min(totals):,}..{max(totals):,} B "
+                   f"per decode step of one row (the roofline's bytes: device {slowest['device']}'s "
+                   f"{slowest['total']:,}); its collectives: {ops or 'none'}")  # fmt: skip
+    return out
 
 
 # ---- bench generate -------------------------------------------------------------------------------------------------

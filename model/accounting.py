@@ -451,6 +451,10 @@ class BatchMemory:
     spare_rows: rows of cache allocated beside the batch's (the slot decoder's one-row prefill cache: 1; a batch
     of `generate_batch`: 0); copy_bytes: the part of weight_bytes that is the transposed copy batched steps read
     on CPU (`Engine.batch_copy_bytes`; 0 where there is none), named in the refusals.
+    Under a device mesh (`mesh`, its text, e.g. "tp=2"; None: one device) weight_bytes, kv_bytes_per_row and
+    copy_bytes are one device's (the largest device's share), capacity one device's memory, and `sharing` the
+    devices whose shares come out of that capacity: 1 where each device has its own memory, the mesh's size where
+    they share one (forced host devices on CPU: the host's memory).
     """
 
     batch: int
@@ -462,16 +466,19 @@ class BatchMemory:
     reserve: float = MEMORY_RESERVE
     spare_rows: int = 0
     copy_bytes: int = 0
+    mesh: str | None = None
+    sharing: int = 1
 
     @property
     def kv_bytes(self) -> int:
-        """The whole batch's KV cache: (batch + spare_rows) x kv_bytes_per_row."""
+        """The whole batch's KV cache (one device's share under a mesh): (batch + spare_rows) x kv_bytes_per_row."""
         return (self.batch + self.spare_rows) * self.kv_bytes_per_row
 
     @property
     def needed(self) -> int:
-        """Weights + the batch's KV cache."""
-        return self.weight_bytes + self.kv_bytes
+        """Weights + the batch's KV cache, times `sharing` (the devices that share the capacity: 1 but on a mesh of
+        host devices)."""
+        return self.sharing * (self.weight_bytes + self.kv_bytes)
 
     @property
     def usable(self) -> int:
@@ -486,14 +493,30 @@ class BatchMemory:
     @property
     def largest_batch(self) -> int:
         """The most rows whose cache fits beside the weights (and the spare rows): floor((usable - weights) /
-        kv_bytes_per_row) - spare_rows, >= 0."""
-        return max(0, (self.usable - self.weight_bytes) // max(1, self.kv_bytes_per_row) - self.spare_rows)
+        kv_bytes_per_row) - spare_rows, >= 0 (usable / sharing for usable under a mesh of devices that share it)."""
+        usable = self.usable // self.sharing
+        return max(0, (usable - self.weight_bytes) // max(1, self.kv_bytes_per_row) - self.spare_rows)
 
     def _weights_text(self) -> str:
         gb = 1e9
         copy = (f" (of which {self.copy_bytes / gb:.3f} GB is the transposed copy batched steps read on CPU)"
                 if self.copy_bytes else "")  # fmt: skip
-        return f"{self.weight_bytes / gb:.3f} GB of weights{copy}"
+        return f"{self.weight_bytes / gb:.3f} GB of weights{self._per}{copy}"
+
+    @property
+    def _per(self) -> str:
+        return "" if self.mesh is None else " per device"
+
+    def _sum_text(self) -> str:
+        """"= N GB" of the refusals; under a mesh whose devices share the capacity, the per-device sum times them."""
+        gb = 1e9
+        if self.sharing == 1:
+            return f"= {self.needed / gb:.3f} GB{self._per}"
+        each = self.weight_bytes + self.kv_bytes
+        return f"= {each / gb:.3f} GB per device, x {self.sharing} devices sharing it = {self.needed / gb:.3f} GB"
+
+    def _on(self) -> str:
+        return "" if self.mesh is None else f" on each device of {self.mesh}"
 
     def refusal(self) -> str:
         """One line: what was asked, the arithmetic, what fits and how to fix it."""
@@ -501,9 +524,9 @@ class BatchMemory:
         fit = (f"at most {self.largest_batch} rows fit at this length: lower --batch, --max-new-tokens or the input "
                "tokens" if self.largest_batch else
                "not even one row fits at this length: lower --max-new-tokens or the input tokens")  # fmt: skip
-        return (f"batch {self.batch} does not fit: {self.batch} rows x {self.kv_bytes_per_row / gb:.3f} GB of KV "
-                f"cache ({self.cache_len} positions per row) + {self._weights_text()} = "
-                f"{self.needed / gb:.3f} GB, above the {self.usable / gb:.3f} GB usable ({self.capacity / gb:.3f} GB "
+        return (f"batch {self.batch} does not fit{self._on()}: {self.batch} rows x {self.kv_bytes_per_row / gb:.3f} GB "
+                f"of KV cache{self._per} ({self.cache_len} positions per row) + {self._weights_text()} "
+                f"{self._sum_text()}, above the {self.usable / gb:.3f} GB usable ({self.capacity / gb:.3f} GB "
                 f"{self.where}, less {self.reserve:.0%} reserved for activations); {fit}")
 
     def slots_refusal(self) -> str:
@@ -513,8 +536,8 @@ class BatchMemory:
         fit = (f"at most {self.largest_batch} slots fit at this length: lower --max-batch or --max-length"
                if self.largest_batch else
                "not even one slot fits at this length: lower --max-length")  # fmt: skip
-        return (f"--max-batch {self.batch} does not fit: ({self.batch} slots + {self.spare_rows} prefill row) x "
-                f"{self.kv_bytes_per_row / gb:.3f} GB of KV cache ({self.cache_len} positions per slot, --max-length) "
-                f"+ {self._weights_text()} = {self.needed / gb:.3f} GB, above the "
+        return (f"--max-batch {self.batch} does not fit{self._on()}: ({self.batch} slots + {self.spare_rows} "
+                f"prefill row) x {self.kv_bytes_per_row / gb:.3f} GB of KV cache{self._per} ({self.cache_len} "
+                f"positions per slot, --max-length) + {self._weights_text()} {self._sum_text()}, above the "
                 f"{self.usable / gb:.3f} GB usable ({self.capacity / gb:.3f} GB {self.where}, less {self.reserve:.0%} "
                 f"reserved for activations); {fit}")

@@ -413,7 +413,8 @@ class Engine:
     def check_batch(self, batch: int, n_tokens: int, max_new_tokens: int) -> BatchMemory:
         """The memory arithmetic of a batch of `batch` prompts of at most `n_tokens` tokens (`BatchMemory`: the
         KV cache of (batch, bucket + max_new_tokens) at the policy's KV dtype beside the weights, against the
-        device's memory, else the host's: `memory_capacity`). Computed before anything is allocated. Raises
+        device's memory, else the host's: `memory_capacity`; on a mesh, each device's share against one device's
+        memory: `_mesh_batch_memory`). Computed before anything is allocated. Raises
         EngineError for a batch below 1 (or not a whole number), as `check_request`, and with the arithmetic
         (needed, usable, the largest batch that fits) when the batch does not fit."""
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -444,7 +445,10 @@ class Engine:
 
     def _batch_memory(self, batch: int, cache_len: int, *, spare_rows: int) -> BatchMemory:
         """`BatchMemory` of `batch` rows (+ `spare_rows`) of `cache_len` positions at the policy's KV dtype; its
-        weights include `batch_copy_bytes` when batch > 1 (the transposed copy batched steps read on CPU)."""
+        weights include `batch_copy_bytes` when batch > 1 (the transposed copy batched steps read on CPU). On a
+        mesh, per device (`_mesh_batch_memory`)."""
+        if self.layout is not None:
+            return self._mesh_batch_memory(batch, cache_len, spare_rows=spare_rows)
         copy = self.batch_copy_bytes if batch > 1 else 0  # batched steps on CPU read a transposed copy
         weights = self.weight_bytes + copy
         made = copy if "batch_params" in self.__dict__ else 0  # already in memory, as the weights are
@@ -453,6 +457,26 @@ class Engine:
                            kv_bytes_per_row=kv_cache_bytes(self.cfg, cache_len,
                                                            np.dtype(DTYPES[self.policy.kv_dtype]).itemsize),
                            capacity=capacity, where=where, spare_rows=spare_rows, copy_bytes=copy)  # fmt: skip
+
+    def _mesh_batch_memory(self, batch: int, cache_len: int, *, spare_rows: int) -> BatchMemory:
+        """`BatchMemory` per device of the mesh (docs/method.md, "Several devices"): the largest device's weights
+        as placed (`model.sharding.device_held_bytes`) and its share of each row's cache
+        (`model.sharding.device_kv_bytes_per_row`: its KV heads), against one device's memory
+        (`memory_capacity` of the mesh's first device); where that is the host's, the mesh's devices share it
+        (`sharing`). The transposed copy batched steps read on CPU is of the split projections: counted as its
+        share per device, ceil(copy / devices)."""
+        from model.sharding import device_held_bytes, device_kv_bytes_per_row
+
+        devices = list(self.layout.mesh.devices.flat)
+        held = [device_held_bytes(self.params, d) for d in devices]
+        copy = -(-self.batch_copy_bytes // len(devices)) if batch > 1 else 0
+        made = copy if "batch_params" in self.__dict__ else 0
+        capacity, where = memory_capacity(sum(held) + made * len(devices), devices[0])
+        row = device_kv_bytes_per_row(self.cfg, self.layout.tp, cache_len,
+                                      np.dtype(DTYPES[self.policy.kv_dtype]).itemsize)  # fmt: skip
+        return BatchMemory(batch=batch, cache_len=cache_len, weight_bytes=max(held) + copy, kv_bytes_per_row=row,
+                           capacity=capacity, where=where, spare_rows=spare_rows, copy_bytes=copy,
+                           mesh=self.layout.spec.text, sharing=len(devices) if "host" in where else 1)  # fmt: skip
 
     def slot_decoder(self, max_batch: int, cache_len: int | None = None):
         """A `model.slots.SlotDecoder` over this engine: `max_batch` decode slots sharing one batched KV cache of

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from model.errors import OptionError
+from model.placement import Mesh, parse_mesh
 from model.quantspec import QuantSpec, parse_quant
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -41,7 +42,7 @@ the registry imports jax, and this module must not)."""
 FLAGS = {
     "compute_dtype": "--dtype", "weight_dtype": "--weight-dtype", "max_length": "--max-length",
     "buckets": "--buckets", "quant": "--quant", "scale_dtype": "--scale-dtype", "kernel": "--kernel",
-    "backend": "--backend",
+    "backend": "--backend", "mesh": "--mesh",
 }  # fmt: skip
 """Each field a CLI option sets -> that option's name (the fields without one are resolved, never asked)."""
 
@@ -58,8 +59,11 @@ class EngineConfig:
     (`model.quantspec.QuantSpec`; None: not given, dense). `scale_dtype` (`--scale-dtype`): the quantization
     scales' dtype (`SCALE_DTYPES`; None: `DEFAULT_SCALE_DTYPE`; a dense engine has no scales and resolves to None).
     `kernel` (`--kernel w4a16=IMPL`): how w4 weights are multiplied, "pallas" or "xla". `backend` (`--backend`): a
-    name of `model.backends.BACKENDS` ("jax" is the pure-JAX engine, the default). `mesh`: the device mesh the
-    parameters are placed on, None = one device (the only value today; the sharding work fills it in).
+    name of `model.backends.BACKENDS` ("jax" is the pure-JAX engine, the default). `mesh` (`--mesh tp=N` or
+    `ep=N`): the device mesh the parameters and KV cache are placed on (`model.placement.Mesh`, frozen, hashable;
+    `model.sharding` places them), None = one device; a mesh of one device is None, so a one-device run keeps its
+    build id. Unlike the other fields, None is not "the engine decides": it is one device (docs/engine.md,
+    "Several devices").
     """
 
     compute_dtype: str | None = None
@@ -72,17 +76,19 @@ class EngineConfig:
     scale_dtype: str | None = None
     kernel: str | None = None
     backend: str | None = None
-    mesh: Any = None
+    mesh: Mesh | None = None
 
     @classmethod
     def from_options(cls, *, dtype: str | None = None, weight_dtype: str | None = None, max_length: int | None = None,
                      buckets: str | None = None, quant: str | None = None, scale_dtype: str | None = None,
-                     kernel: str | None = None, backend: str | None = None) -> EngineConfig:  # fmt: skip
+                     kernel: str | None = None, backend: str | None = None,
+                     mesh: str | None = None) -> EngineConfig:  # fmt: skip
         """The configuration of the CLI's option texts (None: not given), every value checked before anything
         loads. Raises OptionError (one line: the flag, the value received, what is expected) for an unknown dtype,
         a `--max-length` below 1, a malformed `--buckets` ladder, an unknown scale dtype or backend, a malformed
-        `--kernel`, or a `--kernel` without w4 weights in `--quant`; QuantError for a bad `--quant` set
-        (`model.quantspec.parse_quant`). Whether the device can run it is the engine's question, when it opens."""
+        `--kernel`, a `--kernel` without w4 weights in `--quant`, or a malformed `--mesh` (`parse_mesh_option`);
+        QuantError for a bad `--quant` set (`model.quantspec.parse_quant`). Whether the device can run it is the
+        engine's question, when it opens (a mesh: before the weights load, `bench.engines.check_mesh_here`)."""
         for flag, name in (("--dtype", dtype), ("--weight-dtype", weight_dtype)):
             if name is not None and name not in DTYPE_NAMES:
                 raise OptionError(f"{flag} {name}: unknown dtype; expected one of {', '.join(DTYPE_NAMES)}")
@@ -94,7 +100,8 @@ class EngineConfig:
             raise OptionError(f"--scale-dtype {scale_dtype}: unknown dtype; expected one of {', '.join(SCALE_DTYPES)}")
         return cls(compute_dtype=dtype, weight_dtype=weight_dtype, max_length=max_length,
                    buckets=parse_buckets(buckets), quant=spec, scale_dtype=scale_dtype,
-                   kernel=_parse_kernel(kernel, spec), backend=_parse_backend(backend))  # fmt: skip
+                   kernel=_parse_kernel(kernel, spec), backend=_parse_backend(backend),
+                   mesh=parse_mesh_option(mesh))  # fmt: skip
 
     @property
     def quant_spec(self) -> QuantSpec:
@@ -108,7 +115,7 @@ class EngineConfig:
 
     def flag_text(self, field: str) -> str | None:
         """The value of `field` as its option is written (`FLAGS`), None where it is None: `--buckets 64,128`,
-        `--quant int8_lm_head,ple4` (canonical), `--kernel w4a16=xla`."""
+        `--quant int8_lm_head,ple4` (canonical), `--kernel w4a16=xla`, `--mesh tp=2`."""
         value = getattr(self, field)
         if value is None:
             return None
@@ -118,6 +125,8 @@ class EngineConfig:
             return value.canonical
         if field == "kernel":
             return f"w4a16={value}"
+        if field == "mesh":
+            return value.text
         return str(value)
 
     def to_args(self) -> list[str]:
@@ -128,17 +137,18 @@ class EngineConfig:
 
     def to_manifest(self) -> dict[str, Any]:
         """The fields as JSON values (the manifest's `engine_options`, and the build id's): `buckets` a list,
-        `quant` its canonical text, `kernel` its option text ("w4a16=xla"); None stays None."""
+        `quant` its canonical text, `kernel` its option text ("w4a16=xla"), `mesh` its text ("tp=2"); None stays
+        None."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {**out, "buckets": list(self.buckets) if self.buckets is not None else None,
                 "quant": self.flag_text("quant"), "kernel": self.flag_text("kernel"),
-                "mesh": None if self.mesh is None else str(self.mesh)}  # fmt: skip
+                "mesh": self.flag_text("mesh")}  # fmt: skip
 
     @classmethod
     def from_manifest(cls, d: Mapping[str, Any]) -> EngineConfig:
         """The configuration a manifest's `engine_options` object records (`to_manifest`'s layout; keys it does not
         know are left out, so a later field reads as None in an older run). Raises QuantError for a quantization
-        text that is not an option set, OptionError for a malformed kernel text."""
+        text that is not an option set, OptionError for a malformed kernel or mesh text."""
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in d.items() if k in known}
         if values.get("buckets") is not None:
@@ -147,14 +157,20 @@ class EngineConfig:
             values["quant"] = parse_quant(values["quant"])
         if values.get("kernel") is not None:
             values["kernel"] = _parse_kernel(values["kernel"], None, check_w4=False)
+        if values.get("mesh") is not None:
+            values["mesh"] = parse_mesh_option(values["mesh"])
         return cls(**values)
 
     def differences(self, stored: EngineConfig) -> list[tuple[str, str, str]]:
         """(flag, this value, stored value) of every option field where both are set and differ, as the options
-        are written (`flag_text`), in `FLAGS` order: what a resumed run refuses (bench/sweep/resume.py)."""
+        are written (`flag_text`), in `FLAGS` order: what a resumed run refuses (bench/sweep/resume.py). The mesh
+        is compared whenever it is given: a stored None is one device ("one device"; every run before meshes ran
+        on one)."""
         out = []
         for field, flag in FLAGS.items():
             mine, theirs = self.flag_text(field), stored.flag_text(field)
+            if field == "mesh" and theirs is None:
+                theirs = ONE_DEVICE_TEXT
             if mine is not None and theirs is not None and mine != theirs:
                 out.append((flag, mine, theirs))
         return out
@@ -208,6 +224,24 @@ def _parse_kernel(text: str | None, spec: QuantSpec | None, *, check_w4: bool = 
     return impl
 
 
+ONE_DEVICE_TEXT = "one device"
+"""How a configuration without a mesh is written where a mesh is compared or shown."""
+
+
+def parse_mesh_option(text: str | None) -> Mesh | None:
+    """`--mesh` text -> `model.placement.Mesh` ("tp=2", "ep=4": `model.placement.parse_mesh`), None for None and
+    for a mesh of one device ("tp=1": one device, the run without --mesh). Raises OptionError (one line: the text,
+    what is expected) for anything else. Whether the model divides it and the devices are there is asked before
+    the engine loads (`bench.engines.check_mesh_here`)."""
+    if text is None:
+        return None
+    try:
+        mesh = parse_mesh(text)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    return mesh if mesh.size > 1 else None
+
+
 def _parse_backend(name: str | None) -> str | None:
     """`--backend` text -> the backend's name (`model.backends.BACKENDS`), None when not given (the pure-JAX
     default); OptionError for another name. Whether it can run here is asked when the engine opens."""
@@ -217,4 +251,5 @@ def _parse_backend(name: str | None) -> str | None:
     return name
 
 
-__all__ = ["DEFAULT_SCALE_DTYPE", "DTYPE_NAMES", "EngineConfig", "FLAGS", "SCALE_DTYPES", "parse_buckets", "BACKEND_NAMES"]
+__all__ = ["DEFAULT_SCALE_DTYPE", "DTYPE_NAMES", "EngineConfig", "FLAGS", "ONE_DEVICE_TEXT", "SCALE_DTYPES",
+           "parse_buckets", "parse_mesh_option", "BACKEND_NAMES"]

@@ -332,6 +332,23 @@ def device_weight_bytes(params, device) -> int:
     return total
 
 
+def device_held_bytes(params, device) -> int:
+    """Parameter bytes placed on `device`: its shard of every leaf (values plus scales of a quantized leaf), the
+    memory its weights take (`device_weight_bytes` counts what a step reads, one row of the tables)."""
+    leaves = jax.tree_util.tree_leaves(params, is_leaf=_is_quant)
+    return sum(_shard_bytes(x, device)[0] for x in leaves if x is not None)
+
+
+def device_kv_bytes_per_row(cfg: ModelConfig, tp: int, cache_len: int, itemsize: int) -> int:
+    """Bytes of one row's KV cache on each device of a tp mesh, at `cache_len` positions of `itemsize` bytes: every
+    layer that owns K/V, 2 x slots x its `kv_heads_per_device` x H (the buffers `model.cache.init_cache` makes
+    with a layout, split by KV head; `model.accounting.kv_cache_bytes` at tp 1)."""
+    from model.accounting import slots
+
+    return sum(2 * slots(cfg, i, cache_len) * kv_heads_per_device(cfg, i, tp) * cfg.layer_head_dim(i) * itemsize
+               for i in cfg.cache_layers)  # fmt: skip
+
+
 def _is_quant(x) -> bool:
     from model.quant import QuantArray
 
@@ -426,5 +443,5 @@ def _device_of(params):
 
 
 __all__ = ["COLLECTIVE_OPS", "DeviceStep", "MESH_AXES", "MeshLayout", "SPLIT_AXIS", "check_mesh", "collective_bytes",
-           "decode_program_text", "device_steps", "device_weight_bytes", "gate_up_columns", "group_layer",
+           "decode_program_text", "device_held_bytes", "device_kv_bytes_per_row", "device_steps", "device_weight_bytes", "gate_up_columns", "group_layer",
            "leaf_shardings", "make_layout", "parse_mesh", "place_params", "prepare_mesh", "qkv_columns"]  # fmt: skip

@@ -181,3 +181,31 @@ def test_31b_and_moe_shaped_presets_at_tp_give_one_devices_tokens(preset, tp):
 
     cfg = PRESETS[preset]
     assert _tokens(_engine(cfg, f"tp={tp}")) == _alone(cfg)
+
+
+@pytest.mark.parametrize("cfg, tp", [(TINY, 2), pytest.param(GQA, 4, marks=HEAVY)])
+def test_the_batch_memory_check_is_per_device(cfg, tp, monkeypatch):
+    """`Engine.check_batch` on a mesh counts each device's share (bench/issue 46): the largest device's weights as
+    placed and its KV heads' part of each row's cache (what a prefill's cache shard holds), against one device's
+    memory, which forced host devices share (`sharing`); the refusal says so, with the arithmetic."""
+    import model.engine as engine_module
+    from model.sharding import device_held_bytes
+
+    engine = _engine(cfg, f"tp={tp}")
+    devices = list(engine.layout.mesh.devices.flat)
+    held = max(device_held_bytes(engine.params, d) for d in devices)
+    assert held < engine.weight_bytes  # a share, not the whole model
+    mem = engine.check_batch(1, len(PROMPTS[0]), NEW)
+    _, cache = engine.step_fn(PROMPTS[0], NEW)[0]  # one row's cache as placed: its shard on the first device
+    shard = sum(x.addressable_shards[0].data.nbytes for x in cache.k + cache.v)
+    assert (mem.weight_bytes, mem.kv_bytes_per_row, mem.mesh) == (held, shard, f"tp={tp}")
+    assert mem.sharing == tp and "host" in mem.where  # forced host devices share the host's memory
+    rows = 3  # a capacity where two rows fit on each of the devices sharing it, and three do not
+    copy = -(-engine.batch_copy_bytes // tp)  # batched steps on CPU read a transposed copy: its share per device
+    capacity = int(tp * (held + copy + 2 * shard) / 0.9) + tp
+    monkeypatch.setattr(engine_module, "memory_capacity", lambda weights, device=None: (capacity, "of host memory"))
+    with pytest.raises(Exception) as err:
+        engine.check_batch(rows, len(PROMPTS[0]), NEW)
+    line = str(err.value)
+    assert f"does not fit on each device of tp={tp}" in line and f"x {tp} devices sharing it" in line, line
+    assert "at most 2 rows fit" in line, line

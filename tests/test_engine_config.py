@@ -19,7 +19,8 @@ from model.errors import ModelError, OptionError, QuantError
 REPO = Path(__file__).resolve().parents[1]
 
 FULL = EngineConfig.from_options(dtype="float32", weight_dtype="bfloat16", max_length=512, buckets="64,512",
-                                 quant="ple4,w4:64", scale_dtype="float16", kernel="w4a16=xla", backend="jax")  # fmt: skip
+                                 quant="ple4,w4:64", scale_dtype="float16", kernel="w4a16=xla", backend="jax",
+                                 mesh="tp=2")  # fmt: skip
 """A configuration with every option given."""
 
 
@@ -36,6 +37,9 @@ FULL = EngineConfig.from_options(dtype="float32", weight_dtype="bfloat16", max_l
     ({"kernel": "w4a16=xla", "quant": "w8"}, OptionError, ["--kernel w4a16=xla", "--quant w8 has none", "add w4"]),
     ({"kernel": "w4a16=xla"}, OptionError, ["--quant none has none"]),
     ({"backend": "cuda"}, OptionError, ["--backend cuda", "jax, cpu-kernels", "default jax"]),
+    ({"mesh": "tp=0"}, OptionError, ["--mesh tp=0", "tp=N or ep=N", "e.g. tp=4"]),
+    ({"mesh": "dp=2"}, OptionError, ["--mesh dp=2", "tp=N or ep=N"]),
+    ({"mesh": "tp=2,ep=2"}, OptionError, ["--mesh tp=2,ep=2", "one axis"]),
 ])  # fmt: skip
 def test_a_bad_option_is_one_line_naming_it(options, error, needles) -> None:
     with pytest.raises(error) as info:
@@ -48,6 +52,9 @@ def test_options_are_parsed_once_into_typed_fields() -> None:
     assert FULL.buckets == (64, 512) and FULL.max_length == 512
     assert FULL.quant.canonical == "ple4,w4:64" and FULL.quant.layer_bits == 4  # a QuantSpec, not a string
     assert (FULL.kernel, FULL.scales, FULL.backend) == ("xla", "float16", "jax")
+    assert (FULL.mesh.axis, FULL.mesh.size, FULL.flag_text("mesh")) == ("tp", 2, "tp=2")  # a frozen placement.Mesh
+    assert hash(FULL) == hash(EngineConfig.from_options(**_options_of(FULL)))  # hashable, the mesh included
+    assert EngineConfig.from_options(mesh="ep=4").mesh.ep == 4  # parsed and passed on (the engine places it)
     plain = EngineConfig.from_options()
     assert all(getattr(plain, f.name) is None for f in dataclasses.fields(plain))  # nothing given: the engine decides
     assert plain.quant_spec.canonical == "none" and plain.scales == "bfloat16"
@@ -58,7 +65,8 @@ def _options_of(cfg: EngineConfig) -> dict:
     """`to_args` as from_options keywords."""
     args = cfg.to_args()
     names = {"--dtype": "dtype", "--weight-dtype": "weight_dtype", "--max-length": "max_length", "--buckets": "buckets",
-             "--quant": "quant", "--scale-dtype": "scale_dtype", "--kernel": "kernel", "--backend": "backend"}  # fmt: skip
+             "--quant": "quant", "--scale-dtype": "scale_dtype", "--kernel": "kernel", "--backend": "backend",
+             "--mesh": "mesh"}  # fmt: skip
     out = {names[flag]: value for flag, value in zip(args[::2], args[1::2], strict=True)}
     return {**out, "max_length": int(out["max_length"])} if "max_length" in out else out
 
@@ -90,6 +98,20 @@ def test_the_configuration_round_trips_through_the_manifest() -> None:
     assert written[ENGINE_OPTIONS_KEY]["quant"] == "ple4,w4:64" and written[ENGINE_OPTIONS_KEY]["kernel"] == "w4a16=xla"
     assert written["engine_config"]["buckets"] == [64] and "compute_dtype" in written["engine_config"]  # readers' keys
     assert Manifest.from_dict(written).engine_options == FULL
+    assert written[ENGINE_OPTIONS_KEY]["mesh"] == "tp=2"
+
+
+def test_a_mesh_of_one_device_is_one_device_and_keeps_the_build_id() -> None:
+    from bench.runs.manifest import EngineConfig as Facts, payload_build_id
+
+    one = dataclasses.replace(FULL, mesh=None)
+    for text in ("tp=1", "ep=1", None):
+        assert EngineConfig.from_options(mesh=text).mesh is None
+    assert one.to_manifest()["mesh"] is None and "--mesh" not in one.to_args()  # as every run before meshes
+    assert EngineConfig.from_manifest(one.to_manifest()) == one
+    facts = Facts(buckets=(64,), compute_dtype="float32")
+    assert payload_build_id(facts, "h", dataclasses.replace(one, mesh=EngineConfig.from_options(mesh="tp=1").mesh)) \
+        == payload_build_id(facts, "h", one)
 
 
 def test_a_manifest_from_before_reads_its_configuration_from_the_engine_facts() -> None:
@@ -113,14 +135,16 @@ def test_a_manifest_from_before_reads_its_configuration_from_the_engine_facts() 
 @pytest.mark.parametrize("field,other", [
     ("compute_dtype", "bfloat16"), ("weight_dtype", "float32"), ("activation_dtype", "float16"),
     ("kv_cache_dtype", "float16"), ("max_length", 256), ("buckets", (64, 256)), ("quant", "w8"),
-    ("scale_dtype", "bfloat16"), ("kernel", "pallas"), ("backend", "cpu-kernels"), ("mesh", "tp=2"),
+    ("scale_dtype", "bfloat16"), ("kernel", "pallas"), ("backend", "cpu-kernels"), ("mesh", "tp=4"),
+    ("mesh", "ep=2"), ("mesh", None),
 ])  # fmt: skip
 def test_two_configurations_differing_in_any_field_have_different_build_ids(field, other) -> None:
     from bench.runs.manifest import EngineConfig as Facts, payload_build_id
     from model.quantspec import parse_quant
 
     assert {f.name for f in dataclasses.fields(EngineConfig)} >= {field}
-    changed = dataclasses.replace(FULL, **{field: parse_quant(other) if field == "quant" else other})
+    value = {"quant": parse_quant, "mesh": lambda t: EngineConfig.from_options(mesh=t).mesh}.get(field, lambda v: v)
+    changed = dataclasses.replace(FULL, **{field: value(other)})
     assert changed != FULL
     facts = Facts(buckets=(64,), compute_dtype="float32")
     assert payload_build_id(facts, "h", changed) != payload_build_id(facts, "h", FULL)
@@ -152,7 +176,7 @@ def facts_options(facts):
 @pytest.mark.parametrize("option,value,stored", [
     ("dtype", "bfloat16", "float32"), ("weight_dtype", "float32", "bfloat16"), ("max_length", 256, "128"),
     ("buckets", "64,256", "64,128"), ("quant", "w8", "int8_lm_head,ple4"), ("scale_dtype", "bfloat16", "float16"),
-    ("backend", "jax", "cpu-kernels"),
+    ("backend", "jax", "cpu-kernels"), ("mesh", "tp=2", "one device"),
 ])  # fmt: skip
 def test_resuming_with_a_changed_engine_option_names_it(option, value, stored) -> None:
     from bench.runs.manifest import EngineConfig as Facts
@@ -208,7 +232,7 @@ def test_no_function_in_bench_cli_is_over_60_lines() -> None:
 
 
 @pytest.mark.parametrize("command,options", [
-    ("sweep", 8), ("serve", 8), ("profile", 7), ("generate", 6),
+    ("sweep", 9), ("serve", 9), ("profile", 8), ("generate", 7),
 ])  # fmt: skip
 def test_the_commands_take_the_shared_group(command, options) -> None:
     import typer

@@ -238,15 +238,17 @@ def test_the_pilot_plan_sweeps_pilot_and_big_into_two_valid_runs(tmp_path, monke
 
 def test_each_quant_set_is_its_own_sweep_and_profile(tmp_path, monkeypatch):
     """`--quant none --quant ple4,int8_lm_head`: a sweep + profile pair per set, in the order given, each sweep
-    into its own run folder, the set passed to both steps; the first sweep capped at its share."""
-    outcome, lines, fake = _run(tmp_path, monkeypatch, inputs="41", quant=("none", "ple4,int8_lm_head"))
+    into its own run folder, the set passed to both steps (as its configuration writes it: canonical, with the
+    mesh every step gets, `EngineConfig.to_args`); the first sweep capped at its share."""
+    outcome, lines, fake = _run(tmp_path, monkeypatch, inputs="41", quant=("none", "ple4,int8_lm_head"), mesh="tp=2")
     assert outcome.code == EXIT_OK, "\n".join(lines)
     starts = [ln.split()[1] for ln in lines if ln.startswith(("== sweep-", "== profile-"))]
     assert starts == ["sweep-tiny-none", "profile-tiny-none", "sweep-tiny-int8_lm_head.ple4",
                       "profile-tiny-int8_lm_head.ple4"]  # fmt: skip
     pairs = [(cmd, _opt(argv, "--quant")) for cmd, argv in fake.steps() if cmd in ("sweep", "profile")]
-    assert pairs == [("sweep", "none"), ("profile", "none"), ("sweep", "ple4,int8_lm_head"),
-                     ("profile", "ple4,int8_lm_head")]  # fmt: skip
+    assert pairs == [("sweep", "none"), ("profile", "none"), ("sweep", "int8_lm_head,ple4"),
+                     ("profile", "int8_lm_head,ple4")]  # fmt: skip
+    assert {_opt(argv, "--mesh") for cmd, argv in fake.steps() if cmd in ("sweep", "profile")} == {"tp=2"}
     runs = _runs(outcome.outdir)
     assert len(runs) == 2 and all(validate_run(p) == [] for p in runs)
     profiled = [_opt(argv, "--run") for cmd, argv in fake.steps() if cmd == "profile"]

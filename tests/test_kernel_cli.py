@@ -84,15 +84,29 @@ def test_the_kernel_is_its_own_profile_category() -> None:
 
 def test_gpu_run_runs_each_w4_set_with_the_kernel_on_and_off() -> None:
     from bench.gpurun.main import Options, quant_tag
-    from bench.gpurun.steps import quant_argv
+    from bench.gpurun.steps import engine_argv
+    from model.engine_config import EngineConfig
 
     o = Options(outdir=Path("x"), quant=("none", "w4"), kernel=("w4a16=pallas", "w4a16=xla"))
     assert o.quant_sets == (("none", None), ("w4", "w4a16=pallas"), ("w4", "w4a16=xla"))
     assert Options(outdir=Path("x")).quant_sets == ((None, None),)
     assert quant_tag("pilot", "w4", "w4a16=pallas") == "pilot-w4-128-pallas" and quant_tag("pilot", None) == "pilot"
-    assert quant_argv("w4", "w4a16=xla") == ["--quant", "w4", "--kernel", "w4a16=xla"]
+    assert engine_argv(EngineConfig.from_options(quant="w4", kernel="w4a16=xla", mesh="tp=2")) == [
+        "--quant", "w4:128", "--kernel", "w4a16=xla", "--mesh", "tp=2"]  # fmt: skip
+    assert engine_argv(None) == [] and [e.to_args() for e in o.engines] == [
+        ["--quant", "none"], ["--quant", "w4:128", "--kernel", "w4a16=pallas"],
+        ["--quant", "w4:128", "--kernel", "w4a16=xla"]]  # fmt: skip
 
 
 def test_gpu_run_refuses_a_bad_kernel(tmp_path, capsys) -> None:
     code, _, err = bench_captured(["gpu-run", str(tmp_path / "o"), "--kernel", "w4a16=cuda"], capsys)
     assert code == 2 and "--kernel w4a16=cuda" in err and "Traceback" not in err
+
+
+def test_gpu_run_refuses_a_malformed_mesh_before_any_step() -> None:
+    from bench.errors import InputError
+    from bench.gpurun.main import Options, check_options
+
+    with pytest.raises(InputError, match=r"^--mesh tp=0: expected tp=N or ep=N"):
+        check_options(Options(outdir=Path("x"), mesh="tp=0"))
+    check_options(Options(outdir=Path("x"), mesh="tp=2"))  # the devices are each step's question

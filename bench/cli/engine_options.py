@@ -1,5 +1,5 @@
 """The engine's options, declared once: `--dtype`, `--weight-dtype`, `--max-length`, `--buckets`, `--quant`,
-`--scale-dtype`, `--kernel` and `--backend`, the group every command that opens the engine takes (sweep, profile,
+`--scale-dtype`, `--kernel`, `--backend` and `--mesh`, the group every command that opens the engine takes (sweep, profile,
 generate, serve) through `engine_options`. Their values arrive as one `EngineFlags`, which builds the one
 `model.engine_config.EngineConfig` (`EngineFlags.config`). `bench gpu-run` and `bench fleet plan` take `--quant`
 and `--kernel` as repeatable lists (one run per value) with these help texts' meaning, and check each value with
@@ -44,11 +44,17 @@ BACKEND_HELP = ("What runs beside XLA's programs: jax (the default on every plat
                 "attention, and its decode programs compiled without XLA's tree-reduction pass). Recorded in the "
                 "manifest and the build id; asked for where it cannot run: one line, exit 2. See docs/engine.md.")  # fmt: skip
 
+MESH_HELP = ("Place the weights and KV cache over several devices with jax.sharding: tp=N (tensor parallel: the "
+             "attention heads, MLP width and vocabulary split N ways) or ep=N (expert parallel, models with experts). "
+             "N must divide the model's heads (and experts) and be at most the devices jax sees: on CPU, "
+             "XLA_FLAGS=--xla_force_host_platform_device_count=N makes N host devices. Runs the pure-JAX engine with "
+             "XLA's products. Recorded in the manifest and the build id. Default: one device. See docs/engine.md.")
+
 OPTIONS: dict[str, tuple[str, str]] = {
     "dtype": ("--dtype", DTYPE_HELP), "weight_dtype": ("--weight-dtype", WEIGHT_DTYPE_HELP),
     "max_length": ("--max-length", MAX_LENGTH_HELP), "buckets": ("--buckets", BUCKETS_HELP),
     "quant": ("--quant", QUANT_HELP), "scale_dtype": ("--scale-dtype", SCALE_DTYPE_HELP),
-    "kernel": ("--kernel", KERNEL_HELP), "backend": ("--backend", BACKEND_HELP),
+    "kernel": ("--kernel", KERNEL_HELP), "backend": ("--backend", BACKEND_HELP), "mesh": ("--mesh", MESH_HELP),
 }  # fmt: skip
 """The group: parameter name -> (option, help). Every option is optional; None (not given) lets the engine decide."""
 
@@ -65,6 +71,7 @@ class EngineFlags:
     scale_dtype: str | None = None
     kernel: str | None = None
     backend: str | None = None
+    mesh: str | None = None
 
     def given(self) -> dict[str, Any]:
         """{option name: value} of the options given, in the group's order (e.g. {"--quant": "w8"})."""

@@ -13,6 +13,8 @@ import typer
 
 from bench.cli.root import app
 
+from bench.cli.engine_options import MESH_HELP  # the group's --mesh text: gpu-run passes it to every step
+
 
 @app.command("gpu-run")
 def gpu_run(
@@ -40,6 +42,7 @@ def gpu_run(
         None, "--kernel", help="w4a16=pallas or w4a16=xla, repeatable: each option set with w4 weights is swept and "
         "profiled once per value (--quant w4 --kernel w4a16=pallas --kernel w4a16=xla: the fused kernel on and "
         "off). Default: no --kernel (the engine decides)."),
+    mesh: str | None = typer.Option(None, "--mesh", help=f"Passed to every sweep and profile. {MESH_HELP}"),
     batch: str | None = typer.Option(
         None, "--batch", help="Batch sizes passed to every sweep (bench sweep --batch), e.g. 1,8,32,128; the largest is "
         "also profiled, into its own run. Pair large batches with small --inputs (e.g. --inputs 41). Default: none."),
@@ -57,7 +60,7 @@ def gpu_run(
     options = Options(outdir=outdir, budget_s=budget_s, checkpoint=checkpoint, tiny=tiny, pack=pack, inputs=inputs,
                       max_new_tokens=max_new_tokens, repeats=repeats, steps=steps,
                       decode_loop=decode_loop, quant=tuple(quant or ()), kernel=tuple(kernel or ()),
-                      batch=batch)  # fmt: skip
+                      batch=batch, mesh=mesh)  # fmt: skip
     outcome = run(options, emit=typer.echo)
     if outcome.code:
         raise typer.Exit(outcome.code)

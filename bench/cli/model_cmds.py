@@ -39,7 +39,7 @@ DecodeBlockOpt = typer.Option(None, "--decode-block", help="With --decode-loop d
 
 
 @app.command()
-@engine_options("dtype", "max_length", "quant", "scale_dtype", "kernel", "backend")
+@engine_options("dtype", "max_length", "quant", "scale_dtype", "kernel", "backend", "mesh")
 def generate(
     prompt: str = PromptOpt, checkpoint: str | None = CheckpointOpt, max_new_tokens: int = MaxNewOpt,
     raw: bool = RawOpt, temperature: float = typer.Option(0.0, help="0 = greedy (default); > 0 samples."),

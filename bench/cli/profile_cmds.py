@@ -213,9 +213,9 @@ BatchOpt = typer.Option(1, "--batch", help="Rows decoded per step: B different p
 
 
 @profile_app.callback(invoke_without_command=True)
-@engine_options("dtype", "weight_dtype", "max_length", "quant", "scale_dtype", "kernel", "backend",
+@engine_options("dtype", "weight_dtype", "max_length", "quant", "scale_dtype", "kernel", "backend", "mesh",
                 help_more={"quant": "With --run: default the run's quantization.", "kernel": "With --run: default the "
-                           "run's."})  # fmt: skip
+                           "run's.", "mesh": "With --run: default the run's."})  # fmt: skip
 def profile(
     ctx: typer.Context,
     steps: int = StepsOpt, input_tokens: int = InputTokensOpt, checkpoint: str | None = CheckpointOpt,

@@ -101,7 +101,7 @@ def serve(
     from bench.errors import BenchError
     from bench.serve import DEFAULT_MAX_BODY_BYTES, parse_warmup_shapes
     from bench.serve.command import check_listen, serve_engine
-    from bench.engines import check_backend_runs
+    from bench.engines import check_backend_runs, check_mesh_here
     from model.errors import ModelError
 
     shapes = parse_warmup_shapes(warmup_shapes)
@@ -109,6 +109,7 @@ def serve(
     _check_options(checkpoint, port, max_body_bytes, api_key, max_batch, max_queue, request_deadline)
     config = engine_flags.config()  # a bad engine option fails here, before the port opens
     check_backend_runs(config)  # asked for where it cannot run: one line before the port opens
+    check_mesh_here(checkpoint, config)  # a mesh this machine or the model cannot take: the same, before the port
     check_listen(host, port)
     setup_logging()
     if (warning := exposure_warning(host, api_key)) is not None:

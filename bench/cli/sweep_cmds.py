@@ -163,7 +163,7 @@ RESUMED = "with --resume: the run's; given otherwise, refused"
 
 @app.command()
 @engine_options(help_more={name: f"({RESUMED})." for name in ("dtype", "weight_dtype", "max_length", "buckets",
-                                                              "quant", "scale_dtype", "kernel", "backend")})
+                                                              "quant", "scale_dtype", "kernel", "backend", "mesh")})
 def sweep(
     inputs: str | None = InputsOpt, max_new_tokens: int | None = MaxNewTokensOpt, repeats: int | None = RepeatsOpt,
     min_duration: float | None = MinDurationOpt, max_duration: float | None = MaxDurationOpt,

@@ -73,7 +73,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from bench.errors import InputError, MissingModuleError
+
+if TYPE_CHECKING:  # the annotations only: this module imports the standard library alone at its top level
+    from model.engine_config import EngineConfig
 
 # The steps and the summary (both standard library only at their top level, like this module), the stop signals.
 from bench.gpurun.steps import (
@@ -127,7 +132,8 @@ class Options:
     is profiled too, into its own run, `bench.gpurun.steps.batch_profile`; None: no --batch).
     `quant`: the `--quant` option sets, one per `--quant` flag (e.g. ("none", "ple4,int8_lm_head")): each is swept
     and profiled as its own run, in the order given, wherever the plan sweeps a checkpoint; () (the default): one
-    run per checkpoint, no --quant passed (dense), exactly as before."""
+    run per checkpoint, no --quant passed (dense), exactly as before. `mesh`: the `--mesh` text (tp=N, ep=N)
+    every sweep and profile passes (None: one device)."""
 
     outdir: Path
     budget_s: float = 420.0
@@ -142,6 +148,7 @@ class Options:
     quant: tuple[str, ...] = ()
     kernel: tuple[str, ...] = ()
     batch: str | None = None
+    mesh: str | None = None
 
     @property
     def quant_sets(self) -> tuple[tuple[str | None, str | None], ...]:
@@ -155,6 +162,15 @@ class Options:
             w4 = q is not None and parse_quant(q).layer_bits == 4
             out += [(q, k) for k in (self.kernel if w4 and self.kernel else (None,))]
         return tuple(out)
+
+    @property
+    def engines(self):
+        """The `model.engine_config.EngineConfig` of each run per checkpoint (`quant_sets`' option set and kernel,
+        and `mesh`): the steps pass its options (`EngineConfig.to_args`), so every engine option reaches them
+        without being restated. Raises OptionError / QuantError as `EngineConfig.from_options`."""
+        from model.engine_config import EngineConfig  # standard library only (no jax, no numpy)
+
+        return tuple(EngineConfig.from_options(quant=q, kernel=k, mesh=self.mesh) for q, k in self.quant_sets)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,6 +234,14 @@ def quant_tag(tag: str, quant: str | None, kernel: str | None = None) -> str:
     return out if kernel is None else f"{out}-{kernel.partition('=')[2]}"
 
 
+def engine_tag(tag: str, engine: EngineConfig | None) -> str:
+    """`quant_tag` of `engine` (a `model.engine_config.EngineConfig`; None: no engine option): its option set and
+    kernel as written."""
+    if engine is None:
+        return tag
+    return quant_tag(tag, engine.flag_text("quant"), engine.flag_text("kernel"))
+
+
 def _share_cap(ctx: Context, runs_left: int) -> float | None:
     """The cap of one sweep of `runs_left` sweep + profile pairs still to run on one checkpoint: an equal share of
     the time left, less the profile's reserve and the grace period (at least `Timing.sweep_min`); None for the last
@@ -229,71 +253,71 @@ def _share_cap(ctx: Context, runs_left: int) -> float | None:
 
 
 def plan_single(ctx: Context, spec: str, work: Workload, gpu: bool, tag: str,
-                quants: Sequence[tuple[str | None, str | None]] = ((None, None),)) -> None:  # fmt: skip
+                engines: Sequence[EngineConfig | None] = (None,)) -> None:  # fmt: skip
     """The "single" plan: checkpoint `spec` (a folder or `builtin:NAME`, created first when needed), bandwidth,
-    then per option set of `quants` (`Options.quant_sets`) a sweep and a profile into that sweep's run folder, each
+    then per engine configuration of `engines` (`Options.engines`) a sweep and a profile into that sweep's run folder, each
     sweep but the last capped at its share of the time left (`_share_cap`). `tag` names the steps (sweep-TAG,
     profile-TAG, with the set: `quant_tag`) and the run label (gpurun-TAG-HHMMSS); `gpu` gives the profile the GPU
     profiling flags. Stops after a failed checkpoint."""
     if not checkpoint_step(ctx, spec):
         return
     bandwidth(ctx, work)
-    for i, (q, k) in enumerate(quants):
-        qtag = quant_tag(tag, q, k)
-        run = sweep(ctx, f"sweep-{qtag}", f"gpurun-{qtag}-{stamp()}", spec, work, cap=_share_cap(ctx, len(quants) - i),
-                    quant=q, kernel=k)  # fmt: skip
-        profiles(ctx, qtag, run, spec, work, gpu, quant=q, kernel=k)
+    for i, engine in enumerate(engines):
+        qtag = engine_tag(tag, engine)
+        run = sweep(ctx, f"sweep-{qtag}", f"gpurun-{qtag}-{stamp()}", spec, work, cap=_share_cap(ctx, len(engines) - i),
+                    engine=engine)  # fmt: skip
+        profiles(ctx, qtag, run, spec, work, gpu, engine=engine)
 
 
 def plan_pilot_e2b(ctx: Context, work: Workload, gpu: bool = True, plan: PilotPlan = PilotPlan(),
-                   quants: Sequence[tuple[str | None, str | None]] = ((None, None),)) -> None:  # fmt: skip
+                   engines: Sequence[EngineConfig | None] = (None,)) -> None:  # fmt: skip
     """The "pilot + E2B" plan (module docstring): checkpoint `plan.big` is generated in a background CPU process
-    while bandwidth and the `plan.pilot` sweeps (one per option set of `quants`, together capped at
+    while bandwidth and the `plan.pilot` sweeps (one per engine configuration of `engines`, together capped at
     `Timing.pilot_share` of the budget) run, each pilot's profile while `big` is still being written (else after
     the E2B steps). `big` is swept and profiled per option set when it is ready with at least `Timing.e2b_min` s
-    left for that set (its sweeps but the last capped at their share, `_share_cap`), else the generator is stopped
+    left for that configuration (its sweeps but the last capped at their share, `_share_cap`), else the generator is stopped
     and the log says how long it ran (s). `gpu` gives the profiles the GPU profiling flags. The generator's output
     goes to logs/checkpoint-BIG.log."""
     t, big, pilot_spec = ctx.timing, plan.big, f"builtin:{plan.pilot}"
     gen_t0 = time.monotonic()
     gen_log = _start_generator(ctx, big)
     bandwidth(ctx, work)
-    pilot_cap = max(t.sweep_min, t.pilot_share * ctx.budget / len(quants))
+    pilot_cap = max(t.sweep_min, t.pilot_share * ctx.budget / len(engines))
     unprofiled = []
-    for q, k in quants:
-        tag = quant_tag("pilot", q, k)
-        pilot = sweep(ctx, f"sweep-{tag}", f"gpurun-{quant_tag(f'pilot-{plan.pilot}', q, k)}-{stamp()}", pilot_spec,
-                      work, cap=pilot_cap, quant=q, kernel=k)  # fmt: skip
+    for engine in engines:
+        tag = engine_tag("pilot", engine)
+        pilot = sweep(ctx, f"sweep-{tag}", f"gpurun-{engine_tag(f'pilot-{plan.pilot}', engine)}-{stamp()}",
+                      pilot_spec, work, cap=pilot_cap, engine=engine)  # fmt: skip
         if ctx.background.poll() is None and not ctx.stopping:  # the GPU is idle otherwise: profile meanwhile
-            profiles(ctx, tag, pilot, pilot_spec, work, gpu, quant=q, kernel=k)
+            profiles(ctx, tag, pilot, pilot_spec, work, gpu, engine=engine)
         else:
-            unprofiled.append((tag, pilot, q, k))
+            unprofiled.append((tag, pilot, engine))
     if _settle_generator(ctx, big, gen_t0):
-        for i, (q, k) in enumerate(quants):
-            tag = quant_tag(big, q, k)
+        for i, engine in enumerate(engines):
+            tag = engine_tag(big, engine)
             if ctx.remaining() < t.e2b_min:
                 skip(ctx, f"sweep-{tag}", f"{ctx.remaining():.0f} s left, needs {t.e2b_min:.0f} s")
                 continue
             run = sweep(ctx, f"sweep-{tag}", f"gpurun-{tag}-{stamp()}", f"builtin:{big}", work,
-                        cap=_share_cap(ctx, len(quants) - i), quant=q, kernel=k)  # fmt: skip
-            profiles(ctx, tag, run, f"builtin:{big}", work, gpu, quant=q, kernel=k)
+                        cap=_share_cap(ctx, len(engines) - i), engine=engine)  # fmt: skip
+            profiles(ctx, tag, run, f"builtin:{big}", work, gpu, engine=engine)
     gen_log.close()
     ctx.background = None
-    for tag, pilot, q, k in unprofiled:
-        profiles(ctx, tag, pilot, pilot_spec, work, gpu, quant=q, kernel=k)
+    for tag, pilot, engine in unprofiled:
+        profiles(ctx, tag, pilot, pilot_spec, work, gpu, engine=engine)
 
 
 def profiles(ctx: Context, tag: str, run: Path | None, spec: str, work: Workload, gpu: bool,
-             quant: str | None = None, kernel: str | None = None) -> None:  # fmt: skip
+             engine: EngineConfig | None = None) -> None:  # fmt: skip
     """The profile step(s) after the sweep `run` of `spec` (steps named after `tag`): `profile-TAG` joined to the
     sweep's run (B = 1, as without --batch), then, with a `work.batch` above 1, `profile-TAG-bB` at the largest
-    batch into its own run folder (`batch_profile`: gpurun-TAG-profile-bB-HHMMSS). `quant` / `kernel`: the
-    sweep's `--quant` / `--kernel` (None: no flag)."""
-    profile(ctx, f"profile-{tag}", run, spec, work, gpu, quant=quant, kernel=kernel)
+    batch into its own run folder (`batch_profile`: gpurun-TAG-profile-bB-HHMMSS). `engine`: the sweep's engine
+    configuration (its options, `EngineConfig.to_args`)."""
+    profile(ctx, f"profile-{tag}", run, spec, work, gpu, engine=engine)
     b = work.largest_batch
     if b > 1:
         batch_profile(ctx, f"profile-{tag}-b{b}", f"gpurun-{tag}-profile-b{b}-{stamp()}", spec, work, gpu,
-                      quant=quant, kernel=kernel)  # fmt: skip
+                      engine=engine)  # fmt: skip
 
 
 def _start_generator(ctx: Context, big: str):
@@ -341,7 +365,7 @@ def _settle_generator(ctx: Context, big: str, gen_t0: float) -> bool:
 def check_options(options: Options) -> None:
     """Refuse bad `options` before any step runs: a budget that is not positive, --inputs that are not positive
     comma-separated token counts, --max-new-tokens / --repeats / --steps below 1, --batch sizes that are not
-    distinct whole numbers >= 1, a --checkpoint that is neither
+    distinct whole numbers >= 1, a malformed --mesh, a --checkpoint that is neither
     builtin:NAME nor an existing folder. Raises InputError (one line: received, expected)."""
     if not options.budget_s > 0:
         raise InputError(f"--budget-s {options.budget_s}: expected a positive number of seconds")
@@ -362,6 +386,7 @@ def check_options(options: Options) -> None:
                              "--batch 1,8,32,128")  # fmt: skip
     _check_quant_sets(options.quant)
     _check_kernels(options.kernel)
+    _check_mesh(options.mesh)
     spec = options.checkpoint
     if spec is not None:
         if spec.startswith("builtin:") and not spec.split(":", 1)[1]:
@@ -393,6 +418,18 @@ def _check_kernels(kernels: Sequence[str]) -> None:
         if text in kernels[:i]:
             raise InputError(f"--kernel {text}: given twice; expected each value once (e.g. --kernel w4a16=pallas "
                              "--kernel w4a16=xla: the kernel on and off)")  # fmt: skip
+
+
+def _check_mesh(text: str | None) -> None:
+    """InputError (one line) for a `--mesh` text `bench sweep --mesh` would refuse
+    (`model.engine_config.parse_mesh_option`); whether the devices are there each step asks before it loads."""
+    from model.engine_config import parse_mesh_option  # standard library only (no jax, no numpy)
+    from model.errors import OptionError
+
+    try:
+        parse_mesh_option(text)
+    except OptionError as exc:
+        raise InputError(str(exc)) from None
 
 
 def _check_quant_sets(sets: Sequence[str]) -> None:
@@ -459,17 +496,18 @@ def _measure(ctx: Context, options: Options, plan: PilotPlan | None) -> int:
                 f"repeats, decode loop {work.decode_loop}, profile {work.steps} steps"
                 f"{'; batch ' + work.batch if work.batch else ''}"
                 f"{'; quant ' + ' | '.join(options.quant) if options.quant else ''}"
-                f"{'; kernel ' + ' | '.join(options.kernel) if options.kernel else ''}; out {ctx.outdir}")  # fmt: skip
+                f"{'; kernel ' + ' | '.join(options.kernel) if options.kernel else ''}"
+                f"{'; mesh ' + options.mesh if options.mesh else ''}; out {ctx.outdir}")  # fmt: skip
         spec = _checkpoint_spec(options.checkpoint)
         if plan is None and accel:
             plan = PilotPlan()
         if spec is None and plan is not None:
-            plan_pilot_e2b(ctx, work, gpu, plan, options.quant_sets)
+            plan_pilot_e2b(ctx, work, gpu, plan, options.engines)
         else:
             spec = spec or "builtin:tiny"
             name = spec if spec.startswith("random:") else Path(spec.split(":")[-1]).name  # random:e2b -> random-e2b
             tag = "tiny" if spec == "builtin:tiny" else re.sub(r"[^A-Za-z0-9._-]", "-", name)
-            plan_single(ctx, spec, work, gpu, tag, options.quant_sets)
+            plan_single(ctx, spec, work, gpu, tag, options.engines)
         return exit_code(ctx)
     except MissingModuleError as exc:
         ctx.say(f"error: {exc}")

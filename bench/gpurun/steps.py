@@ -389,17 +389,18 @@ def checkpoint_step(ctx: Context, spec: str) -> bool:
     return res.status == "ok"
 
 
-def quant_argv(quant: str | None, kernel: str | None = None) -> list[str]:
-    """`["--quant", SET]` for a step of one `--quant` option set, [] for None (the command's default: dense); then
-    `["--kernel", KERNEL]` when a kernel is given (w4a16=pallas or w4a16=xla)."""
-    return ([] if quant is None else ["--quant", quant]) + ([] if kernel is None else ["--kernel", kernel])
+def engine_argv(engine) -> list[str]:
+    """The engine options of a step: `engine.to_args()` (a `model.engine_config.EngineConfig`: every option it
+    was given, e.g. ["--quant", "w4:128", "--kernel", "w4a16=xla", "--mesh", "tp=2"]), [] for None (the
+    command's defaults: dense, one device)."""
+    return [] if engine is None else engine.to_args()
 
 
 def sweep(ctx: Context, name: str, label: str, spec: str, work: Workload, *, cap: float | None = None,
-          reserve: float | None = None, quant: str | None = None, kernel: str | None = None) -> Path | None:  # fmt: skip
-    """The `bench sweep` step `name` of checkpoint `spec` into the run folder named by `label`, with `--quant
-    quant` when given (one option set, e.g. "ple4,int8_lm_head"; None: dense, no flag) and `--kernel kernel`
-    when given (w4a16=pallas or w4a16=xla; None: the engine decides).
+          reserve: float | None = None, engine=None) -> Path | None:  # fmt: skip
+    """The `bench sweep` step `name` of checkpoint `spec` into the run folder named by `label`, with the options of
+    `engine` (a `model.engine_config.EngineConfig`, `engine_argv`: its --quant, --kernel, --mesh, ... as given;
+    None: none, the command's defaults).
 
     With `work.batch`, `--batch` is passed on. Its limit is the time left minus `reserve` (s; default
     `Timing.profile_reserve`, twice that with a batch above 1: kept for the profile(s) after it) minus the grace
@@ -422,7 +423,7 @@ def sweep(ctx: Context, name: str, label: str, spec: str, work: Workload, *, cap
     res = run_step(ctx, name, bench_argv(
         "sweep", "--inputs", work.inputs, "--max-new-tokens", str(work.max_new_tokens), "--repeats",
         str(work.repeats), "--decode-loop", work.decode_loop, "--checkpoint", spec, "--name", label, "--runs-dir",
-        str(ctx.outdir / "runs"), "--compile-cache", str(ctx.outdir / "xla-cache"), *quant_argv(quant, kernel),
+        str(ctx.outdir / "runs"), "--compile-cache", str(ctx.outdir / "xla-cache"), *engine_argv(engine),
         *(["--batch", work.batch] if work.batch else [])), limit)  # fmt: skip
     path = find_run(ctx, label)
     if res.status in ("interrupted", "killed", "stopped", "failed"):
@@ -433,9 +434,9 @@ def sweep(ctx: Context, name: str, label: str, spec: str, work: Workload, *, cap
 
 
 def profile(ctx: Context, name: str, run: Path | None, spec: str, work: Workload, gpu: bool, *,
-            quant: str | None = None, kernel: str | None = None) -> None:  # fmt: skip
+            engine=None) -> None:  # fmt: skip
     """The `bench profile --run RUN` step `name`: adds a profile of checkpoint `spec` to the sweep's run folder,
-    with `--quant quant` and `--kernel kernel` when given (the sweep's; None: no flag, the run's own).
+    with the options of `engine` (the sweep's, `engine_argv`; None: none, the run's own).
 
     Gets all the time left minus the grace period; skipped when `run` is None or under `Timing.profile_min +
     grace` left. `gpu` gives this process alone the GPU profiling XLA_FLAGS. A profile that did not end "ok" has
@@ -456,21 +457,21 @@ def profile(ctx: Context, name: str, run: Path | None, spec: str, work: Workload
     res = run_step(ctx, name, bench_argv(
         "profile", "--steps", str(work.steps), "--input-tokens", str(work.profile_input), "--checkpoint", spec,
         "--run", str(run), "--runs-dir", str(ctx.outdir / "runs"), "--compile-cache", str(ctx.outdir / "xla-cache"),
-        *quant_argv(quant, kernel),
+        *engine_argv(engine),
     ), left - t.grace, env_extra=env)  # fmt: skip
     if res.status != "ok":
         settle_run(ctx, run, res)
 
 
 def batch_profile(ctx: Context, name: str, label: str, spec: str, work: Workload, gpu: bool, *,
-                  quant: str | None = None, kernel: str | None = None) -> Path | None:  # fmt: skip
+                  engine=None) -> Path | None:  # fmt: skip
     """With a `work.batch` above 1, the `bench profile --batch B` step `name` at the largest batch B, at
     `work.profile_input` tokens, into a new run folder named by `label` (a run holds one profile: the B = 1 profile
     joined the sweep's run), so that the device-time categories can be read per batch size (the report sets them
     side by side when the shapes match: `bench profile` without --run profiles max_new_tokens 64, the GPU
     workload's). Nothing without a batch above 1; skipped under `Timing.profile_min + grace` left. Gets all the
     time left minus the grace period; `gpu` gives it the GPU profiling XLA_FLAGS. Returns its run folder (added to
-    `ctx.runs`), or None. `quant` / `kernel`: as `profile`'s."""
+    `ctx.runs`), or None. `engine`: as `profile`'s."""
     b, t = work.largest_batch, ctx.timing
     if b <= 1:
         return None
@@ -486,7 +487,7 @@ def batch_profile(ctx: Context, name: str, label: str, spec: str, work: Workload
     res = run_step(ctx, name, bench_argv(
         "profile", "--batch", str(b), "--steps", str(work.steps), "--input-tokens", str(work.profile_input),
         "--checkpoint", spec, "--name", label, "--runs-dir", str(ctx.outdir / "runs"), "--compile-cache",
-        str(ctx.outdir / "xla-cache"), *quant_argv(quant, kernel),
+        str(ctx.outdir / "xla-cache"), *engine_argv(engine),
     ), left - t.grace, env_extra=env)  # fmt: skip
     path = find_run(ctx, label)
     if res.status != "ok":

@@ -65,7 +65,7 @@ def run_profile(req: ProfileRequest, engine_options: Mapping[str, Any]):
     if req.run_ref is not None:
         joined = open_run(resolve_run(req.run_ref, req.runs_dir))  # RunFolderError names the folder
         refuse_to_overwrite(joined, req.replace)  # before anything, even the lock, is written into it
-        options = joined_options(joined.typed_manifest.engine, options)
+        options = joined_options(joined.typed_manifest.engine, options, joined.typed_manifest.engine_options.mesh)
     check_trace_memory(req.steps, req.checkpoint)  # the trace's memory, before anything loads
     # where the profile is written, checked before anything loads (one line, exit 2)
     check_writable(joined.path, flag="--run") if joined is not None else check_writable(req.runs_dir)
@@ -98,11 +98,11 @@ def _check_request(req: ProfileRequest) -> None:
         raise InputError("--replace overwrites the profile of a run named with --run; a new run has none to replace")
 
 
-def joined_options(ran, options: Mapping[str, Any]) -> dict[str, Any]:
+def joined_options(ran, options: Mapping[str, Any], mesh=None) -> dict[str, Any]:
     """The engine options of a profile joining a run whose manifest records the engine facts `ran`
-    (`bench.runs.manifest.EngineConfig`): each of the quantization (and its scale dtype), the w4 kernel, the
-    weight dtype (where the run stored its weights in another dtype than it computed in) and the backend not
-    given is the run's, so the profile measures the payload the run measured. Raises InputError for a
+    (`bench.runs.manifest.EngineConfig`) and the mesh `mesh` (a `model.placement.Mesh`, None: one device): each
+    of the quantization (and its scale dtype), the w4 kernel, the weight dtype (where the run stored its weights
+    in another dtype than it computed in), the backend and the mesh not given is the run's, so the profile measures the payload the run measured. Raises InputError for a
     quantization that differs from the run's (`refuse_other_quant`)."""
     out = dict(options)
     if out.get("quant") is None:  # profile the payload the run measured
@@ -114,6 +114,8 @@ def joined_options(ran, options: Mapping[str, Any]) -> dict[str, Any]:
         out["weight_dtype"] = ran.weight_dtype
     if out.get("backend") is None:  # the engine the run measured (None in a run from before it was recorded)
         out["backend"] = ran.backend
+    if out.get("mesh") is None and mesh is not None:  # the devices the run's parameters were placed over
+        out["mesh"] = mesh.text
     return out
 
 
@@ -354,7 +356,7 @@ def check_trace_memory(steps: int, checkpoint: str | None) -> None:
 def _profile(joined, opts):
     """Load the engine, check the shape, then capture and analyse into `joined` (a locked run) or into a new run
     this creates (ended by `writing_run`). Returns (profile.json dict, the capture, profile.json's path)."""
-    from bench.engines import engine_manifest, open_engine
+    from bench.engines import MESH_KEY, engine_manifest, mesh_record, open_engine
     from bench.runs import create_run, free_label, writing_run
     from bench.sweep.command import sweep_workload
 
@@ -375,8 +377,10 @@ def _profile(joined, opts):
     decode_bytes = {str(opts.input_tokens): engine.decode_bytes(opts.input_tokens, max_new_tokens, batch=opts.batch)}
     batch_note = {"profile_batch": opts.batch} if opts.batch > 1 else {}
     workload = sweep_workload(config, profile_steps=opts.steps, profile_warmup=WARMUP_STEPS, **batch_note)
-    manifest = engine_manifest("profile", engine, report, opts.checkpoint, cache_dir, workload,
-                               extra={"decode_bytes": decode_bytes})  # fmt: skip
+    extra = {"decode_bytes": decode_bytes}
+    if (per_device := mesh_record(engine, (opts.input_tokens,), max_new_tokens)) is not None:
+        extra[MESH_KEY] = per_device  # a mesh: each device's bytes and collectives (one device: nothing new)
+    manifest = engine_manifest("profile", engine, report, opts.checkpoint, cache_dir, workload, extra=extra)
     slug = manifest.slug or "unknown"
 
     def start():
@@ -523,16 +527,19 @@ def run_mismatches(run, setup) -> list[str]:
 def _roofline_inputs(engine, cell, input_tokens: int, max_new_tokens: int,
                      batch: int = 1) -> tuple[dict, float | None, str]:  # fmt: skip
     """(bytes one decode step of `batch` rows reads (the engine's accounting: the weights once, every row's KV
-    cache), the gauge tok/s to use or None, the note saying which): a joined sweep cell's gauge (at B > 1 the
+    cache; under a mesh the slowest device's: `bench.engines.step_read_bytes`), the gauge tok/s to use or None,
+    the note saying which): a joined sweep cell's gauge (at B > 1 the
     per-sequence gauge: steps per second) at its own shape, else None (the profile's own rate is used)."""
+    from bench.engines import step_read_bytes
+
     at = f"{input_tokens} input tokens" + (f" x {batch} rows" if batch > 1 else "")
     if cell is not None:
-        decode_bytes = engine.decode_bytes(input_tokens, cell.max_new_tokens or max_new_tokens, batch=batch)
+        decode_bytes = step_read_bytes(engine, input_tokens, cell.max_new_tokens or max_new_tokens, batch=batch)
         return decode_bytes, cell.gauge_tok_s_median, (
             f"roofline uses the run's sweep gauge at {at} ({cell.gauge_tok_s_median:.2f} tok/s"
             f"{' per sequence' if batch > 1 else ''}, bytes per step at its shape, max_new_tokens "
             f"{cell.max_new_tokens})")  # fmt: skip
-    return engine.decode_bytes(input_tokens, max_new_tokens, batch=batch), None, (
+    return step_read_bytes(engine, input_tokens, max_new_tokens, batch=batch), None, (
         f"roofline uses the profile's own rate (1000 / device ms per step, which leaves out host time between "
         f"ops), not a gauge: this run has no sweep cell at {at}")  # fmt: skip
 
@@ -557,7 +564,8 @@ def _profile_config(setup, opts, bucket: int, decode_bytes: dict) -> dict:
     """profile.json's `config`: the prompt, the batch (rows decoded per step: 1, or `--batch B`), the profiled
     shape (bucket, max_new_tokens, KV positions), the steps,
     the checkpoint id, the dtype policy, the quantization (canonical `--quant` text), the weight bytes as placed
-    and the bytes a step reads."""
+    and the bytes a step reads (under a mesh the slowest device's, and `mesh`, its text)."""
+    from bench.engines import engine_mesh
     from bench.runs.manifest import checkpoint_id
 
     pol, max_new_tokens = setup.engine.policy, setup.max_new_tokens
@@ -572,6 +580,7 @@ def _profile_config(setup, opts, bucket: int, decode_bytes: dict) -> dict:
         "compute_dtype": pol.compute_dtype,
         "weight_dtype": pol.weight_dtype, "kv_cache_dtype": pol.kv_dtype, "decode_bytes": decode_bytes,
         "quant": setup.engine.quant.canonical, "weight_bytes": setup.engine.weight_bytes,
+        **({"mesh": mesh.text} if (mesh := engine_mesh(setup.engine)) is not None else {}),
     }  # fmt: skip
 
 

@@ -89,6 +89,7 @@ _CONTEXT_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cpu model", ("host", "cpu_model")),
     ("compute dtype", ("dtype_policy", "compute_dtype")),
     ("checkpoint id", ("checkpoint", "id")),
+    ("mesh", ("engine_options", "mesh")),
     ("git commit", ("git", "commit")),
 )
 
@@ -123,7 +124,10 @@ def _get(manifest: dict[str, Any], path: tuple[str, ...]) -> Any:
 
 def _context_value(manifest: dict[str, Any], path: tuple[str, ...]) -> Any:
     """`_get`, except the checkpoint id, which reads as the report names it (`CheckpointFacts.label`: "(dummy
-    weights)" after the id of weights made on the device)."""
+    weights)" after the id of weights made on the device), and the mesh, "one device" where none is recorded (every
+    run before meshes ran on one)."""
+    if path == ("engine_options", "mesh"):
+        return _get(manifest, path) or "one device"
     checkpoint = manifest.get("checkpoint")
     if path == ("checkpoint", "id") and isinstance(checkpoint, dict):
         return CheckpointFacts(id=checkpoint.get("id"), dummy=checkpoint.get("dummy")).label

@@ -69,6 +69,8 @@ class RunKeys:
     `run_status`: the run's status, "complete" or "incomplete" (interrupted: only its finished cells are valid);
     `backend`: which engine ran (`backend_of`: "jax", "cpu-kernels", with "(inferred)" for a manifest from
     before it was recorded; None for published figures and peers);
+    `mesh`: the device mesh the run's engine was placed on (`mesh_of`: "tp=2"), None on one device; such a run's
+    `device` names it after the chip ("CPU tp=2"), so a mesh is drawn beside one device, never as one;
     `method`: how the numbers were timed (`method_of`): "in-process" (the engine timed in this process),
     "remote target" (`sweep --target`: client-side timing over HTTP, streamed), "<engine> (peer)" (another engine,
     e.g. transformers, timed in its own process on the same workload) or "as published".
@@ -97,6 +99,7 @@ class RunKeys:
     batch_sweep: tuple[int, ...] | None = None
     profile_batch: int | None = None
     backend: str | None = None
+    mesh: str | None = None
 
     @property
     def published(self) -> bool:
@@ -157,6 +160,15 @@ def backend_of(manifest: Any) -> str | None:
     return f"{'cpu-kernels' if cpu else 'jax'} (inferred)"
 
 
+def mesh_of(manifest: Any) -> str | None:
+    """The device mesh a run's engine was placed on, from its typed manifest's stored engine configuration
+    (`engine_options.mesh`, e.g. "tp=2"); None on one device, and for a run that records none (every run before
+    meshes ran on one device)."""
+    stored = manifest.extra.get("engine_options")
+    mesh = stored.get("mesh") if isinstance(stored, dict) else None
+    return mesh if isinstance(mesh, str) and mesh else None
+
+
 def _int_or(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
@@ -177,8 +189,9 @@ def run_keys(view: Any) -> RunKeys:
     m = view.run.typed_manifest
     policy = m.dtype_policy or {}
     date = (m.started_at or "")[:10] or (_DATE.match(view.name).group(1) if _DATE.match(view.name) else None)
+    mesh = mesh_of(m)
     return RunKeys(
-        run=view.name, label=view.label, device=chip_name(dict(m.device)),
+        run=view.name, label=view.label, device=chip_name(dict(m.device)) + (f" {mesh}" if mesh else ""),
         host=m.host.get("description") or m.host.get("cpu_model"), checkpoint_id=m.checkpoint.id,
         checkpoint_hash=m.checkpoint.content_hash, weight_bytes=m.checkpoint.weight_bytes,
         quantization=quantization_label(m.engine.quantization, m.engine.scale_dtype),
@@ -190,7 +203,7 @@ def run_keys(view: Any) -> RunKeys:
         max_new_tokens=m.workload.max_new_tokens or next((c.max_new_tokens for c in view.cells.values()), None),
         build_id=m.build_id, date=date, started_at=m.started_at,
         provenance=m.provenance.kind, method=method_of(m), run_status=m.status, batch_sweep=_batch_sweep(m, view),
-        profile_batch=_profile_batch(m, view.run.manifest), backend=backend_of(m),
+        profile_batch=_profile_batch(m, view.run.manifest), backend=backend_of(m), mesh=mesh,
     )  # fmt: skip
 
 

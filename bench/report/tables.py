@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import InputError, RunFolderError
-from bench.report.rows import backend_of, chip_name, quantization_label
+from bench.report.rows import backend_of, chip_name, mesh_of, quantization_label
 from bench.runs import (CellRow, CheckpointFacts, LoadRow, RunFolder, Sample, cell_key, load_reported_run, resolve_run,
                         run_folders)  # fmt: skip
 from bench.runs.columns import (
@@ -284,6 +284,8 @@ def environment_table(views: list[RunView]) -> tuple[list[str], list[list[Any]],
         ("quantization", lambda v: quantization_label(g(v, "engine_config", "quantization"),
                                                       g(v, "engine_config", "scale_dtype"))),
         ("engine backend", lambda v: backend_of(v.run.typed_manifest)),
+        *([("mesh", lambda v: mesh_of(v.run.typed_manifest) or "one device")]
+          if any(mesh_of(v.run.typed_manifest) for v in views) else []),  # a row only where a run has a mesh
         ("weight bytes", lambda v: g(v, "checkpoint", "weight_bytes")),
         ("configuration", lambda v: _config_text(g(v, "engine_config"))),
         ("git commit", lambda v: g(v, "git", "commit")),

@@ -162,10 +162,13 @@ def _size(n: int) -> str:
 
 def fit_line(mem: BatchMemory) -> str:
     """The arithmetic of a fit in one line: weights + batch x KV = needed against usable (capacity less the
-    reserve), and the verdict."""
+    reserve), and the verdict; under a mesh (`BatchMemory.mesh`) per device, times the devices that share the
+    capacity where they do."""
     verdict = "fits" if mem.fits else "does not fit"
+    per = f" per device of {mem.mesh}" if mem.mesh else ""
+    shared = f", x {mem.sharing} devices sharing it" if mem.sharing > 1 else ""
     return (f"{_size(mem.weight_bytes)} weights + {mem.batch} x {_size(mem.kv_bytes_per_row)} KV "
-            f"({mem.cache_len} positions) = {_size(mem.needed)} vs {_size(mem.usable)} usable "
+            f"({mem.cache_len} positions){per}{shared} = {_size(mem.needed)} vs {_size(mem.usable)} usable "
             f"({_size(mem.capacity)} {mem.where}, less {mem.reserve:.0%} reserved): {verdict}")
 
 

@@ -140,6 +140,9 @@ def _check_target_engine(options: Mapping[str, Any], compile_cache: str | None) 
     if options.get("kernel") is not None:
         raise InputError(f"--kernel {options['kernel']}: with --target the server multiplies its weights as it was "
                          "started; drop the flag (start the server with `bench serve --kernel ...`)")  # fmt: skip
+    if options.get("mesh") is not None:
+        raise InputError(f"--mesh {options['mesh']}: with --target the server runs on the devices it was started "
+                         "on; drop the flag (start the server with `bench serve --mesh ...`)")  # fmt: skip
     if options.get("weight_dtype") is not None:
         raise InputError(f"--weight-dtype {options['weight_dtype']}: with --target the server stores its weights as "
                          "it was started; drop the flag (start the server with `bench serve --weight-dtype ...`)")  # fmt: skip
@@ -250,12 +253,21 @@ def run_local(plan: SweepPlan):
     alone), load the engine, check every prompt and batch, build the manifest (and, resuming, check it is the
     run's build), then measure into a new or the resumed run folder. Returns the run folder (ended: complete,
     incomplete after a stop signal, or failed)."""
-    from bench.engines import check_prompt_sizes, engine_manifest, open_engine
+    from bench.engines import (
+        MESH_KEY,
+        check_mesh_here,
+        check_prompt_sizes,
+        engine_manifest,
+        mesh_lines,
+        mesh_record,
+        open_engine,
+    )
     from bench.runs import now_iso
     from bench.sweep.local import build_batch_prompts, build_prompts, check_batches
     from model.engine import CompileCounter
 
     log, config, resumed = logging.getLogger("bench"), plan.config, plan.resumed
+    check_mesh_here(plan.flags.checkpoint, plan.engine)  # devices and model against --mesh: one line, before all
     # every size against the limits config.json sets, before a built-in checkpoint is created or a weight loads
     check_prompt_sizes(plan.flags.checkpoint, config.inputs, config.max_new_tokens, plan.engine)
     _check_fits(plan)  # weights + the largest cell's KV cache against the device: one line, before anything loads
@@ -270,8 +282,12 @@ def run_local(plan: SweepPlan):
     rates, rates_new = _sweep_rates(engine, resumed, log)
     rates_at = now_iso()
     workload = sweep_workload(config, **duration_notes(config), **loop_notes(config), **batch_notes(config))
-    manifest = engine_manifest("sweep", engine, report, plan.flags.checkpoint, cache_dir, workload,
-                               extra={"decode_bytes": decode_bytes, RATES_KEY: dict(rates.measured)})  # fmt: skip
+    extra = {"decode_bytes": decode_bytes, RATES_KEY: dict(rates.measured)}
+    if (per_device := mesh_record(engine, config.inputs, config.max_new_tokens)) is not None:
+        extra[MESH_KEY] = per_device  # a mesh: each device's bytes and collectives (one device: nothing new)
+        for line in mesh_lines(per_device):
+            log.info(line)
+    manifest = engine_manifest("sweep", engine, report, plan.flags.checkpoint, cache_dir, workload, extra=extra)
     if resumed is not None:
         check_same_build(resumed, manifest)
     measured = _Measured(engine=engine, manifest=manifest, prompts=prompts, batch_prompts=batch_prompts, rates=rates,
@@ -288,7 +304,7 @@ def _check_fits(plan: SweepPlan) -> None:
     e = plan.engine
     check_sweep_fits(checkpoint_config(plan.flags.checkpoint), plan.config.cells, plan.config.max_new_tokens,
                      dtype=e.compute_dtype, weight_dtype=e.weight_dtype, quant=e.flag_text("quant"),
-                     scale_dtype=e.scale_dtype, max_length=e.max_length, buckets=e.buckets)  # fmt: skip
+                     scale_dtype=e.scale_dtype, max_length=e.max_length, buckets=e.buckets, mesh=e.mesh)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

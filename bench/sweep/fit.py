@@ -18,13 +18,15 @@ from bench.runs.devices import fit_line
 
 def sweep_memory(cfg: ModelConfig, cells: Sequence[tuple[int, int]], max_new_tokens: int, *, weight_itemsize: int,
                  kv_itemsize: int, scale_itemsize: int, quant, capacity: int, where: str, max_length: int | None = None,
-                 buckets: Sequence[int] | None = None) -> tuple[BatchMemory, int]:  # fmt: skip
+                 buckets: Sequence[int] | None = None, mesh=None) -> tuple[BatchMemory, int]:  # fmt: skip
     """(`BatchMemory`, input tokens) of the cell of `cells` ((input tokens, batch) pairs) that needs the most memory:
     `model.accounting.weight_bytes` at `weight_itemsize` / `scale_itemsize` under `quant` (a
     `model.quantspec.QuantSpec`) plus batch rows of KV cache of (the cell's bucket + `max_new_tokens`) positions at
     `kv_itemsize` (`model.accounting.kv_cache_bytes`), against `capacity` bytes (`where`: which figure). The buckets
     are the engine's (`model.limits.prompt_limits` with `max_length` / `buckets`). Raises EngineError for a size
-    no bucket holds (as the engine would)."""
+    no bucket holds (as the engine would). `mesh` (a `model.placement.Mesh`, None: one device): per device, the
+    largest device's weights and its share of each row's cache (`model.placement.device_share`), against one
+    device's `capacity`, which the mesh's devices share where it is the host's (`BatchMemory.sharing`)."""
     from model.accounting import kv_cache_bytes, weight_bytes
     from model.limits import prompt_limits
 
@@ -36,21 +38,36 @@ def sweep_memory(cfg: ModelConfig, cells: Sequence[tuple[int, int]], max_new_tok
         row = kv_cache_bytes(cfg, cache_len, kv_itemsize)
         mem = BatchMemory(batch=b, cache_len=cache_len, weight_bytes=weights, kv_bytes_per_row=row, capacity=capacity,
                           where=where)  # fmt: skip
+        if mesh is not None:
+            mem = _per_device(mem, cfg, mesh, weight_itemsize, kv_itemsize, scale_itemsize, quant)
         if worst is None or mem.needed > worst[0].needed:
             worst = (mem, n)
     assert worst is not None, "a sweep has at least one cell"
     return worst
 
 
+def _per_device(mem: BatchMemory, cfg: ModelConfig, mesh, weight_itemsize: int, kv_itemsize: int,
+                scale_itemsize: int, quant) -> BatchMemory:  # fmt: skip
+    """`mem` per device of `mesh` (`model.placement.device_share` at its cache length)."""
+    import dataclasses
+
+    from model.placement import device_share
+
+    share = device_share(cfg, mesh, itemsize=weight_itemsize, context=mem.cache_len, scale_itemsize=scale_itemsize,
+                         quant=quant, kv_itemsize=kv_itemsize)  # fmt: skip
+    return dataclasses.replace(mem, weight_bytes=share.weight_bytes, kv_bytes_per_row=share.kv_bytes_per_row,
+                               mesh=mesh.text, sharing=mesh.size if "host" in mem.where else 1)  # fmt: skip
+
+
 def check_sweep_fits(cfg: ModelConfig | None, cells: Sequence[tuple[int, int]], max_new_tokens: int, *,
                      dtype: str | None = None, weight_dtype: str | None = None, quant: str | None = None,
                      scale_dtype: str | None = None, max_length: int | None = None,
                      buckets: Sequence[int] | None = None,
-                     capacity: tuple[int, str] | None = None) -> BatchMemory | None:  # fmt: skip
+                     capacity: tuple[int, str] | None = None, mesh=None) -> BatchMemory | None:  # fmt: skip
     """`sweep_memory` of a sweep's flags on the live device, before anything loads: the dtype policy the engine
     will take (`model.policy.decide_policy` with `--dtype` / `--weight-dtype`), `--quant` / `--scale-dtype` (texts,
     already checked), the device's memory (`model.engine.memory_capacity`: `bytes_limit`, else the host's available
-    memory; `capacity` = (bytes, where) replaces it). Returns None when the config cannot be read before loading
+    memory; `capacity` = (bytes, where) replaces it), per device under `mesh` (`sweep_memory`). Returns None when the config cannot be read before loading
     (`cfg` None: a repo id; the engine checks after the load). Raises EngineError, one line with the arithmetic
     and the fixes, when the largest cell does not fit."""
     if cfg is None:
@@ -73,7 +90,7 @@ def check_sweep_fits(cfg: ModelConfig | None, cells: Sequence[tuple[int, int]], 
     mem, n = sweep_memory(cfg, cells, max_new_tokens, weight_itemsize=size[policy.weight_dtype],
                           kv_itemsize=size[policy.kv_dtype], scale_itemsize=size[scale_dtype or "bfloat16"],
                           quant=spec, capacity=capacity[0], where=capacity[1], max_length=max_length,
-                          buckets=buckets)  # fmt: skip
+                          buckets=buckets, mesh=mesh)  # fmt: skip
     if not mem.fits:
         rows = (f"at most {mem.largest_batch} rows fit at this length: lower --batch, --inputs or --max-new-tokens"
                 if mem.largest_batch else "not even one row fits at this length: lower --inputs or --max-new-tokens, "

@@ -163,14 +163,16 @@ def with_rooflines(row: CellRow, *, bytes_per_step: int, prefill_flops: int | No
 def roofline_rows(engine, rates: DeviceRates, max_new_tokens: int, *,
                   probes: RoundProbes | None = None) -> Callable[[CellRow], CellRow]:  # fmt: skip
     """The function that gives a cell row of `engine` (at `max_new_tokens`) its roofline fields: bytes per step
-    from `engine.decode_bytes`, prefill FLOP from `model.flops` (`prefill_flops_of`). With `probes` (an
+    from `bench.engines.step_read_bytes` (`engine.decode_bytes`; under a mesh the slowest device's), prefill FLOP from `model.flops` (`prefill_flops_of`). With `probes` (an
     interleaved sweep's, `RoundProbes`) a row whose cell has probes is divided by their rates (`rates_for`) and
     records them (`RoundProbes.fields`); `rates` (the sweep's start) otherwise."""
+
+    from bench.engines import step_read_bytes
 
     def finish(row: CellRow) -> CellRow:
         n, b = row.input_tokens, row.batch or 1
         own = probes.rates_for(cell_key(row)) if probes is not None else None
-        row = with_rooflines(row, bytes_per_step=engine.decode_bytes(n, max_new_tokens, batch=b)["total"],
+        row = with_rooflines(row, bytes_per_step=step_read_bytes(engine, n, max_new_tokens, batch=b)["total"],
                              prefill_flops=b * prefill_flops_of(engine, n, max_new_tokens),
                              rates=own or rates)  # fmt: skip
         return probes.fields(row, own) if own is not None and row.status != "failed" else row
