@@ -847,7 +847,8 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     converted to once, at load (so no decode step converts weights unless the policy asks for it). The policy
     is logged first (logger "model.engine"), then any emulation warning. `quant` (`model.quantspec.QuantSpec`)
     quantizes the weights it names as they load, with scales of `scale_dtype` (a `model.policy.DTYPES` name).
-    `kernel` ("pallas", "xla" or None: decide; `--kernel w4a16=...`) chooses how w4 weights are multiplied: the
+    `kernel` ("pallas", "pallas:POLICY" (a TPU tiling policy), "xla" or None: decide; `--kernel w4a16=...`)
+    chooses how w4 weights are multiplied: the
     fused Pallas kernel where the device runs it, with the tiles `model.kernels.fit` chooses for each projection
     at this config's shapes before anything compiles (logged, and recorded in the engine's `kernel` plan), or
     XLA's product. Returns (engine, load report: path,
@@ -940,14 +941,18 @@ def _plan_w4_kernel(cfg: ModelConfig, policy: DevicePolicy, quant: QuantSpec, sc
     """(the `model.kernels.choice.KernelPlan` of the w4 projections, the policy) for `load_engine`: the fit check
     at this config's shapes, before anything loads or compiles (logged); (None, `policy`) without w4 weights.
     Where nothing fits, XLA's product, and the policy returned says so from here on. Raises KernelError for a
-    forced kernel (`kernel` "pallas") whose tiles do not fit."""
+    forced kernel (`kernel` "pallas" or "pallas:POLICY", whose TPU tiling policy the plan follows) whose tiles do
+    not fit."""
     from model.kernels.choice import log_plan, plan_kernel
+    from model.kernels.fit import split_kernel
 
     if quant.layer_bits != 4:
         return None, policy
+    asked, tiling_policy = split_kernel(kernel)
     plan = plan_kernel(cfg, quant, impl=policy.w4a16_kernel, reason=policy.w4a16_reason,
                        act_bytes=np.dtype(DTYPES[policy.activation_dtype]).itemsize,
-                       scale_bytes=np.dtype(DTYPES[scale_dtype]).itemsize, forced=kernel == "pallas")  # fmt: skip
+                       scale_bytes=np.dtype(DTYPES[scale_dtype]).itemsize, forced=asked == "pallas",
+                       policy=tiling_policy)  # fmt: skip
     log_plan(plan, log)
     if plan.impl != policy.w4a16_kernel:  # nothing fits: XLA's product, and the policy says so from here on
         policy = dataclasses.replace(policy, w4a16_kernel=plan.impl, w4a16_reason=plan.reason)

@@ -57,7 +57,8 @@ class EngineConfig:
     ladder, tokens, increasing and distinct. `quant` (`--quant`): the quantization option set, parsed
     (`model.quantspec.QuantSpec`; None: not given, dense). `scale_dtype` (`--scale-dtype`): the quantization
     scales' dtype (`SCALE_DTYPES`; None: `DEFAULT_SCALE_DTYPE`; a dense engine has no scales and resolves to None).
-    `kernel` (`--kernel w4a16=IMPL`): how w4 weights are multiplied, "pallas" or "xla". `backend` (`--backend`): a
+    `kernel` (`--kernel w4a16=IMPL`): how w4 weights are multiplied, "pallas", "pallas:POLICY" (the TPU kernel
+    under a tiling policy other than the default, `model.kernels.fit_tpu.TILING_POLICIES`) or "xla". `backend` (`--backend`): a
     name of `model.backends.BACKENDS` ("jax" is the pure-JAX engine, the default). `mesh`: the device mesh the
     parameters are placed on, None = one device (the only value today; the sharding work fills it in).
     """
@@ -192,7 +193,8 @@ def parse_buckets(text: str | None) -> tuple[int, ...] | None:
 
 
 def _parse_kernel(text: str | None, spec: QuantSpec | None, *, check_w4: bool = True) -> str | None:
-    """`--kernel` text -> "pallas" or "xla" (`model.kernels.fit.parse_kernel`), None when not given; OptionError
+    """`--kernel` text -> "pallas", "pallas:POLICY" or "xla" (`model.kernels.fit.parse_kernel`: the default
+    policy's name dropped), None when not given; OptionError
     for another value, and (`check_w4`) for a kernel with a quantization `spec` (None: dense) that has no w4 (the
     kernel multiplies w4 weights). `from_manifest` reads a recorded kernel back without that check."""
     from model.kernels.fit import parse_kernel

@@ -57,7 +57,8 @@ class SweepConfig:
     cell's warm-ups first, then timed repeat r of every cell and loop before repeat r + 1 of any; `bench sweep`'s
     default in process, `DEFAULT_ORDER`) or "sequential" (each cell's requests together, cell after cell: this
     record's default, what every caller that names no order got before interleaving, and `--target`'s);
-    docs/method.md, "Interleaving"."""
+    docs/method.md, "Interleaving". `step_logits`: record each B = 1 cell's per-step summary after its timed
+    repeats (`model.engine.Engine.step_summary`: one more program per cell; False: `--no-step-logits`)."""
 
     inputs: tuple[int, ...]
     max_new_tokens: int = 64
@@ -68,6 +69,7 @@ class SweepConfig:
     block: int | None = None
     batches: tuple[int, ...] = ()
     order: str = "sequential"
+    step_logits: bool = True  # record each B = 1 cell's per-step summary (bench/runs/logits.py); untimed
 
     @property
     def cells(self) -> list[tuple[int, int]]:
@@ -368,7 +370,8 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
     rows = sweep_cells(config, run, prompts, measure=measure, progress=progress, skip=skip, should_stop=should_stop,
                        finish_row=finish if finishers else None,
                        cell_logits=lambda prompt: engine.next_token_logits(prompt.ids, config.max_new_tokens),
-                       cell_steps=lambda prompt, ids: engine.step_summary(prompt.ids, ids),
+                       cell_steps=(lambda prompt, ids: engine.step_summary(prompt.ids, ids)) if config.step_logits
+                       else None,
                        batch_prompts=batch_prompts, probe=probes,
                        row_reference=lambda prompt: engine.generate(list(prompt.ids), config.max_new_tokens).token_ids,
                        )  # fmt: skip
