@@ -158,3 +158,64 @@ def test_bench_kernels_fit_prints_each_policy() -> None:
 )
 def test_bench_kernels_fit_bad_policy_is_one_line_exit_2(args, needles) -> None:
     assert_one_line_error(run_cli(["kernels", "fit", *args], timeout=120), *needles)
+
+
+# ---- the next TPU session's recipe (scripts/tpu-quant-archive.sh), checked here without a device ------------------
+def _archive(*args: str, tmp_path):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    return subprocess.run(["bash", str(repo / "scripts" / "tpu-quant-archive.sh"), *args, "--runs",
+                           str(tmp_path / "runs")], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)  # fmt: skip
+
+
+def test_the_archive_script_parses_and_its_dry_run_lists_the_calls(tmp_path) -> None:
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tpu-quant-archive.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    proc = _archive("w4", "policy", "tiling", "--loops", "host", "--budget-s", "570", "--dry-run", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    sweeps = [line for line in proc.stdout.splitlines() if line.startswith("+ timeout") and "bench sweep" in line]
+    assert len(sweeps) == 5 and "--quant w4 --inputs 41 --decode-loop host" in sweeps[0]
+    assert "--kernel" not in sweeps[0] and "--no-step-logits" not in sweeps[0]  # w4 alone keeps its accuracy record
+    kernels = [line.split("--kernel ")[1].split()[0] for line in sweeps[1:]]
+    assert kernels == ["w4a16=pallas:fewest", "w4a16=pallas:steps"] * 2  # alternating, twice
+    assert all("--no-step-logits" in line and "--decode-loop host" in line for line in sweeps[1:])
+    assert any("scripts/probes/w4_tiling_tpu.py --budget-s 200" in line for line in proc.stdout.splitlines())
+    assert "dry run: nothing packed" in proc.stdout
+    for text in kernels:  # each kernel value the script passes is one bench accepts
+        assert EngineConfig.from_options(quant="w4", kernel=text).kernel in ("pallas", "pallas:steps")
+
+
+@pytest.mark.parametrize("args,needle", [(["W4!"], "bad step 'W4!'"), (["w4", "--budget-s", "soon"], "--budget-s soon"),
+                                         (["w4", "--loops", "both2"], "--loops both2"), (["w4", "--fast"], "--fast"),
+                                         ([], "usage")])  # fmt: skip
+def test_the_archive_script_refuses_bad_arguments_before_any_work(args, needle, tmp_path) -> None:
+    proc = _archive(*args, "--dry-run", tmp_path=tmp_path)
+    assert proc.returncode == 2 and needle in proc.stderr and not proc.stdout, (proc.stdout, proc.stderr)
+
+
+@pytest.mark.slow
+def test_the_tiling_probe_runs_on_cpu(tmp_path) -> None:
+    """scripts/probes/w4_tiling_tpu.py in interpret mode at its small shape: each case checked against
+    dequantize-then-matmul and named with the policies that choose it; an unknown shape is one line, exit 2."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(repo)}
+    probe = [sys.executable, str(repo / "scripts" / "probes" / "w4_tiling_tpu.py"), "--out", str(tmp_path)]
+    proc = subprocess.run([*probe, "--interpret", "--small"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    cases = json.loads((tmp_path / "w4_tiling_tpu_rows1.json").read_text())["cases"]
+    assert cases and all(c["rel_err"] < 2**-7 for c in cases)  # bfloat16 activations against float32
+    assert sorted(p for c in cases for p in c["policies"]) == sorted(fit_tpu.TILING_POLICIES)
+    bad = subprocess.run([*probe, "--shapes", "qkv,nope"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "nope" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
