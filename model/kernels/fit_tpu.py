@@ -50,7 +50,26 @@ dimension a multiple of 128 or the array's whole dimension, its second-to-last a
 dimension. Here: x blocks [G, bm, g] (g a multiple of 128; bm of 16, bfloat16's sublane tile), words [bk / 8, bn]
 and the output [bm, bn] (bn a multiple of 128 or N; bk / 8 a multiple of 16 since bk is one of 128), scales
 [G, bn] (G a multiple of 16, both scale types' tile, or all of K's groups: bk = K). The kernel unrolls its groups:
-at most `MAX_GROUPS_PER_STEP` per step.
+at most `MAX_GROUPS_PER_STEP` per step. jax's rule is the same for every dtype: a block of 8 scale rows (bk = 1024)
+passes it and exports for the TPU with float32 and with bfloat16 scales alike (a bfloat16 tile holds 16 rows), so
+it cannot show that Mosaic compiles G = 8; only a TPU can, and until one does the kernel keeps 16.
+
+Tiling policies (`TILING_POLICIES`, defined with the `--kernel` option in `model.kernels.fit`): how
+`candidates_tpu` orders the tilings of a projection after the row block, largest first:
+
+- "fewest": the fewest grid steps (the largest bk x bn), then the larger bk. Most of E2B's products are then one
+  grid step (qkv 1536 x 2560, o 2048 x 1536, the PLE projections).
+- "steps": tilings of at least `MIN_STEPS` grid steps whose packed weight block (bk x bn / 2 bytes) is at least
+  `MIN_BLOCK_BYTES` first, the steps taken along N first (the larger bk), then the fewest steps among those (the
+  larger bn); a projection with no such tiling (E2B's PLE projections: 196,608 bytes in all) orders as "fewest".
+  Why: Pallas's TPU pipeline copies block i + 1 from HBM while block i computes (the Pallas TPU pipelining docs,
+  "double buffering"), so a one-step grid copies, then computes, with nothing overlapped; the TPU probe of
+  2026-12-07 read 350 GB/s on the one-step products against 629 on gate_up's six steps
+  (reports/2026-12-07-w4-pair-unpack-tpuv5e/notes.md).
+
+Chosen per engine with `--kernel w4a16=pallas:POLICY` (`parse_policy`); `DEFAULT_POLICY` until a TPU measures the
+other end to end (scripts/tpu-quant-archive.sh, step `policy`; the per-shape probe scripts/probes/w4_tiling_tpu.py,
+step `tiling`).
 
 Pure Python on ints (no jax): `bench kernels fit` and the report use it without a device.
 """
@@ -59,7 +78,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from model.kernels.fit import Fit, Need, Projection, choose_by, refusal_line, tiling_fields
+from model.kernels.fit import DEFAULT_POLICY, TILING_POLICIES, Fit, Need, Projection, choose_by, refusal_line, tiling_fields
 
 __all__ = ["TILING_POLICIES", "DEFAULT_POLICY", "MIN_STEPS", "MIN_BLOCK_BYTES", "grid_steps", "SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_COL_SHARE", "VPU_MAX_ROWS", "VPU_ROW_PAD",
            "ROW_TILE", "MAX_ROWS", "TpuTiling", "generation_of", "vmem_capacity", "budget", "need_tpu", "need_tpu_vpu",
@@ -119,26 +138,6 @@ MAX_GROUPS_PER_STEP = 24
 SCALE_ROWS = 16
 """A step's scale rows (groups) must be a multiple of this (the 16-bit tile's rows), or all of K's groups."""
 
-
-TILING_POLICIES = ("fewest", "steps")
-"""How `candidates_tpu` orders the tilings of a projection (after the row block, largest first):
-
-- "fewest": the fewest grid steps (the largest bk x bn), then the larger bk. Most of E2B's products are then one
-  grid step (qkv 1536 x 2560, o 2048 x 1536, the PLE projections).
-- "steps": tilings of at least `MIN_STEPS` grid steps whose packed weight block (bk x bn / 2 bytes) is at least
-  `MIN_BLOCK_BYTES` first, the steps taken along N first (the larger bk), then the fewest steps among those (the
-  larger bn); a projection with no such tiling (E2B's PLE projections: 196,608 bytes in all) orders as "fewest".
-  Why: Pallas's TPU pipeline copies block i + 1 from HBM while block i computes (the Pallas TPU pipelining docs,
-  "double buffering"), so a one-step grid copies, then computes, with nothing overlapped; the TPU probe of
-  2026-12-07 read 350 GB/s on the one-step products against 629 on gate_up's six steps
-  (reports/2026-12-07-w4-pair-unpack-tpuv5e/notes.md).
-
-Chosen per engine with `--kernel w4a16=pallas:POLICY` (`parse_policy`); `DEFAULT_POLICY` until a TPU measures the
-other end to end (scripts/tpu-quant-archive.sh, step `policy`; the per-shape probe scripts/probes/w4_tiling_tpu.py,
-step `tiling`)."""
-
-DEFAULT_POLICY = "fewest"
-"""The policy `--kernel w4a16=pallas` (no policy named) uses: the one measured on a TPU so far."""
 
 MIN_STEPS = 4
 """Grid steps the "steps" policy asks for: with double buffering, one step's copy in MIN_STEPS is left without a
