@@ -28,7 +28,8 @@ Recompilation triggers (everything else is an array argument and never recompile
    (no block: max_new_tokens - 1). A last block shorter than `block` runs the same program with a smaller trip
    count (a traced value), so a block size that does not divide max_new_tokens - 1 adds no program.
 7. `Engine.next_token_logits` (the prefill's logits, for accuracy records): its own program per (bucket, cache
-   length), compiled on its first call at that shape, outside any timed request.
+   length), compiled on its first call at that shape, outside any timed request; `Engine.step_summary` (the
+   per-step top-2 of a generated sequence, teacher-forced) likewise, per (prompt + generated - 1, prompt) length.
 8. decode slots (`Engine.slot_decoder(max_batch, cache_len)`, `model.slots`, what `bench serve --max-batch N > 1`
    runs): the step per (max_batch, cache_len, rows it decodes: each of `model.slots.row_counts(max_batch)` and
    max_batch) and greedy-only vs any sampled row; each prefill per (bucket,
@@ -63,7 +64,7 @@ from model.config import ModelConfig
 from model.errors import EngineError
 from model.limits import DEFAULT_BUCKETS, PromptLimits, bucket_ladder, prompt_limits  # noqa: F401 -- re-exported
 from model.memory import memory_capacity
-from model.forward import decode_step, prefill
+from model.forward import decode_step, forward_full, prefill
 from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
 from model.policy import DTYPES, DevicePolicy
@@ -129,6 +130,22 @@ def _prefill_logits_program(params, ids_BT, length, *, cfg, cache_len, kv_dtype,
     cache = init_cache(cfg, cache_len, DTYPES[kv_dtype], batch=ids_BT.shape[0], layout=layout)
     logits_BV, _ = prefill(as_params(params), cfg, ids_BT, length, cache, dtype=DTYPES[act_dtype])
     return logits_BV
+
+
+@program(static_argnames=("cfg", "start", "act_dtype", "layout"))
+def _step_summary_program(params, ids_BT, chosen_S, *, cfg, start, act_dtype, layout=None):
+    """Per decision t of `chosen_S` (S tokens a run generated after a prompt of `start` + 1 tokens; `ids_BT` [1, T]
+    the prompt and chosen_S[:-1]): the logits z_t at position start + t of one causal pass (`forward_full`,
+    teacher forcing), reduced to (ids [S, 2] int32: chosen_S[t], the best other token; values [S, 2] float32:
+    their logits)."""
+    del layout  # one device: forward_full places nothing
+    s = chosen_S.shape[0]
+    z_SV = forward_full(as_params(params), cfg, ids_BT, dtype=DTYPES[act_dtype], positions=(start, s))[0]
+    chosen_v = jnp.take_along_axis(z_SV, chosen_S[:, None], axis=1)[:, 0]
+    others = jnp.where(jnp.arange(z_SV.shape[1])[None, :] == chosen_S[:, None], -jnp.inf, z_SV)
+    runner = jnp.argmax(others, axis=1).astype(jnp.int32)
+    runner_v = jnp.take_along_axis(z_SV, runner[:, None], axis=1)[:, 0]
+    return jnp.stack([chosen_S, runner], axis=1), jnp.stack([chosen_v, runner_v], axis=1)
 
 
 @program(static_argnames=("cfg", "act_dtype", "greedy", "layout"), donate_argnames=("cache",))
@@ -639,6 +656,26 @@ class Engine:
         )  # fmt: skip
         return np.asarray(logits_BV[0], np.float32)
 
+    def step_summary(self, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Per decode step of a greedy run that generated `token_ids` (S >= 1 ids) after `prompt_ids` (n ids):
+        (ids int32 [S, 2]: the token it chose and the best other token; values float32 [S, 2]: their logits),
+        from the logits of decision t teacher-forced on the prompt and token_ids[:t] (one causal pass,
+        `model.forward.forward_full`, in the activation dtype: the reference form, not the cached decode, so equal
+        to the decode step's logits up to rounding). For accuracy records (bench/runs/logits.py); not timed. Its
+        own program per (n + S - 1, n) (recompilation trigger 7). Raises EngineError for no tokens or more
+        positions than the engine's max_length."""
+        n, s = len(prompt_ids), len(token_ids)
+        if s < 1 or n < 1 or n + s - 1 > self.max_length:
+            raise EngineError(f"step_summary: {n} prompt and {s} generated tokens: expected at least one of each and "
+                              f"at most {self.max_length} positions (the engine's max_length)")  # fmt: skip
+        ids = np.asarray([list(prompt_ids) + list(token_ids[:-1])], np.int32)
+        out_ids, out_values = _step_summary_program(
+            self.call_params, jnp.asarray(ids), jnp.asarray(np.asarray(token_ids, np.int32)), cfg=self.cfg,
+            start=n - 1, act_dtype=self.policy.activation_dtype, xla_options=None, backend=self.backend,
+            layout=self.layout,
+        )  # fmt: skip
+        return np.asarray(out_ids, np.int32), np.asarray(out_values, np.float32)
+
     def warmup(self, n_tokens: int, max_new_tokens: int, sampling: Sampling = GREEDY, *, decode_loop: str = "host",
                block: int | None = None) -> Generation:  # fmt: skip
         """Compile (or load from the persistent cache) and run the programs of one compiled shape once."""
@@ -834,7 +871,8 @@ def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: i
     converted to once, at load (so no decode step converts weights unless the policy asks for it). The policy
     is logged first (logger "model.engine"), then any emulation warning. `quant` (`model.quantspec.QuantSpec`)
     quantizes the weights it names as they load, with scales of `scale_dtype` (a `model.policy.DTYPES` name).
-    `kernel` ("pallas", "xla" or None: decide; `--kernel w4a16=...`) chooses how w4 weights are multiplied: the
+    `kernel` ("pallas", "pallas:POLICY" (a TPU tiling policy), "xla" or None: decide; `--kernel w4a16=...`)
+    chooses how w4 weights are multiplied: the
     fused Pallas kernel where the device runs it, with the tiles `model.kernels.fit` chooses for each projection
     at this config's shapes before anything compiles (logged, and recorded in the engine's `kernel` plan), or
     XLA's product. Returns (engine, load report: path,
@@ -927,14 +965,18 @@ def _plan_w4_kernel(cfg: ModelConfig, policy: DevicePolicy, quant: QuantSpec, sc
     """(the `model.kernels.choice.KernelPlan` of the w4 projections, the policy) for `load_engine`: the fit check
     at this config's shapes, before anything loads or compiles (logged); (None, `policy`) without w4 weights.
     Where nothing fits, XLA's product, and the policy returned says so from here on. Raises KernelError for a
-    forced kernel (`kernel` "pallas") whose tiles do not fit."""
+    forced kernel (`kernel` "pallas" or "pallas:POLICY", whose TPU tiling policy the plan follows) whose tiles do
+    not fit."""
     from model.kernels.choice import log_plan, plan_kernel
+    from model.kernels.fit import split_kernel
 
     if quant.layer_bits != 4:
         return None, policy
+    asked, tiling_policy = split_kernel(kernel)
     plan = plan_kernel(cfg, quant, impl=policy.w4a16_kernel, reason=policy.w4a16_reason,
                        act_bytes=np.dtype(DTYPES[policy.activation_dtype]).itemsize,
-                       scale_bytes=np.dtype(DTYPES[scale_dtype]).itemsize, forced=kernel == "pallas")  # fmt: skip
+                       scale_bytes=np.dtype(DTYPES[scale_dtype]).itemsize, forced=asked == "pallas",
+                       policy=tiling_policy)  # fmt: skip
     log_plan(plan, log)
     if plan.impl != policy.w4a16_kernel:  # nothing fits: XLA's product, and the policy says so from here on
         policy = dataclasses.replace(policy, w4a16_kernel=plan.impl, w4a16_reason=plan.reason)

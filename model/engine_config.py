@@ -58,12 +58,13 @@ class EngineConfig:
     ladder, tokens, increasing and distinct. `quant` (`--quant`): the quantization option set, parsed
     (`model.quantspec.QuantSpec`; None: not given, dense). `scale_dtype` (`--scale-dtype`): the quantization
     scales' dtype (`SCALE_DTYPES`; None: `DEFAULT_SCALE_DTYPE`; a dense engine has no scales and resolves to None).
-    `kernel` (`--kernel w4a16=IMPL`): how w4 weights are multiplied, "pallas" or "xla". `backend` (`--backend`): a
-    name of `model.backends.BACKENDS` ("jax" is the pure-JAX engine, the default). `mesh` (`--mesh tp=N` or
-    `ep=N`): the device mesh the parameters and KV cache are placed on (`model.placement.Mesh`, frozen, hashable;
-    `model.sharding` places them), None = one device; a mesh of one device is None, so a one-device run keeps its
-    build id. Unlike the other fields, None is not "the engine decides": it is one device (docs/engine.md,
-    "Several devices").
+    `kernel` (`--kernel w4a16=IMPL`): how w4 weights are multiplied, "pallas", "pallas:POLICY" (the TPU kernel
+    under a tiling policy other than the default, `model.kernels.fit_tpu.TILING_POLICIES`) or "xla". `backend`
+    (`--backend`): a name of `model.backends.BACKENDS` ("jax" is the pure-JAX engine, the default). `mesh`
+    (`--mesh tp=N` or `ep=N`): the device mesh the parameters and KV cache are placed on (`model.placement.Mesh`,
+    frozen, hashable; `model.sharding` places them), None = one device; a mesh of one device is None, so a
+    one-device run keeps its build id. Unlike the other fields, None is not "the engine decides": it is one device
+    (docs/engine.md, "Several devices").
     """
 
     compute_dtype: str | None = None
@@ -208,7 +209,8 @@ def parse_buckets(text: str | None) -> tuple[int, ...] | None:
 
 
 def _parse_kernel(text: str | None, spec: QuantSpec | None, *, check_w4: bool = True) -> str | None:
-    """`--kernel` text -> "pallas" or "xla" (`model.kernels.fit.parse_kernel`), None when not given; OptionError
+    """`--kernel` text -> "pallas", "pallas:POLICY" or "xla" (`model.kernels.fit.parse_kernel`: the default
+    policy's name dropped), None when not given; OptionError
     for another value, and (`check_w4`) for a kernel with a quantization `spec` (None: dense) that has no w4 (the
     kernel multiplies w4 weights). `from_manifest` reads a recorded kernel back without that check."""
     from model.kernels.fit import parse_kernel

@@ -94,12 +94,14 @@ def _visible(cfg: ModelConfig, layer: int, qpos: jax.Array, kpos: jax.Array) -> 
 
 
 def forward_full(
-    params: Params, cfg: ModelConfig, ids_BT: jax.Array, *, dtype=jnp.float32, return_hidden: bool = False
+    params: Params, cfg: ModelConfig, ids_BT: jax.Array, *, dtype=jnp.float32, return_hidden: bool = False,
+    positions: tuple[int, int] | None = None,
 ):
     """Logits of every position [B,T,V] (float32) by one causal pass over the whole sequence, no cache.
 
     The reference form: every layer at every position, plain masked attention. With return_hidden, also the
-    residual stream [L+1,B,T,D]: the embeddings, then the output of each layer.
+    residual stream [L+1,B,T,D]: the embeddings, then the output of each layer. `positions` (start, count),
+    static: the logits of those positions only [B,count,V] (the output projection runs on them alone).
     """
     b, t = ids_BT.shape
     pos_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -119,6 +121,8 @@ def forward_full(
             o_BTNH = attend(q_BTNH, k_BKTH, v_BKTH, mask_BTT)
             h_BTD = layer_tail(lp, cfg, h_BTD, attn_output(lp, o_BTNH), _ple(ple_BTLP, i), i)
             hidden.append(h_BTD)
+    if positions is not None:
+        h_BTD = jax.lax.slice_in_dim(h_BTD, positions[0], positions[0] + positions[1], axis=1)
     out = logits(params, cfg, h_BTD)
     return (out, jnp.stack(hidden)) if return_hidden else out
 

@@ -151,7 +151,7 @@ def prepare_mesh(spec: Mesh, cfg: ModelConfig, backend: str, kernel: str | None)
     if backend != "jax":
         raise MeshError(f"--mesh {spec.text}: the {backend!r} backend's kernels run on one device; a mesh runs the "
                         "pure-JAX engine (drop the option that chose that backend)")  # fmt: skip
-    if kernel == "pallas":
+    if kernel is not None and kernel.partition(":")[0] == "pallas":  # "pallas" or "pallas:POLICY"
         raise MeshError(f"--mesh {spec.text}: the W4A16 Pallas kernel is not partitioned over a mesh; use "
                         "--kernel w4a16=xla or drop --kernel")  # fmt: skip
     check_mesh(cfg, spec)

@@ -1,38 +1,61 @@
 #!/usr/bin/env bash
 # Issue 43's archive on a lent TPU: the quantization sets on E2B shapes with dummy weights made on the device
 # (--checkpoint random:e2b), one build, back to back, within a developer's device time.
-#   scripts/tpu-quant-archive.sh STEP... [--budget-s 540] [--wheels .whl-tpu] [--runs DIR] [--loops both]
+#   scripts/tpu-quant-archive.sh STEP... [--budget-s 540] [--wheels .whl-tpu] [--runs DIR] [--loops both] [--dry-run]
 # STEPs, run in the order given, each skipped (and said so) once the budget would be passed:
 #   sets41    every set at 41 input tokens, --loops (default both)  (8 sweeps)
 #   sets3593  every set at 3593 input tokens, host loop            (8 sweeps)
 #   core      none, w4, ple4,int8_lm_head at 41 (both loops) and 3593 (host): the figures issue 43 sets goals on
 #   batch     batches 8, 32, 128 at 41 tokens for none, w8, w4     (3 sweeps)
 #   profile   a profile of w4 and of the published pair at 41 tokens
+#   policy    the TPU kernel's tiling policies A/B: w4 at 41 tokens, host loop, --kernel w4a16=pallas:fewest then
+#             pallas:steps, alternating twice (4 sweeps, --no-step-logits: speed only); fit_tpu.TILING_POLICIES
+#   tiling    scripts/probes/w4_tiling_tpu.py: every (bn, bk) and both policies' tilings per E2B w4 shape at one
+#             row, with what is left of the budget (at most 200 s; skipped under 40 s); its JSON lands in
+#             $runs/probes/ (so in the pack) and in $OUT
 #   SET       one set's sweep at 41 tokens (--loops), e.g. w8 or w4,ple4,int8_lm_head
+# --dry-run prints each command instead of running it (no install, no device: a check of the arguments here).
+# The next session's one call (600 s): `bash scripts/tpu-quant-archive.sh w4 policy tiling --loops host
+# --budget-s 570`: w4 alone with the current packing (never yet run on a TPU) and its per-step accuracy record,
+# the policy A/B (its first `fewest` sweep restores the w4 step's programs from the cache), the probe last with
+# whatever time is left.
 # Run from the repository root on the TPU machine (device tool: carry [".whl-tpu"], timeout_s <= 600). Each call
 # ends with the run folders and logs (traces left out) packed into $OUT/runs-<time>.tgz (one file: the device tool
 # brings back at most 8): unpack the folders into runs/ here.
 #
 # Device time: compiling is what costs. On the lent v5e (jax 0.10.2) the first request of a set compiles its
-# prefill and decode programs (about 60 s for one input size; the dummy weights are drawn in 12-36 s on top). The
+# prefill and decode programs (30-60 s for one input size, issue 43; the 2026-12-07 call measured three sets at 41
+# tokens, host loop, in 496 s, about 165 s a set with the draw, the warm-up and the probes; the dummy weights are
+# drawn in 12-36 s on top), and since 2026-12-07 each cell also compiles its per-step accuracy record (one causal
+# pass, `Engine.step_summary`: untimed, after the timed repeats; `--no-step-logits` skips it). The
 # XLA compilation cache lives in the repository root (.xla-cache, git-ignored), which the device tool keeps between
 # calls while the machine stays warm (100 s after a call), so split the archive over several calls back to back:
 # a set measured again, or a step that repeats a set's shapes, restores its programs instead of compiling them.
 # The cache does not come back here (75-144 MiB): a machine given back loses it.
 set -uo pipefail
-budget=540 wheels=.whl-tpu runs=/tmp/qruns loops=both steps=()
+budget=540 wheels=.whl-tpu runs=/tmp/qruns loops=both dry=0 steps=()
 while (( $# )); do
   case $1 in
     --budget-s) budget=$2; shift 2 ;;
     --wheels) wheels=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --loops) loops=$2; shift 2 ;;
-    -*) echo "error: unknown option $1 (expected --budget-s N, --wheels DIR, --runs DIR, --loops host|device|both)" >&2; exit 2 ;;
+    --dry-run) dry=1; shift ;;
+    -*) echo "error: unknown option $1 (expected --budget-s N, --wheels DIR, --runs DIR, --loops host|device|both, --dry-run)" >&2; exit 2 ;;
     *) steps+=("$1"); shift ;;
   esac
 done
 (( ${#steps[@]} )) || { echo "usage: scripts/tpu-quant-archive.sh STEP... [--budget-s N] (steps: see the header)" >&2; exit 2; }
-if [[ -d $wheels ]]; then
+[[ $budget =~ ^[0-9]+$ ]] || { echo "error: --budget-s $budget: expected whole seconds, e.g. 570" >&2; exit 2; }
+[[ $loops =~ ^(host|device|both)$ ]] || { echo "error: --loops $loops: expected host, device or both" >&2; exit 2; }
+for step in "${steps[@]}"; do  # every step checked before any device time is spent
+  [[ $step =~ ^(sets41|sets3593|core|batch|profile|policy|tiling|[a-z0-9_:,]+)$ && $step != -* ]] \
+    || { echo "error: bad step '$step' (expected a step of the header or a --quant set, e.g. w8)" >&2; exit 2; }
+done
+# run CMD...: the command, or with --dry-run its line
+run() { if (( dry )); then echo "+ $*"; else "$@"; fi; }
+if (( dry )); then :
+elif [[ -d $wheels ]]; then
   PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target /tmp/site "$wheels"/*.whl || { echo "error: installing $wheels failed" >&2; exit 1; }
   export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD:/tmp/site
@@ -48,8 +71,9 @@ sweep() {
   local name=$1 need=$2; shift 2
   local t; t=$(left)
   if (( t < need )); then echo "skip $name: $t s left, needs about $need s"; return; fi
-  timeout $(( t - 10 )) python3 -m bench sweep --checkpoint random:e2b --repeats 3 --max-new-tokens 64 \
+  run timeout $(( t - 10 )) python3 -m bench sweep --checkpoint random:e2b --repeats 3 --max-new-tokens 64 \
     --runs-dir "$runs" --name "tpu-quant-$name" --compile-cache "$PWD/.xla-cache" "$@" > "$logs/sweep-$name.log" 2>&1
+  (( dry )) && { cat "$logs/sweep-$name.log"; return; }
   echo "$name rc=$? at $(( $(date +%s) - t0 )) s: $(grep -h 'valid; gauge' "$logs/sweep-$name.log" | sed 's/.*input tokens/  /' | tr '\n' ' ')"
 }
 slug() { echo "${1//,/-}"; }
@@ -65,15 +89,32 @@ for step in "${steps[@]}"; do
     batch) for q in none w8 w4; do sweep "$(slug "$q")-b" 150 --quant "$q" --inputs 41 --batch 8,32,128 --decode-loop host; done ;;
     profile) for q in w4 ple4,int8_lm_head; do
                t=$(left); if (( t < 100 )); then echo "skip profile $q: $t s left"; continue; fi
-               timeout $(( t - 10 )) python3 -m bench profile --checkpoint random:e2b --quant "$q" --steps 20 \
+               run timeout $(( t - 10 )) python3 -m bench profile --checkpoint random:e2b --quant "$q" --steps 20 \
                  --runs-dir "$runs" --name "tpu-quant-$(slug "$q")-profile" --compile-cache "$PWD/.xla-cache" \
                  > "$logs/profile-$(slug "$q").log" 2>&1
+               (( dry )) && cat "$logs/profile-$(slug "$q").log"
                echo "profile $q rc=$? at $(( $(date +%s) - t0 )) s"
              done ;;
-    -*|'') echo "error: bad step '$step'" >&2; exit 2 ;;
+    policy) for round in 1 2; do  # first compile of each policy ~100 s; a repeat restores its programs
+              for pol in fewest steps; do
+                need=60; (( round == 1 )) && [[ $pol == steps ]] && need=110
+                sweep "w4-$pol-$round" $need --quant w4 --inputs 41 --decode-loop host --kernel "w4a16=pallas:$pol" \
+                  --no-step-logits
+              done
+            done ;;
+    tiling) t=$(left); t=$(( t - 15 < 200 ? t - 15 : 200 ))
+            if (( t < 40 )); then echo "skip tiling: $t s left for the probe, needs at least 40 s"; continue; fi
+            mkdir -p "$runs/probes"
+            run timeout $(( t + 30 )) python3 scripts/probes/w4_tiling_tpu.py --budget-s "$t" --out "$runs/probes" \
+              > "$logs/probe-tiling.log" 2>&1
+            rc=$?
+            (( dry )) && cat "$logs/probe-tiling.log"
+            cp "$runs/probes/"w4_tiling_tpu_rows*.json "$out/" 2>/dev/null
+            echo "tiling probe rc=$rc at $(( $(date +%s) - t0 )) s:"; sed -n '/^summary/,$p' "$logs/probe-tiling.log" ;;
     *) sweep "$(slug "$step")-41" 100 --quant "$step" --inputs 41 --decode-loop "$loops" ;;
   esac
 done
 stamp=$(date +%H%M%S)
+(( dry )) && { echo "dry run: nothing packed"; exit 0; }
 (cd "$(dirname "$runs")" && tar czf "$out/runs-$stamp.tgz" --exclude='*.xplane.pb' --exclude='*.trace.json.gz' \
   "$(basename "$runs")") && echo "packed $out/runs-$stamp.tgz ($(( $(date +%s) - t0 )) s)"

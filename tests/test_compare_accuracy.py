@@ -14,7 +14,7 @@ from runfolders import REFERENCE_RUNS, make_measured_run
 from bench.errors import RunFolderError
 from bench.report.compare import compare_runs, logit_error
 from bench.runs import create_run, validate_run
-from bench.runs.logits import logits_path, read_logits, read_logits_file, write_logits
+from bench.runs.logits import logits_path, read_logits, read_logits_file, read_step_summaries, write_logits
 
 IDS = [11, 22, 33, 44, 55, 66, 77, 88]
 V = 64
@@ -139,5 +139,16 @@ def test_the_in_process_sweep_records_each_cells_next_token_logits(tiny_checkpoi
         np.testing.assert_array_equal(z, engine.next_token_logits(prompts[n].ids, config.max_new_tokens))
         first = [s.token_ids[0] for s in run.samples() if s.input_tokens == n and s.kind == "timed"]
         assert first == [int(np.argmax(z))]  # the distribution the first greedy token was chosen from
+    steps = read_step_summaries(run.path)
+    assert sorted(steps) == [20, 40]
+    for n, summary in steps.items():
+        (ids,) = [s.token_ids for s in run.samples() if s.input_tokens == n and s.kind == "timed"]
+        assert list(summary.chosen) == list(ids) and len(summary) == config.max_new_tokens
+        assert all(r != c for r, c in zip(summary.runner_up, summary.chosen, strict=True))
+        # greedy tokens: the teacher-forced logits rank the chosen token first, up to the two forms' rounding
+        assert min(summary.margin(t) for t in range(len(summary))) > -1e-4
+        z0 = np.asarray(logits[n], np.float32)  # step 0 agrees with the prefill's vector (float32 engine)
+        assert abs(summary.chosen_logit[0] - z0[ids[0]]) < 1e-4
+        assert abs(summary.runner_up_logit[0] - np.max(np.delete(z0, ids[0]))) < 1e-4
     run.finish("complete")
     assert validate_run(run.path) == []

@@ -105,6 +105,7 @@ def test_the_report_shows_the_options_side_by_side(sweeps, tmp_path):
     assert rows["none"][2] == f"{dense_cell.bytes_per_step:,}" and rows["w8"][2] == f"{w8_cell.bytes_per_step:,}"
     assert rows["none"][4] == "1.00x" and rows["w8"][4] == f"{w8_cell.gauge_tok_s_median / dense_cell.gauge_tok_s_median:.2f}x"
     assert rows["w8"][6].startswith(("none (4 of 4)", "step ")) and float(rows["w8"][7]) > 0  # logits recorded
+    assert "steps (bound 0.038" in rows["w8"][8]  # both runs' per-step summaries recorded and compared
     env = (tmp_path / "report" / "environment.csv").read_text()
     assert "quantization,none,w8" in env.replace(" ", "")
 

@@ -15,13 +15,13 @@ from runfolders import MAX_NEW, REPO, cell_samples, manifest
 
 from bench.profile.findings import share_findings
 from bench.report import build_report
-from bench.report.accuracy import divergence_verdict, dtype_step
+from bench.report.accuracy import LOGIT_ERROR_BOUNDS, divergence_verdict, dtype_step, set_bound, step_error
 from bench.report.groups import Selection
 from bench.report.rows import run_keys
 from bench.report.sessions import SESSION_GAP_HOURS
 from bench.report.tables import load_runs
 from bench.runs import create_run, summarize_cell
-from bench.runs.logits import write_logits
+from bench.runs.logits import read_step_summaries, write_logits, write_step_summary
 
 EPYC, XEON = "AMD EPYC", "Intel(R) Xeon(R) Processor"
 IDS = [0, 12, 13, 14, 15, 16, 17, 18]  # dense's first token: the argmax of its logits
@@ -30,9 +30,10 @@ TPU_SESSION = ("2026-12-07-tpu-e2b-dense-tpuv5e", "2026-12-07-tpu-e2b-published-
 
 def _run(root: Path, label: str, *, host: str, quant: str, started: str, dense_build: str, gauge: float,
          ids: Sequence[int] = IDS, logits: Sequence[float] | None = None, inputs: Sequence[int] = (41,),
-         matmul_share: float | None = None) -> str:  # fmt: skip
+         matmul_share: float | None = None, steps: tuple | None = None) -> str:  # fmt: skip
     """A measured CPU run of `quant` on `host` started at `started` (ISO), its build that of its dense build and
-    quantization, its greedy ids `ids` and, given, its next-token logits; returns its folder name."""
+    quantization, its greedy ids `ids` and, given, its next-token logits and per-step summary (`steps`: (ids [S, 2],
+    values [S, 2])); returns its folder name."""
     m = manifest(build_id=f"{dense_build[:6]}{abs(hash(quant)) % 10**6:06d}" if quant != "none" else dense_build,
                  config={"buckets": [64, 512], "max_length": 4160, "batch": 1, "quantization": quant,
                          "scale_dtype": None if quant == "none" else "bfloat16"},
@@ -49,12 +50,14 @@ def _run(root: Path, label: str, *, host: str, quant: str, started: str, dense_b
                                       prefill_matmul_share_pct=matmul_share)  # fmt: skip
         if logits is not None:
             write_logits(run.path, n, logits)
+        if steps is not None:
+            write_step_summary(run.path, n, *steps)
         run.append_cell(row)
     run.finish("complete")
     return run.name
 
 
-DENSE_LOGITS = [0.5, 0.49, 0.4995, 0.1, -0.2] + [0.0] * 27  # token 0 is dense's top-1; 2 is within a bf16 step
+DENSE_LOGITS = [0.5, -0.5, 0.4995, 0.1, -0.2] + [0.0] * 27  # token 0 is dense's top-1; 2 is within a bf16 step
 
 
 @pytest.fixture()
@@ -126,13 +129,13 @@ def test_ties_are_told_apart_from_errors(two_hosts, tmp_path: Path) -> None:
     root, _ = two_hosts
     report = build_report(None, tmp_path / "out", runs_dir=root)
     rows = {r[0]: r for r in _session_tables(report)[0].rows}
-    assert rows["none"][6:] == ["reference", "0 (reference)"]
-    assert rows["w8"][6:] == ["step 3: undecided", "0.01"]  # dense's logits at step 3 are not stored
-    assert rows["w4:128"][6:] == ["step 0: error", "0.4"]  # 0.5 vs 0.49: more than one bfloat16 step apart
-    assert rows["ple8"][6:] == ["step 0: tie", "0"]  # 0.5 vs 0.4995: within one bfloat16 step (2^-8)
+    assert rows["none"][6:] == ["reference", "0 (reference)", "0 (reference)"]
+    assert rows["w8"][6:] == ["step 3: undecided", "0.01", "—"]  # dense's logits at step 3 are not stored
+    assert rows["w4:128"][6:] == ["step 0: error", "1.1", "—"]  # 0.5 vs -0.5: 1.0 > 2 x 0.44 + a bfloat16 step
+    assert rows["ple8"][6:] == ["step 0: tie", "0", "—"]  # 0.5 vs 0.4995: within 2 x 0.0053 + a bfloat16 step
     md = report.markdown.read_text()
     assert ("ple8, 41 input tokens: diverges at step 0 (2 vs dense 0); in dense's logits the gap between them is "
-            "0.0005 <= one bfloat16 step at 0.5 (0.003906): a tie") in md
+            "0.0005 <= 2 x the bound 0.0053 + one bfloat16 step at 0.5 (0.01451): a tie") in md
     assert "w4:128, 41 input tokens: diverges at step 0 (1 vs dense 0)" in md and "an error, not a tie" in md
 
 
@@ -146,6 +149,80 @@ def test_the_tie_rule() -> None:
     assert divergence_verdict(0, 0, 1, logits, "float32")[0] == "error"  # float32 tells them apart
     assert divergence_verdict(5, 0, 1, logits, "bfloat16")[0] == "undecided"
     assert divergence_verdict(0, 0, 1, None, "bfloat16")[0] == "undecided"
+
+
+def _steps(ids: Sequence[int], chosen: Sequence[float], runner: Sequence[int], runner_v: Sequence[float]) -> tuple:
+    """(ids [S, 2], values [S, 2]) of a per-step summary."""
+    return [list(p) for p in zip(ids, runner, strict=True)], [list(v) for v in zip(chosen, runner_v, strict=True)]
+
+
+@pytest.fixture()
+def step_session(tmp_path: Path) -> Path:
+    """One session whose runs store per-step summaries: dense (IDS, chosen logits 1.0; runner-up 40 at 0.9 at step
+    3, 41 at 0.0 at step 2, 50 at 0.5 elsewhere); w4:128 diverging at step 3 to dense's runner-up (gap 0.1: a tie
+    within 2 x 0.44); w8 diverging at step 2 to dense's runner-up (gap 1.0 > 2 x 0.038: an error); ple4 diverging
+    at step 5 to a token that is not dense's runner-up while even that one is 0.5 below (> 2 x 0.087: an error);
+    ple8 equal to dense throughout, its logits 0.003 above. w8's step 2 ranks 41 (0.1) over 13 (0.05)."""
+    root, day = tmp_path / "runs", "2026-12-01T10:"
+    s = len(IDS)
+    runner = [50, 50, 41, 40] + [50] * (s - 4)
+    runner_v = [0.5, 0.5, 0.0, 0.9] + [0.5] * (s - 4)
+    dense = _steps(IDS, [1.0] * s, runner, runner_v)
+
+    def run(label, quant, minute, ids, steps):
+        _run(root, label, host=EPYC, quant=quant, started=f"{day}{minute:02d}:00+00:00", dense_build="cccccccccccc",
+             gauge=20.0, ids=ids, logits=DENSE_LOGITS, steps=steps)
+
+    run("dense", "none", 0, IDS, dense)
+    w4_ids = IDS[:3] + [40] + IDS[4:]  # step 3: q's 40 at 0.97, dense's 14 its runner-up at 0.95
+    run("w4", "w4:128", 2, w4_ids, _steps(w4_ids, [1.05] * 3 + [0.97] + [1.0] * (s - 4), runner[:3] + [14] + runner[4:],
+                                          runner_v[:3] + [0.95] + runner_v[4:]))
+    w8_ids = IDS[:2] + [41] + IDS[3:]
+    run("w8", "w8", 4, w8_ids, _steps(w8_ids, [1.0, 1.0, 0.1] + [1.0] * (s - 3), runner[:2] + [13] + runner[3:],
+                                      runner_v[:2] + [0.05] + runner_v[3:]))  # step 2: q's 41 at 0.1, 13 at 0.05
+    ple4_ids = IDS[:5] + [77] + IDS[6:]
+    run("ple4", "ple4", 6, ple4_ids, _steps(ple4_ids, [1.0] * s, runner, runner_v))
+    run("ple8", "ple8", 8, IDS, _steps(IDS, [1.003] * s, runner, [v + 0.003 for v in runner_v]))
+    return root
+
+
+def test_divergences_after_step_0_are_ties_or_errors_from_the_stored_steps(step_session: Path, tmp_path: Path) -> None:
+    report = build_report(None, tmp_path / "out", runs_dir=step_session)
+    (table,) = _session_tables(report)
+    rows = {r[0]: r for r in table.rows}
+    assert rows["w4:128"][6] == "step 3: tie"  # gap 0.1 <= 2 x 0.44 + a bfloat16 step
+    assert rows["w8"][6] == "step 2: error"  # gap 1.0 > 2 x 0.038 + a bfloat16 step
+    assert rows["ple4"][6] == "step 5: error"  # 77 is not dense's runner-up, and that one is 0.5 below already
+    assert rows["ple8"][6] == f"none ({len(IDS)} of {len(IDS)})"
+    # the agreeing steps' error: w4 0.05 at steps 0-2, 0.07 at step 3 (token 40: 0.97 vs 0.9); ple8 0.003 throughout
+    assert rows["w4:128"][8] == "0.07 over 4 steps (bound 0.44)"
+    assert rows["ple8"][8] == f"0.003 over {len(IDS)} steps (bound 0.0053)"
+    assert rows["w8"][8] == "0.95 over 3 steps (bound 0.038 OVER)"  # step 2: token 13, 1.0 vs 0.05
+    md = report.markdown.read_text()
+    assert ("w4:128, 41 input tokens: diverges at step 3 (40 vs dense 14); in dense's step-3 logits the gap between "
+            "them is 0.1 <= 2 x the bound 0.44 + one bfloat16 step at 1 (0.8878): a tie") in md
+    assert "w8, 41 input tokens: diverges at step 2 (41 vs dense 13)" in md and "an error, not a tie" in md
+    assert "even the runner-up 50 is 0.5 below dense's token" in md
+
+
+def test_the_step_summaries_round_trip_and_the_rule_reads_them(tmp_path: Path) -> None:
+    ids, values = _steps([3, 5], [1.25, -0.5], [7, 2**24 - 1], [1.0, -0.75])
+    write_step_summary(tmp_path, 41, ids, values)
+    (summary,) = read_step_summaries(tmp_path).values()
+    assert summary.chosen == (3, 5) and summary.runner_up == (7, 2**24 - 1)
+    assert summary.chosen_logit == (1.25, -0.5) and summary.margin(0) == 0.25 and summary.logit_of(1, 9) is None
+    with pytest.raises(ValueError):
+        write_step_summary(tmp_path, 41, [[3, 2**24]], [[1.0, 0.5]])  # not exact in float32
+    with pytest.raises(ValueError):
+        write_step_summary(tmp_path, 41, [[3, 4]], [[float("nan"), 0.5]])
+    assert set_bound("w4:128,ple4,int8_lm_head") == pytest.approx(0.44 + 0.087 + 0.0057)
+    assert set_bound("none") == 0 == set_bound(None) and set_bound("w8") == LOGIT_ERROR_BOUNDS["tiny"]["w8"]
+    # b not dense's runner-up while the margin is within the threshold: undecided; beyond it: an error
+    assert divergence_verdict(0, 3, 9, None, "bfloat16", bound=0.44, dense_steps=summary)[0] == "undecided"
+    assert divergence_verdict(0, 3, 9, None, "float32", bound=0.01, dense_steps=summary)[0] == "error"
+    assert divergence_verdict(0, 3, 7, None, "float32", bound=0.2, dense_steps=summary)[0] == "tie"
+    assert divergence_verdict(2, 3, 7, None, "float32", bound=0.2, dense_steps=summary)[0] == "undecided"  # past S
+    assert step_error(summary, summary, 2) == (0.0, 2)
 
 
 def test_shares_above_100_are_findings_with_the_probes_numbers(two_hosts, tmp_path: Path) -> None:
@@ -175,11 +252,11 @@ def test_the_archived_tpu_session_renders(tmp_path: Path) -> None:
     assert list(rows) == ["none", "int8_lm_head,ple4", "w4:128"]
     assert rows["none"][2:6] == ["4,565,044,294", "161.51 (161.48–161.51)", "1.00x", "90.0"]
     assert rows["int8_lm_head,ple4"][4:7] == ["1.08x", "88.6", "step 3: undecided"]
-    assert rows["w4:128"][4:8] == ["1.66x", "58.9", "step 0: error", "0.314"]
+    assert rows["w4:128"][4:8] == ["1.66x", "58.9", "step 0: tie", "0.314"]  # 0.1308 <= 2 x 0.44 + a step
     assert any("= datasheet" in n and "819 GB/s" in n for n in table.notes)  # the ceiling, named
     md = report.markdown.read_text()
     assert "### Quantization on TPU v5 lite (TPU v5e)" in md  # the chip as jax names it, and as its datasheet does
-    assert "the gap between them is 0.1308 > one bfloat16 step at 0.4999 (0.001953): an error, not a tie" in md
+    assert "the gap between them is 0.1308 <= 2 x the bound 0.44 + one bfloat16 step at 0.4999 (0.882): a tie" in md
 
 
 def test_the_repositorys_own_report_names_every_host_it_mixes(tmp_path: Path) -> None:

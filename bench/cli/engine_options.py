@@ -36,8 +36,9 @@ SCALE_DTYPE_HELP = "Dtype of the quantization scales with --quant: bfloat16 (def
 KERNEL_HELP = ("How w4 weights (--quant w4) are multiplied: w4a16=pallas (the fused W4A16 Pallas kernel: on TPUs "
                "the Mosaic TPU kernel, tiles chosen to fit the VMEM budget; on NVIDIA GPUs of compute capability 8.0 "
                "and above the Triton kernel, tiles chosen to fit the device's shared memory) or w4a16=xla (XLA's "
-               "dequantize-and-dot). Default: pallas where it runs and fits, else xla; the policy line says which "
-               "and why.")  # fmt: skip
+               "dequantize-and-dot). On a TPU, w4a16=pallas:steps or w4a16=pallas:fewest (the default) picks the "
+               "kernel's tiling policy (docs/devices/tpu.md). Default: pallas where it runs and fits, else xla; the "
+               "policy line says which and why.")  # fmt: skip
 BACKEND_HELP = ("What runs beside XLA's programs: jax (the default on every platform: the pure-JAX engine) or "
                 "cpu-kernels (CPU only: the engine's hand-written XLA:CPU kernels, C++ built on first use with the "
                 "machine's compiler and -march=native, for bfloat16 weights under float32 and float32 decode "

@@ -43,10 +43,12 @@ def _tpu_generation(capability: str) -> str | None:
     return "v5e" if cc == "tpu" else cc.removeprefix("tpu-")
 
 
-def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str, tiling: str | None) -> dict:
+def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str, tiling: str | None,
+                 policy: str | None = None) -> dict:  # fmt: skip
     """`fit_rows` for a TPU (`capability` "tpu" or "tpu-GEN"): the Mosaic TPU kernel's tiling per projection
-    (`model.kernels.fit_tpu`) and its VMEM bytes per grid step against the budget (a share of the scoped limit
-    the kernel sets, capped by the generation's VMEM). Raises InputError for an unknown preset, a bad tiling
+    under the tiling `policy` (`model.kernels.fit_tpu.TILING_POLICIES`; None: the default), its grid steps
+    (one row block) and its VMEM bytes per grid step against the budget (a share of the scoped limit the kernel
+    sets, capped by the generation's VMEM). Raises InputError for an unknown preset or policy, a bad tiling
     text, or a tiling that tiles none of the projections."""
     from model.config import PRESETS
     from model.kernels import fit, fit_tpu
@@ -59,6 +61,10 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
             fixed = fit_tpu.parse_tpu_tiling(tiling)
         except ValueError as exc:
             raise InputError(f"--{exc}") from None
+    if policy is not None and policy not in fit_tpu.TILING_POLICIES:
+        raise InputError(f"--tiling-policy {policy}: unknown policy; expected one of "
+                         f"{', '.join(fit_tpu.TILING_POLICIES)} (default {fit_tpu.DEFAULT_POLICY})")  # fmt: skip
+    policy = fit_tpu.parse_policy(policy)
     gen = _tpu_generation(capability)
     cap = fit_tpu.vmem_capacity(gen)
     limit = fit_tpu.budget(cap)
@@ -75,31 +81,43 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
                              "fits)")  # fmt: skip
     rows, refusals = [], []
     for p in projs:
-        f = fit_tpu.choose_tpu(p, limit, tiling=fixed, **sizes)
+        f = fit_tpu.choose_tpu(p, limit, tiling=fixed, policy=policy, **sizes)
         rows.append({"projection": p.field, "layers": p.layers, "k": p.k, "n": p.n, "axis": p.axis,
                      "tiling": f.tried.text if f.tried else None, "need": f.need.total if f.need else None,
                      "limit": limit, "fits": f.fits, "dominant": f.need.dominant[0] if f.need else None,
-                     "problem": f.problem})  # fmt: skip
+                     "problem": f.problem, "grid_steps": fit_tpu.grid_steps(p.k, p.n, f.tried) if f.tried and
+                     not fit_tpu.tiling_problem_tpu(p.k, p.n, p.group, f.tried) else None,
+                     "block_bytes": f.tried.bk * f.tried.bn // 2 if f.tried else None})  # fmt: skip
         if not f.fits:
             refusals.append(fit_tpu.refusal_tpu(f, device, **sizes))
     return {"preset": preset, "device": device, "capability": capability, "limit": limit, "group": group,
-            "activation_dtype": act, "scale_dtype": scale, "tiling": tiling or "largest that fits", "rows": rows,
-            "refusals": refusals, "kernel": "model.kernels.w4a16_tpu (Mosaic TPU)"}  # fmt: skip
+            "activation_dtype": act, "scale_dtype": scale,
+            "tiling": tiling or f"policy {policy} ({_POLICY_TEXT[policy]})", "rows": rows, "refusals": refusals,
+            "kernel": "model.kernels.w4a16_tpu (Mosaic TPU)", "policy": policy}  # fmt: skip
 
 
-def fit_rows(preset: str, capability: str, group: int, act: str, scale: str, tiling: str | None) -> dict:
+_POLICY_TEXT = {"fewest": "the fewest grid steps that fit",
+                "steps": "at least MIN_STEPS grid steps of blocks of at least MIN_BLOCK_BYTES, along N first"}
+
+
+def fit_rows(preset: str, capability: str, group: int, act: str, scale: str, tiling: str | None,
+             policy: str | None = None) -> dict:  # fmt: skip
     """The fit check of preset `preset` on a device of `capability` as a JSON-able dict: device, limit (bytes),
     rows (projection, layers, K, N, axis, tiling, need, fits, dominant term, problem) and refusal lines (one per
     projection over the limit). `tiling`: None (the largest that fits), "published"
     (`model.kernels.fit.published_tiling`) or a tiling text. A given tiling that does not tile a projection's
     shape (`model.kernels.fit.tiling_problem`: e.g. bk not dividing K) does not fit it: need None, the problem
     named. Raises InputError for an unknown preset, a bad tiling text, or a tiling that tiles none of the
-    projections."""
+    projections. `policy`: the TPU kernel's tiling policy (`tpu_fit_rows`; InputError when given for an NVIDIA
+    capability)."""
     from model.config import PRESETS
     from model.kernels import fit
 
     if _tpu_generation(capability) and tiling != "published":
-        return tpu_fit_rows(preset, capability, group, act, scale, tiling)
+        return tpu_fit_rows(preset, capability, group, act, scale, tiling, policy)
+    if policy is not None:
+        raise InputError(f"--tiling-policy {policy}: chooses the TPU kernel's tiling; --device-capability {capability} "
+                         "is not a TPU (expected tpu or tpu-GEN, or no --tiling-policy)")  # fmt: skip
     if preset not in PRESETS:
         raise InputError(f"--preset {preset}: unknown preset; expected one of {', '.join(PRESETS)}")
     fixed = None
@@ -144,13 +162,18 @@ def _print(result: dict) -> None:
     table = Table(title=f"w4a16 kernel fit: preset {result['preset']}, w4:{result['group']}, {result['device']}: "
                   f"limit {limit:,} B ({limit / KIB:,.0f} KiB) per "
                   f"{'grid step' if 'kernel' in result else 'block'}; tiling: {result['tiling']}")  # fmt: skip
-    for col in ("projection", "layers", "K", "N", "tiling", "bytes needed", "limit", "fits"):
+    tpu = "kernel" in result
+    cols = ("projection", "layers", "K", "N", "tiling", *(("grid steps", "weight block") if tpu else ()),
+            "bytes needed", "limit", "fits")  # fmt: skip
+    for col in cols:
         table.add_column(col, justify="left" if col in ("projection", "tiling") else "right")
     for r in result["rows"]:
         need = "—" if r["need"] is None else f"{r['need']:,} ({r['need'] / KIB:,.0f} KiB)"
         fits = "yes" if r["fits"] else ("no: " + (r["problem"] or ""))
-        table.add_row(r["projection"], str(r["layers"]), str(r["k"]), str(r["n"]), r["tiling"] or "—", need,
-                      f"{limit:,}", fits)  # fmt: skip
+        steps = (("—" if r["grid_steps"] is None else str(r["grid_steps"]),
+                  "—" if r["block_bytes"] is None else f"{r['block_bytes'] / KIB:,.0f} KiB") if tpu else ())
+        table.add_row(r["projection"], str(r["layers"]), str(r["k"]), str(r["n"]), r["tiling"] or "—", *steps,
+                      need, f"{limit:,}", fits)  # fmt: skip
     console = make_console()
     console.print(table)
     needs = [r["need"] for r in result["rows"] if r["need"] is not None]
@@ -182,6 +205,10 @@ def kernels_fit(
         "(bm, bn, warps powers of two, bm >= 16, bn >= 32); on a TPU e.g. 'tpu bm16 bn2048 bk1536'. A projection "
         "whose K the bk (a multiple of the group) does not divide, or whose N the bn does not divide, does not "
         "fit; a tiling that tiles none is refused."),
+    tiling_policy: str | None = typer.Option(
+        None, "--tiling-policy", help="On a TPU: the kernel's tiling policy, fewest (the default: the fewest grid "
+        "steps that fit) or steps (at least 4 grid steps of weight blocks of at least 384 KiB where the shape has "
+        "them), as --kernel w4a16=pallas:POLICY chooses it (docs/devices/tpu.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print the tables as JSON (one object per device)."),
 ) -> None:
     """Per projection: K, N, the tiling chosen (the largest that fits), the scratch bytes one block needs and the
@@ -192,7 +219,8 @@ def kernels_fit(
     for flag, value in (("--dtype", dtype), ("--scale-dtype", scale_dtype)):
         if value not in _ITEMSIZE:
             raise InputError(f"{flag} {value}: unknown dtype; expected one of {', '.join(_ITEMSIZE)}")
-    results = [fit_rows(preset, cc, group, dtype, scale_dtype, tiling) for cc in _capabilities(device_capability)]
+    results = [fit_rows(preset, cc, group, dtype, scale_dtype, tiling, tiling_policy)
+               for cc in _capabilities(device_capability)]  # fmt: skip
     if as_json:
         typer.echo(json.dumps(results if len(results) > 1 else results[0]))
         return

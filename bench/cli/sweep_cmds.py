@@ -158,6 +158,11 @@ OrderOpt = typer.Option(
     None, "--order", help="interleaved (every cell warmed up first, then repeat r of every cell before repeat "
     "r + 1 of any, the rate probes between rounds) or sequential (cell after cell). Default interleaved (with "
     "--resume: the run's; with --target: sequential; docs/method.md, Interleaving).")
+StepLogitsOpt = typer.Option(
+    None, "--step-logits/--no-step-logits", help="Record each cell's per-decode-step summary (the chosen token, the "
+    "runner-up and their logits, teacher-forced; logits/N.steps.npy), untimed after its repeats, so the report "
+    "tells ties from errors at any step (docs/method.md, Quantized weights). Default on; off saves its compile "
+    "(one program per cell) where only speed is asked.")
 RESUMED = "with --resume: the run's; given otherwise, refused"
 
 
@@ -174,7 +179,7 @@ def sweep(
     decode_block: int | None = DecodeBlockOpt, api_key: str | None = ApiKeyOpt,
     concurrency: str | None = ConcurrencyOpt, request_rate: float | None = RequestRateOpt,
     num_requests: int | None = NumRequestsOpt, seed: int | None = SeedOpt, batch: str | None = BatchOpt,
-    order: str | None = OrderOpt,
+    order: str | None = OrderOpt, step_logits: bool | None = StepLogitsOpt,
 ) -> None:
     """Warm up at each compiled (bucket, max_new_tokens) shape, time the repeats, archive a run folder."""
     import dataclasses
@@ -184,7 +189,8 @@ def sweep(
 
     flags = SweepFlags(inputs=inputs, max_new_tokens=max_new_tokens, repeats=repeats, min_duration=min_duration,
                        max_duration=max_duration, decode_loop=decode_loop, decode_block=decode_block, batch=batch,
-                       checkpoint=checkpoint, compile_cache=compile_cache, order=order)  # fmt: skip
+                       checkpoint=checkpoint, compile_cache=compile_cache, order=order,
+                       step_logits=step_logits)  # fmt: skip
     remote = TargetFlags(target=target, model=model, api_key=api_key, concurrency=concurrency,
                          request_rate=request_rate, num_requests=num_requests, seed=seed)  # fmt: skip
     plan = plan_sweep(flags, dataclasses.asdict(engine_flags), remote, name=name, runs_dir=runs_dir, resume=resume)

@@ -5,7 +5,8 @@ table, one row per (set, input size): bytes per decode step; the gauge tok/s, me
 median gauge over the dense run's at that size: "—" without a dense run in the session); the roofline share
 against the run's roofline ceiling (`bench.runs.ceiling`: max(measured read rate, datasheet figure), named under
 the table); the greedy tokens' first divergence from dense, with ties told apart from errors, and the max
-|Δlogit| of the next-token logits (bench/report/accuracy.py). Under it: the session, the ceiling, the accuracy's
+|Δlogit| of the next-token logits and over the steps where both runs saw the same context, against the set's
+bound (bench/report/accuracy.py). Under it: the session, the ceiling, the accuracy's
 numbers per divergence, each set's profile findings where the session holds a profile of that set
 (`bench.profile.findings`), and each share above 100% of a denominator as a finding.
 
@@ -56,6 +57,17 @@ def _logit_text(acc: Accuracy | None, dense_row: bool) -> str:
     return "—" if acc is None or acc.max_abs_logit is None else f"{acc.max_abs_logit:.4g}"
 
 
+def _step_error_text(acc: Accuracy | None, dense_row: bool) -> str:
+    """The max logit error over the agreeing steps with the steps it covers and the set's bound, e.g.
+    "0.21 over 41 steps (≤ 0.44)"; "—" without both runs' per-step summaries."""
+    if dense_row:
+        return "0 (reference)"
+    if acc is None or acc.step_error is None:
+        return "—"
+    over = " OVER" if acc.step_error > acc.bound else ""
+    return f"{acc.step_error:.4g} over {acc.step_error_steps} steps (bound {acc.bound:.4g}{over})"
+
+
 def quant_session_blocks(groups: Sequence[Any]) -> list[tuple[str, list[Any]]]:
     """[(title, blocks)] per session of `groups` (`sessions_of`) with two or more quantization sets: its table and
     the bullets under it. [] when no session has two."""
@@ -84,19 +96,19 @@ def _session_blocks(session: Session, sets: dict[str, tuple[Any, Any]], keys: di
     dtype = keys[dense.name].compute_dtype if dense is not None else None
     rows, details = [], []
     for q, (v, _) in sets.items():
-        acc = run_accuracy(v, dense, dtype) if dense is not None and v is not dense else {}
+        acc = run_accuracy(v, dense, dtype, quant=q) if dense is not None and v is not dense else {}
         for n in sorted(v.cells):
             c, a = v.cells[n], acc.get(n)
             rows.append([q, fmt_num(n, 0), BYTES_PER_STEP.text(c), rate_text(c, "gauge"),
                          _ratio(c, dense.cells.get(n)) if dense is not None else "—", ROOFLINE_SHARE.text(c),
                          "reference" if v is dense else a.divergence_text() if a else "—",
-                         _logit_text(a, v is dense)])  # fmt: skip
+                         _logit_text(a, v is dense), _step_error_text(a, v is dense)])  # fmt: skip
             if a is not None and a.verdict not in ("identical",):
                 details.append(f"{q}, {n:,} input tokens: {a.detail}" + (
                     f"; max |Δlogit| {a.max_abs_logit:.4g} over {a.vocab:,} logits" if a.max_abs_logit is not None
                     else ""))  # fmt: skip
     header = ["quant", "input tokens", "bytes/step", "gauge tok/s", "x dense", "roofline %", "first divergence",
-              "max |Δlogit|"]  # fmt: skip
+              "max |Δlogit|", "steps' |Δlogit| (bound)"]  # fmt: skip
     table = Table(title=f"quantization on {session.device}: {session.describe()}", header=header, rows=rows,
                   notes=_notes(session, sets, dense, keys), kind="quant-session",
                   sources=tuple(v.name for v, _ in sets.values()))  # fmt: skip
@@ -127,11 +139,13 @@ def _notes(session: Session, sets: dict[str, tuple[Any, Any]], dense: Any, keys:
         "gauge tok/s, median (min–max) over the timed repeats; x dense = median gauge / the dense run's median gauge "
         "at the same input size" + ("" if dense is not None else " (no dense run in this session: —)") + ".",
         _ceiling_text(sets),
-        "first divergence: the first greedy token (of the first timed repeat) that differs from dense's; a "
-        "divergence at step 0 is a tie when dense's logits put the two tokens at most one step of the compute "
-        "dtype apart, else an error; after step 0 it is undecided (only step 0's logits are stored). max |Δlogit|: "
-        "over the vocabulary, the next-token logits of the prompt (step 0) against dense's (docs/method.md, "
-        "\"Quantized weights\").",
+        "first divergence: the first greedy token (of the first timed repeat) that differs from dense's; it is a "
+        "tie when dense's logits at that step (step 0's vector, else the run's per-step summary) put the two tokens "
+        "at most 2 x the set's logit-error bound (the CPU tests' ceilings, summed over its options) plus one step "
+        "of the compute dtype apart, else an error; undecided where dense's logits at that step are not stored. "
+        "max |Δlogit|: over the vocabulary, the next-token logits of the prompt (step 0) against dense's. steps' "
+        "|Δlogit|: over the steps where both runs saw the same context, the largest difference of a token's logit "
+        "that both runs' per-step summaries hold, against the set's bound (docs/method.md, \"Quantized weights\").",
     ]  # fmt: skip
 
 

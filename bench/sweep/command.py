@@ -199,7 +199,8 @@ def _sweep_config(flags: SweepFlags, default_loop: str, default_order: str) -> S
         max_duration_s=flags.max_duration, block=flags.decode_block,
         batches=parse_batches(flags.batch) if flags.batch is not None else (),
         decode_loops=loops or DECODE_LOOP_CHOICES[default_loop],
-        order=parse_order(flags.order) if flags.order is not None else default_order)  # fmt: skip
+        order=parse_order(flags.order) if flags.order is not None else default_order,
+        step_logits=flags.step_logits is not False)  # fmt: skip
     config.check()
     return config
 

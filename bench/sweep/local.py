@@ -38,7 +38,7 @@ from bench.errors import InputError
 from bench.measure.prompts import Prompt, exact_prompt, min_prompt_tokens, row_prompts
 from bench.measure.request import Measured, measure_batch_request, measure_request
 from bench.runs import RunFolder
-from bench.runs.logits import logits_path, write_logits
+from bench.runs.logits import logits_path, write_logits, write_step_summary
 from bench.runs.agreement import with_spreads
 from bench.runs.records import LOOP_KINDS, CellRow, Sample, cell_key, failed_cell, summarize_cell
 from bench.signals import deliveries_counted, stop_now, stop_signals_handled
@@ -57,7 +57,8 @@ class SweepConfig:
     cell's warm-ups first, then timed repeat r of every cell and loop before repeat r + 1 of any; `bench sweep`'s
     default in process, `DEFAULT_ORDER`) or "sequential" (each cell's requests together, cell after cell: this
     record's default, what every caller that names no order got before interleaving, and `--target`'s);
-    docs/method.md, "Interleaving"."""
+    docs/method.md, "Interleaving". `step_logits`: record each B = 1 cell's per-step summary after its timed
+    repeats (`model.engine.Engine.step_summary`: one more program per cell; False: `--no-step-logits`)."""
 
     inputs: tuple[int, ...]
     max_new_tokens: int = 64
@@ -68,6 +69,7 @@ class SweepConfig:
     block: int | None = None
     batches: tuple[int, ...] = ()
     order: str = "sequential"
+    step_logits: bool = True  # record each B = 1 cell's per-step summary (bench/runs/logits.py); untimed
 
     @property
     def cells(self) -> list[tuple[int, int]]:
@@ -368,6 +370,8 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
     rows = sweep_cells(config, run, prompts, measure=measure, progress=progress, skip=skip, should_stop=should_stop,
                        finish_row=finish if finishers else None,
                        cell_logits=lambda prompt: engine.next_token_logits(prompt.ids, config.max_new_tokens),
+                       cell_steps=(lambda prompt, ids: engine.step_summary(prompt.ids, ids)) if config.step_logits
+                       else None,
                        batch_prompts=batch_prompts, probe=probes,
                        row_reference=lambda prompt: engine.generate(list(prompt.ids), config.max_new_tokens).token_ids,
                        )  # fmt: skip
@@ -390,6 +394,7 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
                 after_cell: Callable[[int, CellRow], str] | None = None,
                 finish_row: Callable[[CellRow], CellRow] | None = None,
                 cell_logits: Callable[[Prompt], Sequence[float]] | None = None,
+                cell_steps: Callable[[Prompt, list[int]], tuple] | None = None,
                 batch_prompts: dict[tuple[int, int], tuple[Prompt, ...]] | None = None,
                 row_reference: Callable[[Prompt], list[int]] | None = None,
                 probe: Probe | None = None) -> list[CellRow]:  # fmt: skip
@@ -421,7 +426,10 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
     log line; `finish_row(row)` completes each measured (or partial) row before it is written (the in-process
     sweep's roofline fields); `cell_logits(prompt)` (float32 [V], the prompt's next-token logits) is recorded for
     every cell that did not fail, untimed, before its row (`bench.runs.logits`; one file per input size: a B = 1
-    cell's, else the first cell's of that size). The caller marks the run complete / incomplete.
+    cell's, else the first cell's of that size); `cell_steps(prompt, ids)` ((ids [S, 2], values [S, 2]): the
+    per-step summary of the greedy ids of the cell's first timed repeat, `model.engine.Engine.step_summary`)
+    likewise, for B = 1 cells (`bench.runs.logits.write_step_summary`). The caller marks the run complete /
+    incomplete.
     """
     record_order(run, config.order)
     earlier, buckets = _earlier_samples(run), {cell_key(r): r.bucket for r in run.cells()}
@@ -435,7 +443,8 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
                    finish_row=finish_row, batch=b if config.batches else None)
              for index, (n, b) in enumerate(todo, 1)]  # fmt: skip
     end = _cell_end(config, run, prompts, _references(earlier, prompts) if config.batches else {},
-                    after_cell=after_cell, cell_logits=cell_logits, row_reference=row_reference)  # fmt: skip
+                    after_cell=after_cell, cell_logits=cell_logits, cell_steps=cell_steps,
+                    row_reference=row_reference)  # fmt: skip
     if config.order == "sequential":
         return _sequential(cells, cold_kind, end)
     return _interleaved(cells, cold_kind, end, probe or (lambda *_args, **_kw: None))
@@ -494,7 +503,7 @@ def _rounds(cells: list[_Cell]) -> Iterator[list[tuple[_Cell, str]]]:
 
 
 def _cell_end(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], references: dict[tuple, list[int]], *,
-              after_cell, cell_logits, row_reference) -> Callable[[_Cell], CellRow]:  # fmt: skip
+              after_cell, cell_logits, row_reference, cell_steps=None) -> Callable[[_Cell], CellRow]:  # fmt: skip
     """The end of a cell (`sweep_cells`' hooks): its row (or its failure), the rows compared with B = 1, its
     next-token logits, the row written and its log line. Untimed: after the cell's requests."""
 
@@ -510,6 +519,12 @@ def _cell_end(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], r
                 write_logits(run.path, n, cell_logits(prompts[n]))
             except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed record must not lose it
                 run.log(f"{cell.label()}: next-token logits not recorded ({type(exc).__name__}: {exc})"[:500])
+        ids = _first_timed_ids(cell) if cell_steps is not None and row.error is None and b == 1 else None
+        if ids:
+            try:
+                write_step_summary(run.path, n, *cell_steps(prompts[n], ids))
+            except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed record must not lose it
+                run.log(f"{cell.label()}: per-step logits not recorded ({type(exc).__name__}: {exc})"[:500])
         run.append_cell(row)
         extra = after_cell(n, row) if after_cell else ""
         batch = "" if row.batch is None else (f", aggregate {row.aggregate_tok_s_median} tok/s"
@@ -519,6 +534,16 @@ def _cell_end(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], r
         return row
 
     return end
+
+
+def _first_timed_ids(cell: _Cell) -> list[int] | None:
+    """The greedy ids of the cell's first timed repeat (host loop, else device loop), as
+    `bench.report.accuracy.first_timed_ids` compares them; None without one."""
+    for kind in ("timed", "timed-device"):
+        firsts = sorted((s for s in cell.timed(kind) if s.token_ids), key=lambda s: s.repeat)
+        if firsts:
+            return list(firsts[0].token_ids)
+    return None
 
 
 def _earlier_samples(run: RunFolder) -> dict[tuple[int, int], list[Sample]]:

@@ -23,7 +23,8 @@ class SweepFlags:
     """The in-process sweep's workload options as typed (None: not given): `inputs` ("41,521"), `max_new_tokens`,
     `repeats`, `min_duration` / `max_duration` (s), `decode_loop` ("host", "device", "both"), `decode_block`
     (steps), `batch` ("1,4,16"), `checkpoint` (the --checkpoint text), `compile_cache` (the --compile-cache
-    text) and `order` ("interleaved", "sequential": docs/method.md, "Interleaving")."""
+    text), `order` ("interleaved", "sequential": docs/method.md, "Interleaving") and `step_logits` (False:
+    --no-step-logits; not compared on resume: a record, not the measurement)."""
 
     inputs: str | None = None
     max_new_tokens: int | None = None
@@ -36,6 +37,7 @@ class SweepFlags:
     checkpoint: str | None = None
     compile_cache: str | None = None
     order: str | None = None
+    step_logits: bool | None = None
 
 
 def resume_options(run, flags: SweepFlags, engine) -> tuple[SweepFlags, object]:

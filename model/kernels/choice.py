@@ -44,8 +44,15 @@ def decide_mode(platform: str, compute_capability: str | None, w4: bool, request
 
     requested: "pallas", "xla" or None (decide: pallas where it can run: a TPU, through the Mosaic TPU kernel
     `model.kernels.w4a16_tpu`; an NVIDIA GPU of compute capability >= 8.0, through the Triton kernel
-    `model.kernels.w4a16`). Raises KernelError (one line: what was asked, why it cannot run, the fix) for "pallas"
-    without w4 quantization, on CPU (interpret mode is for tests), or on a GPU of compute capability below 8.0."""
+    `model.kernels.w4a16`). "pallas:POLICY" (`model.kernels.fit.parse_kernel`) asks for the TPU kernel with a
+    tiling policy. Raises KernelError (one line: what was asked, why it cannot run, the fix) for "pallas"
+    without w4 quantization, on CPU (interpret mode is for tests), or on a GPU of compute capability below 8.0,
+    and for a tiling policy anywhere but on a TPU."""
+    asked = requested
+    requested, policy = fit.split_kernel(requested)
+    if policy and platform != "tpu" and w4:
+        raise KernelError(f"--kernel w4a16={asked}: a tiling policy chooses the TPU kernel's tiling, and this device "
+                          f"is {platform}; use --kernel w4a16=pallas (or xla)")  # fmt: skip
     if not w4:
         if requested == "pallas":
             raise KernelError("--kernel w4a16=pallas: the kernel multiplies w4 weights, and --quant has no w4; add "
@@ -138,10 +145,12 @@ class KernelPlan:
     limit_source: str | None = None
     fits: tuple[fit.Fit, ...] = ()
     tpu: bool = False  # the Mosaic TPU kernel (model.kernels.w4a16_tpu) rather than the Triton one
+    policy: str | None = None  # the TPU tiling policy (model.kernels.fit_tpu.TILING_POLICIES); None: the default
 
     @property
     def option(self) -> str:
-        return f"w4a16={self.impl}"
+        """"w4a16=pallas", "w4a16=pallas:steps" (a tiling policy other than the default) or "w4a16=xla"."""
+        return f"w4a16={self.impl}" + (f":{self.policy}" if self.policy and self.impl == "pallas" else "")
 
     @property
     def tiles(self) -> dict[str, str] | None:
@@ -164,21 +173,24 @@ class KernelPlan:
             return [f"w4a16 kernel: xla ({self.reason})"]
         if self.tpu:
             out = [f"w4a16 kernel: pallas (Mosaic TPU lowering); VMEM budget {self.limit:,} B per grid step "
-                   f"({self.limit_source})"]  # fmt: skip
+                   f"({self.limit_source}); tiling policy {fit_tpu.parse_policy(self.policy)}"]  # fmt: skip
         else:
             out = [f"w4a16 kernel: pallas (Triton lowering); scratch limit {self.limit:,} B per block "
                    f"({self.limit_source})"]  # fmt: skip
         for f in self.fits:
-            shown = (f"{f.tiling.text}, needs {f.need.total:,} B" if f.fits else
+            steps = (f", {fit_tpu.grid_steps(f.projection.k, f.projection.n, f.tiling)} grid steps"
+                     if self.tpu and f.fits else "")  # fmt: skip
+            shown = (f"{f.tiling.text}{steps}, needs {f.need.total:,} B" if f.fits else
                      f"xla ({f.problem}{', needs ' + format(f.need.total, ',') + ' B' if f.need else ''})")  # fmt: skip
             out.append(f"w4a16 kernel: {f.projection.label} (x{f.projection.layers} layers): {shown}")
         return out
 
 
 def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_bytes: int, device=None,
-                forced: bool = False) -> KernelPlan:  # fmt: skip
+                forced: bool = False, policy: str | None = None) -> KernelPlan:  # fmt: skip
     """The `KernelPlan` of a model config under `quant` (a `model.quantspec.QuantSpec`) for the mode `decide_mode`
-    gave: for pallas, the fit check of every w4 projection at the device's limit (`device_limit`). Where a
+    gave: for pallas, the fit check of every w4 projection at the device's limit (`device_limit`), on a TPU under
+    the tiling `policy` (`model.kernels.fit_tpu.TILING_POLICIES`; None: the default, recorded as None). Where a
     projection's shape cannot be tiled it takes XLA's product (logged). Where nothing fits in memory: with
     `forced` (--kernel w4a16=pallas) KernelError with the refusal's arithmetic (`model.kernels.fit.refusal`),
     else the plan is xla with the same arithmetic as its reason. An unknown limit: KernelError when forced,
@@ -197,8 +209,13 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
                               "--kernel w4a16=xla")  # fmt: skip
         return KernelPlan(impl="xla", reason=f"scratch limit unknown ({source})")
     projs = fit.projections(cfg, quant.w4_group)
-    planner, refuse = (fit_tpu.plan_tpu, fit_tpu.refusal_tpu) if tpu else (fit.plan, fit.refusal)
-    fits = planner(projs, limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
+    policy = None if not tpu or fit_tpu.parse_policy(policy) == fit_tpu.DEFAULT_POLICY else policy
+    if tpu:
+        fits = fit_tpu.plan_tpu(projs, limit, act_bytes=act_bytes, scale_bytes=scale_bytes,
+                                policy=fit_tpu.parse_policy(policy))  # fmt: skip
+    else:
+        fits = fit.plan(projs, limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
+    refuse = fit_tpu.refusal_tpu if tpu else fit.refusal
     over = [f for f in fits if not f.fits and f.problem == "over the limit"]
     if over:
         device_name = f"this device (limit from {source})"
@@ -212,7 +229,8 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
             raise KernelError(f"--kernel w4a16=pallas: no projection of this model can be tiled ({why}); use "
                               "--kernel w4a16=xla")  # fmt: skip
         return KernelPlan(impl="xla", reason=f"no projection can be tiled ({why})")
-    return KernelPlan(impl="pallas", reason=reason, limit=limit, limit_source=source, fits=fits, tpu=tpu)
+    return KernelPlan(impl="pallas", reason=reason, limit=limit, limit_source=source, fits=fits, tpu=tpu,
+                      policy=policy)  # fmt: skip
 
 
 def with_tilings(params, plan: KernelPlan):

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable
 
 __all__ = ["KIB", "LIMITS", "TPU_VMEM", "PUBLISHED_TILING", "Tiling", "Projection", "Fit", "Need", "limit_for",
            "need", "projections", "shape_problem", "tile_problem", "tiling_problem", "fits_kernel", "candidates",
-           "choose", "plan", "refusal", "parse_tiling", "KERNEL_OPTIONS", "parse_kernel", "KERNEL_MAX_ROWS"]
+           "choose", "plan", "refusal", "parse_tiling", "KERNEL_OPTIONS", "TILING_POLICIES", "DEFAULT_POLICY", "parse_kernel", "split_kernel", "KERNEL_MAX_ROWS"]
 
 KIB = 1024
 
@@ -398,14 +398,34 @@ def tiling_fields(text: str, *, keys: tuple[str, ...], required: tuple[str, ...]
 KERNEL_OPTIONS = ("pallas", "xla")
 """The implementations of the w4 product `--kernel w4a16=IMPL` chooses."""
 
+TILING_POLICIES = ("fewest", "steps")
+"""The TPU kernel's tiling policies `--kernel w4a16=pallas:POLICY` names (what each orders first:
+`model.kernels.fit_tpu.candidates_tpu`)."""
+
+DEFAULT_POLICY = "fewest"
+"""The policy `--kernel w4a16=pallas` (no policy named) uses: the one measured on a TPU so far."""
+
 
 def parse_kernel(text: str | None) -> str | None:
-    """`--kernel` text -> "pallas", "xla", or None (not given: the engine decides). Raises ValueError (one line:
-    received, expected) for anything but w4a16=pallas or w4a16=xla."""
+    """`--kernel` text -> "pallas", "pallas:POLICY", "xla", or None (not given: the engine decides). POLICY names
+    the TPU kernel's tiling policy (`TILING_POLICIES`); the default policy's name is dropped
+    ("w4a16=pallas:fewest" -> "pallas"), so naming the default resolves to the same configuration (and build id).
+    Raises ValueError (one line: received, expected) for anything else."""
     if text is None:
         return None
-    name, sep, impl = text.strip().partition("=")
-    if name != "w4a16" or not sep or impl not in KERNEL_OPTIONS:
-        raise ValueError(f"--kernel {text}: expected w4a16=pallas (the fused Pallas kernel) or w4a16=xla (XLA's "
-                         "dequantize-and-dot)")  # fmt: skip
-    return impl
+    name, sep, value = text.strip().partition("=")
+    impl, colon, policy = value.partition(":")
+    if name != "w4a16" or not sep or impl not in KERNEL_OPTIONS or (colon and (impl != "pallas" or
+                                                                             policy not in TILING_POLICIES)):
+        raise ValueError(f"--kernel {text}: expected w4a16=pallas (the fused Pallas kernel; on a TPU "
+                         f"w4a16=pallas:POLICY picks its tiling policy, one of {', '.join(TILING_POLICIES)}) or "
+                         "w4a16=xla (XLA's dequantize-and-dot)")  # fmt: skip
+    return impl if not colon or policy == DEFAULT_POLICY else f"{impl}:{policy}"
+
+
+def split_kernel(kernel: str | None) -> tuple[str | None, str | None]:
+    """A `parse_kernel` result -> (implementation "pallas" / "xla" / None, tiling policy or None: the default)."""
+    if kernel is None:
+        return None, None
+    impl, _, policy = kernel.partition(":")
+    return impl, policy or None

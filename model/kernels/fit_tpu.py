@@ -50,7 +50,26 @@ dimension a multiple of 128 or the array's whole dimension, its second-to-last a
 dimension. Here: x blocks [G, bm, g] (g a multiple of 128; bm of 16, bfloat16's sublane tile), words [bk / 8, bn]
 and the output [bm, bn] (bn a multiple of 128 or N; bk / 8 a multiple of 16 since bk is one of 128), scales
 [G, bn] (G a multiple of 16, both scale types' tile, or all of K's groups: bk = K). The kernel unrolls its groups:
-at most `MAX_GROUPS_PER_STEP` per step.
+at most `MAX_GROUPS_PER_STEP` per step. jax's rule is the same for every dtype: a block of 8 scale rows (bk = 1024)
+passes it and exports for the TPU with float32 and with bfloat16 scales alike (a bfloat16 tile holds 16 rows), so
+it cannot show that Mosaic compiles G = 8; only a TPU can, and until one does the kernel keeps 16.
+
+Tiling policies (`TILING_POLICIES`, defined with the `--kernel` option in `model.kernels.fit`): how
+`candidates_tpu` orders the tilings of a projection after the row block, largest first:
+
+- "fewest": the fewest grid steps (the largest bk x bn), then the larger bk. Most of E2B's products are then one
+  grid step (qkv 1536 x 2560, o 2048 x 1536, the PLE projections).
+- "steps": tilings of at least `MIN_STEPS` grid steps whose packed weight block (bk x bn / 2 bytes) is at least
+  `MIN_BLOCK_BYTES` first, the steps taken along N first (the larger bk), then the fewest steps among those (the
+  larger bn); a projection with no such tiling (E2B's PLE projections: 196,608 bytes in all) orders as "fewest".
+  Why: Pallas's TPU pipeline copies block i + 1 from HBM while block i computes (the Pallas TPU pipelining docs,
+  "double buffering"), so a one-step grid copies, then computes, with nothing overlapped; the TPU probe of
+  2026-12-07 read 350 GB/s on the one-step products against 629 on gate_up's six steps
+  (reports/2026-12-07-w4-pair-unpack-tpuv5e/notes.md).
+
+Chosen per engine with `--kernel w4a16=pallas:POLICY` (`parse_policy`); `DEFAULT_POLICY` until a TPU measures the
+other end to end (scripts/tpu-quant-archive.sh, step `policy`; the per-shape probe scripts/probes/w4_tiling_tpu.py,
+step `tiling`).
 
 Pure Python on ints (no jax): `bench kernels fit` and the report use it without a device.
 """
@@ -59,12 +78,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from model.kernels.fit import Fit, Need, Projection, choose_by, refusal_line, tiling_fields
+from model.kernels.fit import DEFAULT_POLICY, TILING_POLICIES, Fit, Need, Projection, choose_by, refusal_line, tiling_fields
 
-__all__ = ["SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_COL_SHARE", "VPU_MAX_ROWS", "VPU_ROW_PAD",
+__all__ = ["TILING_POLICIES", "DEFAULT_POLICY", "MIN_STEPS", "MIN_BLOCK_BYTES", "grid_steps", "SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_COL_SHARE", "VPU_MAX_ROWS", "VPU_ROW_PAD",
            "ROW_TILE", "MAX_ROWS", "TpuTiling", "generation_of", "vmem_capacity", "budget", "need_tpu", "need_tpu_vpu",
            "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu", "rows_block", "candidates_tpu", "choose_tpu",
-           "plan_tpu", "refusal_tpu", "parse_tpu_tiling"]  # fmt: skip
+           "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "parse_policy"]  # fmt: skip
 
 MIB = 2**20
 
@@ -118,6 +137,17 @@ MAX_GROUPS_PER_STEP = 24
 """Most w4 groups in one grid step (the kernel unrolls them): bk <= 24 g = 3072 at g 128."""
 SCALE_ROWS = 16
 """A step's scale rows (groups) must be a multiple of this (the 16-bit tile's rows), or all of K's groups."""
+
+
+MIN_STEPS = 4
+"""Grid steps the "steps" policy asks for: with double buffering, one step's copy in MIN_STEPS is left without a
+compute to hide behind (at most 1/4 of the copy time exposed). A stated choice, to be set from the probe."""
+
+MIN_BLOCK_BYTES = 384 * 1024
+"""Smallest packed weight block (bk x bn / 2 bytes) the "steps" policy splits a product into: each grid step costs
+about 0.35 us of its own (the Pallas TPU pipelining docs' figure per step), which is 287 KB at the v5e's 819 GB/s;
+384 KiB keeps that overhead below the copy time and still gives every E2B qkv and o product 4 steps (1536 x 2048
+at bn 512 and 2048 x 1536 at bn 384 are exactly 384 KiB blocks)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -273,10 +303,42 @@ def _vpu_cols(bn: int) -> int:
     return cols if 0 < cols < bn else 0
 
 
-def candidates_tpu(p: Projection) -> list[TpuTiling]:
+def grid_steps(k: int, n: int, t: TpuTiling) -> int:
+    """Grid steps of one row block of a K x N product at tiling `t`: (N / bn) x (K / bk)."""
+    return (n // t.bn) * (k // t.bk)
+
+
+def parse_policy(name: str | None) -> str:
+    """A tiling policy's name (`TILING_POLICIES`) -> itself; None -> `DEFAULT_POLICY`. Raises ValueError naming
+    the name and the expected ones."""
+    if name is None:
+        return DEFAULT_POLICY
+    if name not in TILING_POLICIES:
+        raise ValueError(f"tiling policy {name!r}: expected one of {', '.join(TILING_POLICIES)} (default "
+                         f"{DEFAULT_POLICY})")  # fmt: skip
+    return name
+
+
+def _order(p: Projection, policy: str):
+    """The sort key (largest first) of `candidates_tpu` under `policy` (`TILING_POLICIES`)."""
+    fewest = lambda t: (t.bm, t.bk * t.bn, t.bk)  # noqa: E731
+    if policy == "fewest":
+        return fewest
+
+    def steps(t: TpuTiling):
+        ok = grid_steps(p.k, p.n, t) >= MIN_STEPS and t.bk * t.bn // 2 >= MIN_BLOCK_BYTES
+        return (t.bm, ok, t.bk if ok else 0, t.bn if ok else 0, *fewest(t)[1:])
+
+    return steps
+
+
+def candidates_tpu(p: Projection, policy: str = DEFAULT_POLICY) -> list[TpuTiling]:
     """Every tiling of projection `p` the TPU kernel can run, most preferred first: larger row blocks (a batch of
-    `MAX_ROWS` in one block), then fewer grid steps (larger bk x bn), then larger bk (each output block's K loop
-    in fewer steps)."""
+    `MAX_ROWS` in one block), then as the tiling `policy` says (`TILING_POLICIES`): "fewest": fewer grid steps
+    (larger bk x bn), then larger bk (each output block's K loop in fewer steps); "steps": at least `MIN_STEPS`
+    steps of blocks of at least `MIN_BLOCK_BYTES` first (larger bk, then larger bn), the others after as
+    "fewest". Raises ValueError for an unknown policy."""
+    key = _order(p, parse_policy(policy))
     if shape_problem_tpu(p):
         return []
     bns = [b for b in range(MAX_OUTPUT_BLOCK, 0, -128) if p.n % b == 0] or [p.n]
@@ -285,23 +347,25 @@ def candidates_tpu(p: Projection) -> list[TpuTiling]:
     out = [TpuTiling(bm=bm, bn=bn, bk=bk, vpu_rows=VPU_ROWS, vpu_cols=_vpu_cols(bn))
            for bm in ROW_BLOCKS for bn in bns for bk in bks]  # fmt: skip
     out = [t for t in out if fits_tpu(p.k, p.n, p.group, t)]
-    return sorted(out, key=lambda t: (t.bm, t.bk * t.bn, t.bk), reverse=True)
+    return sorted(out, key=key, reverse=True)
 
 
 def choose_tpu(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
-               tiling: TpuTiling | None = None) -> Fit:  # fmt: skip
-    """The first tiling of `candidates_tpu(p)` whose `need_tpu` is within `limit` bytes; with `tiling` given, that
-    tiling alone (it fits when it tiles the shape and its need is within the limit). A `Fit` (`model.kernels.fit`)
-    whose tiling is None says why, as the GPU check's does."""
-    return choose_by(p, limit, tiling=tiling, shape_problem=shape_problem_tpu, candidates=candidates_tpu,
+               tiling: TpuTiling | None = None, policy: str = DEFAULT_POLICY) -> Fit:  # fmt: skip
+    """The first tiling of `candidates_tpu(p, policy)` whose `need_tpu` is within `limit` bytes; with `tiling`
+    given, that tiling alone (it fits when it tiles the shape and its need is within the limit). A `Fit`
+    (`model.kernels.fit`) whose tiling is None says why, as the GPU check's does."""
+    return choose_by(p, limit, tiling=tiling, shape_problem=shape_problem_tpu,
+                     candidates=lambda q: candidates_tpu(q, policy),
                      need_of=lambda t: need_tpu(t, group=p.group, act_bytes=act_bytes, scale_bytes=scale_bytes),
                      given_problem=lambda t: tiling_problem_tpu(p.k, p.n, p.group, t))  # fmt: skip
 
 
 def plan_tpu(projs, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
-             tiling: TpuTiling | None = None) -> tuple[Fit, ...]:  # fmt: skip
+             tiling: TpuTiling | None = None, policy: str = DEFAULT_POLICY) -> tuple[Fit, ...]:  # fmt: skip
     """`choose_tpu` for every projection."""
-    return tuple(choose_tpu(p, limit, act_bytes=act_bytes, scale_bytes=scale_bytes, tiling=tiling) for p in projs)
+    return tuple(choose_tpu(p, limit, act_bytes=act_bytes, scale_bytes=scale_bytes, tiling=tiling, policy=policy)
+                 for p in projs)  # fmt: skip
 
 
 def refusal_tpu(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) -> str:
