@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.ab.archive import Measurement
 from bench.ab.channel import last_lines
-from bench.ab.session import A_WAIT_MS, METRICS, AbPlan, Cell, Target, environment, injection_record, \
+from bench.ab.plan import A_WAIT_MS, METRICS, AbPlan, Cell, Target, environment, injection_record, \
     measured_line, slowdown_wait_ms  # fmt: skip
 from bench.errors import InputError
 from model.switches import TEST_DELAY_ENV

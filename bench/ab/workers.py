@@ -23,7 +23,7 @@ from typing import Any
 from bench.ab.archive import Measurement
 from bench.ab.channel import Worker
 from bench.ab.protocol import WORKER_COMMAND
-from bench.ab.session import A_WAIT_MS, METRICS, AbPlan, Target, environment, injection_record, measured_line, \
+from bench.ab.plan import A_WAIT_MS, METRICS, AbPlan, Target, environment, injection_record, measured_line, \
     slowdown_wait_ms  # fmt: skip
 from bench.errors import InputError
 

@@ -62,9 +62,8 @@ def ab_cmd(
     import sys
 
     from bench.ab.session import AbPlan, Cell, run_session
-    from bench.ab.sides import locate, parse_side
+    from bench.ab.sides import parse_side
     from bench.errors import InputError
-    from bench.runs import check_writable
 
     if repeats is not None and mode == "workers":
         raise InputError(f"--repeats {repeats}: process mode only (--mode processes); in worker mode a measurement "
@@ -76,14 +75,7 @@ def ab_cmd(
                   pairs=pairs, confidence=conf, min_effect_pct=_percent(min_effect, "--min-effect"),
                   resamples=resamples, seed=seed, python=python or sys.executable, runs_dir=runs_dir, label=name,
                   keep_sweeps=keep_sweeps, test_slowdown_b=share)  # fmt: skip
-    plan.check()
-    if name is not None:
-        from bench.runs import run_name
-
-        run_name(name, "device")  # a label that cannot name a folder: one line before anything runs
-    check_writable(runs_dir)
-    for side in (plan.a, plan.b):  # a build that is neither a worktree nor a git ref: one line before anything runs
-        locate(side, Path.cwd())
+    _check_before_running(plan, name, runs_dir)
     cell = plan.cell
     each = ("one request in each side's worker" if mode == "workers" else
             f"a `bench sweep` process of {cell.repeats} timed repeats (their median)")  # fmt: skip
@@ -91,6 +83,20 @@ def ab_cmd(
                f"tok/s; {plan.n_pairs} pairs in ABBA order, each measurement {each}", err=True)  # fmt: skip
     run, verdict = run_session(plan, here=Path.cwd(), progress=lambda line: typer.echo(line, err=True))
     _print_summary(run, verdict)
+
+
+def _check_before_running(plan, name: str | None, runs_dir: Path) -> None:  # noqa: ANN001
+    """One line (InputError) before anything runs: a value of the plan out of range, a label that cannot name a
+    folder, a runs folder that cannot be written, a build that is neither a worktree nor a git ref."""
+    from bench.ab.sides import locate
+    from bench.runs import check_writable, run_name
+
+    plan.check()
+    if name is not None:
+        run_name(name, "device")
+    check_writable(runs_dir)
+    for side in (plan.a, plan.b):
+        locate(side, Path.cwd())
 
 
 def _print_summary(run, verdict) -> None:  # noqa: ANN001
