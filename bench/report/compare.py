@@ -299,7 +299,7 @@ def calibration_noise(run: str | Path | RunFolder) -> tuple[str, float, int]:
 
     folder = run if isinstance(run, RunFolder) else open_complete_run(run)
     if not is_calibration(folder.manifest):
-        raise RunFolderError(f"{folder.path}: not an A/A session of `bench ab --mode processes` (one build, the same "
+        raise RunFolderError(f"{folder.path}: not an A/A session of `bench ab` in process mode (one build, the same "
                              "flags on both sides, each measurement a run: a worker-mode session pairs requests "
                              "seconds apart, not runs); pass one as --calibration, or --calibration none")  # fmt: skip
     pairs = paired_values(read_pairs(folder.path))
