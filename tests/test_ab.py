@@ -139,18 +139,18 @@ def test_a_ten_percent_slowdown_is_ten_percent_and_resolved(tmp_path: Path, fake
     m = _manifest(_ab_run(runs))
     inj = m["ab"]["test_injection"]
     rows = _pairs(_ab_run(runs))
-    a_values = [float(r["value"]) for r in rows if r["kind"] == "warmup" and r["side"] == "A"][1:]
-    a_value = sum(a_values) / 2  # the median of A's warm-ups after the first
-    assert inj["a_value"] == pytest.approx(a_value) and inj["share_pct"] == 10 and inj["metric"] == "gauge"
-    assert inj["delay_ms"] == pytest.approx(slowdown_wait_ms(a_value, 0.1, "gauge", 64))
-    assert inj["delay_ms"] == pytest.approx(1000 / a_value / 9)  # 10% less rate: a wait of 1/9 of A's step
+    a_steps = [float(r["step_ms"]) for r in rows if r["kind"] == "warmup" and r["side"] == "A"][1:]
+    a_step = min(a_steps)  # the lower quartile of the steps of A's warm-ups after the first (each all alike here)
+    assert inj["a_cost_ms"] == pytest.approx(a_step) and inj["share_pct"] == 10 and inj["metric"] == "gauge"
+    assert inj["delay_ms"] == pytest.approx(slowdown_wait_ms(a_step, 0.1, "gauge", 64))
+    assert inj["delay_ms"] == pytest.approx(a_step / 9)  # 10% less rate: a wait of 1/9 of A's step
     assert {r["delay_ms"] for r in rows if r["side"] == "A"} == {str(A_WAIT_MS)}  # A runs the program too
     assert rows[6]["side"] == "B" and rows[6]["kind"] == "warmup"  # B's waiting program warmed before the pairs
     assert [float(r["delay_ms"]) for r in rows[6:] if r["side"] == "B"] == [pytest.approx(inj["delay_ms"])] * 7
     verdict = m["ab"]["verdict"]
     assert verdict["resolved"] == "slower" and 0.87 < verdict["median"] < 0.93  # 10%, within the +-2% scatter
     assert m["ab"]["aa"] is False  # a session with a slowdown injected is no calibration
-    assert "TEST-ONLY: side B's decode steps did" in out and "10% less gauge than A's warm-up" in out
+    assert "TEST-ONLY: side B's decode steps did" in out and "10% less gauge than A (A's cost" in out
     assert (kept / "worker-b.log").read_text().count(f"wait {inj['delay_ms']}") == 1 + 6  # its warm-up + pairs
 
 
@@ -251,9 +251,9 @@ def test_the_process_slowdown_reaches_the_variable_of_each_side(tmp_path: Path, 
                                     capsys)  # fmt: skip
     assert code == 0, err
     inj = _manifest(_ab_run(runs))["ab"]["test_injection"]
-    a_value = 20 * 0.98  # A's warm-up: the first measurement, jitter -2%
-    assert inj["a_value"] == pytest.approx(a_value) and inj["variable"] == TEST_DELAY_ENV
-    assert inj["delay_ms"] == pytest.approx(1000 / a_value / 9)
+    a_step = float(_pairs(_ab_run(runs))[0]["step_ms"])  # A's warm-up sweep: its cell's median step
+    assert inj["a_cost_ms"] == pytest.approx(a_step) and inj["variable"] == TEST_DELAY_ENV
+    assert inj["delay_ms"] == pytest.approx(a_step / 9)
     logs = {p.name.split("-")[3]: p.joinpath("run.log").read_text() for p in kept.iterdir() if p.is_dir()}
     assert all("delay variable: test-only:0.001ms" in text for name, text in logs.items() if name.endswith("a"))
     b_value = f"test-only:{inj['delay_ms']:.6f}".rstrip("0")
@@ -305,13 +305,18 @@ def test_a_side_is_an_optional_build_then_sweep_flags() -> None:
 
 
 def test_the_slowdown_wait_is_the_share_of_a_s_cost() -> None:
-    # the gauge's token is a step: 10% less rate is a wait of 1/9 of A's step (20 tok/s: 50 ms -> 5.56 ms)
-    assert slowdown_wait_ms(20.0, 0.1, "gauge", 64) == pytest.approx(50 / 9)
+    from bench.ab.plan import a_cost
+
+    # the gauge's token is a step: 10% less rate is a wait of 1/9 of A's step (50 ms -> 5.56 ms)
+    assert slowdown_wait_ms(50.0, 0.1, "gauge", 64) == pytest.approx(50 / 9)
     # the end-to-end and CPU rates count 64 tokens of which 63 steps wait
-    assert slowdown_wait_ms(20.0, 0.1, "cpu", 64) == pytest.approx(50 / 9 * 64 / 63)
-    assert slowdown_wait_ms(20.0, 0.5, "gauge", 64) == pytest.approx(50.0)
-    with pytest.raises(ValueError, match="expected a positive rate"):
+    assert slowdown_wait_ms(50.0, 0.1, "cpu", 64) == pytest.approx(50 / 9 * 64 / 63)
+    assert slowdown_wait_ms(50.0, 0.5, "gauge", 64) == pytest.approx(50.0)
+    with pytest.raises(ValueError, match="expected a positive time"):
         slowdown_wait_ms(0.0, 0.1, "gauge", 64)
+    # A's step on a busy host: the lower quartile of its warm-ups' steps (steps alone 25 ms, under other work 110)
+    assert a_cost("gauge", [], [25.0] * 10 + [110.0] * 20) == 25.0 + 0.25 * 0  # quartile 7.25 -> the 8th step
+    assert a_cost("cpu", [40.0, 50.0, 60.0], []) == pytest.approx(20.0)  # 1000 / the median value
 
 
 def test_the_delay_switch_takes_its_own_form_only(monkeypatch) -> None:
@@ -358,6 +363,26 @@ def test_a_worker_mode_aa_is_no_compare_calibration() -> None:
     assert not is_calibration({"kind": "ab", "ab": {"aa": False, "mode": "processes"}})
 
 
+def test_a_busy_cpu_session_of_the_gauge_suggests_the_cpu_rate() -> None:
+    from bench.ab.archive import Measurement
+    from bench.cli.ab_cmds import scatter_hint
+
+    def rows(ratios):
+        out = []
+        for k, r in enumerate(ratios):
+            for side, v in (("A", 20.0), ("B", 20.0 * r)):
+                out.append(Measurement(index=len(out), kind="pair", pair=k, side=side, value=v, lo=v, hi=v, repeats=1,
+                                       repeat_values=(v,), valid=True, build_id=None, run=None, exit_code=None,
+                                       seconds=1.0, started_at=""))  # fmt: skip
+        return out
+
+    busy, quiet = rows([0.5, 1.6, 0.9, 1.3, 0.7]), rows([0.99, 1.01, 1.0, 1.02, 0.98])
+    ab, cpu = {"mode": "workers", "metric": "gauge"}, {"platform": "cpu"}
+    assert "--metric cpu (tokens per CPU second)" in scatter_hint(busy, ab, cpu)
+    assert scatter_hint(quiet, ab, cpu) is None
+    assert scatter_hint(busy, {**ab, "metric": "cpu"}, cpu) is None and scatter_hint(busy, ab, {"platform": "tpu"}) is None
+
+
 # ---- the real engine ----------------------------------------------------------------------------------------------
 def _real_ab(tmp_path: Path, *argv: str) -> dict:
     runs = tmp_path / "runs"
@@ -380,8 +405,8 @@ def test_real_workers_speak_the_protocol_end_to_end(tmp_path: Path) -> None:
     rows = _pairs(_ab_run(tmp_path / "runs"))
     assert [r["kind"] for r in rows].count("warmup") == 7 and len(rows) == 7 + 6
     assert all(float(r["step_ms"]) > 0 and float(r["value"]) > 0 for r in rows)
-    assert ab["test_injection"]["delay_ms"] == pytest.approx(slowdown_wait_ms(ab["test_injection"]["a_value"], 0.1,
-                                                                               "gauge", 8))  # fmt: skip
+    inj = ab["test_injection"]
+    assert inj["delay_ms"] == pytest.approx(slowdown_wait_ms(inj["a_cost_ms"], 0.1, "gauge", 8))
 
 
 # Canary: a busy host can break either outcome. Measured 2026-12-07 19:10-19:20 UTC under a load average of 9-14

@@ -45,9 +45,15 @@ class Worker:
                                          stdout=subprocess.PIPE, stderr=err, start_new_session=True)  # fmt: skip
 
     def _read(self) -> dict[str, Any] | None:
-        """The next message, None when the worker's stdout ended (it exited)."""
+        """The next message, None when the worker's stdout ended (it exited). WorkerError for a line that is not a
+        message (something other than the worker wrote to its stdout)."""
         line = self.proc.stdout.readline()
-        return decode(line) if line else None
+        if not line:
+            return None
+        try:
+            return decode(line)
+        except ValueError as exc:
+            raise WorkerError(f"side {self.side}'s worker: {exc}") from None
 
     def _gone(self, when: str) -> str:
         code = self.proc.wait(timeout=30) if self.proc is not None else None

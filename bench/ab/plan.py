@@ -129,25 +129,46 @@ def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def slowdown_wait_ms(a_value: float, share: float, metric: str, max_new_tokens: int) -> float:
+def slowdown_wait_ms(a_cost_ms: float, share: float, metric: str, max_new_tokens: int) -> float:
     """The work per decode step (ms) that lowers B's `metric` below A's by `share` (0 < share < 1) when both run
-    A's code, from A's value of the metric in the warm-up (`a_value`, tok/s). A's cost per token is c = 1000 /
-    a_value ms; the gauge's token is a step, so the wait w adds w to it: c / (c + w) = 1 - share gives
-    w = c x share / (1 - share) (10%: 11.1% of A's step). The end-to-end and CPU rates count all `max_new_tokens`
-    (n) tokens of a request but only n - 1 steps wait, so w is n / (n - 1) times that. ValueError for a value that
-    is not positive."""
-    if not a_value > 0:
-        raise ValueError(f"A's value {a_value!r} tok/s: expected a positive rate")
+    A's code, from A's cost per token of the metric in the warm-up (`a_cost_ms`: `a_cost`). The gauge's token is
+    a step, so the work w adds w to it: c / (c + w) = 1 - share gives w = c x share / (1 - share) (10%: 1/9 of A's
+    step). The end-to-end and CPU rates count all `max_new_tokens` (n) tokens of a request but only n - 1 steps do
+    the work, so w is n / (n - 1) times that. ValueError for a cost that is not positive."""
+    if not a_cost_ms > 0:
+        raise ValueError(f"A's cost {a_cost_ms!r} ms per token: expected a positive time")
     per_step = 1.0 if metric == "gauge" else max_new_tokens / (max_new_tokens - 1)
-    return 1000.0 / a_value * share / (1.0 - share) * per_step
+    return a_cost_ms * share / (1.0 - share) * per_step
 
 
-def injection_record(share: float, metric: str, a_value: float, wait_ms: float, how: str) -> dict[str, Any]:
+A_COST = {"gauge": "the lower quartile of the decode steps of A's warm-ups after the first",
+          "e2e": "1000 / the median end-to-end rate of A's warm-ups after the first",
+          "cpu": "1000 / the median CPU rate of A's warm-ups after the first"}  # fmt: skip
+"""What A's cost per token is taken from, per metric (worker mode). The gauge's is a lower quartile because on a
+busy host other work inflates whole requests (steps of 25 ms alone and 100-120 ms under a load average of 12 on
+the 2-core host), and the work is CPU time, which that load inflates as it does the step's own work: a share of the
+step A takes when it has the cores is that share in either state."""
+
+
+def a_cost(metric: str, values: list[float], steps: list[float]) -> float:
+    """A's cost per token (ms) of `metric` (`A_COST`): from the `steps` (ms) of its warm-ups after the first for
+    the gauge, else from their `values` (tok/s). ValueError when there is none."""
+    from bench.ab.stats import median, quantile
+
+    if metric == "gauge":
+        if not steps:
+            raise ValueError("no decode steps of A's warm-ups")
+        return quantile(sorted(steps), 0.25)
+    return 1000.0 / median(values)
+
+
+def injection_record(share: float, metric: str, cost_ms: float, cost_from: str, wait_ms: float,
+                     how: str) -> dict[str, Any]:  # fmt: skip
     """The manifest's `ab.test_injection` of a session with a test-only slowdown: the share asked for (%), the
-    metric and A's warm-up value of it it was computed from (tok/s), B's wait and A's (ms of work per decode
-    step), and how the wait was given (`how`)."""
-    return {"side": "B", "share_pct": 100.0 * share, "metric": metric, "a_value": a_value, "delay_ms": wait_ms,
-            "a_delay_ms": A_WAIT_MS, "how": how}  # fmt: skip
+    metric, A's cost per token it was computed from (ms) and from what, B's work per step and A's (ms), and how
+    the work was given (`how`)."""
+    return {"side": "B", "share_pct": 100.0 * share, "metric": metric, "a_cost_ms": cost_ms, "a_cost": cost_from,
+            "delay_ms": wait_ms, "a_delay_ms": A_WAIT_MS, "how": how}  # fmt: skip
 
 
 def measured_line(row: Measurement, what: str, metric: str) -> str:

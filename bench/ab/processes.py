@@ -8,7 +8,7 @@ repeats; its step the cell's pooled median decode step. The measurements' own ru
 session's scratch folder.
 
 The test-only slowdown: the processes get `TEST_DELAY_ENV` (`test-only:<ms>ms`), A's with `A_WAIT_MS`, B's with
-`slowdown_wait_ms` of A's warm-up value, so B's warm-up runs after A's.
+`slowdown_wait_ms` of A's warm-up (its median step for the gauge), so B's warm-up runs after A's.
 """
 
 from __future__ import annotations
@@ -110,20 +110,22 @@ class ProcessMeasurer:
         first, warmed = None, set()
         for t in (a, b):
             if t is b and share:
-                cell, value = self.plan.cell, self.rows[0].value
-                wait = slowdown_wait_ms(value, share, cell.metric, cell.max_new_tokens)
+                cell, a_row = self.plan.cell, self.rows[0]
+                cost, cost_from = ((a_row.step_ms, "the median decode step of A's warm-up sweep") if cell.metric ==
+                                   "gauge" else (1000.0 / a_row.value, f"1000 / A's warm-up {cell.metric} rate"))  # fmt: skip
+                wait = slowdown_wait_ms(cost, share, cell.metric, cell.max_new_tokens)
                 self.env[b.side.name] = {TEST_DELAY_ENV: delay_value(wait)}
-                self.injection = {**injection_record(share, cell.metric, value, wait, f"{TEST_DELAY_ENV} of each "
-                                                     "process"), "variable": TEST_DELAY_ENV}  # fmt: skip
+                self.injection = {**injection_record(share, cell.metric, cost, cost_from, wait, f"{TEST_DELAY_ENV} "
+                                                     "of each process"), "variable": TEST_DELAY_ENV}  # fmt: skip
                 self.progress(f"TEST-ONLY: side B's decode steps work {wait:.3f} ms more each, for {100 * share:g}% "
-                              f"less {cell.metric} than A's warm-up {value:,.2f} tok/s (A's steps {A_WAIT_MS:g} ms); "
-                              "recorded in the manifest")  # fmt: skip
+                              f"less {cell.metric} than A (A's cost {cost:.2f} ms per token: {cost_from}; A's steps "
+                              f"{A_WAIT_MS:g} ms); recorded in the manifest")  # fmt: skip
             key = (str(t.checkout.root), t.side.flags, tuple(sorted(self.env[t.side.name].items())))
             if key in warmed:
                 continue
             warmed.add(key)
             row, log = self._run(t, "warmup", None)
-            if row.exit_code != 0 or row.value is None:
+            if row.exit_code != 0 or row.value is None or (share and row.step_ms is None):
                 raise InputError(f"side {t.side.describe()}: its warm-up measurement failed (exit {row.exit_code}"
                                  f"): {last_lines(log)}")  # fmt: skip
             first = first or (self.scratch / row.run)

@@ -7,15 +7,14 @@ instead of minutes.
   `bench sweep` would write for its engine (build id, device, checkpoint).
 - **warm-ups**: `WARMUP_ROUNDS` rounds of one request of A then one of B (the first compiles, or reads the
   persistent compilation cache); archived, never in a figure.
-- **the test-only slowdown** (`AbPlan.test_slowdown_b`): A's value is the median of its warm-ups' values after
-  the first; B's work per step is `slowdown_wait_ms` of it; one more warm-up of B at that work compiles its
+- **the test-only slowdown** (`AbPlan.test_slowdown_b`): A's cost per token is taken from its warm-ups after the
+  first (`a_cost`); B's work per step is `slowdown_wait_ms` of it; one more warm-up of B at that work compiles its
   program. Every request of A works `A_WAIT_MS` per step (the mechanism's own cost on both sides).
 - **a measurement**: one timed request of the cell in the side's worker; its value the request's metric (tok/s).
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,8 @@ from typing import Any
 from bench.ab.archive import Measurement
 from bench.ab.channel import Worker
 from bench.ab.protocol import WORKER_COMMAND
-from bench.ab.plan import A_WAIT_MS, METRICS, AbPlan, Target, environment, injection_record, measured_line, \
-    slowdown_wait_ms  # fmt: skip
+from bench.ab.plan import A_COST, A_WAIT_MS, METRICS, AbPlan, Target, a_cost, environment, injection_record, \
+    measured_line, slowdown_wait_ms  # fmt: skip
 from bench.errors import InputError
 
 WARMUP_ROUNDS = 3
@@ -50,6 +49,7 @@ class WorkerMeasurer:
         self.injection: dict[str, Any] | None = None
         self.wait: dict[str, float | None] = {a.side.name: None, b.side.name: None}
         self.build_id: dict[str, str | None] = {}
+        self.steps: dict[int, list[float]] = {}  # each request's decode steps (ms), by its index
         self.workers = {t.side.name: Worker(t.side.name, worker_argv(plan, t), t.checkout.root, environment(),
                                             scratch / f"worker-{t.side.name.lower()}.log") for t in (a, b)}  # fmt: skip
 
@@ -57,6 +57,7 @@ class WorkerMeasurer:
         name, index = target.side.name, len(self.rows)
         reply = self.workers[name].measure("warmup" if kind == "warmup" else "timed", index, self.wait[name])
         value = reply.get(METRICS[self.plan.cell.metric])
+        self.steps[index] = list(reply.get("step_times_ms") or [])
         row = Measurement(index=index, kind=kind, pair=pair, side=name, value=value, lo=value, hi=value, repeats=1,
                           repeat_values=(value,) if value is not None else (), valid=bool(reply["valid"]) and value
                           is not None, build_id=self.build_id[name], run=None, exit_code=None,
@@ -91,16 +92,16 @@ class WorkerMeasurer:
                 if row.value is None:
                     raise InputError(f"side {t.side.describe()}: its warm-up request measured nothing")
         if share:
-            cell = self.plan.cell
-            value = statistics.median([r.value for r in self.rows if r.side == a.side.name][1:])
-            wait = slowdown_wait_ms(value, share, cell.metric, cell.max_new_tokens)
+            cell, warm = self.plan.cell, [r for r in self.rows if r.side == a.side.name][1:]
+            cost = a_cost(cell.metric, [r.value for r in warm], [x for r in warm for x in self.steps[r.index]])
+            wait = slowdown_wait_ms(cost, share, cell.metric, cell.max_new_tokens)
             self.wait[b.side.name] = wait
-            self.injection = injection_record(share, cell.metric, value, wait, "CPU work per decode step in the "
-                                              "side's worker, on the device's stream (model/engine.py, "
-                                              "_delayed_step)")  # fmt: skip
+            self.injection = injection_record(share, cell.metric, cost, A_COST[cell.metric], wait, "CPU work per "
+                                              "decode step in the side's worker, on the device's stream "
+                                              "(model/engine.py, _delayed_step)")  # fmt: skip
             self.progress(f"TEST-ONLY: side B's decode steps work {wait:.3f} ms more each, for {100 * share:g}% "
-                          f"less {cell.metric} than A's warm-up {value:,.2f} tok/s (A's steps {A_WAIT_MS:g} ms); "
-                          "recorded in the manifest")  # fmt: skip
+                          f"less {cell.metric} than A (A's cost {cost:.2f} ms per token: {A_COST[cell.metric]}; A's "
+                          f"steps {A_WAIT_MS:g} ms); recorded in the manifest")  # fmt: skip
             self._request(b, "warmup", None)  # compiles B's waiting program at its wait, outside any figure
         return manifests[a.side.name]
 

@@ -143,8 +143,33 @@ def _print_summary(run, verdict) -> None:  # noqa: ANN001
                   markup=False, highlight=False)  # fmt: skip
     text = verdict.text if verdict is not None else "no verdict: fewer than 2 pairs with two valid measurements"
     console.print(f"verdict: {text}", markup=False, highlight=False)
+    if (hint := scatter_hint(rows, ab, run.manifest.get("device") or {})) is not None:
+        console.print(hint, markup=False, highlight=False)
     console.print(f"run folder: {run.path}", markup=False, highlight=False)
 
+
+SCATTER_HINT = 0.10
+"""The scatter of the pairs (standard deviation of ln(B / A)) above which a CPU session of a wall-clock metric
+suggests `--metric cpu` (a stated choice: on the 2-core host under a load average of 9-14 from other work the
+gauge's pairs scattered by 0.45-0.7, the CPU rate's by about 0.17; docs/commands/ab.md)."""
+
+
+def scatter_hint(rows, ab: dict, device: dict) -> str | None:  # noqa: ANN001
+    """A note when a worker-mode session of a wall-clock metric on a CPU device has pairs that scatter by more than
+    `SCATTER_HINT` (other work took the cores): `--metric cpu` measures what that does not disturb. None else."""
+    import math
+    import statistics
+
+    from bench.ab.archive import paired_values
+
+    if ab.get("mode") != "workers" or ab.get("metric") == "cpu" or device.get("platform") != "cpu":
+        return None
+    logs = [math.log(b / a) for _, a, b in paired_values(rows)]
+    if len(logs) < 3 or (sd := statistics.pstdev(logs)) <= SCATTER_HINT:
+        return None
+    return (f"note: the pairs' ratios scatter by {100 * (math.exp(sd) - 1):.0f}% (one standard deviation): other "
+            "work shares this CPU host's cores; --metric cpu (tokens per CPU second) is disturbed far less by it "
+            "(docs/commands/ab.md, \"The metric on a busy CPU host\")")
 
 @app.command("ab-worker", hidden=True)
 @engine_options()

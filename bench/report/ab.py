@@ -25,13 +25,14 @@ def split_ab_views(views: list[Any]) -> tuple[list[Any], list[Any]]:
 
 def injection_text(inj: dict[str, Any]) -> str:
     """One line on a session's test-only slowdown (`ab.test_injection`): "side B's decode steps did 2.655 ms more
-    CPU work each, for 10% less gauge than A's warm-up 41.84 tok/s (A's 0.001 ms)", or, for a session archived
-    before the slowdown was a share, "side B ran with a 2 ms decode delay per step"."""
+    CPU work each, for 10% less gauge than A (A's cost 23.90 ms per token, the lower quartile of ...; A's 0.001
+    ms)", or, for a session archived before the slowdown was a share, "side B ran with a 2 ms decode delay per
+    step"."""
     if inj.get("share_pct") is None:
         return f"side {inj.get('side')} ran with a {inj.get('decode_delay_ms')} ms decode delay per step"
     return (f"side {inj.get('side')}'s decode steps did {inj.get('delay_ms'):.3f} ms more CPU work each, for "
-            f"{inj.get('share_pct'):g}% less {inj.get('metric')} than A's warm-up {inj.get('a_value'):,.2f} tok/s (A's "
-            f"{inj.get('a_delay_ms'):g} ms), a deliberate slowdown")  # fmt: skip
+            f"{inj.get('share_pct'):g}% less {inj.get('metric')} than A (A's cost {inj.get('a_cost_ms'):.2f} ms per "
+            f"token, {inj.get('a_cost')}; A's {inj.get('a_delay_ms'):g} ms), a deliberate slowdown")  # fmt: skip
 
 
 def _fmt(x: float | None) -> str:
