@@ -151,7 +151,7 @@ def _print_summary(run, verdict) -> None:  # noqa: ANN001
 SCATTER_HINT = 0.10
 """The scatter of the pairs (standard deviation of ln(B / A)) above which a CPU session of a wall-clock metric
 suggests `--metric cpu` (a stated choice: on the 2-core host under a load average of 9-14 from other work the
-gauge's pairs scattered by 0.45-0.7, the CPU rate's by about 0.17; docs/commands/ab.md)."""
+gauge's pairs scattered by 0.29-0.54, the CPU rate's by 0.04-0.21; docs/commands/ab.md)."""
 
 
 def scatter_hint(rows, ab: dict, device: dict) -> str | None:  # noqa: ANN001
