@@ -799,8 +799,8 @@ def check_engine_switches() -> None:
         import logging
 
         logging.getLogger("model.engine").warning(
-            f"{TEST_DELAY_ENV} is set: every host-loop decode step waits {1e3 * injected_decode_delay_s():g} ms more "
-            "(a test-only slowdown; recorded in the run's manifest as test_injection)")
+            f"{TEST_DELAY_ENV} is set: every host-loop decode step does {1e3 * injected_decode_delay_s():g} ms more "
+            "CPU work (a test-only slowdown; recorded in the run's manifest as test_injection)")
 
 
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,

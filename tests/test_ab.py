@@ -31,7 +31,8 @@ FAKE = '''#!{python}
 scattered by -2..+2% with the measurement's index (deterministic). The worker speaks the protocol: each decode step
 takes 1000 / gauge ms plus the request's test-only wait, and it logs each wait to stderr; the sweep writes a
 complete run folder of one cell and records the delay variable it was given in its run.log. --fake-refuse: exits
-2 with one error line, as a bad flag does; --fake-die-at K: the worker exits at its request K."""
+2 with one error line, as a bad flag does; --fake-die-at K: the worker exits at its request K; --fake-platform P:
+the worker's device is a P."""
 import datetime, json, os, re, sys
 sys.path[:0] = [{repo!r}, {tests!r}]
 from pathlib import Path
@@ -50,7 +51,7 @@ if args[:3] == ["-m", "bench", "ab-worker"]:
     def send(msg):
         out.write((json.dumps(msg) + "\\n").encode()); out.flush()
     send({{"event": "ready", "protocol": 1, "load_s": 0.1, "manifest": {{"build_id": "0123456789ab",
-          "device": {{"platform": "cpu", "device_kind": "cpu", "slug": "cpu"}},
+          "device": {{"platform": opt("--fake-platform", "cpu"), "device_kind": "cpu", "slug": "cpu"}},
           "checkpoint": {{"id": "fake", "source": "builtin:default"}}}}}})
     first = True
     for line in sys.stdin.buffer:
@@ -189,6 +190,18 @@ def test_a_build_without_a_worker_falls_back_to_processes(tmp_path: Path, fake_p
     m = _manifest(_ab_run(runs))
     assert m["ab"]["mode"] == "processes" and m["ab"]["pairs"] == 3
     assert m["ab"]["sides"]["B"]["command_line"][1:4] == ["-m", "bench", "sweep"]
+
+
+def test_a_worker_on_an_accelerator_falls_back_to_processes(tmp_path: Path, fake_python: str, capsys) -> None:
+    runs = tmp_path / "runs"
+    code, out, err = bench_captured(["ab", "--python", fake_python, "--a", "--fake-platform tpu", "--b",
+                                     "--fake-platform tpu", "--pairs", "3", "--runs-dir", str(runs)], capsys)  # fmt: skip
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "which one process at a time can hold (a TPU)" in line]
+    assert len(said) == 1 and said[0].startswith("side A's worker runs on tpu")
+    m = _manifest(_ab_run(runs))
+    assert m["ab"]["mode"] == "processes" and m["ab"]["verdict"]["pairs"] == 3
+    assert not any(r["kind"] == "warmup" and r["exit_code"] == "" for r in _pairs(_ab_run(runs)))  # no worker's row
 
 
 # ---- process mode -------------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@
 
 `pairs.csv` holds one row per measurement (a worker's request, or a `python -m bench sweep` process), in the order
 they ran, warm-ups first: `Measurement`'s fields, `repeat_values` as JSON text (sessions archived before worker mode
-lack the last two columns, `step_ms` and `delay_ms`; they read as None). The manifest's top-level `kind` is "ab" and its `ab`
-object holds the mode ("workers" or "processes"; absent before worker mode: processes), the sides (text, build,
+lack the last two columns, `step_ms` and `delay_ms`; they read as None). The manifest's top-level `kind` is "ab"
+and its `ab` object holds the mode ("workers" or "processes"; absent before worker mode: processes), the sides (text, build,
 flags, checkout, commit, build ids, the command line of a measurement or of the worker), the cell, the metric, the
 order of the pairs, the statistics' settings, the verdict (`bench.ab.stats.AbVerdict`), and `test_injection` where
 a test-only slowdown was set.

@@ -5,8 +5,9 @@ The session, in order:
 1. each side's checkout is located (`bench.ab.sides`; a git ref is checked out in a temporary worktree), and the
    mode chosen: "workers" (the default; `bench.ab.workers`: one long-lived worker process per side, each
    measurement one request) or "processes" (`bench.ab.processes`: each measurement a whole `bench sweep`
-   process). A side whose checkout has no worker (a build older than worker mode) makes the session fall back to
-   processes, said in one line;
+   process). A side whose checkout has no worker (a build older than worker mode), or a device other than the CPU
+   (a TPU opens in one process at a time; a GPU's memory is preallocated per process), makes the session fall back
+   to processes, said in one line;
 2. the warm-ups (archived, never in a figure; one that fails stops the session: InputError, the side's flags or
    build are at fault), and the test-only slowdown's wait where one is asked for (`slowdown_wait_ms`);
 3. `pairs` pairs in the order ABBA: pair k runs A then B when k is even, B then A when k is odd, so that a steady
@@ -49,6 +50,7 @@ from bench.ab.plan import (  # noqa: F401 (the plan's names, re-exported: `bench
 from bench.ab.protocol import has_worker
 from bench.ab.sides import Checkout, checked_out
 from bench.ab.stats import ab_verdict, pair_ratios
+from bench.errors import InputError
 
 def choose_mode(plan: AbPlan, checkouts: tuple[Checkout, Checkout], progress: Callable[[str], None]) -> str:
     """The session's mode: `plan.mode`, or "processes" when it is "workers" and a side's checkout has no worker
@@ -62,6 +64,17 @@ def choose_mode(plan: AbPlan, checkouts: tuple[Checkout, Checkout], progress: Ca
     progress(f"side {side.name} ({c.kind}{' ' + c.commit[:12] if c.commit else ''}) has no `bench ab` worker (a build "
              "older than worker mode): each measurement runs as its own `bench sweep` process (--mode processes)")  # fmt: skip
     return "processes"
+
+
+def _in_mode(plan: AbPlan, mode: str, why: str | None = None) -> AbPlan:
+    """`plan` in the mode the session runs in (its default pairs are the mode's). InputError (one line) when it
+    falls back to processes with `--metric cpu`, which only a worker measures (`why`: the reason it falls back)."""
+    if mode == plan.mode:
+        return plan
+    if plan.cell.metric == "cpu":
+        raise InputError(f"--metric cpu: worker mode only, and this session falls back to process mode ({why or 'a '
+                         'side has no worker'}); measure with --metric gauge")  # fmt: skip
+    return dataclasses.replace(plan, mode=mode)
 
 
 def _ab_manifest(plan: AbPlan, mode: str, sweep_manifest: dict[str, Any], injection: dict | None) -> dict[str, Any]:
@@ -115,7 +128,7 @@ def run_session(plan: AbPlan, *, here: Path, progress: Callable[[str], None] = l
     `bench.ab.channel.WorkerError` when a worker ends during the pairs (the run is kept, failed); RunFolderError
     when the run folder cannot be written."""
     from bench.ab.processes import ProcessMeasurer
-    from bench.ab.workers import WorkerMeasurer
+    from bench.ab.workers import NotOnThisDevice, WorkerMeasurer
     from bench.runs import create_run, free_label, writing_run
 
     plan.check()
@@ -124,14 +137,21 @@ def run_session(plan: AbPlan, *, here: Path, progress: Callable[[str], None] = l
         with contextlib.ExitStack() as stack:
             a = stack.enter_context(checked_out(plan.a, here, progress))
             b = stack.enter_context(checked_out(plan.b, here, progress))
-            mode = choose_mode(plan, (a, b), progress)
+            plan = _in_mode(plan, choose_mode(plan, (a, b), progress))
             ta, tb = Target(plan.a, a), Target(plan.b, b)
             for t in (ta, tb):
                 progress(f"side {t.side.describe()} ({t.checkout.kind}: {t.checkout.root})")
-            measurer = (WorkerMeasurer if mode == "workers" else ProcessMeasurer)(plan, ta, tb, scratch, progress)
+            measurer = (WorkerMeasurer if plan.mode == "workers" else ProcessMeasurer)(plan, ta, tb, scratch, progress)
             stack.callback(measurer.close)
-            sweep_manifest = measurer.prepare()
-            manifest = _ab_manifest(plan, mode, sweep_manifest, measurer.injection)
+            try:
+                sweep_manifest = measurer.prepare()
+            except NotOnThisDevice as exc:  # an accelerator: one process at a time holds it
+                measurer.close()
+                plan = _in_mode(plan, "processes", str(exc))
+                progress(str(exc))
+                measurer = ProcessMeasurer(plan, ta, tb, scratch, progress)
+                sweep_manifest = measurer.prepare()
+            manifest = _ab_manifest(plan, plan.mode, sweep_manifest, measurer.injection)
             slug = (manifest["device"] or {}).get("slug") or "unknown"
             label = plan.label or free_label(plan.runs_dir, "ab", slug)
             with writing_run(lambda: create_run(plan.runs_dir, label, slug, manifest)) as run:

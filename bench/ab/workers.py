@@ -3,8 +3,9 @@ side (`bench.ab.channel`, `bench.ab.worker`), started once in its side's checkou
 and the session alternating them request by request, so that the two measurements of a pair are seconds apart
 instead of minutes.
 
-- **start**: both workers start at once (each loads its engine meanwhile); each says "ready" with the manifest
-  `bench sweep` would write for its engine (build id, device, checkpoint).
+- **start**: A's worker, then B's (each loads its engine, then says "ready" with the manifest `bench sweep` would
+  write for it: build id, device, checkpoint); a device other than the CPU (`WORKER_PLATFORMS`) ends worker mode
+  (`NotOnThisDevice`: the session falls back to process mode).
 - **warm-ups**: `WARMUP_ROUNDS` rounds of one request of A then one of B (the first compiles, or reads the
   persistent compilation cache); archived, never in a figure.
 - **the test-only slowdown** (`AbPlan.test_slowdown_b`): A's cost per token is taken from its warm-ups after the
@@ -24,8 +25,11 @@ from bench.ab.channel import Worker
 from bench.ab.protocol import WORKER_COMMAND
 from bench.ab.plan import A_COST, A_WAIT_MS, METRICS, AbPlan, Target, a_cost, environment, injection_record, \
     measured_line, slowdown_wait_ms  # fmt: skip
-from bench.errors import InputError
+from bench.errors import BenchError, InputError
 
+WORKER_PLATFORMS = ("cpu",)
+"""The devices two workers can hold at once. A TPU opens in one process at a time (the second worker could not
+start), and JAX preallocates most of a GPU's memory in each process: there a session runs in process mode."""
 WARMUP_ROUNDS = 3
 """Warm-up rounds (one request of A, then one of B) before the pairs: the first compiles, the others run warm and
 give A's value for the test-only slowdown (a stated choice)."""
@@ -36,6 +40,11 @@ def worker_argv(plan: AbPlan, target: Target) -> list[str]:
     the session injects a slowdown, and the side's flags (last, so the worker's parser names a bad one)."""
     allow = ["--allow-test-delay"] if plan.test_slowdown_b else []
     return [plan.python, "-m", "bench", WORKER_COMMAND, *plan.cell.worker_args(), *allow, *target.side.flags]
+
+
+class NotOnThisDevice(BenchError):
+    """The first worker runs on a device two workers cannot share (`WORKER_PLATFORMS`); its message is the line
+    the session says before it falls back to process mode."""
 
 
 class WorkerMeasurer:
@@ -70,15 +79,19 @@ class WorkerMeasurer:
         return row
 
     def prepare(self) -> dict[str, Any]:
-        """Start both workers, wait until they are ready, run the warm-ups and set the test-only waits; A's sweep
-        manifest. InputError (the side's last log lines) for a worker that ends before it is ready or whose first
-        warm-up measures nothing."""
+        """Start the workers, A's first, each ready before the next, run the warm-ups and set the test-only waits;
+        A's sweep manifest. InputError (the side's last log lines) for a worker that ends before it is ready or
+        whose first warm-up measures nothing; NotOnThisDevice when a worker's device is not one two workers share."""
         a, b = self.targets
-        for w in self.workers.values():
-            w.start()
         manifests = {}
-        for t in (a, b):
+        for t in (a, b):  # A first: its device says whether B's worker can hold it too
+            self.workers[t.side.name].start()
             msg = self.workers[t.side.name].ready()
+            platform = (msg["manifest"].get("device") or {}).get("platform")
+            if platform not in WORKER_PLATFORMS:
+                raise NotOnThisDevice(f"side {t.side.name}'s worker runs on {platform}, which one process at a time "
+                                      "can hold (a TPU) or whose memory each process preallocates (a GPU): each "
+                                      "measurement runs as its own `bench sweep` process (--mode processes)")  # fmt: skip
             manifests[t.side.name] = msg["manifest"]
             self.build_id[t.side.name] = msg["manifest"].get("build_id")
             self.progress(f"side {t.side.name}'s worker is ready: build id {self.build_id[t.side.name]}, engine "
