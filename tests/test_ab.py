@@ -426,7 +426,9 @@ def test_real_workers_speak_the_protocol_end_to_end(tmp_path: Path) -> None:
 # from other work on the 2-core host (docs/commands/ab.md, "The metric on a busy CPU host"): the gauge's pairs
 # scattered with a standard deviation of ln(B / A) of 0.40-0.54 (the archived A/A session
 # runs/2026-12-07-ab-aa-workers-cpu), the CPU rate's of 0.04 on the default cell (runs/2026-12-07-ab-aa-workers-
-# cputime-cpu: "not resolved: -2.4% (95% CI -4.6%..+0.0%)") and 0.13-0.21 on 32-token requests.
+# cputime-cpu: "not resolved: -2.4% (95% CI -4.6%..+0.0%)") and 0.13-0.21 on 32-token requests. These two canaries,
+# run at a load average of 11 (19:37-19:44 UTC): A/A median ratio 1.022, not resolved; 10% slowdown 0.915, resolved
+# slower; about 3 minutes each.
 REAL_CELL = ["--pairs", "16", "--metric", "cpu"]
 """The canaries' session: the default cell (41 input tokens, 64 new) of the default preset, 16 pairs, the CPU rate
 (about 2-3 minutes on the busy 2-core host, the workers' start included)."""
@@ -437,6 +439,8 @@ REAL_CELL = ["--pairs", "16", "--metric", "cpu"]
 def test_real_aa_session_is_not_resolved(tmp_path: Path, canary_figure) -> None:
     verdict = _real_ab(tmp_path, *REAL_CELL)["ab"]["verdict"]
     canary_figure("A/A median ratio (cpu)", verdict["median"], bound="interval reaches within 1% of 1")
+    canary_figure("A/A interval, low end", verdict["lo"])
+    canary_figure("A/A interval, high end", verdict["hi"])
     assert verdict["resolved"] is None, verdict["text"]
 
 
@@ -445,4 +449,5 @@ def test_real_aa_session_is_not_resolved(tmp_path: Path, canary_figure) -> None:
 def test_real_ten_percent_slowdown_is_resolved(tmp_path: Path, canary_figure) -> None:
     verdict = _real_ab(tmp_path, *REAL_CELL, "--test-slowdown-b", "10%")["ab"]["verdict"]
     canary_figure("slowed B / A median ratio (cpu)", verdict["median"], bound="resolved slower")
+    canary_figure("slowed B / A interval, high end", verdict["hi"], bound="below 1 / 1.01")
     assert verdict["resolved"] == "slower", verdict["text"]
