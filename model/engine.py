@@ -805,11 +805,16 @@ def _dispatched_ahead(step: Callable, cache, token_B: jax.Array, steps: int) -> 
 
 @functools.lru_cache(maxsize=None)
 def _delay_program(seconds: float) -> Callable:
-    """Test only: a jitted identity of a token array that sleeps `seconds` on the host inside the program (a
-    `jax.pure_callback`), so the next step, which takes its output, waits for it on the device's stream."""
+    """Test only: a jitted identity of a token array that works `seconds` of CPU time on the host inside the
+    program (a `jax.pure_callback` that spins until its thread's CPU time, `time.thread_time`, has advanced by
+    `seconds`), so the next step, which takes its output, waits for it on the device's stream. Work rather than a
+    sleep: it costs the same CPU time however busy the host is, and its wall time grows with the host's load as a
+    step's own work does (a sleep would cost nothing in CPU time and wake late on a busy host)."""
 
     def wait(token):
-        time.sleep(seconds)
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
         return token
 
     return jax.jit(lambda t: jax.pure_callback(wait, jax.ShapeDtypeStruct(t.shape, t.dtype), t))
@@ -855,8 +860,8 @@ def check_engine_switches() -> None:
         import logging
 
         logging.getLogger("model.engine").warning(
-            f"{TEST_DELAY_ENV} is set: every host-loop decode step waits {1e3 * injected_decode_delay_s():g} ms more "
-            "(a test-only slowdown; recorded in the run's manifest as test_injection)")
+            f"{TEST_DELAY_ENV} is set: every host-loop decode step does {1e3 * injected_decode_delay_s():g} ms more "
+            "CPU work (a test-only slowdown; recorded in the run's manifest as test_injection)")
 
 
 def load_engine(checkpoint, *, policy: DevicePolicy | None = None, max_length: int | None = None,

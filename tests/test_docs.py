@@ -49,8 +49,9 @@ def _nav_pages() -> list[str]:
 def _bench_commands() -> list[str]:
     from bench.cli import _register, app
 
-    _register([])  # every command module, as `bench --help` sees them
-    return sorted([c.name or c.callback.__name__ for c in app.registered_commands] +
+    _register([])  # every command module, as `bench --help` sees them (hidden ones, such as `bench ab-worker`,
+    # which `bench ab` starts, are not a user's commands)
+    return sorted([c.name or c.callback.__name__ for c in app.registered_commands if not c.hidden] +
                   [g.name for g in app.registered_groups])  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.ab.archive import is_ab_run, read_pairs
+from bench.ab.archive import is_ab_run, read_pairs, session_mode
 from bench.ab.stats import pair_ratios, pct
 from bench.errors import RunFolderError
 from bench.report.document import Bullets, Section
@@ -21,6 +21,18 @@ def split_ab_views(views: list[Any]) -> tuple[list[Any], list[Any]]:
     """(the A/B sessions among `views` (report `RunView`s), the other runs), each in the given order."""
     ab = [v for v in views if is_ab_run(v.m)]
     return ab, [v for v in views if not is_ab_run(v.m)]
+
+
+def injection_text(inj: dict[str, Any]) -> str:
+    """One line on a session's test-only slowdown (`ab.test_injection`): "side B's decode steps did 2.655 ms more
+    CPU work each, for 10% less gauge than A (A's cost 23.90 ms per token, the lower quartile of ...; A's 0.001
+    ms)", or, for a session archived before the slowdown was a share, "side B ran with a 2 ms decode delay per
+    step"."""
+    if inj.get("share_pct") is None:
+        return f"side {inj.get('side')} ran with a {inj.get('decode_delay_ms')} ms decode delay per step"
+    return (f"side {inj.get('side')}'s decode steps did {inj.get('delay_ms'):.3f} ms more CPU work each, for "
+            f"{inj.get('share_pct'):g}% less {inj.get('metric')} than A (A's cost {inj.get('a_cost_ms'):.2f} ms per "
+            f"token, {inj.get('a_cost')}; A's {inj.get('a_delay_ms'):g} ms), a deliberate slowdown")  # fmt: skip
 
 
 def _fmt(x: float | None) -> str:
@@ -50,21 +62,22 @@ def session_table(view: Any) -> Table:
     stats = ab.get("statistics") or {}
     cell = ab.get("cell") or {}
     warmups = sum(1 for m in rows if m.kind == "warmup")
+    mode = session_mode(view.m)
+    each = ("one request in each side's long-lived worker" if mode == "workers" else
+            f"a `bench sweep` process of {cell.get('repeats')} timed repeats (their median)")  # fmt: skip
     notes = [
         f"verdict: {verdict.get('text') or 'none (fewer than 2 pairs with two valid measurements)'}",
         *(f"side {s}: {(ab.get('sides') or {}).get(s, {}).get('text') or '(this checkout)'}; build id "
           f"{', '.join((ab.get('sides') or {}).get(s, {}).get('build_ids') or []) or '—'}" for s in ("A", "B")),
-        f"cell: {cell.get('input_tokens')} input tokens, {cell.get('max_new_tokens')} new tokens, {cell.get('repeats')} "
-        f"timed repeats per measurement; {warmups} warm-up measurement(s) before the pairs, not in any figure",
+        f"cell: {cell.get('input_tokens')} input tokens, {cell.get('max_new_tokens')} new tokens; a measurement is "
+        f"{each} ({mode} mode); {warmups} warm-up measurement(s) before the pairs, not in any figure",
         f"method: the median of the per-pair ratios B / A, {100 * (stats.get('confidence') or 0):g}% percentile "
         f"bootstrap interval ({stats.get('resamples') or 0:,} resamples of the pairs, seed {stats.get('seed')}); "
         f"a change is claimed beyond +-{stats.get('min_effect_pct', 0):g}% (docs/method.md, \"A/B runs\")",
     ]  # fmt: skip
     notes += [f"warning: {line}" for line in ab.get("warnings") or []]
     if ab.get("test_injection"):
-        inj = ab["test_injection"]
-        notes.append(f"TEST-ONLY: side {inj.get('side')} ran with a {inj.get('decode_delay_ms')} ms decode delay per "
-                     "step (a deliberate slowdown)")  # fmt: skip
+        notes.append(f"TEST-ONLY: {injection_text(ab['test_injection'])}")
     title = f"{view.name}: {ab.get('metric', 'gauge')} tok/s, B against A, ABBA order"
     return Table(title=title, header=["pair", "order", "A tok/s", "B tok/s", "B / A", "change"], rows=table_rows,
                  notes=notes, kind="ab")  # fmt: skip
@@ -76,9 +89,9 @@ def ab_sections(views: list[Any]) -> list[Section]:
     sessions = [v for v in views if is_ab_run(v.m)]
     if not sessions:
         return []
-    intro = ("Paired sessions of `bench ab`: two builds or configurations measured alternately in one session, "
-             "each measurement its own process. Their ratios belong to their session and are not set beside the "
-             "sweep runs above.")  # fmt: skip
+    intro = ("Paired sessions of `bench ab`: two builds or configurations measured alternately in one session "
+             "(worker mode: request by request in one long-lived process per side; process mode: each measurement "
+             "its own process). Their ratios belong to their session and are not set beside the sweep runs above.")  # fmt: skip
     blocks: list[Any] = [intro]
     broken = []
     for v in sessions:

@@ -294,17 +294,18 @@ def _point_interval(b: CellRow, c: CellRow, metric: str, reps_b: list[float], re
 
 
 def calibration_noise(run: str | Path | RunFolder) -> tuple[str, float, int]:
-    """(name, noise %, pairs) of an A/A session (`bench ab` with one build on both sides, `ab.aa` true):
+    """(name, noise %, pairs) of an A/A session of process mode (`bench ab` with one build on both sides, `ab.aa`
+    true; `bench.ab.archive.is_calibration`):
     `bench.ab.stats.aa_noise_pct` of its valid pairs' ratios. RunFolderError for a run that is not a complete
     A/A session with at least 3 valid pairs."""
-    from bench.ab.archive import is_ab_run, paired_values, read_pairs
+    from bench.ab.archive import is_calibration, paired_values, read_pairs
     from bench.ab.stats import aa_noise_pct, pair_ratios
 
     folder = run if isinstance(run, RunFolder) else open_complete_run(run)
-    ab = folder.manifest.get("ab") or {}
-    if not is_ab_run(folder.manifest) or not ab.get("aa"):
-        raise RunFolderError(f"{folder.path}: not an A/A session of `bench ab` (one build, the same flags on both "
-                             "sides); pass one as --calibration, or --calibration none")  # fmt: skip
+    if not is_calibration(folder.manifest):
+        raise RunFolderError(f"{folder.path}: not an A/A session of `bench ab` in process mode (one build, the same "
+                             "flags on both sides, each measurement a run: a worker-mode session pairs requests "
+                             "seconds apart, not runs); pass one as --calibration, or --calibration none")  # fmt: skip
     pairs = paired_values(read_pairs(folder.path))
     if len(pairs) < 3:
         raise RunFolderError(f"{folder.path}: {len(pairs)} valid pair(s); a calibration needs at least 3")
@@ -313,9 +314,9 @@ def calibration_noise(run: str | Path | RunFolder) -> tuple[str, float, int]:
 
 
 def find_calibration(runs_dir: str | Path, manifest: dict[str, Any]) -> Path | None:
-    """The latest complete A/A session in `runs_dir` measured on the device kind and host CPU model of
+    """The latest complete process-mode A/A session in `runs_dir` measured on the device kind and host CPU model of
     `manifest` (a run's), None when there is none (or no such folder)."""
-    from bench.ab.archive import is_ab_run
+    from bench.ab.archive import is_calibration
     from bench.runs import list_runs, open_run
 
     root = Path(runs_dir)
@@ -331,7 +332,7 @@ def find_calibration(runs_dir: str | Path, manifest: dict[str, Any]) -> Path | N
         except RunFolderError:
             continue
         got = (_get(m, ("device", "device_kind")), _get(m, ("host", "cpu_model")))
-        if is_ab_run(m) and (m.get("ab") or {}).get("aa") and got == want:
+        if is_calibration(m) and got == want:
             if best is None or (summary.started_at or "") > (best.started_at or ""):
                 best = summary
     return best.path if best is not None else None
