@@ -87,8 +87,11 @@ def test_expert_parallel_by_hand():
     whole = weight_bytes_by_component(SMALL, 2).decode_bytes  # reads 2 experts per layer
     assert share.decode_weight_bytes == whole - 2 * 2 * 144  # 1 expert of 144 scalars per layer fewer, 2 bytes
     assert share.step_read_bytes == share.decode_weight_bytes + 2 * 192
-    (ar,) = share.collectives  # one all-reduce of [2, 8] bf16 per layer
-    assert (ar.count, ar.payload, ar.sent) == (2, 32, 32)
+    (ar,) = share.collectives  # one all-reduce of [2, 8] per layer, float32 (the engine's combine), not bf16
+    assert (ar.count, ar.payload, ar.sent) == (2, 64, 64)
+    # worst case: both routed experts on one device (min(2, 4 / 2) = 2): it reads what one device reads
+    assert (share.experts_worst, share.expert_slice_bytes) == (2, 144 * 2)
+    assert share.worst_decode_weight_bytes == whole
 
 
 @pytest.mark.parametrize("cfg,mesh,needle", [

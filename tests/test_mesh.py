@@ -52,8 +52,8 @@ def test_bad_mesh_text_is_one_line(text):
     (dataclasses.replace(TINY, vocab_size=510, ple_vocab_size=512), "tp=4", ("tp=4", "vocabulary rows (510)")),
     (dataclasses.replace(TINY, ple_vocab_size=510), "tp=4", ("tp=4", "PLE vocabulary rows (510)")),
     (TINY, "ep=2", ("ep=2", "no experts")),
-    (dataclasses.replace(TINY, num_experts=4, top_k_experts=2, moe_intermediate_size=16), "ep=2",
-     ("ep=2", "does not place experts")),
+    (dataclasses.replace(TINY, num_experts=4, top_k_experts=2, moe_intermediate_size=16), "ep=3",
+     ("ep=3", "does not divide the model's 4 experts", "expected ep in 1, 2, 4")),
 ])  # fmt: skip
 def test_a_mesh_the_model_cannot_split_is_refused_with_the_numbers(cfg, text, numbers):
     with pytest.raises(MeshError) as err:
