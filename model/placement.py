@@ -55,8 +55,8 @@ ARGMAX_ITEMSIZE = 4
 COMBINE_ITEMSIZE = 4
 """Bytes of each value of the ep combine's all-reduce: the experts' partial outputs are summed in float32
 (`model.moe.grouped_expert_products`), whatever the activations' dtype."""
-ROUTING_ASSUMED = ("balanced routing: each device reads ceil(top_k / ep) experts per layer (dummy weights' "
-                   "routing; a trained router's varies per step)")  # fmt: skip
+ROUTING_ASSUMED = ("balanced routing, ceil(top_k / ep): dummy weights route so; a trained router's choice varies "
+                   "per step")  # fmt: skip
 """The routing the ep prediction assumes, in words (the inspector prints it)."""
 
 
@@ -220,6 +220,16 @@ class DeviceShare:
     def step_read_bytes(self) -> int:
         """Bytes the slowest device reads in one decode step: its weights read + every row's KV read."""
         return self.decode_weight_bytes + self.batch * self.kv_read_bytes_per_row
+
+    @property
+    def routing(self) -> str:
+        """The routing the slowest device's expert reads assume, in words, with the worst case's bytes ("" off ep
+        or without experts)."""
+        if self.mesh.ep == 1 or not self.expert_slice_bytes:
+            return ""
+        return (f"experts: the slowest device reads {self.experts_read} per layer ({ROUTING_ASSUMED}); worst case, "
+                f"every chosen expert on one device: {self.experts_worst} per layer, "
+                f"{self.worst_decode_weight_bytes:,} bytes of weights")  # fmt: skip
 
     @property
     def worst_decode_weight_bytes(self) -> int:

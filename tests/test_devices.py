@@ -123,6 +123,19 @@ def test_the_31b_prediction_on_four_v5e(capsys):
     assert fit["fits"] and fit["prediction"]["tok_s"] == predict(device_named("tpu-v5e"), share).tok_s
 
 
+def test_the_26b_a4b_expert_parallel_prediction_states_its_routing(capsys):
+    r = _inspect(["--preset", "26b-a4b", "--quant", "w4", "--mesh", "ep=4", "--device", "tpu-v5e"], capsys)
+    assert r.returncode == 0, r.stderr
+    share = device_share(G26B_A4B, parse_mesh("ep=4"), itemsize=2, context=8192, quant=parse_quant("w4"))
+    one = device_share(G26B_A4B, ONE_DEVICE, itemsize=2, context=8192, quant=parse_quant("w4"))
+    # balanced: 2 of the 8 routed experts per device; worst case all 8 on one device: one device's weight reads
+    assert (share.experts_read, share.experts_worst) == (2, 8)
+    assert share.worst_decode_weight_bytes == one.decode_weight_bytes
+    assert share.decode_weight_bytes == one.decode_weight_bytes - 6 * 30 * share.expert_slice_bytes
+    assert "balanced routing, ceil(top_k / ep)" in r.stdout and f"{one.decode_weight_bytes:,} bytes" in r.stdout
+    assert "30 all-reduce of experts' output [B, D] (float32)" in r.stdout
+
+
 def test_a_run_s_measured_read_rate_replaces_the_datasheet(capsys):
     run = "runs/2026-12-07-tpu-e2b-w4-tpuv5e"  # archived: read 749,641,730,115 bytes/s (the Pallas stream probe)
     r = _inspect(["--preset", "31b", "--quant", "w4", "--mesh", "tp=4", "--device", "tpu-v5e", "--read-rate", run,

@@ -66,6 +66,18 @@ def test_published_shapes_split(cfg, tp):
     check_mesh(cfg, Mesh(axis="tp", size=tp))  # E2B's one KV head copied, E4B's two split at 2 and copied at 4
 
 
+@pytest.mark.parametrize("ep", [1, 2, 4, 8])
+def test_expert_parallel_splits_the_moe_preset(ep):
+    from model.config import PRESETS
+
+    check_mesh(PRESETS["tiny-moe"], Mesh(axis="ep", size=ep))  # 8 experts: ep divides them, the engine places them
+
+
+def test_tensor_and_expert_parallel_together_is_refused_in_one_line():
+    with pytest.raises(MeshError, match="expected one axis, tp=N or ep=N"):
+        parse_mesh("tp=2,ep=2")
+
+
 def test_more_devices_than_there_are_is_refused_in_one_line():
     import jax
 
