@@ -244,15 +244,22 @@ def moe_fields() -> tuple[str, ...]:
     return EXPERT_LEAVES
 
 
-def test_each_device_reads_its_experts_and_the_prediction_counts_the_same_bytes():
-    """Balanced routing at ep=2: each device reads ceil(3 / 2) = 2 experts per layer of its own (the measured
-    shards, `device_steps`), what `model.placement.device_share` predicts, byte for byte, and the step's only
-    collectives are the per-layer all-reduce of the [1, D] float32 combine the prediction counts."""
+def test_each_device_reads_its_experts_and_the_prediction_counts_the_same_bytes(monkeypatch, tmp_path):
+    """Dummy tiny-moe weights with balanced routing loaded at ep=2 (`load_engine`, as `--checkpoint random:tiny-moe
+    --mesh ep=2` with GEMMA4_BENCH_EXPERT_ROUTING=balanced): each device reads ceil(3 / 2) = 2 experts per layer
+    of its own (the placed shards, `device_steps`), what `model.placement.device_share` predicts, byte for byte,
+    and the step's only collectives are the per-layer all-reduce of the [1, D] float32 combine it counts."""
     from model.placement import ONE_DEVICE, device_share
+    from model.random_weights import ROUTING_ENV
 
+    monkeypatch.setenv("GEMMA4_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv(ROUTING_ENV, "balanced")
+    engine, _ = load_engine("random:tiny-moe", policy=decide_policy("float32"), max_length=64, log_policy=False,
+                            mesh=parse_mesh("ep=2"))  # fmt: skip
+    assert engine.cfg == BALANCED_MOE and engine.layout.ep == 2
     share = device_share(BALANCED_MOE, parse_mesh("ep=2"), itemsize=4, context=16, scale_itemsize=4)
     assert share.experts_read == 2 and share.experts_worst == 3
-    steps = device_steps(_engine(BALANCED_MOE, "ep=2"), len(PROMPTS[0]), NEW)
+    steps = device_steps(engine, len(PROMPTS[0]), NEW)
     assert [s.weight_bytes for s in steps] == [share.decode_weight_bytes] * 2
     alone = device_share(BALANCED_MOE, ONE_DEVICE, itemsize=4, context=16)
     assert share.decode_weight_bytes == alone.decode_weight_bytes - MOE.num_layers * share.expert_slice_bytes
