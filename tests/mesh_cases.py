@@ -1,5 +1,5 @@
 """The engine over a device mesh (`model.sharding`) on CPU with forced host devices: greedy tokens at tp = 2 and 4
-equal one device's, and what each device reads and communicates (docs/engine.md, "Several devices").
+and ep = 2 and 4 equal one device's, and what each device reads and communicates (docs/engine.md, "Several devices").
 
 Not collected by the suite itself (the file name): jax must start with several host devices, which the flag
 XLA_FLAGS=--xla_force_host_platform_device_count=8 does only before jax initialises, so tests/test_mesh.py runs
@@ -29,6 +29,7 @@ from model.quantspec import parse_quant
 from model.sharding import (
     SPLIT_AXIS,
     device_steps,
+    group_layer,
     make_layout,
     parse_mesh,
     place_params,
@@ -201,7 +202,8 @@ def test_moe_at_ep_gives_one_devices_tokens(ep):
     assert _tokens(engine) == _alone(MOE)
 
 
-@pytest.mark.parametrize("quant", ["w4:16", pytest.param("w8", marks=HEAVY)])
+@HEAVY
+@pytest.mark.parametrize("quant", ["w4:16", "w8"])
 def test_quantized_experts_at_ep_2_give_one_devices_tokens(quant):
     engine = _engine(MOE, "ep=2", quant)
     leaf = engine.params.layers[0].experts_down_EDF  # values and scales both split by expert
@@ -216,7 +218,6 @@ def test_grouped_experts_read_the_chosen_experts_only():
     import numpy as np
 
     from model import moe
-    from model.sharding import group_layer
 
     layout = make_layout(parse_mesh("ep=4"))
     lp = jax.tree_util.tree_map(jnp.asarray, init_params(MOE, seed=0)).layers[0]
@@ -236,6 +237,34 @@ def test_grouped_experts_read_the_chosen_experts_only():
         want = np.asarray(products(lp, x, idx, w, MOE.num_experts))
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("quant", ["w4:16", "w8"])
+def test_grouped_quantized_experts_equal_one_devices_products(quant):
+    """The same at ep=2 with quantized experts (`make test`'s quick form of the heavy token test above): values and
+    scales split by expert, the product equal to one device's."""
+    import numpy as np
+
+    from model import moe
+    from model.sharding import leaf_shardings
+
+    layout = make_layout(parse_mesh("ep=2"))
+    params = jax.tree_util.tree_map(jnp.asarray, init_params(MOE, seed=0))
+    lp = quantize_params(params, parse_quant(quant), scale_dtype=jnp.float32).layers[1]
+    grouped = group_layer(lp, MOE, 1, 1, 2)
+    placed = dataclasses.replace(grouped, **{f: jax.device_put(getattr(grouped, f),
+                                                               leaf_shardings(f, getattr(grouped, f), layout))
+                                             for f in moe_fields()})  # fmt: skip
+    for f in moe_fields():
+        for a in (getattr(placed, f).values, getattr(placed, f).scales):
+            assert a.sharding.shard_shape(a.shape)[:2] == (1, MOE.num_experts // 2)
+    products = jax.jit(moe.expert_products, static_argnums=4)
+    rng = np.random.default_rng(1)
+    for n_tok in (1, 9):
+        x = jnp.asarray(rng.standard_normal((n_tok, MOE.hidden_size)), jnp.float32)
+        idx, w = moe.route(lp, MOE, x, layer=1)
+        np.testing.assert_allclose(np.asarray(products(placed, x, idx, w, MOE.num_experts)),
+                                   np.asarray(products(lp, x, idx, w, MOE.num_experts)), rtol=1e-6, atol=1e-6)
 
 
 def moe_fields() -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """The device mesh (`model.sharding`, docs/engine.md, "Several devices"): its text, its refusals (one line, with
 the numbers) before anything loads, the grouped columns of the fused weights, and, in a pytest process of its own
-with 8 forced host devices (tests/mesh_cases.py), greedy tokens at tp = 2, 4 (and 8) equal one device's."""
+with 8 forced host devices (tests/mesh_cases.py), greedy tokens at tp = 2, 4 (and 8) and at ep = 2 (and 4) equal
+one device's."""
 
 from __future__ import annotations
 
