@@ -29,10 +29,12 @@ from model.quantspec import parse_quant
 from model.sharding import (
     SPLIT_AXIS,
     device_steps,
+    device_weight_bytes,
     group_layer,
     make_layout,
     parse_mesh,
     place_params,
+    routed_experts,
 )
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 host devices: run through tests/test_mesh.py "
@@ -292,6 +294,9 @@ def test_each_device_reads_its_experts_and_the_prediction_counts_the_same_bytes(
     assert [s.weight_bytes for s in steps] == [share.decode_weight_bytes] * 2
     alone = device_share(BALANCED_MOE, ONE_DEVICE, itemsize=4, context=16)
     assert share.decode_weight_bytes == alone.decode_weight_bytes - MOE.num_layers * share.expert_slice_bytes
+    one = jax.tree_util.tree_map(jnp.asarray, init_params(MOE, seed=0))  # one device: top_k = 3 experts per layer
+    reads = device_weight_bytes(one, jax.devices()[0], routed_experts(BALANCED_MOE, None))
+    assert reads == alone.decode_weight_bytes
     (combine,) = share.collectives
     assert steps[0].collective_bytes == {"all-reduce": combine.count * combine.payload}
     assert steps[0].collectives == {"all-reduce": MOE.num_layers}
