@@ -27,6 +27,9 @@ array: a step reads the weights of its tiles' experts only.
   padded to a whole number of tiles of M rows (M the power of two >= N*K / E, at most `MAX_TILE`), and the
   tiles past the last used one are skipped (`jax.lax.cond`), so each expert that received tokens is read once per
   M of its rows and experts nobody chose are not read. Padding rows are zeros and are dropped.
+- Expert parallel (ep = G devices, `model.sharding`): the expert leaves are held grouped by device and
+  `grouped_expert_products` walks each device's chosen experts, one slice per trip, the same rule: no whole
+  expert array is ever read.
 Why not `jax.lax.ragged_dot`: it takes a dense weight array (no quantized experts without converting all of
 them), and XLA:CPU ran it slower than computing every expert on every token: scripts/probes/moe_forms.py --small
 (2-core CPU under load, jax 0.12, float32, E = 32, D = 512, I = 128, K = 4), ms per call of one layer's experts,
@@ -223,11 +226,12 @@ def grouped_expert_products(lp, x_ND: jax.Array, idx_NK: jax.Array, w_NK: jax.Ar
     conditional): at decode each device reads max over groups of its owned assignments' experts, ceil(K / G) when
     the K choices fall evenly, K when they all fall on one group (`model.placement`'s prediction states which). A
     group with fewer owned assignments re-reads its last owned expert in the remaining trips (one with none, one
-    of its own experts), products that are masked out (`jnp.where`, so even a NaN there never reaches the sum). The combine sums the groups' partial outputs in float32:
-    contracting the G axis the mesh splits, which XLA's SPMD partitioner lowers to one all-reduce of [N, D]
-    float32 per layer, the only collective of the block (the weights never move). Prefill takes the same walk,
-    one token row per trip (no tiles of rows yet: correct, slower than one device's tiles). x [N, D], idx int32
-    [N, K], w float32 [N, K] as `expert_products`; returns [N, D] in x's dtype."""
+    of its own experts), products that are masked out (`jnp.where`, so even a NaN there never reaches the sum).
+    The combine sums the groups' partial outputs in float32 over the G axis the mesh splits, which XLA's SPMD
+    partitioner lowers to one all-reduce of [N, D] float32 per layer, the only collective of the block (the
+    weights never move; an all-to-all of tokens would gain nothing, every device holding every token). Prefill
+    takes the same walk, one token row per trip (no tiles of rows yet: correct, slower than one device's tiles).
+    x [N, D], idx int32 [N, K], w float32 [N, K] as `expert_products`; returns [N, D] in x's dtype."""
     gu, dn = lp.experts_gate_up_EDX, lp.experts_down_EDF
     g = _expert_groups(gu)
     n_tok, k = idx_NK.shape
