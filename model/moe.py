@@ -206,12 +206,13 @@ def group_expert_leaf(w, groups: int):
 
 def _group_weight(w, local_G: jax.Array):
     """Each group's expert `local_G[g]` (int32 [G], an index into that group's E/G experts) of a grouped leaf
-    [G, E/G, ...]: [G, ...] (a `QuantArray` of those slices' values and scales). A gather batched over G, the
-    axis the mesh splits, so each device reads one slice of its own experts."""
+    [G, E/G, ...]: [G, ...], a `QuantArray` batched over G (its values and scales [G, ...], its static layout one
+    expert's, as `expert_weight` gives: `jax.vmap` maps a function of one expert over it). A gather batched over
+    G, the axis the mesh splits, so each device reads one slice of its own experts."""
     take = jax.vmap(lambda a, i: jax.lax.dynamic_index_in_dim(a, i, 0, keepdims=False))
     if isinstance(w, QuantArray):
         return dataclasses.replace(w, values=take(w.values, local_G), scales=take(w.scales, local_G),
-                                   shape=(w.shape[0], *w.shape[2:]), block=(1, *w.block[2:]))  # fmt: skip
+                                   shape=w.shape[2:], block=w.block[2:])  # fmt: skip
     return take(w, local_G)
 
 
@@ -221,7 +222,9 @@ def grouped_expert_products(lp, x_ND: jax.Array, idx_NK: jax.Array, w_NK: jax.Ar
 
     Every device computes the router's choice (replicated), lists the assignments its group owns (in assignment
     order) and walks them: trip t reads, on every group at once (one gather batched over G), the t-th owned
-    expert's slice of each weight, multiplies that one token row by it, and keeps the product where t is below the
+    expert's slice of each weight, multiplies that one token row by it (`_ffn`, one device's products, mapped
+    over G: a 2-D quantized product keeps its form, the planes of `words` on a TPU included), and keeps the
+    product where t is below the
     group's count. The trips run to the largest group's count (a replicated scalar, so XLA keeps the skip as a
     conditional): at decode each device reads max over groups of its owned assignments' experts, ceil(K / G) when
     the K choices fall evenly, K when they all fall on one group (`model.placement`'s prediction states which). A
@@ -249,9 +252,7 @@ def grouped_expert_products(lp, x_ND: jax.Array, idx_NK: jax.Array, w_NK: jax.Ar
             x_G1D = x_ND[a_G // k][:, None, :]
             local_G = e_n[a_G] // g
             gu_G, dn_G = _group_weight(gu, local_G), _group_weight(dn, local_G)
-            gu_GMX = dense(x_G1D, gu_G, "GMD,GDX->GMX")
-            f = gu_GMX.shape[-1] // 2
-            return dense(gelu(gu_GMX[..., :f]) * gu_GMX[..., f:], dn_G, "GMF,GDF->GMD")[:, 0]
+            return jax.vmap(_ffn)(x_G1D, gu_G, dn_G)[:, 0]  # each group its expert: one device's products
 
         def trip(t):
             return jax.lax.cond(t < trips, one, lambda _: jnp.zeros((g, d), x_ND.dtype), t)
