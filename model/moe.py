@@ -27,6 +27,9 @@ array: a step reads the weights of its tiles' experts only.
   padded to a whole number of tiles of M rows (M the power of two >= N*K / E, at most `MAX_TILE`), and the
   tiles past the last used one are skipped (`jax.lax.cond`), so each expert that received tokens is read once per
   M of its rows and experts nobody chose are not read. Padding rows are zeros and are dropped.
+- Expert parallel (ep = G devices, `model.sharding`): the expert leaves are held grouped by device and
+  `grouped_expert_products` walks each device's chosen experts, one slice per trip, the same rule: no whole
+  expert array is ever read.
 Why not `jax.lax.ragged_dot`: it takes a dense weight array (no quantized experts without converting all of
 them), and XLA:CPU ran it slower than computing every expert on every token: scripts/probes/moe_forms.py --small
 (2-core CPU under load, jax 0.12, float32, E = 32, D = 512, I = 128, K = 4), ms per call of one layer's experts,
@@ -125,7 +128,10 @@ def tile_count(n: int, e: int, m: int) -> int:
 def expert_products(lp, x_ND: jax.Array, idx_NK: jax.Array, w_NK: jax.Array, num_experts: int) -> jax.Array:
     """The experts' output [N, D] (x's dtype): sum over k of w_NK[:, k] * expert_{idx_NK[:, k]}(x), reading only
     the chosen experts' weights (module docstring). x [N, D] is the experts' normed input; idx int32 [N, K],
-    w float32 [N, K] from `route`."""
+    w float32 [N, K] from `route`. Expert leaves grouped for an expert-parallel mesh ([G, E/G, ...],
+    `model.sharding.group_experts`) take `grouped_expert_products`."""
+    if _expert_groups(lp.experts_gate_up_EDX):
+        return grouped_expert_products(lp, x_ND, idx_NK, w_NK, num_experts)
     n_tok, k = idx_NK.shape
     n, d = n_tok * k, x_ND.shape[-1]
     m = tile_rows(n, num_experts)
@@ -174,6 +180,90 @@ def _sorted_tiles(x_ND, e_n, k: int, m: int, num_experts: int, gu, dn) -> jax.Ar
     y_RD = jax.lax.map(tile, jnp.arange(u, dtype=jnp.int32)).reshape(u * m, d)
     y_s = y_RD[row_s]
     return jnp.zeros((n, d), y_RD.dtype).at[order].set(y_s, unique_indices=True)
+
+
+# ---- expert parallel: the experts grouped by device -------------------------------------------------------------
+def _expert_groups(w) -> int:
+    """G for an expert leaf grouped for an expert-parallel mesh ([G, E/G, D, X]: one more axis than [E, D, X]),
+    0 for one in its own form."""
+    return w.shape[0] if len(w.shape) == 4 else 0
+
+
+def group_expert_leaf(w, groups: int):
+    """An expert leaf [E, ...] (dense or `QuantArray`) as [G, E/G, ...] with expert l G + g at [g, l]: experts
+    dealt out in turn, so group g holds experts g, g + G, g + 2G, ... (a step's top-k under balanced routing, K
+    consecutive experts, lands ceil(K / G) on each group). E must be a multiple of G (`model.placement.check_mesh`)."""
+
+    def deal(a):
+        return jnp.swapaxes(a.reshape(a.shape[0] // groups, groups, *a.shape[1:]), 0, 1)
+
+    if isinstance(w, QuantArray):
+        assert w.tiling is None and w.block[0] == 1, (w.tiling, w.block)
+        return dataclasses.replace(w, values=deal(w.values), scales=deal(w.scales),
+                                   shape=(groups, w.shape[0] // groups, *w.shape[1:]), block=(1, *w.block))  # fmt: skip
+    return deal(w)
+
+
+def _group_weight(w, local_G: jax.Array):
+    """Each group's expert `local_G[g]` (int32 [G], an index into that group's E/G experts) of a grouped leaf
+    [G, E/G, ...]: [G, ...], a `QuantArray` batched over G (its values and scales [G, ...], its static layout one
+    expert's, as `expert_weight` gives: `jax.vmap` maps a function of one expert over it). A gather batched over
+    G, the axis the mesh splits, so each device reads one slice of its own experts."""
+    take = jax.vmap(lambda a, i: jax.lax.dynamic_index_in_dim(a, i, 0, keepdims=False))
+    if isinstance(w, QuantArray):
+        return dataclasses.replace(w, values=take(w.values, local_G), scales=take(w.scales, local_G),
+                                   shape=w.shape[2:], block=w.block[2:])  # fmt: skip
+    return take(w, local_G)
+
+
+def grouped_expert_products(lp, x_ND: jax.Array, idx_NK: jax.Array, w_NK: jax.Array, num_experts: int) -> jax.Array:
+    """`expert_products` with the expert leaves grouped by device ([G, E/G, ...], `group_expert_leaf`: expert e on
+    group e mod G as its expert e // G), for an expert-parallel mesh (`model.sharding`, GSPMD).
+
+    Every device computes the router's choice (replicated), lists the assignments its group owns (in assignment
+    order) and walks them: trip t reads, on every group at once (one gather batched over G), the t-th owned
+    expert's slice of each weight, multiplies that one token row by it (`_ffn`, one device's products, mapped
+    over G: a 2-D quantized product keeps its form, the planes of `words` on a TPU included), and keeps the
+    product where t is below the
+    group's count. The trips run to the largest group's count (a replicated scalar, so XLA keeps the skip as a
+    conditional): at decode each device reads max over groups of its owned assignments' experts, ceil(K / G) when
+    the K choices fall evenly, K when they all fall on one group (`model.placement`'s prediction states which). A
+    group with fewer owned assignments re-reads its last owned expert in the remaining trips (one with none, one
+    of its own experts), products that are masked out (`jnp.where`, so even a NaN there never reaches the sum).
+    The combine sums the groups' partial outputs in float32 over the G axis the mesh splits, which XLA's SPMD
+    partitioner lowers to one all-reduce of [N, D] float32 per layer, the only collective of the block (the
+    weights never move; an all-to-all of tokens would gain nothing, every device holding every token). Prefill
+    takes the same walk, one token row per trip (no tiles of rows yet: correct, slower than one device's tiles).
+    x [N, D], idx int32 [N, K], w float32 [N, K] as `expert_products`; returns [N, D] in x's dtype."""
+    gu, dn = lp.experts_gate_up_EDX, lp.experts_down_EDF
+    g = _expert_groups(gu)
+    n_tok, k = idx_NK.shape
+    n, d = n_tok * k, x_ND.shape[-1]
+    e_n = idx_NK.reshape(n)
+    own_Gn = (e_n[None, :] % g) == jnp.arange(g, dtype=jnp.int32)[:, None]
+    order_Gn = jnp.argsort(~own_Gn, axis=1, stable=True).astype(jnp.int32)  # owned assignments first, in order
+    count_G = jnp.sum(own_Gn, axis=1, dtype=jnp.int32)
+    trips = jnp.max(jnp.bincount(e_n % g, length=g))  # = max(count_G), from the ids alone: replicated, no collective
+    with jax.named_scope("experts"):
+
+        def one(t):
+            pick = jnp.minimum(t, jnp.maximum(count_G - 1, 0))  # [G]: this trip's owned assignment (or the last)
+            a_G = jnp.take_along_axis(order_Gn, pick[:, None], axis=1)[:, 0]
+            x_G1D = x_ND[a_G // k][:, None, :]
+            local_G = e_n[a_G] // g
+            gu_G, dn_G = _group_weight(gu, local_G), _group_weight(dn, local_G)
+            return jax.vmap(_ffn)(x_G1D, gu_G, dn_G)[:, 0]  # each group its expert: one device's products
+
+        def trip(t):
+            return jax.lax.cond(t < trips, one, lambda _: jnp.zeros((g, d), x_ND.dtype), t)
+
+        y_nGD = jax.lax.map(trip, jnp.arange(n, dtype=jnp.int32))  # trip t: each group's t-th owned assignment
+        y_GnD = jnp.swapaxes(y_nGD, 0, 1)
+        slot_Gn = jnp.argsort(order_Gn, axis=1).astype(jnp.int32)  # the trip of each assignment in its group
+        y_GnD = jnp.take_along_axis(y_GnD, slot_Gn[..., None], axis=1)
+        y_GnD = jnp.where(own_Gn[..., None], y_GnD, 0).astype(jnp.float32)
+        y_GND = jnp.einsum("GNKD,NK->GND", y_GnD.reshape(g, n_tok, k, d), w_NK)  # each group's share, [N, D]
+        return jnp.sum(y_GND, axis=0).astype(x_ND.dtype)  # over the groups: the all-reduce
 
 
 def expert_block(lp, cfg: ModelConfig, h_BTD: jax.Array, *, layer: int) -> jax.Array:

@@ -14,10 +14,15 @@ A mesh is one axis (`Mesh`): tensor parallel `tp=N` or expert parallel `ep=N`. T
   one all-reduce of its [B, D] (and [B, X] for the PLE table) rows; the greedy token is an argmax across the
   vocabulary shards: two all-gathers of [B, N] 4-byte values (each shard's best logit and its index). Sampling
   (temperature > 0) would gather more; the sweep decodes greedily.
-- **ep=N** (a model with experts): the experts split N ways by expert; everything else replicated, every device
-  computing the same attention and MLP. Per layer one all-reduce of the [B, D] expert output (each device's chosen
-  experts' share). The slowest device reads ceil(n / N) of the n experts a step is routed to (balanced routing:
-  `--checkpoint random:` runs can force it; a trained router can load one device with min(n, E / N)).
+- **ep=N** (a model with experts): the experts split N ways by expert, dealt in turn (device g holds experts g,
+  g + N, g + 2N, ...: `model.moe.group_expert_leaf`); everything else replicated, every device computing the same
+  router, attention and MLP. Per layer one all-reduce of the [B, D] expert output in float32 (each device's share
+  of the chosen experts' sum; the engine combines in float32, `model.moe.grouped_expert_products`). What a device
+  reads depends on the routing: the engine walks every device's chosen experts in the same number of trips, the
+  largest device's count (`experts_on_slowest`), so each device reads that many experts per layer. The prediction
+  assumes balanced routing (`ROUTING_ASSUMED`): ceil(n / N) of the n experts a step is routed to (what
+  `--checkpoint random:` runs force: their n consecutive experts are dealt evenly); the worst case, a trained
+  router sending all n to one device's experts, is min(n, E / N) (`DeviceShare.experts_worst`).
 
 Collective bytes per device: a ring all-reduce of S bytes over N devices sends 2 (N - 1) / N x S per device, an
 all-gather of S bytes in total (N - 1) / N x S (the textbook ring algorithms; XLA may pick others).
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 from model.accounting import (
     EXPERT_LEAVES,
@@ -46,6 +52,12 @@ AXES = ("tp", "ep")
 """The mesh axes `parse_mesh` accepts: tensor parallel and expert parallel."""
 ARGMAX_ITEMSIZE = 4
 """Bytes of each value the greedy argmax gathers across vocabulary shards: a float32 logit, an int32 index."""
+COMBINE_ITEMSIZE = 4
+"""Bytes of each value of the ep combine's all-reduce: the experts' partial outputs are summed in float32
+(`model.moe.grouped_expert_products`), whatever the activations' dtype."""
+ROUTING_ASSUMED = ("balanced routing, ceil(top_k / ep): dummy weights route so; a trained router's choice varies "
+                   "per step")  # fmt: skip
+"""The routing the ep prediction assumes, in words (the inspector prints it)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,6 +150,18 @@ def check_mesh(cfg: ModelConfig, mesh: Mesh) -> None:
                              f"them; expected tp in {ok}")  # fmt: skip
 
 
+def experts_on_slowest(cfg: ModelConfig, mesh: Mesh, routed: int | Sequence[int]) -> int:
+    """Experts per layer each device reads in a decode step (the engine's walk runs to the largest device's count:
+    module docstring). `routed`: the expert ids one layer's step chose (the count the engine reads: max over
+    devices g of the ids e with e mod ep == g, the dealt placement), or a count n of them (the balanced assumption,
+    `ROUTING_ASSUMED`: ceil(n / ep)). Off ep: n (every device reads every chosen expert's shard)."""
+    if isinstance(routed, int):
+        return routed if mesh.ep == 1 else -(-routed // mesh.ep)
+    if mesh.ep == 1:
+        return len(routed)
+    return max(sum(1 for e in routed if e % mesh.ep == g) for g in range(mesh.ep))
+
+
 # ---- one device's share -------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Collective:
@@ -164,7 +188,11 @@ class DeviceShare:
     weight_bytes: the parameters placed on it (packed values + scales; the largest device's, all equal here);
     replicated_bytes: the part of them every device holds whole; replicated: those leaves, in words;
     decode_weight_bytes: weight bytes the slowest device reads in one decode step; experts_read: experts per
-    layer it reads; kv_bytes_per_row / kv_read_bytes_per_row: one row's KV cache held / read per step;
+    layer it reads (under ep: balanced routing, `ROUTING_ASSUMED`); experts_worst: experts per layer the slowest
+    device would read with every chosen expert on it (min(n, E / ep); = experts_read off ep); expert_slice_bytes:
+    the bytes of one expert's slice of every expert leaf of one layer on it (0 without experts), so the worst case
+    reads (experts_worst - experts_read) x layers x that more; layers: the model's; kv_bytes_per_row /
+    kv_read_bytes_per_row: one row's KV cache held / read per step;
     collectives: one step's (`Collective`), empty on one device.
     """
 
@@ -176,6 +204,9 @@ class DeviceShare:
     replicated: tuple[str, ...]
     decode_weight_bytes: int
     experts_read: int
+    experts_worst: int
+    expert_slice_bytes: int
+    layers: int
     kv_bytes_per_row: int
     kv_read_bytes_per_row: int
     collectives: tuple[Collective, ...]
@@ -189,6 +220,22 @@ class DeviceShare:
     def step_read_bytes(self) -> int:
         """Bytes the slowest device reads in one decode step: its weights read + every row's KV read."""
         return self.decode_weight_bytes + self.batch * self.kv_read_bytes_per_row
+
+    @property
+    def routing(self) -> str:
+        """The routing the slowest device's expert reads assume, in words, with the worst case's bytes ("" off ep
+        or without experts)."""
+        if self.mesh.ep == 1 or not self.expert_slice_bytes:
+            return ""
+        return (f"experts: the slowest device reads {self.experts_read} per layer ({ROUTING_ASSUMED}); worst case, "
+                f"every chosen expert on one device: {self.experts_worst} per layer, "
+                f"{self.worst_decode_weight_bytes:,} bytes of weights")  # fmt: skip
+
+    @property
+    def worst_decode_weight_bytes(self) -> int:
+        """`decode_weight_bytes` with every chosen expert on the slowest device (`experts_worst`)."""
+        extra = (self.experts_worst - self.experts_read) * self.expert_slice_bytes * self.layers
+        return self.decode_weight_bytes + extra
 
     @property
     def collective_bytes(self) -> int:
@@ -248,7 +295,8 @@ def device_share(cfg: ModelConfig, mesh: Mesh, *, itemsize: int, context: int, b
         add(LM_HEAD, head, whole=tp == 1)
     else:
         read += math.prod(head) * itemsize  # the tied table's rows on this device, read whole for the logits
-    per_device = n_read if ep == 1 else -(-n_read // ep)
+    per_device = experts_on_slowest(cfg, mesh, n_read)
+    slice_bytes = 0
     for i in range(cfg.num_layers):
         for field, shape in layer_leaves(cfg, i).items():
             if shape is None:
@@ -256,20 +304,31 @@ def device_share(cfg: ModelConfig, mesh: Mesh, *, itemsize: int, context: int, b
             if field in EXPERT_LEAVES:
                 part = _tp_layer_shape(cfg, i, field, shape, tp) if tp > 1 else (shape[0] // ep, *shape[1:])
                 add(field, part, (per_device, *part[1:]))
+                if i == 0:
+                    slice_bytes += leaf_bytes(field, (1, *part[1:]), itemsize, scale_itemsize, quant)[0]
                 continue
             part = _tp_layer_shape(cfg, i, field, shape, tp) if tp > 1 else None
             add(field, part or shape, whole=part is None)
-    kv_held = kv_read = 0
+    kv_held, kv_read = _kv_per_row(cfg, tp, context, kv_itemsize)
+    return DeviceShare(mesh=mesh, context=context, batch=batch, weight_bytes=held, replicated_bytes=repl,
+                       replicated=tuple(sorted(repl_names)), decode_weight_bytes=read, experts_read=per_device,
+                       experts_worst=min(n_read, cfg.num_experts // ep) if ep > 1 else per_device,
+                       expert_slice_bytes=slice_bytes, layers=cfg.num_layers,
+                       kv_bytes_per_row=kv_held, kv_read_bytes_per_row=kv_read,
+                       collectives=_collectives(cfg, mesh, batch, act_itemsize))  # fmt: skip
+
+
+def _kv_per_row(cfg: ModelConfig, tp: int, context: int, kv_itemsize: int) -> tuple[int, int]:
+    """(bytes held, bytes read per decode step) of one row's KV cache on one device at `context` positions: its KV
+    heads (`kv_heads_per_device`) of every cache layer held, of every layer's KV source read."""
+    held = read = 0
     for i in range(cfg.num_layers):
         src = cfg.kv_source(i)
         per_slot = 2 * kv_heads_per_device(cfg, src, tp) * cfg.layer_head_dim(src) * kv_itemsize
-        kv_read += slots(cfg, src, context) * per_slot
+        read += slots(cfg, src, context) * per_slot
         if i in cfg.cache_layers:
-            kv_held += slots(cfg, i, context) * per_slot
-    return DeviceShare(mesh=mesh, context=context, batch=batch, weight_bytes=held, replicated_bytes=repl,
-                       replicated=tuple(sorted(repl_names)), decode_weight_bytes=read, experts_read=per_device,
-                       kv_bytes_per_row=kv_held, kv_read_bytes_per_row=kv_read,
-                       collectives=_collectives(cfg, mesh, batch, act_itemsize))  # fmt: skip
+            held += slots(cfg, i, context) * per_slot
+    return held, read
 
 
 def _collectives(cfg: ModelConfig, mesh: Mesh, batch: int, act_itemsize: int) -> tuple[Collective, ...]:
@@ -284,7 +343,8 @@ def _collectives(cfg: ModelConfig, mesh: Mesh, batch: int, act_itemsize: int) ->
     act = batch * cfg.hidden_size * act_itemsize  # one [B, D] activation
     layers = cfg.num_layers
     if mesh.axis == "ep":
-        return (reduce("experts' output [B, D], per layer", layers, act),)
+        combine = batch * cfg.hidden_size * COMBINE_ITEMSIZE
+        return (reduce("experts' output [B, D] (float32), per layer", layers, combine),)
     out = [reduce("attention output [B, D], per layer", layers, act),
            reduce("MLP output [B, D], per layer", layers, act)]  # fmt: skip
     if cfg.num_experts:

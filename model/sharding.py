@@ -2,14 +2,15 @@
 `jax.sharding` (docs/engine.md, "Several devices").
 
 Key: D model width, N query heads, K KV heads (per layer), H head dim (per layer), F feed-forward width (per layer),
-V vocabulary, G = tp groups (one per device along the mesh's "tp" axis), Kd KV heads a group holds.
+V vocabulary, G = tp groups (one per device along the mesh's "tp" axis; under ep, one per device along "ep"), Kd
+KV heads a group holds, E experts.
 
 The collectives are GSPMD's: the parameters and the KV cache are placed with `NamedSharding`s, the engine's jitted
 programs receive them as committed arguments (their input shardings), constrain the KV cache they return to its
 sharding (`MeshLayout.constrain_cache`: the output shardings), and XLA's SPMD partitioner inserts the all-reduces
 and gathers the placement implies. Not `shard_map`: the forward pass stays one program for one device and for a
-mesh (the same `model.forward` functions, no per-device code to keep equal to them), and the only forward change is
-the grouped layout of the two fused weights below. The price: what XLA communicates is read from the compiled
+mesh (the same `model.forward` functions, no per-device code to keep equal to them), and the only forward changes
+are the grouped layouts of the two fused weights (tp) and of the expert leaves (ep) below. The price: what XLA communicates is read from the compiled
 program (`collective_bytes`), not written down by us.
 
 Tensor parallel (tp = G), Megatron's split: each device holds the query heads N/G of its group and the KV heads
@@ -37,9 +38,25 @@ all-reduce of [B, T, D] each per layer.
   values (int4 packed two per byte along the last axis, which cuts at whole heads since H is even) and the scales
   where they vary along that axis and divide evenly; scales of one value along it (w8's per-output scales of a
   product split by its input) are replicated.
+Under tp the expert leaves of 26B-A4B are replicated (every device reads the chosen experts whole; the inspector's
+tp prediction splits their width, which this placement does not do yet).
+
+Expert parallel (ep = G, a model with experts; not together with tp: `model.placement.parse_mesh` takes one axis):
+- Each expert leaf (`experts_gate_up_EDX`, `experts_down_EDF`; a `QuantArray`'s values and scales alike, w8 and w4)
+  is held grouped, [G, E/G, ...] (`group_layer`, `model.moe.group_expert_leaf`: experts dealt in turn, device g
+  holding experts g, g + G, ...), its G axis sharded over "ep" (`EP_SPLIT`): each device holds E/G whole experts.
+  Everything else is replicated: every device computes the router, the attention and the dense MLP itself.
+- The expert block (`model.moe.grouped_expert_products`) walks each device's chosen experts, reading one slice of
+  its own experts per trip (a gather batched over the sharded G axis: no weight moves), and sums the groups'
+  partial outputs in float32 over G. XLA's partitioner turns that sum into the block's one collective: an
+  all-reduce of the [N, D] float32 output per layer (the combine; `collective_bytes` reads it from the compiled
+  step). Why an all-reduce and not an all-to-all of tokens: every device already holds every token (the rest is
+  replicated), so only the partial sums must meet. The walk's trip count, the largest device's number of chosen
+  experts, is computed from the replicated router output on every device (no collective for it).
+- The KV cache and the tables are replicated (the cache sharding's "tp" axis has size 1).
+
 The mesh's text, its checks against the model and the KV-head rule are `model.placement`'s (the inspector predicts
-a mesh from the same facts); this module places arrays. Expert parallel (ep) is parsed and checked but refused
-here: the experts are not placed by expert yet (under tp they are replicated).
+a mesh from the same facts); this module places arrays.
 """
 
 from __future__ import annotations
@@ -55,7 +72,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from model import placement
-from model.accounting import has_v_projection
+from model.accounting import EXPERT_LEAVES, has_v_projection
 from model.config import ModelConfig
 from model.errors import MeshError
 from model.placement import Mesh, kv_heads_per_device
@@ -78,15 +95,11 @@ def check_mesh(cfg: ModelConfig, mesh: Mesh) -> None:
     """Raises MeshError (one line, with the numbers) for a mesh the engine cannot place `cfg` over: what
     `model.placement.check_mesh` refuses (tp must divide the query heads, the vocabulary, every MLP width and the
     experts' width, and each layer's KV heads must divide tp or be divided by it; ep needs experts it divides), a
-    tp that does not divide the PLE vocabulary (its table is split by rows here), and ep > 1 (the experts are not
-    placed by expert yet: under tp they are replicated). Before anything loads."""
+    tp that does not divide the PLE vocabulary (its table is split by rows here). Before anything loads."""
     try:
         placement.check_mesh(cfg, mesh)
     except ValueError as exc:
         raise MeshError(str(exc)) from None
-    if mesh.ep > 1:
-        raise MeshError(f"--mesh {mesh.text}: the engine does not place experts by expert yet (the inspector "
-                        "predicts it); use tp=N")  # fmt: skip
     if cfg.ple_dim and cfg.ple_vocab % mesh.tp:
         raise MeshError(f"--mesh {mesh.text}: {mesh.tp} does not divide the model's PLE vocabulary rows "
                         f"({cfg.ple_vocab})")  # fmt: skip
@@ -103,6 +116,10 @@ class MeshLayout:
     @property
     def tp(self) -> int:
         return self.spec.tp
+
+    @property
+    def ep(self) -> int:
+        return self.spec.ep
 
     def cache_heads(self, cfg: ModelConfig, layer: int) -> int:
         """KV heads of `layer`'s cache buffer on the mesh: G x Kd (`model.placement.kv_heads_per_device`): K when tp
@@ -212,13 +229,20 @@ def _take_grouped(w, cols_GX: np.ndarray):
                       block=(w.block[0], 1, 1))  # fmt: skip
 
 
-def group_layer(lp, cfg: ModelConfig, layer: int, tp: int):
+def group_layer(lp, cfg: ModelConfig, layer: int, tp: int, ep: int = 1):
     """Layer `layer`'s `model.params.LayerParams` with `qkv_DX` and `gate_up_DX` grouped for `tp` devices
-    ([D, G, X/G], `qkv_columns`, `gate_up_columns`); the other leaves as they are."""
+    ([D, G, X/G], `qkv_columns`, `gate_up_columns`) and, for `ep` > 1, the expert leaves grouped for `ep` devices
+    ([ep, E/ep, ...], `model.moe.group_expert_leaf`: device g holds experts g, g + ep, ...); the other leaves as
+    they are."""
+    from model.moe import group_expert_leaf
+
     own_kv = lp.k_norm_H is not None
     qkv = _take_grouped(lp.qkv_DX, qkv_columns(cfg, layer, tp, own_kv))
     gate_up = _take_grouped(lp.gate_up_DX, gate_up_columns(lp.gate_up_DX.shape[-1] // 2, tp))
-    return dataclasses.replace(lp, qkv_DX=qkv, gate_up_DX=gate_up)
+    experts = {}
+    if ep > 1:
+        experts = {f: group_expert_leaf(getattr(lp, f), ep) for f in EXPERT_LEAVES}
+    return dataclasses.replace(lp, qkv_DX=qkv, gate_up_DX=gate_up, **experts)
 
 
 # ---- placement ---------------------------------------------------------------------------------------------------
@@ -226,25 +250,32 @@ SPLIT_AXIS = {"embed_VD": 0, "lm_head_VD": 0, "ple_embed_VX": 0, "qkv_DX": 1, "g
               "down_DF": 1}  # fmt: skip
 """The logical axis each split leaf is cut along over "tp" (the module docstring says why); every other leaf is
 replicated."""
+EP_SPLIT = dict.fromkeys(EXPERT_LEAVES, 0)
+"""The axis each expert leaf, grouped ([ep, E/ep, ...], `group_layer`), is cut along over "ep": its group axis, so
+each device holds E/ep whole experts (values and scales alike); everything else is replicated under ep."""
 
 
-def _spec(shape: tuple[int, ...], axis: int | None, tp: int) -> P:
-    """`axis` of an array of `shape` over "tp" when it divides evenly (and is longer than 1), else replicated."""
-    if axis is None or shape[axis] < 2 or shape[axis] % tp:
+def _spec(shape: tuple[int, ...], axis: int | None, n: int, name: str = "tp") -> P:
+    """`axis` of an array of `shape` over mesh axis `name` of `n` devices when it divides evenly (and is longer
+    than 1), else replicated."""
+    if axis is None or shape[axis] < 2 or shape[axis] % n:
         return P()
-    return P(*([None] * axis + ["tp"]))
+    return P(*([None] * axis + [name]))
 
 
 def leaf_shardings(field: str, leaf, layout: MeshLayout):
-    """The sharding(s) of one parameter leaf (`SPLIT_AXIS`): a `NamedSharding`, or for a `model.quant.QuantArray`
-    the same leaf with a sharding in place of its values and of its scales (a pytree of the leaf's structure)."""
+    """The sharding(s) of one parameter leaf (`SPLIT_AXIS` over "tp", `EP_SPLIT` over "ep"): a `NamedSharding`,
+    or for a `model.quant.QuantArray` the same leaf with a sharding in place of its values and of its scales (a
+    pytree of the leaf's structure)."""
     from model.quant import QuantArray
 
-    axis = SPLIT_AXIS.get(field)
+    axis, n, name = SPLIT_AXIS.get(field), layout.tp, "tp"
+    if layout.ep > 1:
+        axis, n, name = EP_SPLIT.get(field), layout.ep, "ep"
     if isinstance(leaf, QuantArray):
-        return dataclasses.replace(leaf, values=layout.sharding(_spec(leaf.values.shape, axis, layout.tp)),
-                                   scales=layout.sharding(_spec(leaf.scales.shape, axis, layout.tp)))  # fmt: skip
-    return layout.sharding(_spec(tuple(leaf.shape), axis, layout.tp))
+        return dataclasses.replace(leaf, values=layout.sharding(_spec(leaf.values.shape, axis, n, name)),
+                                   scales=layout.sharding(_spec(leaf.scales.shape, axis, n, name)))  # fmt: skip
+    return layout.sharding(_spec(tuple(leaf.shape), axis, n, name))
 
 
 def place_params(params, cfg: ModelConfig, layout: MeshLayout):
@@ -261,7 +292,7 @@ def place_params(params, cfg: ModelConfig, layout: MeshLayout):
 
     layers = tuple(
         dataclasses.replace(g, **{f.name: put(f.name, getattr(g, f.name)) for f in dataclasses.fields(g)})
-        for g in (group_layer(lp, cfg, i, layout.tp) for i, lp in enumerate(params.layers))
+        for g in (group_layer(lp, cfg, i, layout.tp, layout.ep) for i, lp in enumerate(params.layers))
     )
     top = {f.name: put(f.name, getattr(params, f.name)) for f in dataclasses.fields(params) if f.name != "layers"}
     return dataclasses.replace(params, layers=layers, **top)
@@ -308,18 +339,39 @@ class DeviceStep:
         return self.weight_bytes + self.kv_bytes
 
 
-def device_weight_bytes(params, device) -> int:
+def _expert_read_bytes(x, device, experts: int) -> int:
+    """Bytes of `experts` of the experts `device` holds of expert leaf `x` ([E, ...], or grouped for ep
+    [G, E/G, ...]: its shard [1, E/G, ...]): its shard's bytes / the experts in it x `experts`."""
+    held = x.values if _is_quant(x) else x
+    for shard in held.addressable_shards:
+        if shard.device == device:
+            count = shard.data.shape[1 if len(x.shape) == 4 else 0]
+            return _shard_bytes(x, device)[0] // count * min(experts, count)
+    return 0
+
+
+def device_weight_bytes(params, device, experts: int | Sequence[int] | None = None) -> int:
     """Parameter bytes `device` reads in a decode step of one row: its shard of every leaf a step reads whole
     (the logits read the head, `lm_head_VD` when there is one, else the tied `embed_VD`), plus one row of its shard
     of each gathered table (the input embedding row, the PLE row), as `model.accounting.decode_reads` counts them
-    for one device."""
+    for one device; of each expert leaf (`model.accounting.EXPERT_LEAVES`) `experts` of the experts it holds (per
+    layer: one count, or one per layer; `model.placement.experts_on_slowest` says how many the engine reads; None:
+    every expert it holds)."""
     total = 0
     for field in dataclasses.fields(params):
         leaf = getattr(params, field.name)
         if field.name == "layers":
-            for lp in leaf:
-                total += sum(_shard_bytes(x, device)[0] for x in jax.tree_util.tree_leaves(
-                    lp, is_leaf=_is_quant) if x is not None)  # fmt: skip
+            for i, lp in enumerate(leaf):
+                n = experts if experts is None or isinstance(experts, int) else experts[i]
+                for f in dataclasses.fields(lp):
+                    x = getattr(lp, f.name)
+                    if x is None:
+                        continue
+                    if f.name in EXPERT_LEAVES and n is not None:
+                        total += _expert_read_bytes(x, device, n)
+                    else:
+                        parts = jax.tree_util.tree_leaves(x, is_leaf=_is_quant)
+                        total += sum(_shard_bytes(y, device)[0] for y in parts)
         elif leaf is None:
             continue
         elif field.name in ("embed_VD", "ple_embed_VX"):
@@ -410,10 +462,30 @@ def decode_program_text(engine, n_tokens: int, max_new_tokens: int, batch: int =
     return engine.lower_decode(cache, token, rows=batch).compile().as_text()
 
 
-def device_steps(engine, n_tokens: int, max_new_tokens: int) -> list[DeviceStep]:
+def routed_experts(cfg: ModelConfig, layout: MeshLayout | None, routed=None) -> tuple[int, ...]:
+    """Experts per layer each device reads in a decode step of one row (`model.placement.experts_on_slowest`, one
+    count per layer): from `routed` (per layer, the expert ids the step chose) when given; else for balanced routing
+    (`cfg.expert_routing`, dummy weights) the ids it routes a decode step of one token to
+    (`model.moe.balanced_experts`, the engine's own function); else (a trained router, whose choice this does not
+    read back) top_k under the balanced assumption. () without experts."""
+    if not cfg.num_experts:
+        return ()
+    spec = layout.spec if layout else placement.ONE_DEVICE
+    if routed is None and cfg.expert_routing == "balanced":
+        from model.moe import balanced_experts
+
+        routed = [np.asarray(balanced_experts(1, cfg.top_k_experts, cfg.num_experts, i)).ravel().tolist()
+                  for i in range(cfg.num_layers)]  # fmt: skip
+    if routed is None:
+        return (placement.experts_on_slowest(cfg, spec, cfg.top_k_experts),) * cfg.num_layers
+    return tuple(placement.experts_on_slowest(cfg, spec, list(ids)) for ids in routed)
+
+
+def device_steps(engine, n_tokens: int, max_new_tokens: int, routed=None) -> list[DeviceStep]:
     """One `DeviceStep` per device of `engine`'s mesh (one device without a mesh) for a greedy decode step of one
     row at the compiled shape of `n_tokens` prompt tokens and `max_new_tokens` new ones: weight bytes from the
-    placed leaves' shards (`device_weight_bytes`), KV bytes from the cache's sharding (each device its `Kd` heads
+    placed leaves' shards (`device_weight_bytes`; of the expert leaves, the experts each device reads:
+    `routed_experts`, `routed` as it takes), KV bytes from the cache's sharding (each device its `Kd` heads
     of every layer's KV source buffer; a copied head counts on each device that reads it), collectives from the
     compiled decode program (`decode_program_text`, `collective_bytes`). Compiles the decode program if it was not
     compiled at that shape. Raises EngineError as `Engine.check_request`."""
@@ -432,7 +504,8 @@ def device_steps(engine, n_tokens: int, max_new_tokens: int) -> list[DeviceStep]
         kv += 2 * slots(cfg, src, positions) * kd * cfg.layer_head_dim(src) * itemsize
     sizes, counts = collective_bytes(decode_program_text(engine, n_tokens, max_new_tokens)) if layout else ({}, {})
     devices = list(layout.mesh.devices.flat) if layout else [_device_of(engine.params)]
-    return [DeviceStep(device=d.id, weight_bytes=device_weight_bytes(engine.params, d), kv_bytes=kv,
+    experts = routed_experts(cfg, layout, routed) or None
+    return [DeviceStep(device=d.id, weight_bytes=device_weight_bytes(engine.params, d, experts), kv_bytes=kv,
                        collective_bytes={k: v for k, v in sizes.items() if counts[k]},
                        collectives={k: v for k, v in counts.items() if v}) for d in devices]  # fmt: skip
 
@@ -442,6 +515,7 @@ def _device_of(params):
     return next(iter(params.embed_VD.devices()))
 
 
-__all__ = ["COLLECTIVE_OPS", "DeviceStep", "MESH_AXES", "MeshLayout", "SPLIT_AXIS", "check_mesh", "collective_bytes",
-           "decode_program_text", "device_held_bytes", "device_kv_bytes_per_row", "device_steps", "device_weight_bytes", "gate_up_columns", "group_layer",
-           "leaf_shardings", "make_layout", "parse_mesh", "place_params", "prepare_mesh", "qkv_columns"]  # fmt: skip
+__all__ = ["COLLECTIVE_OPS", "DeviceStep", "EP_SPLIT", "MESH_AXES", "MeshLayout", "SPLIT_AXIS", "check_mesh",
+           "collective_bytes", "decode_program_text", "device_held_bytes", "device_kv_bytes_per_row", "device_steps",
+           "device_weight_bytes", "gate_up_columns", "group_layer", "leaf_shardings", "make_layout", "parse_mesh",
+           "place_params", "prepare_mesh", "qkv_columns", "routed_experts"]  # fmt: skip

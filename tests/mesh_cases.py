@@ -1,5 +1,5 @@
 """The engine over a device mesh (`model.sharding`) on CPU with forced host devices: greedy tokens at tp = 2 and 4
-equal one device's, and what each device reads and communicates (docs/engine.md, "Several devices").
+and ep = 2 and 4 equal one device's, and what each device reads and communicates (docs/engine.md, "Several devices").
 
 Not collected by the suite itself (the file name): jax must start with several host devices, which the flag
 XLA_FLAGS=--xla_force_host_platform_device_count=8 does only before jax initialises, so tests/test_mesh.py runs
@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from model.config import DEFAULT, TINY, ModelConfig
+from jax.sharding import PartitionSpec as P
+
+from model.config import DEFAULT, PRESETS, TINY, ModelConfig
 from model.engine import Engine, load_engine
 from model.params import init_params
 from model.policy import decide_policy
@@ -27,9 +29,12 @@ from model.quantspec import parse_quant
 from model.sharding import (
     SPLIT_AXIS,
     device_steps,
+    device_weight_bytes,
+    group_layer,
     make_layout,
     parse_mesh,
     place_params,
+    routed_experts,
 )
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 host devices: run through tests/test_mesh.py "
@@ -209,3 +214,117 @@ def test_the_batch_memory_check_is_per_device(cfg, tp, monkeypatch):
     line = str(err.value)
     assert f"does not fit on each device of tp={tp}" in line and f"x {tp} devices sharing it" in line, line
     assert "at most 2 rows fit" in line, line
+
+
+# ---- expert parallel (ep): 26B-A4B's experts split by expert ------------------------------------------------------
+MOE = PRESETS["tiny-moe"]
+BALANCED_MOE = dataclasses.replace(MOE, expert_routing="balanced")
+"""tiny-moe with the dummy weights' balanced routing (`model.moe.ROUTINGS`): the routing the ep prediction assumes,
+so the bytes each device reads can be checked against it."""
+
+
+@pytest.mark.parametrize("ep", [2, pytest.param(4, marks=HEAVY)])
+def test_moe_at_ep_gives_one_devices_tokens(ep):
+    """The router's own choice (random weights: uneven over the devices, some devices none) walked per device."""
+    engine = _engine(MOE, f"ep={ep}")
+    w = engine.params.layers[0].experts_gate_up_EDX  # grouped [ep, E/ep, D, X], each device its E/ep experts
+    assert w.shape[:2] == (ep, MOE.num_experts // ep) and w.sharding.shard_shape(w.shape)[:2] == (1, w.shape[1])
+    assert _tokens(engine) == _alone(MOE)
+
+
+@HEAVY
+@pytest.mark.parametrize("quant", ["w4:16", "w8"])
+def test_quantized_experts_at_ep_2_give_one_devices_tokens(quant):
+    engine = _engine(MOE, "ep=2", quant)
+    leaf = engine.params.layers[0].experts_down_EDF  # values and scales both split by expert
+    for a in (leaf.values, leaf.scales):
+        assert a.sharding.shard_shape(a.shape)[:2] == (1, MOE.num_experts // 2)
+    assert _tokens(engine) == _alone(MOE, quant)
+
+
+def test_grouped_experts_read_the_chosen_experts_only():
+    """`model.moe.expert_products` on experts placed at ep=4 equals one device's, with the experts nobody chose
+    NaN (a product, gather or sum of an unchosen expert would turn the output NaN), at decode and prefill sizes."""
+    import numpy as np
+
+    from model import moe
+
+    layout = make_layout(parse_mesh("ep=4"))
+    lp = jax.tree_util.tree_map(jnp.asarray, init_params(MOE, seed=0)).layers[0]
+    rng = np.random.default_rng(0)
+    products = jax.jit(moe.expert_products, static_argnums=4)
+    for n_tok in (1, 2, 9):
+        x = jnp.asarray(rng.standard_normal((n_tok, MOE.hidden_size)), jnp.float32)
+        idx, w = moe.route(lp, MOE, x)
+        chosen = np.zeros(MOE.num_experts, bool)
+        chosen[np.asarray(idx).ravel()] = True
+        poisoned = dataclasses.replace(lp, **{f: jnp.where(jnp.asarray(chosen)[:, None, None], getattr(lp, f), jnp.nan)
+                                              for f in moe_fields()})  # fmt: skip
+        grouped = group_layer(poisoned, MOE, 0, 1, 4)
+        placed = dataclasses.replace(grouped, **{f: jax.device_put(getattr(grouped, f), layout.sharding(P("ep")))
+                                                 for f in moe_fields()})  # fmt: skip
+        got = np.asarray(products(placed, x, idx, w, MOE.num_experts))
+        want = np.asarray(products(lp, x, idx, w, MOE.num_experts))
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("quant", ["w4:16", "w8"])
+def test_grouped_quantized_experts_equal_one_devices_products(quant):
+    """The same at ep=2 with quantized experts (`make test`'s quick form of the heavy token test above): values and
+    scales split by expert, the product equal to one device's."""
+    import numpy as np
+
+    from model import moe
+    from model.sharding import leaf_shardings
+
+    layout = make_layout(parse_mesh("ep=2"))
+    params = jax.tree_util.tree_map(jnp.asarray, init_params(MOE, seed=0))
+    lp = quantize_params(params, parse_quant(quant), scale_dtype=jnp.float32).layers[1]
+    grouped = group_layer(lp, MOE, 1, 1, 2)
+    placed = dataclasses.replace(grouped, **{f: jax.device_put(getattr(grouped, f),
+                                                               leaf_shardings(f, getattr(grouped, f), layout))
+                                             for f in moe_fields()})  # fmt: skip
+    for f in moe_fields():
+        for a in (getattr(placed, f).values, getattr(placed, f).scales):
+            assert a.sharding.shard_shape(a.shape)[:2] == (1, MOE.num_experts // 2)
+    products = jax.jit(moe.expert_products, static_argnums=4)
+    rng = np.random.default_rng(1)
+    for n_tok in (1, 9):
+        x = jnp.asarray(rng.standard_normal((n_tok, MOE.hidden_size)), jnp.float32)
+        idx, w = moe.route(lp, MOE, x, layer=1)
+        np.testing.assert_allclose(np.asarray(products(placed, x, idx, w, MOE.num_experts)),
+                                   np.asarray(products(lp, x, idx, w, MOE.num_experts)), rtol=1e-6, atol=1e-6)
+
+
+def moe_fields() -> tuple[str, ...]:
+    from model.accounting import EXPERT_LEAVES
+
+    return EXPERT_LEAVES
+
+
+def test_each_device_reads_its_experts_and_the_prediction_counts_the_same_bytes(monkeypatch, tmp_path):
+    """Dummy tiny-moe weights with balanced routing loaded at ep=2 (`load_engine`, as `--checkpoint random:tiny-moe
+    --mesh ep=2` with GEMMA4_BENCH_EXPERT_ROUTING=balanced): each device reads ceil(3 / 2) = 2 experts per layer
+    of its own (the placed shards, `device_steps`), what `model.placement.device_share` predicts, byte for byte,
+    and the step's only collectives are the per-layer all-reduce of the [1, D] float32 combine it counts."""
+    from model.placement import ONE_DEVICE, device_share
+    from model.random_weights import ROUTING_ENV
+
+    monkeypatch.setenv("GEMMA4_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv(ROUTING_ENV, "balanced")
+    engine, _ = load_engine("random:tiny-moe", policy=decide_policy("float32"), max_length=64, log_policy=False,
+                            mesh=parse_mesh("ep=2"))  # fmt: skip
+    assert engine.cfg == BALANCED_MOE and engine.layout.ep == 2
+    share = device_share(BALANCED_MOE, parse_mesh("ep=2"), itemsize=4, context=16, scale_itemsize=4)
+    assert share.experts_read == 2 and share.experts_worst == 3
+    steps = device_steps(engine, len(PROMPTS[0]), NEW)
+    assert [s.weight_bytes for s in steps] == [share.decode_weight_bytes] * 2
+    alone = device_share(BALANCED_MOE, ONE_DEVICE, itemsize=4, context=16)
+    assert share.decode_weight_bytes == alone.decode_weight_bytes - MOE.num_layers * share.expert_slice_bytes
+    one = jax.tree_util.tree_map(jnp.asarray, init_params(MOE, seed=0))  # one device: top_k = 3 experts per layer
+    reads = device_weight_bytes(one, jax.devices()[0], routed_experts(BALANCED_MOE, None))
+    assert reads == alone.decode_weight_bytes
+    (combine,) = share.collectives
+    assert steps[0].collective_bytes == {"all-reduce": combine.count * combine.payload}
+    assert steps[0].collectives == {"all-reduce": MOE.num_layers}

@@ -87,8 +87,11 @@ def test_expert_parallel_by_hand():
     whole = weight_bytes_by_component(SMALL, 2).decode_bytes  # reads 2 experts per layer
     assert share.decode_weight_bytes == whole - 2 * 2 * 144  # 1 expert of 144 scalars per layer fewer, 2 bytes
     assert share.step_read_bytes == share.decode_weight_bytes + 2 * 192
-    (ar,) = share.collectives  # one all-reduce of [2, 8] bf16 per layer
-    assert (ar.count, ar.payload, ar.sent) == (2, 32, 32)
+    (ar,) = share.collectives  # one all-reduce of [2, 8] per layer, float32 (the engine's combine), not bf16
+    assert (ar.count, ar.payload, ar.sent) == (2, 64, 64)
+    # worst case: both routed experts on one device (min(2, 4 / 2) = 2): it reads what one device reads
+    assert (share.experts_worst, share.expert_slice_bytes) == (2, 144 * 2)
+    assert share.worst_decode_weight_bytes == whole
 
 
 @pytest.mark.parametrize("cfg,mesh,needle", [
@@ -118,6 +121,19 @@ def test_the_31b_prediction_on_four_v5e(capsys):
     assert data["per_device"]["weight_bytes"] == share.weight_bytes and data["mesh"] == "tp=4"
     (fit,) = data["fit"]
     assert fit["fits"] and fit["prediction"]["tok_s"] == predict(device_named("tpu-v5e"), share).tok_s
+
+
+def test_the_26b_a4b_expert_parallel_prediction_states_its_routing(capsys):
+    r = _inspect(["--preset", "26b-a4b", "--quant", "w4", "--mesh", "ep=4", "--device", "tpu-v5e"], capsys)
+    assert r.returncode == 0, r.stderr
+    share = device_share(G26B_A4B, parse_mesh("ep=4"), itemsize=2, context=8192, quant=parse_quant("w4"))
+    one = device_share(G26B_A4B, ONE_DEVICE, itemsize=2, context=8192, quant=parse_quant("w4"))
+    # balanced: 2 of the 8 routed experts per device; worst case all 8 on one device: one device's weight reads
+    assert (share.experts_read, share.experts_worst) == (2, 8)
+    assert share.worst_decode_weight_bytes == one.decode_weight_bytes
+    assert share.decode_weight_bytes == one.decode_weight_bytes - 6 * 30 * share.expert_slice_bytes
+    assert "balanced routing, ceil(top_k / ep)" in r.stdout and f"{one.decode_weight_bytes:,} bytes" in r.stdout
+    assert "30 all-reduce of experts' output [B, D] (float32)" in r.stdout
 
 
 def test_a_run_s_measured_read_rate_replaces_the_datasheet(capsys):

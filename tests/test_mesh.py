@@ -1,6 +1,7 @@
 """The device mesh (`model.sharding`, docs/engine.md, "Several devices"): its text, its refusals (one line, with
 the numbers) before anything loads, the grouped columns of the fused weights, and, in a pytest process of its own
-with 8 forced host devices (tests/mesh_cases.py), greedy tokens at tp = 2, 4 (and 8) equal one device's."""
+with 8 forced host devices (tests/mesh_cases.py), greedy tokens at tp = 2, 4 (and 8) and at ep = 2 (and 4) equal
+one device's."""
 
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ def test_bad_mesh_text_is_one_line(text):
     (dataclasses.replace(TINY, vocab_size=510, ple_vocab_size=512), "tp=4", ("tp=4", "vocabulary rows (510)")),
     (dataclasses.replace(TINY, ple_vocab_size=510), "tp=4", ("tp=4", "PLE vocabulary rows (510)")),
     (TINY, "ep=2", ("ep=2", "no experts")),
-    (dataclasses.replace(TINY, num_experts=4, top_k_experts=2, moe_intermediate_size=16), "ep=2",
-     ("ep=2", "does not place experts")),
+    (dataclasses.replace(TINY, num_experts=4, top_k_experts=2, moe_intermediate_size=16), "ep=3",
+     ("ep=3", "does not divide the model's 4 experts", "expected ep in 1, 2, 4")),
 ])  # fmt: skip
 def test_a_mesh_the_model_cannot_split_is_refused_with_the_numbers(cfg, text, numbers):
     with pytest.raises(MeshError) as err:
@@ -64,6 +65,18 @@ def test_a_mesh_the_model_cannot_split_is_refused_with_the_numbers(cfg, text, nu
 @pytest.mark.parametrize("cfg, tp", [(E2B, 2), (E2B, 8), (E4B, 2), (E4B, 4), (TINY, 4)])
 def test_published_shapes_split(cfg, tp):
     check_mesh(cfg, Mesh(axis="tp", size=tp))  # E2B's one KV head copied, E4B's two split at 2 and copied at 4
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4, 8])
+def test_expert_parallel_splits_the_moe_preset(ep):
+    from model.config import PRESETS
+
+    check_mesh(PRESETS["tiny-moe"], Mesh(axis="ep", size=ep))  # 8 experts: ep divides them, the engine places them
+
+
+def test_tensor_and_expert_parallel_together_is_refused_in_one_line():
+    with pytest.raises(MeshError, match="expected one axis, tp=N or ep=N"):
+        parse_mesh("tp=2,ep=2")
 
 
 def test_more_devices_than_there_are_is_refused_in_one_line():

@@ -265,6 +265,9 @@ def _print_plan(plan: dict, dtype: str) -> None:
                f"{share.decode_weight_bytes:,} bytes of weights + {plan['batch']} x {share.kv_read_bytes_per_row:,} "
                f"of KV = {share.step_read_bytes:,} bytes at {guess.read_rate / gb:,.0f} GB/s ({guess.read_source}) "
                f"= {guess.memory_s * 1e3:.3f} ms")  # fmt: skip
+    if share.routing:  # ep: the routing the slowest device's bytes assume, and the worst case
+        worst = share.worst_decode_weight_bytes + plan["batch"] * share.kv_read_bytes_per_row
+        typer.echo(f"  {share.routing} (+ KV = {worst:,} bytes, {worst / guess.read_rate * 1e3:.3f} ms)")
     for c in share.collectives:
         typer.echo(f"  {c.count} {c.kind} of {c.what}: {c.payload:,} bytes each, {c.sent:,} sent per device")
     if share.collectives:
