@@ -193,3 +193,58 @@ def test_a_sweep_records_the_experts_read_and_its_bytes_follow_them(routing, mon
             assert row.experts_per_layer_median == min(CFG.num_experts, row.batch * CFG.top_k_experts)
     assert rows[0].experts_per_layer_median == CFG.top_k_experts  # one row: its k experts
     assert "experts_per_layer_median" in (run.path / "cells.csv").read_text().splitlines()[0]
+
+
+# ---- the report and the tables ----------------------------------------------------------------------------------------
+def _moe_run(runs_dir, label: str, routing: str, batches=(1, 3)):
+    """A synthetic measured `--batch` run of a model with experts: its samples' steps read k experts per layer at
+    B = 1 and min(E, B k) at B > 1 (the balanced routing's counts), 4 layers."""
+    from runfolders import MAX_NEW, cell_samples, manifest
+
+    from bench.runs import create_run
+
+    m = manifest(checkpoint_id=f"random-tiny-moe-float32-seed0{'-balanced' if routing == 'balanced' else ''}")
+    m["workload"] = {"inputs": [41], "max_new_tokens": MAX_NEW, "repeats": 3, "notes": {"batches": list(batches)}}
+    run = create_run(runs_dir, label, "cpu", m, date="2026-12-07")
+    for b in batches:
+        steps = [[min(CFG.num_experts, b * CFG.top_k_experts)] * 4] * (MAX_NEW - 1)
+        samples = [dataclasses.replace(s, batch=b if b > 1 else None, experts_read=steps,
+                                       row_token_ids=[s.token_ids] * b if b > 1 else None)
+                   for s in cell_samples(41, gauge=20.0)]  # fmt: skip
+        run.append_samples(samples)
+        row = summarize_cell(samples, max_new_tokens=MAX_NEW, bucket=64, input_tokens=41, batch=b)
+        run.append_cell(dataclasses.replace(row, expert_routing=routing, bytes_per_step=1000 * b, roofline_share_pct=1.0))
+    run.finish("complete")
+    return run
+
+
+def test_the_report_shows_the_experts_read_and_says_when_routing_was_balanced(tmp_path):
+    from bench.report import build_report
+    from bench.runs.columns import EXPERTS_PER_LAYER, table_columns
+
+    runs = tmp_path / "runs"
+    run = _moe_run(runs, "moe", "balanced")
+    report = build_report(None, tmp_path / "out", runs_dir=runs)
+    md = report.markdown.read_text()
+    assert "experts/layer" in md and "3.0 (balanced routing)" in md  # the rooflines table, B = 1
+    assert "experts/layer: 41x1 3.0 (balanced routing), 41x3 8.0 (balanced routing)" in md  # the batch table's note
+    assert "balanced routing: dummy weights" in md
+    sweep_csv = (tmp_path / "out" / "sweep.csv").read_text().splitlines()[0]
+    assert "-moe-cpu:experts_per_layer_median" in sweep_csv and "-moe-cpu:expert_routing" in sweep_csv
+    assert "experts_per_layer_median" in (tmp_path / "out" / "batches.csv").read_text().splitlines()[0]
+    assert "experts_per_layer_median" in (tmp_path / "out" / "rows.csv").read_text().splitlines()[0]
+    rows = run.cells()
+    assert EXPERTS_PER_LAYER in table_columns(rows) and EXPERTS_PER_LAYER.text(rows[1]) == "8.0 (balanced routing)"
+    router = _moe_run(tmp_path / "other", "router", "router")
+    assert EXPERTS_PER_LAYER.text(router.cells()[0]) == "3.0"  # the model's router: the figure alone
+
+
+def test_runs_without_experts_print_no_expert_columns(tmp_path):
+    from runfolders import make_measured_run
+
+    from bench.report import build_report
+
+    make_measured_run(tmp_path / "runs", "plain")
+    report = build_report(None, tmp_path / "out", runs_dir=tmp_path / "runs")
+    assert "experts" not in report.markdown.read_text()
+    assert "experts" not in (tmp_path / "out" / "sweep.csv").read_text()
