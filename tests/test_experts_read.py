@@ -12,6 +12,7 @@ in-process sweep records all of it, says which routing, and a model without expe
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -248,3 +249,16 @@ def test_runs_without_experts_print_no_expert_columns(tmp_path):
     report = build_report(None, tmp_path / "out", runs_dir=tmp_path / "runs")
     assert "experts" not in report.markdown.read_text()
     assert "experts" not in (tmp_path / "out" / "sweep.csv").read_text()
+
+
+# ---- the preset names: one table ------------------------------------------------------------------------------------
+def test_every_help_that_names_the_presets_lists_the_one_preset_table():
+    from bench.cli.common import CHECKPOINT_HELP, PRESET_NAMES
+    from bench.cli.kernel_cmds import kernels_fit
+    from bench.cli.model_cmds import checkpoint_create, checkpoint_inspect
+
+    assert PRESET_NAMES == ", ".join(PRESETS) and "26b-a4b" in PRESET_NAMES and "tiny-moe" in PRESET_NAMES
+    options = (inspect.signature(fn).parameters["preset"].default for fn in (checkpoint_create, checkpoint_inspect,
+                                                                             kernels_fit))  # fmt: skip
+    helps = [CHECKPOINT_HELP, *(option.help for option in options)]
+    assert all(PRESET_NAMES in text for text in helps), helps
