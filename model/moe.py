@@ -33,6 +33,11 @@ them), and XLA:CPU ran it slower than computing every expert on every token: scr
 tiles / ragged_dot / every expert: 1 token 1.66 / 33.0 / 12.7, 8 tokens 1.46 / 38.7 / 19.3, 128 tokens 10.1 /
 418.5 / 162.6 (docs/engine.md "Mixture of experts: what a step reads"). The same script at 26B-A4B's shapes on a
 TPU says which form to prefer there.
+
+What a measured run read (`recording_routes`, `distinct_experts`): the engine's decode programs record each layer's
+expert ids as `route` chose them and return, beside the next token, the number of distinct experts per layer
+across the step's tokens (the union over a batch's rows), from which the sweep counts a step's bytes
+(docs/method.md, "Bytes that follow the routing").
 """
 
 from __future__ import annotations
