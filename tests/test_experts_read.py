@@ -94,6 +94,15 @@ def test_a_batch_records_the_union_of_its_rows_choices(engine, params, monkeypat
     assert all(CFG.top_k_experts <= c <= min(CFG.num_experts, 3 * CFG.top_k_experts) for c in counts)
 
 
+def test_the_profiled_steps_of_a_model_with_experts_give_the_tokens_of_generate(engine):
+    state, step = engine.step_fn(PROMPTS[0], NEW)
+    tokens = [int(state[0][0])]
+    for _ in range(2):
+        state = step(state)
+        tokens.append(int(state[0][0]))
+    assert tokens == engine.generate(PROMPTS[0], NEW).token_ids[:3]
+
+
 def test_balanced_routing_reads_min_of_experts_and_b_times_k(params):
     balanced = Engine(params, dataclasses.replace(CFG, expert_routing="balanced"), decide_policy("float32"),
                       buckets=(16,))  # fmt: skip
