@@ -262,15 +262,18 @@ def device_steps_of(engine, n_tokens: int, max_new_tokens: int) -> list | None:
     return memo[(n_tokens, max_new_tokens)]
 
 
-def step_read_bytes(engine, n_tokens: int, max_new_tokens: int, batch: int = 1) -> dict[str, int]:
+def step_read_bytes(engine, n_tokens: int, max_new_tokens: int, batch: int = 1, *,
+                    experts: float | None = None) -> dict[str, int]:  # fmt: skip
     """Bytes one decode step of `batch` rows reads, the roofline's numerator (docs/method.md, "Rooflines"), as
-    {"weights", "kv_cache", "total"}: on one device `Engine.decode_bytes` itself; under a mesh the slowest
-    device's (the most bytes of `device_steps_of`: its weights once plus `batch` rows of its KV cache shard), so
+    {"weights", "kv_cache", "total"}: on one device `Engine.decode_bytes` itself, with `experts` per layer where a
+    measured run recorded them (a model with experts: docs/method.md, "Bytes that follow the routing"; None: the
+    estimate, top_k); under a mesh the slowest device's (the most bytes of `device_steps_of`: its weights once
+    plus `batch` rows of its KV cache shard; its experts the placement's estimate, `experts` not used), so
     the roofline is per device: that device's bytes over the measured bandwidth of one device (docs/method.md,
     "Several devices")."""
     steps = device_steps_of(engine, n_tokens, max_new_tokens)
     if steps is None:
-        return engine.decode_bytes(n_tokens, max_new_tokens, batch=batch)
+        return engine.decode_bytes(n_tokens, max_new_tokens, batch=batch, experts=experts)
     slowest = max(steps, key=lambda s: s.weight_bytes + batch * s.kv_bytes)
     kv = batch * slowest.kv_bytes
     return {"weights": slowest.weight_bytes, "kv_cache": kv, "total": slowest.weight_bytes + kv}

@@ -246,6 +246,34 @@ def decode_weight_bytes(cfg: ModelConfig, weight_itemsize: int, *, scale_itemsiz
                                      experts=experts).decode_bytes  # fmt: skip
 
 
+def routed_decode_weight_bytes(cfg: ModelConfig, weight_itemsize: int, *, experts: float, scale_itemsize: int = 2,
+                               quant: QuantSpec = NO_QUANT) -> int:  # fmt: skip
+    """`decode_weight_bytes` with the experts a step read as measured: `experts` per layer, a real number in
+    1..E (the median over a cell's decode steps of the distinct experts read, summed over the layers, / layers;
+    docs/method.md, "Bytes that follow the routing"). The bytes are linear in the count, one expert's slices per
+    layer each (`expert_slice_bytes`): decode_weight_bytes(experts=1) + (experts - 1) x layers x one expert's
+    bytes, equal to decode_weight_bytes(experts=n) for a whole n; a fraction (a median between two steps) is
+    rounded to the byte. Raises ValueError for a model without experts or a count outside 1..E."""
+    if not cfg.num_experts:
+        raise ValueError(f"experts read {experts!r}: this model has no experts")
+    if isinstance(experts, bool) or not isinstance(experts, (int, float)) or not 1 <= experts <= cfg.num_experts:
+        raise ValueError(f"experts read {experts!r}: expected a number of experts per layer in 1..{cfg.num_experts}")
+    one = decode_weight_bytes(cfg, weight_itemsize, scale_itemsize=scale_itemsize, quant=quant, experts=1)
+    slice_bytes = expert_slice_bytes(cfg, weight_itemsize, scale_itemsize=scale_itemsize, quant=quant)
+    return one + round((experts - 1) * cfg.num_layers * slice_bytes)
+
+
+def expert_slice_bytes(cfg: ModelConfig, weight_itemsize: int, *, scale_itemsize: int = 2,
+                       quant: QuantSpec = NO_QUANT) -> int:  # fmt: skip
+    """Bytes a step reads of one expert of one layer: its slice of each `EXPERT_LEAVES` leaf (gate/up [D, 2I] and
+    down [D, I]), packed with its scales under `quant` (`leaf_bytes`; no scale block spans two experts); 0 without
+    experts."""
+    if not cfg.num_experts:
+        return 0
+    shapes = expert_shapes(cfg)
+    return sum(leaf_bytes(f, (1, *shapes[f][1:]), weight_itemsize, scale_itemsize, quant)[0] for f in EXPERT_LEAVES)
+
+
 # ---- weight bytes by component, under quantization ----------------------------------------------------------------
 COMPONENTS = ("input embedding", "PLE table", "PLE projection+norm", "layers", "LM head", "other")
 """The components `weight_bytes_by_component` reports, in order (`components_of`: with "experts" after "layers"

@@ -46,6 +46,7 @@ Prompt length, position, temperature, top-k, top-p, seed and a block's trip coun
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -57,13 +58,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model.accounting import BatchMemory, decode_weight_bytes, kv_cache_bytes, kv_read_bytes
+from model.accounting import (BatchMemory, decode_weight_bytes, kv_cache_bytes, kv_read_bytes,
+                              routed_decode_weight_bytes)
 from model.backends import BackendPlan, batch_copy, plan_backend
 from model.cache import init_cache
 from model.config import ModelConfig
 from model.errors import EngineError
 from model.limits import DEFAULT_BUCKETS, PromptLimits, bucket_ladder, prompt_limits  # noqa: F401 -- re-exported
 from model.memory import memory_capacity
+from model.moe import distinct_experts, recording_routes
 from model.forward import decode_step, forward_full, prefill
 from model.packed import PackedParams, as_params, pack_params
 from model.params import Params, output_major_bytes, output_major_params, param_bytes
@@ -150,10 +153,22 @@ def _step_summary_program(params, ids_BT, chosen_S, *, cfg, start, act_dtype, la
 
 @program(static_argnames=("cfg", "act_dtype", "greedy", "layout"), donate_argnames=("cache",))
 def _decode_program(params, cache, token_B, args, *, cfg, act_dtype, greedy, layout=None):
+    """One decode step: (next token [B] int32, cache); for a model with experts, ((next token [B], distinct
+    experts per layer int32 [L]: `model.moe.distinct_experts` of the step's routing, the union over its rows),
+    cache). A model without experts compiles the program it always did."""
     with jax.named_scope("decode_step"):
         position = cache.length
-        logits_BV, cache = decode_step(as_params(params), cfg, token_B, cache, dtype=DTYPES[act_dtype])
-        return choose(logits_BV, position, args, greedy), _constrained(cache, layout)
+        with _routes(cfg) as ids:
+            logits_BV, cache = decode_step(as_params(params), cfg, token_B, cache, dtype=DTYPES[act_dtype])
+        token_B = choose(logits_BV, position, args, greedy)
+        out = (token_B, distinct_experts(ids, cfg.num_experts)) if cfg.has_experts else token_B
+        return out, _constrained(cache, layout)
+
+
+def _routes(cfg: ModelConfig):
+    """`model.moe.recording_routes` for a model with experts (the step's router choices, per layer), else a
+    context that records nothing."""
+    return recording_routes() if cfg.has_experts else contextlib.nullcontext([])
 
 
 DECODE_LOOPS = ("host", "device")
@@ -166,20 +181,27 @@ def _decode_loop_program(params, cache, token_B, args, trips, *, cfg, act_dtype,
     """`trips` (int32 scalar, 1 <= trips <= steps) decode steps in one device loop, each step exactly
     `_decode_program`'s (decode_step, then `model.sampling.choose` with the key of the position decoded). Returns
     (ids [steps, B] int32: row i the token of step i, rows >= trips unused (zeros); the last token [B] int32; the
-    cache)."""
+    cache); for a model with experts a fourth output, distinct experts per layer of each step (int32 [steps, L],
+    `_decode_program`'s, rows >= trips zeros)."""
 
     params = as_params(params)
 
     def body(i, carry):
-        token_B, cache, ids_SB = carry
+        token_B, cache, ids_SB, experts_SL = carry
         with jax.named_scope("decode_step"):
             position = cache.length
-            logits_BV, cache = decode_step(params, cfg, token_B, cache, dtype=DTYPES[act_dtype])
+            with _routes(cfg) as ids:
+                logits_BV, cache = decode_step(params, cfg, token_B, cache, dtype=DTYPES[act_dtype])
             token_B = choose(logits_BV, position, args, greedy)
-        return token_B, cache, jax.lax.dynamic_update_index_in_dim(ids_SB, token_B, i, axis=0)
+        if cfg.has_experts:
+            experts_SL = jax.lax.dynamic_update_index_in_dim(experts_SL, distinct_experts(ids, cfg.num_experts), i, 0)
+        return token_B, cache, jax.lax.dynamic_update_index_in_dim(ids_SB, token_B, i, axis=0), experts_SL
 
     ids_SB = jnp.zeros((steps, token_B.shape[0]), jnp.int32)
-    token_B, cache, ids_SB = jax.lax.fori_loop(0, trips, body, (token_B, cache, ids_SB))
+    experts_SL = jnp.zeros((steps, cfg.num_layers), jnp.int32) if cfg.has_experts else None
+    token_B, cache, ids_SB, experts_SL = jax.lax.fori_loop(0, trips, body, (token_B, cache, ids_SB, experts_SL))
+    if cfg.has_experts:
+        return ids_SB, token_B, _constrained(cache, layout), experts_SL
     return ids_SB, token_B, _constrained(cache, layout)
 
 
@@ -196,6 +218,10 @@ class Generation:
     loop ("device", `block` steps per call, None: one call) syncs the first token and the last token of each block
     only: `arrived` is 0, then each block's last index; it has no per-step times (`step_ms` is empty), only
     `decode_ms` and its mean `ms_per_step`.
+    `experts_read` (a model with experts; None without): for each decode step (the tokens after the first, in
+    order), per layer, how many distinct experts its router chose, as the step's program returned them
+    (`_decode_program`: read from the router's output in this run, not assumed; docs/method.md, "Bytes that
+    follow the routing").
     """
 
     prompt_ids: list[int]
@@ -208,6 +234,7 @@ class Generation:
     decode_loop: str = "host"
     block: int | None = None
     arrived: list[int] | None = None  # None: every token (the host loop)
+    experts_read: list[list[int]] | None = None  # per decode step, per layer: distinct experts chosen (with experts)
 
     @property
     def prefill_ms(self) -> float:
@@ -248,6 +275,7 @@ class BatchGeneration:
     `prompt_ids[b]` / `token_ids[b]`: row b's prompt and its max_new_tokens generated ids. `bucket`: the padded
     prefill length of the batch (that of the longest row); the compiled shape is (B, bucket, max_new_tokens,
     decode_loop, block). Times and `arrived` as in `Generation`; `compile_traces`: jit traces during the batch.
+    `experts_read` as in `Generation`, each count the union over the step's rows.
     `row(b)` is row b as a `Generation` (its tokens with the shared times).
     """
 
@@ -261,6 +289,7 @@ class BatchGeneration:
     decode_loop: str = "host"
     block: int | None = None
     arrived: list[int] | None = None
+    experts_read: list[list[int]] | None = None  # per decode step, per layer: the union over the rows
 
     @property
     def batch(self) -> int:
@@ -411,7 +440,8 @@ class Engine:
         (`model.packed`): `batch_params` for more than one row, else `params`."""
         return self._batch_call_params if rows > 1 else self.call_params
 
-    def decode_bytes(self, n_tokens: int, max_new_tokens: int, batch: int = 1) -> dict[str, int]:
+    def decode_bytes(self, n_tokens: int, max_new_tokens: int, batch: int = 1, *,
+                     experts: float | None = None) -> dict[str, int]:  # fmt: skip
         """Bytes one decode step reads at the compiled shape of `n_tokens` (roofline numerator, docs/method.md, "Rooflines"):
         `weights` (every weight the step touches at its stored size: one row of each embedding table, the whole
         tied table for the logits; quantized leaves at their packed size plus scales: one PLE row, the int8 head
@@ -420,9 +450,15 @@ class Engine:
         the positions a step sees: `decode_positions`), and their `total`; both from
         `model.accounting` (`decode_weight_bytes`, `kv_read_bytes`). A step of `batch` rows reads the weights
         once and every row's cache (docs/method.md, "Batches"), the gathered rows (one embedding and one PLE row
-        per row) counted once, as their bytes are negligible (D + X values a row)."""
-        weights = decode_weight_bytes(self.cfg, np.dtype(DTYPES[self.policy.weight_dtype]).itemsize,
-                                      scale_itemsize=np.dtype(DTYPES[self.scale_dtype]).itemsize, quant=self.quant)
+        per row) counted once, as their bytes are negligible (D + X values a row). A model with experts: the
+        router's top_k experts per layer (the estimate), or `experts` per layer as a measured run read them
+        (`model.accounting.routed_decode_weight_bytes`; docs/method.md, "Bytes that follow the routing")."""
+        itemsize, scale_itemsize = (np.dtype(DTYPES[d]).itemsize for d in (self.policy.weight_dtype, self.scale_dtype))
+        if experts is None:
+            weights = decode_weight_bytes(self.cfg, itemsize, scale_itemsize=scale_itemsize, quant=self.quant)
+        else:
+            weights = routed_decode_weight_bytes(self.cfg, itemsize, experts=experts, scale_itemsize=scale_itemsize,
+                                                 quant=self.quant)  # fmt: skip
         positions = self.decode_positions(n_tokens, max_new_tokens)
         kv = batch * kv_read_bytes(self.cfg, positions, np.dtype(DTYPES[self.policy.kv_dtype]).itemsize)
         return {"weights": weights, "kv_cache": kv, "total": weights + kv}
@@ -545,17 +581,19 @@ class Engine:
         token_B, cache = self.prefill_row(ids, len(prompt_ids), bucket + max_new_tokens, args, sampling.greedy)
         tokens = [int(np.asarray(token_B)[0])]  # token_B[0] would run a device gather before the copy
         times = [time.perf_counter_ns()]
-        arrived = None
+        arrived, experts = None, []
         if decode_loop == "device":
-            arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, tokens, times)
+            arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, tokens, times,
+                                             experts=experts)  # fmt: skip
 
         def stops(token: int) -> bool:  # after `token`: the caller's stop, or EOS when asked to stop there
             return bool(on_token and on_token(token)) or (stop_at_eos and token in eos)
 
         def step(cache, token_B):  # the call `_decode_program` was traced with (positional args: one program)
-            return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg,
-                                   act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
-                                   xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
+            out, cache = _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg,
+                                         act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
+                                         xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
+            return _routed(out, experts), cache
 
         steps = 0 if stops(tokens[0]) else max_new_tokens - len(tokens)  # the device loop leaves none
         if self.test_decode_delay_s:  # test only: every step's token passes a wait on the device's stream
@@ -567,7 +605,8 @@ class Engine:
                 break
         return Generation(prompt_ids=list(prompt_ids), token_ids=tokens, bucket=bucket, max_new_tokens=max_new_tokens,
                           t_prefill_start_ns=t0, t_token_ns=times, compile_traces=CompileCounter.traces - traces0,
-                          decode_loop=decode_loop, block=block, arrived=arrived)  # fmt: skip
+                          decode_loop=decode_loop, block=block, arrived=arrived,
+                          experts_read=self._experts_read(experts, len(tokens) - 1))  # fmt: skip
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, sampling: Sampling = GREEDY, *,
                        decode_loop: str = "host", block: int | None = None) -> BatchGeneration:  # fmt: skip
@@ -595,15 +634,16 @@ class Engine:
         )  # fmt: skip
         rows = [[t] for t in np.asarray(token_B).tolist()]
         times = [time.perf_counter_ns()]
-        arrived = None
+        arrived, experts = None, []
         params = self.decode_params(len(prompts))
         if decode_loop == "device":
             arrived = self._decode_on_device(token_B, cache, args, sampling.greedy, max_new_tokens, block, rows, times,
-                                             params=params)  # fmt: skip
+                                             params=params, experts=experts)  # fmt: skip
         def step(cache, token_B):
-            return _decode_program(params, cache, token_B, args, cfg=self.cfg,
-                                   act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
-                                   xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
+            out, cache = _decode_program(params, cache, token_B, args, cfg=self.cfg,
+                                         act_dtype=self.policy.activation_dtype, greedy=sampling.greedy,
+                                         xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
+            return _routed(out, experts), cache
 
         for token_B in _dispatched_ahead(step, cache, token_B, max_new_tokens - len(rows[0])):
             for row, t in zip(rows, np.asarray(token_B).tolist(), strict=True):
@@ -612,24 +652,36 @@ class Engine:
         return BatchGeneration(prompt_ids=[list(p) for p in prompts], token_ids=rows, bucket=bucket,
                                max_new_tokens=max_new_tokens, t_prefill_start_ns=t0, t_token_ns=times,
                                compile_traces=CompileCounter.traces - traces0, decode_loop=decode_loop, block=block,
-                               arrived=arrived)  # fmt: skip
+                               arrived=arrived, experts_read=self._experts_read(experts, len(rows[0]) - 1))  # fmt: skip
+
+    def _experts_read(self, experts: list, steps: int) -> list[list[int]] | None:
+        """The distinct-expert counts of a request's first `steps` decode steps as lists (per step, per layer), from
+        the arrays its steps returned (`_routed`, `_decode_on_device`: already on their way to the host); None
+        for a model without experts. Steps dispatched ahead past a stop are left out."""
+        if not self.cfg.has_experts:
+            return None
+        return [np.asarray(counts_L).tolist() for counts_L in experts[:steps]]
 
     def _decode_on_device(self, token_B, cache, args, greedy: bool, max_new_tokens: int, block: int | None,
-                          tokens: list, times: list[int], *, params: PackedParams | None = None) -> list[int]:  # fmt: skip
+                          tokens: list, times: list[int], *, params: PackedParams | None = None,
+                          experts: list | None = None) -> list[int]:  # fmt: skip
         """The device loop after the first token: max_new_tokens - 1 steps in calls of `steps` = min(block, that)
         steps (the last call's trip count the rest), appending each block's ids to `tokens` (a list of ids: row 0's;
-        a list of B lists: every row's) and its arrival on the host to `times`. Returns the token indices `times`
-        mark (0, then each block's last)."""
+        a list of B lists: every row's) and its arrival on the host to `times`; for a model with experts, each
+        step's distinct-expert counts [L] to `experts`. Returns the token indices `times` mark (0, then each
+        block's last)."""
         left = max_new_tokens - 1
         steps = min(block or left, left)
         arrived = [0]
         while left > 0:
             trips = min(steps, left)
-            ids_SB, token_B, cache = _decode_loop_program(
+            ids_SB, token_B, cache, *counts = _decode_loop_program(
                 self.call_params if params is None else params, cache, token_B, args, jnp.int32(trips), cfg=self.cfg,
                 act_dtype=self.policy.activation_dtype, greedy=greedy, steps=steps, xla_options=self.xla_options,
                 backend=self.backend, layout=self.layout,
             )  # fmt: skip
+            if counts and experts is not None:  # a model with experts: each step's counts [L]
+                experts.extend(np.asarray(counts[0])[:trips])
             if tokens and isinstance(tokens[0], list):  # a batch: every row's ids
                 for row, ids in zip(tokens, np.asarray(ids_SB)[:trips].T.tolist(), strict=True):
                     row.extend(ids)
@@ -703,8 +755,10 @@ class Engine:
 
         def step(state):
             token_B, cache = state
-            return _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True,
-                                   xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
+            out, cache = _decode_program(self.call_params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype,
+                                         greedy=True, xla_options=self.xla_options, backend=self.backend,
+                                         layout=self.layout)  # fmt: skip
+            return _token(out), cache
 
         return state, step
 
@@ -724,8 +778,9 @@ class Engine:
 
         def step(state):
             token_B, cache = state
-            return _decode_program(params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True,
-                                   xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
+            out, cache = _decode_program(params, cache, token_B, args, cfg=self.cfg, act_dtype=act_dtype, greedy=True,
+                                         xla_options=self.xla_options, backend=self.backend, layout=self.layout)  # fmt: skip
+            return _token(out), cache
 
         return state, step
 
@@ -762,6 +817,24 @@ class Engine:
             kv_dtype=self.policy.kv_dtype, act_dtype=self.policy.activation_dtype, greedy=greedy, xla_options=None,
             backend=self.backend, layout=self.layout,
         )  # fmt: skip
+
+
+def _token(out) -> jax.Array:
+    """The next token [B] of a `_decode_program` output (with experts the program also returns its counts, which
+    the profiled steps (`Engine.step_fn`) compute and leave on the device)."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _routed(out, experts: list) -> jax.Array:
+    """The next token [B] of a `_decode_program` output; for a model with experts (a (token, counts) pair), its
+    distinct-expert counts [L] are appended to `experts`, their copy to the host begun, so reading them after the
+    loop waits for nothing."""
+    if not isinstance(out, tuple):
+        return out
+    token_B, counts_L = out
+    counts_L.copy_to_host_async()
+    experts.append(counts_L)
+    return token_B
 
 
 HOST_LOOP_AHEAD = 2

@@ -36,11 +36,19 @@ them), and XLA:CPU ran it slower than computing every expert on every token: scr
 tiles / ragged_dot / every expert: 1 token 1.66 / 33.0 / 12.7, 8 tokens 1.46 / 38.7 / 19.3, 128 tokens 10.1 /
 418.5 / 162.6 (docs/engine.md "Mixture of experts: what a step reads"). The same script at 26B-A4B's shapes on a
 TPU says which form to prefer there.
+
+What a measured run read (`recording_routes`, `distinct_experts`): the engine's decode programs record each layer's
+expert ids as `route` chose them and return, beside the next token, the number of distinct experts per layer
+across the step's tokens (the union over a batch's rows), from which the sweep counts a step's bytes
+(docs/method.md, "Bytes that follow the routing").
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -274,6 +282,41 @@ def expert_block(lp, cfg: ModelConfig, h_BTD: jax.Array, *, layer: int) -> jax.A
     h_ND = h_BTD.reshape(b * t, d)
     with jax.named_scope("moe"):
         idx_NK, w_NK = route(lp, cfg, h_ND, layer=layer)
+        _record_route(idx_NK)
         x_ND = rms_norm(h_ND, lp.pre_ffw2_norm_D, cfg.rms_norm_eps)
         y_ND = expert_products(lp, x_ND, idx_NK, w_NK, cfg.num_experts)
         return rms_norm(y_ND, lp.post_ffw2_norm_D, cfg.rms_norm_eps).reshape(b, t, d)
+
+
+# ---- what the measured run read: the experts each layer's router chose (docs/method.md, "Bytes that follow the
+# routing") --------------------------------------------------------------------------------------------------------
+_ROUTES = threading.local()
+
+
+@contextlib.contextmanager
+def recording_routes() -> Iterator[list[jax.Array]]:
+    """Within this context, each `expert_block` traced on this thread appends its expert ids (int32 [N, K], the
+    router's choice: `route`) to the yielded list, one per layer in order; outside it nothing is recorded and a
+    program's outputs are what they were. For a decode program that returns `distinct_experts` of them: enter it
+    inside the traced function, around the step only (the ids are values of that trace)."""
+    before = getattr(_ROUTES, "ids", None)
+    _ROUTES.ids = ids = []
+    try:
+        yield ids
+    finally:
+        _ROUTES.ids = before
+
+
+def _record_route(idx_NK: jax.Array) -> None:
+    ids = getattr(_ROUTES, "ids", None)
+    if ids is not None:
+        ids.append(idx_NK)
+
+
+def distinct_experts(ids: list[jax.Array], num_experts: int) -> jax.Array:
+    """Per layer, how many distinct experts its router chose across all the step's tokens (the union over the
+    rows of a batch): int32 [L] from L expert-id arrays int32 [N, K] (`recording_routes`), each count in
+    1..min(E, N*K). One small fusion ([L, N*K, E] comparisons): what a decode step returns beside its tokens."""
+    idx_LA = jnp.stack([i.reshape(-1) for i in ids])
+    hit_LE = jnp.any(idx_LA[:, :, None] == jnp.arange(num_experts, dtype=jnp.int32), axis=1)
+    return jnp.sum(hit_LE, axis=-1, dtype=jnp.int32)

@@ -98,7 +98,8 @@ def test_a_batch_cell_summarises_one_row_and_the_aggregate_is_b_times_it():
 
 def test_a_sample_without_batch_writes_what_it_always_did():
     plain = batch_samples(41, 1, 20.0)[1]
-    assert set(plain.to_dict()) == {f.name for f in dataclasses.fields(Sample)} - {"block_ms", "batch", "row_token_ids"}
+    assert set(plain.to_dict()) == {f.name for f in dataclasses.fields(Sample)} - {"block_ms", "batch", "row_token_ids",
+                                                                                         "experts_read"}
     batched = batch_samples(41, 2, 20.0)[1]
     assert batched.to_dict()["batch"] == 2 and len(batched.to_dict()["row_token_ids"]) == 2
     assert cell_key(plain) == (41, 1) and cell_key(batched) == (41, 2)

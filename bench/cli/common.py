@@ -21,11 +21,15 @@ from bench.engines import (  # noqa: F401  (re-exported for the commands)
     open_engine,
     parse_random_flag,
 )
+from model.config import PRESETS
 
 
+PRESET_NAMES = ", ".join(PRESETS)
+"""Every preset of the one preset table (`model.config.PRESETS`, jax-free), in its order: what every help text
+that names the presets lists, so a new preset appears in each without another edit."""
 CHECKPOINT_HELP = (
     "Checkpoint: a local Hugging Face directory, a hub repo id (owner/name), builtin:PRESET "
-    "(tiny, default, e2b, e4b, tiny-31b, tiny-moe, 31b, 26b-a4b), or random:PRESET / random:PRESET@SEED (dummy "
+    f"({PRESET_NAMES}), or random:PRESET / random:PRESET@SEED (dummy "
     "weights made on the device, no checkpoint file). "
     "Default: the built-in 'default' checkpoint, created on first use."
 )

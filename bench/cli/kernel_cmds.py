@@ -8,7 +8,7 @@ import json
 import typer
 
 from bench.cli.root import app
-from bench.cli.common import make_console
+from bench.cli.common import PRESET_NAMES, make_console
 from bench.errors import InputError
 
 kernels_app = typer.Typer(help="The engine's hand-written kernels: whether their tiles fit a device.",
@@ -194,8 +194,8 @@ def kernels_fit(
         None, "--device-capability", help="NVIDIA compute capability (7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 12.0), or "
         "a TPU: tpu (v5e, the lent machine's) or tpu-GEN (tpu-v5e, tpu-v6e, tpu-v5p, ...): the Mosaic TPU kernel's "
         "tiling and VMEM; repeatable. Default: every NVIDIA capability of the table."),
-    preset: str = typer.Option("e2b", "--preset", help="Model preset whose w4 projections are checked (tiny, "
-                               "default, e2b, e4b)."),
+    preset: str = typer.Option("e2b", "--preset", help="Model preset whose w4 projections are checked "
+                               f"({PRESET_NAMES})."),
     group: int = typer.Option(128, "--group", help="w4 group size (values per scale along K), as --quant w4:GROUP."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype: bfloat16, float16 or float32."),
     scale_dtype: str = typer.Option("bfloat16", "--scale-dtype", help="Scale dtype: bfloat16, float16 or float32."),

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from bench.cli.root import app
-from bench.cli.common import CheckpointOpt, CompileCacheOpt, make_console, setup_logging
+from bench.cli.common import PRESET_NAMES, CheckpointOpt, CompileCacheOpt, make_console, setup_logging
 from bench.cli.engine_options import QUANT_HELP, EngineFlags, engine_options
 from bench.errors import InputError, RunFolderError
 
@@ -92,7 +92,7 @@ def _device_timing_line(gen) -> str:
 @checkpoint_app.command("create")
 def checkpoint_create(
     out_dir: Path = typer.Argument(..., help="New directory to write the checkpoint into."),
-    preset: str = typer.Option("default", "--preset", help="tiny, default, e2b or e4b."),
+    preset: str = typer.Option("default", "--preset", help=f"One of {PRESET_NAMES}."),
     seed: int = typer.Option(0, help="Random seed of the weights."),
     dtype: str = typer.Option("bfloat16", help="Stored dtype: bfloat16 (as released), float32 or float16."),
     layout: str = typer.Option("text", help="text (model. prefix) or published (model.language_model. prefix)."),
@@ -282,8 +282,8 @@ def _print_plan(plan: dict, dtype: str) -> None:
 def checkpoint_inspect(
     checkpoint: str | None = typer.Argument(None, help="A local checkpoint directory (config.json, *.safetensors): "
                                             "only config.json and the safetensors headers are read."),
-    preset: str | None = typer.Option(None, "--preset", help="Inspect a preset's shapes instead (tiny, default, e2b, "
-                                      "e4b, tiny-31b, tiny-moe, 31b, 26b-a4b); nothing is written or read."),
+    preset: str | None = typer.Option(None, "--preset", help="Inspect a preset's shapes instead "
+                                      f"({PRESET_NAMES}); nothing is written or read."),
     quant: str | None = typer.Option(None, "--quant", help=QUANT_HELP),
     dtype: str | None = typer.Option(None, "--dtype", help="Dtype the dense weights (and the KV cache) are placed in "
                                      "(float32, bfloat16, float16); default: the checkpoint's stored dtype, bfloat16 "

@@ -58,8 +58,9 @@ def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, r
                     decode_loop: str = "host", block: int | None = None) -> Measured:  # fmt: skip
     """Run and time one request of `prompt` (its text is tokenized inside the timed region and must give
     exactly `prompt.ids`) with the engine's `decode_loop` ("host" or "device", in blocks of `block` steps; None:
-    one). Returns the raw `Sample` (ms, tok/s; compile events = the engine's jit traces during the request) and
-    the bucket the engine ran. The device loop syncs once per block, so its sample has no per-step times
+    one). Returns the raw `Sample` (ms, tok/s; compile events = the engine's jit traces during the request; for a
+    model with experts the distinct experts each decode step read per layer, `Generation.experts_read`) and the
+    bucket the engine ran. The device loop syncs once per block, so its sample has no per-step times
     (`step_ms` empty) and its blocks' times in `block_ms`; its decode time is still first token to last on the
     host. Raises InputError if the tokenizer no longer reproduces the prompt's exact ids (the input size would be
     wrong), the engine's EngineError for a loop it cannot run."""
@@ -86,6 +87,7 @@ def measure_request(engine, prompt: Prompt, max_new_tokens: int, *, kind: str, r
         degenerate=verdict.degenerate,
         degenerate_reason=verdict.reason,
         token_ids=gen.token_ids,
+        experts_read=gen.experts_read,
         **times,
     )
     return Measured(sample=sample, bucket=gen.bucket)
@@ -132,6 +134,7 @@ def measure_batch_request(engine, prompts, max_new_tokens: int, *, kind: str, re
         token_ids=gen.token_ids[0],
         batch=gen.batch,
         row_token_ids=[list(ids) for ids in gen.token_ids],
+        experts_read=gen.experts_read,
         **times,
     )
     return Measured(sample=sample, bucket=gen.bucket)

@@ -527,14 +527,16 @@ def run_mismatches(run, setup) -> list[str]:
 def _roofline_inputs(engine, cell, input_tokens: int, max_new_tokens: int,
                      batch: int = 1) -> tuple[dict, float | None, str]:  # fmt: skip
     """(bytes one decode step of `batch` rows reads (the engine's accounting: the weights once, every row's KV
-    cache; under a mesh the slowest device's: `bench.engines.step_read_bytes`), the gauge tok/s to use or None,
-    the note saying which): a joined sweep cell's gauge (at B > 1 the
-    per-sequence gauge: steps per second) at its own shape, else None (the profile's own rate is used)."""
+    cache; under a mesh the slowest device's: `bench.engines.step_read_bytes`; a model with experts: the joined
+    cell's measured experts per layer, docs/method.md, "Bytes that follow the routing", else top_k), the gauge
+    tok/s to use or None, the note saying which): a joined sweep cell's gauge (at B > 1 the per-sequence gauge:
+    steps per second) at its own shape, else None (the profile's own rate is used)."""
     from bench.engines import step_read_bytes
 
     at = f"{input_tokens} input tokens" + (f" x {batch} rows" if batch > 1 else "")
     if cell is not None:
-        decode_bytes = step_read_bytes(engine, input_tokens, cell.max_new_tokens or max_new_tokens, batch=batch)
+        decode_bytes = step_read_bytes(engine, input_tokens, cell.max_new_tokens or max_new_tokens, batch=batch,
+                                       experts=cell.experts_per_layer_median)  # fmt: skip
         return decode_bytes, cell.gauge_tok_s_median, (
             f"roofline uses the run's sweep gauge at {at} ({cell.gauge_tok_s_median:.2f} tok/s"
             f"{' per sequence' if batch > 1 else ''}, bytes per step at its shape, max_new_tokens "

@@ -450,7 +450,8 @@ def batches_csv(views: list[RunView]) -> tuple[list[str], list[list[Any]]]:
 BATCH_CSV_FIELDS = ("gauge_tok_s_median", "gauge_tok_s_min", "gauge_tok_s_max", "aggregate_tok_s_median",
                     "aggregate_tok_s_min", "aggregate_tok_s_max", "ttft_ms_median", "step_ms_median", "step_ms_p99",
                     "bytes_per_step", "roofline_share_pct", "flops_per_step", "arithmetic_intensity", "rows_differ",
-                    "device_gauge_tok_s_median", "valid", "invalid_reason", "status", "partial")  # fmt: skip
+                    "device_gauge_tok_s_median", "valid", "invalid_reason", "status", "partial",
+                    "experts_per_layer_median", "experts_read_median", "expert_routing")  # fmt: skip
 """The `CellRow` fields of batches.csv after run, input tokens and batch."""
 
 

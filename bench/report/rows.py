@@ -32,6 +32,7 @@ from bench.runs.columns import (
     COMPLETENESS_COLUMNS,
     DASH,
     DEVICE_LOOP_COLUMNS,
+    EXPERT_COLUMNS,
     ROOFLINE_COLUMNS,
     Column,
     present,
@@ -296,10 +297,11 @@ CELL_ROW_COLUMNS: tuple[RowColumn, ...] = tuple(
 """The sweep cell's columns (bench/runs/columns.py), applied to a row's cell, then its completeness fields
 (`partial`, `repeats`, `repeats_planned`, `stopped_by`), so no program reads a partial cell as complete."""
 DEVICE_ROW_COLUMNS: tuple[RowColumn, ...] = tuple(
-    RowColumn(key=c.key, header=c.header, align=c.align, cell=c) for c in (*DEVICE_LOOP_COLUMNS, *ROOFLINE_COLUMNS)
+    RowColumn(key=c.key, header=c.header, align=c.align, cell=c)
+    for c in (*DEVICE_LOOP_COLUMNS, *ROOFLINE_COLUMNS, *EXPERT_COLUMNS)
 )
-"""The optional cell columns (bench/runs/columns.py): the device decode loop's (`DEVICE_LOOP_COLUMNS`) and the
-rooflines (`ROOFLINE_COLUMNS`), where a row has them."""
+"""The optional cell columns (bench/runs/columns.py): the device decode loop's (`DEVICE_LOOP_COLUMNS`), the
+rooflines (`ROOFLINE_COLUMNS`) and a model with experts' experts read (`EXPERT_COLUMNS`), where a row has them."""
 ROW_COLUMNS: tuple[RowColumn, ...] = KEY_COLUMNS + CELL_ROW_COLUMNS
 """Every column of the long format that every row has: what rows.csv and rows.jsonl hold (then the device-loop
 columns where a row has them: `row_columns`)."""
@@ -309,7 +311,7 @@ BY_KEY = {c.key: c for c in ROW_COLUMNS + DEVICE_ROW_COLUMNS}
 def row_columns(rows: Sequence[ReportRow]) -> tuple[RowColumn, ...]:
     """`ROW_COLUMNS`, then the optional columns (`DEVICE_ROW_COLUMNS`: device loop, rooflines) some row of `rows`
     has a value of: the long format of runs without them is what it always was."""
-    shown = present(DEVICE_LOOP_COLUMNS + ROOFLINE_COLUMNS, [r.cell for r in rows])
+    shown = present(DEVICE_LOOP_COLUMNS + ROOFLINE_COLUMNS + EXPERT_COLUMNS, [r.cell for r in rows])
     return ROW_COLUMNS + tuple(c for c in DEVICE_ROW_COLUMNS if c.cell in shown)
 
 

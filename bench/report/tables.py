@@ -47,6 +47,7 @@ from bench.runs.columns import (
     DASH,
     DEVICE_LOOP_COLUMNS,
     E2E,
+    EXPERT_COLUMNS,
     GAUGE,
     INPUT_TOKENS,
     ROOFLINE_COLUMNS,
@@ -326,11 +327,12 @@ def sweep_report_table(
 
     Markdown: per run its gauge and end-to-end columns (`rate_text`); its bucket and TTFT columns when any of its
     cells has one (and `extras`); headers are the run's label and the column's header. CSV: `input_tokens`, then per run
-    `<run>:<field>` for every field of `CSV_COLUMNS` (and of the device-loop and roofline columns where a run has
-    them), numbers unrounded.
+    `<run>:<field>` for every field of `CSV_COLUMNS` (and of the device-loop, roofline and expert columns where a run
+    has them), numbers unrounded.
     """
     sizes = sorted({s for v in views for s in v.cells})
-    optional = present(DEVICE_LOOP_COLUMNS + ROOFLINE_COLUMNS, [c for v in views for c in v.cells.values()])
+    optional = present(DEVICE_LOOP_COLUMNS + ROOFLINE_COLUMNS + EXPERT_COLUMNS,
+                       [c for v in views for c in v.cells.values()])  # fmt: skip
     fields = [f for col in (*CSV_COLUMNS, *optional) for f in col.csv_fields]  # the optional ones where a run has them
     csv_header = [INPUT_TOKENS.key, *(f"{v.name}:{f}" for v in views for f in fields)]
     csv_rows = [[s, *(getattr(v.cells.get(s), f, None) for v in views for f in fields)] for s in sizes]

@@ -47,6 +47,8 @@ from bench.runs.columns import (
     VALID,
     DEVICE_GAUGE,
     DEVICE_ROOFLINE_SHARE,
+    EXPERTS_PER_LAYER,
+    EXPERTS_READ,
     HOST_OVERHEAD,
     PREFILL_GFLOP_S,
     PREFILL_MATMUL_SHARE,
@@ -164,7 +166,8 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
     above 100% explained under it (`bench.runs.columns.table_notes`), and the run's copy bandwidth before its first
     cell and after its last where it measured both (`bench.runs.copy_bandwidths_of`). [] when no run has them
     (runs measured before the sweep measured its rates)."""
-    wanted = (BYTES_PER_STEP, ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_GFLOP_S, PREFILL_MATMUL_SHARE)
+    wanted = (BYTES_PER_STEP, EXPERTS_PER_LAYER, EXPERTS_READ, ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_GFLOP_S,
+              PREFILL_MATMUL_SHARE)  # fmt: skip
     out = []
     for v in views:
         cols = present(wanted, v.cells.values())  # each optional: only those some cell has
@@ -175,6 +178,7 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
         notes = [f"roofline % = bytes per step x gauge tok/s / the run's roofline ceiling ({ceiling_text(v.m)}); "
                  "prefill matmul % = prefill FLOP / median prefill time / the run's measured matrix-product rate "
                  "(same session)."]  # fmt: skip
+        notes += experts_notes([v.cells[s] for s in sizes])
         notes += [n.removeprefix("note: ") for n in table_notes(cols, [v.cells[s] for s in sizes],
                                                                 ceiling=ceiling_of(v.m))]
         start, end = copy_bandwidths_of(v.m)
@@ -184,6 +188,27 @@ def roofline_tables(views: Sequence[Any]) -> list[Table]:
                          "host drifted while the cells ran.")  # fmt: skip
         out.append(Table(title=f"rooflines: {v.label}", header=["input tokens", *(c.header for c in cols)],
                          rows=rows, notes=notes, kind="rooflines", sources=(v.name,)))  # fmt: skip
+    return out
+
+
+def experts_notes(cells: Sequence[Any], *, per_cell: bool = False) -> list[str]:
+    """The lines under a table of cells of a model with experts (docs/method.md, "Bytes that follow the routing"):
+    what experts/layer is and that bytes/step counts it; with `per_cell`, each cell's figure (the batch table has
+    no column for it); and the routing where it was balanced (dummy weights), beside the figure. [] when no cell
+    recorded its experts read."""
+    from bench.runs.columns import cell_name, experts_text
+
+    known = [c for c in cells if c is not None and c.experts_per_layer_median is not None]
+    if not known:
+        return []
+    out = ["experts/layer = the distinct experts a decode step's routers chose per layer (the union over a batch's "
+           "rows), median over the cell's steps as the measured run recorded them; bytes/step counts that many "
+           "experts per layer instead of top_k (docs/method.md, Bytes that follow the routing)."]  # fmt: skip
+    if per_cell:
+        out.append("experts/layer: " + ", ".join(f"{cell_name(c)} {experts_text(c)}" for c in known))
+    if any(c.expert_routing == "balanced" for c in known):
+        out.append("balanced routing: dummy weights whose tokens go to every expert equally often (a step reads "
+                   "min(E, B x top_k) experts per layer), not a trained router's choice.")  # fmt: skip
     return out
 
 
@@ -212,6 +237,7 @@ def batch_tables(views: Sequence[Any]) -> list[Table]:
                  "matrix-product FLOP of one step / bytes/step; rows ≠ B=1 = rows whose greedy tokens differ from "
                  "their prompt's alone."]  # fmt: skip
         notes += [f"knee (median step > {1 + KNEE_FRACTION:g} x B = 1's): {k.line}" for k in knees(cells)]
+        notes += experts_notes(cells, per_cell=True)
         notes += [n.removeprefix("note: ") for n in table_notes(cols, cells, ceiling=ceiling_of(v.m))]
         out.append(Table(title=f"batches: {v.label}", header=["input tokens", BATCH.header, *(c.header for c in cols)],
                          rows=rows, notes=notes, kind="batches", sources=(v.name,)))  # fmt: skip

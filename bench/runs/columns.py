@@ -18,6 +18,8 @@ Formats:
   optional fields, shown only where a row has them (`present`), so a run without the device loop prints as it did;
 - the rooflines (`ROOFLINE_COLUMNS`: bytes per decode step with thousands separators, the bandwidth roofline
   shares in %, the prefill's GFLOP/s and its share of the measured matrix-product rate in %): optional the same way;
+- experts (`EXPERT_COLUMNS`: a model with experts' distinct experts read per layer and per step, and the routing
+  that chose them): optional the same way;
 - batches (`BATCH`, `BATCH_COLUMNS`: a `--batch` sweep's batch, aggregate throughput, step time median and p99,
   bytes per step, FLOP per byte, rows differing from B = 1): shown only for the rows of a `--batch` sweep (some row
   has `batch`), so every other run prints as it did.
@@ -145,6 +147,22 @@ FLOPS_PER_STEP = Column(key="flops_per_step", header="FLOP/step", unit="FLOP", d
 INTENSITY = Column(key="arithmetic_intensity", header="FLOP/byte", unit="FLOP/byte", digits=2)
 ROWS_DIFFER = Column(key="rows_differ", header="rows ≠ B=1", unit="rows", digits=0)
 
+
+def experts_text(row: CellRow | None) -> str:
+    """A cell's experts read per layer as the tables print it (`EXPERTS_PER_LAYER`): the median over its decode
+    steps, with "(balanced routing)" where dummy weights chose them so (docs/method.md, "Bytes that follow the
+    routing"); "—" for none."""
+    if row is None or row.experts_per_layer_median is None:
+        return DASH
+    text = fmt_num(row.experts_per_layer_median, 2)
+    return text + " (balanced routing)" if row.expert_routing == "balanced" else text
+
+
+EXPERTS_PER_LAYER = Column(key="experts_per_layer_median", header="experts/layer", unit="experts", digits=2,
+                           text_of=experts_text)  # fmt: skip
+EXPERTS_READ = Column(key="experts_read_median", header="experts read/step", unit="experts", digits=1, spread=True)
+EXPERT_ROUTING = Column(key="expert_routing", header="expert routing", unit="", digits=None, align="left")
+
 CELL_COLUMNS: tuple[Column, ...] = (
     INPUT_TOKENS, BUCKET, GAUGE, E2E, TTFT, TPOT, COLD_WARM_REQUEST, COLD_WARM_TTFT, VALID, STATUS,
 )  # fmt: skip
@@ -164,7 +182,12 @@ ROOFLINE_COLUMNS: tuple[Column, ...] = (
 the bandwidth roofline share of each loop's gauge (bytes/step x gauge / the run's measured copy bandwidth), the
 prefill's matrix-product FLOP, its FLOP/s (printed as GFLOP/s) and their share of the run's measured
 matrix-product rate. Optional, like the device-loop columns (`present`)."""
-OPTIONAL_COLUMNS: tuple[Column, ...] = DEVICE_LOOP_COLUMNS + ROOFLINE_COLUMNS
+EXPERT_COLUMNS: tuple[Column, ...] = (EXPERTS_PER_LAYER, EXPERTS_READ, EXPERT_ROUTING)
+"""A model with experts (`CellRow`; docs/method.md, "Bytes that follow the routing"): the distinct experts its
+decode steps read per layer (median over the steps; what bytes/step counts), per step summed over the layers
+(median, min–max), and the routing that chose them ("router", or "balanced" for dummy weights). Optional, like the
+rooflines (`present`): rows of models without experts print as they did."""
+OPTIONAL_COLUMNS: tuple[Column, ...] = DEVICE_LOOP_COLUMNS + ROOFLINE_COLUMNS + EXPERT_COLUMNS
 """The columns of optional `CellRow` fields: a printer shows each only where some row has a value (`present`)."""
 BATCH_COLUMNS: tuple[Column, ...] = (AGGREGATE, STEP, STEP_P99, BYTES_PER_STEP, INTENSITY, ROWS_DIFFER)
 """A `--batch` sweep's cell figures (`CellRow`; docs/method.md, "Batches") beside the per-sequence gauge: the
@@ -172,9 +195,11 @@ aggregate throughput (B x the gauge: median, min–max), the decode step's media
 bytes one step reads (weights once, every row's KV cache), the arithmetic intensity (FLOP per byte of a step) and
 how many rows' greedy tokens differ from their prompt's at B = 1. Shown only where a row has `batch`
 (`is_batch_sweep`)."""
-TABLE_ROOFLINE_COLUMNS: tuple[Column, ...] = (ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_MATMUL_SHARE)
+TABLE_ROOFLINE_COLUMNS: tuple[Column, ...] = (ROOFLINE_SHARE, DEVICE_ROOFLINE_SHARE, PREFILL_MATMUL_SHARE,
+                                              EXPERTS_PER_LAYER)  # fmt: skip
 """The rooflines the terminal's sweep table shows: the three shares, so that a sweep of both loops fits 200
-columns (bytes per step, prefill FLOP and GFLOP/s are in the run's cells.csv and the report's rows)."""
+columns (bytes per step, prefill FLOP and GFLOP/s are in the run's cells.csv and the report's rows), and for a
+model with experts the experts read per layer its bytes per step count (with the routing where it was balanced)."""
 TABLE_COLUMNS: tuple[Column, ...] = CELL_COLUMNS[:-1]
 """The sweep table of the terminal (`bench sweep`) and of the gpu-run summary: one row per input size (plus the
 device-loop columns where a row has them: `table_columns`)."""

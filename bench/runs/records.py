@@ -70,6 +70,15 @@ class CellRow:
     `probe_read_bytes_s_*` and `probe_matmul_flop_s_*` (their read and matrix-product rates: median, min, max) and
     `ceiling_bytes_s` (the cell's roofline denominator, max(that read median, the datasheet)): the cell's shares
     are divided by these instead of the run's start rates.
+
+    **Experts read** (a model with experts; docs/method.md, "Bytes that follow the routing"; optional, absent
+    from rows of models without experts and from older rows): from the samples' `experts_read` (the distinct experts
+    each decode step's router chose per layer, the union over a batch's rows), pooled over every timed repeat of
+    either loop: `experts_read_steps` (the steps pooled), `experts_read_median` / `_min` / `_max` (per step, summed
+    over the layers), `experts_per_layer_median` (that median / layers), `experts_read_layers_median` / `_min` /
+    `_max` (each layer's own, over the steps); `expert_routing` ("router", or "balanced" for dummy weights with the
+    balanced routing) is the engine's, added with the rooflines. With them, `bytes_per_step` counts
+    `experts_per_layer_median` experts per layer instead of top_k.
     """
 
     input_tokens: int
@@ -132,6 +141,15 @@ class CellRow:
     probe_matmul_flop_s_min: float | None = None
     probe_matmul_flop_s_max: float | None = None
     ceiling_bytes_s: float | None = None  # the roofline denominator of this cell's shares (bytes/s)
+    experts_read_steps: int | None = None  # decode steps whose routing was recorded (a model with experts)
+    experts_read_median: float | None = None  # distinct experts read per step, summed over the layers: median,
+    experts_read_min: int | None = None  # min and max over the cell's decode steps
+    experts_read_max: int | None = None
+    experts_per_layer_median: float | None = None  # experts_read_median / layers: what the bytes per step count
+    experts_read_layers_median: list[float] | None = None  # per layer: its distinct experts' median, min, max over
+    experts_read_layers_min: list[int] | None = None  # the decode steps
+    experts_read_layers_max: list[int] | None = None
+    expert_routing: str | None = None  # "router" or "balanced" (dummy weights): how the counts were chosen
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON row; the optional fields only where they differ from their defaults (a partial cell), so that a
@@ -154,6 +172,10 @@ class Sample:
     A batch request (`bench sweep --batch`, B > 1) adds `batch` (B) and `row_token_ids` (each row's generated ids,
     [B][max_new_tokens]); its `token_ids` are row 0's, its times and rates one row's (the rows share them: they run
     in lockstep), its `degenerate` True when any row is (`degenerate_reason` names the rows).
+
+    A model with experts adds `experts_read`: for each decode step (the tokens after the first), per layer, how
+    many distinct experts its router chose (the union over a batch's rows), as the engine's decode program returned
+    them (`model.engine.Generation.experts_read`).
     """
 
     input_tokens: int
@@ -175,10 +197,11 @@ class Sample:
     block_ms: list[float] | None = None
     batch: int | None = None  # rows decoded together (a batch request); None: one sequence
     row_token_ids: list[list[int]] | None = None  # a batch request: every row's generated ids (row 0 = token_ids)
+    experts_read: list[list[int]] | None = None  # a model with experts: per decode step, per layer, distinct experts
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON row; `block_ms`, `batch` and `row_token_ids` only where present (a device-loop sample, a batch
-        request), so a host-loop row of one sequence is what it was."""
+        """The JSON row; `block_ms`, `batch`, `row_token_ids` and `experts_read` only where present (a device-loop
+        sample, a batch request, a model with experts), so a host-loop row of one sequence is what it was."""
         optional = OPTIONAL_FIELDS[Sample]
         return {k: v for k, v in _plain(dataclasses.asdict(self)).items() if not (k in optional and v is None)}
 
@@ -436,7 +459,25 @@ def summarize_cell(
         partial=stopped_by is not None, repeats_planned=repeats_planned if stopped_by else None, stopped_by=stopped_by,
         **_device_fields(host, device),
         **_batch_fields(batch, timed),
+        **experts_fields(host + device),
     )  # fmt: skip
+
+
+def experts_fields(timed: list[Sample]) -> dict[str, Any]:
+    """The experts-read fields of a CellRow (see its docstring) from the `experts_read` of `timed` (every decode
+    step of every timed repeat, pooled; the median of an even count of steps is the mean of the middle two); {}
+    when no sample has any (a model without experts, a server's), so such a row is what it always was."""
+    steps = [layers for s in timed for layers in (s.experts_read or [])]
+    if not steps:
+        return {}
+    sums = [sum(layers) for layers in steps]
+    per_layer = list(zip(*steps))
+    return {"experts_read_steps": len(steps), "experts_read_median": statistics.median(sums),
+            "experts_read_min": min(sums), "experts_read_max": max(sums),
+            "experts_per_layer_median": statistics.median(sums) / len(per_layer),
+            "experts_read_layers_median": [statistics.median(c) for c in per_layer],
+            "experts_read_layers_min": [min(c) for c in per_layer],
+            "experts_read_layers_max": [max(c) for c in per_layer]}  # fmt: skip
 
 
 def _timed_fields(timed: list[Sample]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from bench.runs.logits import logits_path, write_logits, write_step_summary
 from bench.runs.agreement import with_spreads
 from bench.runs.records import LOOP_KINDS, CellRow, Sample, cell_key, failed_cell, summarize_cell
 from bench.signals import deliveries_counted, stop_now, stop_signals_handled
-from bench.sweep.rates import DeviceRates, RoundProbes, batch_rows, measure_rates, roofline_rows
+from bench.sweep.rates import DeviceRates, RoundProbes, batch_rows, measure_rates, roofline_rows, routing_rows
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -359,7 +359,8 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
     probes = None
     if rates is not None and config.order == "interleaved":  # probes between rounds: each cell's own rates
         probes = RoundProbes(run, lambda: measure_rates(engine.policy.compute_dtype), rates, log=progress)
-    finishers = [f for f in (roofline_rows(engine, rates, config.max_new_tokens, probes=probes) if rates else None,
+    finishers = [f for f in (routing_rows(engine) if engine.cfg.has_experts else None,
+                             roofline_rows(engine, rates, config.max_new_tokens, probes=probes) if rates else None,
                              batch_rows(engine, config.max_new_tokens) if config.batches else None) if f is not None]
 
     def finish(row: CellRow) -> CellRow:

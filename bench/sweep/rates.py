@@ -16,7 +16,10 @@ cell (`measure_rates`), and records them in the run manifest under `RATES_KEY`:
 
 Each measured cell row then gets (`with_rooflines`, fields of `bench.runs.CellRow`):
 - `bytes_per_step` = `Engine.decode_bytes(n, max_new_tokens)["total"]`: weights + the KV cache read (at the compiled
-  shape, or the positions a step sees with the CPU attention kernel: `Engine.decode_positions`);
+  shape, or the positions a step sees with the CPU attention kernel: `Engine.decode_positions`); for a model with
+  experts, the experts per layer the cell's decode steps read (`step_bytes`: the row's measured
+  `experts_per_layer_median`, docs/method.md "Bytes that follow the routing"), labelled with the routing that
+  chose them (`routing_rows`);
 - `roofline_share_pct` = bytes_per_step x host-loop gauge tok/s (median) / the ceiling x 100, and
   `device_roofline_share_pct` the same with the device loop's gauge, where the cell has one;
 - `prefill_flops` (`prefill_flops_of`: `model.flops.prefill_flops` at the cell's compiled shape), `prefill_flop_s` =
@@ -172,7 +175,7 @@ def roofline_rows(engine, rates: DeviceRates, max_new_tokens: int, *,
     def finish(row: CellRow) -> CellRow:
         n, b = row.input_tokens, row.batch or 1
         own = probes.rates_for(cell_key(row)) if probes is not None else None
-        row = with_rooflines(row, bytes_per_step=step_read_bytes(engine, n, max_new_tokens, batch=b)["total"],
+        row = with_rooflines(row, bytes_per_step=step_bytes(engine, row, max_new_tokens),
                              prefill_flops=b * prefill_flops_of(engine, n, max_new_tokens),
                              rates=own or rates)  # fmt: skip
         return probes.fields(row, own) if own is not None and row.status != "failed" else row
@@ -202,7 +205,32 @@ def batch_rows(engine, max_new_tokens: int) -> Callable[[CellRow], CellRow]:
         n, b = row.input_tokens, row.batch or 1
         positions = engine.decode_positions(n, max_new_tokens)
         return with_batch_figures(row, flops_per_step=int(decode_flops(engine.cfg, positions, b)),
-                                  bytes_per_step=engine.decode_bytes(n, max_new_tokens, batch=b)["total"])  # fmt: skip
+                                  bytes_per_step=step_bytes(engine, row, max_new_tokens))  # fmt: skip
+
+    return finish
+
+
+def step_bytes(engine, row: CellRow, max_new_tokens: int) -> int:
+    """Bytes one decode step of `row`'s cell reads (the rooflines' numerator): `Engine.decode_bytes(n,
+    max_new_tokens, batch=B)["total"]`, with the experts the cell's steps read where it recorded them
+    (`CellRow.experts_per_layer_median`, a model with experts: docs/method.md, "Bytes that follow the routing"),
+    else the engine's estimate (top_k experts per layer; none without experts); under a mesh the slowest device's
+    (`bench.engines.step_read_bytes`, whose experts per device stay the placement's estimate)."""
+    from bench.engines import step_read_bytes
+
+    return step_read_bytes(engine, row.input_tokens, max_new_tokens, batch=row.batch or 1,
+                           experts=row.experts_per_layer_median)["total"]  # fmt: skip
+
+
+def routing_rows(engine) -> Callable[[CellRow], CellRow]:
+    """The function that labels a row of `engine` (a model with experts) that recorded its experts read with how
+    they were chosen (`CellRow.expert_routing`: the engine config's "router", or "balanced" for dummy weights with
+    the balanced routing, `model.moe.ROUTINGS`); other rows are returned as they are."""
+
+    def finish(row: CellRow) -> CellRow:
+        if row.experts_read_steps is None:
+            return row
+        return dataclasses.replace(row, expert_routing=engine.cfg.expert_routing)
 
     return finish
 
