@@ -165,7 +165,8 @@ class SlotDecoder:
         (`resets` tells a caller that its sequences were lost)."""
         cfg, policy, b = self.engine.cfg, self.engine.policy, self.max_batch
         self._cache = self._token_B = None  # drop the old buffers before the new ones are allocated
-        empty = init_cache(cfg, self.cache_len, DTYPES[policy.kv_dtype], batch=b)
+        # On a mesh the rows hold the mesh's KV heads, placed as the prefill's row cache is (`model.sharding`).
+        empty = init_cache(cfg, self.cache_len, DTYPES[policy.kv_dtype], batch=b, layout=self.engine.layout)
         self._cache = KVCache(k=empty.k, v=empty.v, length=jnp.asarray(np.zeros(b, np.int32)))
         self._token_B = jnp.asarray(np.full(b, cfg.pad_token_id, np.int32))
         self._active = np.zeros(b, bool)

@@ -328,3 +328,24 @@ def test_each_device_reads_its_experts_and_the_prediction_counts_the_same_bytes(
     (combine,) = share.collectives
     assert steps[0].collective_bytes == {"all-reduce": combine.count * combine.payload}
     assert steps[0].collectives == {"all-reduce": MOE.num_layers}
+
+
+def _slot_tokens(engine: Engine) -> list[list[int]]:
+    """Greedy tokens of decode slots (`model.slots.SlotDecoder`, 4 slots): the first prompt joins, steps twice, the
+    second joins another row, three steps, the first leaves, two more; each step's tokens of every row."""
+    from model.sampling import Sampling
+
+    slots = engine.slot_decoder(4, 32)
+    slots.prefill(0, PROMPTS[0], 10, Sampling())
+    out = [slots.step() for _ in range(2)]
+    slots.prefill(2, PROMPTS[1], 10, Sampling())
+    out += [slots.step() for _ in range(3)]
+    slots.free(0)
+    out += [slots.step() for _ in range(2)]
+    return [[int(t) for t in row] for row in out]
+
+
+def test_decode_slots_over_a_mesh_give_one_devices_tokens():
+    """`bench serve --max-batch` over `--mesh tp=2`: the slots' batched cache holds the mesh's KV heads, placed as
+    the prefill's row cache (rows joining and leaving, the row-subset step and the whole-batch step)."""
+    assert _slot_tokens(_engine(TINY, "tp=2")) == _slot_tokens(_engine(TINY, None))
