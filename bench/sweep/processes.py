@@ -15,8 +15,8 @@ times in every process because every earlier decision was agreed. In one process
 the process's own decision and run nothing: a one-process sweep is unchanged.
 
 What is not agreed: a second stop signal ends its own process at once (`bench.signals.stop_now`), and a request
-that fails in one process only (its host out of memory) makes a failed cell there alone; in both cases the other
-processes wait in the next collective until jax's coordination service reports the missing process.
+that fails in one process only (its host out of memory) makes a failed cell there alone; the other processes'
+next collective then fails or waits (docs/devices/fleet.md, "Several hosts", says what was seen on a CPU).
 """
 
 from __future__ import annotations
