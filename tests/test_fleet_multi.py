@@ -296,6 +296,17 @@ def test_two_processes_on_this_cpu_join_and_run_bench():
         assert f"process {rank} of 2" in out and "2 device(s) in all" in out and "Usage: bench runs" in out
 
 
+def test_one_process_decides_alone_and_runs_no_collective():
+    """bench/sweep/processes.py in one process (no jax.distributed): each decision is the process's own and the
+    stop predicate is the one given, so a one-process sweep is unchanged."""
+    from bench.sweep import processes
+
+    stop = lambda: False  # noqa: E731
+    assert processes.process_count() == 1 and processes.agreed_stop(stop) is stop
+    assert [processes.first_process(d) for d in (True, False)] == [True, False]
+    assert [processes.any_process(d) for d in (True, False)] == [True, False]
+
+
 def _samples(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
 

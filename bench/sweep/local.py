@@ -434,7 +434,6 @@ def sweep_cells(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt],
     incomplete.
     """
     record_order(run, config.order)
-    should_stop = agreed_stop(should_stop)  # several jax processes: all stop at the same request (processes.py)
     earlier, buckets = _earlier_samples(run), {cell_key(r): r.bucket for r in run.cells()}
     cold_kind = "cold-resume" if any(s.kind == "cold" for ss in earlier.values() for s in ss) else "cold"
     t0 = time.perf_counter()
@@ -585,7 +584,8 @@ class _Cell:
         self.cold_done = False
         self.failure: CellRow | None = None  # the failed row, once a request of the cell raised
         self._estimated: dict[str, bool] = {}  # per loop: whether its time estimate was made (`_estimate`)
-        self.where, self._progress, self._should_stop = where, progress, should_stop
+        self.where, self._progress = where, progress
+        self._should_stop = agreed_stop(should_stop)  # several jax processes: all stop at the same request
         self._finish = finish_row or (lambda row: row)
 
     def known(self) -> int | None:
