@@ -357,11 +357,12 @@ def _expert_read_bytes(x, device, experts: int) -> int:
     """Bytes of `experts` of the experts `device` holds of expert leaf `x` ([E, ...], or grouped for ep
     [G, E/G, ...]: its shard [1, E/G, ...]): its shard's bytes / the experts in it x `experts`."""
     held = x.values if _is_quant(x) else x
-    for shard in held.addressable_shards:
-        if shard.device == device:
-            count = shard.data.shape[1 if len(x.shape) == 4 else 0]
-            return _shard_bytes(x, device)[0] // count * min(experts, count)
-    return 0
+    index = held.sharding.devices_indices_map(tuple(held.shape)).get(device)  # as `_shard_bytes`: every process's
+    if index is None:
+        return 0
+    axis = 1 if len(x.shape) == 4 else 0
+    count = len(range(*index[axis].indices(held.shape[axis])))
+    return _shard_bytes(x, device)[0] // count * min(experts, count)
 
 
 def device_weight_bytes(params, device, experts: int | Sequence[int] | None = None) -> int:
