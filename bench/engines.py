@@ -289,14 +289,30 @@ def mesh_record(engine, sizes: Sequence[int], max_new_tokens: int) -> dict[str, 
     device: `device` (jax id), `weight_bytes` and `kv_bytes` one row's decode step reads there, `total`, and its
     collectives (`collective_bytes` {op: bytes}, `collectives` {op: count}, from the compiled decode program);
     `roofline_bytes` {size: the slowest device's total}, the bytes a one-row cell's roofline divides
-    (`step_read_bytes`)."""
+    (`step_read_bytes`). A mesh over several jax processes (jax.distributed) adds `processes` (their count) and
+    each device's `process` (the jax process that holds it): every process's devices are listed, whichever
+    process writes the record (their bytes come from the shardings, `model.sharding.device_steps`)."""
     mesh = engine_mesh(engine)
     if mesh is None:
         return None
     steps = {str(n): device_steps_of(engine, n, max_new_tokens) for n in sizes}
-    return {"mesh": mesh.text, "devices": mesh.size,
-            "steps": {n: [{**dataclasses.asdict(s), "total": s.total} for s in ss] for n, ss in steps.items()},
-            "roofline_bytes": {n: max(s.total for s in ss) for n, ss in steps.items()}}  # fmt: skip
+    owner = _device_processes()
+    record = {"mesh": mesh.text, "devices": mesh.size,
+              "steps": {n: [{**dataclasses.asdict(s), "total": s.total,
+                             **({"process": owner[s.device]} if owner else {})} for s in ss]
+                        for n, ss in steps.items()},
+              "roofline_bytes": {n: max(s.total for s in ss) for n, ss in steps.items()}}  # fmt: skip
+    return {**record, "processes": len(set(owner.values()))} if owner else record
+
+
+def _device_processes() -> dict[int, int]:
+    """{jax device id: its process index} of every device when jax runs several processes (jax.distributed); {} in
+    one process."""
+    import jax
+
+    if jax.process_count() == 1:
+        return {}
+    return {d.id: d.process_index for d in jax.devices()}
 
 
 def mesh_lines(record: dict[str, Any]) -> list[str]:

@@ -515,14 +515,16 @@ class Engine:
         """`BatchMemory` per device of the mesh (docs/method.md, "Several devices"): the largest device's weights
         as placed (`model.sharding.device_held_bytes`) and its share of each row's cache
         (`model.sharding.device_kv_bytes_per_row`: its KV heads), against one device's memory
-        (`memory_capacity` of the mesh's first device); where that is the host's, the mesh's devices share it
-        (`sharing`). The transposed copy batched steps read on CPU is of the split projections: counted as its
-        share per device, ceil(copy / devices)."""
+        (`memory_capacity` of this process's first device of the mesh); where that is the host's, this process's
+        devices of the mesh share it (`sharing`: all of them in one process; under jax.distributed each process
+        checks its own devices against its own host). The transposed copy batched steps read on CPU is of the
+        split projections: counted as its share per device, ceil(copy / devices of the mesh)."""
         from model.sharding import device_held_bytes, device_kv_bytes_per_row
 
-        devices = list(self.layout.mesh.devices.flat)
+        every = list(self.layout.mesh.devices.flat)
+        devices = [d for d in every if d.process_index == jax.process_index()]
         held = [device_held_bytes(self.params, d) for d in devices]
-        copy = -(-self.batch_copy_bytes // len(devices)) if batch > 1 else 0
+        copy = -(-self.batch_copy_bytes // len(every)) if batch > 1 else 0
         made = copy if "batch_params" in self.__dict__ else 0
         capacity, where = memory_capacity(sum(held) + made * len(devices), devices[0])
         row = device_kv_bytes_per_row(self.cfg, self.layout.tp, cache_len,

@@ -31,11 +31,11 @@ def _host_available_bytes() -> int | None:
 
 
 def memory_capacity(weight_bytes: int, device=None) -> tuple[int, str]:
-    """(bytes, where) the live device (default: jax's first) can hold for this process, weights included: the
-    allocator's `bytes_limit` of `device.memory_stats()` where the device reports it (GPUs), else the host's
-    available memory plus `weight_bytes` (the weights are already loaded there, so no longer "available").
-    Raises EngineError when neither can be read."""
-    device = device or jax.devices()[0]
+    """(bytes, where) the live device (default: this process's first, `jax.local_devices()[0]`) can hold for this
+    process, weights included: the allocator's `bytes_limit` of `device.memory_stats()` where the device reports it
+    (GPUs), else the host's available memory plus `weight_bytes` (the weights are already loaded there, so no
+    longer "available"). Raises EngineError when neither can be read."""
+    device = device or jax.local_devices()[0]
     try:
         stats = device.memory_stats()
     except Exception:  # backends without the call raise, others return None

@@ -102,7 +102,7 @@ def _emulated(platform: str, cc: str | None, dtype: str) -> bool:
 
 def device_facts(device=None) -> tuple[str, str, str | None]:
     """(platform, device_kind, compute_capability) of the live device (the first one by default)."""
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     platform = device.platform
     if platform in ("cuda", "rocm"):
         platform = "gpu"

@@ -286,7 +286,7 @@ def place_params(params, cfg: ModelConfig, layout: MeshLayout):
     def put(field: str, leaf):
         if leaf is None:
             return None
-        placed = jax.device_put(leaf, leaf_shardings(field, leaf, layout))
+        placed = jax.tree_util.tree_map(_put, leaf, leaf_shardings(field, leaf, layout))
         jax.block_until_ready(placed)
         return placed
 
@@ -298,6 +298,18 @@ def place_params(params, cfg: ModelConfig, layout: MeshLayout):
     return dataclasses.replace(params, layers=layers, **top)
 
 
+def _put(x, sharding: NamedSharding):
+    """Array `x` (this process's whole copy, on one of its devices) placed with `sharding`: `jax.device_put` where
+    the sharding's devices are all this process's; under jax.distributed (a mesh over several processes' devices)
+    each process makes the shards of its own devices from its copy (`jax.make_array_from_single_device_arrays`),
+    every process holding the same `x` (the same checkpoint, or random weights of the same seed)."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    index = sharding.addressable_devices_indices_map(tuple(x.shape))
+    shards = [jax.device_put(x[i], d) for d, i in index.items()]
+    return jax.make_array_from_single_device_arrays(tuple(x.shape), sharding, shards)
+
+
 # ---- what each device does -------------------------------------------------------------------------------------
 def _itemsize(dtype) -> int:
     return np.dtype(dtype).itemsize
@@ -305,18 +317,20 @@ def _itemsize(dtype) -> int:
 
 def _shard_bytes(x, device) -> tuple[int, int]:
     """(bytes, rows) of array `x`'s shard on `device` ((0, 0) where it holds none); a `model.quant.QuantArray`:
-    values plus scales, rows of its values."""
+    values plus scales, rows of its values. Read from `x`'s sharding (`devices_indices_map`: the slice of `x` each
+    device of the sharding holds), not from its buffers: under jax.distributed a process holds only its own
+    devices' shards, and the sharding says every device's (on one process the same figures as its shards')."""
     from model.quant import QuantArray
 
     if isinstance(x, QuantArray):
         vb, rows = _shard_bytes(x.values, device)
         sb, _ = _shard_bytes(x.scales, device)
         return vb + sb, rows
-    for shard in x.addressable_shards:
-        if shard.device == device:
-            shape = shard.data.shape
-            return math.prod(shape) * _itemsize(x.dtype), (shape[0] if shape else 1)
-    return 0, 0
+    index = x.sharding.devices_indices_map(tuple(x.shape)).get(device)
+    if index is None:
+        return 0, 0
+    shape = tuple(len(range(*part.indices(n))) for part, n in zip(index, x.shape, strict=True))
+    return math.prod(shape) * _itemsize(x.dtype), (shape[0] if shape else 1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -343,11 +357,12 @@ def _expert_read_bytes(x, device, experts: int) -> int:
     """Bytes of `experts` of the experts `device` holds of expert leaf `x` ([E, ...], or grouped for ep
     [G, E/G, ...]: its shard [1, E/G, ...]): its shard's bytes / the experts in it x `experts`."""
     held = x.values if _is_quant(x) else x
-    for shard in held.addressable_shards:
-        if shard.device == device:
-            count = shard.data.shape[1 if len(x.shape) == 4 else 0]
-            return _shard_bytes(x, device)[0] // count * min(experts, count)
-    return 0
+    index = held.sharding.devices_indices_map(tuple(held.shape)).get(device)  # as `_shard_bytes`: every process's
+    if index is None:
+        return 0
+    axis = 1 if len(x.shape) == 4 else 0
+    count = len(range(*index[axis].indices(held.shape[axis])))
+    return _shard_bytes(x, device)[0] // count * min(experts, count)
 
 
 def device_weight_bytes(params, device, experts: int | Sequence[int] | None = None) -> int:

@@ -8,6 +8,7 @@ launches anything: that needs cloud credentials."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shlex
 import socket
@@ -295,6 +296,58 @@ def test_two_processes_on_this_cpu_join_and_run_bench():
         assert f"process {rank} of 2" in out and "2 device(s) in all" in out and "Usage: bench runs" in out
 
 
+def test_one_process_decides_alone_and_runs_no_collective():
+    """bench/sweep/processes.py in one process (no jax.distributed): each decision is the process's own and the
+    stop predicate is the one given, so a one-process sweep is unchanged."""
+    from bench.sweep import processes
+
+    stop = lambda: False  # noqa: E731
+    assert processes.process_count() == 1 and processes.agreed_stop(stop) is stop
+    assert [processes.first_process(d) for d in (True, False)] == [True, False]
+    assert [processes.any_process(d) for d in (True, False)] == [True, False]
+
+
+def _samples(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_a_sweep_over_two_processes_runs_to_the_end_with_one_devices_tokens(tmp_path):
+    """`sweep --mesh tp=2` across two real jax processes (one CPU device each, gloo collectives), each writing its
+    own run folder as a multi-host task's ranks do: both exit 0; rank 0's folder is valid and records the mesh and
+    both processes' devices (bytes, collectives, which process holds each); every request's greedy tokens equal a
+    one-process, one-device run's."""
+    from bench.runs.schema import validate_run
+
+    sweep = ["sweep", "--checkpoint", "random:tiny", "--inputs", "41", "--max-new-tokens", "8", "--repeats", "1"]
+    port, ips = _free_port(), "127.0.0.1\n127.0.0.1"
+    procs = [_entry(rank, ips, port, "--devices", "2", "--", *sweep, "--mesh", "tp=2", "--runs-dir",
+                    str(tmp_path / f"rank{rank}")) for rank in (0, 1)]  # fmt: skip
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-4000:]
+    one = subprocess.run([sys.executable, "-m", "bench", *sweep, "--runs-dir", str(tmp_path / "one")], cwd=REPO,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert one.returncode == 0, one.stderr[-4000:]
+    (run0,), (run1,), (single,) = (list((tmp_path / d).iterdir()) for d in ("rank0", "rank1", "one"))
+    assert validate_run(run0) == [] and validate_run(run1) == []
+    manifest = json.loads((run0 / "manifest.json").read_text())
+    mesh = manifest["mesh"]
+    assert (mesh["mesh"], mesh["devices"], mesh["processes"]) == ("tp=2", 2, 2)
+    steps = mesh["steps"]["41"]
+    assert sorted(s["process"] for s in steps) == [0, 1] and len({s["device"] for s in steps}) == 2
+    whole = json.loads((single / "manifest.json").read_text())["decode_bytes"]["41"]["weights"]
+    for s in steps:  # each device reads its share (more than half: replicated leaves), and its collectives
+        assert whole / 2 <= s["weight_bytes"] < whole and s["kv_bytes"] > 0
+        assert s["collective_bytes"].get("all-reduce", 0) > 0
+    assert json.loads((run1 / "manifest.json").read_text())["mesh"] == mesh  # rank 1 records the same devices
+    cell = json.loads((run0 / "cells.jsonl").read_text().splitlines()[0])
+    assert cell["valid"] and cell["bytes_per_step"] == mesh["roofline_bytes"]["41"]
+    reference = [s["token_ids"] for s in _samples(single)]
+    assert len(reference) >= 3 and all(len(t) == 8 for t in reference)
+    assert [s["token_ids"] for s in _samples(run0)] == reference == [s["token_ids"] for s in _samples(run1)]
+
+
 # ---- SkyPilot's own schema (the fleet venv) -------------------------------------------------------------------------
 def test_count_node_and_tpu_tasks_are_valid_for_skypilot():
     sky = pytest.importorskip("sky")
@@ -322,7 +375,7 @@ def test_plan_command_prints_devices_meshes_and_hosts(tmp_path, capsys):
     assert "L4 x1 (" in stdout and "H100:8 x8, --mesh tp=8" in stdout
     assert "tpu-v5litepod-16 x16 on 4 hosts, --mesh tp=16 (Cloud TPU on GCP)" in stdout
     assert "-m bench.fleet.distributed --devices 16 -- sweep" in stdout and "(on every host)" in stdout
-    assert "does not yet run across processes" in stdout
+    assert "tested with two jax processes on one CPU, not yet on real hosts" in stdout
     code, _, err = bench_captured(["fleet", "plan", "--accelerators", "A100:16", "--checkpoint", "builtin:e2b",
                                    "--out", str(tmp_path / "fleet" / "bad")], capsys)  # fmt: skip
     assert code == 2 and "query heads (8)" in err and err.strip().count("\n") == 0

@@ -98,8 +98,8 @@ def _print_plan(plan, out: Path, written: list, tasks: int) -> None:
                    f"{task.task_name}")  # fmt: skip
         typer.echo(f"  runs: {task.command}" + (" (on every host)" if task.hosts > 1 else ""))
     if any(t.hosts > 1 for t in plan.tasks):
-        typer.echo("several hosts: planned and checked offline, but the sweep does not yet run across processes "
-                   "(docs/devices/fleet.md, \"Several hosts\")")  # fmt: skip
+        typer.echo("several hosts: planned and checked offline; the sweep across processes is tested with two jax "
+                   "processes on one CPU, not yet on real hosts (docs/devices/fleet.md, \"Several hosts\")")  # fmt: skip
     checkpoint = plan.options.get("checkpoint")
     if checkpoint and is_hub_id(checkpoint) and any(t.mesh for t in plan.tasks):
         typer.echo(f"mesh: {checkpoint}'s config is read on the machine, where the engine checks the mesh "

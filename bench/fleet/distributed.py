@@ -22,9 +22,9 @@ one module of bench.fleet that imports jax (inside `jax_initialize`, an exceptio
 nothing imports it.
 
 Offline, this is tested with fake variables (`read_cluster`) and two real processes on the CPU (`jax.distributed`
-with a coordinator on 127.0.0.1): a launch across real hosts needs cloud credentials and is not tested here. The
-sweep itself does not yet run across processes (docs/devices/fleet.md, "Several hosts": its bandwidth probe and
-mesh record read other processes' devices).
+with a coordinator on 127.0.0.1), which also run `sweep --mesh tp=2` to the end with one device's tokens (each
+process measures on its own devices and agrees with the others where it would decide alone:
+bench/sweep/processes.py): a launch across real hosts needs cloud credentials and is not tested here.
 """
 
 from __future__ import annotations

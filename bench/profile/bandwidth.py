@@ -101,7 +101,8 @@ def default_bytes(platform: str) -> int:
 
 
 def measure_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS, *, device=None) -> BandwidthResult:
-    """Time `repeats` device-to-device copies of `n_bytes` bytes on `device` (default: jax's first device).
+    """Time `repeats` device-to-device copies of `n_bytes` bytes on `device` (default: this process's first device,
+    `jax.local_devices()[0]`: under jax.distributed the others' devices cannot be read back here).
 
     `n_bytes` defaults to `default_bytes(platform)` and is rounded down to a multiple of 4 (the buffer is uint32).
     Raises InputError for `n_bytes` under 1 MiB or `repeats` under 1.
@@ -109,7 +110,7 @@ def measure_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS
     import jax
     import jax.numpy as jnp
 
-    device = device if device is not None else jax.devices()[0]
+    device = device if device is not None else jax.local_devices()[0]
     n_bytes = _checked_size("copy", n_bytes, repeats, device.platform, multiple=4)
     n_elements = n_bytes // 4
 
@@ -130,7 +131,8 @@ def measure_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS
 
 def measure_read_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS, *,
                            device=None) -> BandwidthResult:  # fmt: skip
-    """Time `repeats` read-only passes over an `n_bytes` buffer on `device` (default: jax's first device).
+    """Time `repeats` read-only passes over an `n_bytes` buffer on `device` (default: this process's first device,
+    `jax.local_devices()[0]`).
 
     `bytes_moved` = n_bytes (read only). `n_bytes` defaults to `default_bytes(platform)`, the copy's size, and is
     rounded down to a multiple of 4 * READ_COLUMNS bytes (4 KiB). Raises InputError for `n_bytes` under 1 MiB or
@@ -159,7 +161,7 @@ def measure_read_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_RE
     import jax
     import jax.numpy as jnp
 
-    device = device if device is not None else jax.devices()[0]
+    device = device if device is not None else jax.local_devices()[0]
     n_bytes = _checked_size("read", n_bytes, repeats, device.platform, multiple=4 * READ_COLUMNS)
     rows = n_bytes // (4 * READ_COLUMNS)
 
@@ -174,7 +176,7 @@ def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEA
                         passes: int = 1, device=None, interpret: bool = False) -> BandwidthResult:  # fmt: skip
     """Time `repeats` calls of the Pallas streaming read (`bench.profile.stream`: HBM -> VMEM block by block,
     summed into a 32 KiB accumulator), each reading an `n_bytes` buffer `passes` times, on `device` (default:
-    jax's first device).
+    this process's first device, `jax.local_devices()[0]`).
 
     `bytes_moved` = passes x n_bytes (read only; the 32 KiB written once per call is not counted). `n_bytes` defaults to
     `default_bytes(platform)` and is rounded down to a multiple of `block_bytes`. `block_bytes`: bytes of one
@@ -193,7 +195,7 @@ def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEA
 
     from bench.profile.stream import ROW_BYTES, STREAM_COLUMNS, block_rows_of, stream_column_sums
 
-    device = device if device is not None else jax.devices()[0]
+    device = device if device is not None else jax.local_devices()[0]
     block_rows = block_rows_of(block_bytes)
     n_bytes = _checked_size("stream read", n_bytes, repeats, device.platform, multiple=block_bytes)
     if n_bytes < block_bytes:
@@ -247,7 +249,7 @@ def measure_read_probes(n_bytes: int | None = None, repeats: int = DEFAULT_REPEA
     errors as the probes."""
     import jax
 
-    device = device if device is not None else jax.devices()[0]
+    device = device if device is not None else jax.local_devices()[0]
     probes = [measure_read_bandwidth(n_bytes, repeats, device=device)]
     streams = STREAM_PROBES.get(device.platform, ()) or (((64 * 1024, 2),) if interpret else ())
     for block, passes in streams:

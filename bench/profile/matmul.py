@@ -64,7 +64,8 @@ def default_size(platform: str) -> int:
 
 def measure_matmul_rate(size: int | tuple[int, int, int] | None = None, repeats: int = DEFAULT_REPEATS, *,
                         dtype: str = "float32", device=None) -> MatmulRateResult:  # fmt: skip
-    """Time `repeats` jitted [M, K] x [K, N] products in `dtype` on `device` (default: jax's first device).
+    """Time `repeats` jitted [M, K] x [K, N] products in `dtype` on `device` (default: this process's first
+    device, `jax.local_devices()[0]`).
 
     `size`: M = N = K, or (M, N, K); default `default_size(platform)`. Returns a `MatmulRateResult` (FLOP/s).
     Raises InputError for a dimension under 16, `repeats` under 1 or a dtype jax does not know; RuntimeError when
@@ -74,7 +75,7 @@ def measure_matmul_rate(size: int | tuple[int, int, int] | None = None, repeats:
     import jax.numpy as jnp
     import numpy as np
 
-    device = device if device is not None else jax.devices()[0]
+    device = device if device is not None else jax.local_devices()[0]
     m, n, k = _shape(size if size is not None else default_size(device.platform))
     if not isinstance(repeats, int) or repeats < 1:
         raise InputError(f"matmul repeats {repeats!r}: expected a whole number >= 1")

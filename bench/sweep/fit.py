@@ -48,15 +48,28 @@ def sweep_memory(cfg: ModelConfig, cells: Sequence[tuple[int, int]], max_new_tok
 
 def _per_device(mem: BatchMemory, cfg: ModelConfig, mesh, weight_itemsize: int, kv_itemsize: int,
                 scale_itemsize: int, quant) -> BatchMemory:  # fmt: skip
-    """`mem` per device of `mesh` (`model.placement.device_share` at its cache length)."""
+    """`mem` per device of `mesh` (`model.placement.device_share` at its cache length); where the capacity is the
+    host's, the mesh's devices on this host share it (`local_mesh_devices`)."""
     import dataclasses
 
     from model.placement import device_share
 
     share = device_share(cfg, mesh, itemsize=weight_itemsize, context=mem.cache_len, scale_itemsize=scale_itemsize,
                          quant=quant, kv_itemsize=kv_itemsize)  # fmt: skip
+    sharing = local_mesh_devices(mesh.size) if "host" in mem.where else 1
     return dataclasses.replace(mem, weight_bytes=share.weight_bytes, kv_bytes_per_row=share.kv_bytes_per_row,
-                               mesh=mesh.text, sharing=mesh.size if "host" in mem.where else 1)  # fmt: skip
+                               mesh=mesh.text, sharing=sharing)  # fmt: skip
+
+
+def local_mesh_devices(size: int) -> int:
+    """How many of a mesh's `size` devices (the first `size` of `jax.devices()`, as `model.sharding.make_layout`
+    takes them) are this process's: `size` in one process; under jax.distributed those of this host (at least 1),
+    whose memory they share."""
+    import jax
+
+    if jax.process_count() == 1:
+        return size
+    return max(1, sum(d.process_index == jax.process_index() for d in jax.devices()[:size]))
 
 
 def check_sweep_fits(cfg: ModelConfig | None, cells: Sequence[tuple[int, int]], max_new_tokens: int, *,

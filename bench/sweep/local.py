@@ -42,6 +42,7 @@ from bench.runs.logits import logits_path, write_logits, write_step_summary
 from bench.runs.agreement import with_spreads
 from bench.runs.records import LOOP_KINDS, CellRow, Sample, cell_key, failed_cell, summarize_cell
 from bench.signals import deliveries_counted, stop_now, stop_signals_handled
+from bench.sweep.processes import agreed_stop, first_process
 from bench.sweep.rates import DeviceRates, RoundProbes, batch_rows, measure_rates, roofline_rows, routing_rows
 
 
@@ -583,7 +584,8 @@ class _Cell:
         self.cold_done = False
         self.failure: CellRow | None = None  # the failed row, once a request of the cell raised
         self._estimated: dict[str, bool] = {}  # per loop: whether its time estimate was made (`_estimate`)
-        self.where, self._progress, self._should_stop = where, progress, should_stop
+        self.where, self._progress = where, progress
+        self._should_stop = agreed_stop(should_stop)  # several jax processes: all stop at the same request
         self._finish = finish_row or (lambda row: row)
 
     def known(self) -> int | None:
@@ -670,9 +672,12 @@ class _Cell:
         return len(self.timed(LOOP_KINDS[loop][1]))
 
     def more(self, loop: str) -> bool:
-        """Whether `loop` needs another timed repeat (`SweepConfig.timed_more`)."""
+        """Whether `loop` needs another timed repeat (`SweepConfig.timed_more`); with durations (decided by this
+        process's clock) process 0's decision in every process (`bench.sweep.processes.first_process`)."""
         kind = LOOP_KINDS[loop][1]
-        return self.config.timed_more(self.done(loop), _timed_s(self.timed(kind)))
+        more = self.config.timed_more(self.done(loop), _timed_s(self.timed(kind)))
+        timed_by_clock = self.config.min_duration_s > 0 or self.config.max_duration_s is not None
+        return first_process(more) if timed_by_clock else more
 
     def warm(self, loop: str) -> None:
         """One decode loop's warm-up at its compiled shape (and, for a resumed cell, a line saying how many timed

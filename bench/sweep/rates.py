@@ -90,8 +90,8 @@ class DeviceRates:
 def measure_rates(compute_dtype: str, *, device=None) -> DeviceRates:
     """Measure the copy bandwidth, the read-only probes (`measure_read_probes`: XLA's reduction, and on a TPU the
     Pallas streaming read), the matrix-product rate (in `compute_dtype`, e.g. "float32") on `device` (default:
-    jax's first device, where the engine lives), and the ceiling they give. Imports jax; about 3 s on a 2-core
-    CPU."""
+    this process's first device, `jax.local_devices()[0]`, where the engine lives; under jax.distributed each
+    process measures its own), and the ceiling they give. Imports jax; about 3 s on a 2-core CPU."""
     from bench.profile.bandwidth import measure_bandwidth, measure_read_probes
     from bench.profile.matmul import measure_matmul_rate
 

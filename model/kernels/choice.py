@@ -114,7 +114,7 @@ def device_limit(device=None) -> tuple[int | None, str]:
     if device is None:
         import jax
 
-        device = jax.devices()[0]
+        device = jax.local_devices()[0]
     if device.platform == "tpu":
         cap, source = tpu_vmem(device)
         return fit_tpu.budget(cap), (f"{fit_tpu.BUDGET_SHARE:.0%} of the {fit_tpu.SCOPED_VMEM // 2**20} MiB scoped "
@@ -200,7 +200,7 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
     if device is None:
         import jax
 
-        device = jax.devices()[0]
+        device = jax.local_devices()[0]
     tpu = device.platform == "tpu"
     limit, source = device_limit(device)
     if limit is None:
