@@ -45,7 +45,8 @@ def default_params():
 def test_the_layout_choice_is_one_fact():
     """`leaf_layout` gives the word storage to the tables of `WORD_TABLES` on their platforms, nothing else."""
     spec = parse_quant("w4,ple4,int8_lm_head")
-    assert WORD_TABLES == {"ple_embed_VX": None, "lm_head_VD": frozenset({"tpu"})}
+    tpu = frozenset({"tpu"})
+    assert WORD_TABLES == {"ple_embed_VX": None, "lm_head_VD": tpu, "experts_gate_up_EDX": tpu, "experts_down_EDF": tpu}
     for platform in ("cpu", "gpu", "tpu", None):
         assert leaf_layout("ple_embed_VX", (8192, 8960), spec, platform).words
         assert leaf_layout("ple_embed_VX", (8192, 8960), parse_quant("ple8"), platform).words
