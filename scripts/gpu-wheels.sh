@@ -5,7 +5,7 @@
 # pinned by constraints.txt, fetched with --no-deps (every need is named below and checked against
 # scripts/gpu-image-packages.txt). Prints each wheel and the total, and fails when the wheels pass WHEELS_LIMIT_MIB
 # or the wheels plus this checkout (what a call sends) pass TRAVEL_LIMIT_MIB; a call may carry 64 MiB in all.
-# On the machine: scripts/gpu-run.sh OUTDIR --wheels DIR ... installs them (README, "On a GPU machine").
+# On the machine: scripts/gpu-run.sh OUTDIR --wheels DIR ... installs them (docs/devices/gpu.md).
 # $PYTHON: the interpreter whose pip downloads (default python3; any version, the target is given explicitly).
 set -euo pipefail
 

@@ -3,7 +3,7 @@
 #   scripts/tpu-wheels.sh DIR
 # DIR's *.whl files are replaced by exactly the pinned set in scripts/tpu-wheels.txt, for CPython 3.11 on manylinux
 # x86-64, fetched with --no-deps (the list names every need). Prints the total and fails past WHEELS_LIMIT_MIB.
-# On the machine: scripts/gpu-run.sh OUTDIR --wheels DIR ... installs them (README, "On a TPU machine").
+# On the machine: scripts/gpu-run.sh OUTDIR --wheels DIR ... installs them (docs/devices/tpu.md).
 # $PYTHON: the interpreter whose pip downloads (default python3; any version, the target is given explicitly).
 set -euo pipefail
 WHEELS_LIMIT_MIB=20
