@@ -331,7 +331,7 @@ def test_report_and_compare_import_neither_jax_nor_the_engine() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert set(json.loads(out.stdout)) <= {"model", "model.config", "model.accounting", "model.quantspec", "model.errors",
-                                          "model.engine_config"}  # jax-free (pyproject.toml contract)
+                                          "model.engine_config", "model.placement"}  # jax-free (pyproject.toml contract)
 
 
 def test_number_formats() -> None:

@@ -226,7 +226,8 @@ def test_the_sweep_with_batches_on_the_tiny_checkpoint(tiny_engine, tmp_path):
     (alone,) = [s for s in plain.samples() if s.kind == "timed"]
     assert timed[(41, 1)].token_ids == alone.token_ids == timed[(41, 3)].row_token_ids[0]
     assert "batch" not in (plain.path / "cells.jsonl").read_text()  # without --batch: today's rows
-    assert sorted(p.name for p in (run.path / "logits").iterdir()) == ["41.npy"]  # one per input size (B = 1's)
+    # one per input size (B = 1's): the step-0 logits and the per-step top-2 summary
+    assert sorted(p.name for p in (run.path / "logits").iterdir()) == ["41.npy", "41.steps.npy"]
 
 
 @pytest.mark.slow
