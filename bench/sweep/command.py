@@ -131,21 +131,22 @@ def _check_name(name: str | None) -> None:
         run_name(name, "device")
 
 
+_TARGET_REFUSED = (
+    ("backend", "--backend", "runs the engine it was started with"),
+    ("kernel", "--kernel", "multiplies its weights as it was started"),
+    ("mesh", "--mesh", "runs on the devices it was started on"),
+    ("weight_dtype", "--weight-dtype", "stores its weights as it was started"),
+)
+"""Engine options a `--target` sweep refuses: (option key, flag, what the server keeps from its own start)."""
+
+
 def _check_target_engine(options: Mapping[str, Any], compile_cache: str | None) -> None:
     """InputError for an engine option (or --compile-cache) given with --target: the server runs the engine it was
     started with."""
-    if options.get("backend") is not None:
-        raise InputError(f"--backend {options['backend']}: with --target the server runs the engine it was started "
-                         "with; drop the flag (start the server with `bench serve --backend ...`)")  # fmt: skip
-    if options.get("kernel") is not None:
-        raise InputError(f"--kernel {options['kernel']}: with --target the server multiplies its weights as it was "
-                         "started; drop the flag (start the server with `bench serve --kernel ...`)")  # fmt: skip
-    if options.get("mesh") is not None:
-        raise InputError(f"--mesh {options['mesh']}: with --target the server runs on the devices it was started "
-                         "on; drop the flag (start the server with `bench serve --mesh ...`)")  # fmt: skip
-    if options.get("weight_dtype") is not None:
-        raise InputError(f"--weight-dtype {options['weight_dtype']}: with --target the server stores its weights as "
-                         "it was started; drop the flag (start the server with `bench serve --weight-dtype ...`)")  # fmt: skip
+    for key, flag, what in _TARGET_REFUSED:
+        if options.get(key) is not None:
+            raise InputError(f"{flag} {options[key]}: with --target the server {what}; drop the flag (start the "
+                             f"server with `bench serve {flag} ...`)")  # fmt: skip
     quant, scale = options.get("quant"), options.get("scale_dtype")
     if quant is not None or scale is not None:
         raise InputError(f"--quant {quant or ''}{' --scale-dtype ' + scale if scale else ''}: with "
