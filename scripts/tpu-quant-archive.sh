@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Issue 43's archive on a lent TPU: the quantization sets on E2B shapes with dummy weights made on the device
 # (--checkpoint random:e2b), one build, back to back, within a developer's device time.
-#   scripts/tpu-quant-archive.sh STEP... [--budget-s 540] [--wheels .whl-tpu] [--runs DIR] [--loops both] [--dry-run]
+#   scripts/tpu-quant-archive.sh STEP... [--budget-s 540] [--wheels .whl-tpu] [--runs DIR] [--loops both]
+#                                [--kernel SPEC] [--dry-run]
 # STEPs, run in the order given, each skipped (and said so) once the budget would be passed:
 #   sets41    every set at 41 input tokens, --loops (default both)  (8 sweeps)
 #   sets3593  every set at 3593 input tokens, host loop            (8 sweeps)
 #   core      none, w4, ple4,int8_lm_head at 41 (both loops) and 3593 (host): the figures issue 43 sets goals on
 #   batch     batches 8, 32, 128 at 41 tokens for none, w8, w4     (3 sweeps)
-#   profile   a profile of w4 and of the published pair at 41 tokens
+#   profile   a profile of w4 and of the published pair at 41 tokens; profile:SET one set's
 #   policy    the TPU kernel's tiling policies A/B: w4 at 41 tokens, host loop, --kernel w4a16=pallas:fewest then
 #             pallas:steps, alternating twice (4 sweeps, --no-step-logits: speed only); fit_tpu.TILING_POLICIES
 #   tiling    scripts/probes/w4_tiling_tpu.py: every (bn, bk) and both policies' tilings per E2B w4 shape at one
 #             row, with what is left of the budget (at most 200 s; skipped under 40 s); its JSON lands in
 #             $runs/probes/ (so in the pack) and in $OUT
 #   SET       one set's sweep at 41 tokens (--loops), e.g. w8 or w4,ple4,int8_lm_head
+# --kernel SPEC is passed to every sweep and profile but the policy step's (e.g. w4a16=pallas:steps).
 # --dry-run prints each command instead of running it (no install, no device: a check of the arguments here).
 # The next session's one call (600 s): `bash scripts/tpu-quant-archive.sh w4 policy tiling --loops host
 # --budget-s 570`: w4 alone with the current packing (never yet run on a TPU) and its per-step accuracy record,
@@ -33,15 +35,16 @@
 # a set measured again, or a step that repeats a set's shapes, restores its programs instead of compiling them.
 # The cache does not come back here (75-144 MiB): a machine given back loses it.
 set -uo pipefail
-budget=540 wheels=.whl-tpu runs=/tmp/qruns loops=both dry=0 steps=()
+budget=540 wheels=.whl-tpu runs=/tmp/qruns loops=both dry=0 steps=() kopt=()
 while (( $# )); do
   case $1 in
     --budget-s) budget=$2; shift 2 ;;
     --wheels) wheels=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --loops) loops=$2; shift 2 ;;
+    --kernel) kopt=(--kernel "$2"); shift 2 ;;
     --dry-run) dry=1; shift ;;
-    -*) echo "error: unknown option $1 (expected --budget-s N, --wheels DIR, --runs DIR, --loops host|device|both, --dry-run)" >&2; exit 2 ;;
+    -*) echo "error: unknown option $1 (expected --budget-s N, --wheels DIR, --runs DIR, --loops host|device|both, --kernel SPEC, --dry-run)" >&2; exit 2 ;;
     *) steps+=("$1"); shift ;;
   esac
 done
@@ -49,7 +52,7 @@ done
 [[ $budget =~ ^[0-9]+$ ]] || { echo "error: --budget-s $budget: expected whole seconds, e.g. 570" >&2; exit 2; }
 [[ $loops =~ ^(host|device|both)$ ]] || { echo "error: --loops $loops: expected host, device or both" >&2; exit 2; }
 for step in "${steps[@]}"; do  # every step checked before any device time is spent
-  [[ $step =~ ^(sets41|sets3593|core|batch|profile|policy|tiling|[a-z0-9_:,]+)$ && $step != -* ]] \
+  [[ $step =~ ^(sets41|sets3593|core|batch|profile|profile:[a-z0-9_,]+|policy|tiling|[a-z0-9_,]+)$ && $step != -* ]] \
     || { echo "error: bad step '$step' (expected a step of the header or a --quant set, e.g. w8)" >&2; exit 2; }
 done
 # run CMD...: the command, or with --dry-run its line
@@ -73,28 +76,34 @@ sweep() {
   if (( t < need )); then echo "skip $name: $t s left, needs about $need s"; return; fi
   run timeout $(( t - 10 )) python3 -m bench sweep --checkpoint random:e2b --repeats 3 --max-new-tokens 64 \
     --runs-dir "$runs" --name "tpu-quant-$name" --compile-cache "$PWD/.xla-cache" "$@" > "$logs/sweep-$name.log" 2>&1
+  local rc=$?
   (( dry )) && { cat "$logs/sweep-$name.log"; return; }
-  echo "$name rc=$? at $(( $(date +%s) - t0 )) s: $(grep -h 'valid; gauge' "$logs/sweep-$name.log" | sed 's/.*input tokens/  /' | tr '\n' ' ')"
+  echo "$name rc=$rc at $(( $(date +%s) - t0 )) s: $(grep -h 'valid; gauge' "$logs/sweep-$name.log" | sed 's/.*input tokens/  /' | tr '\n' ' ')"
 }
 slug() { echo "${1//,/-}"; }
+# profile SET: a 20-step profile of one set at 41 tokens when at least 100 s are left
+profile() {
+  local q=$1 t rc; t=$(left)
+  if (( t < 100 )); then echo "skip profile $q: $t s left"; return; fi
+  run timeout $(( t - 10 )) python3 -m bench profile --checkpoint random:e2b --quant "$q" --steps 20 \
+    --runs-dir "$runs" --name "tpu-quant-$(slug "$q")-profile" --compile-cache "$PWD/.xla-cache" \
+    "${kopt[@]}" > "$logs/profile-$(slug "$q").log" 2>&1
+  rc=$?
+  (( dry )) && cat "$logs/profile-$(slug "$q").log"
+  echo "profile $q rc=$rc at $(( $(date +%s) - t0 )) s"
+}
 
 for step in "${steps[@]}"; do
   case $step in
-    sets41) for q in "${SETS[@]}"; do sweep "$(slug "$q")-41" 100 --quant "$q" --inputs 41 --decode-loop "$loops"; done ;;
-    sets3593) for q in "${SETS[@]}"; do sweep "$(slug "$q")-3593" 100 --quant "$q" --inputs 3593 --decode-loop host; done ;;
+    sets41) for q in "${SETS[@]}"; do sweep "$(slug "$q")-41" 100 "${kopt[@]}" --quant "$q" --inputs 41 --decode-loop "$loops"; done ;;
+    sets3593) for q in "${SETS[@]}"; do sweep "$(slug "$q")-3593" 100 "${kopt[@]}" --quant "$q" --inputs 3593 --decode-loop host; done ;;
     core) for q in none w4 ple4,int8_lm_head; do
-            sweep "$(slug "$q")-41" 100 --quant "$q" --inputs 41 --decode-loop both
-            sweep "$(slug "$q")-3593" 90 --quant "$q" --inputs 3593 --decode-loop host
+            sweep "$(slug "$q")-41" 100 "${kopt[@]}" --quant "$q" --inputs 41 --decode-loop both
+            sweep "$(slug "$q")-3593" 90 "${kopt[@]}" --quant "$q" --inputs 3593 --decode-loop host
           done ;;
-    batch) for q in none w8 w4; do sweep "$(slug "$q")-b" 150 --quant "$q" --inputs 41 --batch 8,32,128 --decode-loop host; done ;;
-    profile) for q in w4 ple4,int8_lm_head; do
-               t=$(left); if (( t < 100 )); then echo "skip profile $q: $t s left"; continue; fi
-               run timeout $(( t - 10 )) python3 -m bench profile --checkpoint random:e2b --quant "$q" --steps 20 \
-                 --runs-dir "$runs" --name "tpu-quant-$(slug "$q")-profile" --compile-cache "$PWD/.xla-cache" \
-                 > "$logs/profile-$(slug "$q").log" 2>&1
-               (( dry )) && cat "$logs/profile-$(slug "$q").log"
-               echo "profile $q rc=$? at $(( $(date +%s) - t0 )) s"
-             done ;;
+    batch) for q in none w8 w4; do sweep "$(slug "$q")-b" 150 "${kopt[@]}" --quant "$q" --inputs 41 --batch 8,32,128 --decode-loop host; done ;;
+    profile) for q in w4 ple4,int8_lm_head; do profile "$q"; done ;;
+    profile:*) profile "${step#profile:}" ;;
     policy) for round in 1 2; do  # first compile of each policy ~100 s; a repeat restores its programs
               for pol in fewest steps; do
                 need=60; (( round == 1 )) && [[ $pol == steps ]] && need=110
@@ -111,7 +120,7 @@ for step in "${steps[@]}"; do
             (( dry )) && cat "$logs/probe-tiling.log"
             cp "$runs/probes/"w4_tiling_tpu_rows*.json "$out/" 2>/dev/null
             echo "tiling probe rc=$rc at $(( $(date +%s) - t0 )) s:"; sed -n '/^summary/,$p' "$logs/probe-tiling.log" ;;
-    *) sweep "$(slug "$step")-41" 100 --quant "$step" --inputs 41 --decode-loop "$loops" ;;
+    *) sweep "$(slug "$step")-41" 100 "${kopt[@]}" --quant "$step" --inputs 41 --decode-loop "$loops" ;;
   esac
 done
 stamp=$(date +%H%M%S)

@@ -64,20 +64,23 @@ def test_the_tpu_layout_round_trips_with_the_same_bytes_and_values(k: int, n: in
     np.testing.assert_array_equal(np.asarray(dequantize(leaf, jnp.float32)), np.asarray(dequantize(q, jnp.float32)))
 
 
-def test_word_order_runs_along_k_within_a_group() -> None:
-    """Word row gi g / 8 + i holds, in bits 4p..4p+3, value gi g + p g / 8 + i of its column plus 8 (offset binary):
-    a group's g / 8 word rows give its 8 runs of g / 8 consecutive values along K."""
+def test_word_order_pairs_values_along_k_within_a_group() -> None:
+    """Word row gi g / 8 + i holds, in bits 4p..4p+3 with p = j + 4h, value gi g + 2 (g / 8) j + 2 i + h of its
+    column plus 8 (offset binary): the bfloat16 pairs of nibbles j and j + 4 are values 2i and 2i + 1 of the group's
+    j-th quarter, so the 4 pair planes stacked are the group's values in natural order."""
     from model.kernels.tpu_layout import pack_words, unpack_words
 
     g = 32
+    r = g // 8
     q = np.random.default_rng(0).integers(-8, 8, (2 * g, 3)).astype(np.int8)  # K = 2 groups, N = 3
     w = np.asarray(pack_words(jnp.asarray(q), g)).view(np.uint32)
     assert w.shape == (2 * g // 8, 3)
     for gi in range(2):
-        for i in range(g // 8):
-            for p in range(8):
-                np.testing.assert_array_equal((w[gi * g // 8 + i] >> (4 * p)) & 15,
-                                              q[gi * g + p * g // 8 + i].astype(np.int64) + 8)
+        for i in range(r):
+            for j in range(4):
+                for h in range(2):
+                    np.testing.assert_array_equal((w[gi * r + i] >> (4 * (j + 4 * h))) & 15,
+                                                  q[gi * g + 2 * r * j + 2 * i + h].astype(np.int64) + 8)
     np.testing.assert_array_equal(np.asarray(unpack_words(jnp.asarray(w.view(np.int32)), g)), q)
 
 

@@ -12,7 +12,7 @@ smaller block), bn outputs and bk contraction values per grid step; the weight i
 
 VMEM bytes of one grid step (`need_tpu`), the formula:
 
-    need = 2 x (bm bk a)                 # activation block [G, bm, g], double-buffered
+    need = 2 x (bm bk a)                 # activation block [bm, bk], double-buffered
          + 2 x (bk / 8 x bn x 4)         # packed words (= bk bn / 2 bytes), double-buffered
          + 2 x (up(G, P(s)) bn s)        # scales [G, bn], double-buffered
          + 2 x (bm bn 4)                 # float32 output block, double-buffered
@@ -47,7 +47,7 @@ rest left to Mosaic's internal scratch and the values the model does not count. 
 
 The TPU's block rules (jax's Pallas TPU lowering, `_check_block_mappings`, jax 0.10.2 and 0.12): each block's last
 dimension a multiple of 128 or the array's whole dimension, its second-to-last a multiple of 8 or the whole
-dimension. Here: x blocks [G, bm, g] (g a multiple of 128; bm of 16, bfloat16's sublane tile), words [bk / 8, bn]
+dimension. Here: x blocks [bm, bk] (bk a multiple of g, g of 128: each group a lane-aligned slice; bm of 16, bfloat16's sublane tile), words [bk / 8, bn]
 and the output [bm, bn] (bn a multiple of 128 or N; bk / 8 a multiple of 16 since bk is one of 128), scales
 [G, bn] (G a multiple of 16, both scale types' tile, or all of K's groups: bk = K). The kernel unrolls its groups:
 at most `MAX_GROUPS_PER_STEP` per step. jax's rule is the same for every dtype: a block of 8 scale rows (bk = 1024)

@@ -9,15 +9,16 @@ projection the kernel multiplies is stored at load (`model.kernels.choice.with_t
 layout, in the logical [K, N] orientation of its product (a leaf whose contraction axis is 1, [N, K], is
 transposed):
 
-- words: int32 [K / 8, N]. K splits into groups of g values (the w4 group, a multiple of 8), each group into 8
-  runs of g / 8 consecutive values; word row gi g / 8 + i (i < g / 8) of column n holds, in bits 4p..4p+3, value
-  q[gi g + p g / 8 + i, n] + 8 (offset binary: 0..15 for q in [-8, 7]) for p = 0..7. A group is g / 8 word rows;
-  masking nibble p out of them gives run p, [g / 8, N]; the 8 runs stacked in p order are the group's [g, N] values
-  in their natural order along K. Nibbles j and j + 4 of a word are 16 bits apart, so one shift, one mask and one OR
-  with 0x3F803F80 make them two bfloat16 numbers 1 + (q + 8) / 16 in the two halves of one 32-bit lane, which
-  `pltpu.bitcast` reads as rows 2i and 2i + 1 of a bfloat16 array: runs j and j + 4 interleaved (the kernel,
-  `model.kernels.w4a16_tpu`, permutes the activations to match: 1.5 integer operations per weight and no
-  conversion). Outputs stay along the 128-wide lanes (N), natural.
+- words: int32 [K / 8, N]. K splits into groups of g values (the w4 group, a multiple of 8); a group is r = g / 8
+  word rows. Word row gi r + i (i < r) of column n holds, in bits 4p..4p+3 with p = j + 4h (j < 4, h < 2), value
+  q[gi g + 2 r j + 2 i + h, n] + 8 (offset binary: 0..15 for q in [-8, 7]). Nibbles j and j + 4 of a word are 16
+  bits apart, so one shift, one mask and one OR with 0x3F803F80 make them two bfloat16 numbers 1 + (q + 8) / 16 in
+  the two halves of one 32-bit lane, which `pltpu.bitcast` reads as rows 2i and 2i + 1 of a bfloat16 [2r, N]
+  array: the group's values 2 r j .. 2 r (j + 1) - 1 in their natural order along K. The 4 planes stacked in j
+  order are the group's [g, N] values in natural order, so the kernel (`model.kernels.w4a16_tpu`) takes the
+  activations as they are (1.5 integer operations per weight, no conversion, no relayout of the activations: a
+  permutation of them in each call cost about 1.05 ms of a 3.75 ms `w4` decode step on the lent v5e,
+  runs/2026-12-07-tpu-quant-w4-profile-tpuv5e). Outputs stay along the 128-wide lanes (N), natural.
 - scales: [K / g, N], those of the [K, N] orientation (the leaf's own for [K, N]; transposed for [N, K]).
 
 Bytes: K / 8 x N words x 4 B = K N / 2 B, the same as the uint8 layout's (N or K even); the scales are the same
@@ -45,23 +46,37 @@ OFFSET = 8
 """Each nibble holds q + OFFSET, so 0..15 for q in [-8, 7]."""
 
 
+def _slot(p: int, group: int) -> tuple[int, int]:
+    """Nibble p of a group's word rows -> (first K index within the group, stride 2): p = j + 4h holds values
+    2 r j + h + 2 i, i < r = g / 8 (module docstring)."""
+    j, h = p % PAIRS, p // PAIRS
+    return 2 * (group // PLANES) * j + h, 2
+
+
 def pack_words(q_KN: jax.Array, group: int) -> jax.Array:
     """int values in [-8, 7] [K, N] (K a multiple of `group`, `group` of 8) -> int32 words [K / 8, N] (module
-    docstring's order)."""
+    docstring's order). Each nibble's values are one strided slice of the [K / g, g, N] values (no array with a
+    dimension of 2 or 4 before the lanes, which TPU tiling would pad)."""
     k, n = q_KN.shape
-    nib = ((q_KN.astype(jnp.int32) + OFFSET) & 15).reshape(k // group, PLANES, group // PLANES, n)
-    words = nib[:, 0]
-    for p in range(1, PLANES):
-        words = words | (nib[:, p] << (4 * p))
+    r = group // PLANES
+    nib = ((q_KN.astype(jnp.int32) + OFFSET) & 15).reshape(k // group, group, n)
+    words = None
+    for p in range(PLANES):
+        first, stride = _slot(p, group)
+        part = jax.lax.slice(nib, (0, first, 0), (k // group, first + stride * (r - 1) + 1, n), (1, stride, 1)) << (4 * p)
+        words = part if words is None else words | part
     return words.reshape(k // PLANES, n)
 
 
 def unpack_words(words: jax.Array, group: int) -> jax.Array:
-    """int32 words [K / 8, N] -> int8 values [K, N] (`pack_words`' inverse): nibble p masked out, less the offset."""
+    """int32 words [K / 8, N] -> int8 values [K, N] (`pack_words`' inverse): nibble p masked out, less the offset,
+    put back at its K indices."""
     rows, n = words.shape
-    w = words.reshape(rows * PLANES // group, group // PLANES, n)
-    runs = jnp.stack([((w >> (4 * p)) & 15) - OFFSET for p in range(PLANES)], axis=1)  # [G, 8, g / 8, N]
-    return runs.reshape(rows * PLANES, n).astype(jnp.int8)
+    r = group // PLANES
+    w = words.reshape(rows // r, r, n)
+    values = [((w >> (4 * p)) & 15) - OFFSET for p in range(PLANES)]  # [G, r, N] each
+    planes = [jnp.stack([values[j], values[j + PAIRS]], axis=2).reshape(rows // r, 2 * r, n) for j in range(PAIRS)]
+    return jnp.concatenate(planes, axis=1).reshape(rows * PLANES, n).astype(jnp.int8)
 
 
 def _unpack_bytes(packed: jax.Array, n: int) -> jax.Array:

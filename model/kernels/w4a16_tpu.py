@@ -10,9 +10,10 @@ Key: R activation rows, K contraction length, N outputs, g the w4 group, G = K /
 `model.kernels.fit_tpu.TpuTiling`.
 
 Operands (prepared outside the kernel; none is a copy of the weight):
-- x [G, Rp, g]: the activations, rows padded to Rp (a multiple of the row block), split into groups along K and
-  moved group-major, each group's K order permuted to the unpacked values' (`_pair_order`; a [R, K] array, small
-  beside the weight), so a group's activations are one leading index;
+- x [Rp, K]: the activations as they are, rows padded to Rp (a multiple of the row block); a block [bm, bk], a
+  group's activations a 128-aligned lane slice of it. No transpose or permutation of x: each was a relayout op per
+  call on the TPU, together about 1.05 ms of a 3.75 ms `w4` decode step on the lent v5e (profile
+  runs/2026-12-07-tpu-quant-w4-profile-tpuv5e), more than the kernel's own 1.29 ms;
 - words int32 [K / 8, N] and scales [G, N]: the leaf as stored (`model.kernels.tpu_layout`);
 - out float32 [Rp, N]: cast to the activation dtype after the kernel.
 
@@ -20,8 +21,7 @@ Grid (Rp / bm, N / bn, K / bk), the last axis the reduction ("arbitrary": the ou
 and is zeroed at its first step), the others "parallel". One step: for each of its bk / g groups (unrolled: at
 most `fit_tpu.MAX_GROUPS_PER_STEP`), the group's g / 8 word rows [g / 8, bn] become its [g, bn] values as
 bfloat16 f = 1 + (q + 8) / 16, two per 32-bit lane (a shift, a mask and an OR with bfloat16 1.0 in both halves,
-read as bfloat16 by `pltpu.bitcast`: runs j and j + 4 interleaved, `model.kernels.tpu_layout`); x [bm, g], its K
-order permuted to match (`_pair_order`),
+read as bfloat16 by `pltpu.bitcast`: the group's values in natural K order, `model.kernels.tpu_layout`); x [bm, g]
 times them on the matrix unit with a float32 result d; since q = 16 f - 24, the group's x . q is 16 d - 24 sum(x)
 (x's row sums, float32); that scaled by the group's scales [1, bn] and added to the float32 accumulator. Every f
 is exact in bfloat16 (1 + u / 16, four mantissa bits) and each product x f exact in float32; the float32 sums of d
@@ -84,7 +84,8 @@ def _pair_plane(w: jax.Array, j: int) -> jax.Array:
 
 def _group_values(w: jax.Array) -> jax.Array:
     """A group's g / 8 word rows [g / 8, bn] -> its [g, bn] values f = 1 + (q + 8) / 16 in bfloat16, the 4 pair
-    planes stacked: row j g / 4 + 2 i + h holds K index (j + 4 h) g / 8 + i of the group (`_pair_order`)."""
+    planes stacked: row j g / 4 + 2 i + h is K index j g / 4 + 2 i + h of the group, its natural order
+    (`model.kernels.tpu_layout`)."""
     return jnp.concatenate([_pair_plane(w, j) for j in range(PAIRS)], axis=0)
 
 
@@ -100,7 +101,7 @@ def _zero_at_first_k_step(o_ref) -> None:
 
 
 def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, groups: int):
-    """One grid step: x_ref [groups, bm, g], w_ref [groups g / 8, bn] int32, s_ref [groups, bn], o_ref [bm, bn]
+    """One grid step: x_ref [bm, groups g], w_ref [groups g / 8, bn] int32, s_ref [groups, bn], o_ref [bm, bn]
     float32 (resident across the K axis of the grid). Per group: f = 1 + (q + 8) / 16 exactly, so q = 16 f - 24 and
     x . q = 16 (x . f) - 24 sum(x); the product x . f on the matrix unit, the correction from the row sums."""
     _zero_at_first_k_step(o_ref)
@@ -108,7 +109,7 @@ def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, groups: int):
     s = s_ref[...].astype(jnp.float32)
     acc = None
     for i in range(groups):
-        x = x_ref[i]
+        x = x_ref[:, i * group : (i + 1) * group]
         f = _group_values(w_ref[i * rows : (i + 1) * rows, :])
         f = f if x.dtype == jnp.bfloat16 else f.astype(x.dtype)
         d = jax.lax.dot_general(x, f, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
@@ -155,14 +156,14 @@ def _kernel_hybrid(x_ref, xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: in
     unit), outputs [split, bn) on the vector unit: per nibble plane p the values f = 1 + u / 16 in float32
     (`_f32_plane`) times each row's activations for that plane (xt_ref [groups, g, 8] float32, as the vector-unit
     variant's), summed over the planes and the g / 8 word rows; then 16 that - 24 sum(x), scaled.
-    x_ref [groups, bm, g]; w_ref [groups g / 8, bn] int32; s_ref [groups, bn]; o_ref [bm, bn] float32."""
+    x_ref [bm, groups g]; w_ref [groups g / 8, bn] int32; s_ref [groups, bn]; o_ref [bm, bn] float32."""
     _zero_at_first_k_step(o_ref)
     run = group // PLANES
     s = s_ref[...].astype(jnp.float32)
     acc, acc_v = None, [None] * rows
     for i in range(groups):
         w = w_ref[i * run : (i + 1) * run, :]
-        x = x_ref[i]
+        x = x_ref[:, i * group : (i + 1) * group]
         d = jax.lax.dot_general(x, _group_values(w[:, :split]), (((1,), (0,)), ((), ())),
                                 preferred_element_type=jnp.float32)  # fmt: skip
         c = jnp.sum(x.astype(jnp.float32), axis=1, keepdims=True)
@@ -198,18 +199,14 @@ w4a16_tpu_kernel.__name__ = KERNEL_NAME
 
 
 def _transposed(x_RK: jax.Array, k: int, group: int) -> jax.Array:
-    """x [R, K] -> float32 [K / g, g, 8]: transposed per group, rows padded to 8, the vector unit's activations."""
+    """x [R, K] -> float32 [K / g, g, 8]: per group transposed, rows padded to 8, and in the order of the nibble
+    planes (position p g / 8 + i takes the K index nibble p of word row i holds, `model.kernels.tpu_layout`): the
+    vector-unit variants' activations (off by default, `fit_tpu.VPU_ROWS`, `fit_tpu.VPU_COL_SHARE`)."""
+    run = group // PLANES
     x = jnp.pad(x_RK.astype(jnp.float32), ((0, VPU_ROW_PAD - x_RK.shape[0]), (0, 0)))
-    return jnp.transpose(x.reshape(VPU_ROW_PAD, k // group, group), (1, 2, 0))
-
-
-def _pair_order(x_RK: jax.Array, k: int, group: int) -> jax.Array:
-    """x [Rp, K] -> [K / g, Rp, g]: group-major, and within a group in the order of `_group_values`' rows: position
-    j g / 4 + 2 i + h takes K index (j + 4 h) g / 8 + i (a permutation of the small activations, in place of moving
-    the weight's values)."""
-    rp = x_RK.shape[0]
-    x = x_RK.reshape(rp, k // group, 2, PAIRS, group // PLANES)  # (r, G, h, j, i)
-    return jnp.transpose(x, (1, 0, 3, 4, 2)).reshape(k // group, rp, group)
+    x = x.reshape(VPU_ROW_PAD, k // group, PAIRS, run, 2)  # (r, G, j, i, h): K index 2 run j + 2 i + h
+    x = jnp.transpose(x, (1, 4, 2, 3, 0))  # (G, h, j, i, r): position (4 h + j) run + i
+    return x.reshape(k // group, group, VPU_ROW_PAD)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "n", "group", "tiling", "interpret"))
@@ -238,9 +235,8 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
     else:
         bm = rows_block(r, tiling)
         rp = -(-r // bm) * bm
-        x = jnp.pad(x_RK, ((0, rp - r), (0, 0))) if rp != r else x_RK
-        x_in = _pair_order(x, k, group)
-        x_spec = pl.BlockSpec((groups, bm, group), lambda i, j, kk: (kk, i, 0))
+        x_in = jnp.pad(x_RK, ((0, rp - r), (0, 0))) if rp != r else x_RK
+        x_spec = pl.BlockSpec((bm, tiling.bk), lambda i, j, kk: (i, kk))
     grid = (rp // bm, n // bn, k // tiling.bk)
     in_specs = [
         x_spec,

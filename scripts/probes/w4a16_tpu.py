@@ -101,18 +101,19 @@ def _time(product, compiled, args, reps: int, iters: int) -> dict:
 
 def xla_words(x: jax.Array, words: jax.Array, scales: jax.Array, *, k: int, n: int, group: int) -> jax.Array:
     """XLA's product (no Pallas) over the TPU layout's words (`model.kernels.tpu_layout`), for comparison: for each
-    of the 8 runs, the nibbles masked out of the words [K / 8, N] (less the offset 8), times the group's scales
-    (float32, rounded to x's dtype: dequantize-then-matmul's rounding), multiplied by the matching activations x[:, gi g + p g / 8 + i]
-    in one product of depth K / 8 with float32 results, the 8 summed. The lead's int8 head probe found this form
-    (32-bit words, shift planes) free of the whole-table relayout (issue 43's TPU notes)."""
+    of the 8 nibbles p = j + 4h, the values masked out of the words [K / 8, N] (less the offset 8), times the group's
+    scales (float32, rounded to x's dtype: dequantize-then-matmul's rounding), multiplied by the matching activations
+    x[:, gi g + 2 (g / 8) j + 2 i + h] in one product of depth K / 8 with float32 results, the 8 summed. The lead's
+    int8 head probe found this form (32-bit words, shift planes) free of the whole-table relayout (issue 43's TPU
+    notes)."""
     r, g_, run = x.shape[0], k // group, group // 8
-    x_p = x.reshape(r, g_, 8, run)
+    x_p = x.reshape(r, g_, 4, run, 2)  # (r, G, j, i, h): K index 2 run j + 2 i + h
     w = words.reshape(g_, run, n)
     s = scales.astype(jnp.float32)[:, None, :]
     y = None
     for p in range(8):
         q = ((((w >> (4 * p)) & 15) - 8).astype(jnp.float32) * s).astype(x.dtype).reshape(g_ * run, n)
-        d = jnp.dot(x_p[:, :, p, :].reshape(r, g_ * run), q, preferred_element_type=jnp.float32)
+        d = jnp.dot(x_p[:, :, p % 4, :, p // 4].reshape(r, g_ * run), q, preferred_element_type=jnp.float32)
         y = d if y is None else y + d
     return y.astype(x.dtype)
 
