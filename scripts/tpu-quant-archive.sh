@@ -11,11 +11,14 @@
 #   profile   a profile of w4 and of the published pair at 41 tokens; profile:SET one set's
 #   policy    the TPU kernel's tiling policies A/B: w4 at 41 tokens, host loop, --kernel w4a16=pallas:fewest then
 #             pallas:steps, alternating twice (4 sweeps, --no-step-logits: speed only); fit_tpu.TILING_POLICIES
+#   policy1   one sweep of w4 at 41 tokens, host loop, under the policy --kernel does not name (fewest, or steps
+#             when --kernel names no policy or fewest): the other side of the policy pair for a run under --kernel
 #   tiling    scripts/probes/w4_tiling_tpu.py: every (bn, bk) and both policies' tilings per E2B w4 shape at one
 #             row, with what is left of the budget (at most 200 s; skipped under 40 s); its JSON lands in
 #             $runs/probes/ (so in the pack) and in $OUT
 #   SET       one set's sweep at 41 tokens (--loops), e.g. w8 or w4,ple4,int8_lm_head
-# --kernel SPEC is passed to every sweep and profile but the policy step's (e.g. w4a16=pallas:steps).
+# --kernel SPEC is passed to every sweep and profile of a set with w4 (e.g. w4a16=pallas:steps), but not to the
+# policy steps' sweeps, which name their own.
 # --dry-run prints each command instead of running it (no install, no device: a check of the arguments here).
 # The next session's one call (600 s): `bash scripts/tpu-quant-archive.sh w4 policy tiling --loops host
 # --budget-s 570`: w4 alone with the current packing (never yet run on a TPU) and its per-step accuracy record,
@@ -52,7 +55,7 @@ done
 [[ $budget =~ ^[0-9]+$ ]] || { echo "error: --budget-s $budget: expected whole seconds, e.g. 570" >&2; exit 2; }
 [[ $loops =~ ^(host|device|both)$ ]] || { echo "error: --loops $loops: expected host, device or both" >&2; exit 2; }
 for step in "${steps[@]}"; do  # every step checked before any device time is spent
-  [[ $step =~ ^(sets41|sets3593|core|batch|profile|profile:[a-z0-9_,]+|policy|tiling|[a-z0-9_,]+)$ && $step != -* ]] \
+  [[ $step =~ ^(sets41|sets3593|core|batch|profile|profile:[a-z0-9_,]+|policy|policy1|tiling|[a-z0-9_,]+)$ && $step != -* ]] \
     || { echo "error: bad step '$step' (expected a step of the header or a --quant set, e.g. w8)" >&2; exit 2; }
 done
 # run CMD...: the command, or with --dry-run its line
@@ -72,7 +75,9 @@ SETS=(none w8 w4 ple8 ple4 int8_lm_head ple4,int8_lm_head w4,ple4,int8_lm_head)
 # sweep NAME NEED_S ARGS...: one sweep into $runs when at least NEED_S seconds are left, bounded by what is left.
 sweep() {
   local name=$1 need=$2; shift 2
-  local t; t=$(left)
+  local t a q=""; t=$(left)
+  for a in "$@"; do [[ $q == next ]] && q=$a; [[ $a == --quant ]] && q=next; done
+  [[ $q == *w4* && " $* " != *" --kernel "* ]] && set -- "${kopt[@]}" "$@"  # --kernel only where w4 is
   if (( t < need )); then echo "skip $name: $t s left, needs about $need s"; return; fi
   run timeout $(( t - 10 )) python3 -m bench sweep --checkpoint random:e2b --repeats 3 --max-new-tokens 64 \
     --runs-dir "$runs" --name "tpu-quant-$name" --compile-cache "$PWD/.xla-cache" "$@" > "$logs/sweep-$name.log" 2>&1
@@ -87,7 +92,7 @@ profile() {
   if (( t < 100 )); then echo "skip profile $q: $t s left"; return; fi
   run timeout $(( t - 10 )) python3 -m bench profile --checkpoint random:e2b --quant "$q" --steps 20 \
     --runs-dir "$runs" --name "tpu-quant-$(slug "$q")-profile" --compile-cache "$PWD/.xla-cache" \
-    "${kopt[@]}" > "$logs/profile-$(slug "$q").log" 2>&1
+    $([[ $q == *w4* ]] && echo "${kopt[@]}") > "$logs/profile-$(slug "$q").log" 2>&1
   rc=$?
   (( dry )) && cat "$logs/profile-$(slug "$q").log"
   echo "profile $q rc=$rc at $(( $(date +%s) - t0 )) s"
@@ -95,13 +100,13 @@ profile() {
 
 for step in "${steps[@]}"; do
   case $step in
-    sets41) for q in "${SETS[@]}"; do sweep "$(slug "$q")-41" 100 "${kopt[@]}" --quant "$q" --inputs 41 --decode-loop "$loops"; done ;;
-    sets3593) for q in "${SETS[@]}"; do sweep "$(slug "$q")-3593" 100 "${kopt[@]}" --quant "$q" --inputs 3593 --decode-loop host; done ;;
+    sets41) for q in "${SETS[@]}"; do sweep "$(slug "$q")-41" 100 --quant "$q" --inputs 41 --decode-loop "$loops"; done ;;
+    sets3593) for q in "${SETS[@]}"; do sweep "$(slug "$q")-3593" 100 --quant "$q" --inputs 3593 --decode-loop host; done ;;
     core) for q in none w4 ple4,int8_lm_head; do
-            sweep "$(slug "$q")-41" 100 "${kopt[@]}" --quant "$q" --inputs 41 --decode-loop both
-            sweep "$(slug "$q")-3593" 90 "${kopt[@]}" --quant "$q" --inputs 3593 --decode-loop host
+            sweep "$(slug "$q")-41" 100 --quant "$q" --inputs 41 --decode-loop both
+            sweep "$(slug "$q")-3593" 90 --quant "$q" --inputs 3593 --decode-loop host
           done ;;
-    batch) for q in none w8 w4; do sweep "$(slug "$q")-b" 150 "${kopt[@]}" --quant "$q" --inputs 41 --batch 8,32,128 --decode-loop host; done ;;
+    batch) for q in none w8 w4; do sweep "$(slug "$q")-b" 150 --quant "$q" --inputs 41 --batch 8,32,128 --decode-loop host; done ;;
     profile) for q in w4 ple4,int8_lm_head; do profile "$q"; done ;;
     profile:*) profile "${step#profile:}" ;;
     policy) for round in 1 2; do  # first compile of each policy ~100 s; a repeat restores its programs
@@ -111,6 +116,8 @@ for step in "${steps[@]}"; do
                   --no-step-logits
               done
             done ;;
+    policy1) other=fewest; [[ ${kopt[1]:-} == *:fewest || ${kopt[1]:-} != *:* ]] && other=steps
+             sweep "w4-$other-1" 90 --quant w4 --inputs 41 --decode-loop host --kernel "w4a16=pallas:$other" --no-step-logits ;;
     tiling) t=$(left); t=$(( t - 15 < 200 ? t - 15 : 200 ))
             if (( t < 40 )); then echo "skip tiling: $t s left for the probe, needs at least 40 s"; continue; fi
             mkdir -p "$runs/probes"
@@ -120,7 +127,7 @@ for step in "${steps[@]}"; do
             (( dry )) && cat "$logs/probe-tiling.log"
             cp "$runs/probes/"w4_tiling_tpu_rows*.json "$out/" 2>/dev/null
             echo "tiling probe rc=$rc at $(( $(date +%s) - t0 )) s:"; sed -n '/^summary/,$p' "$logs/probe-tiling.log" ;;
-    *) sweep "$(slug "$step")-41" 100 "${kopt[@]}" --quant "$step" --inputs 41 --decode-loop "$loops" ;;
+    *) sweep "$(slug "$step")-41" 100 --quant "$step" --inputs 41 --decode-loop "$loops" ;;
   esac
 done
 stamp=$(date +%H%M%S)
