@@ -149,7 +149,7 @@ class KernelPlan:
 
     @property
     def option(self) -> str:
-        """"w4a16=pallas", "w4a16=pallas:steps" (a tiling policy other than the default) or "w4a16=xla"."""
+        """"w4a16=pallas", "w4a16=pallas:fewest" (a tiling policy other than the default) or "w4a16=xla"."""
         return f"w4a16={self.impl}" + (f":{self.policy}" if self.policy and self.impl == "pallas" else "")
 
     @property

@@ -402,8 +402,11 @@ TILING_POLICIES = ("fewest", "steps")
 """The TPU kernel's tiling policies `--kernel w4a16=pallas:POLICY` names (what each orders first:
 `model.kernels.fit_tpu.candidates_tpu`)."""
 
-DEFAULT_POLICY = "fewest"
-"""The policy `--kernel w4a16=pallas` (no policy named) uses: the one measured on a TPU so far."""
+DEFAULT_POLICY = "steps"
+"""The policy `--kernel w4a16=pallas` (no policy named) uses: the faster one measured end to end on the lent TPU
+v5e (E2B `w4`, 41 tokens, host loop, 2026-12-07): 254.8 and 254.6 tok/s against `fewest`'s 240.7 and 240.5
+(alternating, twice, runs/2026-12-07-tpu-w4perm-*), and after the layout change 326.3 against 322.0 (one pair,
+runs/2026-12-07-tpu-w4nat-*); reports/2026-12-07-w4-natural-order-tpuv5e."""
 
 
 def parse_kernel(text: str | None) -> str | None:

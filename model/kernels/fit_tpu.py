@@ -67,9 +67,9 @@ Tiling policies (`TILING_POLICIES`, defined with the `--kernel` option in `model
   2026-12-07 read 350 GB/s on the one-step products against 629 on gate_up's six steps
   (reports/2026-12-07-w4-pair-unpack-tpuv5e/notes.md).
 
-Chosen per engine with `--kernel w4a16=pallas:POLICY` (`parse_policy`); `DEFAULT_POLICY` until a TPU measures the
-other end to end (scripts/tpu-quant-archive.sh, step `policy`; the per-shape probe scripts/probes/w4_tiling_tpu.py,
-step `tiling`).
+Chosen per engine with `--kernel w4a16=pallas:POLICY` (`parse_policy`); without one, `DEFAULT_POLICY` ("steps":
+measured faster end to end on the lent v5e, `model.kernels.fit.DEFAULT_POLICY`; scripts/tpu-quant-archive.sh,
+steps `policy` and `policy1`; the per-shape probe scripts/probes/w4_tiling_tpu.py, step `tiling`).
 
 Pure Python on ints (no jax): `bench kernels fit` and the report use it without a device.
 """
