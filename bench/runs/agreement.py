@@ -139,12 +139,9 @@ class Widening:
         parts = []
         if self.drift is not None:
             parts.append(self.drift.describe())
-        if self.calibration is not None and self.calibration.chosen is not None:
-            parts.append(self.calibration.short())
-        if not parts:
-            return WITHIN_ONLY
-        if self.calibration is None or self.calibration.chosen is None:
-            parts.append("no calibration for this host" + (f" ({self.calibration.why})" if self.calibration else ""))
+        if not parts and (self.calibration is None or self.calibration.chosen is None):
+            return WITHIN_ONLY + (f" ({self.calibration.why})" if self.calibration else "")
+        parts.append(self.calibration.short() if self.calibration else "no calibration for this host")
         return "; ".join(parts)
 
     def without_calibration(self) -> Widening:
@@ -269,6 +266,19 @@ def widening_of(run: Any, runs_dir: Any = None, exclude: Iterable[str] = ()) -> 
         return Widening(drift=drift, calibration=Choice(chosen=picked, why=cal.get("why", ""), refused=refused,
                                                         others=cal.get("other_hosts", 0)))  # fmt: skip
     return Widening(drift=drift, calibration=find(runs_dir or run.path.parent, m, exclude=exclude, before=True))
+
+
+def state(run: Any) -> list[str]:
+    """At the end of an in-process sweep of `run` (a writable `bench.runs.RunFolder`): its `Widening` (its probes'
+    drift; the calibration `bench.runs.calibration.find` chooses in the run's parent folder among those measured
+    before it began), recorded in its manifest under `RERUN_KEY` (`stated`); returns the end lines (`stated_lines`)."""
+    from bench.runs.calibration import find
+
+    widening = Widening(drift=sweep_drift(run.manifest),
+                        calibration=find(run.path.parent, run.manifest, exclude=(run.name,), before=True))  # fmt: skip
+    record = stated(run.cells(), widening)
+    run.update_manifest(**{RERUN_KEY: record})
+    return stated_lines(record)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
