@@ -96,7 +96,7 @@ class HostKey:
         if None in (self.cpu_model, self.logical_cpus) or (self.cpu_model, self.logical_cpus) != (
                 other.cpu_model, other.logical_cpus):  # fmt: skip
             return None
-        return f"the same host model ({self.model}; no machine id on both sides)"
+        return f"the same host model ({self.model}; machine id not recorded by both runs)"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -239,7 +239,7 @@ class Choice:
             return f"no calibration: {self.why}"
         return f"calibration {self.chosen.describe()}: {self.why}"
 
-    def line(self, limit: int = 4) -> str:
+    def line(self, limit: int = 6) -> str:
         """`short`, then the refused calibrations of this host with their reasons (the nearest `limit`, then a
         count)."""
         text = self.short()
