@@ -107,10 +107,10 @@ def test_machine_id_is_a_hash_of_the_first_id_file(tmp_path: Path) -> None:
 
 
 # ---- calibrations found in a runs folder ----------------------------------------------------------------------------
-def _sweep(runs: Path, label: str, gauge: float, minutes: int, **kwargs):
+def _sweep(runs: Path, label: str, gauge: float, minutes: int, more: dict | None = None, **kwargs):
     at = (T0 + timedelta(minutes=minutes)).isoformat()
     run = make_measured_run(runs, label, gauge=gauge, started_at=at, status="running", **kwargs)
-    run.update_manifest(command="sweep")
+    run.update_manifest(command="sweep", **(more or {}))
     run.finish("complete")
     return run
 
@@ -120,6 +120,7 @@ def test_two_sweeps_of_one_build_and_host_are_a_sweep_pair(tmp_path: Path) -> No
     b = _sweep(tmp_path, "b", 22.0, 10)
     _sweep(tmp_path, "other-config", 30.0, 20, config={"buckets": [64], "max_length": 72})
     _sweep(tmp_path, "other-build", 30.0, 30, build_id="ffffffffffff")
+    _sweep(tmp_path, "via-server", 30.0, 40, more={"target": {"url": "http://server"}})  # its host: the client's
     (pair,) = candidates(tmp_path)
     assert pair.kind == "sweep pair" and pair.runs == (a.name, b.name) and pair.gap_s == 600.0
     assert pair.ratios == pytest.approx((1.1,) * 2)  # 2 cells x the host loop's gauge (no device loop here)

@@ -272,10 +272,12 @@ def state(run: Any) -> list[str]:
     """At the end of an in-process sweep of `run` (a writable `bench.runs.RunFolder`): its `Widening` (its probes'
     drift; the calibration `bench.runs.calibration.find` chooses in the run's parent folder among those measured
     before it began), recorded in its manifest under `RERUN_KEY` (`stated`); returns the end lines (`stated_lines`)."""
-    from bench.runs.calibration import find
+    from bench.runs.calibration import find, remote
 
-    widening = Widening(drift=sweep_drift(run.manifest),
-                        calibration=find(run.path.parent, run.manifest, exclude=(run.name,), before=True))  # fmt: skip
+    elsewhere = remote(run.manifest)
+    calibration = (Choice(chosen=None, why=elsewhere) if elsewhere else
+                   find(run.path.parent, run.manifest, exclude=(run.name,), before=True))  # fmt: skip
+    widening = Widening(drift=sweep_drift(run.manifest), calibration=calibration)
     record = stated(run.cells(), widening)
     run.update_manifest(**{RERUN_KEY: record})
     return stated_lines(record)

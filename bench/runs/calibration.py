@@ -6,7 +6,7 @@ changed. Two kinds are read from a runs folder (`candidates`):
 
 - an **A/A session** of `bench ab` in process mode (`bench.ab.archive.is_calibration`: every measurement a whole
   `bench sweep` process): its pairs' ratios B / A;
-- a **sweep pair**: two complete in-process sweeps of one build id and engine configuration (cells, repeats, order)
+- a **sweep pair**: two complete in-process sweeps (not through a server or a peer) of one build id and engine configuration (cells, repeats, order)
   on one host (`HostKey`), e.g. two consecutive
   `make sweep`s: per cell both measured validly and per gauge of either loop both have, the ratio of the later run's
   median to the earlier's.
@@ -139,7 +139,17 @@ def _noise(ratios: list[float]) -> float | None:
 def _is_sweep(manifest: Mapping[str, Any]) -> bool:
     """A complete, measured, in-process sweep (not an A/B session, not a published or remote record)."""
     return (manifest.get("status") == "complete" and manifest.get("command") == "sweep" and manifest.get("kind") != "ab"
-            and _get(manifest, "provenance", "kind") in (None, "measured"))  # fmt: skip
+            and _get(manifest, "provenance", "kind") in (None, "measured") and not remote(manifest))  # fmt: skip
+
+
+def remote(manifest: Mapping[str, Any]) -> str | None:
+    """Why a run's `host` is not the machine it measured ("a sweep through a server" (`target`), "a peer engine's
+    run" (`peer`)), None for a run measured on its own host."""
+    if manifest.get("target") is not None:
+        return "a sweep through a server: its host is not the machine measured"
+    if manifest.get("peer") is not None:
+        return "a peer engine's run: its host is not the machine measured"
+    return None
 
 
 def session_calibration(path: Path, manifest: Mapping[str, Any]) -> Calibration | None:
