@@ -39,7 +39,8 @@ EPYC = HostKey(machine_id=None, device_kind="cpu", cpu_model="AMD EPYC", logical
 
 def run_manifest(host: HostKey = EPYC, at: datetime = T0) -> dict:
     return {"started_at": at.isoformat(), "device": {"device_kind": host.device_kind},
-            "host": {"cpu_model": host.cpu_model, "logical_cpus": host.logical_cpus, "machine_id": host.machine_id}}  # fmt: skip
+            "host": {"cpu_model": host.cpu_model, "logical_cpus": host.logical_cpus,
+                     "machine_id": host.machine_id}}  # fmt: skip
 
 
 def cal(name: str, *, hours: float = -1.0, noise: float = 10.0, ratios: int = 8, host: HostKey = EPYC,

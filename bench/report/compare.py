@@ -9,8 +9,8 @@ end-to-end rate, an interval of the ratio candidate / baseline from the two runs
 (`bench.ab.stats.ratio_interval`; the min-max spreads without raw samples), widened by a calibration of the host
 where one is given or chosen (`calibration_noise`: an A/A session of `bench ab`; `find_calibration`: the nearest
 usable A/A session or sweep pair of the candidate's host, `bench.runs.calibration`); the gate is `max_slowdown_pct`
-when given, else NOISE_FACTOR x the noise (`Noise`); a cell and metric is PASS, FAIL or UNRESOLVED as its interval lies above, below or across
-1 - gate (`CellDelta.verdicts`).
+when given, else NOISE_FACTOR x the noise (`Noise`); a cell and metric is PASS, FAIL or UNRESOLVED as its interval
+lies above, below or across 1 - gate (`CellDelta.verdicts`).
 
 Thresholds (each a reason in `Comparison.failures`; an unresolved cell is a line of `Comparison.unresolved`):
 - a candidate's median gauge or end-to-end tok/s whose interval lies wholly more than the gate below the baseline's;
@@ -571,11 +571,11 @@ def compare_runs(
     """Compare `candidate` against `baseline` (run folders or their paths; both must be complete).
 
     `max_slowdown_pct` is the gate (None: set from the noise, `Noise`); `calibration` an A/A session of
-    `bench ab` whose noise widens every cell's interval (`calibration_noise`), or the choice `find_calibration` made
-    (`bench.runs.calibration.Choice`: its calibration, if any, with the reasons said in the verdict). Raises RunFolderError for a run
-    that is missing, incomplete, corrupt, of another schema version or an A/B session, or a calibration that is
-    not an A/A session, and ValueError for a negative `max_slowdown_pct`. See the module docstring for the thresholds and
-    docs/method.md, "Comparisons", for the intervals and verdicts.
+    `bench ab` whose noise widens every cell's interval (`calibration_noise`), or the choice `find_calibration`
+    made (`bench.runs.calibration.Choice`: its calibration, if any, with the reasons said in the verdict). Raises
+    RunFolderError for a run that is missing, incomplete, corrupt, of another schema version or an A/B session, or
+    a calibration that is not an A/A session, and ValueError for a negative `max_slowdown_pct`. See the module
+    docstring for the thresholds and docs/method.md, "Comparisons", for the intervals and verdicts.
     """
     if max_slowdown_pct is not None and max_slowdown_pct < 0:
         raise ValueError(f"max_slowdown_pct must be >= 0, got {max_slowdown_pct}")

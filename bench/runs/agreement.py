@@ -51,7 +51,8 @@ from bench.runs.records import CellRow, cell_key
 GAUGES = (("gauge_tok_s", "gauge"), ("device_gauge_tok_s", "device-loop gauge"))
 """(the CellRow field stem, its name) of each figure the agreement rule checks: the decode gauge of each loop."""
 RERUN_KEY = "rerun_intervals"
-"""The run manifest's key of the rerun intervals an in-process sweep stated at its end (`stated`; docs/run-folder.md)."""
+"""The run manifest's key of the rerun intervals an in-process sweep stated at its end (`stated`;
+docs/run-folder.md)."""
 WITHIN_ONLY = "within-sweep only: no calibration for this host"
 """What a rerun interval says when no widening was measured: it is the within-sweep interval."""
 
@@ -165,11 +166,13 @@ def stated(rows: Iterable[CellRow], widening: Widening) -> dict[str, Any]:
     for row in sorted((r for r in rows if r.valid), key=cell_key):
         for stem, name in GAUGES:
             if (t := _triple(row, stem)) is not None:
-                cells.append({"cell": _cell(row), "input_tokens": row.input_tokens, "batch": row.batch, "figure": name,
-                              "median": t[0], "within": [t[1], t[2]], "rerun": list(widening.interval(*t))})  # fmt: skip
+                cells.append({"cell": _cell(row), "input_tokens": row.input_tokens, "batch": row.batch,
+                              "figure": name, "median": t[0], "within": [t[1], t[2]],
+                              "rerun": list(widening.interval(*t))})  # fmt: skip
     return {"definition": "docs/method.md, Rerun intervals", "sources": widening.sources(),
             "drift": widening.drift.to_json() if widening.drift else None,
-            "calibration": widening.calibration.to_json() if widening.calibration else None, "cells": cells}  # fmt: skip
+            "calibration": widening.calibration.to_json() if widening.calibration else None,
+            "cells": cells}  # fmt: skip
 
 
 def stated_lines(record: Mapping[str, Any]) -> list[str]:

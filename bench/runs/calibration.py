@@ -6,8 +6,8 @@ changed. Two kinds are read from a runs folder (`candidates`):
 
 - an **A/A session** of `bench ab` in process mode (`bench.ab.archive.is_calibration`: every measurement a whole
   `bench sweep` process): its pairs' ratios B / A;
-- a **sweep pair**: two complete in-process sweeps (not through a server or a peer) of one build id and engine configuration (cells, repeats, order)
-  on one host (`HostKey`), e.g. two consecutive
+- a **sweep pair**: two complete in-process sweeps (not through a server or a peer) of one build id and engine
+  configuration (cells, repeats, order) on one host (`HostKey`), e.g. two consecutive
   `make sweep`s: per cell both measured validly and per gauge of either loop both have, the ratio of the later run's
   median to the earlier's.
 
@@ -78,8 +78,9 @@ class HostKey:
 
     @classmethod
     def of(cls, manifest: Mapping[str, Any]) -> HostKey:
-        return cls(machine_id=_get(manifest, "host", "machine_id"), device_kind=_get(manifest, "device", "device_kind"),
-                   cpu_model=_get(manifest, "host", "cpu_model"), logical_cpus=_get(manifest, "host", "logical_cpus"))  # fmt: skip
+        return cls(machine_id=_get(manifest, "host", "machine_id"),
+                   device_kind=_get(manifest, "device", "device_kind"), cpu_model=_get(manifest, "host", "cpu_model"),
+                   logical_cpus=_get(manifest, "host", "logical_cpus"))  # fmt: skip
 
     @property
     def model(self) -> str:
@@ -222,7 +223,8 @@ def candidates(runs_dir: str | Path) -> list[Calibration]:
             except RunFolderError:
                 continue
             out.append(Calibration(kind="sweep pair", runs=(p0.name, p1.name), ratios=tuple(ratios),
-                                   noise_pct=_noise(ratios), at=t1, gap_s=(t1 - t0).total_seconds(), host=h1))  # fmt: skip
+                                   noise_pct=_noise(ratios), at=t1, gap_s=(t1 - t0).total_seconds(),
+                                   host=h1))  # fmt: skip
     return out
 
 
@@ -262,7 +264,8 @@ class Choice:
     def to_json(self) -> dict[str, Any]:
         return {"chosen": self.chosen.to_json() if self.chosen else None, "why": self.why,
                 "refused": [{"calibration": n, "why": w} for n, w in self.refused], "other_hosts": self.others,
-                "rules": {"max_noise_pct": MAX_NOISE_PCT, "max_age_days": MAX_AGE_DAYS, "min_ratios": MIN_RATIOS}}  # fmt: skip
+                "rules": {"max_noise_pct": MAX_NOISE_PCT, "max_age_days": MAX_AGE_DAYS,
+                          "min_ratios": MIN_RATIOS}}  # fmt: skip
 
 
 def _days(seconds: float) -> str:
