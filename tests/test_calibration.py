@@ -198,3 +198,24 @@ def test_compare_names_its_calibration_and_never_calibrates_with_the_compared_ru
     assert f"{loaded[0].name} + {loaded[1].name} (its noise" in verdict and "a loaded period" in verdict
     assert "no calibration: none of this host usable" in verdict
     assert manifest()["host"]["cpu_model"] == "Test CPU"
+
+
+def test_the_agreement_command_reports_both_kinds_and_exits_by_the_rerun_intervals(tmp_path: Path, capsys) -> None:
+    from bench.runs.agreement import main
+
+    three = {"inputs": (41, 521, 2057)}
+    c1 = _sweep(tmp_path, "cal-1", 20.0, -300, **three)
+    c2 = _sweep(tmp_path, "cal-2", 20.0 * 1.06, -290, **three)  # a calibration of +-12%: 6% between its sessions
+    a = _sweep(tmp_path, "a", 20.0, 0, **three)
+    b = _sweep(tmp_path, "b", 20.0 * 1.08, 10, **three)  # 8% apart: disjoint repeat ranges (+-1% jitter)
+    assert main([str(a.path), str(b.path)]) == 0
+    out = capsys.readouterr().out
+    assert "within-sweep intervals (min–max of the timed repeats, agree = overlap): 0 of 3 agree" in out
+    assert "rerun intervals, the sweeps' probes alone (agree = each median inside the other's): 0 of 3 agree" in out
+    assert "rerun intervals, probes and calibration (agree = each median inside the other's): 3 of 3 agree" in out
+    assert "chosen now: the run stated none" in out
+    assert f"calibration sweep pair {c1.name} + {c2.name}" in out  # never a pair holding a or b
+    # with no calibration to be had (another runs folder), 8% apart is a disagreement
+    assert main([str(a.path), str(b.path), "--runs-dir", str(tmp_path / "none")]) == 1
+    assert "within-sweep only: no calibration for this host" in capsys.readouterr().out
+    assert main([str(a.path)]) == 2 and "expected two run folders" in capsys.readouterr().out
