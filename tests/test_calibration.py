@@ -122,6 +122,7 @@ def test_two_sweeps_of_one_build_and_host_are_a_sweep_pair(tmp_path: Path) -> No
     _sweep(tmp_path, "other-config", 30.0, 20, config={"buckets": [64], "max_length": 72})
     _sweep(tmp_path, "other-build", 30.0, 30, build_id="ffffffffffff")
     _sweep(tmp_path, "via-server", 30.0, 40, more={"target": {"url": "http://server"}})  # its host: the client's
+    _sweep(tmp_path, "slowed", 18.0, 50, more={"test_injection": {"decode_delay_ms": 5.0}})  # a change, not noise
     (pair,) = candidates(tmp_path)
     assert pair.kind == "sweep pair" and pair.runs == (a.name, b.name) and pair.gap_s == 600.0
     assert pair.ratios == pytest.approx((1.1,) * 2)  # 2 cells x the host loop's gauge (no device loop here)

@@ -6,8 +6,8 @@ changed. Two kinds are read from a runs folder (`candidates`):
 
 - an **A/A session** of `bench ab` in process mode (`bench.ab.archive.is_calibration`: every measurement a whole
   `bench sweep` process): its pairs' ratios B / A;
-- a **sweep pair**: two complete in-process sweeps (not through a server or a peer) of one build id and engine
-  configuration (cells, repeats, order) on one host (`HostKey`), e.g. two consecutive
+- a **sweep pair**: two complete in-process sweeps (not through a server or a peer, without a test-only slowdown)
+  of one build id and engine configuration (cells, repeats, order) on one host (`HostKey`), e.g. two consecutive
   `make sweep`s: per cell both measured validly and per gauge of either loop both have, the ratio of the later run's
   median to the earlier's.
 
@@ -138,9 +138,13 @@ def _noise(ratios: list[float]) -> float | None:
 
 
 def _is_sweep(manifest: Mapping[str, Any]) -> bool:
-    """A complete, measured, in-process sweep (not an A/B session, not a published or remote record)."""
+    """A complete, measured, in-process sweep (not an A/B session, not a published or remote record) without a
+    test-only slowdown (`bench.runs.manifest.TEST_INJECTION_KEY`: a change made on purpose, not noise)."""
+    from bench.runs.manifest import TEST_INJECTION_KEY
+
     return (manifest.get("status") == "complete" and manifest.get("command") == "sweep" and manifest.get("kind") != "ab"
-            and _get(manifest, "provenance", "kind") in (None, "measured") and not remote(manifest))  # fmt: skip
+            and _get(manifest, "provenance", "kind") in (None, "measured") and not remote(manifest)
+            and manifest.get(TEST_INJECTION_KEY) is None)  # fmt: skip
 
 
 def remote(manifest: Mapping[str, Any]) -> str | None:
