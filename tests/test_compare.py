@@ -304,7 +304,7 @@ def test_an_aa_calibration_widens_every_interval(tmp_path: Path, capsys) -> None
     assert lo == pytest.approx(0.9 / (1 + c / 100)) and hi == pytest.approx(0.9 * (1 + c / 100))
     assert result.word == "PASS"  # 10% slower, where runs of one build move by ~10% alone: inside a gate of ~20%
     assert compare_runs(base.path, cand.path, 5.0, calibration=aa.path).word == "UNRESOLVED"  # a 5% gate: can't tell
-    # found by itself in --runs-dir: the latest A/A session on the candidate's device and CPU model
+    # found by itself in --runs-dir: the nearest usable A/A session of the candidate's host (bench.runs.calibration)
     code, out, _ = bench_captured(["compare", str(base.path), str(cand.path), "--runs-dir", str(tmp_path), "--gate",
                                    "5%"], capsys)  # fmt: skip
     assert code == 3 and f"the A/A session {aa.name} +-" in out and "(6 pairs)" in out

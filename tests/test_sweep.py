@@ -69,6 +69,14 @@ def test_sweep_writes_a_complete_consistent_run_folder(finished_run, env):
         assert c.roofline_share_pct == pytest.approx(100 * c.bytes_per_step * c.gauge_tok_s_median / c.ceiling_bytes_s)
     assert rates["copy_bandwidth_end"] == rates["probes"][-1]["copy_bandwidth"]  # the report's drift note reads it
     assert f"host movement across the sweep's {len(after)} rate probes" in proc.stderr
+    # the end states each cell's rerun interval (docs/method.md, Rerun intervals): the within-sweep one and wider
+    stated = json.loads((folder / "manifest.json").read_text())["rerun_intervals"]
+    assert [(c["cell"], c["figure"]) for c in stated["cells"]] == [
+        (n, f) for n in ("20", "41", "70") for f in ("gauge", "device-loop gauge")]  # fmt: skip
+    assert all(c["rerun"][0] <= c["within"][0] <= c["median"] <= c["within"][1] <= c["rerun"][1]
+               for c in stated["cells"])  # fmt: skip
+    assert stated["drift"]["probes"] == len(after) and stated["calibration"]["chosen"] is None  # a fresh runs folder
+    assert "rerun intervals (where a rerun of this build on this host is stated to land" in proc.stderr
     assert sum(s.kind == "cold" for s in samples) == 1  # the fresh engine's first request only
     assert all(s.input_tokens in (20, 41, 70) for s in samples)  # exact input sizes, checked after tokenization
     for s in samples:

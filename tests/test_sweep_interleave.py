@@ -1,6 +1,6 @@
 """Interleaved sweeps (docs/method.md, "Interleaving"): every cell warmed up first, then repeat r of every cell and
 loop before repeat r + 1 of any; the rate probes between rounds and each cell's rates from the probes around it;
-a stop or a kill mid-round resumed without losing a measured request; the host-movement line; the stated interval
+a stop or a kill mid-round resumed without losing a measured request; the host-movement line; the within-sweep interval
 and the agreement rule of two runs. No engine: `sweep_cells` with a fake request (fast tier), except the last test
 (two short sweeps of the default preset: heavy)."""
 

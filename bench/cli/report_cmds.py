@@ -100,9 +100,10 @@ def compare_cmd(
         "measured noise (the runs' repeats, and the A/A calibration), at least 1%; 5% when no noise is known.")] = None,
     require_same_tokens: Annotated[bool, typer.Option(help="Fail when the greedy token ids differ.")] = False,
     calibration: Annotated[str, typer.Option(
-        "--calibration", help="An A/A session of `bench ab` (one build on both sides) whose noise widens each "
-        "cell's interval: a run folder or name, 'auto' (the latest in --runs-dir on the candidate's device and "
-        "CPU model) or 'none'.")] = "auto",
+        "--calibration", help="A calibration of the host's noise between runs, which widens each cell's "
+        "interval: an A/A session of `bench ab` (a run folder or name), 'auto' (the nearest usable A/A session or "
+        "sweep pair of one build of the candidate's host in --runs-dir; refused ones are named with why) or "
+        "'none'.")] = "auto",
     runs_dir: RunsDirOpt = Path("runs"),
 ) -> None:
     """Compare a candidate run with a baseline: PASS (exit 0), FAIL (exit 1: a threshold crossed beyond the noise)
@@ -112,8 +113,8 @@ def compare_cmd(
 
     limit = parse_percent(max_slowdown) if max_slowdown is not None else None
     base_path, cand_path = resolve_run(baseline, runs_dir), resolve_run(candidate, runs_dir)
-    if calibration == "auto":
-        cal = find_calibration(runs_dir, open_complete_run(cand_path).manifest)
+    if calibration == "auto":  # never one that holds either compared run
+        cal = find_calibration(runs_dir, open_complete_run(cand_path).manifest, (base_path.name, cand_path.name))
     else:
         cal = None if calibration == "none" else resolve_run(calibration, runs_dir, flag="--calibration")
     result = compare_runs(base_path, cand_path, limit, require_same_tokens, calibration=cal)
@@ -177,14 +178,15 @@ def _print_verdict(console, result) -> None:  # noqa: ANN001
         console.print(f"  partial: {line}", markup=False)
     console.print(f"  noise: {result.noise.describe()}", markup=False)
     if result.noise.calibration is None:
-        console.print("  note: no A/A calibration: the intervals hold the runs' own repeats only, not the host's "
-                      "drift between runs; measure one with `bench ab --a \"\" --b \"\"` (docs/commands/ab.md)",
-                      markup=False)  # fmt: skip
+        console.print("  note: no calibration: the intervals hold the runs' own repeats only, not the host's "
+                      "drift between runs; measure one with two consecutive sweeps of one build, or `bench ab --mode "
+                      "processes --a \"\" --b \"\"` (docs/commands/compare.md)", markup=False)  # fmt: skip
     for failure in result.failures:
         console.print(f"  FAIL: {failure}", markup=False)
     for line in result.unresolved:
         console.print(f"  UNRESOLVED: {line}", markup=False)
-    console.print(f"verdict: {result.verdict} (max slowdown {result.max_slowdown_pct:.3g}%)", markup=False)
+    said = result.noise.calibration_choice or "no calibration (--calibration none)"
+    console.print(f"verdict: {result.verdict} (max slowdown {result.max_slowdown_pct:.3g}%); {said}", markup=False)
 
 
 def _interval(cell, metric: str) -> str:  # noqa: ANN001 -- a bench.report.compare.CellDelta

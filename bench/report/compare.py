@@ -6,10 +6,11 @@ gate a deployment: `Comparison.exit_code` is 0 PASS, 1 FAIL (a threshold crossed
 
 The speed verdict (docs/method.md, "The compare verdicts"): per cell both runs have, for the gauge and the
 end-to-end rate, an interval of the ratio candidate / baseline from the two runs' timed repeats
-(`bench.ab.stats.ratio_interval`; the min-max spreads without raw samples), widened by an A/A calibration of
-`bench ab` where one is given (`calibration_noise`); the gate is `max_slowdown_pct` when given, else NOISE_FACTOR x
-the noise (`Noise`); a cell and metric is PASS, FAIL or UNRESOLVED as its interval lies above, below or across
-1 - gate (`CellDelta.verdicts`).
+(`bench.ab.stats.ratio_interval`; the min-max spreads without raw samples), widened by a calibration of the host
+where one is given or chosen (`calibration_noise`: an A/A session of `bench ab`; `find_calibration`: the nearest
+usable A/A session or sweep pair of the candidate's host, `bench.runs.calibration`); the gate is `max_slowdown_pct`
+when given, else NOISE_FACTOR x the noise (`Noise`); a cell and metric is PASS, FAIL or UNRESOLVED as its interval
+lies above, below or across 1 - gate (`CellDelta.verdicts`).
 
 Thresholds (each a reason in `Comparison.failures`; an unresolved cell is a line of `Comparison.unresolved`):
 - a candidate's median gauge or end-to-end tok/s whose interval lies wholly more than the gate below the baseline's;
@@ -71,6 +72,7 @@ from bench.runs import (
     drift_pct,
     open_complete_run,
 )
+from bench.runs.calibration import Choice
 from bench.runs.logits import read_logits
 
 SINGLE_VARIABLE_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -237,7 +239,9 @@ class Noise:
     name) and `calibration_pct` its noise (`bench.ab.stats.aa_noise_pct`), `calibration_pairs` its valid pairs;
     `noise_pct` = the larger of the two (None when neither is known); `gate_pct` the gate in force and `gate_from`
     how it was set: "--max-slowdown" (given), "noise" (NOISE_FACTOR x noise, at least GATE_FLOOR_PCT) or "fixed"
-    (FALLBACK_GATE_PCT: no noise known)."""
+    (FALLBACK_GATE_PCT: no noise known). `calibration_kind`: "A/A session" or "sweep pair"
+    (`bench.runs.calibration`; `calibration_pairs` then counts its ratios); `calibration_choice`: which calibration
+    was used or refused and why (`bench.runs.calibration.Choice.line`, or how it was given), for the verdict line."""
 
     repeats_pct: float | None
     calibration: str | None
@@ -246,15 +250,20 @@ class Noise:
     noise_pct: float | None
     gate_pct: float
     gate_from: str
+    calibration_kind: str = "A/A session"
+    calibration_choice: str | None = None
 
     def describe(self) -> str:
         """One line: the gate and where it came from."""
         parts = []
         if self.repeats_pct is not None:
             parts.append(f"the runs' repeats +-{self.repeats_pct:.1f}% (median half-width of the cells' intervals)")
-        if self.calibration is not None:
+        if self.calibration is not None and self.calibration_kind == "A/A session":
             parts.append(f"the A/A session {self.calibration} +-{self.calibration_pct:.1f}% for one pair of runs "
                          f"({self.calibration_pairs} pairs)")  # fmt: skip
+        elif self.calibration is not None:
+            parts.append(f"the {self.calibration_kind} {self.calibration} +-{self.calibration_pct:.1f}% for one "
+                         f"rerun ({self.calibration_pairs} ratios)")  # fmt: skip
         noise = "; ".join(parts) or "no repeats on both sides and no A/A calibration"
         how = {"--max-slowdown": "as given", "fixed": f"fixed {FALLBACK_GATE_PCT:g}%: no noise known",
                "noise": f"{NOISE_FACTOR:g} x the noise, at least {GATE_FLOOR_PCT:g}%"}[self.gate_from]  # fmt: skip
@@ -313,29 +322,14 @@ def calibration_noise(run: str | Path | RunFolder) -> tuple[str, float, int]:
     return folder.name, aa_noise_pct(ratios), len(pairs)
 
 
-def find_calibration(runs_dir: str | Path, manifest: dict[str, Any]) -> Path | None:
-    """The latest complete process-mode A/A session in `runs_dir` measured on the device kind and host CPU model of
-    `manifest` (a run's), None when there is none (or no such folder)."""
-    from bench.ab.archive import is_calibration
-    from bench.runs import list_runs, open_run
+def find_calibration(runs_dir: str | Path, manifest: dict[str, Any], exclude: tuple[str, ...] = ()) -> Choice:
+    """The calibration `bench compare --calibration auto` uses for a candidate run of `manifest`: the nearest usable
+    one of the candidate's host in `runs_dir`, earlier or later, never one that holds a run of `exclude` (the two
+    compared runs), with why it was chosen and why others of this host were refused (`bench.runs.calibration`:
+    A/A sessions in process mode and sweep pairs; same machine, else same host model; not loaded, not stale)."""
+    from bench.runs.calibration import find
 
-    root = Path(runs_dir)
-    if not root.is_dir():
-        return None
-    want = (_get(manifest, ("device", "device_kind")), _get(manifest, ("host", "cpu_model")))
-    best = None
-    for summary in list_runs(root):
-        if not summary.ok or summary.status != "complete":
-            continue
-        try:
-            m = open_run(summary.path).manifest
-        except RunFolderError:
-            continue
-        got = (_get(m, ("device", "device_kind")), _get(m, ("host", "cpu_model")))
-        if is_calibration(m) and got == want:
-            if best is None or (summary.started_at or "") > (best.started_at or ""):
-                best = summary
-    return best.path if best is not None else None
+    return find(runs_dir, manifest, exclude=exclude)
 
 
 def _cell_verdict(interval: tuple[float, float], gate_pct: float) -> str:
@@ -572,25 +566,26 @@ def compare_runs(
     candidate: str | Path | RunFolder,
     max_slowdown_pct: float | None = None,
     require_same_tokens: bool = False,
-    calibration: str | Path | RunFolder | None = None,
+    calibration: str | Path | RunFolder | Choice | None = None,
 ) -> Comparison:
     """Compare `candidate` against `baseline` (run folders or their paths; both must be complete).
 
     `max_slowdown_pct` is the gate (None: set from the noise, `Noise`); `calibration` an A/A session of
-    `bench ab` whose noise widens every cell's interval (`calibration_noise`). Raises RunFolderError for a run
-    that is missing, incomplete, corrupt, of another schema version or an A/B session, or a calibration that is
-    not an A/A session, and ValueError for a negative `max_slowdown_pct`. See the module docstring for the thresholds and
-    docs/method.md, "Comparisons", for the intervals and verdicts.
+    `bench ab` whose noise widens every cell's interval (`calibration_noise`), or the choice `find_calibration`
+    made (`bench.runs.calibration.Choice`: its calibration, if any, with the reasons said in the verdict). Raises
+    RunFolderError for a run that is missing, incomplete, corrupt, of another schema version or an A/B session, or
+    a calibration that is not an A/A session, and ValueError for a negative `max_slowdown_pct`. See the module
+    docstring for the thresholds and docs/method.md, "Comparisons", for the intervals and verdicts.
     """
     if max_slowdown_pct is not None and max_slowdown_pct < 0:
         raise ValueError(f"max_slowdown_pct must be >= 0, got {max_slowdown_pct}")
     base, cand = _opened(baseline), _opened(candidate)
-    cal = calibration_noise(calibration) if calibration is not None else None
+    cal, said = _calibration(calibration)
     base_cells = {cell_key(c): c for c in base.cells()}  # a cell is (input tokens, batch): `--batch` sweeps
     cand_cells = {cell_key(c): c for c in cand.cells()}
     keys = sorted(set(base_cells) | set(cand_cells))
     points = _points(keys, base_cells, cand_cells, _repeat_values(base.samples()), _repeat_values(cand.samples()))
-    noise = _noise(points, cal, max_slowdown_pct)
+    noise = _noise(points, cal, max_slowdown_pct, said)
     deltas, failures, unresolved, notes = _cell_deltas(keys, base_cells, cand_cells, points, noise)
     partial = [f"{side} {run.name}, {c.input_tokens:,} input tokens{_rows(c.batch)}: {c.repeats} of "
                f"{c.repeats_planned} repeats ({c.stopped_by})"
@@ -616,6 +611,20 @@ def compare_runs(
         failures=failures, notes=notes, partial=partial, variable=variable, logits=_logit_agreement(base, cand, shared),
         levels=levels, unresolved=unresolved, noise=noise,
     )  # fmt: skip
+
+
+def _calibration(given: str | Path | RunFolder | Choice | None,
+                 ) -> tuple[tuple[str, float, int, str] | None, str | None]:  # fmt: skip
+    """((name, noise %, pairs or ratios, kind) of the calibration used, or None; what the verdict says of it, or
+    None when nothing was asked) of the `calibration` given to `compare_runs`."""
+    if given is None:
+        return None, None
+    if isinstance(given, Choice):
+        c = given.chosen
+        used = (c.name, c.noise_pct, len(c.ratios), c.kind) if c is not None and c.noise_pct is not None else None
+        return used, given.line()
+    name, pct, pairs = calibration_noise(given)
+    return (name, pct, pairs, "A/A session"), f"calibration the A/A session {name}: given by --calibration"
 
 
 def _opened(run: str | Path | RunFolder) -> RunFolder:
@@ -688,9 +697,11 @@ def _cell_deltas(keys, base_cells, cand_cells, points, noise: Noise):
     return deltas, failures, unresolved, notes
 
 
-def _noise(points: dict, cal: tuple[str, float, int] | None, given: float | None) -> Noise:
+def _noise(points: dict, cal: tuple[str, float, int, str] | None, given: float | None,
+           said: str | None = None) -> Noise:  # fmt: skip
     """The comparison's `Noise` from the cells' repeat intervals (`points`: per cell, per metric, (ratio,
-    interval or None)), the calibration (name, noise %, pairs) and the gate given (None: set from the noise)."""
+    interval or None)), the calibration (name, noise %, pairs or ratios, kind), the gate given (None: set from the
+    noise) and what the verdict says of the calibration (`_calibration`)."""
     from bench.ab.stats import median
 
     widths = [100.0 * max(iv[1] / r - 1.0, 1.0 - iv[0] / r)
@@ -706,7 +717,8 @@ def _noise(points: dict, cal: tuple[str, float, int] | None, given: float | None
     else:
         gate, source = FALLBACK_GATE_PCT, "fixed"
     return Noise(repeats_pct=repeats, calibration=cal[0] if cal else None, calibration_pct=cal_pct,
-                 calibration_pairs=cal[2] if cal else None, noise_pct=noise, gate_pct=gate, gate_from=source)  # fmt: skip
+                 calibration_pairs=cal[2] if cal else None, noise_pct=noise, gate_pct=gate, gate_from=source,
+                 calibration_kind=cal[3] if cal else "A/A session", calibration_choice=said)  # fmt: skip
 
 
 def _widened(r: float, interval: tuple[float, float] | None, noise: Noise) -> tuple[float, float]:

@@ -73,8 +73,28 @@ def _meminfo_bytes(key: str, pages: str) -> int | None:
         return None
 
 
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+"""Where a Linux machine keeps its id (systemd's machine-id(5); D-Bus's older copy)."""
+
+
+def machine_id(paths: Iterable[str | Path] = MACHINE_ID_FILES) -> str | None:
+    """This machine's id as a run records it: the first 16 hex digits of sha256("gemma4-bench host " + the id in
+    the first readable non-empty file of `paths`), so runs of one machine can be told apart from runs of another of
+    the same model (docs/method.md, "Rerun intervals") without publishing the id itself (hashed with a fixed
+    prefix, as machine-id(5) asks of ids shown to others). None where there is none. Never raises."""
+    for path in paths:
+        try:
+            text = Path(path).read_text(encoding="ascii", errors="replace").strip()
+        except OSError:
+            continue
+        if text:
+            return hashlib.sha256(f"gemma4-bench host {text}".encode()).hexdigest()[:16]
+    return None
+
+
 def host_facts() -> dict[str, Any]:
-    """The host: cpu_model, logical_cpus, usable_cpus (this process's affinity), arch, memory_bytes, os, python.
+    """The host: cpu_model, logical_cpus, usable_cpus (this process's affinity), arch, memory_bytes, os, python,
+    machine_id (`machine_id`: a hash; None where the machine has no id).
 
     Never raises; unknown values are None.
     """
@@ -95,6 +115,7 @@ def host_facts() -> dict[str, Any]:
         "os": f"{platform.system()} {platform.release()}".strip() or None,
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
+        "machine_id": machine_id(),
     }
 
 

@@ -65,7 +65,7 @@ class CellRow:
 
     **Interleaving** (docs/method.md, "Interleaving"; optional, absent from older rows): `gauge_spread_pct` and
     `device_gauge_spread_pct`, each gauge's repeat spread, (max - min) / median x 100 of its timed repeats (the
-    width of the cell's stated interval, [min, max]: `bench.runs.agreement`); in an interleaved in-process sweep,
+    width of the cell's within-sweep interval, [min, max]: `bench.runs.agreement`); in an interleaved in-process sweep,
     `rate_probes` (the rate probes around the cell's timed repeats, `bench.sweep.rates.RoundProbes`),
     `probe_read_bytes_s_*` and `probe_matmul_flop_s_*` (their read and matrix-product rates: median, min, max) and
     `ceiling_bytes_s` (the cell's roofline denominator, max(that read median, the datasheet)): the cell's shares
@@ -131,7 +131,7 @@ class CellRow:
     flops_per_step: int | None = None  # matrix-product FLOP of one decode step of all rows
     arithmetic_intensity: float | None = None  # flops_per_step / bytes_per_step (FLOP/byte)
     rows_differ: int | None = None  # rows whose greedy tokens differ from the same prompt's at B = 1
-    gauge_spread_pct: float | None = None  # (gauge max - min) / median x 100: the stated interval's width
+    gauge_spread_pct: float | None = None  # (gauge max - min) / median x 100: the within-sweep interval's width
     device_gauge_spread_pct: float | None = None  # the same for the device loop's gauge
     rate_probes: int | None = None  # an interleaved sweep's rate probes around the cell's timed repeats
     probe_read_bytes_s_median: float | None = None  # their read rate (bytes/s): median, min, max

@@ -39,6 +39,7 @@ from bench.measure.prompts import Prompt, exact_prompt, min_prompt_tokens, row_p
 from bench.measure.request import Measured, measure_batch_request, measure_request
 from bench.runs import RunFolder
 from bench.runs.logits import logits_path, write_logits, write_step_summary
+from bench.runs.agreement import state as state_rerun_intervals
 from bench.runs.agreement import with_spreads
 from bench.runs.records import LOOP_KINDS, CellRow, Sample, cell_key, failed_cell, summarize_cell
 from bench.signals import deliveries_counted, stop_now, stop_signals_handled
@@ -337,9 +338,10 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
     None leaves them out. In the interleaved order (`SweepConfig.order`), with `rates`, the rate probes run before
     the first round and after each (`bench.sweep.rates.RoundProbes`): each cell's shares use the probes around its
     repeats, and a sweep that was not stopped ends with the host's movement against the cells' spread (a line,
-    and a warning line when the host moved more; docs/method.md, "Interleaving"). A `--batch` sweep's rows get
-    their batch figures (`bench.sweep.rates.batch_rows`: FLOPs per step, arithmetic intensity) and `rows_differ`
-    (module docstring). The rest is `sweep_cells`.
+    and a warning line when the host moved more; docs/method.md, "Interleaving"). Every sweep that was not stopped
+    ends with its cells' rerun intervals (`bench.runs.agreement.state`: recorded in the manifest, and lines). A
+    `--batch` sweep's rows get their batch figures (`bench.sweep.rates.batch_rows`: FLOPs per step, arithmetic
+    intensity) and `rows_differ` (module docstring). The rest is `sweep_cells`.
     """
     if prompts is None:  # callers that already built (and so checked) them pass them in
         config.check()
@@ -380,6 +382,9 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
     if probes is not None:  # not stopped: how far the host moved against the cells' spread
         lines, warning = probes.finish(rows)
         for line in lines + ([warning] if warning else []):
+            progress(line)
+    if rows:  # not stopped: each cell's rerun interval, with its measured sources (docs/method.md, Rerun intervals)
+        for line in state_rerun_intervals(run):
             progress(line)
     return rows
 

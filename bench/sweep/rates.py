@@ -419,8 +419,8 @@ class HostMovement:
             return None
         return (f"warning: the host moved more than the cells' spread: the {self.figure} probe {self.moved_pct:.1f}% "
                 f"across the sweep, the cells' repeat spread {self.cells_spread_pct:.1f}% (median): the cells' "
-                "intervals may not hold for a run of another hour; compare builds paired in one session, as ratios "
-                "(docs/method.md, Interleaving)")  # fmt: skip
+                "within-sweep intervals may not hold for a run of another hour (their rerun intervals, below, widen "
+                "them); compare builds paired in one session, as ratios (docs/method.md, Interleaving)")  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "moved_more": self.moved_more}
