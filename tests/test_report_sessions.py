@@ -259,6 +259,27 @@ def test_the_archived_tpu_session_renders(tmp_path: Path) -> None:
     assert "the gap between them is 0.1308 <= 2 x the bound 0.44 + one bfloat16 step at 0.4999 (0.882): a tie" in md
 
 
+def test_a_tiling_policy_pair_gives_two_rows_of_one_quantization(tmp_path: Path) -> None:
+    """The archived late TPU session of 2026-12-07: dense and `w4` under two kernel options (the tiling policies'
+    pair), and a profile under one: each option its own row (the later run does not hide the earlier), the profile's
+    findings under its own option's row, the bound read from the quantization."""
+    names = ["2026-12-07-tpu-w4nat-dense-41-tpuv5e", "2026-12-07-tpu-w4nat-steps-41-tpuv5e",
+             "2026-12-07-tpu-w4nat-fewest-1-tpuv5e", "2026-12-07-tpu-w4nat-steps-profile-tpuv5e"]  # fmt: skip
+    runs = [REPO / "runs" / n for n in names]
+    if not all(r.is_dir() for r in runs):
+        pytest.skip("the archived TPU runs are not in this checkout")
+    report = build_report(runs, tmp_path / "out")
+    (table,) = _session_tables(report)
+    rows = {r[0]: r for r in table.rows}
+    assert list(rows) == ["none", "w4:128 (w4a16=pallas)", "w4:128 (w4a16=pallas:steps)"]
+    assert rows["w4:128 (w4a16=pallas:steps)"][3:5] == ["326.26 (325.89–326.36)", "2.02x"]
+    assert rows["w4:128 (w4a16=pallas)"][3:5] == ["321.95 (321.72–322.11)", "1.99x"]
+    assert all(r[6] == "step 0: tie" for q, r in rows.items() if q != "none")  # the w4 bound, not "unknown set"
+    md = report.markdown.read_text()
+    assert "w4:128 (w4a16=pallas:steps) (2026-12-07-tpu-w4nat-steps-profile-tpuv5e): multiply_reduce_fusion" in md
+    assert "w4:128 (w4a16=pallas): no profile in this session" in md
+
+
 def test_the_repositorys_own_report_names_every_host_it_mixes(tmp_path: Path) -> None:
     """`make report` on runs/ (read in place): no table sets runs of two hosts side by side without saying so."""
     report = build_report(None, tmp_path / "out", runs_dir=REPO / "runs", selection=Selection(latest_per=("device",)))

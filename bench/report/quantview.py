@@ -1,7 +1,7 @@
 """The view "quantization on <device>": the quantization sets of one session (bench/report/sessions.py) side by side.
 
-Per session holding two or more quantization sets (each set's latest run with sweep cells in the session), one
-table, one row per (set, input size): bytes per decode step; the gauge tok/s, median (min–max); x dense (the
+Per session holding two or more quantization sets (a set: a quantization, with the w4 kernel option where the run
+recorded one; each set's latest run with sweep cells in the session), one table, one row per (set, input size): bytes per decode step; the gauge tok/s, median (min–max); x dense (the
 median gauge over the dense run's at that size: "—" without a dense run in the session); the roofline share
 against the run's roofline ceiling (`bench.runs.ceiling`: max(measured read rate, datasheet figure), named under
 the table); the greedy tokens' first divergence from dense, with ties told apart from errors, and the max
@@ -26,17 +26,36 @@ from bench.report.tables import rate_text
 from bench.report.views import Table
 from bench.runs.ceiling import ceiling_of, datasheet_for
 from bench.runs.columns import BYTES_PER_STEP, ROOFLINE_SHARE, fmt_num, roofline_findings
+from bench.runs.manifest import w4_kernel_of
 
 DENSE = "none"
 
 
+def set_label(quantization: str, kernel: str | None, kernels_of_quantization: set[str | None]) -> str:
+    """A set's name in the view: its quantization, with the w4 product's kernel option when the session holds runs of
+    that quantization under two or more of them ("w4:128 (w4a16=pallas:fewest)": the option enters the build id
+    too, so a tiling policy A/B gives two rows instead of the later run hiding the earlier)."""
+    w4 = w4_kernel_of(kernel)
+    return f"{quantization} ({w4 or 'no kernel option'})" if len(kernels_of_quantization) > 1 else quantization
+
+
+def quantization_of(label: str) -> str:
+    """`set_label`'s inverse for the quantization: "w4:128 (w4a16=pallas:fewest)" -> "w4:128"."""
+    return label.split(" (", 1)[0]
+
+
 def session_sets(session: Session, keys: dict[str, Any]) -> dict[str, tuple[Any, Any | None]]:
-    """{quantization: (its latest run with sweep cells, its latest run with a profile or None)} of `session`, dense
-    ("none") first, then by name; a set with a profile-only run and no sweep is left out."""
+    """{set (`set_label`): (its latest run with sweep cells, its latest run with a profile or None)} of `session`,
+    dense ("none") first, then by name; a set with a profile-only run and no sweep is left out."""
+    kernels: dict[str, set[str | None]] = {}
+    for v in session.views:
+        if v.cells:
+            kernels.setdefault(keys[v.name].quantization, set()).add(w4_kernel_of(v.run.typed_manifest.engine.kernel))
     sweeps: dict[str, Any] = {}
     profiles: dict[str, Any] = {}
     for v in session.views:  # by start time: the later replaces the earlier
-        q = keys[v.name].quantization
+        quantization, kernel = keys[v.name].quantization, v.run.typed_manifest.engine.kernel
+        q = set_label(quantization, kernel, kernels.get(quantization, set()))
         if v.cells:
             sweeps[q] = v
         if v.profile is not None:
@@ -96,7 +115,7 @@ def _session_blocks(session: Session, sets: dict[str, tuple[Any, Any]], keys: di
     dtype = keys[dense.name].compute_dtype if dense is not None else None
     rows, details = [], []
     for q, (v, _) in sets.items():
-        acc = run_accuracy(v, dense, dtype, quant=q) if dense is not None and v is not dense else {}
+        acc = run_accuracy(v, dense, dtype, quant=quantization_of(q)) if dense is not None and v is not dense else {}
         for n in sorted(v.cells):
             c, a = v.cells[n], acc.get(n)
             rows.append([q, fmt_num(n, 0), BYTES_PER_STEP.text(c), rate_text(c, "gauge"),

@@ -51,8 +51,8 @@ WHY = {
     "load": "the latest run per level; a level's figures are its own run's",
     "speedup": "the ratio is the device's, host's and build's together, not the build's alone",
     "quant-session": "one session (the same dense build id: code, checkpoint and engine configuration equal but "
-                     "for the quantization, which enters the build id), so the builds differ by the quantization "
-                     "alone",
+                     "for the quantization and the w4 kernel option, which enter the build id), so the builds differ "
+                     "by the set alone",
 }  # fmt: skip
 """Per table kind (`bench.report.views.Table.kind`), why its runs may stand side by side though their keys differ."""
 
