@@ -241,14 +241,20 @@ def test_shares_above_100_are_findings_with_the_probes_numbers(two_hosts, tmp_pa
     assert share_findings({}) == []
 
 
-def test_the_archived_tpu_session_renders(tmp_path: Path) -> None:
-    """Issue 43's view on the three archived runs of 2026-12-07 (dense, published, w4), read where they lie."""
-    runs = [REPO / "runs" / n for n in TPU_SESSION]
+def _archived_session(names: Sequence[str], tmp_path: Path):
+    """The report of archived runs read where they lie (skipped where the checkout lacks them): (report, its one
+    quantization-session table, that table's rows by set)."""
+    runs = [REPO / "runs" / n for n in names]
     if not all(r.is_dir() for r in runs):
         pytest.skip("the archived TPU runs are not in this checkout")
     report = build_report(runs, tmp_path / "out")
     (table,) = _session_tables(report)
-    rows = {r[0]: r for r in table.rows}
+    return report, table, {r[0]: r for r in table.rows}
+
+
+def test_the_archived_tpu_session_renders(tmp_path: Path) -> None:
+    """Issue 43's view on the three archived runs of 2026-12-07 (dense, published, w4), read where they lie."""
+    report, table, rows = _archived_session(TPU_SESSION, tmp_path)
     assert list(rows) == ["none", "int8_lm_head,ple4", "w4:128"]
     assert rows["none"][2:6] == ["4,565,044,294", "161.51 (161.48–161.51)", "1.00x", "90.0"]
     assert rows["int8_lm_head,ple4"][4:7] == ["1.08x", "88.6", "step 3: undecided"]
@@ -265,12 +271,7 @@ def test_a_tiling_policy_pair_gives_two_rows_of_one_quantization(tmp_path: Path)
     findings under its own option's row, the bound read from the quantization."""
     names = ["2026-12-07-tpu-w4nat-dense-41-tpuv5e", "2026-12-07-tpu-w4nat-steps-41-tpuv5e",
              "2026-12-07-tpu-w4nat-fewest-1-tpuv5e", "2026-12-07-tpu-w4nat-steps-profile-tpuv5e"]  # fmt: skip
-    runs = [REPO / "runs" / n for n in names]
-    if not all(r.is_dir() for r in runs):
-        pytest.skip("the archived TPU runs are not in this checkout")
-    report = build_report(runs, tmp_path / "out")
-    (table,) = _session_tables(report)
-    rows = {r[0]: r for r in table.rows}
+    report, table, rows = _archived_session(names, tmp_path)
     assert list(rows) == ["none", "w4:128 (w4a16=pallas)", "w4:128 (w4a16=pallas:steps)"]
     assert rows["w4:128 (w4a16=pallas:steps)"][3:5] == ["326.26 (325.89–326.36)", "2.02x"]
     assert rows["w4:128 (w4a16=pallas)"][3:5] == ["321.95 (321.72–322.11)", "1.99x"]
