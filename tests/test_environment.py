@@ -137,6 +137,42 @@ def test_device_facts_from_a_given_jax_module() -> None:
     assert facts["driver_version"] is None
 
 
+def test_device_memory_takes_the_fullest_device_and_none_without_stats() -> None:
+    from bench.runs.environment import device_memory
+
+    def dev(stats):
+        return SimpleNamespace(memory_stats=lambda: stats)
+
+    two = SimpleNamespace(local_devices=lambda: [
+        dev({"bytes_limit": 16_000, "peak_bytes_in_use": 9_000, "bytes_in_use": 7_000, "num_allocs": 3}),
+        dev({"bytes_limit": 16_000, "peak_bytes_in_use": 11_000, "bytes_in_use": 6_000})])  # fmt: skip
+    assert device_memory(two) == {"bytes_limit": 16_000, "peak_bytes_in_use": 11_000, "bytes_in_use": 7_000}
+    assert device_memory(SimpleNamespace(local_devices=lambda: [dev(None)])) is None  # a CPU reports none
+
+
+def test_a_sweep_records_the_device_memory_beside_the_weights(tmp_path, monkeypatch) -> None:
+    """`bench sweep`'s end on a device that reports memory: the manifest's device_memory and the line in run.log;
+    on a device that reports none, nothing."""
+    import logging
+
+    import bench.runs.environment as environment
+    from bench.sweep.command import _record_device_memory
+    from runfolders import make_measured_run
+
+    run = make_measured_run(tmp_path, "mem", status="running")
+    engine = SimpleNamespace(weight_bytes=4_565_044_294)
+    monkeypatch.setattr(environment, "device_memory", lambda _jax: None)
+    _record_device_memory(run, engine, logging.getLogger("test"))
+    assert "device_memory" not in run.manifest
+    stats = {"bytes_limit": 16_909_336_064, "peak_bytes_in_use": 5_100_000_000, "bytes_in_use": 4_900_000_000}
+    monkeypatch.setattr(environment, "device_memory", lambda _jax: stats)
+    _record_device_memory(run, engine, logging.getLogger("test"))
+    assert run.manifest["device_memory"] == {**stats, "weight_bytes": 4_565_044_294}
+    log = (run.path / "run.log").read_text()
+    assert "device memory: peak 5.100 GB in use (0.535 GB beyond the weights' 4.565 GB) of the allocator's " \
+           "16.909 GB limit" in log
+
+
 def test_importing_environment_does_not_import_jax() -> None:
     code = "import sys, bench.runs.environment; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

@@ -292,6 +292,28 @@ def device_facts(jax_module: Any) -> dict[str, Any]:
     }
 
 
+MEMORY_STATS = ("bytes_limit", "peak_bytes_in_use", "bytes_in_use")
+"""The allocator figures `device_memory` records (the keys of jax's `Device.memory_stats()` on a TPU or a GPU)."""
+
+
+def device_memory(jax_module: Any) -> dict[str, int] | None:
+    """The allocator's figures of the devices jax uses, bytes: each of `MEMORY_STATS`, the largest over the local
+    devices (a mesh's fullest device), or None where no device reports them (a CPU: `memory_stats()` is None).
+    `peak_bytes_in_use` is the process's high-water mark so far, the weights, the KV caches, the compiled programs'
+    buffers and every transient included: the measured evidence beside the fit check's stated reserve
+    (`model.accounting.MEMORY_RESERVE`). `jax_module`: the imported jax or a stand-in with `local_devices()`."""
+    out: dict[str, int] = {}
+    for dev in jax_module.local_devices():
+        try:
+            stats = dev.memory_stats() or {}
+        except Exception:  # noqa: BLE001  (backends without memory stats raise various errors)
+            stats = {}
+        for key in MEMORY_STATS:
+            if stats.get(key) is not None:
+                out[key] = max(out.get(key, 0), int(stats[key]))
+    return out or None
+
+
 def python_command_line() -> list[str]:
     """The command line of this process as a list (what manifest.json's `command_line` stores)."""
     return [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]]

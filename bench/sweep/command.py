@@ -356,6 +356,7 @@ def _measure(plan: SweepPlan, m: _Measured, log):
                   skip=run.finished_cells() if config.batches else run.finished_inputs(), should_stop=stop,
                   prompts=m.prompts, rates=m.rates, batch_prompts=m.batch_prompts)  # fmt: skip
         _record_findings(run, m.rates)
+        _record_device_memory(run, engine, log)
         if not stop() and config.order == "sequential":  # interleaved: the probes after each round (run_sweep)
             _end_bandwidth(run, m.rates, log)
     return run
@@ -371,6 +372,41 @@ def _record_findings(run, rates) -> None:
     found = [f.to_json() for f in roofline_findings(run.cells(), rates.ceiling)]
     recorded = run.manifest.get(RATES_KEY) or dict(rates.measured)
     run.update_manifest(**{RATES_KEY: {**recorded, FINDINGS_KEY: found}})
+
+
+def _record_device_memory(run, engine, log) -> None:
+    """The device's allocator figures at the sweep's end (`bench.runs.environment.device_memory`: limit, peak and
+    in use, bytes) beside the engine's weight bytes as placed, recorded as the manifest's `device_memory`, with a
+    line: what the peak held beyond the weights (KV caches, programs, transients) is what the fit check's stated
+    reserve (`model.accounting.MEMORY_RESERVE`) must cover. Nothing where the device reports none (a CPU). Over
+    several devices, the weights are the fullest device's share (`_fullest_device_weights`), as the figures are."""
+    import jax
+
+    from bench.runs.environment import device_memory
+
+    mem = device_memory(jax)
+    if mem is None:
+        return
+    weights = int(engine.weight_bytes) if len(jax.local_devices()) == 1 else _fullest_device_weights(engine.params)
+    run.update_manifest(device_memory={**mem, "weight_bytes": weights})
+    peak, limit = mem.get("peak_bytes_in_use"), mem.get("bytes_limit")
+    if peak is not None:
+        line = (f"device memory: peak {peak / 1e9:.3f} GB in use ({(peak - weights) / 1e9:.3f} GB beyond the weights' "
+                f"{weights / 1e9:.3f} GB)" + (f" of the allocator's {limit / 1e9:.3f} GB limit" if limit else ""))
+        log.info(line)
+        run.log(line)
+
+
+def _fullest_device_weights(params) -> int:
+    """The bytes of `params` held by the device that holds the most: each leaf's addressable shards summed per
+    device (their buffers' `nbytes`: packed values as stored)."""
+    import jax
+
+    per: dict[object, int] = {}
+    for leaf in jax.tree_util.tree_leaves(params):
+        for shard in getattr(leaf, "addressable_shards", ()):
+            per[shard.device] = per.get(shard.device, 0) + int(shard.data.nbytes)
+    return max(per.values(), default=0)
 
 
 def _end_bandwidth(run, rates, log) -> None:
