@@ -13,7 +13,8 @@
 #             pallas:steps, alternating twice (4 sweeps, --no-step-logits: speed only); fit_tpu.TILING_POLICIES
 #   policy1   one sweep of w4 at 41 tokens, host loop, under the policy --kernel does not name (fewest, or steps
 #             when --kernel names no policy or fewest): the other side of the policy pair for a run under --kernel
-#   tiling    scripts/probes/w4_tiling_tpu.py: every (bn, bk) and both policies' tilings per E2B w4 shape at one
+#   tiling    scripts/probes/w4_tiling_tpu.py --resident: every (bn, bk), both policies' tilings and the resident
+#             form per E2B w4 shape at one
 #             row, with what is left of the budget (at most 200 s; skipped under 40 s); its JSON lands in
 #             $runs/probes/ (so in the pack) and in $OUT
 #   SET       one set's sweep at 41 tokens (--loops), e.g. w8 or w4,ple4,int8_lm_head
@@ -121,7 +122,7 @@ for step in "${steps[@]}"; do
     tiling) t=$(left); t=$(( t - 15 < 200 ? t - 15 : 200 ))
             if (( t < 40 )); then echo "skip tiling: $t s left for the probe, needs at least 40 s"; continue; fi
             mkdir -p "$runs/probes"
-            run timeout $(( t + 30 )) python3 scripts/probes/w4_tiling_tpu.py --budget-s "$t" --out "$runs/probes" \
+            run timeout $(( t + 30 )) python3 scripts/probes/w4_tiling_tpu.py --budget-s "$t" --out "$runs/probes" --resident \
               > "$logs/probe-tiling.log" 2>&1
             rc=$?
             (( dry )) && cat "$logs/probe-tiling.log"

@@ -190,6 +190,34 @@ def test_with_tilings_stores_tpu_leaves_in_the_tpu_layout() -> None:
         with_tilings(one_layer_tree(q), bad)
 
 
+# ---- the experimental resident form (operands whole in VMEM; the TPU probe's --resident) ---------------------------
+@pytest.mark.parametrize("k,n,rows", [(1536, 256, 1), (2048, 384, 5), (256, 1536, 16)])
+def test_the_resident_form_equals_dequantize_then_matmul(k: int, n: int, rows: int) -> None:
+    q = _weight(k, n, 0, seed=k + n)
+    words, scales = to_tpu(q.values, q.scales, tuple(q.shape), 0, 128)
+    x = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, k)), jnp.float32)
+    t = TpuTiling(bm=128, bn=n, bk=k)
+    y = np.asarray(w4a16_tpu_matmul(x, words, scales, k=k, n=n, group=128, tiling=t, interpret=True, resident=True),
+                   np.float64)  # fmt: skip
+    ref, mag = _reference(np.asarray(x), q, 0)
+    assert np.all(np.abs(y - ref) <= 1e-5 * mag)
+    f = jax.jit(lambda a, w, s: w4a16_tpu_matmul(a, w, s, k=k, n=n, group=128, tiling=t, resident=True))
+    args = (jax.ShapeDtypeStruct((1, k), jnp.bfloat16), jax.ShapeDtypeStruct((k // 8, n), jnp.int32),
+            jax.ShapeDtypeStruct((k // 128, n), jnp.bfloat16))  # fmt: skip
+    assert KERNEL_NAME in jax.export.export(f, platforms=["tpu"])(*args).mlir_module()
+
+
+def test_the_resident_form_refuses_what_it_cannot_hold() -> None:
+    t = TpuTiling(bm=16, bn=1536, bk=1536)
+    big = (jnp.zeros((1, 6144), jnp.bfloat16), jnp.zeros((768, 1536), jnp.int32), jnp.zeros((48, 1536), jnp.bfloat16))
+    with pytest.raises(ValueError, match="resident form: 1 rows, K=6144 N=1536 group 128: expected rows <= 16, "
+                                         "K / group <= 24"):  # fmt: skip
+        w4a16_tpu_matmul(*big, k=6144, n=1536, group=128, tiling=TpuTiling(bm=16, bn=1536, bk=2048), resident=True)
+    rows = (jnp.zeros((17, 1536), jnp.bfloat16), jnp.zeros((192, 1536), jnp.int32), jnp.zeros((12, 1536), jnp.bfloat16))
+    with pytest.raises(ValueError, match="resident form: 17 rows"):
+        w4a16_tpu_matmul(*rows, k=1536, n=1536, group=128, tiling=t, resident=True)
+
+
 # ---- the TPU lowering, on CPU -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("field,k,n,rows", [("gate_up_DX", 1536, 12288, 1), ("down_DF", 12288, 1536, 8),
                                             ("qkv_DX", 1536, 2560, 128), ("ple_gate_PD", 1536, 256, 3)])  # fmt: skip

@@ -212,10 +212,12 @@ def test_the_tiling_probe_runs_on_cpu(tmp_path) -> None:
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(repo)}
     probe = [sys.executable, str(repo / "scripts" / "probes" / "w4_tiling_tpu.py"), "--out", str(tmp_path)]
-    proc = subprocess.run([*probe, "--interpret", "--small"], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([*probe, "--interpret", "--small", "--resident"], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     cases = json.loads((tmp_path / "w4_tiling_tpu_rows1.json").read_text())["cases"]
     assert cases and all(c["rel_err"] < 2**-7 for c in cases)  # bfloat16 activations against float32
     assert sorted(p for c in cases for p in c["policies"]) == sorted(fit_tpu.TILING_POLICIES)
+    assert [c["tiling"] for c in cases][0] == "resident" and cases[0]["steps"] == 1  # first: kept if cut short
     bad = subprocess.run([*probe, "--shapes", "qkv,nope"], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "nope" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

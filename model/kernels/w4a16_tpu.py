@@ -209,9 +209,14 @@ def _transposed(x_RK: jax.Array, k: int, group: int) -> jax.Array:
     return x.reshape(k // group, group, VPU_ROW_PAD)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "n", "group", "tiling", "interpret"))
+RESIDENT_MAX_BYTES = 8 * 2**20
+"""The largest packed weight (K N / 2 bytes) the experimental resident form takes (`w4a16_tpu_matmul`, resident):
+the whole operand sits in VMEM, single-buffered, within the kernel's 16 MiB scoped limit."""
+
+
+@functools.partial(jax.jit, static_argnames=("k", "n", "group", "tiling", "interpret", "resident"))
 def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k: int, n: int, group: int,
-                     tiling: TpuTiling, interpret: bool = False) -> jax.Array:  # fmt: skip
+                     tiling: TpuTiling, interpret: bool = False, resident: bool = False) -> jax.Array:  # fmt: skip
     """x [R, K] (bfloat16, float16 or float32; any R >= 1) times a w4 weight in the TPU layout: [R, N] in x's dtype.
 
     words: int32 [K / 8, N]; scales: [K / group, N], any float dtype (`model.kernels.tpu_layout`). Rows are padded
@@ -219,11 +224,20 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
     <= tiling.vpu_rows takes the vector-unit variant, R <= `fit_tpu.VPU_MAX_ROWS` with tiling.vpu_cols the hybrid
     form (`_kernel_hybrid`). Raises ValueError naming why when `tiling` does not tile the
     shape (`model.kernels.fit_tpu.tiling_problem_tpu`: a program error; the engine plans tilings with
-    `model.kernels.fit_tpu`). `interpret`: run as jax ops (CPU, tests)."""
+    `model.kernels.fit_tpu`). `interpret`: run as jax ops (CPU, tests).
+
+    An experimental form for the TPU probe (`scripts/probes/w4_tiling_tpu.py --resident`), which the engine does not
+    use until a TPU measures it faster: `resident`, one grid step with every operand whole in VMEM (`pltpu.VMEM` memory space, no Pallas pipeline): XLA then copies the weight into VMEM
+    before the call, a copy its scheduler may start during earlier ops, where a pipeline's first block is copied
+    inside the call with nothing to overlap (issue 43: the small products run 1.2-4.3 us a call at 137-474 GB/s).
+    Resident takes rows <= tiling.bm, K / group <= `fit_tpu.MAX_GROUPS_PER_STEP` and at most `RESIDENT_MAX_BYTES`
+    of packed weight; ValueError otherwise."""
     problem = tiling_problem_tpu(k, n, group, tiling)
     if problem:
         raise ValueError(f"tiling {tiling.text} does not tile K={k} N={n} group {group}: {problem}")
     r = x_RK.shape[0]
+    if resident:
+        return _resident(x_RK, words, scales, k=k, n=n, group=group, bm=tiling.bm, interpret=interpret)
     vpu = r <= tiling.vpu_rows
     hybrid = not vpu and tiling.vpu_cols and r <= VPU_MAX_ROWS
     groups, bn = tiling.bk // group, tiling.bn
@@ -254,4 +268,28 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
             kernel, out_shape=jax.ShapeDtypeStruct((rp, n), jnp.float32), grid=grid, in_specs=in_specs,
             out_specs=out_spec, compiler_params=params, interpret=interpret, name=KERNEL_NAME,
         )(x_in, *[a for a, _ in extra], words, scales)  # fmt: skip
+    return out[:r].astype(x_RK.dtype)
+
+
+def _resident(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k: int, n: int, group: int, bm: int,
+              interpret: bool) -> jax.Array:
+    """`w4a16_tpu_matmul`'s resident form: x [R, K] (R padded to 16), words [K / 8, N] and scales [K / g, N] whole
+    in VMEM, one grid step of `_kernel` over all K / g groups, out float32 [Rp, N] whole in VMEM."""
+    from model.kernels.fit_tpu import MAX_GROUPS_PER_STEP
+
+    r = x_RK.shape[0]
+    rp = -(-r // 16) * 16
+    if rp > bm or k // group > MAX_GROUPS_PER_STEP or k * n // 2 > RESIDENT_MAX_BYTES:
+        raise ValueError(f"resident form: {r} rows, K={k} N={n} group {group}: expected rows <= {bm}, K / group <= "
+                         f"{MAX_GROUPS_PER_STEP} and K N / 2 <= {RESIDENT_MAX_BYTES} bytes")  # fmt: skip
+    x = jnp.pad(x_RK, ((0, rp - r), (0, 0))) if rp != r else x_RK
+    vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+    params = pltpu.CompilerParams(dimension_semantics=("arbitrary", "arbitrary", "arbitrary"),
+                                  vmem_limit_bytes=SCOPED_VMEM)  # fmt: skip
+    kernel = functools.partial(w4a16_tpu_kernel, group=group, groups=k // group)
+    with jax.named_scope(KERNEL_NAME):
+        out = pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((rp, n), jnp.float32), grid=(1, 1, 1), in_specs=[vmem] * 3,
+            out_specs=vmem, compiler_params=params, interpret=interpret, name=KERNEL_NAME,
+        )(x, words, scales)  # fmt: skip
     return out[:r].astype(x_RK.dtype)

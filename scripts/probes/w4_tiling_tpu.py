@@ -12,6 +12,10 @@ choose it, so the JSON answers which policy's tiling is faster per shape. Shapes
 (the one-step products first) until --budget-s, which is checked before every tiling; the JSON is rewritten after
 each, so a probe cut short keeps what it measured, and a summary per shape ends the output.
 
+--resident also times the kernel's experimental resident form (every operand whole in VMEM, one grid step: XLA
+copies the weight in before the call, a copy its scheduler may overlap with earlier ops) on the shapes it takes;
+--policies-only skips the (bn, bk) grid (the policies' tilings only).
+
 Timing as `w4_hybrid_tpu.py` (whose helpers this imports): one jitted program multiplies one activation row by L
 distinct weights of the shape (about --total-mb MB together, passed as arguments), `reps` times in a dependent loop;
 per product = (median at reps - median at 1) / ((reps - 1) L). GB/s = packed bytes (K N / 2 + 2 K N / g of
@@ -40,9 +44,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from w4_hybrid_tpu import G, _per_product_ms  # noqa: E402
 
 from model.kernels.fit import Projection  # noqa: E402
-from model.kernels.fit_tpu import TILING_POLICIES, TpuTiling, budget, choose_tpu, tiling_problem_tpu, vmem_capacity  # noqa: E402
+from model.kernels.fit_tpu import (MAX_GROUPS_PER_STEP, TILING_POLICIES, TpuTiling, budget, choose_tpu,  # noqa: E402
+                                   tiling_problem_tpu, vmem_capacity)
 from model.kernels.tpu_layout import pack_words  # noqa: E402
-from model.kernels.w4a16_tpu import w4a16_tpu_matmul  # noqa: E402
+from model.kernels.w4a16_tpu import RESIDENT_MAX_BYTES, w4a16_tpu_matmul  # noqa: E402
 
 # E2B's w4 projections (`bench kernels fit --device-capability tpu`): name -> (K, N), the one-step products of the
 # default policy first (layers per shape: qkv_q 16, o 28, qkv 12, ple 35 each, qkv_4096 4, qkv_full 3, o_full 7)
@@ -66,13 +71,23 @@ def policy_tilings(k: int, n: int) -> dict[TpuTiling, list[str]]:
     return out
 
 
-def tilings(k: int, n: int, bns, bks) -> list[TpuTiling]:
-    """The policies' tilings (`policy_tilings`), then every other (bn, bk) of the lists that tiles K x N under the
-    kernel's rules, with bm 128."""
+def tilings(k: int, n: int, bns, bks, *, policies_only: bool = False) -> list[TpuTiling]:
+    """The policies' tilings (`policy_tilings`), then (unless `policies_only`) every other (bn, bk) of the lists that
+    tiles K x N under the kernel's rules, with bm 128."""
     out = list(policy_tilings(k, n))
-    out += [t for t in (TpuTiling(bm=128, bn=bn, bk=bk) for bn in bns for bk in bks)
-            if t not in out and tiling_problem_tpu(k, n, G, t) is None]  # fmt: skip
+    if not policies_only:
+        out += [t for t in (TpuTiling(bm=128, bn=bn, bk=bk) for bn in bns for bk in bks)
+                if t not in out and tiling_problem_tpu(k, n, G, t) is None]  # fmt: skip
     return out or [TpuTiling(bm=128, bn=min(n, 512), bk=k)]
+
+
+RESIDENT = "resident"
+"""The case name of the kernel's experimental resident form (`w4a16_tpu_matmul(..., resident=True)`)."""
+
+
+def resident_fits(k: int, n: int) -> bool:
+    """Whether the resident form takes K x N (`model.kernels.w4a16_tpu._resident`'s bounds)."""
+    return k // G <= MAX_GROUPS_PER_STEP and k * n // 2 <= RESIDENT_MAX_BYTES
 
 
 def summary(cases: list[dict]) -> list[str]:
@@ -89,6 +104,9 @@ def summary(cases: list[dict]) -> list[str]:
             mine = next((c for c in timed if policy in c.get("policies", [])), None)
             if mine:
                 parts.append(f"{policy} {mine['tiling']} ({mine['steps']} steps) {mine['gb_s']:.1f}")
+        res = next((c for c in timed if c["tiling"] == RESIDENT), None)
+        if res:
+            parts.append(f"{RESIDENT} {res['gb_s']:.1f}")
         if xla and xla.get("gb_s"):
             parts.append(f"xla bf16 {xla['gb_s']:.1f}")
         lines.append(f"{shape:12s} " + "; ".join(parts))
@@ -104,6 +122,9 @@ def main() -> None:
     ap.add_argument("--bks", default=",".join(map(str, BKS)))
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--no-ref", action="store_true", help="skip XLA's bfloat16 product of each shape")
+    ap.add_argument("--resident", action="store_true",
+                    help="also time the kernel's experimental resident form where it fits (operands whole in VMEM)")
+    ap.add_argument("--policies-only", action="store_true", help="only the policies' tilings, not the (bn, bk) grid")
     ap.add_argument("--total-mb", type=float, default=120.0)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--iters", type=int, default=5)
@@ -150,14 +171,18 @@ def main() -> None:
                   flush=True)
             del dws
         chosen = policy_tilings(k, n)
-        for t in tilings(k, n, bns, bks):
+        forms = [(t, False) for t in tilings(k, n, bns, bks, policies_only=a.policies_only)]
+        if a.resident and resident_fits(k, n):  # first, so a probe cut short by its budget still has it
+            forms.insert(0, (forms[0][0], True))
+        for t, resident in forms:
             if time.time() - t0 > a.budget_s:
                 print(f"budget reached at {name} {t.text}", flush=True)
                 break
-            steps = (n // t.bn) * (k // t.bk)
-            case = {"shape": name, "k": k, "n": n, "tiling": t.text, "steps": steps, "products": count,
-                    "policies": chosen.get(t, [])}
-            prod = functools.partial(w4a16_tpu_matmul, k=k, n=n, group=G, tiling=t, interpret=a.interpret)
+            steps = 1 if resident else (n // t.bn) * (k // t.bk)
+            case = {"shape": name, "k": k, "n": n, "tiling": RESIDENT if resident else t.text, "steps": steps,
+                    "products": count, "policies": [] if resident else chosen.get(t, [])}
+            prod = functools.partial(w4a16_tpu_matmul, k=k, n=n, group=G, tiling=t, interpret=a.interpret,
+                                     resident=resident)  # fmt: skip
             try:
                 got = np.asarray(prod(x, ws[0], ss[0]), np.float32)
                 case["rel_err"] = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
@@ -167,7 +192,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 - a probe records and goes on
                 case["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             res["cases"].append(case)
-            print(f"{name:12s} K={k:5d} N={n:5d} {t.text:26s} steps {steps:3d} {case.get('ms', 0):.4f} ms "
+            print(f"{name:12s} K={k:5d} N={n:5d} {case['tiling']:26s} steps {steps:3d} {case.get('ms', 0):.4f} ms "
                   f"{case.get('gb_s') or 0:7.1f} GB/s rel_err {case.get('rel_err', float('nan')):.2e} "
                   f"{','.join(case['policies'])} {case.get('error', '')}", flush=True)
             res["seconds"] = round(time.time() - t0, 1)
