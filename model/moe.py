@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 
 from model.config import ModelConfig
+from model.kernels.fit_tpu import TpuTiling
 from model.ops import dense, gelu, rms_norm
 from model.quant import QuantArray, matmul
 
@@ -101,7 +102,16 @@ def balanced_experts(n: int, k: int, e: int, layer: int) -> jax.Array:
 
 def expert_weight(w, e: jax.Array):
     """Expert `e`'s slice (int32 scalar, traced) of an expert weight [E, ...]: a dense array's [...], or a
-    `QuantArray` of the slice's values and scales (its layout without the expert axis). Only that slice is read."""
+    `QuantArray` of the slice's values and scales (its layout without the expert axis). Only that slice is read. A
+    leaf in the batched TPU layout (`_tpu_tiled`): the slice converted back to the w4 layout (the expert kernel's
+    path never calls this; any other reader still gets the same values)."""
+    if _tpu_tiled(w):  # the batched TPU layout: this expert's slice back in the w4 layout
+        from model.quant import _natural
+
+        one = dataclasses.replace(w, values=jax.lax.dynamic_index_in_dim(w.values, e, 0),
+                                  scales=jax.lax.dynamic_index_in_dim(w.scales, e, 0), shape=(1, *w.shape[1:]))  # fmt: skip
+        w = _natural(one)
+        e = jnp.int32(0)
     if isinstance(w, QuantArray):
         values = jax.lax.dynamic_index_in_dim(w.values, e, 0, keepdims=False)
         scales = jax.lax.dynamic_index_in_dim(w.scales, e, 0, keepdims=False)
@@ -114,6 +124,34 @@ def _ffn(x_MD: jax.Array, gate_up_DX, down_DF) -> jax.Array:
     gu_MX = dense(x_MD, gate_up_DX, "MD,DX->MX")
     f = gu_MX.shape[-1] // 2
     return dense(gelu(gu_MX[:, :f]) * gu_MX[:, f:], down_DF, "MF,DF->MD")
+
+
+def _tpu_tiled(w) -> bool:
+    """Whether an expert leaf is held in the batched TPU layout (`model.kernels.tpu_layout.to_tpu_experts`, its
+    tiling a `TpuTiling`, set at load by `model.kernels.choice.with_tilings` on a TPU)."""
+    return isinstance(w, QuantArray) and w.ndim == 3 and isinstance(w.tiling, TpuTiling)
+
+
+def _kernel_product(x_UMK: jax.Array, w: QuantArray, e_U: jax.Array) -> jax.Array:
+    """Tile u of x [U, M, K] times expert e_U[u] of a leaf in the batched TPU layout: [U, M, N] in x's dtype, one
+    call of the TPU expert kernel (`model.kernels.w4a16_tpu.w4a16_tpu_expert_matmul`; Pallas imported here, on
+    this path only; interpret mode on CPU, for tests)."""
+    from model.kernels.fit_tpu import padded_k
+    from model.kernels.w4a16_tpu import w4a16_tpu_expert_matmul
+
+    axis = 1 if w.block[1] > 1 else 2  # the contraction axis of [E, A, B] (model.quantspec.EXPERT_PROJECTIONS)
+    group = w.block[axis]
+    return w4a16_tpu_expert_matmul(x_UMK, w.values, w.scales, e_U, k=padded_k(w.shape[axis], group),
+                                   n=w.shape[3 - axis], group=group, tiling=w.tiling,
+                                   interpret=jax.default_backend() == "cpu")  # fmt: skip
+
+
+def _kernel_ffn(x_UMD: jax.Array, e_U: jax.Array, gate_up, down) -> jax.Array:
+    """`_ffn` for U tiles at once, tile u with expert e_U[u] (int32 [U]): two kernel calls (gate_up over every tile,
+    gelu_tanh(gate) * up, down over every tile) -> [U, M, D] in x's dtype."""
+    gu_UMX = _kernel_product(x_UMD, gate_up, e_U)
+    f = gu_UMX.shape[-1] // 2
+    return _kernel_product(gelu(gu_UMX[..., :f]) * gu_UMX[..., f:], down, e_U)
 
 
 def tile_rows(n: int, e: int) -> int:
@@ -146,7 +184,13 @@ def expert_products(lp, x_ND: jax.Array, idx_NK: jax.Array, w_NK: jax.Array, num
     e_n = idx_NK.reshape(n)
     gu, dn = lp.experts_gate_up_EDX, lp.experts_down_EDF
     with jax.named_scope("experts"):
-        if m == 1:  # one tile per (token, expert): the chosen experts only, in assignment order
+        if _tpu_tiled(gu) and _tpu_tiled(dn):  # the TPU expert kernel: one call per projection (module docstring)
+            if m == 1:
+                tok_n = jnp.arange(n, dtype=jnp.int32) // k
+                y_nD = _kernel_ffn(x_ND[tok_n][:, None, :], e_n, gu, dn)[:, 0]
+            else:
+                y_nD = _sorted_tiles(x_ND, e_n, k, m, num_experts, gu, dn)
+        elif m == 1:  # one tile per (token, expert): the chosen experts only, in assignment order
             tok_n = jnp.arange(n, dtype=jnp.int32) // k
 
             def one(j):
@@ -177,6 +221,10 @@ def _sorted_tiles(x_ND, e_n, k: int, m: int, num_experts: int, gu, dn) -> jax.Ar
     x_RD = jnp.zeros((u * m, d), x_ND.dtype).at[row_s].set(x_ND[order // k], unique_indices=True)
     tile_e = jnp.clip(jnp.searchsorted(ends_E, jnp.arange(u) * m, side="right"), 0, num_experts - 1).astype(jnp.int32)
     used = ends_E[-1] // m
+    if _tpu_tiled(gu) and _tpu_tiled(dn):  # every tile in one kernel call; unused tiles on zeros, last expert's id
+        tile_e = jnp.where(jnp.arange(u) < used, tile_e, tile_e[jnp.maximum(used - 1, 0)])
+        y_RD = _kernel_ffn(x_RD.reshape(u, m, d), tile_e, gu, dn).reshape(u * m, d)
+        return jnp.zeros((n, d), y_RD.dtype).at[order].set(y_RD[row_s], unique_indices=True)
 
     def tile(t):
         def run(_):

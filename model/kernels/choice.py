@@ -159,11 +159,16 @@ class KernelPlan:
         return {f.projection.label: f.tiling.text if f.fits else f"xla ({f.problem})" for f in self.fits}
 
     def tiling_of(self, field: str, shape: tuple[int, ...]) -> Tiling | TpuTiling | None:
-        """The tiling chosen for a leaf `field` of `shape` (None: XLA's product)."""
+        """The tiling chosen for a leaf `field` of `shape` (None: XLA's product); an expert leaf's `shape` is
+        [E, A, B], matched by one expert's slice with K padded to whole groups (`fit_tpu.expert_projections`)."""
         for f in self.fits:
             p = f.projection
             want = (p.k, p.n) if p.axis == 0 else (p.n, p.k)
-            if p.field == field and tuple(shape) == want:
+            got = tuple(shape)
+            if len(got) == 3:  # an expert leaf [E, A, B]: one expert's slice, K padded to whole groups
+                a, b = got[1:]
+                got = (fit_tpu.padded_k(a, p.group), b) if p.axis == 0 else (a, fit_tpu.padded_k(b, p.group))
+            if p.field == field and got == want:
                 return f.tiling
         return None
 
@@ -209,6 +214,8 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
                               "--kernel w4a16=xla")  # fmt: skip
         return KernelPlan(impl="xla", reason=f"scratch limit unknown ({source})")
     projs = fit.projections(cfg, quant.w4_group)
+    if tpu:  # the experts' products: the TPU expert kernel (model.kernels.w4a16_tpu.w4a16_tpu_expert_matmul)
+        projs = projs + fit_tpu.expert_projections(cfg, quant.w4_group)
     policy = None if not tpu or fit_tpu.parse_policy(policy) == fit_tpu.DEFAULT_POLICY else policy
     if tpu:
         fits = fit_tpu.plan_tpu(projs, limit, act_bytes=act_bytes, scale_bytes=scale_bytes,
@@ -238,10 +245,14 @@ def with_tilings(params, plan: KernelPlan):
     tiling for its field and shape (None for xla). Returns the new tree. A GPU tiling shares the arrays (not
     copied). A TPU tiling (`TpuTiling`) also stores the leaf in the TPU layout (`model.kernels.tpu_layout.to_tpu`:
     the same values and bytes as 32-bit words in the kernel's order): this is the one place where that layout is
-    chosen, leaf by leaf, at load. Raises ValueError where the plan gives a leaf a tiling that does not tile it
+    chosen, leaf by leaf, at load. The expert leaves (`model.quantspec.EXPERT_PROJECTIONS`, 3-D) the plan tiles
+    (TPU only) go to the batched TPU layout (`model.kernels.tpu_layout.to_tpu_experts`; words held by a TPU's
+    storage, `model.quantspec.WORD_TABLES`, back to bytes first), which `model.moe` multiplies with the expert
+    kernel. Raises ValueError where the plan gives a leaf a tiling that does not tile it
     (`model.kernels.fit.fits_kernel` / `model.kernels.fit_tpu.fits_tpu`: a program error; `plan_kernel` chooses
     only tilings that do, and the dispatch would take XLA's product)."""
-    from model.quant import QuantArray
+    from model.quant import QuantArray, with_words
+    from model.quantspec import EXPERT_PROJECTIONS
 
     axes = {p.field: p.axis for p in (f.projection for f in plan.fits)}
 
@@ -268,7 +279,26 @@ def with_tilings(params, plan: KernelPlan):
                 changed[f.name] = dataclasses.replace(leaf, tiling=t)
         return dataclasses.replace(lp, **changed)
 
-    return dataclasses.replace(params, layers=tuple(layer(lp) for lp in params.layers))
+    def experts(lp):
+        changed = {}
+        for name in EXPERT_PROJECTIONS:
+            leaf = getattr(lp, name, None)
+            if not (isinstance(leaf, QuantArray) and leaf.bits == 4 and leaf.ndim == 3 and leaf.tiling is None):
+                continue
+            t = plan.tiling_of(name, leaf.shape)
+            if not isinstance(t, TpuTiling):  # experts are planned on a TPU only
+                continue
+            axis = EXPERT_PROJECTIONS[name][0]
+            k, n, group = leaf.shape[axis], leaf.shape[3 - axis], leaf.block[axis]
+            problem = fit_tpu.tiling_problem_tpu(fit_tpu.padded_k(k, group), n, group, t)
+            if problem:
+                raise ValueError(f"kernel plan: {name} {leaf.shape}: tiling {t.text} does not tile it ({problem})")
+            leaf = with_words(leaf, False)  # a TPU's expert words (model.quantspec.WORD_TABLES) back to bytes
+            values, scales = _to_tpu_experts(leaf.values, leaf.scales, leaf.shape, axis, group)
+            changed[name] = dataclasses.replace(leaf, values=values, scales=scales, tiling=t)
+        return dataclasses.replace(lp, **changed) if changed else lp
+
+    return dataclasses.replace(params, layers=tuple(experts(layer(lp)) for lp in params.layers))
 
 
 def _to_tpu(values, scales, shape, axis, group):
@@ -276,6 +306,13 @@ def _to_tpu(values, scales, shape, axis, group):
     from model.kernels.tpu_layout import to_tpu
 
     return to_tpu(values, scales, tuple(shape), axis, group)
+
+
+def _to_tpu_experts(values, scales, shape, axis, group):
+    """`model.kernels.tpu_layout.to_tpu_experts` (jax; imported on the TPU kernel's path only)."""
+    from model.kernels.tpu_layout import to_tpu_experts
+
+    return to_tpu_experts(values, scales, tuple(shape), axis, group)
 
 
 def log_plan(plan: KernelPlan, log: logging.Logger | None = None) -> None:
