@@ -173,3 +173,14 @@ def test_the_block_with_tiled_experts_equals_the_block_with_natural_ones(layers,
     got = moe.expert_products(tiled, x, idx, w, CFG.num_experts)
     want = moe.expert_products(natural, x, idx, w, CFG.num_experts)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def test_the_expert_block_routes_the_same_and_equals_the_natural_one(layers):
+    """`moe.expert_block` (router, norms, experts) on 3 tokens (9 assignments > E: sorted tiles) and on 1."""
+    natural, tiled = layers
+    for n_tok in (1, 3):
+        h = jnp.asarray(np.random.default_rng(7 + n_tok).standard_normal((1, n_tok, CFG.hidden_size)), jnp.float32)
+        got = moe.expert_block(tiled, CFG, h, layer=0)
+        want = moe.expert_block(natural, CFG, h, layer=0)
+        # The output is RMS-normed (entries of order 1): float32 sums in another order differ by ~1e-5 there.
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=5e-5)
