@@ -30,6 +30,13 @@ array: a step reads the weights of its tiles' experts only.
 - Expert parallel (ep = G devices, `model.sharding`): the expert leaves are held grouped by device and
   `grouped_expert_products` walks each device's chosen experts, one slice per trip, the same rule: no whole
   expert array is ever read.
+- `w4` experts on a TPU (their leaves in the batched TPU layout, `model.kernels.tpu_layout.to_tpu_experts`, a
+  `TpuTiling` set at load by `model.kernels.choice.with_tilings`): no loop; one call of the TPU expert kernel
+  per projection (`model.kernels.w4a16_tpu.w4a16_tpu_expert_matmul`, `_kernel_ffn`), each tile's expert id read
+  by the kernel's index maps so only the chosen experts' blocks are copied. Decode: the N*K assignments are the
+  tiles (M = 1, x rows gathered per assignment); sorted tiles: the same U tiles as the loop, the ones past the last
+  used computed on zero rows with the last used tile's expert (their results dropped). The expert-parallel walk
+  keeps the loop (a mesh never plans the kernel: `model.sharding.prepare_mesh`).
 Why not `jax.lax.ragged_dot`: it takes a dense weight array (no quantized experts without converting all of
 them), and XLA:CPU ran it slower than computing every expert on every token: scripts/probes/moe_forms.py --small
 (2-core CPU under load, jax 0.12, float32, E = 32, D = 512, I = 128, K = 4), ms per call of one layer's experts,
