@@ -158,6 +158,14 @@ def test_with_tilings_stores_the_expert_leaves_in_the_batched_layout(layers):
     assert tiled.experts_down_EDF.values.shape == (8, 256 // 8, 256)  # [E, Kp / 8, N]: K = 192 padded
 
 
+def test_with_tilings_releases_each_expert_leaf_when_asked():
+    params = jax.tree_util.tree_map(jnp.asarray, init_params(CFG, 1))
+    q = quantize_params(params, parse_quant("w4"), platform="tpu")
+    old = q.layers[0].experts_gate_up_EDX
+    new = with_tilings(q, _plan(CFG), release=True).layers[0].experts_gate_up_EDX
+    assert old.values.is_deleted() and old.scales.is_deleted() and not new.values.is_deleted()
+
+
 @pytest.mark.parametrize("n_tok", [1, 2, 5])
 def test_the_block_with_tiled_experts_equals_the_block_with_natural_ones(layers, n_tok):
     """Decode (n_tok K <= E: one tile per assignment) and sorted tiles (5 tokens: 15 assignments, tiles of 2

@@ -24,6 +24,7 @@ from model.errors import KernelError
 from model.kernels import fit, fit_tpu
 from model.kernels.fit import Tiling
 from model.kernels.fit_tpu import TpuTiling
+from model.quantspec import EXPERT_PROJECTIONS as EXPERTS
 
 __all__ = ["MIN_CAPABILITY", "KernelPlan", "decide_mode", "with_kernel_mode", "device_limit",
            "plan_kernel", "with_tilings", "log_plan"]  # fmt: skip
@@ -223,7 +224,8 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
     else:
         fits = fit.plan(projs, limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
     refuse = fit_tpu.refusal_tpu if tpu else fit.refusal
-    over = [f for f in fits if not f.fits and f.problem == "over the limit"]
+    # An expert projection that fits nowhere keeps the per-expert XLA route; it never turns the plan to xla.
+    over = [f for f in fits if not f.fits and f.problem == "over the limit" and f.projection.field not in EXPERTS]
     if over:
         device_name = f"this device (limit from {source})"
         message = refuse(over[0], device_name, act_bytes=act_bytes, scale_bytes=scale_bytes)
@@ -240,19 +242,19 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
                       policy=policy)  # fmt: skip
 
 
-def with_tilings(params, plan: KernelPlan):
+def with_tilings(params, plan: KernelPlan, *, release: bool = False):
     """`params` (a `model.params.Params`) with each w4 layer projection's `QuantArray.tiling` set to the plan's
     tiling for its field and shape (None for xla). Returns the new tree. A GPU tiling shares the arrays (not
     copied). A TPU tiling (`TpuTiling`) also stores the leaf in the TPU layout (`model.kernels.tpu_layout.to_tpu`:
     the same values and bytes as 32-bit words in the kernel's order): this is the one place where that layout is
     chosen, leaf by leaf, at load. The expert leaves (`model.quantspec.EXPERT_PROJECTIONS`, 3-D) the plan tiles
-    (TPU only) go to the batched TPU layout (`model.kernels.tpu_layout.to_tpu_experts`; words held by a TPU's
-    storage, `model.quantspec.WORD_TABLES`, back to bytes first), which `model.moe` multiplies with the expert
-    kernel. Raises ValueError where the plan gives a leaf a tiling that does not tile it
+    (TPU only) go to the batched TPU layout (`model.kernels.tpu_layout.to_tpu_experts`, from the uint32 words a
+    TPU's storage holds them in, `model.quantspec.WORD_TABLES`, one expert at a time), which `model.moe` multiplies
+    with the expert kernel; with `release`, each expert leaf's arrays are deleted once its copy exists (the load:
+    26B-A4B's w4 experts are about 11 GB, two copies would not fit a 16 GB chip). Raises ValueError where the plan gives a leaf a tiling that does not tile it
     (`model.kernels.fit.fits_kernel` / `model.kernels.fit_tpu.fits_tpu`: a program error; `plan_kernel` chooses
     only tilings that do, and the dispatch would take XLA's product)."""
-    from model.quant import QuantArray, with_words
-    from model.quantspec import EXPERT_PROJECTIONS
+    from model.quant import QuantArray
 
     axes = {p.field: p.axis for p in (f.projection for f in plan.fits)}
 
@@ -281,21 +283,22 @@ def with_tilings(params, plan: KernelPlan):
 
     def experts(lp):
         changed = {}
-        for name in EXPERT_PROJECTIONS:
+        for name in EXPERTS:
             leaf = getattr(lp, name, None)
             if not (isinstance(leaf, QuantArray) and leaf.bits == 4 and leaf.ndim == 3 and leaf.tiling is None):
                 continue
             t = plan.tiling_of(name, leaf.shape)
             if not isinstance(t, TpuTiling):  # experts are planned on a TPU only
                 continue
-            axis = EXPERT_PROJECTIONS[name][0]
+            axis = EXPERTS[name][0]
             k, n, group = leaf.shape[axis], leaf.shape[3 - axis], leaf.block[axis]
             problem = fit_tpu.tiling_problem_tpu(fit_tpu.padded_k(k, group), n, group, t)
             if problem:
                 raise ValueError(f"kernel plan: {name} {leaf.shape}: tiling {t.text} does not tile it ({problem})")
-            leaf = with_words(leaf, False)  # a TPU's expert words (model.quantspec.WORD_TABLES) back to bytes
-            values, scales = _to_tpu_experts(leaf.values, leaf.scales, leaf.shape, axis, group)
-            changed[name] = dataclasses.replace(leaf, values=values, scales=scales, tiling=t)
+            values, scales = _to_tpu_experts(leaf.values, leaf.scales, leaf.shape, axis, group, leaf.words)
+            if release:
+                _release(leaf)
+            changed[name] = dataclasses.replace(leaf, values=values, scales=scales, tiling=t, words=False)
         return dataclasses.replace(lp, **changed) if changed else lp
 
     return dataclasses.replace(params, layers=tuple(experts(layer(lp)) for lp in params.layers))
@@ -308,11 +311,19 @@ def _to_tpu(values, scales, shape, axis, group):
     return to_tpu(values, scales, tuple(shape), axis, group)
 
 
-def _to_tpu_experts(values, scales, shape, axis, group):
+def _to_tpu_experts(values, scales, shape, axis, group, words):
     """`model.kernels.tpu_layout.to_tpu_experts` (jax; imported on the TPU kernel's path only)."""
     from model.kernels.tpu_layout import to_tpu_experts
 
-    return to_tpu_experts(values, scales, tuple(shape), axis, group)
+    return to_tpu_experts(values, scales, tuple(shape), axis, group, words)
+
+
+def _release(leaf) -> None:
+    """Delete a converted leaf's device arrays (`with_tilings(release=True)`), after its copy is computed."""
+    for a in (leaf.values, leaf.scales):
+        if hasattr(a, "delete"):
+            a.block_until_ready()
+            a.delete()
 
 
 def log_plan(plan: KernelPlan, log: logging.Logger | None = None) -> None:

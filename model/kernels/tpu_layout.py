@@ -144,20 +144,25 @@ def _contraction(shape: tuple[int, int, int], axis: int) -> tuple[int, int]:
     return shape[axis], shape[3 - axis]
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def to_tpu_experts(values: jax.Array, scales: jax.Array, shape: tuple[int, int, int], axis: int,
-                   group: int) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def to_tpu_experts(values: jax.Array, scales: jax.Array, shape: tuple[int, int, int], axis: int, group: int,
+                   words: bool = False) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """The `w4` layout's (values uint8 [E, A, ceil(B / 2)], scales) of an expert leaf of logical `shape` [E, A, B]
     contracted along `axis` (1: [E, K, N]; 2: [E, N, K]) in groups of `group` -> the batched TPU layout (module
     docstring): words int32 [E, Kp / 8, N], scales [E, Kp / g, N] (Kp = `padded_k`; the leaf's scales already
-    count ceil(K / g) groups). Raises ValueError for a group that is not a multiple of 8 or another axis."""
+    count ceil(K / g) groups). `words`: the values are those bytes held in uint32 words (`model.quant.QuantArray
+    .words`, a TPU's storage of experts), read one expert at a time. Raises ValueError for a group that is not a
+    multiple of 8 or another axis."""
+    from model.quant import _from_words  # jax only; model.quant imports this module lazily
+
     k, _ = _contraction(shape, axis)
     if group % PLANES:
         raise ValueError(f"TPU layout of experts: group {group} of a {shape} leaf is not a multiple of {PLANES}")
     kp = padded_k(k, group)
 
     def one(arrays):
-        q, s = _unpack_bytes(arrays[0], shape[-1]), arrays[1]
+        v, s = arrays
+        q = _from_words(v, 4, shape[-1]) if words else _unpack_bytes(v, shape[-1])
         if axis == 2:
             q, s = q.T, s.T
         return pack_words(jnp.pad(q, ((0, kp - k), (0, 0))), group), s
