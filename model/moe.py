@@ -115,8 +115,8 @@ def expert_weight(w, e: jax.Array):
     if _tpu_tiled(w):  # the batched TPU layout: this expert's slice back in the w4 layout
         from model.quant import _natural
 
-        one = dataclasses.replace(w, values=jax.lax.dynamic_index_in_dim(w.values, e, 0),
-                                  scales=jax.lax.dynamic_index_in_dim(w.scales, e, 0), shape=(1, *w.shape[1:]))  # fmt: skip
+        values, scales = (jax.lax.dynamic_index_in_dim(a, e, 0) for a in (w.values, w.scales))
+        one = dataclasses.replace(w, values=values, scales=scales, shape=(1, *w.shape[1:]))
         w = _natural(one)
         e = jnp.int32(0)
     if isinstance(w, QuantArray):

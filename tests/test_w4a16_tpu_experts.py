@@ -106,7 +106,8 @@ def test_the_expert_projections_are_planned_on_a_tpu():
     assert (projs["experts_gate_up_EDX"].k, projs["experts_gate_up_EDX"].n) == (2816, 1408)
     assert (projs["experts_down_EDF"].k, projs["experts_down_EDF"].n) == (768, 2816)  # I = 704 padded to 768
     plan = _plan(cfg)
-    gu, dn = plan.tiling_of("experts_gate_up_EDX", (128, 2816, 1408)), plan.tiling_of("experts_down_EDF", (128, 2816, 704))
+    gu = plan.tiling_of("experts_gate_up_EDX", (128, 2816, 1408))
+    dn = plan.tiling_of("experts_down_EDF", (128, 2816, 704))
     assert isinstance(gu, TpuTiling) and isinstance(dn, TpuTiling)
     assert any("experts_down_EDF K=768 N=2816" in line for line in plan.lines())
     assert fit_tpu.expert_projections(PRESETS["e2b"], 128) == ()  # no experts, nothing planned

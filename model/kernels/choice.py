@@ -251,9 +251,10 @@ def with_tilings(params, plan: KernelPlan, *, release: bool = False):
     (TPU only) go to the batched TPU layout (`model.kernels.tpu_layout.to_tpu_experts`, from the uint32 words a
     TPU's storage holds them in, `model.quantspec.WORD_TABLES`, one expert at a time), which `model.moe` multiplies
     with the expert kernel; with `release`, each expert leaf's arrays are deleted once its copy exists (the load:
-    26B-A4B's w4 experts are about 11 GB, two copies would not fit a 16 GB chip). Raises ValueError where the plan gives a leaf a tiling that does not tile it
-    (`model.kernels.fit.fits_kernel` / `model.kernels.fit_tpu.fits_tpu`: a program error; `plan_kernel` chooses
-    only tilings that do, and the dispatch would take XLA's product)."""
+    26B-A4B's w4 experts are about 11 GB, two copies would not fit a 16 GB chip). Raises ValueError where the
+    plan gives a leaf a tiling that does not tile it (`model.kernels.fit.fits_kernel` /
+    `model.kernels.fit_tpu.fits_tpu`: a program error; `plan_kernel` chooses only tilings that do, and the
+    dispatch would take XLA's product)."""
     from model.quant import QuantArray
 
     axes = {p.field: p.axis for p in (f.projection for f in plan.fits)}
