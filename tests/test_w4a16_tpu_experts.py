@@ -193,3 +193,25 @@ def test_the_expert_block_routes_the_same_and_equals_the_natural_one(layers):
         want = moe.expert_block(natural, CFG, h, layer=0)
         # The output is RMS-normed (entries of order 1): float32 sums in another order differ by ~1e-5 there.
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=5e-5)
+
+
+@pytest.mark.parametrize("n_tok", [1, 5])
+def test_only_the_kernel_reads_the_expert_arrays(layers, n_tok):
+    """In the block's program the expert leaves' arrays (values and scales) go into the two kernel calls and into
+    nothing else: no slice, gather, convert or product of them outside the kernel (whose index maps copy the chosen
+    experts' blocks only)."""
+    from test_moe import _expert_reads
+
+    _, tiled = layers
+    x = jnp.zeros((n_tok, CFG.hidden_size), jnp.float32)
+    idx = jnp.zeros((n_tok, CFG.top_k_experts), jnp.int32)
+    w = jnp.ones((n_tok, CFG.top_k_experts), jnp.float32)
+    closed = jax.make_jaxpr(lambda lp: moe.expert_products(lp, x, idx, w, CFG.num_experts))(tiled)
+    leaves = jax.tree_util.tree_leaves(tiled)
+    flagged = {closed.jaxpr.invars[i] for i, a in enumerate(leaves)
+               if any(a is b for f in ("experts_gate_up_EDX", "experts_down_EDF")
+                      for b in (getattr(tiled, f).values, getattr(tiled, f).scales))}  # fmt: skip
+    assert len(flagged) == 4
+    reads, uses = [], []
+    _expert_reads(closed.jaxpr, flagged, 1, reads, uses)
+    assert reads == [] and uses == ["pallas_call"] * 2  # one call per projection (its values and scales)
