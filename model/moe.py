@@ -34,7 +34,10 @@ array: a step reads the weights of its tiles' experts only.
   `TpuTiling` set at load by `model.kernels.choice.with_tilings`): no loop; one call of the TPU expert kernel
   per projection (`model.kernels.w4a16_tpu.w4a16_tpu_expert_matmul`, `_kernel_ffn`), each tile's expert id read
   by the kernel's index maps so only the chosen experts' blocks are copied. Decode: the N*K assignments are the
-  tiles (M = 1, x rows gathered per assignment); sorted tiles: the same U tiles as the loop, the ones past the last
+  tiles (M = 1, x rows gathered per assignment), sorted by expert so that assignments sharing an expert are
+  adjacent tiles (Pallas's pipeline does not copy a block again when its index is unchanged from the previous
+  grid step: with one grid step per tile, as at 26B-A4B's tilings, a step of N tokens copies each distinct expert
+  once); sorted tiles: the same U tiles as the loop, the ones past the last
   used computed on zero rows with the last used tile's expert (their results dropped). The expert-parallel walk
   keeps the loop (a mesh never plans the kernel: `model.sharding.prepare_mesh`).
 Why not `jax.lax.ragged_dot`: it takes a dense weight array (no quantized experts without converting all of
@@ -192,9 +195,10 @@ def expert_products(lp, x_ND: jax.Array, idx_NK: jax.Array, w_NK: jax.Array, num
     gu, dn = lp.experts_gate_up_EDX, lp.experts_down_EDF
     with jax.named_scope("experts"):
         if _tpu_tiled(gu) and _tpu_tiled(dn):  # the TPU expert kernel: one call per projection (module docstring)
-            if m == 1:
-                tok_n = jnp.arange(n, dtype=jnp.int32) // k
-                y_nD = _kernel_ffn(x_ND[tok_n][:, None, :], e_n, gu, dn)[:, 0]
+            if m == 1:  # tiles in expert order: tiles that share an expert are adjacent, its blocks copied once
+                order = jnp.argsort(e_n, stable=True)
+                y_sD = _kernel_ffn(x_ND[order // k][:, None, :], e_n[order], gu, dn)[:, 0]
+                y_nD = jnp.zeros_like(y_sD).at[order].set(y_sD, unique_indices=True)
             else:
                 y_nD = _sorted_tiles(x_ND, e_n, k, m, num_experts, gu, dn)
         elif m == 1:  # one tile per (token, expert): the chosen experts only, in assignment order
