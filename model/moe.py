@@ -37,9 +37,11 @@ array: a step reads the weights of its tiles' experts only.
   tiles (M = 1, x rows gathered per assignment), sorted by expert so that assignments sharing an expert are
   adjacent tiles (Pallas's pipeline does not copy a block again when its index is unchanged from the previous
   grid step: with one grid step per tile, as at 26B-A4B's tilings, a step of N tokens copies each distinct expert
-  once); sorted tiles: the same U tiles as the loop, the ones past the last
-  used computed on zero rows with the last used tile's expert (their results dropped). The expert-parallel walk
-  keeps the loop (a mesh never plans the kernel: `model.sharding.prepare_mesh`).
+  once); sorted tiles: the same U tiles as the loop, the ones past the last used computed on zero rows with the
+  last used tile's expert (their results dropped; no extra copy at one grid step per tile, else one expert's
+  blocks per unused tile). Both leaves must be tiled (else the loop, which reads a tiled leaf's slices back in the
+  w4 layout, `expert_weight`). The expert-parallel walk keeps the loop (a mesh never plans the kernel:
+  `model.sharding.prepare_mesh`).
 Why not `jax.lax.ragged_dot`: it takes a dense weight array (no quantized experts without converting all of
 them), and XLA:CPU ran it slower than computing every expert on every token: scripts/probes/moe_forms.py --small
 (2-core CPU under load, jax 0.12, float32, E = 32, D = 512, I = 128, K = 4), ms per call of one layer's experts,
