@@ -217,3 +217,19 @@ def test_only_the_kernel_reads_the_expert_arrays(layers, n_tok):
     reads, uses = [], []
     _expert_reads(closed.jaxpr, flagged, 1, reads, uses)
     assert reads == [] and uses == ["pallas_call"] * 2  # one call per projection (its values and scales)
+
+
+def test_the_whole_forward_with_the_tpu_plan_equals_the_natural_one(layers):
+    """The model of `CFG` with every leaf the stand-in TPU plan tiles (layer projections and experts) in the TPU
+    layouts, through the forward pass, against the same quantized values in the w4 layout."""
+    from model.forward import forward_full
+
+    params = jax.tree_util.tree_map(jnp.asarray, init_params(CFG, 0))
+    spec = parse_quant("w4")
+    natural = quantize_params(params, spec, platform="cpu")
+    tiled = with_tilings(quantize_params(params, spec, platform="tpu"), _plan(CFG))
+    assert isinstance(tiled.layers[0].experts_down_EDF.tiling, TpuTiling)
+    ids = jnp.asarray([[2, 40, 41, 300, 7]], jnp.int32)
+    full = jax.jit(forward_full, static_argnums=1)
+    got, want = full(tiled, CFG, ids), full(natural, CFG, ids)
+    assert float(jnp.max(jnp.abs(got - want))) <= 1e-5 * float(jnp.max(jnp.abs(want)))
