@@ -219,7 +219,7 @@ def test_only_the_kernel_reads_the_expert_arrays(layers, n_tok):
     assert reads == [] and uses == ["pallas_call"] * 2  # one call per projection (its values and scales)
 
 
-def test_the_whole_forward_with_the_tpu_plan_equals_the_natural_one(layers):
+def test_the_whole_forward_with_the_tpu_plan_equals_the_natural_one():
     """The model of `CFG` with every leaf the stand-in TPU plan tiles (layer projections and experts) in the TPU
     layouts, through the forward pass, against the same quantized values in the w4 layout."""
     from model.forward import forward_full
