@@ -1023,7 +1023,7 @@ def _arranged(params: Params, cfg: ModelConfig, plan, backend: BackendPlan, layo
     if plan is not None and plan.impl == "pallas":
         from model.kernels.choice import with_tilings
 
-        params = with_tilings(params, plan)
+        params = with_tilings(params, plan, release=True)  # expert leaves: one copy at a time
     if backend.output_major:
         params = output_major_params(params, release=True)
     if layout is None:

@@ -30,6 +30,18 @@ array: a step reads the weights of its tiles' experts only.
 - Expert parallel (ep = G devices, `model.sharding`): the expert leaves are held grouped by device and
   `grouped_expert_products` walks each device's chosen experts, one slice per trip, the same rule: no whole
   expert array is ever read.
+- `w4` experts on a TPU (their leaves in the batched TPU layout, `model.kernels.tpu_layout.to_tpu_experts`, a
+  `TpuTiling` set at load by `model.kernels.choice.with_tilings`): no loop; one call of the TPU expert kernel
+  per projection (`model.kernels.w4a16_tpu.w4a16_tpu_expert_matmul`, `_kernel_ffn`), each tile's expert id read
+  by the kernel's index maps so only the chosen experts' blocks are copied. Decode: the N*K assignments are the
+  tiles (M = 1, x rows gathered per assignment), sorted by expert so that assignments sharing an expert are
+  adjacent tiles (Pallas's pipeline does not copy a block again when its index is unchanged from the previous
+  grid step: with one grid step per tile, as at 26B-A4B's tilings, a step of N tokens copies each distinct expert
+  once); sorted tiles: the same U tiles as the loop, the ones past the last used computed on zero rows with the
+  last used tile's expert (their results dropped; no extra copy at one grid step per tile, else one expert's
+  blocks per unused tile). Both leaves must be tiled (else the loop, which reads a tiled leaf's slices back in the
+  w4 layout, `expert_weight`). The expert-parallel walk keeps the loop (a mesh never plans the kernel:
+  `model.sharding.prepare_mesh`).
 Why not `jax.lax.ragged_dot`: it takes a dense weight array (no quantized experts without converting all of
 them), and XLA:CPU ran it slower than computing every expert on every token: scripts/probes/moe_forms.py --small
 (2-core CPU under load, jax 0.12, float32, E = 32, D = 512, I = 128, K = 4), ms per call of one layer's experts,
@@ -54,6 +66,7 @@ import jax
 import jax.numpy as jnp
 
 from model.config import ModelConfig
+from model.kernels.fit_tpu import TpuTiling
 from model.ops import dense, gelu, rms_norm
 from model.quant import QuantArray, matmul
 
@@ -101,7 +114,16 @@ def balanced_experts(n: int, k: int, e: int, layer: int) -> jax.Array:
 
 def expert_weight(w, e: jax.Array):
     """Expert `e`'s slice (int32 scalar, traced) of an expert weight [E, ...]: a dense array's [...], or a
-    `QuantArray` of the slice's values and scales (its layout without the expert axis). Only that slice is read."""
+    `QuantArray` of the slice's values and scales (its layout without the expert axis). Only that slice is read. A
+    leaf in the batched TPU layout (`_tpu_tiled`): the slice converted back to the w4 layout (the expert kernel's
+    path never calls this; any other reader still gets the same values)."""
+    if _tpu_tiled(w):  # the batched TPU layout: this expert's slice back in the w4 layout
+        from model.quant import _natural
+
+        values, scales = (jax.lax.dynamic_index_in_dim(a, e, 0) for a in (w.values, w.scales))
+        one = dataclasses.replace(w, values=values, scales=scales, shape=(1, *w.shape[1:]))
+        w = _natural(one)
+        e = jnp.int32(0)
     if isinstance(w, QuantArray):
         values = jax.lax.dynamic_index_in_dim(w.values, e, 0, keepdims=False)
         scales = jax.lax.dynamic_index_in_dim(w.scales, e, 0, keepdims=False)
@@ -114,6 +136,34 @@ def _ffn(x_MD: jax.Array, gate_up_DX, down_DF) -> jax.Array:
     gu_MX = dense(x_MD, gate_up_DX, "MD,DX->MX")
     f = gu_MX.shape[-1] // 2
     return dense(gelu(gu_MX[:, :f]) * gu_MX[:, f:], down_DF, "MF,DF->MD")
+
+
+def _tpu_tiled(w) -> bool:
+    """Whether an expert leaf is held in the batched TPU layout (`model.kernels.tpu_layout.to_tpu_experts`, its
+    tiling a `TpuTiling`, set at load by `model.kernels.choice.with_tilings` on a TPU)."""
+    return isinstance(w, QuantArray) and w.ndim == 3 and isinstance(w.tiling, TpuTiling)
+
+
+def _kernel_product(x_UMK: jax.Array, w: QuantArray, e_U: jax.Array) -> jax.Array:
+    """Tile u of x [U, M, K] times expert e_U[u] of a leaf in the batched TPU layout: [U, M, N] in x's dtype, one
+    call of the TPU expert kernel (`model.kernels.w4a16_tpu.w4a16_tpu_expert_matmul`; Pallas imported here, on
+    this path only; interpret mode on CPU, for tests)."""
+    from model.kernels.fit_tpu import padded_k
+    from model.kernels.w4a16_tpu import w4a16_tpu_expert_matmul
+
+    axis = 1 if w.block[1] > 1 else 2  # the contraction axis of [E, A, B] (model.quantspec.EXPERT_PROJECTIONS)
+    group = w.block[axis]
+    return w4a16_tpu_expert_matmul(x_UMK, w.values, w.scales, e_U, k=padded_k(w.shape[axis], group),
+                                   n=w.shape[3 - axis], group=group, tiling=w.tiling,
+                                   interpret=jax.default_backend() == "cpu")  # fmt: skip
+
+
+def _kernel_ffn(x_UMD: jax.Array, e_U: jax.Array, gate_up, down) -> jax.Array:
+    """`_ffn` for U tiles at once, tile u with expert e_U[u] (int32 [U]): two kernel calls (gate_up over every tile,
+    gelu_tanh(gate) * up, down over every tile) -> [U, M, D] in x's dtype."""
+    gu_UMX = _kernel_product(x_UMD, gate_up, e_U)
+    f = gu_UMX.shape[-1] // 2
+    return _kernel_product(gelu(gu_UMX[..., :f]) * gu_UMX[..., f:], down, e_U)
 
 
 def tile_rows(n: int, e: int) -> int:
@@ -146,7 +196,14 @@ def expert_products(lp, x_ND: jax.Array, idx_NK: jax.Array, w_NK: jax.Array, num
     e_n = idx_NK.reshape(n)
     gu, dn = lp.experts_gate_up_EDX, lp.experts_down_EDF
     with jax.named_scope("experts"):
-        if m == 1:  # one tile per (token, expert): the chosen experts only, in assignment order
+        if _tpu_tiled(gu) and _tpu_tiled(dn):  # the TPU expert kernel: one call per projection (module docstring)
+            if m == 1:  # tiles in expert order: tiles that share an expert are adjacent, its blocks copied once
+                order = jnp.argsort(e_n, stable=True)
+                y_sD = _kernel_ffn(x_ND[order // k][:, None, :], e_n[order], gu, dn)[:, 0]
+                y_nD = jnp.zeros_like(y_sD).at[order].set(y_sD, unique_indices=True)
+            else:
+                y_nD = _sorted_tiles(x_ND, e_n, k, m, num_experts, gu, dn)
+        elif m == 1:  # one tile per (token, expert): the chosen experts only, in assignment order
             tok_n = jnp.arange(n, dtype=jnp.int32) // k
 
             def one(j):
@@ -177,6 +234,10 @@ def _sorted_tiles(x_ND, e_n, k: int, m: int, num_experts: int, gu, dn) -> jax.Ar
     x_RD = jnp.zeros((u * m, d), x_ND.dtype).at[row_s].set(x_ND[order // k], unique_indices=True)
     tile_e = jnp.clip(jnp.searchsorted(ends_E, jnp.arange(u) * m, side="right"), 0, num_experts - 1).astype(jnp.int32)
     used = ends_E[-1] // m
+    if _tpu_tiled(gu) and _tpu_tiled(dn):  # every tile in one kernel call; unused tiles on zeros, last expert's id
+        tile_e = jnp.where(jnp.arange(u) < used, tile_e, tile_e[jnp.maximum(used - 1, 0)])
+        y_RD = _kernel_ffn(x_RD.reshape(u, m, d), tile_e, gu, dn).reshape(u * m, d)
+        return jnp.zeros((n, d), y_RD.dtype).at[order].set(y_RD[row_s], unique_indices=True)
 
     def tile(t):
         def run(_):

@@ -451,11 +451,16 @@ def _unrows(y_RN: jax.Array, x: jax.Array, w, lhs: str, rhs: str, out: str, axis
 def _natural(q):
     """`q` in the `w4` layout: a leaf stored in the TPU layout (its tiling a `TpuTiling`, set at load by
     `model.kernels.choice.with_tilings`) converted back with `model.kernels.tpu_layout.to_natural` (the same
-    values and scales, tiling None); any other leaf as it is."""
+    values and scales, tiling None); an expert leaf [E, A, B] in the batched form likewise
+    (`model.kernels.tpu_layout.to_natural_experts`); any other leaf as it is."""
     if not isinstance(q, QuantArray) or not isinstance(q.tiling, TpuTiling):
         return q
-    from model.kernels.tpu_layout import to_natural
+    from model.kernels.tpu_layout import to_natural, to_natural_experts
 
+    if q.ndim == 3:  # an expert leaf [E, A, B] in the batched form (contracted along axis 1 or 2)
+        axis = 1 if q.block[1] > 1 else 2
+        values, scales = to_natural_experts(q.values, q.scales, tuple(q.shape), axis, q.block[axis])
+        return dataclasses.replace(q, values=values, scales=scales, tiling=None)
     axis = 0 if q.block[0] > 1 else 1
     values, scales = to_natural(q.values, q.scales, tuple(q.shape), axis, q.block[axis])
     return dataclasses.replace(q, values=values, scales=scales, tiling=None)

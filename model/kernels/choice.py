@@ -24,6 +24,7 @@ from model.errors import KernelError
 from model.kernels import fit, fit_tpu
 from model.kernels.fit import Tiling
 from model.kernels.fit_tpu import TpuTiling
+from model.quantspec import EXPERT_PROJECTIONS as EXPERTS
 
 __all__ = ["MIN_CAPABILITY", "KernelPlan", "decide_mode", "with_kernel_mode", "device_limit",
            "plan_kernel", "with_tilings", "log_plan"]  # fmt: skip
@@ -159,11 +160,16 @@ class KernelPlan:
         return {f.projection.label: f.tiling.text if f.fits else f"xla ({f.problem})" for f in self.fits}
 
     def tiling_of(self, field: str, shape: tuple[int, ...]) -> Tiling | TpuTiling | None:
-        """The tiling chosen for a leaf `field` of `shape` (None: XLA's product)."""
+        """The tiling chosen for a leaf `field` of `shape` (None: XLA's product); an expert leaf's `shape` is
+        [E, A, B], matched by one expert's slice with K padded to whole groups (`fit_tpu.expert_projections`)."""
         for f in self.fits:
             p = f.projection
             want = (p.k, p.n) if p.axis == 0 else (p.n, p.k)
-            if p.field == field and tuple(shape) == want:
+            got = tuple(shape)
+            if len(got) == 3:  # an expert leaf [E, A, B]: one expert's slice, K padded to whole groups
+                a, b = got[1:]
+                got = (fit_tpu.padded_k(a, p.group), b) if p.axis == 0 else (a, fit_tpu.padded_k(b, p.group))
+            if p.field == field and got == want:
                 return f.tiling
         return None
 
@@ -209,6 +215,8 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
                               "--kernel w4a16=xla")  # fmt: skip
         return KernelPlan(impl="xla", reason=f"scratch limit unknown ({source})")
     projs = fit.projections(cfg, quant.w4_group)
+    if tpu:  # the experts' products: the TPU expert kernel (model.kernels.w4a16_tpu.w4a16_tpu_expert_matmul)
+        projs = projs + fit_tpu.expert_projections(cfg, quant.w4_group)
     policy = None if not tpu or fit_tpu.parse_policy(policy) == fit_tpu.DEFAULT_POLICY else policy
     if tpu:
         fits = fit_tpu.plan_tpu(projs, limit, act_bytes=act_bytes, scale_bytes=scale_bytes,
@@ -216,7 +224,8 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
     else:
         fits = fit.plan(projs, limit, act_bytes=act_bytes, scale_bytes=scale_bytes)
     refuse = fit_tpu.refusal_tpu if tpu else fit.refusal
-    over = [f for f in fits if not f.fits and f.problem == "over the limit"]
+    # An expert projection that fits nowhere keeps the per-expert XLA route; it never turns the plan to xla.
+    over = [f for f in fits if not f.fits and f.problem == "over the limit" and f.projection.field not in EXPERTS]
     if over:
         device_name = f"this device (limit from {source})"
         message = refuse(over[0], device_name, act_bytes=act_bytes, scale_bytes=scale_bytes)
@@ -233,14 +242,19 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
                       policy=policy)  # fmt: skip
 
 
-def with_tilings(params, plan: KernelPlan):
+def with_tilings(params, plan: KernelPlan, *, release: bool = False):
     """`params` (a `model.params.Params`) with each w4 layer projection's `QuantArray.tiling` set to the plan's
     tiling for its field and shape (None for xla). Returns the new tree. A GPU tiling shares the arrays (not
     copied). A TPU tiling (`TpuTiling`) also stores the leaf in the TPU layout (`model.kernels.tpu_layout.to_tpu`:
     the same values and bytes as 32-bit words in the kernel's order): this is the one place where that layout is
-    chosen, leaf by leaf, at load. Raises ValueError where the plan gives a leaf a tiling that does not tile it
-    (`model.kernels.fit.fits_kernel` / `model.kernels.fit_tpu.fits_tpu`: a program error; `plan_kernel` chooses
-    only tilings that do, and the dispatch would take XLA's product)."""
+    chosen, leaf by leaf, at load. The expert leaves (`model.quantspec.EXPERT_PROJECTIONS`, 3-D) the plan tiles
+    (TPU only) go to the batched TPU layout (`model.kernels.tpu_layout.to_tpu_experts`, from the uint32 words a
+    TPU's storage holds them in, `model.quantspec.WORD_TABLES`, one expert at a time), which `model.moe` multiplies
+    with the expert kernel; with `release`, each expert leaf's arrays are deleted once its copy exists (the load:
+    26B-A4B's w4 experts are about 11 GB, two copies would not fit a 16 GB chip). Raises ValueError where the
+    plan gives a leaf a tiling that does not tile it (`model.kernels.fit.fits_kernel` /
+    `model.kernels.fit_tpu.fits_tpu`: a program error; `plan_kernel` chooses only tilings that do, and the
+    dispatch would take XLA's product)."""
     from model.quant import QuantArray
 
     axes = {p.field: p.axis for p in (f.projection for f in plan.fits)}
@@ -268,7 +282,27 @@ def with_tilings(params, plan: KernelPlan):
                 changed[f.name] = dataclasses.replace(leaf, tiling=t)
         return dataclasses.replace(lp, **changed)
 
-    return dataclasses.replace(params, layers=tuple(layer(lp) for lp in params.layers))
+    def experts(lp):
+        changed = {}
+        for name in EXPERTS:
+            leaf = getattr(lp, name, None)
+            if not (isinstance(leaf, QuantArray) and leaf.bits == 4 and leaf.ndim == 3 and leaf.tiling is None):
+                continue
+            t = plan.tiling_of(name, leaf.shape)
+            if not isinstance(t, TpuTiling):  # experts are planned on a TPU only
+                continue
+            axis = EXPERTS[name][0]
+            k, n, group = leaf.shape[axis], leaf.shape[3 - axis], leaf.block[axis]
+            problem = fit_tpu.tiling_problem_tpu(fit_tpu.padded_k(k, group), n, group, t)
+            if problem:
+                raise ValueError(f"kernel plan: {name} {leaf.shape}: tiling {t.text} does not tile it ({problem})")
+            values, scales = _to_tpu_experts(leaf.values, leaf.scales, leaf.shape, axis, group, leaf.words)
+            if release:
+                _release(leaf)
+            changed[name] = dataclasses.replace(leaf, values=values, scales=scales, tiling=t, words=False)
+        return dataclasses.replace(lp, **changed) if changed else lp
+
+    return dataclasses.replace(params, layers=tuple(experts(layer(lp)) for lp in params.layers))
 
 
 def _to_tpu(values, scales, shape, axis, group):
@@ -276,6 +310,21 @@ def _to_tpu(values, scales, shape, axis, group):
     from model.kernels.tpu_layout import to_tpu
 
     return to_tpu(values, scales, tuple(shape), axis, group)
+
+
+def _to_tpu_experts(values, scales, shape, axis, group, words):
+    """`model.kernels.tpu_layout.to_tpu_experts` (jax; imported on the TPU kernel's path only)."""
+    from model.kernels.tpu_layout import to_tpu_experts
+
+    return to_tpu_experts(values, scales, tuple(shape), axis, group, words)
+
+
+def _release(leaf) -> None:
+    """Delete a converted leaf's device arrays (`with_tilings(release=True)`), after its copy is computed."""
+    for a in (leaf.values, leaf.scales):
+        if hasattr(a, "delete"):
+            a.block_until_ready()
+            a.delete()
 
 
 def log_plan(plan: KernelPlan, log: logging.Logger | None = None) -> None:

@@ -83,7 +83,7 @@ from model.kernels.fit import DEFAULT_POLICY, TILING_POLICIES, Fit, Need, Projec
 __all__ = ["TILING_POLICIES", "DEFAULT_POLICY", "MIN_STEPS", "MIN_BLOCK_BYTES", "grid_steps", "SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_COL_SHARE", "VPU_MAX_ROWS", "VPU_ROW_PAD",
            "ROW_TILE", "MAX_ROWS", "TpuTiling", "generation_of", "vmem_capacity", "budget", "need_tpu", "need_tpu_vpu",
            "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu", "rows_block", "candidates_tpu", "choose_tpu",
-           "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "parse_policy"]  # fmt: skip
+           "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "parse_policy", "padded_k", "expert_projections"]  # fmt: skip
 
 MIB = 2**20
 
@@ -283,6 +283,32 @@ def tiling_problem_tpu(k: int, n: int, group: int, t: TpuTiling) -> str | None:
     if t.bn % 128 and t.bn != n:
         return f"bn {t.bn} is not a multiple of 128 nor N={n}"
     return None
+
+
+def padded_k(k: int, group: int) -> int:
+    """K rounded up to a whole number of w4 groups: the K of an expert leaf in the batched TPU layout
+    (`model.kernels.tpu_layout.to_tpu_experts`, whose docstring says why)."""
+    return -(-k // group) * group
+
+
+def expert_projections(cfg, group: int) -> tuple[Projection, ...]:
+    """The expert projections of a `model.config.ModelConfig` with experts (26B-A4B; () without) as the expert
+    kernel (`model.kernels.w4a16_tpu.w4a16_tpu_expert_matmul`) multiplies them: one expert's product, K padded to
+    whole groups (`padded_k`), `axis` that of one expert's [A, B] slice (`model.quantspec.EXPERT_PROJECTIONS`'
+    contraction axis less one: gate_up [D, 2I] contracts D, axis 0; down [D, I] contracts I, axis 1), `layers`
+    every layer (each has the expert block). Planned on a TPU only (`model.kernels.choice.plan_kernel`)."""
+    from model.accounting import expert_shapes  # jax-free
+    from model.quantspec import EXPERT_PROJECTIONS
+
+    if not cfg.has_experts:
+        return ()
+    shapes = expert_shapes(cfg)
+    out = []
+    for field, (contract,) in EXPERT_PROJECTIONS.items():
+        shape = shapes[field]
+        k, n, g = shape[contract], shape[3 - contract], min(group, shape[contract])
+        out.append(Projection(field=field, k=padded_k(k, g), n=n, axis=contract - 1, group=g, layers=cfg.num_layers))
+    return tuple(out)
 
 
 def fits_tpu(k: int, n: int, group: int, t: TpuTiling) -> bool:

@@ -25,6 +25,16 @@ Bytes: K / 8 x N words x 4 B = K N / 2 B, the same as the uint8 layout's (N or K
 array (transposed for a [N, K] leaf). `to_natural` gives back the `w4` layout's arrays exactly (the tests check the
 round trip and that dequantized values are identical), so every other path (`model.quant.dequantize`, XLA's
 product) reads a leaf in this layout through it.
+
+Expert leaves (`model.quantspec.EXPERT_PROJECTIONS`, [E, D, 2I] contracted along D, [E, D, I] along I) take the
+batched form (`to_tpu_experts`, `to_natural_experts`): each expert's [K, N] in the layout above, stacked, words
+int32 [E, Kp / 8, N] and scales [E, Kp / g, N], where Kp is K rounded up to a whole group (`padded_k`): the w4
+layout gives a K that the group does not divide a short last group with its own scale (26B-A4B's down projection:
+K = I = 704 = 5.5 groups of 128), and the batched form fills that group up with zero values (nibble 8), so the
+expert kernel (`model.kernels.w4a16_tpu.w4a16_tpu_expert_matmul`, activations padded with zeros to Kp) adds
+exactly nothing for them. Bytes: E Kp N / 2 + the scales, so a padded K stores (Kp - K) / K more value bytes (64 /
+704 = 9.1% of 26B-A4B's down weights, about 3% of its expert bytes). Converted one expert at a time
+(`jax.lax.map`): the int32 intermediates of one [K, N], not of the whole leaf.
 """
 
 from __future__ import annotations
@@ -34,7 +44,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-__all__ = ["PLANES", "PAIRS", "OFFSET", "pack_words", "unpack_words", "to_tpu", "to_natural"]
+from model.kernels.fit_tpu import padded_k
+
+__all__ = ["PLANES", "PAIRS", "OFFSET", "pack_words", "unpack_words", "to_tpu", "to_natural", "padded_k",
+           "to_tpu_experts", "to_natural_experts"]  # fmt: skip
 
 PLANES = 8
 """int4 values per 32-bit word."""
@@ -121,3 +134,54 @@ def to_natural(words: jax.Array, scales: jax.Array, shape: tuple[int, int], axis
     if axis == 1:
         q, s = q.T, s.T
     return _pack_bytes(q), s
+
+
+def _contraction(shape: tuple[int, int, int], axis: int) -> tuple[int, int]:
+    """(K, N) of one expert of an [E, A, B] leaf contracted along `axis` (1 or 2); ValueError for another axis."""
+    if axis not in (1, 2) or len(shape) != 3:
+        raise ValueError(f"TPU layout of experts: a {shape} leaf contracted along axis {axis}; expected [E, A, B] "
+                         "contracted along axis 1 or 2")  # fmt: skip
+    return shape[axis], shape[3 - axis]
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def to_tpu_experts(values: jax.Array, scales: jax.Array, shape: tuple[int, int, int], axis: int, group: int,
+                   words: bool = False) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """The `w4` layout's (values uint8 [E, A, ceil(B / 2)], scales) of an expert leaf of logical `shape` [E, A, B]
+    contracted along `axis` (1: [E, K, N]; 2: [E, N, K]) in groups of `group` -> the batched TPU layout (module
+    docstring): words int32 [E, Kp / 8, N], scales [E, Kp / g, N] (Kp = `padded_k`; the leaf's scales already
+    count ceil(K / g) groups). `words`: the values are those bytes held in uint32 words (`model.quant.QuantArray
+    .words`, a TPU's storage of experts), read one expert at a time. Raises ValueError for a group that is not a
+    multiple of 8 or another axis."""
+    from model.quant import _from_words  # jax only; model.quant imports this module lazily
+
+    k, _ = _contraction(shape, axis)
+    if group % PLANES:
+        raise ValueError(f"TPU layout of experts: group {group} of a {shape} leaf is not a multiple of {PLANES}")
+    kp = padded_k(k, group)
+
+    def one(arrays):
+        v, s = arrays
+        q = _from_words(v, 4, shape[-1]) if words else _unpack_bytes(v, shape[-1])
+        if axis == 2:
+            q, s = q.T, s.T
+        return pack_words(jnp.pad(q, ((0, kp - k), (0, 0))), group), s
+
+    return jax.lax.map(one, (values, scales))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def to_natural_experts(words: jax.Array, scales: jax.Array, shape: tuple[int, int, int], axis: int,
+                       group: int) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`to_tpu_experts`' inverse: the batched TPU layout's (words, scales) -> the `w4` layout's (values uint8,
+    scales) of an expert leaf of logical `shape` [E, A, B] contracted along `axis` in groups of `group` (the
+    padding values dropped). Works on any number of experts along axis 0 (one expert's slice [1, ...] too)."""
+    k, _ = _contraction(shape, axis)
+
+    def one(arrays):
+        q, s = unpack_words(arrays[0], group)[:k], arrays[1]
+        if axis == 2:
+            q, s = q.T, s.T
+        return _pack_bytes(q), s
+
+    return jax.lax.map(one, (words, scales))

@@ -60,11 +60,14 @@ from jax.experimental.pallas import tpu as pltpu
 from model.kernels.fit_tpu import SCOPED_VMEM, VPU_MAX_ROWS, VPU_ROW_PAD, TpuTiling, rows_block, tiling_problem_tpu
 from model.kernels.tpu_layout import OFFSET, PAIRS, PLANES
 
-__all__ = ["KERNEL_NAME", "w4a16_tpu_matmul"]
+__all__ = ["KERNEL_NAME", "EXPERT_KERNEL_NAME", "w4a16_tpu_matmul", "w4a16_tpu_expert_matmul"]
 
 KERNEL_NAME = "w4a16_pallas_tpu_kernel"
 """The kernel's name (the custom call and the named scope carry it; `bench.profile.classify` files anything
 containing "w4a16_pallas" as the w4a16 kernel)."""
+
+EXPERT_KERNEL_NAME = "w4a16_pallas_tpu_experts"
+"""The expert kernel's name (`w4a16_tpu_expert_matmul`; it too contains "w4a16_pallas")."""
 
 
 _MASK = 0x00780078
@@ -293,3 +296,76 @@ def _resident(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k: int, n
             out_specs=vmem, compiler_params=params, interpret=interpret, name=KERNEL_NAME,
         )(x, words, scales)  # fmt: skip
     return out[:r].astype(x_RK.dtype)
+
+
+def w4a16_tpu_expert_kernel(ids_ref, x_ref, w_ref, s_ref, o_ref, **kw):
+    """The expert kernel's body: `_kernel` on the blocks the index maps chose (ids_ref, the tiles' expert ids in
+    SMEM, is read by the index maps only), named `EXPERT_KERNEL_NAME` for traces."""
+    del ids_ref
+    return _kernel(x_ref, w_ref, s_ref, o_ref, **kw)
+
+
+w4a16_tpu_expert_kernel.__name__ = EXPERT_KERNEL_NAME
+
+
+@functools.partial(jax.jit, static_argnames=("k", "n", "group", "tiling", "interpret"))
+def w4a16_tpu_expert_matmul(x_UMK: jax.Array, words_EKN: jax.Array, scales_EGN: jax.Array, experts_U: jax.Array, *,
+                            k: int, n: int, group: int, tiling: TpuTiling, interpret: bool = False) -> jax.Array:  # fmt: skip
+    """U tiles of M activation rows, tile u times expert experts_U[u]'s w4 weight, in ONE pallas_call: [U, M, N] in
+    x's dtype (float32 sums, as `w4a16_tpu_matmul`).
+
+    x_UMK: [U, M, K'] (bfloat16, float16 or float32), K' <= k: columns past K' are zeros (an expert leaf's K
+    padded to whole groups, `model.kernels.tpu_layout.to_tpu_experts`). words_EKN: int32 [E, k / 8, N] and
+    scales_EGN: [E, k / group, N], every expert's weight in the TPU layout (`model.kernels.tpu_layout`).
+    experts_U: int32 [U], each tile's expert (any order, repeats allowed; clipped to 0..E-1 so that no block is
+    read out of bounds).
+
+    How: M is padded to Mp, a multiple of the row block bm (`model.kernels.fit_tpu.rows_block`: M rounded up to
+    16, at most tiling.bm), the tiles stacked into x [U Mp, K], and the grid is (U Mp / bm, N / bn, K / bk) with
+    the expert ids a scalar-prefetch operand (`pltpu.PrefetchScalarGridSpec`, the ids in SMEM before the grid
+    runs): the index maps of the words and scales read the id of step i's tile, so each step's block [bk / 8, bn]
+    of the chosen expert is copied straight from the [E, ...] arrays (the expert axis squeezed out of the block,
+    `pl.Squeezed()`): no expert is sliced out or copied whole, and an expert two consecutive tiles share is not
+    copied again (the pipeline skips a block whose index did not change). The body is `_kernel`'s (the matrix
+    unit form; `tiling.vpu_rows` and `vpu_cols` are not used here). Raises ValueError naming why when `tiling`
+    does not tile (k, n, group) (`model.kernels.fit_tpu.tiling_problem_tpu`) or the operands' shapes disagree.
+    `interpret`: run as jax ops (CPU, tests)."""
+    problem = tiling_problem_tpu(k, n, group, tiling)
+    if problem:
+        raise ValueError(f"tiling {tiling.text} does not tile K={k} N={n} group {group}: {problem}")
+    u, m, kx = x_UMK.shape
+    e = words_EKN.shape[0]
+    want = ((e, k // PLANES, n), (e, k // group, n), (u,))
+    if (words_EKN.shape, scales_EGN.shape, experts_U.shape) != want or kx > k:
+        raise ValueError(f"expert kernel: words {words_EKN.shape}, scales {scales_EGN.shape}, experts "
+                         f"{experts_U.shape}, x {x_UMK.shape}: expected {want[0]}, {want[1]}, ({u},) and x's last "
+                         f"axis at most K={k}")  # fmt: skip
+    bm = rows_block(m, tiling)
+    mp = -(-m // bm) * bm
+    x = jnp.pad(x_UMK, ((0, 0), (0, mp - m), (0, k - kx))) if (mp, kx) != (m, k) else x_UMK
+    x_RK = x.reshape(u * mp, k)
+    blocks = mp // bm  # row blocks per tile
+    groups, bn = tiling.bk // group, tiling.bn
+    ids = jnp.clip(experts_U.astype(jnp.int32), 0, e - 1)
+
+    def tile(i):  # grid row i -> its tile (lax.div, truncating: i >= 0; `//` lowers a sign op Mosaic needs a TPU for)
+        return i if blocks == 1 else jax.lax.div(i, jnp.int32(blocks))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(u * blocks, n // bn, k // tiling.bk),
+        in_specs=[
+            pl.BlockSpec((bm, tiling.bk), lambda i, j, kk, ids_ref: (i, kk)),
+            pl.BlockSpec((pl.Squeezed(), tiling.bk // PLANES, bn), lambda i, j, kk, ids_ref: (ids_ref[tile(i)], kk, j)),
+            pl.BlockSpec((pl.Squeezed(), groups, bn), lambda i, j, kk, ids_ref: (ids_ref[tile(i)], kk, j)),
+        ],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk, ids_ref: (i, j)),
+    )  # fmt: skip
+    params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
+                                  vmem_limit_bytes=SCOPED_VMEM)  # fmt: skip
+    kernel = functools.partial(w4a16_tpu_expert_kernel, group=group, groups=groups)
+    with jax.named_scope(EXPERT_KERNEL_NAME):
+        out = pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((u * mp, n), jnp.float32), grid_spec=grid_spec,
+            compiler_params=params, interpret=interpret, name=EXPERT_KERNEL_NAME,
+        )(ids, x_RK, words_EKN, scales_EGN)  # fmt: skip
+    return out.reshape(u, mp, n)[:, :m].astype(x_UMK.dtype)
