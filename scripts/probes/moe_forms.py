@@ -100,11 +100,17 @@ def timed(form, gu, dn, x, k: int, e: int) -> tuple[float, jax.Array]:
         return jax.lax.fori_loop(0, STEPS, body, jnp.zeros_like(x))
 
     key = jax.random.key(0)
-    out = jax.block_until_ready(loop(gu, dn, x, key))
+    return median_per_step(lambda: loop(gu, dn, x, key))
+
+
+def median_per_step(run) -> tuple[float, object]:
+    """`run()` (a jitted loop of STEPS steps) once to compile and warm, then 3 times timed: (median seconds per step,
+    the first call's result). Shared with moe_w4_tpu.py."""
+    out = jax.block_until_ready(run())
     runs = []
     for _ in range(3):
         t0 = time.perf_counter()
-        jax.block_until_ready(loop(gu, dn, x, key))
+        jax.block_until_ready(run())
         runs.append((time.perf_counter() - t0) / STEPS)
     return float(np.median(runs)), out
 

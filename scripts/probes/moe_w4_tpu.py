@@ -36,6 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe_forms import STEPS, median_per_step  # noqa: E402
 from model.kernels import fit_tpu  # noqa: E402
 from model.kernels.tpu_layout import to_tpu_experts  # noqa: E402
 from model.kernels.w4a16_tpu import w4a16_tpu_expert_matmul  # noqa: E402
@@ -43,7 +45,6 @@ from model.moe import expert_products  # noqa: E402
 from model.quant import packed_bytes, quantize, with_words  # noqa: E402
 from model.quantspec import channels_block  # noqa: E402
 
-STEPS = 8
 TOKENS = (1, 8, 32)
 GROUP = 128
 
@@ -78,13 +79,8 @@ def timed(fn, args, n_tok: int, e: int, k: int) -> tuple[float, jax.Array]:
         return jax.lax.fori_loop(0, STEPS, body, jnp.zeros(first.shape, jnp.float32)), first
 
     key = jax.random.key(0)
-    _, first = jax.block_until_ready(loop(args, key))
-    runs = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        jax.block_until_ready(loop(args, key))
-        runs.append((time.perf_counter() - t0) / STEPS)
-    return float(np.median(runs)), first
+    seconds, (_, first) = median_per_step(lambda: loop(args, key))
+    return seconds, first
 
 
 def main() -> None:
