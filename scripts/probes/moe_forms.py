@@ -115,11 +115,17 @@ def median_per_step(run) -> tuple[float, object]:
     return float(np.median(runs)), out
 
 
-def main() -> None:
-    small = "--small" in sys.argv
+def small_and_out_dir() -> tuple[bool, Path]:
+    """The command line shared with moe_w4_tpu.py: (--small given, the output folder: the first argument, else
+    $OUT, else ".", created)."""
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     out_dir = Path(args[0] if args else os.environ.get("OUT", "."))
     out_dir.mkdir(parents=True, exist_ok=True)
+    return "--small" in sys.argv, out_dir
+
+
+def main() -> None:
+    small, out_dir = small_and_out_dir()
     e, d, i, k = (32, 512, 128, 4) if small else (128, 2816, 704, 8)
     dtype = jnp.float32 if small else jnp.bfloat16
     rng = np.random.default_rng(0)

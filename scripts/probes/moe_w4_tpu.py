@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moe_forms import STEPS, median_per_step  # noqa: E402
+from moe_forms import STEPS, median_per_step, small_and_out_dir  # noqa: E402
 from model.kernels import fit_tpu  # noqa: E402
 from model.kernels.tpu_layout import to_tpu_experts  # noqa: E402
 from model.kernels.w4a16_tpu import w4a16_tpu_expert_matmul  # noqa: E402
@@ -84,10 +84,7 @@ def timed(fn, args, n_tok: int, e: int, k: int) -> tuple[float, jax.Array]:
 
 
 def main() -> None:
-    small = "--small" in sys.argv
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    out_dir = Path(args[0] if args else os.environ.get("OUT", "."))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    small, out_dir = small_and_out_dir()
     e, d, i, k = (16, 256, 192, 4) if small else (128, 2816, 704, 8)
     dtype = jnp.bfloat16
     rng = np.random.default_rng(0)
