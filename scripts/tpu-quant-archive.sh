@@ -17,6 +17,8 @@
 #             form per E2B w4 shape at one
 #             row, with what is left of the budget (at most 200 s; skipped under 40 s); its JSON lands in
 #             $runs/probes/ (so in the pack) and in $OUT
+#   moe       scripts/probes/moe_w4_tpu.py: 26B-A4B's w4 experts through the expert kernel against the XLA routes at
+#             1, 8 and 32 tokens (at most 150 s; skipped under 60 s); its results.json lands in $runs/probes/moe
 #   SET       one set's sweep at 41 tokens (--loops), e.g. w8 or w4,ple4,int8_lm_head
 # --kernel SPEC is passed to every sweep and profile of a set with w4 (e.g. w4a16=pallas:steps), but not to the
 # policy steps' sweeps, which name their own.
@@ -56,7 +58,7 @@ done
 [[ $budget =~ ^[0-9]+$ ]] || { echo "error: --budget-s $budget: expected whole seconds, e.g. 570" >&2; exit 2; }
 [[ $loops =~ ^(host|device|both)$ ]] || { echo "error: --loops $loops: expected host, device or both" >&2; exit 2; }
 for step in "${steps[@]}"; do  # every step checked before any device time is spent
-  [[ $step =~ ^(sets41|sets3593|core|batch|profile|profile:[a-z0-9_,]+|policy|policy1|tiling|[a-z0-9_,]+)$ && $step != -* ]] \
+  [[ $step =~ ^(sets41|sets3593|core|batch|profile|profile:[a-z0-9_,]+|policy|policy1|tiling|moe|[a-z0-9_,]+)$ && $step != -* ]] \
     || { echo "error: bad step '$step' (expected a step of the header or a --quant set, e.g. w8)" >&2; exit 2; }
 done
 # run CMD...: the command, or with --dry-run its line
@@ -119,6 +121,13 @@ for step in "${steps[@]}"; do
             done ;;
     policy1) other=fewest; [[ ${kopt[1]:-} == *:fewest || ${kopt[1]:-} != *:* ]] && other=steps
              sweep "w4-$other-1" 90 --quant w4 --inputs 41 --decode-loop host --kernel "w4a16=pallas:$other" --no-step-logits ;;
+    moe) t=$(left); t=$(( t - 15 < 150 ? t - 15 : 150 ))
+         if (( t < 60 )); then echo "skip moe: $t s left for the probe, needs at least 60 s"; continue; fi
+         mkdir -p "$runs/probes/moe"
+         run timeout "$t" python3 scripts/probes/moe_w4_tpu.py "$runs/probes/moe" > "$logs/probe-moe.log" 2>&1
+         rc=$?
+         (( dry )) && cat "$logs/probe-moe.log"
+         echo "moe probe rc=$rc at $(( $(date +%s) - t0 )) s:"; tail -n 12 "$logs/probe-moe.log" ;;
     tiling) t=$(left); t=$(( t - 15 < 200 ? t - 15 : 200 ))
             if (( t < 40 )); then echo "skip tiling: $t s left for the probe, needs at least 40 s"; continue; fi
             mkdir -p "$runs/probes"
