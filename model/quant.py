@@ -82,7 +82,7 @@ from model.quantspec import (
 
 __all__ = ["QuantArray", "QuantSpec", "parse_quant", "quantize", "quantize_rows", "quantize_channels", "dequantize",
            "matmul", "take_rows", "packed_bytes", "tree_bytes", "quantize_blocks", "quantize_fields",
-           "quantize_params", "with_words"]  # fmt: skip
+           "quantize_params", "with_words", "int4_from_words"]  # fmt: skip
 
 QMAX = {8: 127, 4: 7}
 """Largest integer magnitude per bit width (symmetric range [-qmax, qmax])."""
@@ -173,6 +173,12 @@ def _from_words(w: jax.Array, bits: int, n: int) -> jax.Array:
     order: the planes of `_word_planes` interleaved. For a few gathered rows; a product reads the planes."""
     v = jnp.stack(_word_planes(w, bits), axis=-1)
     return v.reshape(*w.shape[:-1], -1)[..., :n].astype(jnp.int8)
+
+
+def int4_from_words(w: jax.Array, n: int) -> jax.Array:
+    """uint32 words [..., W] holding int4 values (`_to_words` of a `w4` leaf) -> int8 [..., n]: `_from_words` at 4
+    bits, for `model.kernels.tpu_layout.to_tpu_experts`."""
+    return _from_words(w, 4, n)
 
 
 def with_words(q: QuantArray, words: bool) -> QuantArray:

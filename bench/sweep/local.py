@@ -379,14 +379,21 @@ def run_sweep(engine, config: SweepConfig, run: RunFolder, *, progress: Progress
                        batch_prompts=batch_prompts, probe=probes,
                        row_reference=lambda prompt: engine.generate(list(prompt.ids), config.max_new_tokens).token_ids,
                        )  # fmt: skip
-    if probes is not None:  # not stopped: how far the host moved against the cells' spread
+    _end_lines(run, rows, probes, progress)
+    return rows
+
+
+def _end_lines(run: RunFolder, rows: list[CellRow], probes, progress: Progress) -> None:
+    """A sweep's closing lines: with round probes, how far the host moved against the cells' spread (and a warning
+    where it moved more); when it was not stopped, each cell's rerun interval with its measured sources
+    (docs/method.md, "Interleaving" and "Rerun intervals")."""
+    if probes is not None:
         lines, warning = probes.finish(rows)
         for line in lines + ([warning] if warning else []):
             progress(line)
-    if rows:  # not stopped: each cell's rerun interval, with its measured sources (docs/method.md, Rerun intervals)
+    if rows:
         for line in state_rerun_intervals(run):
             progress(line)
-    return rows
 
 
 Probe = Callable[..., None]

@@ -282,27 +282,31 @@ def with_tilings(params, plan: KernelPlan, *, release: bool = False):
                 changed[f.name] = dataclasses.replace(leaf, tiling=t)
         return dataclasses.replace(lp, **changed)
 
-    def experts(lp):
-        changed = {}
-        for name in EXPERTS:
-            leaf = getattr(lp, name, None)
-            if not (isinstance(leaf, QuantArray) and leaf.bits == 4 and leaf.ndim == 3 and leaf.tiling is None):
-                continue
-            t = plan.tiling_of(name, leaf.shape)
-            if not isinstance(t, TpuTiling):  # experts are planned on a TPU only
-                continue
-            axis = EXPERTS[name][0]
-            k, n, group = leaf.shape[axis], leaf.shape[3 - axis], leaf.block[axis]
-            problem = fit_tpu.tiling_problem_tpu(fit_tpu.padded_k(k, group), n, group, t)
-            if problem:
-                raise ValueError(f"kernel plan: {name} {leaf.shape}: tiling {t.text} does not tile it ({problem})")
-            values, scales = _to_tpu_experts(leaf.values, leaf.scales, leaf.shape, axis, group, leaf.words)
-            if release:
-                _release(leaf)
-            changed[name] = dataclasses.replace(leaf, values=values, scales=scales, tiling=t, words=False)
-        return dataclasses.replace(lp, **changed) if changed else lp
+    return dataclasses.replace(params, layers=tuple(_tiled_experts(layer(lp), plan, release) for lp in params.layers))
 
-    return dataclasses.replace(params, layers=tuple(experts(layer(lp)) for lp in params.layers))
+
+def _tiled_experts(lp, plan: KernelPlan, release: bool):
+    """One layer's w4 expert leaves the plan tiles (TPU only) in the batched TPU layout (`with_tilings`)."""
+    from model.quant import QuantArray
+
+    changed = {}
+    for name in EXPERTS:
+        leaf = getattr(lp, name, None)
+        if not (isinstance(leaf, QuantArray) and leaf.bits == 4 and leaf.ndim == 3 and leaf.tiling is None):
+            continue
+        t = plan.tiling_of(name, leaf.shape)
+        if not isinstance(t, TpuTiling):  # experts are planned on a TPU only
+            continue
+        axis = EXPERTS[name][0]
+        k, n, group = leaf.shape[axis], leaf.shape[3 - axis], leaf.block[axis]
+        problem = fit_tpu.tiling_problem_tpu(fit_tpu.padded_k(k, group), n, group, t)
+        if problem:
+            raise ValueError(f"kernel plan: {name} {leaf.shape}: tiling {t.text} does not tile it ({problem})")
+        values, scales = _to_tpu_experts(leaf.values, leaf.scales, leaf.shape, axis, group, leaf.words)
+        if release:
+            _release(leaf)
+        changed[name] = dataclasses.replace(leaf, values=values, scales=scales, tiling=t, words=False)
+    return dataclasses.replace(lp, **changed) if changed else lp
 
 
 def _to_tpu(values, scales, shape, axis, group):
@@ -315,8 +319,9 @@ def _to_tpu(values, scales, shape, axis, group):
 def _to_tpu_experts(values, scales, shape, axis, group, words):
     """`model.kernels.tpu_layout.to_tpu_experts` (jax; imported on the TPU kernel's path only)."""
     from model.kernels.tpu_layout import to_tpu_experts
+    from model.quant import int4_from_words
 
-    return to_tpu_experts(values, scales, tuple(shape), axis, group, words)
+    return to_tpu_experts(values, scales, tuple(shape), axis, group, int4_from_words if words else None)
 
 
 def _release(leaf) -> None:

@@ -146,15 +146,15 @@ def _contraction(shape: tuple[int, int, int], axis: int) -> tuple[int, int]:
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
 def to_tpu_experts(values: jax.Array, scales: jax.Array, shape: tuple[int, int, int], axis: int, group: int,
-                   words: bool = False) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+                   from_words=None) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """The `w4` layout's (values uint8 [E, A, ceil(B / 2)], scales) of an expert leaf of logical `shape` [E, A, B]
     contracted along `axis` (1: [E, K, N]; 2: [E, N, K]) in groups of `group` -> the batched TPU layout (module
     docstring): words int32 [E, Kp / 8, N], scales [E, Kp / g, N] (Kp = `padded_k`; the leaf's scales already
-    count ceil(K / g) groups). `words`: the values are those bytes held in uint32 words (`model.quant.QuantArray
-    .words`, a TPU's storage of experts), read one expert at a time. Raises ValueError for a group that is not a
-    multiple of 8 or another axis."""
-    from model.quant import _from_words  # jax only; model.quant imports this module lazily
-
+    count ceil(K / g) groups). `from_words`: None for value bytes, else the values are those bytes held in uint32
+    words (`model.quant.QuantArray.words`, a TPU's storage of experts) and `from_words(words [A, W], n)` gives one
+    expert's int4 values [A, n] (`model.quant.int4_from_words`, passed in by the caller so that this module never
+    imports `model.quant`, which imports it); a module-level function, so one compile serves every leaf. Raises
+    ValueError for a group that is not a multiple of 8 or another axis."""
     k, _ = _contraction(shape, axis)
     if group % PLANES:
         raise ValueError(f"TPU layout of experts: group {group} of a {shape} leaf is not a multiple of {PLANES}")
@@ -162,7 +162,7 @@ def to_tpu_experts(values: jax.Array, scales: jax.Array, shape: tuple[int, int, 
 
     def one(arrays):
         v, s = arrays
-        q = _from_words(v, 4, shape[-1]) if words else _unpack_bytes(v, shape[-1])
+        q = from_words(v, shape[-1]) if from_words is not None else _unpack_bytes(v, shape[-1])
         if axis == 2:
             q, s = q.T, s.T
         return pack_words(jnp.pad(q, ((0, kp - k), (0, 0))), group), s
