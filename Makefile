@@ -72,9 +72,10 @@ test-suite: $(STAMP)
 	  GEMMA4_BENCH_TEST_XLA_CACHE=$$cache $(PY) -m pytest -q -m "$(TEST_MARKS)" $(ARGS) $$chunk || [ $$? -eq 5 ]; \
 	done  # exit 5: no test of a chunk selected (e.g. ARGS="-k NAME"), not a failure
 
-# The tests marked heavy: minutes each on 2 cores (e.g. every --quant option's accuracy on the default preset).
+# The tests marked heavy: minutes each on 2 cores (e.g. every --quant option's accuracy on the default preset),
+# with the suite's quick compiles (tests/conftest.py: no speed is measured there).
 test-heavy: $(STAMP)
-	$(PY) -m pytest -q -m heavy $(ARGS)
+	GEMMA4_BENCH_TEST_XLA_OPT=quick $(PY) -m pytest -q -m heavy $(ARGS)
 
 # One process, no slow tests: a quick check while working (not what CI runs).
 test-fast: $(STAMP)

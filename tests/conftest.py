@@ -7,6 +7,12 @@ in-memory programs are still dropped after every module (`_free_compiled_program
 $GEMMA4_BENCH_TEST_XLA_CACHE when set (`make test` makes one per invocation, shared by its chunks, removed at the
 end), else a folder made for this process and removed when it exits; `GEMMA4_BENCH_TEST_XLA_CACHE=off` turns it off.
 A test that needs cold compiles (it times or counts a compile) takes the `cold_compile_cache` fixture.
+
+Quick compiles (docs/testing.md): the suite's programs are compiled with LLVM's optimization off in XLA:CPU's
+backend (`--xla_backend_optimization_level=0` added to XLA_FLAGS, inherited by the commands the tests start), which
+cut test_engine.py's compile time by a third; the programs (HLO), their shapes and their results, which the tests
+check, are the same. Only under `-m "not canary"` (every make target but `make canary`: a canary measures a speed,
+which needs XLA's default) or $GEMMA4_BENCH_TEST_XLA_OPT=quick; =full turns it off.
 """
 
 from __future__ import annotations
@@ -253,12 +259,41 @@ def assert_one_line_error(proc, *needles: str) -> None:
         assert needle in errors[0], (needle, errors[0])
 
 
+# ---- quick compiles ------------------------------------------------------------------------------------------------
+TEST_XLA_OPT_ENV = "GEMMA4_BENCH_TEST_XLA_OPT"
+QUICK_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+
+
+def _use_quick_compiles(config) -> None:
+    """Add QUICK_COMPILE_FLAG to XLA_FLAGS (the module docstring) when $GEMMA4_BENCH_TEST_XLA_OPT is "quick", or
+    when it is unset and the -m expression leaves the canary tests out (`-m "not canary"`, as every make target but
+    `make canary` does); "full" keeps XLA's default, as does XLA_FLAGS that sets the level itself. XLA reads
+    XLA_FLAGS when jax starts its backend, which no test has done yet when pytest configures itself."""
+    mode = os.environ.get(TEST_XLA_OPT_ENV, "")
+    if mode not in ("", "quick", "full"):
+        raise pytest.UsageError(f"${TEST_XLA_OPT_ENV}={mode!r}: expected quick or full (unset: quick under "
+                                '-m "not canary")')  # fmt: skip
+    flags = os.environ.get("XLA_FLAGS", "")
+    quick = mode == "quick" or (not mode and "not canary" in (config.getoption("markexpr") or ""))
+    if quick and "xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {QUICK_COMPILE_FLAG}".strip()
+
+
+def host_devices_env(devices: int) -> dict[str, str]:
+    """The environment to add for a process of its own that sees `devices` forced CPU devices (XLA reads XLA_FLAGS
+    when jax starts, so never this process): this process's XLA_FLAGS (the quick compiles) with
+    `--xla_force_host_platform_device_count=DEVICES` added, and JAX_PLATFORMS=cpu."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    return {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+
+
 # ---- canaries: measured quantities, recorded -------------------------------------------------------------------
 CANARY_OUT_ENV = "GEMMA4_BENCH_CANARY_OUT"
 _CANARY_FIGURES: list[dict] = []
 
 
 def pytest_configure(config):
+    _use_quick_compiles(config)
     config.addinivalue_line(
         "markers",
         "canary: checks a measured quantity (a speed, a share) against a bound a busy host can break; left out of "
@@ -299,5 +334,6 @@ def pytest_sessionfinish(session, exitstatus):
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "host": platform.node(), "logical_cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
-              "exit_status": int(exitstatus), "figures": _CANARY_FIGURES}  # fmt: skip
+              "exit_status": int(exitstatus), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+              "figures": _CANARY_FIGURES}  # fmt: skip
     path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
