@@ -50,6 +50,37 @@ def _suite_cache_dir() -> Path | None:
 SUITE_XLA_CACHE = _suite_cache_dir()
 
 
+def _write_cache_entries_whole() -> None:
+    """Make jax's persistent cache write each entry whole: to a temporary file, then renamed into place. jax
+    writes an entry in place (`jax._src.lru_cache.LRUCache.put`, `Path.write_bytes`), so another process of the
+    suite (`make test-suite TEST_JOBS=2`) could read half an executable, and a process killed mid-write would leave
+    one behind; a rename is atomic on one file system. Left as jax has it when its cache class is not the one this
+    wraps (another jax version) or evicts entries (a size limit: jax then locks the folder itself)."""
+    try:
+        from jax._src import lru_cache
+    except ImportError:
+        return
+    cls = getattr(lru_cache, "LRUCache", None)
+    suffix = getattr(lru_cache, "_CACHE_SUFFIX", None)
+    if cls is None or suffix is None or getattr(cls.put, "_whole_entries", False):
+        return
+    original = cls.put
+
+    def put(self, key: str, value: bytes) -> None:
+        if getattr(self, "eviction_enabled", True) or not key:
+            return original(self, key, value)
+        path = self.path / f"{key}{suffix}"
+        if path.exists():
+            return None
+        part = self.path / f".{key}.{os.getpid()}.part"
+        part.write_bytes(value)
+        os.replace(part, path)
+        return None
+
+    put._whole_entries = True
+    cls.put = put
+
+
 def _use_compile_cache(path: Path | None) -> None:
     """Point jax's persistent compilation cache at `path` (None: off), caching every program (minimum compile
     time 0 s, minimum entry size 0 bytes), as `model.engine.enable_compile_cache` does for a command; a no-op when
@@ -91,6 +122,7 @@ def _suite_compile_cache():
     too (`_command_compile_cache`)."""
     import model.engine
 
+    _write_cache_entries_whole()
     _use_compile_cache(SUITE_XLA_CACHE)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(model.engine, "enable_compile_cache", _command_compile_cache)

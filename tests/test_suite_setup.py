@@ -45,3 +45,19 @@ def test_a_process_with_forced_devices_keeps_this_processs_flags(monkeypatch):
     env = host_devices_env(4)
     assert env == {"XLA_FLAGS": f"{QUICK_COMPILE_FLAG} --xla_force_host_platform_device_count=4",
                    "JAX_PLATFORMS": "cpu"}  # fmt: skip
+
+
+def test_the_persistent_cache_writes_each_entry_whole_then_renames_it(tmp_path, monkeypatch):
+    """Another process of the suite (`make test-suite TEST_JOBS=2`) never reads half an entry: jax's cache, as the
+    suite runs it (no size limit), writes a temporary file and renames it into place."""
+    import jax  # noqa: F401  (the session fixture wrapped the cache class when jax was imported)
+    from jax._src import lru_cache
+
+    renames = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (renames.append((a.name, b.name)), real(a, b))[1])
+    cache = lru_cache.LRUCache(str(tmp_path), max_size=-1)
+    cache.put("k1", b"entry")
+    cache.put("k1", b"other")  # an entry is never written twice
+    assert renames == [(f".k1.{os.getpid()}.part", "k1-cache")]
+    assert cache.get("k1") == b"entry" and sorted(p.name for p in tmp_path.iterdir()) == ["k1-cache"]
