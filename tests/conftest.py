@@ -10,9 +10,9 @@ A test that needs cold compiles (it times or counts a compile) takes the `cold_c
 
 Quick compiles (docs/testing.md): the suite's programs are compiled with LLVM's optimization off in XLA:CPU's
 backend (`--xla_backend_optimization_level=0` added to XLA_FLAGS, inherited by the commands the tests start), which
-cut test_engine.py's compile time by a third; the programs (HLO), their shapes and their results, which the tests
-check, are the same. Only under `-m "not canary"` (every make target but `make canary`: a canary measures a speed,
-which needs XLA's default) or $GEMMA4_BENCH_TEST_XLA_OPT=quick; =full turns it off.
+cut test_engine.py's compile time by a third; the programs (HLO) and their shapes, which the tests check, are the
+same, and every test passes either way. Only under `-m "not canary"` (every make target but `make canary`: a canary
+measures a speed, which needs XLA's default) or $GEMMA4_BENCH_TEST_XLA_OPT=quick; =full turns it off.
 """
 
 from __future__ import annotations
