@@ -59,7 +59,11 @@ test: test-suite docs test-fleet gpu-rehearsal tpu-rehearsal
 # in test-fleet (SkyPilot installed there); the tests marked canary (measured speeds and shares) in `make canary`.
 # TEST_XLA_CACHE=DIR keeps the cache in DIR across invocations instead (a warm cache: test_engine.py alone took 38 s
 # of CPU warm against 256 s cold on 2 busy cores, 2026-12-07); delete DIR if a crash leaves it in doubt.
+# TEST_JOBS=2 runs two chunks at a time (each chunk's output printed when it ends): on two idle cores about the
+# CPU time over 2 instead of over the 1.2 cores one process keeps busy; the cache writes each entry whole
+# (tests/conftest.py), so a chunk never reads another's half-written entry. Not measured here on a quiet machine yet.
 TEST_XLA_CACHE ?=
+TEST_JOBS   ?= 1
 FLEET_TESTS := $(wildcard tests/test_fleet*.py)
 TEST_CHUNKS := $(foreach g,[a-h] [i-q] [r-z],"$(filter-out $(FLEET_TESTS),$(wildcard tests/test_$(g)*.py))")
 TEST_MARKS  := not heavy and not canary
@@ -67,14 +71,21 @@ test-suite: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	@set -e; if [ -n "$(TEST_XLA_CACHE)" ]; then cache="$(TEST_XLA_CACHE)"; mkdir -p "$$cache"; else \
 	  cache=$$(mktemp -d "$${TMPDIR:-/tmp}/gemma4-bench-test-xla.XXXXXX"); trap 'rm -rf "$$cache"' EXIT; trap 'exit 130' INT TERM; fi; \
-	for chunk in $(TEST_CHUNKS); do \
-	  echo "pytest $${chunk%% *} ... $${chunk##* }"; \
-	  GEMMA4_BENCH_TEST_XLA_CACHE=$$cache $(PY) -m pytest -q -m "$(TEST_MARKS)" $(ARGS) $$chunk || [ $$? -eq 5 ]; \
-	done  # exit 5: no test of a chunk selected (e.g. ARGS="-k NAME"), not a failure
+	if [ "$(TEST_JOBS)" = 1 ]; then \
+	  for chunk in $(TEST_CHUNKS); do \
+	    echo "pytest $${chunk%% *} ... $${chunk##* }"; \
+	    GEMMA4_BENCH_TEST_XLA_CACHE=$$cache $(PY) -m pytest -q -m "$(TEST_MARKS)" $(ARGS) $$chunk || [ $$? -eq 5 ]; \
+	  done; \
+	else \
+	  printf '%s\n' $(TEST_CHUNKS) | GEMMA4_BENCH_TEST_XLA_CACHE=$$cache xargs -P "$(TEST_JOBS)" -I{} sh -c \
+	    'set -- {}; log=$$(mktemp); $(PY) -m pytest -q -m "$(TEST_MARKS)" $(ARGS) "$$@" >"$$log" 2>&1; rc=$$?; \
+	     eval last=\$${$$#}; echo "pytest $$1 ... $$last"; cat "$$log"; rm -f "$$log"; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]'; \
+	fi  # exit 5: no test of a chunk selected (e.g. ARGS="-k NAME"), not a failure
 
-# The tests marked heavy: minutes each on 2 cores (e.g. every --quant option's accuracy on the default preset).
+# The tests marked heavy: minutes each on 2 cores (e.g. every --quant option's accuracy on the default preset),
+# with the suite's quick compiles (tests/conftest.py: no speed is measured there).
 test-heavy: $(STAMP)
-	$(PY) -m pytest -q -m heavy $(ARGS)
+	GEMMA4_BENCH_TEST_XLA_OPT=quick $(PY) -m pytest -q -m heavy $(ARGS)
 
 # One process, no slow tests: a quick check while working (not what CI runs).
 test-fast: $(STAMP)

@@ -7,6 +7,12 @@ in-memory programs are still dropped after every module (`_free_compiled_program
 $GEMMA4_BENCH_TEST_XLA_CACHE when set (`make test` makes one per invocation, shared by its chunks, removed at the
 end), else a folder made for this process and removed when it exits; `GEMMA4_BENCH_TEST_XLA_CACHE=off` turns it off.
 A test that needs cold compiles (it times or counts a compile) takes the `cold_compile_cache` fixture.
+
+Quick compiles (docs/testing.md): the suite's programs are compiled with LLVM's optimization off in XLA:CPU's
+backend (`--xla_backend_optimization_level=0` added to XLA_FLAGS, inherited by the commands the tests start), which
+cut test_engine.py's compile time by a third; the programs (HLO) and their shapes, which the tests check, are the
+same, and every test passes either way. Only under `-m "not canary"` (every make target but `make canary`: a canary
+measures a speed, which needs XLA's default) or $GEMMA4_BENCH_TEST_XLA_OPT=quick; =full turns it off.
 """
 
 from __future__ import annotations
@@ -42,6 +48,37 @@ def _suite_cache_dir() -> Path | None:
 
 
 SUITE_XLA_CACHE = _suite_cache_dir()
+
+
+def _write_cache_entries_whole() -> None:
+    """Make jax's persistent cache write each entry whole: to a temporary file, then renamed into place. jax
+    writes an entry in place (`jax._src.lru_cache.LRUCache.put`, `Path.write_bytes`), so another process of the
+    suite (`make test-suite TEST_JOBS=2`) could read half an executable, and a process killed mid-write would leave
+    one behind; a rename is atomic on one file system. Left as jax has it when its cache class is not the one this
+    wraps (another jax version) or evicts entries (a size limit: jax then locks the folder itself)."""
+    try:
+        from jax._src import lru_cache
+    except ImportError:
+        return
+    cls = getattr(lru_cache, "LRUCache", None)
+    suffix = getattr(lru_cache, "_CACHE_SUFFIX", None)
+    if cls is None or suffix is None or getattr(cls.put, "_whole_entries", False):
+        return
+    original = cls.put
+
+    def put(self, key: str, value: bytes) -> None:
+        if getattr(self, "eviction_enabled", True) or not key:
+            return original(self, key, value)
+        path = self.path / f"{key}{suffix}"
+        if path.exists():
+            return None
+        part = self.path / f".{key}.{os.getpid()}.part"
+        part.write_bytes(value)
+        os.replace(part, path)
+        return None
+
+    put._whole_entries = True
+    cls.put = put
 
 
 def _use_compile_cache(path: Path | None) -> None:
@@ -85,6 +122,7 @@ def _suite_compile_cache():
     too (`_command_compile_cache`)."""
     import model.engine
 
+    _write_cache_entries_whole()
     _use_compile_cache(SUITE_XLA_CACHE)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(model.engine, "enable_compile_cache", _command_compile_cache)
@@ -253,12 +291,41 @@ def assert_one_line_error(proc, *needles: str) -> None:
         assert needle in errors[0], (needle, errors[0])
 
 
+# ---- quick compiles ------------------------------------------------------------------------------------------------
+TEST_XLA_OPT_ENV = "GEMMA4_BENCH_TEST_XLA_OPT"
+QUICK_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+
+
+def _use_quick_compiles(config) -> None:
+    """Add QUICK_COMPILE_FLAG to XLA_FLAGS (the module docstring) when $GEMMA4_BENCH_TEST_XLA_OPT is "quick", or
+    when it is unset and the -m expression leaves the canary tests out (`-m "not canary"`, as every make target but
+    `make canary` does); "full" keeps XLA's default, as does XLA_FLAGS that sets the level itself. XLA reads
+    XLA_FLAGS when jax starts its backend, which no test has done yet when pytest configures itself."""
+    mode = os.environ.get(TEST_XLA_OPT_ENV, "")
+    if mode not in ("", "quick", "full"):
+        raise pytest.UsageError(f"${TEST_XLA_OPT_ENV}={mode!r}: expected quick or full (unset: quick under "
+                                '-m "not canary")')  # fmt: skip
+    flags = os.environ.get("XLA_FLAGS", "")
+    quick = mode == "quick" or (not mode and "not canary" in (config.getoption("markexpr") or ""))
+    if quick and "xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {QUICK_COMPILE_FLAG}".strip()
+
+
+def host_devices_env(devices: int) -> dict[str, str]:
+    """The environment to add for a process of its own that sees `devices` forced CPU devices (XLA reads XLA_FLAGS
+    when jax starts, so never this process): this process's XLA_FLAGS (the quick compiles) with
+    `--xla_force_host_platform_device_count=DEVICES` added, and JAX_PLATFORMS=cpu."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    return {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+
+
 # ---- canaries: measured quantities, recorded -------------------------------------------------------------------
 CANARY_OUT_ENV = "GEMMA4_BENCH_CANARY_OUT"
 _CANARY_FIGURES: list[dict] = []
 
 
 def pytest_configure(config):
+    _use_quick_compiles(config)
     config.addinivalue_line(
         "markers",
         "canary: checks a measured quantity (a speed, a share) against a bound a busy host can break; left out of "
@@ -299,5 +366,6 @@ def pytest_sessionfinish(session, exitstatus):
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "host": platform.node(), "logical_cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
-              "exit_status": int(exitstatus), "figures": _CANARY_FIGURES}  # fmt: skip
+              "exit_status": int(exitstatus), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+              "figures": _CANARY_FIGURES}  # fmt: skip
     path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, bench_captured, run_cli
+from conftest import assert_one_line_error, bench_captured, run_cli_here
 
 
 @pytest.mark.parametrize(
@@ -19,8 +19,8 @@ from conftest import assert_one_line_error, bench_captured, run_cli
     ],
 )
 def test_a_kernel_that_cannot_run_is_one_line_exit_2(args, needles, tiny_checkpoint) -> None:
-    proc = run_cli(["generate", "-p", "hi", "-n", "1", "--checkpoint", str(tiny_checkpoint), *args],
-                   timeout=300)  # fmt: skip
+    proc = run_cli_here(["generate", "-p", "hi", "-n", "1", "--checkpoint", str(tiny_checkpoint), *args],
+                        timeout=300)  # fmt: skip
     assert_one_line_error(proc, *needles)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import host_devices_env
 
 from model.config import E2B, E4B, TINY
 from model.errors import MeshError
@@ -128,7 +129,7 @@ def test_collectives_are_read_from_compiled_hlo_text():
 
 
 def _run_cases(marks: str) -> None:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, **host_devices_env(8))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks, str(CASES)],
                           capture_output=True, text=True, env=env, cwd=CASES.parent.parent, timeout=1800)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, bench_captured, bench_in_process, run_cli
+from conftest import assert_one_line_error, bench_captured, bench_in_process, run_cli_here
 
 from bench.report import build_report
 from bench.report.compare import compare_runs
@@ -31,7 +31,7 @@ def env(tmp_path_factory):
     (["serve", "-c", "builtin:tiny", "--port", "1", "--quant", "w4:0"], ["w4:0", "group size"]),
 ])  # fmt: skip
 def test_a_bad_quant_is_one_line_on_every_command(args, needles, env, tmp_path):
-    proc = run_cli([*args, *(["--runs-dir", str(tmp_path)] if args[0] in ("sweep", "profile") else [])], env=env)
+    proc = run_cli_here([*args, *(["--runs-dir", str(tmp_path)] if args[0] in ("sweep", "profile") else [])], env=env)
     assert_one_line_error(proc, *needles)
     assert not any(tmp_path.iterdir())  # nothing was created or measured
 
@@ -151,6 +151,6 @@ def test_a_profile_joined_to_a_run_refuses_other_weights():
 
 def test_profile_run_with_another_quant_is_one_line_before_loading(sweeps, env):
     _, folders = sweeps
-    proc = run_cli(["profile", "--run", str(folders["w8"]), "--quant", "none", "--steps", "2"], env=env)
+    proc = run_cli_here(["profile", "--run", str(folders["w8"]), "--quant", "none", "--steps", "2"], env=env)
     assert_one_line_error(proc, "--quant none", "swept with quantization w8")
     assert not (folders["w8"] / "profile.json").exists()

@@ -119,8 +119,8 @@ def test_name_clash_is_refused_and_the_old_run_is_kept(finished_run, env):
     folder, _ = finished_run
     before = (folder / "cells.jsonl").read_bytes()
     date = folder.name[:10]
-    proc = run_cli(["sweep", "--inputs", "20", "--max-new-tokens", "4", "--repeats", "1", "--checkpoint",
-                    "builtin:tiny", "--name", "t", "--runs-dir", str(folder.parent)], env=env)  # fmt: skip
+    proc = run_cli_here(["sweep", "--inputs", "20", "--max-new-tokens", "4", "--repeats", "1", "--checkpoint",
+                         "builtin:tiny", "--name", "t", "--runs-dir", str(folder.parent)], env=env)  # fmt: skip
     assert_one_line_error(proc, "already exists", "--resume")
     assert (folder / "cells.jsonl").read_bytes() == before and folder.name.startswith(date)
 
@@ -171,10 +171,10 @@ def test_interrupted_sweep_keeps_finished_cells_and_resumes(env, tmp_path):
     assert 1 <= len(done) < 4 and run.status == "incomplete"
     assert validate_run(cells.parent) == []
     assert "copy_bandwidth_end" not in run.manifest["rates"]  # a stopped sweep stops: no probe after its last cell
-    changed = run_cli(["sweep", "--max-new-tokens", "16", "--resume", str(cells.parent)], env=env)
+    changed = run_cli_here(["sweep", "--max-new-tokens", "16", "--resume", str(cells.parent)], env=env)
     assert_one_line_error(changed, "--max-new-tokens 16 differs", "24")
     # Flags not given are the run's own (inputs, max_new_tokens, repeats and the checkpoint).
-    resumed = run_cli(["sweep", "--resume", str(cells.parent)], env=env)
+    resumed = run_cli_here(["sweep", "--resume", str(cells.parent)], env=env)
     assert resumed.returncode == 0, resumed.stderr
     run = open_run(cells.parent)
     assert run.status == "complete" and sorted(run.finished_inputs()) == [20, 41, 70, 100]

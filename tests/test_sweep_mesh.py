@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SUITE_XLA_CACHE, run_cli
+from conftest import SUITE_XLA_CACHE, host_devices_env, run_cli
 
-TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+TWO_DEVICES = host_devices_env(2)
 SWEEP = ["sweep", "--checkpoint", "builtin:tiny", "--inputs", "16", "--max-new-tokens", "4", "--repeats", "1",
          "--decode-loop", "host", "--dtype", "float32",
          "--compile-cache", str(SUITE_XLA_CACHE) if SUITE_XLA_CACHE else "off"]  # fmt: skip
@@ -101,7 +101,7 @@ TINY = ["-c", "builtin:tiny"]
 ])  # fmt: skip
 def test_a_mesh_this_machine_or_model_cannot_take_is_one_line_before_anything_loads(devices, args, needles,
                                                                                     tmp_path) -> None:  # fmt: skip
-    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    env = host_devices_env(devices)
     runs = ["--runs-dir", str(tmp_path)] if args[0] in ("sweep", "profile") else []
     proc = run_cli([*args, *runs], env=env, timeout=300)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli_here
 from model.kernels import fit, fit_tpu
 from model.kernels.fit_tpu import TpuTiling
 from model.kernels.tpu_layout import to_natural, to_tpu
@@ -279,7 +279,7 @@ def test_a_small_vmem_caps_the_budget() -> None:
 
 
 def test_bench_kernels_fit_on_a_tpu_prints_each_projection() -> None:
-    proc = run_cli(["kernels", "fit", "--device-capability", "tpu", "--preset", "e2b", "--json"], timeout=120)
+    proc = run_cli_here(["kernels", "fit", "--device-capability", "tpu", "--preset", "e2b", "--json"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert "TPU v5e" in out["device"] and out["limit"] == 12 * 2**20 and len(out["rows"]) == 12
@@ -296,7 +296,7 @@ def test_bench_kernels_fit_on_a_tpu_prints_each_projection() -> None:
     ],
 )
 def test_bench_kernels_fit_bad_tpu_input_is_one_line_exit_2(args, needles) -> None:
-    proc = run_cli(["kernels", "fit", *args], timeout=120)
+    proc = run_cli_here(["kernels", "fit", *args], timeout=120)
     assert_one_line_error(proc, *needles)
 
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli_here
 
 from model.config import PRESETS
 from model.engine_config import EngineConfig
@@ -139,8 +139,8 @@ def test_the_plan_follows_the_policy_and_records_it() -> None:
 def test_bench_kernels_fit_prints_each_policy() -> None:
     out = {}
     for policy in fit_tpu.TILING_POLICIES:
-        proc = run_cli(["kernels", "fit", "--device-capability", "tpu", "--tiling-policy", policy, "--json"],
-                       timeout=120)  # fmt: skip
+        proc = run_cli_here(["kernels", "fit", "--device-capability", "tpu", "--tiling-policy", policy, "--json"],
+                            timeout=120)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         out[policy] = json.loads(proc.stdout)
     rows = {p: {(r["k"], r["n"]): r for r in out[p]["rows"]} for p in out}
@@ -157,7 +157,7 @@ def test_bench_kernels_fit_prints_each_policy() -> None:
     ],
 )
 def test_bench_kernels_fit_bad_policy_is_one_line_exit_2(args, needles) -> None:
-    assert_one_line_error(run_cli(["kernels", "fit", *args], timeout=120), *needles)
+    assert_one_line_error(run_cli_here(["kernels", "fit", *args], timeout=120), *needles)
 
 
 # ---- the next TPU session's recipe (scripts/tpu-quant-archive.sh), checked here without a device ------------------
