@@ -68,7 +68,7 @@ import jax.numpy as jnp
 from model.config import ModelConfig
 from model.kernels.fit_tpu import TpuTiling
 from model.ops import dense, gelu, rms_norm
-from model.quant import QuantArray, matmul
+from model.quant import QuantArray, grouped_axis, matmul
 
 MAX_TILE = 64
 """Most rows a tile of the sorted assignments holds (prefill): a tile reads one expert's weights whole, so larger
@@ -151,7 +151,7 @@ def _kernel_product(x_UMK: jax.Array, w: QuantArray, e_U: jax.Array) -> jax.Arra
     from model.kernels.fit_tpu import padded_k
     from model.kernels.w4a16_tpu import w4a16_tpu_expert_matmul
 
-    axis = 1 if w.block[1] > 1 else 2  # the contraction axis of [E, A, B] (model.quantspec.EXPERT_PROJECTIONS)
+    axis = grouped_axis(w)  # the contraction axis of [E, A, B] (model.quantspec.EXPERT_PROJECTIONS)
     group = w.block[axis]
     return w4a16_tpu_expert_matmul(x_UMK, w.values, w.scales, e_U, k=padded_k(w.shape[axis], group),
                                    n=w.shape[3 - axis], group=group, tiling=w.tiling,

@@ -82,7 +82,7 @@ from model.quantspec import (
 
 __all__ = ["QuantArray", "QuantSpec", "parse_quant", "quantize", "quantize_rows", "quantize_channels", "dequantize",
            "matmul", "take_rows", "packed_bytes", "tree_bytes", "quantize_blocks", "quantize_fields",
-           "quantize_params", "with_words", "int4_from_words"]  # fmt: skip
+           "quantize_params", "with_words", "int4_from_words", "grouped_axis"]  # fmt: skip
 
 QMAX = {8: 127, 4: 7}
 """Largest integer magnitude per bit width (symmetric range [-qmax, qmax])."""
@@ -454,6 +454,13 @@ def _unrows(y_RN: jax.Array, x: jax.Array, w, lhs: str, rhs: str, out: str, axis
     return jnp.einsum(f"{free}{o}->{out}", y)
 
 
+def grouped_axis(q: QuantArray) -> int:
+    """The axis a w4 leaf's groups run along (its block is the group there, 1 elsewhere but a leading expert axis):
+    the contraction axis of its products. A 2-D leaf [K, N] or [N, K]: 0 or 1; an expert leaf [E, A, B]: 1 or 2."""
+    lead = q.ndim - 2
+    return lead if q.block[lead] > 1 else lead + 1
+
+
 def _natural(q):
     """`q` in the `w4` layout: a leaf stored in the TPU layout (its tiling a `TpuTiling`, set at load by
     `model.kernels.choice.with_tilings`) converted back with `model.kernels.tpu_layout.to_natural` (the same
@@ -463,12 +470,9 @@ def _natural(q):
         return q
     from model.kernels.tpu_layout import to_natural, to_natural_experts
 
-    if q.ndim == 3:  # an expert leaf [E, A, B] in the batched form (contracted along axis 1 or 2)
-        axis = 1 if q.block[1] > 1 else 2
-        values, scales = to_natural_experts(q.values, q.scales, tuple(q.shape), axis, q.block[axis])
-        return dataclasses.replace(q, values=values, scales=scales, tiling=None)
-    axis = 0 if q.block[0] > 1 else 1
-    values, scales = to_natural(q.values, q.scales, tuple(q.shape), axis, q.block[axis])
+    axis = grouped_axis(q)
+    convert = to_natural_experts if q.ndim == 3 else to_natural  # an expert leaf [E, A, B]: the batched form
+    values, scales = convert(q.values, q.scales, tuple(q.shape), axis, q.block[axis])
     return dataclasses.replace(q, values=values, scales=scales, tiling=None)
 
 

@@ -59,11 +59,10 @@ OFFSET = 8
 """Each nibble holds q + OFFSET, so 0..15 for q in [-8, 7]."""
 
 
-def _slot(p: int, group: int) -> tuple[int, int]:
-    """Nibble p of a group's word rows -> (first K index within the group, stride 2): p = j + 4h holds values
-    2 r j + h + 2 i, i < r = g / 8 (module docstring)."""
-    j, h = p % PAIRS, p // PAIRS
-    return 2 * (group // PLANES) * j + h, 2
+def _first(p: int, group: int) -> int:
+    """Nibble p of a group's word rows holds the group's values first, first + 2, ..., g / 4 of them: p = j + 4h
+    holds values 2 r j + h + 2 i, i < r = g / 8 (module docstring)."""
+    return 2 * (group // PLANES) * (p % PAIRS) + p // PAIRS
 
 
 def pack_words(q_KN: jax.Array, group: int) -> jax.Array:
@@ -75,8 +74,8 @@ def pack_words(q_KN: jax.Array, group: int) -> jax.Array:
     nib = ((q_KN.astype(jnp.int32) + OFFSET) & 15).reshape(k // group, group, n)
     words = None
     for p in range(PLANES):
-        first, stride = _slot(p, group)
-        part = jax.lax.slice(nib, (0, first, 0), (k // group, first + stride * (r - 1) + 1, n), (1, stride, 1)) << (4 * p)
+        first = _first(p, group)
+        part = nib[:, first : first + 2 * r : 2] << (4 * p)  # [K / g, r, N], a strided slice
         words = part if words is None else words | part
     return words.reshape(k // PLANES, n)
 

@@ -230,8 +230,8 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
     `model.kernels.fit_tpu`). `interpret`: run as jax ops (CPU, tests).
 
     An experimental form for the TPU probe (`scripts/probes/w4_tiling_tpu.py --resident`), which the engine does not
-    use until a TPU measures it faster: `resident`, one grid step with every operand whole in VMEM (`pltpu.VMEM` memory space, no Pallas pipeline): XLA then copies the weight into VMEM
-    before the call, a copy its scheduler may start during earlier ops, where a pipeline's first block is copied
+    use until a TPU measures it faster: `resident`, one grid step with every operand whole in VMEM (`pltpu.VMEM`
+    memory space, no Pallas pipeline): XLA then copies the weight into VMEM before the call, a copy its scheduler may start during earlier ops, where a pipeline's first block is copied
     inside the call with nothing to overlap (issue 43: the small products run 1.2-4.3 us a call at 137-474 GB/s).
     Resident takes rows <= tiling.bm, K / group <= `fit_tpu.MAX_GROUPS_PER_STEP` and at most `RESIDENT_MAX_BYTES`
     of packed weight; ValueError otherwise."""
@@ -240,7 +240,7 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
         raise ValueError(f"tiling {tiling.text} does not tile K={k} N={n} group {group}: {problem}")
     r = x_RK.shape[0]
     if resident:
-        return _resident(x_RK, words, scales, k=k, n=n, group=group, bm=tiling.bm, interpret=interpret)
+        return _resident(x_RK, words, scales, k=k, n=n, group=group, tiling=tiling, interpret=interpret)
     vpu = r <= tiling.vpu_rows
     hybrid = not vpu and tiling.vpu_cols and r <= VPU_MAX_ROWS
     groups, bn = tiling.bk // group, tiling.bn
@@ -274,15 +274,16 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
     return out[:r].astype(x_RK.dtype)
 
 
-def _resident(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k: int, n: int, group: int, bm: int,
-              interpret: bool) -> jax.Array:
-    """`w4a16_tpu_matmul`'s resident form: x [R, K] (R padded to 16), words [K / 8, N] and scales [K / g, N] whole
-    in VMEM, one grid step of `_kernel` over all K / g groups, out float32 [Rp, N] whole in VMEM."""
+def _resident(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k: int, n: int, group: int,
+              tiling: TpuTiling, interpret: bool) -> jax.Array:  # fmt: skip
+    """`w4a16_tpu_matmul`'s resident form: x [R, K] (R padded as one row block, `fit_tpu.rows_block`), words
+    [K / 8, N] and scales [K / g, N] whole in VMEM, one grid step of `_kernel` over all K / g groups, out float32
+    [Rp, N] whole in VMEM."""
     from model.kernels.fit_tpu import MAX_GROUPS_PER_STEP
 
-    r = x_RK.shape[0]
-    rp = -(-r // 16) * 16
-    if rp > bm or k // group > MAX_GROUPS_PER_STEP or k * n // 2 > RESIDENT_MAX_BYTES:
+    r, bm = x_RK.shape[0], tiling.bm
+    rp = rows_block(r, tiling)
+    if r > rp or k // group > MAX_GROUPS_PER_STEP or k * n // 2 > RESIDENT_MAX_BYTES:
         raise ValueError(f"resident form: {r} rows, K={k} N={n} group {group}: expected rows <= {bm}, K / group <= "
                          f"{MAX_GROUPS_PER_STEP} and K N / 2 <= {RESIDENT_MAX_BYTES} bytes")  # fmt: skip
     x = jnp.pad(x_RK, ((0, rp - r), (0, 0))) if rp != r else x_RK
