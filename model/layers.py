@@ -18,7 +18,7 @@ import numpy as np
 from model import backends
 from model.accounting import has_v_projection
 from model.config import ModelConfig
-from model.ops import dense, gelu, rms_norm  # noqa: F401  (re-exported: the layers' names for them)
+from model.ops import dense, geglu_mlp, gelu, rms_norm  # noqa: F401  (re-exported: the layers' names for them)
 from model.params import LayerParams
 
 _MASKED = -1e30  # finite, so a fully masked row (a padding query) softmaxes to a uniform row instead of NaN
@@ -260,9 +260,7 @@ def layer_tail(
             m_BTGF = gelu(gu_BTGX[..., :f]) * gu_BTGX[..., f:]
             m_BTD = dense(m_BTGF.reshape(*m_BTGF.shape[:2], -1), lp.down_DF, "BTF,DF->BTD")
         else:
-            gu_BTX = dense(x_BTD, lp.gate_up_DX, "BTD,DX->BTX")  # one product: gate and up side by side
-            f = gu_BTX.shape[-1] // 2
-            m_BTD = dense(gelu(gu_BTX[..., :f]) * gu_BTX[..., f:], lp.down_DF, "BTF,DF->BTD")
+            m_BTD = geglu_mlp(x_BTD, lp.gate_up_DX, lp.down_DF)
         if cfg.has_experts:
             from model.moe import expert_block
 

@@ -1,5 +1,5 @@
 """The decoder's elementwise and product primitives, shared by `model.layers` and `model.moe` (which
-`model.layers` calls for the expert block, so they live below both): `dense`, `rms_norm`, `gelu`.
+`model.layers` calls for the expert block, so they live below both): `dense`, `geglu_mlp`, `rms_norm`, `gelu`.
 Formulas: ../shared/gemma4-architecture.md §2 (transformers 5.23 `modeling_gemma4.py`).
 """
 
@@ -20,6 +20,18 @@ def dense(x: jax.Array, w, spec: str) -> jax.Array:
     (the published report's "leak one").
     """
     return quant.matmul(x, w, spec)
+
+
+def geglu_mlp(x: jax.Array, gate_up, down) -> jax.Array:
+    """The GeGLU MLP down(gelu_tanh(x gate) * (x up)) for x [B, T, D]: gate_up [D, 2F] (gate columns, then up) and
+    down [D, F], dense or `model.quant.QuantArray`; [B, T, D] in x's dtype. One kernel call where the engine fused
+    the MLP (`model.quant.fused_mlp`: `w4` on a TPU under the "fused" tiling policy), else two `dense` products."""
+    y = quant.fused_mlp(x, gate_up, down)
+    if y is not None:
+        return y
+    gu_BTX = dense(x, gate_up, "BTD,DX->BTX")  # one product: gate and up side by side
+    f = gu_BTX.shape[-1] // 2
+    return dense(gelu(gu_BTX[..., :f]) * gu_BTX[..., f:], down, "BTF,DF->BTD")
 
 
 def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:

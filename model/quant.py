@@ -65,7 +65,7 @@ import numpy as np
 
 from model import backends
 from model.kernels.fit import KERNEL_MAX_ROWS, Tiling, fits_kernel
-from model.kernels.fit_tpu import TpuTiling, fits_tpu
+from model.kernels.fit_tpu import MLP_MAX_ROWS, TpuTiling, fits_tpu
 from model.quantspec import (
     LM_HEAD,
     WORD_BYTES,
@@ -82,7 +82,7 @@ from model.quantspec import (
 
 __all__ = ["QuantArray", "QuantSpec", "parse_quant", "quantize", "quantize_rows", "quantize_channels", "dequantize",
            "matmul", "take_rows", "packed_bytes", "tree_bytes", "quantize_blocks", "quantize_fields",
-           "quantize_params", "with_words", "int4_from_words", "grouped_axis"]  # fmt: skip
+           "quantize_params", "with_words", "int4_from_words", "grouped_axis", "fused_mlp"]  # fmt: skip
 
 QMAX = {8: 127, 4: 7}
 """Largest integer magnitude per bit width (symmetric range [-qmax, qmax])."""
@@ -508,6 +508,28 @@ def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     y_RN = w4a16_matmul(x_RK, w.values, w.scales, k=k, n=n, group=group, axis=axis, tiling=w.tiling,
                         interpret=jax.default_backend() == "cpu")  # fmt: skip
     return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
+
+
+def fused_mlp(x: jax.Array, gate_up, down) -> jax.Array | None:
+    """down(gelu_tanh(x gate) * (x up)) for x [..., D] in one kernel call (`model.kernels.w4_mlp_tpu`), when gate_up
+    (w4 [D, 2F], gate columns first) carries a `TpuTiling` with `mlp` set (the "fused" policy,
+    `model.kernels.fit_tpu.fuse_mlp`), down (w4 [D, F], contracted along F) is in the TPU layout too, their groups
+    agree and x has at most `MLP_MAX_ROWS` rows; else None (the caller takes the two products). [..., D] in x's
+    dtype. On CPU the kernel runs in interpret mode (tests set the tilings; the engine never does there)."""
+    t = getattr(gate_up, "tiling", None)
+    if not (isinstance(t, TpuTiling) and t.mlp and isinstance(down, QuantArray) and isinstance(down.tiling, TpuTiling)
+            and gate_up.ndim == 2 and down.ndim == 2 and gate_up.bits == 4 and down.bits == 4):  # fmt: skip
+        return None
+    d, f = gate_up.shape[0], gate_up.shape[1] // 2
+    rows = math.prod(x.shape[:-1])
+    group = gate_up.block[0]
+    if x.shape[-1] != d or tuple(down.shape) != (d, f) or down.block != (1, group) or not 1 <= rows <= MLP_MAX_ROWS:
+        return None
+    from model.kernels.w4_mlp_tpu import w4_mlp_tpu  # Pallas: loaded on this path only
+
+    y = w4_mlp_tpu(x.reshape(rows, d), gate_up.values, gate_up.scales, down.values, down.scales, d=d, f=f,
+                   group=group, bf=t.mlp, interpret=jax.default_backend() == "cpu")  # fmt: skip
+    return y.reshape(x.shape)
 
 
 def _planes_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> jax.Array | None:

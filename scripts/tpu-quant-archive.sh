@@ -10,7 +10,8 @@
 #   batch     batches 8, 32, 128 at 41 tokens for none, w8, w4     (3 sweeps)
 #   profile   a profile of w4 and of the published pair at 41 tokens; profile:SET one set's
 #   policy    the TPU kernel's tiling policies A/B: w4 at 41 tokens, host loop, --kernel w4a16=pallas:fewest then
-#             pallas:steps, alternating twice (4 sweeps, --no-step-logits: speed only); fit_tpu.TILING_POLICIES
+#             pallas:steps, alternating twice (4 sweeps, --no-step-logits: speed only); fit_tpu.TILING_POLICIES;
+#             policy:A,B the same for policies A then B (e.g. policy:steps,fused)
 #   policy1   one sweep of w4 at 41 tokens, host loop, under the policy --kernel does not name (fewest, or steps
 #             when --kernel names no policy or fewest): the other side of the policy pair for a run under --kernel
 #   tiling    scripts/probes/w4_tiling_tpu.py --resident: every (bn, bk), both policies' tilings and the resident
@@ -58,7 +59,7 @@ done
 [[ $budget =~ ^[0-9]+$ ]] || { echo "error: --budget-s $budget: expected whole seconds, e.g. 570" >&2; exit 2; }
 [[ $loops =~ ^(host|device|both)$ ]] || { echo "error: --loops $loops: expected host, device or both" >&2; exit 2; }
 for step in "${steps[@]}"; do  # every step checked before any device time is spent
-  [[ $step =~ ^(sets41|sets3593|core|batch|profile|profile:[a-z0-9_,]+|policy|policy1|tiling|moe|[a-z0-9_,]+)$ && $step != -* ]] \
+  [[ $step =~ ^(sets41|sets3593|core|batch|profile|profile:[a-z0-9_,]+|policy|policy:[a-z]+,[a-z]+|policy1|tiling|moe|[a-z0-9_,]+)$ && $step != -* ]] \
     || { echo "error: bad step '$step' (expected a step of the header or a --quant set, e.g. w8)" >&2; exit 2; }
 done
 # run CMD...: the command, or with --dry-run its line
@@ -112,9 +113,10 @@ for step in "${steps[@]}"; do
     batch) for q in none w8 w4; do sweep "$(slug "$q")-b" 150 --quant "$q" --inputs 41 --batch 8,32,128 --decode-loop host; done ;;
     profile) for q in w4 ple4,int8_lm_head; do profile "$q"; done ;;
     profile:*) profile "${step#profile:}" ;;
-    policy) for round in 1 2; do  # first compile of each policy ~100 s; a repeat restores its programs
-              for pol in fewest steps; do
-                need=60; (( round == 1 )) && [[ $pol == steps ]] && need=110
+    policy|policy:*) pair=fewest,steps; [[ $step == policy:* ]] && pair=${step#policy:}
+            for round in 1 2; do  # first compile of each policy ~100 s; a repeat restores its programs
+              for pol in ${pair/,/ }; do
+                need=60; (( round == 1 )) && [[ $pol == "${pair#*,}" ]] && need=110
                 sweep "w4-$pol-$round" $need --quant w4 --inputs 41 --decode-loop host --kernel "w4a16=pallas:$pol" \
                   --no-step-logits
               done

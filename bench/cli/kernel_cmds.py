@@ -97,7 +97,8 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
 
 
 _POLICY_TEXT = {"fewest": "the fewest grid steps that fit",
-                "steps": "at least MIN_STEPS grid steps of blocks of at least MIN_BLOCK_BYTES, along N first"}
+                "steps": "at least MIN_STEPS grid steps of blocks of at least MIN_BLOCK_BYTES, along N first",
+                "fused": "steps, and each MLP's gate_up, GeGLU and down in one kernel call (mlp: values per step)"}
 
 
 def fit_rows(preset: str, capability: str, group: int, act: str, scale: str, tiling: str | None,

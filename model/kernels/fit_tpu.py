@@ -155,7 +155,9 @@ class TpuTiling:
     """One tiling of the TPU kernel: bm rows (the most per block), bn outputs and bk contraction values per grid
     step; `vpu_rows`: rows up to which a call takes the vector-unit variant (0: never); `vpu_cols`: at most
     `VPU_MAX_ROWS` rows, the last vpu_cols outputs of each bn block go through the vector unit while the matrix unit
-    takes the others (the hybrid form; 0: never). Hashable: a static field of
+    takes the others (the hybrid form; 0: never); `mlp` (on a gate_up leaf's tiling, the "fused" policy only): the
+    intermediate values per grid step of the fused MLP kernel (`model.kernels.w4_mlp_tpu`; 0: the MLP's two
+    products are two calls). Hashable: a static field of
     a quantized leaf (`model.quant.QuantArray.tiling`), where it also says that the leaf is stored in the TPU layout
     (`model.kernels.tpu_layout`). `text` is its manifest form, e.g. "tpu bm128 bn2048 bk1536"."""
 
@@ -164,11 +166,12 @@ class TpuTiling:
     bk: int
     vpu_rows: int = 0
     vpu_cols: int = 0
+    mlp: int = 0
 
     @property
     def text(self) -> str:
         return (f"tpu bm{self.bm} bn{self.bn} bk{self.bk}" + (f" vpu{self.vpu_rows}" if self.vpu_rows else "")
-                + (f" vc{self.vpu_cols}" if self.vpu_cols else ""))  # fmt: skip
+                + (f" vc{self.vpu_cols}" if self.vpu_cols else "") + (f" mlp{self.mlp}" if self.mlp else ""))  # fmt: skip
 
 
 def generation_of(device_kind: str) -> str | None:
@@ -334,6 +337,56 @@ def grid_steps(k: int, n: int, t: TpuTiling) -> int:
     return (n // t.bn) * (k // t.bk)
 
 
+MLP_BLOCKS = (2048,)
+"""Intermediate values per grid step (bf) the fused MLP kernel (`model.kernels.w4_mlp_tpu`) is planned with, largest
+first: bf / g scale rows of the down projection must be a multiple of `SCALE_ROWS` (16 at g 128), so 2048 is the
+smallest at the default group; at decode that is three blocks of about 1.5 MiB a step (gate, up, down)."""
+
+MLP_MAX_ROWS = 32
+"""The most activation rows the fused MLP kernel takes (one row block); a larger batch takes the two products (their
+intermediate [R, bf] float32 values and row blocks of 128 would not fit the budget beside three weight blocks)."""
+
+
+def need_mlp(d: int, bf: int, group: int, *, rows: int = MLP_MAX_ROWS, act_bytes: int = 2,
+             scale_bytes: int = 2) -> int:  # fmt: skip
+    """VMEM bytes of one grid step of the fused MLP kernel, double-buffered where Pallas pipelines: the gate, up and
+    down blocks of packed words (3 x d bf / 2) and their scales (2 d / g x bf + bf / g x d), the activations
+    [rows, d] and the float32 output [rows, d], plus the step's float32 gate and up values [rows, bf] (single)."""
+    words = 3 * d * bf // 2
+    scales = (2 * (d // group) * bf + (bf // group) * d) * scale_bytes
+    io = rows * d * (act_bytes + 4)
+    return 2 * (words + scales + io) + 2 * rows * bf * 4
+
+
+def mlp_block(d: int, f: int, group: int, limit: int | None = None) -> int:
+    """The fused MLP kernel's bf for hidden size `d` and MLP width `f` at w4 group `group`: the first of
+    `MLP_BLOCKS` that divides f, whose down scale rows are a multiple of `SCALE_ROWS`, with d / g groups at most
+    `MAX_GROUPS_PER_STEP` and `need_mlp` within `limit` (bytes; default `budget()`); 0 where none does (the MLP
+    then takes two kernel calls)."""
+    limit = budget() if limit is None else limit
+    if d % group or d // group > MAX_GROUPS_PER_STEP or group % 128:
+        return 0
+    for bf in MLP_BLOCKS:
+        if f % bf == 0 and bf % group == 0 and (bf // group) % SCALE_ROWS == 0 and need_mlp(d, bf, group) <= limit:
+            return bf
+    return 0
+
+
+def fuse_mlp(fits, limit: int):
+    """The "fused" policy's plan: each gate_up projection's tiling (`Fit`s of `plan_tpu`) given `mlp` = its
+    `mlp_block` where the down projection of the same width is tiled too (both leaves then in the TPU layout);
+    the other fits unchanged. Returns a tuple of `Fit`."""
+    downs = {f.projection.k for f in fits if f.fits and f.projection.field == "down_DF"}
+    out = []
+    for f in fits:
+        p = f.projection
+        if f.fits and p.field == "gate_up_DX" and p.n // 2 in downs:
+            bf = mlp_block(p.k, p.n // 2, p.group, limit)
+            f = dataclasses.replace(f, tiling=dataclasses.replace(f.tiling, mlp=bf)) if bf else f
+        out.append(f)
+    return tuple(out)
+
+
 def parse_policy(name: str | None) -> str:
     """A tiling policy's name (`TILING_POLICIES`) -> itself; None -> `DEFAULT_POLICY`. Raises ValueError naming
     the name and the expected ones."""
@@ -389,9 +442,11 @@ def choose_tpu(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: in
 
 def plan_tpu(projs, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
              tiling: TpuTiling | None = None, policy: str = DEFAULT_POLICY) -> tuple[Fit, ...]:  # fmt: skip
-    """`choose_tpu` for every projection."""
-    return tuple(choose_tpu(p, limit, act_bytes=act_bytes, scale_bytes=scale_bytes, tiling=tiling, policy=policy)
+    """`choose_tpu` for every projection; under the "fused" policy, each layer's MLP fused where it can be
+    (`fuse_mlp`)."""
+    fits = tuple(choose_tpu(p, limit, act_bytes=act_bytes, scale_bytes=scale_bytes, tiling=tiling, policy=policy)
                  for p in projs)  # fmt: skip
+    return fuse_mlp(fits, limit) if parse_policy(policy) == "fused" else fits
 
 
 def refusal_tpu(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) -> str:
@@ -407,7 +462,8 @@ def parse_tpu_tiling(text: str) -> TpuTiling:
     `vpu_cols` N). Raises ValueError
     naming the text and the expected form (bm a multiple of 16, vpu at most `VPU_MAX_ROWS`; whether it tiles a
     shape is `tiling_problem_tpu`'s)."""
-    fields = tiling_fields(text, keys=("bm", "bn", "bk", "vpu", "vc"), required=("bm", "bn", "bk"), zero_ok=("vpu", "vc"),
+    fields = tiling_fields(text, keys=("bm", "bn", "bk", "vpu", "vc", "mlp"), required=("bm", "bn", "bk"),
+                           zero_ok=("vpu", "vc", "mlp"),
                            skip=("tpu",), expected="expected e.g. 'tpu bm16 bn2048 bk1536' (bm, bn, bk; vpuN optional)",
                            needs="needs bm, bn and bk, e.g. 'tpu bm16 bn2048 bk1536'")  # fmt: skip
     names = {"vpu": "vpu_rows", "vc": "vpu_cols"}

@@ -108,6 +108,13 @@ def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, groups: int):
     float32 (resident across the K axis of the grid). Per group: f = 1 + (q + 8) / 16 exactly, so q = 16 f - 24 and
     x . q = 16 (x . f) - 24 sum(x); the product x . f on the matrix unit, the correction from the row sums."""
     _zero_at_first_k_step(o_ref)
+    o_ref[...] += grouped_product(x_ref, w_ref, s_ref, group=group, groups=groups)
+
+
+def grouped_product(x_ref, w_ref, s_ref, *, group: int, groups: int) -> jax.Array:
+    """The body of `_kernel` without its accumulator: x_ref [bm, groups g] (a ref or an array in VMEM), w_ref
+    [groups g / 8, bn] int32 and s_ref [groups, bn] (refs) -> float32 [bm, bn], x times the block's dequantized
+    values. Shared with the fused MLP kernel (`model.kernels.w4_mlp_tpu`)."""
     rows = group // PLANES
     s = s_ref[...].astype(jnp.float32)
     acc = None
@@ -119,7 +126,7 @@ def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, groups: int):
         c = jnp.sum(x.astype(jnp.float32), axis=1, keepdims=True)
         part = (d * 16.0 - c * (16.0 + OFFSET)) * s[i : i + 1, :]
         acc = part if acc is None else acc + part
-    o_ref[...] += acc
+    return acc
 
 
 def _kernel_vpu(xt_ref, w_ref, s_ref, o_ref, *, group: int, groups: int, rows: int):

@@ -1,0 +1,91 @@
+"""The fused `w4` MLP kernel for the TPU (issue 43; `model.kernels.w4_mlp_tpu`, the "fused" tiling policy): on CPU
+it equals the MLP's two kernel products in interpret mode, the plan sets it on E2B's gate_up tilings only under
+"fused", the layer takes it through `model.ops.geglu_mlp`, and it lowers for the TPU at E2B's shapes (jax.export;
+Mosaic's own compile needs a TPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model.config import PRESETS
+from model.kernels import fit, fit_tpu
+from model.kernels.fit_tpu import TpuTiling
+from model.kernels.tpu_layout import to_tpu
+from model.kernels.w4_mlp_tpu import MLP_KERNEL_NAME, w4_mlp_tpu
+from model.ops import geglu_mlp
+from model.quant import QuantArray, quantize_channels
+
+LIMIT = fit_tpu.budget(fit_tpu.vmem_capacity("v5e"))
+G = 128
+
+
+def _leaf(w: np.ndarray, axis: int, tiling: TpuTiling) -> QuantArray:
+    """A w4 leaf of `w` grouped along `axis`, stored in the TPU layout with `tiling`."""
+    q = quantize_channels(w, 4, axis, G)
+    words, scales = to_tpu(q.values, q.scales, tuple(q.shape), axis, G)
+    return dataclasses.replace(q, values=words, scales=scales, tiling=tiling)
+
+
+def _mlp(d: int, f: int, bf: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    gate_up = rng.standard_normal((d, 2 * f)).astype(np.float32) / np.sqrt(d)
+    down = rng.standard_normal((d, f)).astype(np.float32) / np.sqrt(f)
+    t_gu = TpuTiling(bm=128, bn=bf, bk=d, mlp=bf)
+    t_dn = TpuTiling(bm=128, bn=d, bk=bf)
+    return _leaf(gate_up, 0, t_gu), _leaf(down, 1, t_dn), rng
+
+
+@pytest.mark.parametrize("rows,dtype,tol", [(1, jnp.float32, 1e-5), (3, jnp.float32, 1e-5), (2, jnp.bfloat16, 2e-2)])
+def test_the_fused_mlp_equals_its_two_products(rows: int, dtype, tol: float) -> None:
+    """Interpret mode, D 256, F 4096 (two grid steps of bf 2048): the fused call against the unfused path (the same
+    leaves with `mlp` 0: two W4A16 kernel calls and XLA's GeGLU between them)."""
+    gu, dn, rng = _mlp(256, 4096, 2048)
+    x = jnp.asarray(rng.standard_normal((1, rows, 256)), dtype)
+    fused = geglu_mlp(x, gu, dn)
+    plain = geglu_mlp(x, dataclasses.replace(gu, tiling=dataclasses.replace(gu.tiling, mlp=0)), dn)
+    assert fused.shape == plain.shape == x.shape and fused.dtype == x.dtype
+    f64, p64 = np.asarray(fused, np.float64), np.asarray(plain, np.float64)
+    assert np.max(np.abs(f64 - p64)) <= tol * np.max(np.abs(p64)), np.max(np.abs(f64 - p64))
+    assert MLP_KERNEL_NAME in str(jax.make_jaxpr(lambda a: geglu_mlp(a, gu, dn))(x))
+
+
+def test_more_rows_than_the_fused_kernel_takes_go_to_the_two_products() -> None:
+    gu, dn, rng = _mlp(256, 2048, 2048)
+    x = jnp.asarray(rng.standard_normal((1, fit_tpu.MLP_MAX_ROWS + 1, 256)), jnp.float32)
+    assert MLP_KERNEL_NAME not in str(jax.make_jaxpr(lambda a: geglu_mlp(a, gu, dn))(x))
+    with pytest.raises(ValueError, match="expected 1..32 rows"):
+        w4_mlp_tpu(x[0], gu.values, gu.scales, dn.values, dn.scales, d=256, f=2048, group=G, bf=2048, interpret=True)
+
+
+def test_the_fused_policy_plans_e2b_mlps_and_only_it() -> None:
+    projs = fit.projections(PRESETS["e2b"], G)
+    for policy in ("steps", "fewest"):
+        assert all(f.tiling.mlp == 0 for f in fit_tpu.plan_tpu(projs, LIMIT, policy=policy) if f.fits)
+    fused = fit_tpu.plan_tpu(projs, LIMIT, policy="fused")
+    steps = fit_tpu.plan_tpu(projs, LIMIT, policy="steps")
+    for a, b in zip(fused, steps, strict=True):
+        if a.projection.field == "gate_up_DX":
+            assert a.tiling == dataclasses.replace(b.tiling, mlp=2048) and " mlp2048" in a.tiling.text
+        else:
+            assert a.tiling == b.tiling
+    assert fit_tpu.mlp_block(1536, 6144, G) == 2048 and fit_tpu.mlp_block(2816, 2112, G) == 0  # 26B-A4B: no bf
+    assert fit_tpu.need_mlp(1536, 2048, G) <= LIMIT < fit_tpu.need_mlp(1536, 2048, G, rows=128) + LIMIT
+    assert fit_tpu.mlp_block(1536, 6144, G, limit=fit_tpu.need_mlp(1536, 2048, G) - 1) == 0
+    assert fit_tpu.parse_tpu_tiling("tpu bm128 bn2048 bk1536 mlp2048").mlp == 2048
+    assert fit.parse_kernel("w4a16=pallas:fused") == "pallas:fused"
+
+
+@pytest.mark.parametrize("f", [6144, 12288])
+def test_the_fused_mlp_lowers_for_the_tpu_at_e2b_shapes(f: int) -> None:
+    d = 1536
+    fn = jax.jit(lambda x, a, b, c, e: w4_mlp_tpu(x, a, b, c, e, d=d, f=f, group=G, bf=2048))
+    args = (jax.ShapeDtypeStruct((1, d), jnp.bfloat16), jax.ShapeDtypeStruct((d // 8, 2 * f), jnp.int32),
+            jax.ShapeDtypeStruct((d // G, 2 * f), jnp.bfloat16), jax.ShapeDtypeStruct((f // 8, d), jnp.int32),
+            jax.ShapeDtypeStruct((f // G, d), jnp.bfloat16))  # fmt: skip
+    text = jax.export.export(fn, platforms=["tpu"])(*args).mlir_module()
+    assert "tpu_custom_call" in text and MLP_KERNEL_NAME in text
