@@ -233,3 +233,19 @@ def test_the_whole_forward_with_the_tpu_plan_equals_the_natural_one():
     full = jax.jit(forward_full, static_argnums=1)
     got, want = full(tiled, CFG, ids), full(natural, CFG, ids)
     assert float(jnp.max(jnp.abs(got - want))) <= 1e-5 * float(jnp.max(jnp.abs(want)))
+
+
+def test_the_placed_tree_has_the_bytes_the_accounting_gives_a_tpu():
+    """The parameters as the stand-in TPU plan places them (experts' K = 192 padded to 256) hold exactly
+    `model.accounting`'s bytes in the TPU layout, more than in the natural layout (which the CPU tree holds)."""
+    from model.accounting import NATURAL, TPU_LAYOUT, weight_bytes
+    from model.quant import tree_bytes
+
+    params = jax.tree_util.tree_map(jnp.asarray, init_params(CFG, 0))
+    spec = parse_quant("w4")
+    natural = quantize_params(params, spec, platform="cpu")
+    tiled = with_tilings(quantize_params(params, spec, platform="tpu"), _plan(CFG))
+    size = params.embed_VD.dtype.itemsize
+    pad = CFG.num_layers * CFG.num_experts * CFG.hidden_size * (256 - 192) // 2
+    assert tree_bytes(natural) == weight_bytes(CFG, size, quant=spec, layout=NATURAL)
+    assert tree_bytes(tiled) == weight_bytes(CFG, size, quant=spec, layout=TPU_LAYOUT) == tree_bytes(natural) + pad
