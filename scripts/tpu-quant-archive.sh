@@ -62,7 +62,7 @@ done
 [[ $budget =~ ^[0-9]+$ ]] || { echo "error: --budget-s $budget: expected whole seconds, e.g. 570" >&2; exit 2; }
 [[ $loops =~ ^(host|device|both)$ ]] || { echo "error: --loops $loops: expected host, device or both" >&2; exit 2; }
 for step in "${steps[@]}"; do  # every step checked before any device time is spent
-  [[ $step =~ ^(sets41|sets3593|core|batch|profile|profile:[a-z0-9_,]+|policy|policy1|tiling|moe|family|[a-z0-9_,]+)$ && $step != -* ]] \
+  [[ $step =~ ^(sets41|sets3593|core|batch|profile|profile:[a-z0-9_,]+|policy|policy1|tiling|moe|[a-z0-9_,]+)$ && $step != -* ]] \
     || { echo "error: bad step '$step' (expected a step of the header or a --quant set, e.g. w8)" >&2; exit 2; }
 done
 # run CMD...: the command, or with --dry-run its line
