@@ -20,6 +20,13 @@ shapes) plus their scales at the scale itemsize; `int8_lm_head` adds a separate 
 the tied table (the input embedding keeps its dtype for the lookup). The same per-leaf arithmetic gives the bytes
 one decode step reads. `model.quant.tree_bytes` counts the quantized arrays themselves; the tests check the two
 agree for every option set.
+
+As placed on a target (`placement_layout`): the leaves take the same bytes on every platform (`NATURAL`), except
+on a TPU whose w4 products go through the Pallas kernel (`TPU_LAYOUT`), where an expert leaf whose contraction
+length is not a whole number of w4 groups is stored with its last group filled up with zeros
+(`placed_shape`: 26B-A4B's expert down projection, K = 704 -> 768, 346,030,080 bytes more over its 30 layers).
+`leaf_bytes` is the one place that counts it; the inspector's fit table and the sweep's fit check both take it
+from there (docs/devices/tpu.md, "Which models fit one chip").
 """
 
 from __future__ import annotations
@@ -28,7 +35,17 @@ import dataclasses
 import math
 
 from model.config import ModelConfig
-from model.quantspec import LM_HEAD, NO_QUANT, PLE_GROUP, QuantSpec, leaf_layout, quantized_bytes
+from model.kernels.fit_tpu import placed_expert_k
+from model.quantspec import (
+    EXPERT_PROJECTIONS,
+    LM_HEAD,
+    NO_QUANT,
+    PLE_GROUP,
+    QuantSpec,
+    leaf_layout,
+    packed_value_bytes,
+    quantized_bytes,
+)
 
 Shape = tuple[int, ...]
 
@@ -315,12 +332,13 @@ class ComponentBytes:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WeightBytes:
     """Weight bytes of a config by component (`COMPONENTS` order) at one body itemsize, scale itemsize and
-    quantization (`quant`: `QuantSpec.canonical`)."""
+    quantization (`quant`: `QuantSpec.canonical`), as placed in `layout` (`LAYOUTS`)."""
 
     components: tuple[ComponentBytes, ...]
     itemsize: int
     scale_itemsize: int
     quant: str
+    layout: str = "natural"
 
     @property
     def params(self) -> int:
@@ -343,18 +361,66 @@ class WeightBytes:
         return sum(c.decode_bytes for c in self.components)
 
 
-def leaf_bytes(field: str, shape: Shape, itemsize: int, scale_itemsize: int, quant: QuantSpec) -> tuple[int, int]:
-    """(bytes, scales) of one leaf `field` of `shape` (the whole leaf, or a part of it: a shard, some experts):
-    dense at `itemsize`, or its `leaf_layout` packed with its scales of `scale_itemsize` bytes."""
-    layout = leaf_layout(field, shape, quant)
-    if layout is None:
+NATURAL = "natural"
+"""`placement_layout`: the leaves as `model.quantspec.leaf_layout` stores them, the same bytes on every platform."""
+TPU_LAYOUT = "tpu"
+"""`placement_layout`: a TPU whose w4 products go through the Pallas kernel: the experts in the batched TPU layout
+(`placed_shape`)."""
+LAYOUTS = (NATURAL, TPU_LAYOUT)
+
+
+def placement_layout(platform: str | None, quant: QuantSpec, kernel: str | None = None) -> str:
+    """The layout (`LAYOUTS`) the leaves take on `platform` (a jax backend name, "cpu", "gpu", "tpu"; None: no
+    platform in particular) under `quant` and the `--kernel` choice `kernel` (None, "pallas", "pallas:POLICY" or
+    "xla", the text after "w4a16="): `TPU_LAYOUT` on a TPU with w4 weights and any kernel choice but xla (the
+    Pallas kernel is the default there: `model.kernels.choice.decide_mode`), else `NATURAL`."""
+    xla = kernel is not None and kernel.split(":")[0] == "xla"
+    return TPU_LAYOUT if platform == "tpu" and quant.layer_bits == 4 and not xla else NATURAL
+
+
+def placed_shape(field: str, shape: Shape, quant: QuantSpec, layout: str = NATURAL) -> Shape:
+    """The logical shape leaf `field` of `shape` (a whole leaf or a part of it) takes as placed in `layout`:
+    `shape`, except a w4 expert leaf (`model.quantspec.EXPERT_PROJECTIONS`) in `TPU_LAYOUT`, whose contraction
+    axis is K rounded up to whole w4 groups where the expert kernel tiles it (`model.kernels.fit_tpu.
+    placed_expert_k`; the batched TPU layout, `model.kernels.tpu_layout.to_tpu_experts`, stores the padding as
+    zero values). Its scales do not change: the short last group already had its own. Raises ValueError for an
+    unknown layout."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"placement layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    if layout != TPU_LAYOUT or field not in EXPERT_PROJECTIONS or quant.layer_bits != 4:
+        return shape
+    (axis,) = EXPERT_PROJECTIONS[field]
+    spec = leaf_layout(field, shape, quant)
+    assert spec is not None and len(shape) == 3, (field, shape)
+    k = placed_expert_k(shape[axis], shape[3 - axis], spec.block[axis])
+    return tuple(k if i == axis else n for i, n in enumerate(shape))
+
+
+def leaf_bytes(field: str, shape: Shape, itemsize: int, scale_itemsize: int, quant: QuantSpec,
+               layout: str = NATURAL) -> tuple[int, int]:  # fmt: skip
+    """(bytes, scales) of one leaf `field` of `shape` (the whole leaf, or a part of it: a shard, some experts) as
+    placed in `layout` (`LAYOUTS`): dense at `itemsize`, or its `leaf_layout` packed with its scales of
+    `scale_itemsize` bytes, plus the value bytes of the padding `placed_shape` adds. The one place the bytes of a
+    leaf as placed are counted (`weight_bytes_by_component`, `model.placement.device_share`)."""
+    spec = leaf_layout(field, shape, quant)
+    if spec is None:
         return math.prod(shape) * itemsize, 0
-    return quantized_bytes(shape, layout, scale_itemsize)
+    stored, scales = quantized_bytes(shape, spec, scale_itemsize)
+    placed = placed_shape(field, shape, quant, layout)
+    if placed != shape:
+        stored += packed_value_bytes(placed, spec.bits, spec.words) - packed_value_bytes(shape, spec.bits, spec.words)
+    return stored, scales
 
 
-def _note(name: str, cfg: ModelConfig, quant: QuantSpec, experts_read: int = 0) -> str:
-    """How component `name` is stored under `quant` (and for the experts, how many a step reads), in words."""
+def _note(name: str, cfg: ModelConfig, quant: QuantSpec, experts_read: int = 0, layout: str = NATURAL) -> str:
+    """How component `name` is stored under `quant` in `layout` (and for the experts, how many a step reads), in
+    words."""
     note = _stored_as(name, cfg, quant, experts_read)
+    if name == EXPERTS and layout == TPU_LAYOUT:
+        padded = [(s[EXPERT_PROJECTIONS[f][0]], p[EXPERT_PROJECTIONS[f][0]]) for f, s in expert_shapes(cfg).items()
+                  if f in EXPERT_PROJECTIONS and s is not None
+                  and (p := placed_shape(f, s, quant, layout)) != s]  # fmt: skip
+        note += "; in the TPU kernel's layout" + "".join(f", K {k} padded to {kp}" for k, kp in padded)
     return f"{note}; no V projection on full layers (K = V)" if name == "layers" and cfg.attention_k_eq_v else note
 
 
@@ -377,7 +443,8 @@ def _stored_as(name: str, cfg: ModelConfig, quant: QuantSpec, experts_read: int)
 
 
 def weight_bytes_by_component(cfg: ModelConfig, itemsize: int, *, scale_itemsize: int = 2,
-                              quant: QuantSpec = NO_QUANT, experts: int | None = None) -> WeightBytes:  # fmt: skip
+                              quant: QuantSpec = NO_QUANT, experts: int | None = None,
+                              layout: str = NATURAL) -> WeightBytes:  # fmt: skip
     """`WeightBytes` of `cfg` with dense leaves at `itemsize` bytes per scalar, quantized leaves
     (`model.quantspec.leaf_layout`) at their packed size plus scales of `scale_itemsize` bytes.
 
@@ -386,14 +453,16 @@ def weight_bytes_by_component(cfg: ModelConfig, itemsize: int, *, scale_itemsize
     at `itemsize`), `experts` of the E slices of each expert leaf (`check_experts_read`: default the router's
     top_k; the scale blocks of an expert leaf never span two experts, so a slice's bytes are exact), and every
     other leaf whole. E2B at bfloat16 with 16-bit scales: 9,257,138,758 bytes dense, 6,155,450,950 with
-    `ple4,int8_lm_head` (the published runs' figure). Raises ValueError for an expert count out of range.
+    `ple4,int8_lm_head` (the published runs' figure). Every leaf as placed in `layout` (`leaf_bytes`,
+    `placement_layout`: on a TPU with the w4 kernel, 26B-A4B `w4` takes 14,480,619,580 bytes, 346,030,080 more
+    than its 14,134,589,500 elsewhere). Raises ValueError for an expert count out of range or an unknown layout.
     """
     n_read = check_experts_read(cfg, experts)
     acc = {name: [0, 0, 0, 0] for name in components_of(cfg)}  # params, scales, bytes, decode bytes
 
     def add(name: str, field: str, shape: Shape, *, params: bool = True, read: Shape | None = None) -> None:
-        stored, scales = leaf_bytes(field, shape, itemsize, scale_itemsize, quant)
-        read_bytes = stored if read is None else leaf_bytes(field, read, itemsize, scale_itemsize, quant)[0]
+        stored, scales = leaf_bytes(field, shape, itemsize, scale_itemsize, quant, layout)
+        read_bytes = stored if read is None else leaf_bytes(field, read, itemsize, scale_itemsize, quant, layout)[0]
         for k, v in enumerate((math.prod(shape) if params else 0, scales, stored, read_bytes)):
             acc[name][k] += v
 
@@ -412,14 +481,17 @@ def weight_bytes_by_component(cfg: ModelConfig, itemsize: int, *, scale_itemsize
         add("LM head", LM_HEAD, head, params=False)
     else:
         acc["LM head"][3] += math.prod(head) * itemsize  # the tied table, read whole
-    parts = tuple(ComponentBytes(name=n, params=p, scales=s, bytes=b, decode_bytes=r, note=_note(n, cfg, quant, n_read))
+    parts = tuple(ComponentBytes(name=n, params=p, scales=s, bytes=b, decode_bytes=r,
+                                 note=_note(n, cfg, quant, n_read, layout))
                   for n, (p, s, b, r) in acc.items())  # fmt: skip
-    return WeightBytes(components=parts, itemsize=itemsize, scale_itemsize=scale_itemsize, quant=quant.canonical)
+    return WeightBytes(components=parts, itemsize=itemsize, scale_itemsize=scale_itemsize, quant=quant.canonical,
+                       layout=layout)  # fmt: skip
 
 
-def weight_bytes(cfg: ModelConfig, itemsize: int, *, scale_itemsize: int = 2, quant: QuantSpec = NO_QUANT) -> int:
-    """The weight-bytes gauge of `cfg`: `weight_bytes_by_component(...).bytes`."""
-    return weight_bytes_by_component(cfg, itemsize, scale_itemsize=scale_itemsize, quant=quant).bytes
+def weight_bytes(cfg: ModelConfig, itemsize: int, *, scale_itemsize: int = 2, quant: QuantSpec = NO_QUANT,
+                 layout: str = NATURAL) -> int:  # fmt: skip
+    """The weight-bytes gauge of `cfg` as placed in `layout`: `weight_bytes_by_component(...).bytes`."""
+    return weight_bytes_by_component(cfg, itemsize, scale_itemsize=scale_itemsize, quant=quant, layout=layout).bytes
 
 
 # ---- the KV cache ---------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 from model.accounting import (
     EXPERT_LEAVES,
+    NATURAL,
     check_experts_read,
     compute_layer_shapes,
     global_shapes,
@@ -259,14 +260,16 @@ def _tp_layer_shape(cfg: ModelConfig, i: int, field: str, shape: Shape, tp: int)
 
 def device_share(cfg: ModelConfig, mesh: Mesh, *, itemsize: int, context: int, batch: int = 1,
                  scale_itemsize: int = 2, quant: QuantSpec = NO_QUANT, kv_itemsize: int | None = None,
-                 act_itemsize: int | None = None, experts: int | None = None) -> DeviceShare:  # fmt: skip
+                 act_itemsize: int | None = None, experts: int | None = None,
+                 layout: str = NATURAL) -> DeviceShare:  # fmt: skip
     """`DeviceShare` of one device of `mesh` (checked first: `check_mesh`) for `cfg` with dense leaves at `itemsize`
     bytes, quantized ones packed with scales of `scale_itemsize` (`model.accounting.leaf_bytes` on each shard),
     a KV cache of `context` positions per row at `kv_itemsize` (default `itemsize`), `batch` rows, activations of
     `act_itemsize` bytes (default `itemsize`) in the collectives, and `experts` experts per layer read in a step
-    (`model.accounting.check_experts_read`: default top_k). On one device its bytes equal
-    `model.accounting.weight_bytes_by_component`'s. Raises ValueError for a mesh that does not divide the model or
-    an expert count out of range."""
+    (`model.accounting.check_experts_read`: default top_k), every leaf as placed in `layout`
+    (`model.accounting.placement_layout`). On one device its bytes equal
+    `model.accounting.weight_bytes_by_component`'s. Raises ValueError for a mesh that does not divide the model,
+    an expert count out of range or an unknown layout."""
     check_mesh(cfg, mesh)
     n_read = check_experts_read(cfg, experts)
     tp, ep = mesh.tp, mesh.ep
@@ -276,9 +279,10 @@ def device_share(cfg: ModelConfig, mesh: Mesh, *, itemsize: int, context: int, b
 
     def add(field: str, shape: Shape, read_shape: Shape | None = None, *, whole: bool = False) -> None:
         nonlocal held, read, repl
-        stored = leaf_bytes(field, shape, itemsize, scale_itemsize, quant)[0]
+        stored = leaf_bytes(field, shape, itemsize, scale_itemsize, quant, layout)[0]
         held += stored
-        read += stored if read_shape is None else leaf_bytes(field, read_shape, itemsize, scale_itemsize, quant)[0]
+        read += (stored if read_shape is None else
+                 leaf_bytes(field, read_shape, itemsize, scale_itemsize, quant, layout)[0])  # fmt: skip
         if whole and mesh.size > 1:
             repl += stored
             repl_names.add(field)
@@ -305,7 +309,7 @@ def device_share(cfg: ModelConfig, mesh: Mesh, *, itemsize: int, context: int, b
                 part = _tp_layer_shape(cfg, i, field, shape, tp) if tp > 1 else (shape[0] // ep, *shape[1:])
                 add(field, part, (per_device, *part[1:]))
                 if i == 0:
-                    slice_bytes += leaf_bytes(field, (1, *part[1:]), itemsize, scale_itemsize, quant)[0]
+                    slice_bytes += leaf_bytes(field, (1, *part[1:]), itemsize, scale_itemsize, quant, layout)[0]
                 continue
             part = _tp_layer_shape(cfg, i, field, shape, tp) if tp > 1 else None
             add(field, part or shape, whole=part is None)

@@ -20,6 +20,10 @@
 #             $runs/probes/ (so in the pack) and in $OUT
 #   moe       scripts/probes/moe_w4_tpu.py: 26B-A4B's w4 experts through the expert kernel against the XLA routes at
 #             1, 8 and 32 tokens (at most 150 s; skipped under 60 s); its results.json lands in $runs/probes/moe
+#   family    issue 45: 26B-A4B (--checkpoint random:26b-a4b) with w4 at 41 tokens, host loop (w4 is the lightest set
+#             the fit check takes on the v5e: 14.481 GB of weights as placed + 0.029 GB of KV of 15.218 usable;
+#             w4,int8_lm_head places 15.219 GB, refused), then E4B (random:e4b) none and w8 at 41 tokens, host loop,
+#             each when the budget holds (26B-A4B first: about 240 s with its draw and compiles, a guess)
 #   SET       one set's sweep at 41 tokens (--loops), e.g. w8 or w4,ple4,int8_lm_head
 # --kernel SPEC is passed to every sweep and profile of a set with w4 (e.g. w4a16=pallas:steps), but not to the
 # policy steps' sweeps, which name their own.
@@ -83,7 +87,7 @@ sweep() {
   for a in "$@"; do [[ $q == next ]] && q=$a; [[ $a == --quant ]] && q=next; done
   [[ $q == *w4* && " $* " != *" --kernel "* ]] && set -- "${kopt[@]}" "$@"  # --kernel only where w4 is
   if (( t < need )); then echo "skip $name: $t s left, needs about $need s"; return; fi
-  run timeout $(( t - 10 )) python3 -m bench sweep --checkpoint random:e2b --repeats 3 --max-new-tokens 64 \
+  run timeout $(( t - 10 )) python3 -m bench sweep --checkpoint "${ckpt:-random:e2b}" --repeats 3 --max-new-tokens 64 \
     --runs-dir "$runs" --name "tpu-quant-$name" --compile-cache "$PWD/.xla-cache" "$@" > "$logs/sweep-$name.log" 2>&1
   local rc=$?
   (( dry )) && { cat "$logs/sweep-$name.log"; return; }
@@ -123,6 +127,8 @@ for step in "${steps[@]}"; do
             done ;;
     policy1) other=fewest; [[ ${kopt[1]:-} == *:fewest || ${kopt[1]:-} != *:* ]] && other=steps
              sweep "w4-$other-1" 90 --quant w4 --inputs 41 --decode-loop host --kernel "w4a16=pallas:$other" --no-step-logits ;;
+    family) ckpt=random:26b-a4b sweep 26b-a4b-w4-41 240 --quant w4 --inputs 41 --decode-loop host
+            for q in none w8; do ckpt=random:e4b sweep "e4b-$q-41" 110 --quant "$q" --inputs 41 --decode-loop host; done ;;
     moe) t=$(left); t=$(( t - 15 < 150 ? t - 15 : 150 ))
          if (( t < 60 )); then echo "skip moe: $t s left for the probe, needs at least 60 s"; continue; fi
          mkdir -p "$runs/probes/moe"

@@ -126,8 +126,9 @@ def test_the_31b_prediction_on_four_v5e(capsys):
 def test_the_26b_a4b_expert_parallel_prediction_states_its_routing(capsys):
     r = _inspect(["--preset", "26b-a4b", "--quant", "w4", "--mesh", "ep=4", "--device", "tpu-v5e"], capsys)
     assert r.returncode == 0, r.stderr
-    share = device_share(G26B_A4B, parse_mesh("ep=4"), itemsize=2, context=8192, quant=parse_quant("w4"))
-    one = device_share(G26B_A4B, ONE_DEVICE, itemsize=2, context=8192, quant=parse_quant("w4"))
+    on_tpu = dict(itemsize=2, context=8192, quant=parse_quant("w4"), layout="tpu")  # a TPU's w4 experts, padded
+    share = device_share(G26B_A4B, parse_mesh("ep=4"), **on_tpu)
+    one = device_share(G26B_A4B, ONE_DEVICE, **on_tpu)
     # balanced: 2 of the 8 routed experts per device; worst case all 8 on one device: one device's weight reads
     assert (share.experts_read, share.experts_worst) == (2, 8)
     assert share.worst_decode_weight_bytes == one.decode_weight_bytes
@@ -187,6 +188,28 @@ def test_a_sweep_that_does_not_fit_is_refused_before_loading():
         check_sweep_fits(SMALL, cells, 8, dtype="float32", capacity=(10_000, "of test memory"))
     assert check_sweep_fits(SMALL, [(41, 1)], 8, dtype="float32", capacity=(10**9, "of test memory")).fits
     assert check_sweep_fits(None, cells, 8) is None  # a repo id: the engine checks after loading
+
+
+def test_on_a_tpu_the_sweep_and_the_inspector_count_the_experts_padding(capsys):
+    """26B-A4B `w4,int8_lm_head` on the v5e: 14.873 GB of weights in the natural layout fit beside 41 tokens' cache,
+    15.219 GB as the TPU kernel places them (down's K 704 padded to 768) do not fit at all; both checks say so."""
+    v5e = (device_named("tpu-v5e").capacity, "of tpu memory (bytes_limit)")
+    kw = dict(capacity=v5e, quant="w4,int8_lm_head", dtype="bfloat16")
+    assert check_sweep_fits(G26B_A4B, [(41, 1)], 64, platform="cpu", **kw).fits
+    assert check_sweep_fits(G26B_A4B, [(41, 1)], 64, platform="tpu", kernel="xla", **kw).fits  # natural layout
+    with pytest.raises(EngineError, match=r"experts in the TPU kernel's layout\) needs 15\.219 GB weights .*"
+                                          r"not even one row fits"):
+        check_sweep_fits(G26B_A4B, [(41, 1)], 64, platform="tpu", **kw)
+    r = _inspect(["--preset", "26b-a4b", "--quant", "w4,int8_lm_head", "--device", "tpu-v5e", "--json"], capsys)
+    data = json.loads(r.stdout)
+    (fit,) = data["fit"]
+    assert data["layout"] == fit["layout"] == "tpu" and data["total"]["bytes"] == fit["weight_bytes"] == 15_219_341_372
+    assert not fit["fits"] and fit["largest_batch"] == 0
+    r = _inspect(["--preset", "26b-a4b", "--quant", "w4", "--json"], capsys)
+    fits = {f["device"]: f for f in json.loads(r.stdout)["fit"]}
+    assert fits["tpu-v5e"]["weight_bytes"] - fits["h100"]["weight_bytes"] == 346_030_080
+    r = _inspect(["--preset", "26b-a4b", "--quant", "w4"], capsys)
+    assert "weight bytes as placed on tpu-v5e, tpu-v6e, tpu-v5p: 14,480,619,580 (+346,030,080" in r.stdout
 
 
 @pytest.mark.parametrize("run,quant", [("2026-12-07-tpu-e2b-dense-tpuv5e", "none"),

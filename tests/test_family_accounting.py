@@ -93,3 +93,31 @@ def test_e2b_is_unchanged():
 def test_expert_fields_are_checked_together(fields):
     with pytest.raises(ConfigError, match="num_experts"):
         dataclasses.replace(TINY, **fields)
+
+
+# ---- the bytes as placed on a TPU (the expert kernel's layout pads K to whole groups) ------------------------------
+def test_a_tpu_places_26b_a4b_w4_experts_with_their_padding():
+    from model.accounting import NATURAL, TPU_LAYOUT, placed_shape, placement_layout
+
+    w4 = parse_quant("w4")
+    natural = weight_bytes_by_component(G26B_A4B, 2, quant=w4)
+    tpu = weight_bytes_by_component(G26B_A4B, 2, quant=w4, layout=TPU_LAYOUT)
+    # down [E, D, I] contracts I = 704 = 5.5 groups of 128: 768 in the kernel's layout, 64 more int4 values per row
+    pad = 30 * 128 * 2816 * (768 - 704) // 2
+    assert pad == 346_030_080 and tpu.bytes - natural.bytes == pad and tpu.scales == natural.scales
+    assert (natural.bytes, tpu.bytes) == (14_134_589_500, 14_480_619_580)
+    assert {c.name for c, d in zip(natural.components, tpu.components, strict=True) if c.bytes != d.bytes} == {EXPERTS}
+    assert tpu.decode_bytes - natural.decode_bytes == 30 * 8 * 2816 * 64 // 2  # the 8 experts a step reads
+    assert placed_shape("experts_down_EDF", (128, 2816, 704), w4, TPU_LAYOUT) == (128, 2816, 768)
+    assert placed_shape("experts_gate_up_EDX", (128, 2816, 1408), w4, TPU_LAYOUT) == (128, 2816, 1408)  # 22 groups
+    assert "K 704 padded to 768" in next(c.note for c in tpu.components if c.name == EXPERTS)
+    # only w4 on a TPU through the Pallas kernel takes that layout
+    assert placement_layout("tpu", w4) == placement_layout("tpu", w4, "pallas:fewest") == TPU_LAYOUT
+    assert placement_layout("tpu", w4, "xla") == placement_layout("gpu", w4) == NATURAL
+    assert placement_layout("tpu", parse_quant("w8")) == placement_layout("tpu", parse_quant(None)) == NATURAL
+    for quant in ("w8", "none", "int8_lm_head"):  # no padding where the experts are not w4
+        q = parse_quant(quant)
+        assert weight_bytes_by_component(G26B_A4B, 2, quant=q, layout=TPU_LAYOUT).bytes == \
+            weight_bytes_by_component(G26B_A4B, 2, quant=q).bytes
+    with pytest.raises(ValueError, match="placement layout 'gpu'"):
+        weight_bytes_by_component(G26B_A4B, 2, quant=w4, layout="gpu")

@@ -233,3 +233,51 @@ def test_the_whole_forward_with_the_tpu_plan_equals_the_natural_one():
     full = jax.jit(forward_full, static_argnums=1)
     got, want = full(tiled, CFG, ids), full(natural, CFG, ids)
     assert float(jnp.max(jnp.abs(got - want))) <= 1e-5 * float(jnp.max(jnp.abs(want)))
+
+
+def test_the_placed_tree_has_the_bytes_the_accounting_gives_a_tpu():
+    """The parameters as the stand-in TPU plan places them (experts' K = 192 padded to 256) hold exactly
+    `model.accounting`'s bytes in the TPU layout, more than in the natural layout (which the CPU tree holds)."""
+    from model.accounting import NATURAL, TPU_LAYOUT, weight_bytes
+    from model.quant import tree_bytes
+
+    params = jax.tree_util.tree_map(jnp.asarray, init_params(CFG, 0))
+    spec = parse_quant("w4")
+    natural = quantize_params(params, spec, platform="cpu")
+    tiled = with_tilings(quantize_params(params, spec, platform="tpu"), _plan(CFG))
+    size = params.embed_VD.dtype.itemsize
+    pad = CFG.num_layers * CFG.num_experts * CFG.hidden_size * (256 - 192) // 2
+    assert tree_bytes(natural) == weight_bytes(CFG, size, quant=spec, layout=NATURAL)
+    assert tree_bytes(tiled) == weight_bytes(CFG, size, quant=spec, layout=TPU_LAYOUT) == tree_bytes(natural) + pad
+
+
+def test_bench_kernels_fit_lists_the_expert_projections_on_a_tpu(capsys):
+    """`bench kernels fit --device-capability tpu --preset 26b-a4b --quant w4`: the dense projections and the two
+    expert projections (one expert's product, K padded; the [E, K / 8, N] words), each with the tiling the engine's
+    plan picks, its grid steps and its VMEM bytes within the budget; no expert rows on a model without experts."""
+    import json
+
+    from conftest import assert_one_line_error, bench_captured
+
+    code, out, err = bench_captured(["kernels", "fit", "--device-capability", "tpu", "--preset", "26b-a4b", "--quant",
+                                     "w4", "--json"], capsys)  # fmt: skip
+    assert code == 0, err
+    rows = {r["projection"]: r for r in json.loads(out)["rows"]}
+    gu, dn = rows["experts_gate_up_EDX"], rows["experts_down_EDF"]
+    assert (gu["k"], gu["n"], gu["words"], gu["experts"]) == (2816, 1408, [128, 352, 1408], 128)
+    assert (dn["k"], dn["k_unpadded"], dn["n"], dn["words"]) == (768, 704, 2816, [128, 96, 2816])
+    plan = _plan(PRESETS["26b-a4b"])
+    for r, shape in ((gu, (128, 2816, 1408)), (dn, (128, 2816, 704))):
+        t = plan.tiling_of(r["projection"], shape)
+        assert r["fits"] and r["tiling"] == t.text and r["layers"] == 30
+        assert r["grid_steps"] == fit_tpu.grid_steps(r["k"], r["n"], t) and 0 < r["need"] <= r["limit"]
+    assert rows["qkv_DX"]["experts"] is None and rows["qkv_DX"]["words"] == [352, rows["qkv_DX"]["n"]]
+    code, out, _ = bench_captured(["kernels", "fit", "--device-capability", "tpu", "--preset", "26b-a4b", "--quant",
+                                   "w4"], capsys)  # fmt: skip
+    assert code == 0 and "768 (704 padded)" in out and "[128, 96, 2816]" in out and "expert rows:" in out
+    code, out, _ = bench_captured(["kernels", "fit", "--device-capability", "tpu", "--preset", "e2b", "--json"], capsys)
+    assert not any(r["experts"] for r in json.loads(out)["rows"])
+    code, out, err = bench_captured(["kernels", "fit", "--device-capability", "tpu", "--preset", "26b-a4b", "--quant",
+                                     "w8"], capsys)  # fmt: skip
+    assert_one_line_error(types.SimpleNamespace(returncode=code, stdout=out, stderr=err), "--quant w8", "no",
+                          "--quant w4")  # fmt: skip

@@ -192,6 +192,28 @@ def test_the_archive_script_parses_and_its_dry_run_lists_the_calls(tmp_path) -> 
         assert EngineConfig.from_options(quant="w4", kernel=text).kernel in ("pallas", "pallas:fewest")
 
 
+def test_the_archive_family_step_runs_26b_a4b_with_a_set_that_fits_the_v5e(tmp_path) -> None:
+    """Step `family`: 26B-A4B on dummy weights at 41 tokens, host loop, with a --quant set the sweep's fit check takes
+    on the v5e (weights as a TPU places them), then E4B none and w8."""
+    from bench.runs.devices import device_named
+    from bench.sweep.fit import check_sweep_fits
+    from model.config import PRESETS
+
+    proc = _archive("family", "--budget-s", "570", "--dry-run", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    sweeps = [line.split() for line in proc.stdout.splitlines() if line.startswith("+ timeout") and "bench sweep" in line]
+    got = [(a[a.index("--checkpoint") + 1], a[a.index("--quant") + 1], a[a.index("--inputs") + 1],
+            a[a.index("--decode-loop") + 1], a[a.index("--repeats") + 1]) for a in sweeps]  # fmt: skip
+    assert got == [("random:26b-a4b", "w4", "41", "host", "3"), ("random:e4b", "none", "41", "host", "3"),
+                   ("random:e4b", "w8", "41", "host", "3")]  # fmt: skip
+    v5e = (device_named("tpu-v5e").capacity, "of tpu memory")
+    max_new = int(sweeps[0][sweeps[0].index("--max-new-tokens") + 1])
+    for ckpt, quant, inputs, _, _ in got:
+        cfg = PRESETS[ckpt.removeprefix("random:")]
+        assert check_sweep_fits(cfg, [(int(inputs), 1)], max_new, dtype="bfloat16", quant=quant, capacity=v5e,
+                                platform="tpu").fits  # fmt: skip
+
+
 @pytest.mark.parametrize("args,needle", [(["W4!"], "bad step 'W4!'"), (["w4", "--budget-s", "soon"], "--budget-s soon"),
                                          (["w4", "--loops", "both2"], "--loops both2"), (["w4", "--fast"], "--fast"),
                                          ([], "usage")])  # fmt: skip

@@ -48,8 +48,12 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
     """`fit_rows` for a TPU (`capability` "tpu" or "tpu-GEN"): the Mosaic TPU kernel's tiling per projection
     under the tiling `policy` (`model.kernels.fit_tpu.TILING_POLICIES`; None: the default), its grid steps
     (one row block) and its VMEM bytes per grid step against the budget (a share of the scoped limit the kernel
-    sets, capped by the generation's VMEM). Raises InputError for an unknown preset or policy, a bad tiling
-    text, or a tiling that tiles none of the projections."""
+    sets, capped by the generation's VMEM). A preset with experts (26B-A4B) adds its expert projections
+    (`model.kernels.fit_tpu.expert_projections`): one expert's [K, N] product, K padded to whole groups, stored
+    as int32 words [E, K / 8, N] (`model.kernels.tpu_layout.to_tpu_experts`), which the expert kernel multiplies
+    tile by tile (a (token, expert) pair: that many grid steps each); their rows carry `experts` (E),
+    `k_unpadded` and `words` ([E, K / 8, N]; a dense row [K / 8, N]). Raises InputError for an unknown preset or
+    policy, a bad tiling text, or a tiling that tiles none of the projections."""
     from model.config import PRESETS
     from model.kernels import fit, fit_tpu
 
@@ -71,7 +75,9 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
     device = (f"TPU {gen} (VMEM {cap // 2**20} MiB per core; budget {fit_tpu.BUDGET_SHARE:.0%} of the "
               f"{fit_tpu.SCOPED_VMEM // 2**20} MiB scoped limit the kernel sets)")  # fmt: skip
     sizes = {"act_bytes": _ITEMSIZE[act], "scale_bytes": _ITEMSIZE[scale]}
-    projs = fit.projections(PRESETS[preset], group)
+    cfg = PRESETS[preset]
+    projs = fit.projections(cfg, group) + fit_tpu.expert_projections(cfg, group)
+    unpadded = _expert_k(cfg)
     if fixed is not None:
         problems = [fit_tpu.tiling_problem_tpu(p.k, p.n, p.group, fixed) for p in projs]
         if all(problems):
@@ -87,13 +93,25 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
                      "limit": limit, "fits": f.fits, "dominant": f.need.dominant[0] if f.need else None,
                      "problem": f.problem, "grid_steps": fit_tpu.grid_steps(p.k, p.n, f.tried) if f.tried and
                      not fit_tpu.tiling_problem_tpu(p.k, p.n, p.group, f.tried) else None,
-                     "block_bytes": f.tried.bk * f.tried.bn // 2 if f.tried else None})  # fmt: skip
+                     "block_bytes": f.tried.bk * f.tried.bn // 2 if f.tried else None,
+                     "experts": cfg.num_experts if p.field in unpadded else None,
+                     "k_unpadded": unpadded.get(p.field, p.k),
+                     "words": [*([cfg.num_experts] if p.field in unpadded else []), p.k // 8, p.n]})  # fmt: skip
         if not f.fits:
             refusals.append(fit_tpu.refusal_tpu(f, device, **sizes))
     return {"preset": preset, "device": device, "capability": capability, "limit": limit, "group": group,
             "activation_dtype": act, "scale_dtype": scale,
             "tiling": tiling or f"policy {policy} ({_POLICY_TEXT[policy]})", "rows": rows, "refusals": refusals,
             "kernel": "model.kernels.w4a16_tpu (Mosaic TPU)", "policy": policy}  # fmt: skip
+
+
+def _expert_k(cfg) -> dict[str, int]:
+    """{expert field: its contraction length before the TPU layout's padding} of a config ({} without experts)."""
+    from model.accounting import expert_shapes
+    from model.quantspec import EXPERT_PROJECTIONS
+
+    shapes = expert_shapes(cfg)
+    return {f: shapes[f][axis] for f, (axis,) in EXPERT_PROJECTIONS.items() if shapes[f] is not None}
 
 
 _POLICY_TEXT = {"fewest": "the fewest grid steps that fit",
@@ -164,8 +182,9 @@ def _print(result: dict) -> None:
                   f"limit {limit:,} B ({limit / KIB:,.0f} KiB) per "
                   f"{'grid step' if 'kernel' in result else 'block'}; tiling: {result['tiling']}")  # fmt: skip
     tpu = "kernel" in result
-    cols = ("projection", "layers", "K", "N", "tiling", *(("grid steps", "weight block") if tpu else ()),
-            "bytes needed", "limit", "fits")  # fmt: skip
+    experts = any(r.get("experts") for r in result["rows"])
+    cols = ("projection", "layers", "K", "N", *(("weights (int32 words)",) if experts else ()), "tiling",
+            *(("grid steps", "weight block") if tpu else ()), "bytes needed", "limit", "fits")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col in ("projection", "tiling") else "right")
     for r in result["rows"]:
@@ -173,8 +192,13 @@ def _print(result: dict) -> None:
         fits = "yes" if r["fits"] else ("no: " + (r["problem"] or ""))
         steps = (("—" if r["grid_steps"] is None else str(r["grid_steps"]),
                   "—" if r["block_bytes"] is None else f"{r['block_bytes'] / KIB:,.0f} KiB") if tpu else ())
-        table.add_row(r["projection"], str(r["layers"]), str(r["k"]), str(r["n"]), r["tiling"] or "—", *steps,
-                      need, f"{limit:,}", fits)  # fmt: skip
+        name, k = r["projection"], str(r["k"])
+        if r.get("experts"):
+            name = f"{name} (one expert of {r['experts']})"
+            k = k if r["k_unpadded"] == r["k"] else f"{k} ({r['k_unpadded']} padded)"
+        words = (f"[{', '.join(str(x) for x in r['words'])}]",) if experts else ()
+        table.add_row(name, str(r["layers"]), k, str(r["n"]), *words, r["tiling"] or "—", *steps, need, f"{limit:,}",
+                      fits)  # fmt: skip
     console = make_console()
     console.print(table)
     needs = [r["need"] for r in result["rows"] if r["need"] is not None]
@@ -185,8 +209,33 @@ def _print(result: dict) -> None:
                       f"{max(needs) / KIB:,.0f} KiB; {min(needs) / limit:.1f}x to {max(needs) / limit:.1f}x the limit); "
                       f"{over} of {len(result['rows'])} projections over the limit"
                       + (f"; {untiled} not tiled at all (see fits)" if untiled else ""), soft_wrap=True)  # fmt: skip
+    if experts:
+        console.print("expert rows: one expert's [K, N] product (K padded to whole groups with zero values) of the "
+                      "[E, K / 8, N] words; the expert kernel runs its grid steps once per (token, expert) tile of a "
+                      "step, one call per projection per layer (docs/devices/tpu.md, \"The experts' kernel\")",
+                      soft_wrap=True, markup=False)  # fmt: skip
     for line in result["refusals"]:
         console.print(line, soft_wrap=True, markup=False)
+
+
+def _group(group: int | None, quant: str | None) -> int:
+    """The w4 group `kernels fit` checks: `--quant`'s (a set with w4), else `--group`, else 128. Raises InputError
+    for a set that does not parse or has no w4, or both flags given."""
+    from model.errors import QuantError
+    from model.quantspec import DEFAULT_W4_GROUP, parse_quant
+
+    if quant is None:
+        return DEFAULT_W4_GROUP if group is None else group
+    if group is not None:
+        raise InputError(f"--quant {quant} and --group {group}: give one (--quant w4:GROUP sets the group)")
+    try:
+        spec = parse_quant(quant)
+    except QuantError as exc:
+        raise InputError(str(exc)) from None
+    if spec.layer_bits != 4:
+        raise InputError(f"--quant {quant}: the w4a16 kernels multiply w4 weights, and this set has none; expected "
+                         "a set with w4 or w4:GROUP, e.g. --quant w4")  # fmt: skip
+    return spec.w4_group
 
 
 @kernels_app.command("fit")
@@ -197,7 +246,11 @@ def kernels_fit(
         "tiling and VMEM; repeatable. Default: every NVIDIA capability of the table."),
     preset: str = typer.Option("e2b", "--preset", help="Model preset whose w4 projections are checked "
                                f"({PRESET_NAMES})."),
-    group: int = typer.Option(128, "--group", help="w4 group size (values per scale along K), as --quant w4:GROUP."),
+    group: int | None = typer.Option(None, "--group", help="w4 group size (values per scale along K), as --quant "
+                                     "w4:GROUP. Default 128."),
+    quant: str | None = typer.Option(None, "--quant", help="The quantization set whose w4 projections are checked "
+                                     "(w4 or w4:GROUP, with other options or not, as the engine's --quant): its "
+                                     "group, instead of --group."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype: bfloat16, float16 or float32."),
     scale_dtype: str = typer.Option("bfloat16", "--scale-dtype", help="Scale dtype: bfloat16, float16 or float32."),
     tiling: str | None = typer.Option(
@@ -207,14 +260,16 @@ def kernels_fit(
         "whose K the bk (a multiple of the group) does not divide, or whose N the bn does not divide, does not "
         "fit; a tiling that tiles none is refused."),
     tiling_policy: str | None = typer.Option(
-        None, "--tiling-policy", help="On a TPU: the kernel's tiling policy, fewest (the default: the fewest grid "
-        "steps that fit) or steps (at least 4 grid steps of weight blocks of at least 384 KiB where the shape has "
-        "them), as --kernel w4a16=pallas:POLICY chooses it (docs/devices/tpu.md)."),
+        None, "--tiling-policy", help="On a TPU: the kernel's tiling policy, steps (the default: at least 4 grid "
+        "steps of weight blocks of at least 384 KiB where the shape has them) or fewest (the fewest grid steps that "
+        "fit), as --kernel w4a16=pallas:POLICY chooses it (docs/devices/tpu.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print the tables as JSON (one object per device)."),
 ) -> None:
     """Per projection: K, N, the tiling chosen (the largest that fits), the scratch bytes one block needs and the
     device's limit; where nothing fits, the refusal with the arithmetic; with --tiling, whether that tiling tiles
-    the projection at all. No GPU needed (and no jax imported)."""
+    the projection at all. On a TPU a preset with experts (26b-a4b) adds its expert projections (one expert's
+    product, and the [E, K / 8, N] words the expert kernel reads). No GPU needed (and no jax imported)."""
+    group = _group(group, quant)
     if group < 1:
         raise InputError(f"--group {group}: expected a whole number >= 1, e.g. 128")
     for flag, value in (("--dtype", dtype), ("--scale-dtype", scale_dtype)):

@@ -213,23 +213,53 @@ def _read_rate(text: str, dev) -> tuple[float, str]:
 
 
 def _plan(cfg, body: str, scale_dtype: str, spec, context: int, batch: int, plan, dev, experts, rate) -> dict:
-    """The fit of every device (or `dev`) and, with a device, the prediction of its mesh: a JSON-ready dict."""
+    """The fit of every device (or `dev`) and, with a device, the prediction of its mesh: a JSON-ready dict. Each
+    device's weights as placed there (`model.accounting.placement_layout` of its platform, the default kernel:
+    on a TPU with w4, the experts in the TPU kernel's layout); "share" is `dev`'s (else the natural layout's)."""
+    from model.accounting import NATURAL, placement_layout
     from model.placement import device_share
 
     from bench.runs.devices import DEVICES, fit_on, predict
 
-    share = device_share(cfg, plan, itemsize=_ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype], quant=spec,
-                         context=context, batch=batch, experts=experts)  # fmt: skip
+    shares: dict[str, object] = {}
+
+    def share_in(layout: str):
+        if layout not in shares:
+            shares[layout] = device_share(cfg, plan, itemsize=_ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype],
+                                          quant=spec, context=context, batch=batch, experts=experts,
+                                          layout=layout)  # fmt: skip
+        return shares[layout]
+
     fits = []
     for d in DEVICES if dev is None else (dev,):
+        layout = placement_layout(d.platform, spec)
+        share = share_in(layout)
         mem = fit_on(d, weight_bytes=share.weight_bytes, kv_bytes_per_row=share.kv_bytes_per_row, batch=batch,
                      context=context, count=plan.size)  # fmt: skip
         guess = predict(d, share, *(rate or ()))
         fits.append({"device": d.name, "label": d.label, "memory": d.memory_figure, "capacity": mem.capacity,
-                     "capacity_source": d.capacity_text,
+                     "capacity_source": d.capacity_text, "layout": layout, "weight_bytes": share.weight_bytes,
                      "usable": mem.usable, "needed": mem.needed, "fits": mem.fits, "largest_batch": mem.largest_batch,
                      "predicted_tok_s": guess.tok_s, "_mem": mem, "_prediction": guess})  # fmt: skip
-    return {"mesh": plan.text, "devices": plan.size, "context": context, "batch": batch, "share": share, "fits": fits}
+    layout = placement_layout(dev.platform, spec) if dev is not None else NATURAL
+    return {"mesh": plan.text, "devices": plan.size, "context": context, "batch": batch, "share": share_in(layout),
+            "layout": layout, "fits": fits}  # fmt: skip
+
+
+def _print_layouts(plan: dict, wb) -> None:
+    """Where a device of the fit table places the weights in another layout than the component table's (a TPU with
+    w4 experts: the kernel's layout pads their K), one line per layout: its weight bytes and the devices."""
+    if plan["devices"] > 1:  # a mesh: the fit table's figures are per device, and name their layout below
+        return
+    other: dict[str, list[str]] = {}
+    for f in plan["fits"]:
+        if f["layout"] != wb.layout:
+            other.setdefault(f["layout"], []).append(f["device"])
+    for layout, names in other.items():
+        placed = next(f["weight_bytes"] for f in plan["fits"] if f["layout"] == layout)
+        typer.echo(f"weight bytes as placed on {', '.join(names)}: {placed:,} ({placed - wb.bytes:+,}: the w4 "
+                   "experts in the TPU kernel's layout, K padded to whole groups; docs/devices/tpu.md); the fit table "
+                   "counts them there")  # fmt: skip
 
 
 def _print_plan(plan: dict, dtype: str) -> None:
@@ -316,11 +346,12 @@ def checkpoint_inspect(
     spec, scale_dtype = options.quant_spec, options.scales
     source, cfg, body = _inspect_source(checkpoint, preset, dtype)
     context, plan_mesh, dev, rate = _plan_flags(cfg, context, batch, mesh, device, experts, read_rate)
-    wb = weight_bytes_by_component(cfg, _ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype], quant=spec,
-                                   experts=experts)  # fmt: skip
     plan = _plan(cfg, body, scale_dtype, spec, context, batch, plan_mesh, dev, experts, rate)
+    wb = weight_bytes_by_component(cfg, _ITEMSIZE[body], scale_itemsize=_ITEMSIZE[scale_dtype], quant=spec,
+                                   experts=experts, layout=plan["layout"])  # fmt: skip
     if not as_json:
         _print_weight_bytes(source, wb, body, scale_dtype)
+        _print_layouts(plan, wb)
         _print_plan(plan, body)
         return
     totals = {"params": wb.params, "scales": wb.scales, "bytes": wb.bytes, "decode_bytes": wb.decode_bytes}
@@ -334,7 +365,7 @@ def checkpoint_inspect(
                              "link": g.device.link.name, "link_bytes_per_s": g.device.link.bytes_per_s,
                              "link_s": g.link_s, "step_s": g.step_s, "tok_s": g.tok_s,
                              "aggregate_tok_s": g.aggregate_tok_s}  # fmt: skip
-    typer.echo(json.dumps({**source, "dtype": body, "scale_dtype": scale_dtype, "quant": wb.quant,
+    typer.echo(json.dumps({**source, "dtype": body, "scale_dtype": scale_dtype, "quant": wb.quant, "layout": wb.layout,
                            "components": [dataclasses.asdict(c) for c in wb.components], "total": totals,
                            "context": context, "batch": batch, "mesh": plan["mesh"], "per_device": per_device,
                            "fit": fits}))  # fmt: skip

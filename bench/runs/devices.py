@@ -69,6 +69,12 @@ class Device:
         return f"datasheet {self.memory_figure}"
 
     @property
+    def platform(self) -> str:
+        """The jax backend name of the device ("tpu" or "gpu"): which layout its weights take
+        (`model.accounting.placement_layout`)."""
+        return "tpu" if self.name.startswith("tpu") else "gpu"
+
+    @property
     def datasheet(self) -> Datasheet:
         """The device's memory-bandwidth datasheet (`bench.runs.ceiling.DATASHEETS`)."""
         sheet = datasheet_for(self.device_kind)

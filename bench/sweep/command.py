@@ -306,7 +306,8 @@ def _check_fits(plan: SweepPlan) -> None:
     e = plan.engine
     check_sweep_fits(checkpoint_config(plan.flags.checkpoint), plan.config.cells, plan.config.max_new_tokens,
                      dtype=e.compute_dtype, weight_dtype=e.weight_dtype, quant=e.flag_text("quant"),
-                     scale_dtype=e.scale_dtype, max_length=e.max_length, buckets=e.buckets, mesh=e.mesh)  # fmt: skip
+                     scale_dtype=e.scale_dtype, max_length=e.max_length, buckets=e.buckets, mesh=e.mesh,
+                     kernel=e.kernel)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -77,13 +77,15 @@ Pure Python on ints (no jax): `bench kernels fit` and the report use it without 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from model.kernels.fit import DEFAULT_POLICY, TILING_POLICIES, Fit, Need, Projection, choose_by, refusal_line, tiling_fields
 
 __all__ = ["TILING_POLICIES", "DEFAULT_POLICY", "MIN_STEPS", "MIN_BLOCK_BYTES", "grid_steps", "SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_COL_SHARE", "VPU_MAX_ROWS", "VPU_ROW_PAD",
            "ROW_TILE", "MAX_ROWS", "TpuTiling", "generation_of", "vmem_capacity", "budget", "need_tpu", "need_tpu_vpu",
            "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu", "rows_block", "candidates_tpu", "choose_tpu",
-           "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "parse_policy", "padded_k", "expert_projections"]  # fmt: skip
+           "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "parse_policy", "padded_k", "placed_expert_k",
+           "expert_projections"]  # fmt: skip
 
 MIB = 2**20
 
@@ -292,6 +294,19 @@ def padded_k(k: int, group: int) -> int:
     """K rounded up to a whole number of w4 groups: the K of an expert leaf in the batched TPU layout
     (`model.kernels.tpu_layout.to_tpu_experts`, whose docstring says why)."""
     return -(-k // group) * group
+
+
+@functools.cache
+def placed_expert_k(k: int, n: int, group: int) -> int:
+    """K of one expert's [K, N] product (w4 groups of `group` values) as a TPU places it: `padded_k` where the expert
+    kernel tiles the padded product within `budget()` (12 MiB of VMEM per grid step: the same on every generation
+    `TPU_VMEM_BYTES` lists, each having at least the 16 MiB scoped limit), which is when
+    `model.kernels.choice.plan_kernel` tiles the leaf and `with_tilings` stores it in the batched TPU layout
+    (`model.kernels.tpu_layout.to_tpu_experts`); else K (the leaf keeps the w4 layout and XLA's product). At
+    bfloat16 activations and scales (`need_tpu`'s defaults; the smallest row block fits either way at 26B-A4B's
+    shapes). 26B-A4B's down projection: K = 704, group 128 -> 768. `model.accounting.placed_shape` counts it."""
+    kp = padded_k(k, group)
+    return kp if choose_tpu(Projection(field="", k=kp, n=n, axis=0, group=group), budget()).fits else k
 
 
 def expert_projections(cfg, group: int) -> tuple[Projection, ...]:
