@@ -38,6 +38,7 @@ from model.config import ModelConfig
 from model.kernels.fit_tpu import placed_expert_k
 from model.quantspec import (
     EXPERT_PROJECTIONS,
+    LAYER_PROJECTIONS,
     LM_HEAD,
     NO_QUANT,
     PLE_GROUP,
@@ -380,19 +381,23 @@ def placement_layout(platform: str | None, quant: QuantSpec, kernel: str | None 
 
 def placed_shape(field: str, shape: Shape, quant: QuantSpec, layout: str = NATURAL) -> Shape:
     """The logical shape leaf `field` of `shape` (a whole leaf or a part of it) takes as placed in `layout`:
-    `shape`, except a w4 expert leaf (`model.quantspec.EXPERT_PROJECTIONS`) in `TPU_LAYOUT`, whose contraction
-    axis is K rounded up to whole w4 groups where the expert kernel tiles it (`model.kernels.fit_tpu.
+    `shape`, except a w4 projection (`model.quantspec.LAYER_PROJECTIONS`, `EXPERT_PROJECTIONS`) in `TPU_LAYOUT`,
+    whose contraction axis is K rounded up to whole w4 groups where the kernel tiles it (26B-A4B's MLP down
+    projection, K = 2112 -> 2176, `model.kernels.tpu_layout.to_tpu`) (`model.kernels.fit_tpu.
     placed_expert_k`; the batched TPU layout, `model.kernels.tpu_layout.to_tpu_experts`, stores the padding as
     zero values). Its scales do not change: the short last group already had its own. Raises ValueError for an
     unknown layout."""
     if layout not in LAYOUTS:
         raise ValueError(f"placement layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
-    if layout != TPU_LAYOUT or field not in EXPERT_PROJECTIONS or quant.layer_bits != 4:
+    projections = {**LAYER_PROJECTIONS, **EXPERT_PROJECTIONS}
+    if layout != TPU_LAYOUT or field not in projections or quant.layer_bits != 4:
         return shape
-    (axis,) = EXPERT_PROJECTIONS[field]
+    (axis,) = projections[field]
     spec = leaf_layout(field, shape, quant)
-    assert spec is not None and len(shape) == 3, (field, shape)
-    k = placed_expert_k(shape[axis], shape[3 - axis], spec.block[axis])
+    if spec is None or spec.block[axis] <= 1:  # not grouped along its contraction axis: not the kernel's
+        return shape
+    other = 3 - axis if len(shape) == 3 else 1 - axis  # the output axis: [E, K, N] / [E, N, K] or [K, N] / [N, K]
+    k = placed_expert_k(shape[axis], shape[other], spec.block[axis])
     return tuple(k if i == axis else n for i, n in enumerate(shape))
 
 

@@ -494,11 +494,13 @@ def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     x_RK, axis, free = form
     k, n, group = w.shape[axis], w.shape[1 - axis], w.block[axis]
     if isinstance(w.tiling, TpuTiling):
-        if w.block[1 - axis] != 1 or not fits_tpu(k, n, group, w.tiling):  # contracted along its groups only
+        kp = -(-k // group) * group  # the TPU layout's K, whole groups (`model.kernels.tpu_layout.to_tpu`)
+        if w.block[1 - axis] != 1 or not fits_tpu(kp, n, group, w.tiling):  # contracted along its groups only
             return None
         from model.kernels.w4a16_tpu import w4a16_tpu_matmul  # Pallas: loaded on this path only
 
-        y_RN = w4a16_tpu_matmul(x_RK, w.values, w.scales, k=k, n=n, group=group, tiling=w.tiling,
+        x_RK = jnp.pad(x_RK, ((0, 0), (0, kp - k))) if kp != k else x_RK  # zeros meet the zero padding values
+        y_RN = w4a16_tpu_matmul(x_RK, w.values, w.scales, k=kp, n=n, group=group, tiling=w.tiling,
                                 interpret=jax.default_backend() == "cpu")  # fmt: skip
         return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
     if x_RK.shape[0] > KERNEL_MAX_ROWS or w.block[1 - axis] != 1 or not fits_kernel(k, n, group, w.tiling):

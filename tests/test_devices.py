@@ -192,24 +192,25 @@ def test_a_sweep_that_does_not_fit_is_refused_before_loading():
 
 def test_on_a_tpu_the_sweep_and_the_inspector_count_the_experts_padding(capsys):
     """26B-A4B `w4,int8_lm_head` on the v5e: 14.873 GB of weights in the natural layout fit beside 41 tokens' cache,
-    15.219 GB as the TPU kernel places them (down's K 704 padded to 768) do not fit at all; both checks say so."""
+    15.222 GB as the TPU kernel places them (the experts' down K 704 padded to 768, the MLP's 2112 to 2176) do not
+    fit at all; both checks say so."""
     v5e = (device_named("tpu-v5e").capacity, "of tpu memory (bytes_limit)")
     kw = dict(capacity=v5e, quant="w4,int8_lm_head", dtype="bfloat16")
     assert check_sweep_fits(G26B_A4B, [(41, 1)], 64, platform="cpu", **kw).fits
     assert check_sweep_fits(G26B_A4B, [(41, 1)], 64, platform="tpu", kernel="xla", **kw).fits  # natural layout
-    with pytest.raises(EngineError, match=r"experts in the TPU kernel's layout\) needs 15\.219 GB weights .*"
+    with pytest.raises(EngineError, match=r"w4 projections in the TPU kernel's layout\) needs 15\.222 GB weights .*"
                                           r"not even one row fits"):
         check_sweep_fits(G26B_A4B, [(41, 1)], 64, platform="tpu", **kw)
     r = _inspect(["--preset", "26b-a4b", "--quant", "w4,int8_lm_head", "--device", "tpu-v5e", "--json"], capsys)
     data = json.loads(r.stdout)
     (fit,) = data["fit"]
-    assert data["layout"] == fit["layout"] == "tpu" and data["total"]["bytes"] == fit["weight_bytes"] == 15_219_341_372
+    assert data["layout"] == fit["layout"] == "tpu" and data["total"]["bytes"] == fit["weight_bytes"] == 15_222_044_732
     assert not fit["fits"] and fit["largest_batch"] == 0
     r = _inspect(["--preset", "26b-a4b", "--quant", "w4", "--json"], capsys)
     fits = {f["device"]: f for f in json.loads(r.stdout)["fit"]}
-    assert fits["tpu-v5e"]["weight_bytes"] - fits["h100"]["weight_bytes"] == 346_030_080
+    assert fits["tpu-v5e"]["weight_bytes"] - fits["h100"]["weight_bytes"] == 346_030_080 + 2_703_360
     r = _inspect(["--preset", "26b-a4b", "--quant", "w4"], capsys)
-    assert "weight bytes as placed on tpu-v5e, tpu-v6e, tpu-v5p: 14,480,619,580 (+346,030,080" in r.stdout
+    assert "weight bytes as placed on tpu-v5e, tpu-v6e, tpu-v5p: 14,483,322,940 (+348,733,440" in r.stdout
 
 
 @pytest.mark.parametrize("run,quant", [("2026-12-07-tpu-e2b-dense-tpuv5e", "none"),

@@ -104,10 +104,14 @@ def test_a_tpu_places_26b_a4b_w4_experts_with_their_padding():
     tpu = weight_bytes_by_component(G26B_A4B, 2, quant=w4, layout=TPU_LAYOUT)
     # down [E, D, I] contracts I = 704 = 5.5 groups of 128: 768 in the kernel's layout, 64 more int4 values per row
     pad = 30 * 128 * 2816 * (768 - 704) // 2
-    assert pad == 346_030_080 and tpu.bytes - natural.bytes == pad and tpu.scales == natural.scales
-    assert (natural.bytes, tpu.bytes) == (14_134_589_500, 14_480_619_580)
-    assert {c.name for c, d in zip(natural.components, tpu.components, strict=True) if c.bytes != d.bytes} == {EXPERTS}
-    assert tpu.decode_bytes - natural.decode_bytes == 30 * 8 * 2816 * 64 // 2  # the 8 experts a step reads
+    # the MLP's down [D, F] contracts F = 2112 = 16.5 groups: 2176 in the kernel's layout
+    mlp_pad = 30 * 2816 * (2176 - 2112) // 2
+    assert pad == 346_030_080 and mlp_pad == 2_703_360 and tpu.scales == natural.scales
+    assert tpu.bytes - natural.bytes == pad + mlp_pad
+    assert (natural.bytes, tpu.bytes) == (14_134_589_500, 14_483_322_940)
+    changed = {c.name for c, d in zip(natural.components, tpu.components, strict=True) if c.bytes != d.bytes}
+    assert EXPERTS in changed and len(changed) == 2, changed
+    assert tpu.decode_bytes - natural.decode_bytes == 30 * 8 * 2816 * 64 // 2 + mlp_pad  # 8 experts and every MLP
     assert placed_shape("experts_down_EDF", (128, 2816, 704), w4, TPU_LAYOUT) == (128, 2816, 768)
     assert placed_shape("experts_gate_up_EDX", (128, 2816, 1408), w4, TPU_LAYOUT) == (128, 2816, 1408)  # 22 groups
     assert "K 704 padded to 768" in next(c.note for c in tpu.components if c.name == EXPERTS)

@@ -89,3 +89,46 @@ def test_the_fused_mlp_lowers_for_the_tpu_at_e2b_shapes(f: int) -> None:
             jax.ShapeDtypeStruct((f // G, d), jnp.bfloat16))  # fmt: skip
     text = jax.export.export(fn, platforms=["tpu"])(*args).mlir_module()
     assert "tpu_custom_call" in text and MLP_KERNEL_NAME in text
+
+
+# ---- a K that the group does not divide (26B-A4B's MLP down projection, K = 2112) --------------------------------
+def test_a_k_of_a_partial_group_is_padded_in_the_tpu_layout_and_multiplies_exactly() -> None:
+    """K = 320 (2.5 groups): to_tpu stores 384 (zero values), to_natural gives the leaf back, and the kernel's
+    product (interpret mode, the activations padded with zeros) equals dequantize-then-matmul."""
+    from model.kernels.tpu_layout import to_natural
+    from model.quant import dequantize, matmul
+
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((256, 320)).astype(np.float32)  # [N, K]: contracted along axis 1, like down_DF
+    q = quantize_channels(w, 4, 1, G)
+    words, scales = to_tpu(q.values, q.scales, tuple(q.shape), 1, G)
+    assert words.shape == (384 // 8, 256) and scales.shape == (3, 256)
+    back = to_natural(words, scales, tuple(q.shape), 1, G)
+    assert np.array_equal(np.asarray(back[0]), np.asarray(q.values)) and np.array_equal(back[1], q.scales)
+    t = TpuTiling(bm=128, bn=256, bk=384)
+    leaf = dataclasses.replace(q, values=words, scales=scales, tiling=t)
+    x = jnp.asarray(rng.standard_normal((1, 2, 320)), jnp.float32)
+    y = np.asarray(matmul(x, leaf, "BTF,DF->BTD"), np.float64)
+    ref = np.asarray(x, np.float64) @ np.asarray(dequantize(q, jnp.float32), np.float64).T
+    assert np.all(np.abs(y - ref) <= 1e-5 * (np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(dequantize(q, jnp.float32), np.float64)).T))
+    assert "w4a16_pallas_tpu_kernel" in str(jax.make_jaxpr(lambda a: matmul(a, leaf, "BTF,DF->BTD"))(x))
+
+
+def test_26b_a4b_dense_down_projection_is_planned_with_k_padded() -> None:
+    """On a TPU the plan tiles 26B-A4B's MLP down projection (K 2112 -> 2176) instead of leaving it to XLA's
+    product, and the accounting counts the padding's value bytes."""
+    import types
+
+    from model.accounting import TPU_LAYOUT, placed_shape
+    from model.kernels.choice import decide_mode, plan_kernel
+    from model.quantspec import parse_quant
+
+    cfg, quant = PRESETS["26b-a4b"], parse_quant("w4")
+    device = types.SimpleNamespace(platform="tpu", device_kind="TPU v5 lite")
+    impl, why = decide_mode("tpu", None, True, "pallas")
+    plan = plan_kernel(cfg, quant, impl=impl, reason=why, act_bytes=2, scale_bytes=2, device=device, forced=True)
+    t = plan.tiling_of("down_DF", (2816, 2112))
+    assert t is not None and t.bk == 2176, t
+    assert placed_shape("down_DF", (2816, 2112), quant, TPU_LAYOUT) == (2816, 2176)
+    assert placed_shape("down_DF", (2816, 2112), quant) == (2816, 2112)
+    assert placed_shape("down_DF", (1536, 6144), quant, TPU_LAYOUT) == (1536, 6144)

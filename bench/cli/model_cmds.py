@@ -258,7 +258,7 @@ def _print_layouts(plan: dict, wb) -> None:
     for layout, names in other.items():
         placed = next(f["weight_bytes"] for f in plan["fits"] if f["layout"] == layout)
         typer.echo(f"weight bytes as placed on {', '.join(names)}: {placed:,} ({placed - wb.bytes:+,}: the w4 "
-                   "experts in the TPU kernel's layout, K padded to whole groups; docs/devices/tpu.md); the fit table "
+                   "projections in the TPU kernel's layout, K padded to whole groups; docs/devices/tpu.md); the fit table "
                    "counts them there")  # fmt: skip
 
 

@@ -117,7 +117,7 @@ def check_sweep_fits(cfg: ModelConfig | None, cells: Sequence[tuple[int, int]], 
                           quant=spec, capacity=capacity[0], where=capacity[1], max_length=max_length,
                           buckets=buckets, mesh=mesh, layout=layout)  # fmt: skip
     if not mem.fits:
-        placed = ", experts in the TPU kernel's layout" if layout == TPU_LAYOUT else ""
+        placed = ", w4 projections in the TPU kernel's layout" if layout == TPU_LAYOUT else ""
         rows = (f"at most {mem.largest_batch} rows fit at this length: lower --batch, --inputs or --max-new-tokens"
                 if mem.largest_batch else "not even one row fits at this length: lower --inputs or --max-new-tokens, "
                 "pick a lighter --quant (w8, w4, int8_lm_head) or a device with more memory")  # fmt: skip

@@ -161,13 +161,14 @@ class KernelPlan:
 
     def tiling_of(self, field: str, shape: tuple[int, ...]) -> Tiling | TpuTiling | None:
         """The tiling chosen for a leaf `field` of `shape` (None: XLA's product); an expert leaf's `shape` is
-        [E, A, B], matched by one expert's slice with K padded to whole groups (`fit_tpu.expert_projections`)."""
+        [E, A, B], matched by one expert's slice with K padded to whole groups (`fit_tpu.expert_projections`), as a
+        2-D leaf's is on a TPU (its plan's projections have K padded, `plan_kernel`)."""
         for f in self.fits:
             p = f.projection
             want = (p.k, p.n) if p.axis == 0 else (p.n, p.k)
             got = tuple(shape)
-            if len(got) == 3:  # an expert leaf [E, A, B]: one expert's slice, K padded to whole groups
-                a, b = got[1:]
+            if len(got) == 3 or (self.tpu and len(got) == 2):  # [E, A, B]: one expert's slice; on a TPU K padded
+                a, b = got[-2:]
                 got = (fit_tpu.padded_k(a, p.group), b) if p.axis == 0 else (a, fit_tpu.padded_k(b, p.group))
             if p.field == field and got == want:
                 return f.tiling
@@ -215,7 +216,8 @@ def plan_kernel(cfg, quant, *, impl: str, reason: str, act_bytes: int, scale_byt
                               "--kernel w4a16=xla")  # fmt: skip
         return KernelPlan(impl="xla", reason=f"scratch limit unknown ({source})")
     projs = fit.projections(cfg, quant.w4_group)
-    if tpu:  # the experts' products: the TPU expert kernel (model.kernels.w4a16_tpu.w4a16_tpu_expert_matmul)
+    if tpu:  # K padded to whole groups (the TPU layout stores the padding: to_tpu); the experts' products too
+        projs = tuple(dataclasses.replace(p, k=fit_tpu.padded_k(p.k, p.group)) for p in projs)
         projs = projs + fit_tpu.expert_projections(cfg, quant.w4_group)
     policy = None if not tpu or fit_tpu.parse_policy(policy) == fit_tpu.DEFAULT_POLICY else policy
     if tpu:
@@ -271,7 +273,7 @@ def with_tilings(params, plan: KernelPlan, *, release: bool = False):
                     axis = axes[f.name]
                     k, n, group = leaf.shape[axis], leaf.shape[1 - axis], leaf.block[axis]
                     tpu = isinstance(t, TpuTiling)
-                    problem = (fit_tpu.tiling_problem_tpu(k, n, group, t) if tpu else
+                    problem = (fit_tpu.tiling_problem_tpu(fit_tpu.padded_k(k, group), n, group, t) if tpu else
                                fit.tile_problem(t) or fit.tiling_problem(k, n, group, t))  # fmt: skip
                     if problem:
                         raise ValueError(f"kernel plan: {f.name} {leaf.shape}: tiling {t.text} does not tile it "

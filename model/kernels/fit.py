@@ -311,6 +311,8 @@ def choose_by(p: Projection, limit: int, *, tiling, shape_problem: Callable, can
         n = need_of(t)
         if n.total <= limit:
             return Fit(projection=p, tiling=t, need=n, limit=limit, tried=t)
+    if not tried:
+        return Fit(projection=p, tiling=None, need=None, limit=limit, problem="no tiling of the kernel tiles this shape")
     smallest = min(tried, key=lambda t: need_of(t).total)
     return Fit(projection=p, tiling=None, need=need_of(smallest), limit=limit, problem="over the limit", tried=smallest)
 

@@ -111,25 +111,28 @@ def _pack_bytes(q: jax.Array) -> jax.Array:
 def to_tpu(values: jax.Array, scales: jax.Array, shape: tuple[int, int], axis: int,
            group: int) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """The `w4` layout's (values uint8, scales) of a 2-D leaf of logical `shape` contracted along `axis` in groups
-    of `group` -> the TPU layout's (words int32 [K / 8, N], scales [K / g, N]). K must be a multiple of the group
-    and the group of 8 (the fit check's `shape_problem_tpu`); raises ValueError otherwise. Compiled once per
-    (shape, axis, group): `shape` a tuple."""
+    of `group` -> the TPU layout's (words int32 [Kp / 8, N], scales [Kp / g, N]), Kp = `padded_k`: a K that the
+    group does not divide (26B-A4B's MLP down projection, K = 2112 = 16.5 groups of 128) has its short last group
+    filled up with zero values, as the experts' batched form does (the leaf's scales already count ceil(K / g)
+    groups; the kernel pads the activations with zeros to Kp). Raises ValueError for a group that is not a
+    multiple of 8. Compiled once per (shape, axis, group): `shape` a tuple."""
     q = _unpack_bytes(values, shape[-1])
     s = scales
     if axis == 1:
         q, s = q.T, s.T
-    if group % PLANES or q.shape[0] % group:
-        raise ValueError(f"TPU layout: K={q.shape[0]} of a {shape} leaf is not a multiple of its group {group}, or "
-                         f"the group is not a multiple of {PLANES}")  # fmt: skip
-    return pack_words(q, group), s
+    if group % PLANES:
+        raise ValueError(f"TPU layout: the group {group} of a {shape} leaf is not a multiple of {PLANES}")
+    k = q.shape[0]
+    kp = padded_k(k, group)
+    return pack_words(jnp.pad(q, ((0, kp - k), (0, 0))) if kp != k else q, group), s
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def to_natural(words: jax.Array, scales: jax.Array, shape: tuple[int, int], axis: int,
                group: int) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """`to_tpu`'s inverse: the TPU layout's (words, scales) -> the `w4` layout's (values uint8, scales) of a leaf
-    of logical `shape` contracted along `axis` in groups of `group`."""
-    q, s = unpack_words(words, group), scales
+    of logical `shape` contracted along `axis` in groups of `group` (the padding values dropped)."""
+    q, s = unpack_words(words, group)[: shape[axis]], scales
     if axis == 1:
         q, s = q.T, s.T
     return _pack_bytes(q), s
