@@ -143,3 +143,44 @@ def test_bad_matmul_settings_are_input_errors(size, repeats, dtype):
 
     with pytest.raises(InputError):
         measure_matmul_rate(size, repeats=repeats, dtype=dtype)
+
+
+# ---- probe sizes within the device's free memory (26B-A4B w4 on the 16 GB v5e left 0.26 GB free) ---------------
+class _Device:
+    """A device reporting `memory_stats` as a TPU's does."""
+
+    def __init__(self, limit: int, in_use: int):
+        self.stats = {"bytes_limit": limit, "bytes_in_use": in_use}
+
+    def memory_stats(self):
+        return self.stats
+
+
+def test_a_probe_buffer_fits_the_device_s_free_memory():
+    from bench.profile.bandwidth import GiB, MiB, fitting_bytes
+
+    assert fitting_bytes(2 * GiB, _Device(16 * GiB, 1 * GiB), buffers=2) == 2 * GiB  # room for two
+    free = 16_909_336_064 - 16_646_000_000  # about 0.26 GB free
+    assert fitting_bytes(2 * GiB, _Device(16_909_336_064, 16_646_000_000), buffers=2) == 32 * MiB
+    assert 2 * 32 * MiB <= free * 0.5 < 2 * 64 * MiB
+    assert fitting_bytes(2 * GiB, _Device(16 * GiB, 15 * GiB)) == 512 * MiB
+    assert fitting_bytes(2 * GiB, None) == 2 * GiB and fitting_bytes(256 * MiB, object()) == 256 * MiB
+
+
+def test_an_out_of_memory_error_is_one_line_and_exit_1(monkeypatch, capsys):
+    import bench.cli as cli
+
+    class JaxRuntimeError(RuntimeError):
+        pass
+
+    def boom(*args, **kwargs):
+        raise JaxRuntimeError("RESOURCE_EXHAUSTED: E0100: Error allocating device buffer: Attempting to allocate "
+                              "2.00G. That was not possible.\nSee https://openxla.org/xla/errors/error_0100")
+
+    monkeypatch.setattr(cli, "app", boom)
+    monkeypatch.setattr(cli, "_register", lambda argv: None)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["sweep"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and len(err.strip().splitlines()) == 1
+    assert "ran out of memory (RESOURCE_EXHAUSTED: E0100" in err and "--quant" in err

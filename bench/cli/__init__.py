@@ -65,6 +65,13 @@ def _cli_error_kind(exc: BaseException) -> str | None:
     return None
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is a device allocation failure: jax's runtime error carrying XLA's RESOURCE_EXHAUSTED (an
+    out-of-memory error on a TPU or GPU), which a sweep cannot foresee exactly (the fit check keeps a stated
+    reserve, docs/method.md "Where a model fits")."""
+    return type(exc).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and "RESOURCE_EXHAUSTED" in str(exc)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `bench` console script; exit code 2 on a user error, never a traceback for one."""
     from bench.errors import BenchError
@@ -95,6 +102,12 @@ def main(argv: list[str] | None = None) -> None:
         if kind == "abort":
             typer.echo("aborted", err=True)
             sys.exit(130)
+        if _out_of_memory(exc):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            typer.echo(f"error: the device ran out of memory ({first}); "
+                       "pick a lighter --quant, fewer --inputs or a smaller --batch (bench checkpoint "
+                       "inspect --quant SET lists where a model fits)", err=True)  # fmt: skip
+            sys.exit(1)
         raise
     if isinstance(rc, int) and rc:
         sys.exit(rc)

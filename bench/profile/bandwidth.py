@@ -111,7 +111,7 @@ def measure_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_REPEATS
     import jax.numpy as jnp
 
     device = device if device is not None else jax.local_devices()[0]
-    n_bytes = _checked_size("copy", n_bytes, repeats, device.platform, multiple=4)
+    n_bytes = _checked_size("copy", n_bytes, repeats, device.platform, multiple=4, device=device, buffers=2)
     n_elements = n_bytes // 4
 
     copy = jax.jit(lambda src, dst: dst.at[:].set(src), donate_argnums=1)
@@ -162,7 +162,7 @@ def measure_read_bandwidth(n_bytes: int | None = None, repeats: int = DEFAULT_RE
     import jax.numpy as jnp
 
     device = device if device is not None else jax.local_devices()[0]
-    n_bytes = _checked_size("read", n_bytes, repeats, device.platform, multiple=4 * READ_COLUMNS)
+    n_bytes = _checked_size("read", n_bytes, repeats, device.platform, multiple=4 * READ_COLUMNS, device=device)
     rows = n_bytes // (4 * READ_COLUMNS)
 
     read = jax.jit(lambda x: jnp.sum(x.reshape(rows, *READ_TILE), axis=0, dtype=jnp.uint32).reshape(READ_COLUMNS))
@@ -197,7 +197,7 @@ def measure_stream_read(n_bytes: int | None = None, repeats: int = DEFAULT_REPEA
 
     device = device if device is not None else jax.local_devices()[0]
     block_rows = block_rows_of(block_bytes)
-    n_bytes = _checked_size("stream read", n_bytes, repeats, device.platform, multiple=block_bytes)
+    n_bytes = _checked_size("stream read", n_bytes, repeats, device.platform, multiple=block_bytes, device=device)
     if n_bytes < block_bytes:
         raise InputError(f"bandwidth stream read of {n_bytes} bytes: expected at least one block ({block_bytes})")
     rows = n_bytes // ROW_BYTES
@@ -287,11 +287,37 @@ def _timed_column_sums(read, src, repeats: int, expected, failure: str) -> list[
     return times
 
 
-def _checked_size(what: str, n_bytes: int | None, repeats: int, platform: str, *, multiple: int) -> int:
-    """`n_bytes` (default: `default_bytes(platform)`) rounded down to a multiple of `multiple`; InputError for a
-    size under 1 MiB or repeats under 1 (`what` names the probe in the message: "copy", "read")."""
+PROBE_FREE_SHARE = 0.5
+"""The share of the device's free memory a probe's buffers may take when its size is the default: a sweep probes
+after the weights are placed, and 26B-A4B `w4` (14.48 GB) left 0.26 GB free on the 16 GB TPU v5e when the 2 GiB
+copy asked for a second buffer (2026-12-08, an out-of-memory error). The size is then the largest power of two
+of MiB within it, and each probe records its size (`BandwidthResult.n_bytes`)."""
+
+
+def fitting_bytes(wanted: int, device=None, buffers: int = 1) -> int:
+    """`wanted` bytes, or less where the device's free memory (`device.memory_stats()`: bytes_limit less
+    bytes_in_use; a device that reports none, as jax's CPU, keeps `wanted`) holds fewer than `buffers` buffers of
+    it within `PROBE_FREE_SHARE`: then the largest power of two of MiB that does, at least 1 MiB."""
+    stats = device.memory_stats() if device is not None and hasattr(device, "memory_stats") else None
+    if not stats or "bytes_limit" not in stats:
+        return wanted
+    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    room = int(free * PROBE_FREE_SHARE) // buffers
+    if room >= wanted:
+        return wanted
+    size = MiB
+    while size * 2 <= room:
+        size *= 2
+    return size
+
+
+def _checked_size(what: str, n_bytes: int | None, repeats: int, platform: str, *, multiple: int, device=None,
+                  buffers: int = 1) -> int:  # fmt: skip
+    """`n_bytes` (default: `default_bytes(platform)`, cut to the device's free memory for `buffers` buffers by
+    `fitting_bytes`) rounded down to a multiple of `multiple`; InputError for a size under 1 MiB or repeats under
+    1 (`what` names the probe in the message: "copy", "read")."""
     if n_bytes is None:
-        n_bytes = default_bytes(platform)
+        n_bytes = fitting_bytes(default_bytes(platform), device, buffers)
     if not isinstance(n_bytes, int) or n_bytes < MiB:
         raise InputError(f"bandwidth {what} size {n_bytes!r} bytes: expected a whole number >= {MiB} (1 MiB)")
     if not isinstance(repeats, int) or repeats < 1:
