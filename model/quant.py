@@ -500,8 +500,9 @@ def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
         from model.kernels.w4a16_tpu import w4a16_tpu_matmul  # Pallas: loaded on this path only
 
         x_RK = jnp.pad(x_RK, ((0, 0), (0, kp - k))) if kp != k else x_RK  # zeros meet the zero padding values
+        resident = w.tiling.resident and x_RK.shape[0] <= w.tiling.bm  # the resident form: one row block
         y_RN = w4a16_tpu_matmul(x_RK, w.values, w.scales, k=kp, n=n, group=group, tiling=w.tiling,
-                                interpret=jax.default_backend() == "cpu")  # fmt: skip
+                                interpret=jax.default_backend() == "cpu", resident=resident)  # fmt: skip
         return _unrows(y_RN, x, w, lhs, rhs, out, axis, free)
     if x_RK.shape[0] > KERNEL_MAX_ROWS or w.block[1 - axis] != 1 or not fits_kernel(k, n, group, w.tiling):
         return None

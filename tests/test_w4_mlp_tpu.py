@@ -6,6 +6,7 @@ Mosaic's own compile needs a TPU)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -132,3 +133,52 @@ def test_26b_a4b_dense_down_projection_is_planned_with_k_padded() -> None:
     assert placed_shape("down_DF", (2816, 2112), quant, TPU_LAYOUT) == (2816, 2176)
     assert placed_shape("down_DF", (2816, 2112), quant) == (2816, 2112)
     assert placed_shape("down_DF", (1536, 6144), quant, TPU_LAYOUT) == (1536, 6144)
+
+
+# ---- the "resident" policy: the small products with every operand whole in VMEM ---------------------------------
+def test_the_resident_policy_marks_e2b_small_products_only() -> None:
+    projs = fit.projections(PRESETS["e2b"], G)
+    plan = fit_tpu.plan_tpu(projs, LIMIT, policy="resident")
+    steps = fit_tpu.plan_tpu(projs, LIMIT, policy="steps")
+    marked = {(f.projection.k, f.projection.n) for f in plan if f.tiling.resident}
+    assert marked == {(1536, 256), (256, 1536), (2048, 1536), (1536, 2048), (1536, 2560)}, marked
+    for a, b in zip(plan, steps, strict=True):
+        assert dataclasses.replace(a.tiling, resident=False) == b.tiling
+    t = next(f.tiling for f in plan if f.tiling.resident)
+    assert t.text.endswith(" resident") and fit_tpu.parse_tpu_tiling(t.text) == t
+    assert fit.parse_kernel("w4a16=pallas:resident") == "pallas:resident"
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_resident_leaf_multiplies_as_dequantize_then_matmul(rows: int) -> None:
+    """The engine's dispatch (`model.quant.matmul`) takes the resident form for a leaf whose tiling says so (one
+    grid step, operands in VMEM), in interpret mode; more rows than the tiling's bm take the grid."""
+    from model.quant import dequantize, matmul
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((256, 384)).astype(np.float32)  # [K, N], contracted along axis 0, like qkv
+    q = quantize_channels(w, 4, 0, G)
+    words, scales = to_tpu(q.values, q.scales, tuple(q.shape), 0, G)
+    leaf = dataclasses.replace(q, values=words, scales=scales, tiling=TpuTiling(bm=16, bn=128, bk=256, resident=True))
+    x = jnp.asarray(rng.standard_normal((1, rows, 256)), jnp.float32)
+    y = np.asarray(matmul(x, leaf, "BTD,DX->BTX"), np.float64)
+    wd = np.asarray(dequantize(q, jnp.float32), np.float64)
+    x64 = np.asarray(x, np.float64)
+    assert np.all(np.abs(y - x64 @ wd) <= 1e-5 * (np.abs(x64) @ np.abs(wd)))
+    grids = re.findall(r"grid=\([^)]*\)", str(jax.make_jaxpr(lambda a: matmul(a, leaf, "BTD,DX->BTX"))(x)))
+    assert grids == ["grid=(1, 1, 1)"], grids  # the gridded form of this tiling is (1, 3, 1)
+    x17 = jnp.asarray(rng.standard_normal((1, 17, 256)), jnp.float32)  # over bm 16: the gridded form
+    y17 = np.asarray(matmul(x17, leaf, "BTD,DX->BTX"), np.float64)
+    assert np.all(np.abs(y17 - np.asarray(x17, np.float64) @ wd) <= 1e-5 * (np.abs(np.asarray(x17)) @ np.abs(wd)))
+
+
+@pytest.mark.parametrize("k,n", [(1536, 2560), (256, 1536), (2048, 1536)])
+def test_the_resident_form_lowers_for_the_tpu_at_e2b_shapes(k: int, n: int) -> None:
+    from model.kernels.w4a16_tpu import KERNEL_NAME, w4a16_tpu_matmul
+
+    t = TpuTiling(bm=128, bn=n, bk=k, resident=True)
+    fn = jax.jit(lambda x, w, s: w4a16_tpu_matmul(x, w, s, k=k, n=n, group=G, tiling=t, resident=True))
+    args = (jax.ShapeDtypeStruct((1, k), jnp.bfloat16), jax.ShapeDtypeStruct((k // 8, n), jnp.int32),
+            jax.ShapeDtypeStruct((k // G, n), jnp.bfloat16))  # fmt: skip
+    text = jax.export.export(fn, platforms=["tpu"])(*args).mlir_module()
+    assert "tpu_custom_call" in text and KERNEL_NAME in text

@@ -36,8 +36,8 @@ def _chosen() -> list[tuple[str, str, int, int, TpuTiling]]:
     """(policy, field, K, N, tiling) of every E2B projection under each policy, each (K, N, tiling) once."""
     out, seen = [], set()
     for policy in fit_tpu.TILING_POLICIES:
-        for f in fit_tpu.plan_tpu(E2B, LIMIT, policy=policy):
-            key = (f.projection.k, f.projection.n, f.tiling)
+        for f in fit_tpu.plan_tpu(E2B, LIMIT, policy=policy):  # the grid's tiling: mlp and resident aside
+            key = (f.projection.k, f.projection.n, dataclasses.replace(f.tiling, mlp=0, resident=False))
             if key not in seen:
                 seen.add(key)
                 out.append((policy, f.projection.field, *key))

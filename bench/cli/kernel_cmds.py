@@ -116,7 +116,8 @@ def _expert_k(cfg) -> dict[str, int]:
 
 _POLICY_TEXT = {"fewest": "the fewest grid steps that fit",
                 "steps": "at least MIN_STEPS grid steps of blocks of at least MIN_BLOCK_BYTES, along N first",
-                "fused": "steps, and each MLP's gate_up, GeGLU and down in one kernel call (mlp: values per step)"}
+                "fused": "steps, and each MLP's gate_up, GeGLU and down in one kernel call (mlp: values per step)",
+                "resident": "steps, and products of at most 2 MiB with every operand whole in VMEM"}
 
 
 def fit_rows(preset: str, capability: str, group: int, act: str, scale: str, tiling: str | None,

@@ -400,10 +400,11 @@ def tiling_fields(text: str, *, keys: tuple[str, ...], required: tuple[str, ...]
 KERNEL_OPTIONS = ("pallas", "xla")
 """The implementations of the w4 product `--kernel w4a16=IMPL` chooses."""
 
-TILING_POLICIES = ("fewest", "steps", "fused")
+TILING_POLICIES = ("fewest", "steps", "fused", "resident")
 """The TPU kernel's tiling policies `--kernel w4a16=pallas:POLICY` names (what each orders first:
 `model.kernels.fit_tpu.candidates_tpu`); "fused" is "steps" with each layer's MLP (gate_up, GeGLU, down) in one
-kernel call where it fits (`model.kernels.fit_tpu.fuse_mlp`, `model.kernels.w4_mlp_tpu`)."""
+kernel call where it fits (`model.kernels.fit_tpu.fuse_mlp`, `model.kernels.w4_mlp_tpu`); "resident" is "steps"
+with the small products in the kernel's resident form (`model.kernels.fit_tpu.mark_resident`)."""
 
 DEFAULT_POLICY = "steps"
 """The policy `--kernel w4a16=pallas` (no policy named) uses: the faster one measured end to end on the lent TPU

@@ -159,7 +159,9 @@ class TpuTiling:
     `VPU_MAX_ROWS` rows, the last vpu_cols outputs of each bn block go through the vector unit while the matrix unit
     takes the others (the hybrid form; 0: never); `mlp` (on a gate_up leaf's tiling, the "fused" policy only): the
     intermediate values per grid step of the fused MLP kernel (`model.kernels.w4_mlp_tpu`; 0: the MLP's two
-    products are two calls). Hashable: a static field of
+    products are two calls); `resident` (the "resident" policy): a call of at most bm rows takes the kernel's
+    resident form, every operand whole in VMEM (`model.kernels.w4a16_tpu.w4a16_tpu_matmul`). Hashable: a static
+    field of
     a quantized leaf (`model.quant.QuantArray.tiling`), where it also says that the leaf is stored in the TPU layout
     (`model.kernels.tpu_layout`). `text` is its manifest form, e.g. "tpu bm128 bn2048 bk1536"."""
 
@@ -169,11 +171,13 @@ class TpuTiling:
     vpu_rows: int = 0
     vpu_cols: int = 0
     mlp: int = 0
+    resident: bool = False
 
     @property
     def text(self) -> str:
         return (f"tpu bm{self.bm} bn{self.bn} bk{self.bk}" + (f" vpu{self.vpu_rows}" if self.vpu_rows else "")
-                + (f" vc{self.vpu_cols}" if self.vpu_cols else "") + (f" mlp{self.mlp}" if self.mlp else ""))  # fmt: skip
+                + (f" vc{self.vpu_cols}" if self.vpu_cols else "") + (f" mlp{self.mlp}" if self.mlp else "")
+                + (" resident" if self.resident else ""))  # fmt: skip
 
 
 def generation_of(device_kind: str) -> str | None:
@@ -402,6 +406,35 @@ def fuse_mlp(fits, limit: int):
     return tuple(out)
 
 
+RESIDENT_POLICY_BYTES = 2 * MIB
+"""The "resident" policy's bound: a product of at most this many packed weight bytes (K N / 2) takes the resident
+form. On E2B: the PLE products (0.2 MB), o 2048 x 1536 and qkv 1536 x 2048 (1.57 MB), qkv 1536 x 2560 (1.97 MB),
+the products that read 137-474 GB/s in a step (reports/2026-12-07-w4-natural-order-tpuv5e/notes.md); alone, the
+resident form is not faster (reports/2026-12-08-fused-mlp-family-tpuv5e/notes.md): the question the policy asks is
+whether XLA starts the weight's copy into VMEM during the ops before the call, inside a step."""
+
+
+def need_resident(k: int, n: int, group: int, bm: int, *, act_bytes: int = 2, scale_bytes: int = 2) -> int:
+    """VMEM bytes of the resident form of a K x N product at bm rows, all single-buffered: words K N / 2, scales
+    K / g x N, x [bm, K], the float32 output [bm, N], and one group's bfloat16 values [g, N] being multiplied."""
+    return k * n // 2 + (k // group) * n * scale_bytes + bm * k * act_bytes + bm * n * 4 + group * n * 2
+
+
+def mark_resident(fits, limit: int):
+    """The "resident" policy's plan: each fitting dense projection's tiling (`Fit`s of `plan_tpu`) with `resident`
+    set where its packed weight is at most `RESIDENT_POLICY_BYTES`, its K / g at most `MAX_GROUPS_PER_STEP` and
+    `need_resident` at the tiling's bm within `limit` (bytes); the other fits (the experts' too) unchanged. Returns
+    a tuple of `Fit`."""
+    out = []
+    for f in fits:
+        p = f.projection
+        if (f.fits and not p.field.startswith("experts") and p.k * p.n // 2 <= RESIDENT_POLICY_BYTES
+                and p.k // p.group <= MAX_GROUPS_PER_STEP and need_resident(p.k, p.n, p.group, f.tiling.bm) <= limit):
+            f = dataclasses.replace(f, tiling=dataclasses.replace(f.tiling, resident=True))
+        out.append(f)
+    return tuple(out)
+
+
 def parse_policy(name: str | None) -> str:
     """A tiling policy's name (`TILING_POLICIES`) -> itself; None -> `DEFAULT_POLICY`. Raises ValueError naming
     the name and the expected ones."""
@@ -461,7 +494,8 @@ def plan_tpu(projs, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
     (`fuse_mlp`)."""
     fits = tuple(choose_tpu(p, limit, act_bytes=act_bytes, scale_bytes=scale_bytes, tiling=tiling, policy=policy)
                  for p in projs)  # fmt: skip
-    return fuse_mlp(fits, limit) if parse_policy(policy) == "fused" else fits
+    policy = parse_policy(policy)
+    return fuse_mlp(fits, limit) if policy == "fused" else mark_resident(fits, limit) if policy == "resident" else fits
 
 
 def refusal_tpu(f: Fit, device: str, *, act_bytes: int = 2, scale_bytes: int = 2) -> str:
@@ -477,12 +511,13 @@ def parse_tpu_tiling(text: str) -> TpuTiling:
     `vpu_cols` N). Raises ValueError
     naming the text and the expected form (bm a multiple of 16, vpu at most `VPU_MAX_ROWS`; whether it tiles a
     shape is `tiling_problem_tpu`'s)."""
+    resident = "resident" in text.replace(",", " ").split()
     fields = tiling_fields(text, keys=("bm", "bn", "bk", "vpu", "vc", "mlp"), required=("bm", "bn", "bk"),
                            zero_ok=("vpu", "vc", "mlp"),
-                           skip=("tpu",), expected="expected e.g. 'tpu bm16 bn2048 bk1536' (bm, bn, bk; vpuN optional)",
+                           skip=("tpu", "resident"), expected="expected e.g. 'tpu bm16 bn2048 bk1536' (bm, bn, bk; vpuN optional)",
                            needs="needs bm, bn and bk, e.g. 'tpu bm16 bn2048 bk1536'")  # fmt: skip
     names = {"vpu": "vpu_rows", "vc": "vpu_cols"}
-    t = TpuTiling(**{names.get(key, key): value for key, value in fields.items()})
+    t = TpuTiling(**{names.get(key, key): value for key, value in fields.items()}, resident=resident)
     if t.bm % ROW_TILE or t.vpu_rows > VPU_MAX_ROWS:
         raise ValueError(f"tiling {text!r}: bm must be a multiple of {ROW_TILE} and vpu at most {VPU_MAX_ROWS}, "
                          "e.g. 'tpu bm16 bn2048 bk1536 vpu1'")  # fmt: skip

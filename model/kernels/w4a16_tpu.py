@@ -236,8 +236,9 @@ def w4a16_tpu_matmul(x_RK: jax.Array, words: jax.Array, scales: jax.Array, *, k:
     shape (`model.kernels.fit_tpu.tiling_problem_tpu`: a program error; the engine plans tilings with
     `model.kernels.fit_tpu`). `interpret`: run as jax ops (CPU, tests).
 
-    An experimental form for the TPU probe (`scripts/probes/w4_tiling_tpu.py --resident`), which the engine does not
-    use until a TPU measures it faster: `resident`, one grid step with every operand whole in VMEM (`pltpu.VMEM`
+    An experimental form, timed alone by the TPU probe (`scripts/probes/w4_tiling_tpu.py --resident`) and used by
+    the engine only under the "resident" tiling policy (`model.kernels.fit_tpu.mark_resident`; not the default):
+    `resident`, one grid step with every operand whole in VMEM (`pltpu.VMEM`
     memory space, no Pallas pipeline): XLA then copies the weight into VMEM before the call, a copy its scheduler may start during earlier ops, where a pipeline's first block is copied
     inside the call with nothing to overlap (issue 43: the small products run 1.2-4.3 us a call at 137-474 GB/s).
     Resident takes rows <= tiling.bm, K / group <= `fit_tpu.MAX_GROUPS_PER_STEP` and at most `RESIDENT_MAX_BYTES`
