@@ -262,14 +262,12 @@ def device_share(cfg: ModelConfig, mesh: Mesh, *, itemsize: int, context: int, b
                  scale_itemsize: int = 2, quant: QuantSpec = NO_QUANT, kv_itemsize: int | None = None,
                  act_itemsize: int | None = None, experts: int | None = None,
                  layout: str = NATURAL) -> DeviceShare:  # fmt: skip
-    """`DeviceShare` of one device of `mesh` (checked first: `check_mesh`) for `cfg` with dense leaves at `itemsize`
-    bytes, quantized ones packed with scales of `scale_itemsize` (`model.accounting.leaf_bytes` on each shard),
-    a KV cache of `context` positions per row at `kv_itemsize` (default `itemsize`), `batch` rows, activations of
-    `act_itemsize` bytes (default `itemsize`) in the collectives, and `experts` experts per layer read in a step
-    (`model.accounting.check_experts_read`: default top_k), every leaf as placed in `layout`
-    (`model.accounting.placement_layout`). On one device its bytes equal
-    `model.accounting.weight_bytes_by_component`'s. Raises ValueError for a mesh that does not divide the model,
-    an expert count out of range or an unknown layout."""
+    """`DeviceShare` of one device of `mesh` (checked first: `check_mesh`) for `cfg`: dense leaves at `itemsize`
+    bytes, quantized ones packed with `scale_itemsize` scales (`model.accounting.leaf_bytes` per shard, as placed in
+    `layout`), `context` KV positions per row at `kv_itemsize` (default `itemsize`), `batch` rows, `act_itemsize`
+    activations (default `itemsize`) in the collectives, `experts` read per layer a step (default top_k). On one
+    device its bytes equal `model.accounting.weight_bytes_by_component`'s. Raises ValueError for a mesh that does
+    not divide the model, an expert count out of range or an unknown layout."""
     check_mesh(cfg, mesh)
     n_read = check_experts_read(cfg, experts)
     tp, ep = mesh.tp, mesh.ep

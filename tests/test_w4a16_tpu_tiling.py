@@ -147,6 +147,9 @@ def test_bench_kernels_fit_prints_each_policy() -> None:
     assert rows["fewest"][(1536, 2560)]["grid_steps"] == 1 and rows["steps"][(1536, 2560)]["grid_steps"] == 4
     assert rows["steps"][(1536, 2560)]["block_bytes"] == 1536 * 640 // 2
     assert out["steps"]["policy"] == "steps" and "policy steps" in out["steps"]["tiling"]
+    assert rows["fused"][(1536, 12288)]["tiling"].endswith(" mlp2048")  # as the engine plans it (plan_tpu)
+    assert rows["resident"][(1536, 2560)]["tiling"].endswith(" resident")
+    assert not rows["resident"][(1536, 12288)]["tiling"].endswith(" resident")
 
 
 @pytest.mark.parametrize(

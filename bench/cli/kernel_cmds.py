@@ -3,6 +3,8 @@ kernel's shared memory on NVIDIA compute capabilities, the Mosaic TPU kernel's V
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import typer
@@ -76,8 +78,11 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
               f"{fit_tpu.SCOPED_VMEM // 2**20} MiB scoped limit the kernel sets)")  # fmt: skip
     sizes = {"act_bytes": _ITEMSIZE[act], "scale_bytes": _ITEMSIZE[scale]}
     cfg = PRESETS[preset]
-    projs = fit.projections(cfg, group) + fit_tpu.expert_projections(cfg, group)
+    dense = fit.projections(cfg, group)  # K padded to whole groups as on a TPU (model.kernels.choice.plan_kernel)
+    projs = tuple(dataclasses.replace(p, k=fit_tpu.padded_k(p.k, p.group)) for p in dense)
+    projs += fit_tpu.expert_projections(cfg, group)
     unpadded = _expert_k(cfg)
+    dense_k = {p.field: p.k for p in dense if p.k != fit_tpu.padded_k(p.k, p.group)}
     if fixed is not None:
         problems = [fit_tpu.tiling_problem_tpu(p.k, p.n, p.group, fixed) for p in projs]
         if all(problems):
@@ -86,8 +91,7 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
                              "K and bn (a multiple of 128) dividing N, or no --tiling (the largest tiling that "
                              "fits)")  # fmt: skip
     rows, refusals = [], []
-    for p in projs:
-        f = fit_tpu.choose_tpu(p, limit, tiling=fixed, policy=policy, **sizes)
+    for p, f in zip(projs, fit_tpu.plan_tpu(projs, limit, tiling=fixed, policy=policy, **sizes), strict=True):
         rows.append({"projection": p.field, "layers": p.layers, "k": p.k, "n": p.n, "axis": p.axis,
                      "tiling": f.tried.text if f.tried else None, "need": f.need.total if f.need else None,
                      "limit": limit, "fits": f.fits, "dominant": f.need.dominant[0] if f.need else None,
@@ -95,7 +99,7 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
                      not fit_tpu.tiling_problem_tpu(p.k, p.n, p.group, f.tried) else None,
                      "block_bytes": f.tried.bk * f.tried.bn // 2 if f.tried else None,
                      "experts": cfg.num_experts if p.field in unpadded else None,
-                     "k_unpadded": unpadded.get(p.field, p.k),
+                     "k_unpadded": unpadded.get(p.field, dense_k.get(p.field, p.k)),
                      "words": [*([cfg.num_experts] if p.field in unpadded else []), p.k // 8, p.n]})  # fmt: skip
         if not f.fits:
             refusals.append(fit_tpu.refusal_tpu(f, device, **sizes))
@@ -196,7 +200,7 @@ def _print(result: dict) -> None:
         name, k = r["projection"], str(r["k"])
         if r.get("experts"):
             name = f"{name} (one expert of {r['experts']})"
-            k = k if r["k_unpadded"] == r["k"] else f"{k} ({r['k_unpadded']} padded)"
+        k = k if r.get("k_unpadded", r["k"]) == r["k"] else f"{k} ({r['k_unpadded']} padded)"
         words = (f"[{', '.join(str(x) for x in r['words'])}]",) if experts else ()
         table.add_row(name, str(r["layers"]), k, str(r["n"]), *words, r["tiling"] or "—", *steps, need, f"{limit:,}",
                       fits)  # fmt: skip

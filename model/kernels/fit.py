@@ -169,7 +169,7 @@ def limit_for(capability: str) -> int | None:
 def projections(cfg, group: int) -> tuple[Projection, ...]:
     """The distinct w4 projection shapes of a `model.config.ModelConfig` (the layer projections `w4` quantizes:
     `model.quantspec.LAYER_PROJECTIONS`, in the compute layout), first-seen order, with their layer counts."""
-    from model.accounting import compute_layer_shapes  # jax-free
+    from model.shapes import compute_layer_shapes  # jax-free
     from model.quantspec import LAYER_PROJECTIONS
 
     seen: dict[tuple[str, int, int, int], int] = {}

@@ -319,7 +319,7 @@ def expert_projections(cfg, group: int) -> tuple[Projection, ...]:
     whole groups (`padded_k`), `axis` that of one expert's [A, B] slice (`model.quantspec.EXPERT_PROJECTIONS`'
     contraction axis less one: gate_up [D, 2I] contracts D, axis 0; down [D, I] contracts I, axis 1), `layers`
     every layer (each has the expert block). Planned on a TPU only (`model.kernels.choice.plan_kernel`)."""
-    from model.accounting import expert_shapes  # jax-free
+    from model.shapes import expert_shapes  # jax-free
     from model.quantspec import EXPERT_PROJECTIONS
 
     if not cfg.has_experts:
@@ -401,7 +401,8 @@ def fuse_mlp(fits, limit: int):
         p = f.projection
         if f.fits and p.field == "gate_up_DX" and p.n // 2 in downs:
             bf = mlp_block(p.k, p.n // 2, p.group, limit)
-            f = dataclasses.replace(f, tiling=dataclasses.replace(f.tiling, mlp=bf)) if bf else f
+            t = dataclasses.replace(f.tiling, mlp=bf)
+            f = dataclasses.replace(f, tiling=t, tried=t) if bf else f
         out.append(f)
     return tuple(out)
 
@@ -430,7 +431,8 @@ def mark_resident(fits, limit: int):
         p = f.projection
         if (f.fits and not p.field.startswith("experts") and p.k * p.n // 2 <= RESIDENT_POLICY_BYTES
                 and p.k // p.group <= MAX_GROUPS_PER_STEP and need_resident(p.k, p.n, p.group, f.tiling.bm) <= limit):
-            f = dataclasses.replace(f, tiling=dataclasses.replace(f.tiling, resident=True))
+            t = dataclasses.replace(f.tiling, resident=True)
+            f = dataclasses.replace(f, tiling=t, tried=t)
         out.append(f)
     return tuple(out)
 
