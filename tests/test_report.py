@@ -323,15 +323,16 @@ def test_the_importer_recreates_the_committed_reference_folders(tmp_path: Path) 
 
 
 def test_report_and_compare_import_neither_jax_nor_the_engine() -> None:
-    # architecture.md wall 2: of `model/`, only the jax-free facts (config, byte accounting, quantization layouts)
-    # may be imported
+    # architecture.md wall 2: of `model/`, only the jax-free facts (config, shapes, byte accounting, quantization
+    # layouts, the kernels' pure-Python fit checks that say where a TPU pads a leaf) may be imported
     code = (
         "import json, sys, bench.report, bench.report.compare, bench.cli.report_cmds; "
         "print(json.dumps(sorted(m for m in sys.modules if m in ('jax', 'model') or m.startswith(('jax.', 'model.')))))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert set(json.loads(out.stdout)) <= {"model", "model.config", "model.accounting", "model.quantspec", "model.errors",
-                                          "model.engine_config", "model.placement"}  # jax-free (pyproject.toml contract)
+                                          "model.engine_config", "model.placement", "model.shapes", "model.kernels",
+                                          "model.kernels.fit", "model.kernels.fit_tpu"}  # jax-free (pyproject.toml contract)
 
 
 def test_number_formats() -> None:

@@ -78,11 +78,8 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
               f"{fit_tpu.SCOPED_VMEM // 2**20} MiB scoped limit the kernel sets)")  # fmt: skip
     sizes = {"act_bytes": _ITEMSIZE[act], "scale_bytes": _ITEMSIZE[scale]}
     cfg = PRESETS[preset]
-    dense = fit.projections(cfg, group)  # K padded to whole groups as on a TPU (model.kernels.choice.plan_kernel)
-    projs = tuple(dataclasses.replace(p, k=fit_tpu.padded_k(p.k, p.group)) for p in dense)
-    projs += fit_tpu.expert_projections(cfg, group)
+    projs, dense_k = _tpu_projections(cfg, group)
     unpadded = _expert_k(cfg)
-    dense_k = {p.field: p.k for p in dense if p.k != fit_tpu.padded_k(p.k, p.group)}
     if fixed is not None:
         problems = [fit_tpu.tiling_problem_tpu(p.k, p.n, p.group, fixed) for p in projs]
         if all(problems):
@@ -107,6 +104,17 @@ def tpu_fit_rows(preset: str, capability: str, group: int, act: str, scale: str,
             "activation_dtype": act, "scale_dtype": scale,
             "tiling": tiling or f"policy {policy} ({_POLICY_TEXT[policy]})", "rows": rows, "refusals": refusals,
             "kernel": "model.kernels.w4a16_tpu (Mosaic TPU)", "policy": policy}  # fmt: skip
+
+
+def _tpu_projections(cfg, group: int):
+    """(every w4 projection of `cfg` as a TPU's plan has it: dense K padded to whole groups, as
+    `model.kernels.choice.plan_kernel` pads it, then the experts'; {dense field: its K before padding} where padded)."""
+    from model.kernels import fit, fit_tpu
+
+    dense = fit.projections(cfg, group)
+    projs = tuple(dataclasses.replace(p, k=fit_tpu.padded_k(p.k, p.group)) for p in dense)
+    return projs + fit_tpu.expert_projections(cfg, group), {p.field: p.k for p in dense
+                                                            if p.k != fit_tpu.padded_k(p.k, p.group)}
 
 
 def _expert_k(cfg) -> dict[str, int]:
