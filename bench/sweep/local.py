@@ -529,6 +529,7 @@ def _cell_end(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], r
             except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed comparison must not lose it
                 run.log(f"{cell.label()}: rows not compared with B = 1 ({type(exc).__name__}: {exc})"[:500])
         if cell_logits is not None and row.error is None and (b == 1 or not logits_path(run.path, n).exists()):
+            cell._progress(f"{cell.label()}: recording its logits (untimed; compiles once per cell)")
             try:
                 write_logits(run.path, n, cell_logits(prompts[n]))
             except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed record must not lose it
