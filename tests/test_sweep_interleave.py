@@ -156,6 +156,7 @@ def test_each_cell_is_divided_by_the_probes_around_its_repeats(tmp_path: Path, m
     recorded = json.loads((run.path / "manifest.json").read_text())[RATES_KEY][PROBES_KEY]
     assert [p["cells"] for p in recorded] == [[], [[20, 1], [41, 1]], [[41, 1]]] and recorded[0]["session"] == 0
     assert all(p["seconds"] >= 0 for p in recorded)  # each probe's own cost
+    assert all(p["load_1m"] is None or p["load_1m"] >= 0 for p in recorded) and "load_1m" in recorded[0]
 
     probes(3, [(41, 1)])
     lines, warning = probes.finish([with_spreads(row)])
@@ -258,3 +259,18 @@ def test_a_bad_or_changed_order_is_one_line_before_anything_loads(tmp_path: Path
     code, err = cli(["sweep", "--resume", str(run.path), "--order", "interleaved", "--runs-dir", str(tmp_path)])
     assert code == 2 and "--order interleaved differs from the resumed run's sequential" in err
     assert len(err.splitlines()) == 1
+
+
+def test_the_host_load_is_the_one_minute_average_or_none(monkeypatch):
+    import os
+
+    from bench.sweep.rates import host_load
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.617, 2.0, 1.0))
+    assert host_load() == 3.62
+
+    def missing():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(os, "getloadavg", missing)
+    assert host_load() is None

@@ -262,6 +262,19 @@ sweep: every round of the default sweep (about 27 s on a quiet 2-core CPU, a pro
 of one small cell and many repeats."""
 
 
+def host_load() -> float | None:
+    """The host's 1-minute load average (`os.getloadavg`: runnable processes, whoever runs them), None where the
+    platform has none. Recorded with each rate probe (`RoundProbes`): a rerun interval stated at one load held
+    poorly at another (a fresh clone's sweep at load 3.4-3.8 read 33 tok/s where two sweeps an hour before at
+    1.6-2.1 read 52-54, 2026-12-08), so a run says what load it was measured under."""
+    import os
+
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 class RoundProbes:
     """The rate probes of an interleaved in-process sweep, one before its first round, one after a round once
     `PROBE_SPACING` allows, and one after the last (`bench.sweep.local.sweep_cells`' `probe`), each a `measure`
@@ -269,7 +282,7 @@ class RoundProbes:
     {"session": this process's number among the run's (0 for the first; each resume adds one), "after_round": r
     (0: before the first round), "cells": [[n, B], ...] (the cells that measured a timed repeat since the probe
     before), "at"
-    (ISO time), "seconds" (the probe's own wall time: its cost to the sweep), "copy_bytes_s", "read_bytes_s",
+    (ISO time), "load_1m" (`host_load`), "seconds" (the probe's own wall time: its cost to the sweep), "copy_bytes_s", "read_bytes_s",
     "read_probe", "matmul_flop_s", "copy_bandwidth" (the copy's `BandwidthResult.to_json()`)}; a probe that raises
     is recorded
     with its "error" instead of figures and logged: it never stops the sweep.
@@ -300,7 +313,7 @@ class RoundProbes:
         if not (after_round == 0 or last or spaced):
             return
         record: dict[str, Any] = {"session": self.session, "after_round": after_round,
-                                  "cells": [list(k) for k in self._pending], "at": now_iso()}  # fmt: skip
+                                  "cells": [list(k) for k in self._pending], "at": now_iso(), "load_1m": host_load()}  # fmt: skip
         self._pending = []
         t0 = time.perf_counter()
         try:
@@ -311,7 +324,8 @@ class RoundProbes:
                           copy_bandwidth=rates.measured.get("copy_bandwidth"))  # fmt: skip
             self._log(f"rate probe {'before round 1' if after_round == 0 else f'after round {after_round}'}: copy "
                       f"{rates.bandwidth_bytes_s / 2**30:,.2f} GiB/s, read {_gib(rates.read_bandwidth_bytes_s)}, "
-                      f"matrix product {rates.matmul_flop_s / 1e9:,.1f} GFLOP/s")  # fmt: skip
+                      f"matrix product {rates.matmul_flop_s / 1e9:,.1f} GFLOP/s"
+                      + ("" if record["load_1m"] is None else f", host load {record['load_1m']:.2f}"))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 -- a probe is context: it must not stop the sweep
             record["error"] = f"{type(exc).__name__}: {exc}"[:300]
             self._log(f"rate probe after round {after_round} failed ({record['error']})")
