@@ -21,9 +21,10 @@
 #   moe       scripts/probes/moe_w4_tpu.py: 26B-A4B's w4 experts through the expert kernel against the XLA routes at
 #             1, 8 and 32 tokens (at most 150 s; skipped under 60 s); its results.json lands in $runs/probes/moe
 #   family    issue 45: 26B-A4B (--checkpoint random:26b-a4b) with w4 at 41 tokens, host loop (w4 is the lightest set
-#             the fit check takes on the v5e: 14.481 GB of weights as placed + 0.029 GB of KV of 15.218 usable;
-#             w4,int8_lm_head places 15.219 GB, refused), then E4B (random:e4b) none and w8 at 41 tokens, host loop,
-#             each when the budget holds (26B-A4B first: about 240 s with its draw and compiles, a guess)
+#             the fit check takes on the v5e: 14.483 GB of weights as placed + 0.029 GB of KV of 15.218 usable;
+#             w4,int8_lm_head places 15.222 GB, refused), a 20-step profile of it, then E4B (random:e4b) none and w8
+#             at 41 tokens, host loop, each when the budget holds (26B-A4B first: about 240 s with its draw and
+#             compiles, a guess; on 2026-12-08 its draw took 53 s)
 #   SET       one set's sweep at 41 tokens (--loops), e.g. w8 or w4,ple4,int8_lm_head
 # --kernel SPEC is passed to every sweep and profile of a set with w4 (e.g. w4a16=pallas:steps), but not to the
 # policy steps' sweeps, which name their own.
@@ -98,11 +99,12 @@ slug() { echo "${1//,/-}"; }
 profile() {
   local q=$1 t rc; t=$(left)
   if (( t < 100 )); then echo "skip profile $q: $t s left"; return; fi
-  run timeout $(( t - 10 )) python3 -m bench profile --checkpoint random:e2b --quant "$q" --steps 20 \
-    --runs-dir "$runs" --name "tpu-quant-$(slug "$q")-profile" --compile-cache "$PWD/.xla-cache" \
-    $([[ $q == *w4* ]] && echo "${kopt[@]}") > "$logs/profile-$(slug "$q").log" 2>&1
+  local model=${ckpt:-random:e2b}; local name; name=$([[ $model == random:e2b ]] || echo "${model#random:}-")$(slug "$q")
+  run timeout $(( t - 10 )) python3 -m bench profile --checkpoint "$model" --quant "$q" --steps 20 \
+    --runs-dir "$runs" --name "tpu-quant-$name-profile" --compile-cache "$PWD/.xla-cache" \
+    $([[ $q == *w4* ]] && echo "${kopt[@]}") > "$logs/profile-$name.log" 2>&1
   rc=$?
-  (( dry )) && cat "$logs/profile-$(slug "$q").log"
+  (( dry )) && cat "$logs/profile-$name.log"
   echo "profile $q rc=$rc at $(( $(date +%s) - t0 )) s"
 }
 
@@ -128,6 +130,7 @@ for step in "${steps[@]}"; do
     policy1) other=fewest; [[ ${kopt[1]:-} == *:fewest || ${kopt[1]:-} != *:* ]] && other=steps
              sweep "w4-$other-1" 90 --quant w4 --inputs 41 --decode-loop host --kernel "w4a16=pallas:$other" --no-step-logits ;;
     family) ckpt=random:26b-a4b sweep 26b-a4b-w4-41 240 --quant w4 --inputs 41 --decode-loop host
+            ckpt=random:26b-a4b profile w4
             for q in none w8; do ckpt=random:e4b sweep "e4b-$q-41" 110 --quant "$q" --inputs 41 --decode-loop host; done ;;
     moe) t=$(left); t=$(( t - 15 < 150 ? t - 15 : 150 ))
          if (( t < 60 )); then echo "skip moe: $t s left for the probe, needs at least 60 s"; continue; fi
