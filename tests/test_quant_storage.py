@@ -6,7 +6,8 @@ preset (every E2B irregularity at width 256, the PLE table [8192, 8960] as on E2
 or for the TPU decodes on CPU exactly as the same tree with every table in the byte storage it replaced (int8 /
 uint8): the same dequantized rows, the same logits bit for bit, the same greedy tokens. (Off a TPU a word
 table's product reads the bytes the words hold, `model.quant._byte_view`; the TPU's plane form sums in another
-order and is checked against the dense product in tests/test_quant.py.)"""
+order and is checked against the dense product in tests/test_quant.py.) `make test` runs the published set on the
+`tiny` preset (the same layouts at a small width); `make test-heavy` runs every set on `default`."""
 
 from __future__ import annotations
 
