@@ -53,9 +53,12 @@ def alone(engine, prompts):
     return [engine.generate(p, MAX_NEW).token_ids for p in prompts]
 
 
+HEAVY = pytest.mark.heavy
+
+
 # B = 3 in `make test` (a row padded beyond the window, one whose ring wraps in prefill, a third length); 2 and 4
 # repeat its path at other compiled batch sizes, in `make test-heavy`.
-@pytest.mark.parametrize("batch", [pytest.param(2, marks=pytest.mark.heavy), 3, pytest.param(4, marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("batch", [pytest.param(2, marks=HEAVY), 3, pytest.param(4, marks=HEAVY)])
 def test_each_row_of_a_batch_decodes_the_greedy_tokens_of_its_prompt_alone(engine, prompts, alone, batch):
     gen = engine.generate_batch(prompts[:batch], MAX_NEW)
     assert gen.batch == batch and gen.bucket == 32
