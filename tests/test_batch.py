@@ -53,7 +53,12 @@ def alone(engine, prompts):
     return [engine.generate(p, MAX_NEW).token_ids for p in prompts]
 
 
-@pytest.mark.parametrize("batch", [pytest.param(2, marks=pytest.mark.slow), 3, pytest.param(4, marks=pytest.mark.slow)])
+HEAVY = pytest.mark.heavy
+
+
+# B = 3 in `make test` (a row padded beyond the window, one whose ring wraps in prefill, a third length); 2 and 4
+# repeat its path at other compiled batch sizes, in `make test-heavy`.
+@pytest.mark.parametrize("batch", [pytest.param(2, marks=HEAVY), 3, pytest.param(4, marks=HEAVY)])
 def test_each_row_of_a_batch_decodes_the_greedy_tokens_of_its_prompt_alone(engine, prompts, alone, batch):
     gen = engine.generate_batch(prompts[:batch], MAX_NEW)
     assert gen.batch == batch and gen.bucket == 32
@@ -92,8 +97,11 @@ def test_a_batch_prefill_gives_each_row_the_logits_of_its_prompt_in_one_full_for
         np.testing.assert_allclose(out_BV[b], full, rtol=0, atol=2e-5 * float(jnp.max(jnp.abs(full))))
 
 
+# w4,ple4,int8_lm_head in `make test` (the published set: 4-bit products, the PLE table and the head in 8 bits);
+# w8 repeats its path at 8 bits in `make test-heavy` (8-bit products in both forms against the dequantized weight:
+# tests/test_qreduce.py at 1, 3, 8 and 9 rows).
 @pytest.mark.slow
-@pytest.mark.parametrize("quant", ["w8", "w4,ple4,int8_lm_head"])
+@pytest.mark.parametrize("quant", [pytest.param("w8", marks=pytest.mark.heavy), "w4,ple4,int8_lm_head"])
 def test_quantized_rows_decode_their_tokens_alone_in_both_product_forms(params, quant):
     """On CPU a quantized product takes the multiply-and-sum form up to `MATVEC_ROWS` (8) activation rows and the
     dot form above: B = 3 decodes in the first, B = 10 in the second, B = 1 always in the first."""

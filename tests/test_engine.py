@@ -23,6 +23,7 @@ from model.policy import decide_policy
 CFG = TINY  # sliding window 8, layers [S,S,F,S,S,F], 3 KV-shared layers
 prefill = jax.jit(_prefill, static_argnums=1)
 decode_step = jax.jit(_decode_step, static_argnums=1)
+CACHE = 72  # every cache below outside an engine: >= 32 + 40, so one decode program and one prefill per bucket
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +36,18 @@ def ids():
     return jnp.asarray(np.random.default_rng(7).integers(5, CFG.vocab_size, size=(1, 40)), jnp.int32)
 
 
+@pytest.fixture(scope="module")
+def full(params, ids):
+    """The logits [40, V] of one causal pass over `ids` (`forward_full`, compiled once for the module)."""
+    return jax.jit(forward_full, static_argnums=1)(params, CFG, ids)[0]
+
+
 def _cached_logits(params, ids, n_prompt, bucket):
-    """Prefill n_prompt real tokens padded to `bucket`, then decode the rest one by one; logits per position."""
+    """Prefill n_prompt real tokens padded to `bucket`, then decode the rest one by one; logits per position. The
+    cache has CACHE slots (more than the positions need: the full layers' extra slots stay empty and unread), so
+    every case runs the same decode program."""
     t = ids.shape[1]
-    cache = init_cache(CFG, bucket + (t - n_prompt), jnp.float32)
+    cache = init_cache(CFG, CACHE, jnp.float32)
     padded = jnp.zeros((1, bucket), jnp.int32).at[:, :n_prompt].set(ids[:, :n_prompt])
     out, cache = prefill(params, CFG, padded, jnp.int32(n_prompt), cache)
     rows = [out]
@@ -57,8 +66,7 @@ def _cached_logits(params, ids, n_prompt, bucket):
         (13, 16),  # prompt longer than the window, padding 3
     ],
 )
-def test_cached_decode_equals_one_full_forward(params, ids, n_prompt, bucket):
-    full = forward_full(params, CFG, ids)[0]
+def test_cached_decode_equals_one_full_forward(params, ids, full, n_prompt, bucket):
     cached, cache = _cached_logits(params, ids, n_prompt, bucket)
     np.testing.assert_allclose(cached, full[n_prompt - 1 :], rtol=0, atol=2e-5 * float(jnp.max(jnp.abs(full))))
     assert int(cache.length) == ids.shape[1]
@@ -81,14 +89,16 @@ def test_ring_holds_exactly_the_last_real_positions(params, ids):
     pos = np.asarray(ring_positions(cache.length, ring))
     assert sorted(pos.tolist()) == list(range(20 - ring, 20))  # the last R absolute positions, one per slot
     assert all(p % ring == s for s, p in enumerate(pos))
-    # The ring slot of position 19 holds exactly that position's key: recompute it from a full prefill of 20.
-    cache20 = init_cache(CFG, 20, jnp.float32)
-    _, cache20 = prefill(params, CFG, ids[:, :20], jnp.int32(20), cache20)
+    # The ring slot of position 19 holds exactly that position's key: recompute it from a prefill of all 20
+    # (padded to the bucket of 32, whose prefill test_cached_decode_equals_one_full_forward[20-32] checks).
+    cache20 = init_cache(CFG, CACHE, jnp.float32)
+    padded = jnp.zeros((1, 32), jnp.int32).at[:, :20].set(ids[:, :20])
+    _, cache20 = prefill(params, CFG, padded, jnp.int32(20), cache20)
     np.testing.assert_allclose(cache.k[0][0, :, 19 % ring], cache20.k[0][0, :, 19 % ring], atol=1e-5)
 
 
 def test_padding_never_occupies_a_slot(params, ids):
-    cache = init_cache(CFG, 64, jnp.float32)
+    cache = init_cache(CFG, CACHE, jnp.float32)
     padded = jnp.zeros((1, 32), jnp.int32).at[:, :5].set(ids[:, :5])
     _, cache = prefill(params, CFG, padded, jnp.int32(5), cache)
     full_layer = CFG.layer_types.index("full_attention")
@@ -101,7 +111,7 @@ def test_positions_are_absolute_not_bucket_relative(params, ids):
     # Same prompt at two buckets: identical caches where real positions live (RoPE of absolute positions).
     caches = []
     for bucket in (16, 32):
-        cache = init_cache(CFG, 40, jnp.float32)
+        cache = init_cache(CFG, CACHE, jnp.float32)
         padded = jnp.zeros((1, bucket), jnp.int32).at[:, :12].set(ids[:, :12])
         caches.append(prefill(params, CFG, padded, jnp.int32(12), cache)[1])
     for a, b in zip(caches[0].k, caches[1].k, strict=True):
@@ -111,7 +121,7 @@ def test_positions_are_absolute_not_bucket_relative(params, ids):
 def _assert_prefills_agree(params, ids, variants: list[dict]) -> None:
     """Prefill of 20 real tokens at bucket 32 under each keyword set of `variants`: logits and caches equal the
     first variant's."""
-    cache = init_cache(CFG, 40, jnp.float32)
+    cache = init_cache(CFG, CACHE, jnp.float32)
     padded = jnp.zeros((1, 32), jnp.int32).at[:, :20].set(ids[:, :20])
     runs = [jax.jit(lambda p, i, c, kw=kw: _prefill(p, CFG, i, jnp.int32(20), c, **kw))(params, padded, cache)
             for kw in variants]  # fmt: skip
@@ -140,8 +150,8 @@ def test_no_compile_after_warmup_and_sampling_is_deterministic(params):
 
 def test_generation_is_exactly_max_new_tokens_and_timed(params):
     engine = Engine(params, CFG, decide_policy("float32"), buckets=(16,))
-    gen = engine.generate([2, 3, 4], 9)
-    assert len(gen.token_ids) == 9 and len(gen.step_ms) == 8
+    gen = engine.generate([2, 3, 4], 12)  # bucket 16, 12 tokens: the programs the warm-up test above compiled
+    assert len(gen.token_ids) == 12 and len(gen.step_ms) == 11
     assert gen.prefill_ms > 0 and all(s > 0 for s in gen.step_ms)
 
 
@@ -149,7 +159,7 @@ def test_the_host_loop_dispatches_steps_ahead_before_it_reads_a_token(params, mo
     import model.engine as engine_module
 
     engine = Engine(params, CFG, decide_policy("float32"), buckets=(16,))
-    plain = engine.generate([2, 3, 4], 9).token_ids
+    plain = engine.generate([2, 3, 4], 12).token_ids  # the programs of the tests above
     events, real = [], engine_module._decode_program
 
     def counted(*args, **kwargs):
@@ -159,13 +169,13 @@ def test_the_host_loop_dispatches_steps_ahead_before_it_reads_a_token(params, mo
     monkeypatch.setattr(engine_module, "_decode_program", counted)
     ahead = engine_module.HOST_LOOP_AHEAD
     assert ahead == 2
-    gen = engine.generate([2, 3, 4], 9, on_token=lambda t: events.append("token") and None)
-    assert gen.token_ids == plain and len(gen.step_ms) == 8
+    gen = engine.generate([2, 3, 4], 12, on_token=lambda t: events.append("token") and None)
+    assert gen.token_ids == plain and len(gen.step_ms) == 11
     # prefill gives token 1; steps 2 .. 1 + ahead are dispatched before token 2 is read, step n + ahead before
-    # token n, none past 9
-    assert events == ["token", *["dispatch"] * ahead, *["dispatch", "token"] * (8 - ahead), *["token"] * ahead]
+    # token n, none past 12
+    assert events == ["token", *["dispatch"] * ahead, *["dispatch", "token"] * (11 - ahead), *["token"] * ahead]
     events.clear()
-    stopped = engine.generate([2, 3, 4], 9, on_token=lambda t: (events.append("token"), events.count("token") == 4)[1])
+    stopped = engine.generate([2, 3, 4], 12, on_token=lambda t: (events.append("token"), events.count("token") == 4)[1])
     assert stopped.token_ids == plain[:4]
     assert events.count("dispatch") == 3 + ahead  # 3 steps gave tokens 2-4; `ahead` more were dispatched, not read
 
@@ -254,9 +264,9 @@ def test_decode_bytes_count_each_layers_kv_read(params):
 def test_compile_counter_sees_a_new_shape(params):
     # Validity rests on this counter: prove it counts (a new bucket compiles), not only that it stays still.
     engine = Engine(params, CFG, decide_policy("float32"), buckets=(16, 24))
-    engine.warmup(10, 5)
+    engine.warmup(10, 12)
     before = CompileCounter.traces
-    gen = engine.generate(list(range(2, 22)), 5)  # 20 tokens: bucket 24, a new compiled shape
+    gen = engine.generate(list(range(2, 22)), 12)  # 20 tokens: bucket 24, a shape no test of this module compiles
     assert gen.compile_traces >= 1 and CompileCounter.traces > before
 
 
@@ -274,18 +284,18 @@ def default_like_params():
     return jax.tree_util.tree_map(jnp.asarray, init_params(DEFAULT_LIKE, seed=3))
 
 
-@pytest.mark.parametrize("block", [None, 1, 7, 30])  # one loop; every token; a last shorter block; above n - 1
+@pytest.mark.parametrize("block", [None, 1, 7, 30])  # one loop; every token; a last shorter block (7, 4); above n - 1
 def test_device_loop_gives_the_host_loops_greedy_tokens(params, block):
     engine = Engine(params, CFG, decide_policy("float32"), buckets=(16, 32))
     prompt = [2, 17, 33, 90, 4]
-    host = engine.generate(prompt, 20)
-    device = engine.generate(prompt, 20, decode_loop="device", block=block)
-    assert device.token_ids == host.token_ids and len(device.token_ids) == 20
-    steps = min(block or 19, 19)
-    assert device.arrived == [0, *range(steps, 19, steps), 19]  # the first token, then each block's last
+    host = engine.generate(prompt, 12)  # bucket 16, 12 tokens: the host loop's programs of the tests above
+    device = engine.generate(prompt, 12, decode_loop="device", block=block)
+    assert device.token_ids == host.token_ids and len(device.token_ids) == 12
+    steps = min(block or 11, 11)
+    assert device.arrived == [0, *range(steps, 11, steps), 11]  # the first token, then each block's last
     assert len(device.t_token_ns) == len(device.arrived) and device.step_ms == []
     assert device.decode_ms == pytest.approx((device.t_token_ns[-1] - device.t_token_ns[0]) / 1e6)
-    assert device.ms_per_step == pytest.approx(device.decode_ms / 19)
+    assert device.ms_per_step == pytest.approx(device.decode_ms / 11)
     assert (device.decode_loop, host.decode_loop, host.arrived) == ("device", "host", None)
 
 
@@ -300,11 +310,11 @@ def test_device_loop_on_a_default_like_config_gives_the_same_tokens(default_like
 def test_device_loop_samples_the_host_loops_tokens_for_a_seed(params):
     engine = Engine(params, CFG, decide_policy("float32"), buckets=(16,))
     s = Sampling(temperature=0.9, top_k=50, top_p=0.95, seed=5)
-    host = engine.generate([2, 5, 6], 16, s).token_ids
-    assert engine.generate([2, 5, 6], 16, s, decode_loop="device").token_ids == host
-    assert engine.generate([2, 5, 6], 16, s, decode_loop="device", block=6).token_ids == host
+    host = engine.generate([2, 5, 6], 12, s).token_ids  # the sampled host programs of the warm-up test above
+    assert engine.generate([2, 5, 6], 12, s, decode_loop="device").token_ids == host
+    assert engine.generate([2, 5, 6], 12, s, decode_loop="device", block=6).token_ids == host
     other = dataclasses.replace(s, seed=6)
-    assert engine.generate([2, 5, 6], 16, other, decode_loop="device").token_ids != host  # the seed is honoured
+    assert engine.generate([2, 5, 6], 12, other, decode_loop="device").token_ids != host  # the seed is honoured
 
 
 def test_device_loop_compiles_one_program_per_block_size_and_nothing_after_warmup(params):
@@ -313,8 +323,8 @@ def test_device_loop_compiles_one_program_per_block_size_and_nothing_after_warmu
     before = CompileCounter.traces
     gen = engine.generate([2, 5, 6, 7], 12, decode_loop="device", block=4)
     assert gen.compile_traces == 0 and CompileCounter.traces == before and gen.arrived == [0, 4, 8, 11]
-    gen = engine.generate([2, 5, 6, 7], 12, decode_loop="device", block=11)  # another block size: a new program
-    assert gen.compile_traces >= 1
+    gen = engine.generate([2, 5, 6, 7], 12, decode_loop="device", block=9)  # another block size: a new program
+    assert gen.compile_traces >= 1 and gen.arrived == [0, 9, 11]  # (blocks 1, 4, 7, 11 ran in the tests above)
 
 
 @pytest.mark.parametrize(
