@@ -22,9 +22,10 @@ one decode step reads. `model.quant.tree_bytes` counts the quantized arrays them
 agree for every option set.
 
 As placed on a target (`placement_layout`): the leaves take the same bytes on every platform (`NATURAL`), except
-on a TPU whose w4 products go through the Pallas kernel (`TPU_LAYOUT`), where an expert leaf whose contraction
-length is not a whole number of w4 groups is stored with its last group filled up with zeros
-(`placed_shape`: 26B-A4B's expert down projection, K = 704 -> 768, 346,030,080 bytes more over its 30 layers).
+on a TPU whose w4 products go through the Pallas kernel (`TPU_LAYOUT`), where a w4 projection whose contraction
+length is not a whole number of w4 groups is stored with its last group filled up with zeros (`placed_shape`:
+26B-A4B's expert down projection, K = 704 -> 768, 346,030,080 bytes more over its 30 layers, and its MLP down
+projection, K = 2112 -> 2176, 2,703,360 more).
 `leaf_bytes` is the one place that counts it; the inspector's fit table and the sweep's fit check both take it
 from there (docs/devices/tpu.md, "Which models fit one chip").
 """
@@ -35,7 +36,7 @@ import dataclasses
 import math
 
 from model.config import ModelConfig
-from model.kernels.fit_tpu import placed_expert_k
+from model.kernels.fit_tpu import placed_k
 from model.quantspec import (
     EXPERT_PROJECTIONS,
     LAYER_PROJECTIONS,
@@ -288,8 +289,8 @@ class WeightBytes:
 NATURAL = "natural"
 """`placement_layout`: the leaves as `model.quantspec.leaf_layout` stores them, the same bytes on every platform."""
 TPU_LAYOUT = "tpu"
-"""`placement_layout`: a TPU whose w4 products go through the Pallas kernel: the experts in the batched TPU layout
-(`placed_shape`)."""
+"""`placement_layout`: a TPU whose w4 products go through the Pallas kernel: the w4 projections in the TPU layout,
+K padded to whole groups (`placed_shape`)."""
 LAYOUTS = (NATURAL, TPU_LAYOUT)
 
 
@@ -306,9 +307,8 @@ def placed_shape(field: str, shape: Shape, quant: QuantSpec, layout: str = NATUR
     """The logical shape leaf `field` of `shape` (a whole leaf or a part of it) takes as placed in `layout`:
     `shape`, except a w4 projection (`model.quantspec.LAYER_PROJECTIONS`, `EXPERT_PROJECTIONS`) in `TPU_LAYOUT`,
     whose contraction axis is K rounded up to whole w4 groups where the kernel tiles it (26B-A4B's MLP down
-    projection, K = 2112 -> 2176, `model.kernels.tpu_layout.to_tpu`) (`model.kernels.fit_tpu.
-    placed_expert_k`; the batched TPU layout, `model.kernels.tpu_layout.to_tpu_experts`, stores the padding as
-    zero values). Its scales do not change: the short last group already had its own. Raises ValueError for an
+    projection, K = 2112 -> 2176; `model.kernels.fit_tpu.placed_k`; `model.kernels.tpu_layout.to_tpu` and
+    `to_tpu_experts` store the padding as zero values). Its scales do not change: the short last group already had its own. Raises ValueError for an
     unknown layout."""
     if layout not in LAYOUTS:
         raise ValueError(f"placement layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
@@ -320,7 +320,7 @@ def placed_shape(field: str, shape: Shape, quant: QuantSpec, layout: str = NATUR
     if spec is None or spec.block[axis] <= 1:  # not grouped along its contraction axis: not the kernel's
         return shape
     other = 3 - axis if len(shape) == 3 else 1 - axis  # the output axis: [E, K, N] / [E, N, K] or [K, N] / [N, K]
-    k = placed_expert_k(shape[axis], shape[other], spec.block[axis])
+    k = placed_k(shape[axis], shape[other], spec.block[axis])
     return tuple(k if i == axis else n for i, n in enumerate(shape))
 
 
@@ -382,7 +382,7 @@ def weight_bytes_by_component(cfg: ModelConfig, itemsize: int, *, scale_itemsize
     top_k; the scale blocks of an expert leaf never span two experts, so a slice's bytes are exact), and every
     other leaf whole. E2B at bfloat16 with 16-bit scales: 9,257,138,758 bytes dense, 6,155,450,950 with
     `ple4,int8_lm_head` (the published runs' figure). Every leaf as placed in `layout` (`leaf_bytes`,
-    `placement_layout`: on a TPU with the w4 kernel, 26B-A4B `w4` takes 14,480,619,580 bytes, 346,030,080 more
+    `placement_layout`: on a TPU with the w4 kernel, 26B-A4B `w4` takes 14,483,322,940 bytes, 348,733,440 more
     than its 14,134,589,500 elsewhere). Raises ValueError for an expert count out of range or an unknown layout.
     """
     n_read = check_experts_read(cfg, experts)

@@ -65,7 +65,7 @@ import numpy as np
 
 from model import backends
 from model.kernels.fit import KERNEL_MAX_ROWS, Tiling, fits_kernel
-from model.kernels.fit_tpu import MLP_MAX_ROWS, TpuTiling, fits_tpu
+from model.kernels.fit_tpu import MLP_MAX_ROWS, TpuTiling, fits_tpu, padded_k
 from model.quantspec import (
     LM_HEAD,
     WORD_BYTES,
@@ -494,7 +494,7 @@ def _kernel_form(x: jax.Array, w: QuantArray, lhs: str, rhs: str, out: str) -> j
     x_RK, axis, free = form
     k, n, group = w.shape[axis], w.shape[1 - axis], w.block[axis]
     if isinstance(w.tiling, TpuTiling):
-        kp = -(-k // group) * group  # the TPU layout's K, whole groups (`model.kernels.tpu_layout.to_tpu`)
+        kp = padded_k(k, group)  # the TPU layout's K, whole groups (`model.kernels.tpu_layout.to_tpu`)
         if w.block[1 - axis] != 1 or not fits_tpu(kp, n, group, w.tiling):  # contracted along its groups only
             return None
         from model.kernels.w4a16_tpu import w4a16_tpu_matmul  # Pallas: loaded on this path only

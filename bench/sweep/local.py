@@ -529,7 +529,7 @@ def _cell_end(config: SweepConfig, run: RunFolder, prompts: dict[int, Prompt], r
             except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed comparison must not lose it
                 run.log(f"{cell.label()}: rows not compared with B = 1 ({type(exc).__name__}: {exc})"[:500])
         if cell_logits is not None and row.error is None and (b == 1 or not logits_path(run.path, n).exists()):
-            cell._progress(f"{cell.label()}: recording its logits (untimed; compiles once per cell)")
+            cell.say("recording its logits (untimed; compiles once per cell)")
             try:
                 write_logits(run.path, n, cell_logits(prompts[n]))
             except Exception as exc:  # noqa: BLE001 -- the cell is measured: a failed record must not lose it
@@ -612,10 +612,14 @@ class _Cell:
     def timed(self, kind: str = "timed") -> list[Sample]:
         return [s for s in self.samples if s.kind == kind]
 
+    def say(self, what: str) -> None:
+        """One progress line about this cell: its label, then `what`."""
+        self._progress(f"{self.label()}: {what}")
+
     def one(self, kind: str, repeat: int, what: str) -> Sample:
         if self._should_stop():
             raise KeyboardInterrupt
-        self._progress(f"{self.label()}: {what}")
+        self.say(what)
         measured = self._measure(self.prompt, kind, repeat)
         self.run.append_samples([measured.sample])  # as measured: a stop or a kill keeps it
         self.samples.append(measured.sample)
@@ -642,7 +646,7 @@ class _Cell:
 
     def _fail(self, exc: Exception) -> None:
         message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-        self._progress(f"{self.label()}: FAILED ({message})")
+        self.say(f"FAILED ({message})")
         self.failure = failed_cell(self.n, message, bucket=self.known(), max_new_tokens=self.config.max_new_tokens,
                                    repeats=self.config.repeats, batch=self.batch)  # fmt: skip
 
@@ -726,7 +730,7 @@ class _Cell:
         if sample.compile_events:
             return False
         if needs_estimate(self.config, sample.e2e_ms, self.timed(kind)):
-            self._progress(f"{self.label()}: {what}{estimate_line(self.config, sample.e2e_ms, self.timed(kind))}")
+            self.say(f"{what}{estimate_line(self.config, sample.e2e_ms, self.timed(kind))}")
         return True
 
     def _row(self, stopped_by: str | None) -> CellRow:

@@ -84,7 +84,7 @@ from model.kernels.fit import DEFAULT_POLICY, TILING_POLICIES, Fit, Need, Projec
 __all__ = ["TILING_POLICIES", "DEFAULT_POLICY", "MIN_STEPS", "MIN_BLOCK_BYTES", "grid_steps", "SCOPED_VMEM", "BUDGET_SHARE", "TPU_VMEM_BYTES", "TPU_DEVICES", "VPU_ROWS", "VPU_COL_SHARE", "VPU_MAX_ROWS", "VPU_ROW_PAD",
            "ROW_TILE", "MAX_ROWS", "TpuTiling", "generation_of", "vmem_capacity", "budget", "need_tpu", "need_tpu_vpu",
            "shape_problem_tpu", "tiling_problem_tpu", "fits_tpu", "rows_block", "candidates_tpu", "choose_tpu",
-           "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "parse_policy", "padded_k", "placed_expert_k",
+           "plan_tpu", "refusal_tpu", "parse_tpu_tiling", "parse_policy", "padded_k", "placed_k",
            "expert_projections"]  # fmt: skip
 
 MIB = 2**20
@@ -301,14 +301,15 @@ def padded_k(k: int, group: int) -> int:
 
 
 @functools.cache
-def placed_expert_k(k: int, n: int, group: int) -> int:
-    """K of one expert's [K, N] product (w4 groups of `group` values) as a TPU places it: `padded_k` where the expert
-    kernel tiles the padded product within `budget()` (12 MiB of VMEM per grid step: the same on every generation
+def placed_k(k: int, n: int, group: int) -> int:
+    """K of a w4 projection's [K, N] product (one expert's, for an expert leaf; w4 groups of `group` values) as a TPU
+    places it: `padded_k` where the kernel tiles the padded product within `budget()` (12 MiB of VMEM per grid step: the same on every generation
     `TPU_VMEM_BYTES` lists, each having at least the 16 MiB scoped limit), which is when
-    `model.kernels.choice.plan_kernel` tiles the leaf and `with_tilings` stores it in the batched TPU layout
-    (`model.kernels.tpu_layout.to_tpu_experts`); else K (the leaf keeps the w4 layout and XLA's product). At
-    bfloat16 activations and scales (`need_tpu`'s defaults; the smallest row block fits either way at 26B-A4B's
-    shapes). 26B-A4B's down projection: K = 704, group 128 -> 768. `model.accounting.placed_shape` counts it."""
+    `model.kernels.choice.plan_kernel` tiles the leaf and `with_tilings` stores it in the TPU layout
+    (`model.kernels.tpu_layout.to_tpu`, `to_tpu_experts`); else K (the leaf keeps the w4 layout and XLA's product).
+    At bfloat16 activations and scales (`need_tpu`'s defaults; the smallest row block fits either way at 26B-A4B's
+    shapes). 26B-A4B: the experts' down projection K = 704 -> 768, the MLP's down K = 2112 -> 2176, group 128.
+    `model.accounting.placed_shape` counts it."""
     kp = padded_k(k, group)
     return kp if choose_tpu(Projection(field="", k=kp, n=n, axis=0, group=group), budget()).fits else k
 
@@ -426,10 +427,12 @@ def mark_resident(fits, limit: int):
     set where its packed weight is at most `RESIDENT_POLICY_BYTES`, its K / g at most `MAX_GROUPS_PER_STEP` and
     `need_resident` at the tiling's bm within `limit` (bytes); the other fits (the experts' too) unchanged. Returns
     a tuple of `Fit`."""
+    from model.quantspec import EXPERT_PROJECTIONS
+
     out = []
     for f in fits:
         p = f.projection
-        if (f.fits and not p.field.startswith("experts") and p.k * p.n // 2 <= RESIDENT_POLICY_BYTES
+        if (f.fits and p.field not in EXPERT_PROJECTIONS and p.k * p.n // 2 <= RESIDENT_POLICY_BYTES
                 and p.k // p.group <= MAX_GROUPS_PER_STEP and need_resident(p.k, p.n, p.group, f.tiling.bm) <= limit):
             t = dataclasses.replace(f.tiling, resident=True)
             f = dataclasses.replace(f, tiling=t, tried=t)
@@ -493,7 +496,7 @@ def choose_tpu(p: Projection, limit: int, *, act_bytes: int = 2, scale_bytes: in
 def plan_tpu(projs, limit: int, *, act_bytes: int = 2, scale_bytes: int = 2,
              tiling: TpuTiling | None = None, policy: str = DEFAULT_POLICY) -> tuple[Fit, ...]:  # fmt: skip
     """`choose_tpu` for every projection; under the "fused" policy, each layer's MLP fused where it can be
-    (`fuse_mlp`)."""
+    (`fuse_mlp`); under "resident", the small products marked for the resident form (`mark_resident`)."""
     fits = tuple(choose_tpu(p, limit, act_bytes=act_bytes, scale_bytes=scale_bytes, tiling=tiling, policy=policy)
                  for p in projs)  # fmt: skip
     policy = parse_policy(policy)

@@ -116,12 +116,17 @@ def to_tpu(values: jax.Array, scales: jax.Array, shape: tuple[int, int], axis: i
     filled up with zero values, as the experts' batched form does (the leaf's scales already count ceil(K / g)
     groups; the kernel pads the activations with zeros to Kp). Raises ValueError for a group that is not a
     multiple of 8. Compiled once per (shape, axis, group): `shape` a tuple."""
-    q = _unpack_bytes(values, shape[-1])
-    s = scales
-    if axis == 1:
-        q, s = q.T, s.T
     if group % PLANES:
         raise ValueError(f"TPU layout: the group {group} of a {shape} leaf is not a multiple of {PLANES}")
+    return _words_kn(_unpack_bytes(values, shape[-1]), scales, axis == 1, group)
+
+
+def _words_kn(q: jax.Array, s: jax.Array, transposed: bool, group: int) -> tuple[jax.Array, jax.Array]:
+    """One [K, N] product's int values q and scales s (both [N, ...] when `transposed`: a leaf contracted along its
+    last axis) -> (words int32 [Kp / 8, N], scales [Kp / g, N]): K padded with zero values to `padded_k`, packed
+    (`pack_words`). The step `to_tpu` and `to_tpu_experts` (per expert) share."""
+    if transposed:
+        q, s = q.T, s.T
     k = q.shape[0]
     kp = padded_k(k, group)
     return pack_words(jnp.pad(q, ((0, kp - k), (0, 0))) if kp != k else q, group), s
@@ -157,17 +162,14 @@ def to_tpu_experts(values: jax.Array, scales: jax.Array, shape: tuple[int, int, 
     expert's int4 values [A, n] (`model.quant.int4_from_words`, passed in by the caller so that this module never
     imports `model.quant`, which imports it); a module-level function, so one compile serves every leaf. Raises
     ValueError for a group that is not a multiple of 8 or another axis."""
-    k, _ = _contraction(shape, axis)
+    _contraction(shape, axis)
     if group % PLANES:
         raise ValueError(f"TPU layout of experts: group {group} of a {shape} leaf is not a multiple of {PLANES}")
-    kp = padded_k(k, group)
 
     def one(arrays):
         v, s = arrays
         q = from_words(v, shape[-1]) if from_words is not None else _unpack_bytes(v, shape[-1])
-        if axis == 2:
-            q, s = q.T, s.T
-        return pack_words(jnp.pad(q, ((0, kp - k), (0, 0))), group), s
+        return _words_kn(q, s, axis == 2, group)
 
     return jax.lax.map(one, (values, scales))
 

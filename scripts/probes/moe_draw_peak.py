@@ -61,21 +61,20 @@ def main() -> None:
     samples: list[tuple[str, int]] = []
     fill, quantize_fields = rw._fill_rows, rw.quantize_fields
 
-    def fill_sampled(*a, **k):
-        samples.append(("before block", _live()))
-        out = fill(*a, **k)
-        jax.block_until_ready(out)
-        samples.append(("after block", _live()))
-        return out
+    def sampled(fn, before: str, after: str):
+        """`fn` with the live device bytes sampled before it and after its result is ready."""
 
-    def quantize_sampled(*a, **k):
-        samples.append(("layer dense", _live()))
-        out = quantize_fields(*a, **k)
-        jax.block_until_ready(out)
-        samples.append(("layer quantized", _live()))
-        return out
+        def call(*a, **k):
+            samples.append((before, _live()))
+            out = fn(*a, **k)
+            jax.block_until_ready(out)
+            samples.append((after, _live()))
+            return out
 
-    rw._fill_rows, rw.quantize_fields = fill_sampled, quantize_sampled
+        return call
+
+    rw._fill_rows = sampled(fill, "before block", "after block")
+    rw.quantize_fields = sampled(quantize_fields, "layer dense", "layer quantized")
     peak_rss, stop = [0], threading.Event()
 
     def watch():
